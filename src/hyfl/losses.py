@@ -1,0 +1,295 @@
+"""Losses of linear models and everything the primal-dual methods need from them.
+
+Conventions (DESIGN.md section 1). A loss ``l(z, y)`` is applied to the margin
+``z = x^T w`` of a sample with label ``y``. The dual objective uses the convex
+conjugate evaluated at ``-alpha``::
+
+    D(alpha) = -lam/2 ||A alpha||^2 - 1/N sum_i l*(-alpha_i)
+
+so at the optimum ``alpha_i = -l'(z_i)`` (Fenchel-Young holds with equality:
+``l(z) + l*(-alpha) = -alpha z``).
+
+Every method works elementwise on arrays of any shape; ``y`` must have the
+same shape as ``z``/``alpha`` (no silent broadcasting). Multiclass one-vs-rest
+problems simply pass (N, C) arrays with ``y`` in {-1, +1}.
+
+The one-dimensional dual step is the workhorse of HyFDCA::
+
+    delta = argmax_d  -l*(-(alpha + d)) - d * z - q * d^2 / 2
+
+with a closed form for hinge, smoothed hinge and squared loss and a
+safeguarded Newton method for logistic loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.special import expit, xlogy
+
+from hyfl.errors import check_choice, check_positive, fail
+
+
+def _same_shape(*arrays: np.ndarray) -> None:
+    shape = np.shape(arrays[0])
+    for a in arrays[1:]:
+        if np.shape(a) != shape:
+            raise fail(
+                "loss arguments",
+                f"have shapes {[np.shape(x) for x in arrays]}",
+                "Pass arrays of one shape; hyfl never broadcasts labels silently.",
+            )
+
+
+@dataclass(frozen=True)
+class Loss:
+    """Base class: subclasses implement the elementwise formulas.
+
+    Attributes
+    ----------
+    name : str
+        Registry name.
+    smooth : bool
+        True when the loss is differentiable with Lipschitz gradient.
+    classification : bool
+        True when labels must be in {-1, +1}.
+    """
+
+    name: str = "loss"
+    smooth: bool = False
+    classification: bool = True
+
+    # -- primal -----------------------------------------------------------
+    def value(self, z: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Loss value ``l(z, y)``, same shape as ``z``."""
+        raise NotImplementedError
+
+    def derivative(self, z: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """A (sub)gradient ``l'(z, y)`` with respect to the margin."""
+        raise NotImplementedError
+
+    # -- dual -------------------------------------------------------------
+    def conjugate(self, alpha: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """``l*(-alpha)``; ``+inf`` outside the dual domain."""
+        raise NotImplementedError
+
+    def dual_bounds(self, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Closed interval ``[lo, hi]`` of feasible ``alpha`` (may be infinite)."""
+        raise NotImplementedError
+
+    def dual_step(
+        self, alpha: np.ndarray, z: np.ndarray, q: np.ndarray, y: np.ndarray
+    ) -> np.ndarray:
+        """Exact maximizer ``delta`` of ``-l*(-(alpha+d)) - d z - q d^2 / 2``.
+
+        Parameters
+        ----------
+        alpha : ndarray
+            Current feasible dual variables.
+        z : ndarray
+            Margins ``x_i^T w`` the step is computed from.
+        q : ndarray
+            Curvature of the quadratic term, > 0 (broadcast against ``alpha``
+            only when it is a scalar or has the same shape).
+        y : ndarray
+            Labels, same shape as ``alpha``.
+        """
+        raise NotImplementedError
+
+    def dual_target(self, z: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """``u = -l'(z)``: the dual value that is optimal for margin ``z``.
+
+        Algorithm 3 of the paper moves ``alpha`` towards this point (the paper
+        prints ``u in dl(z)``; its own proof uses Fenchel-Young in the form
+        ``l(z) = -l*(-u) - u z``, which requires ``u = -l'(z)``).
+        """
+        return -self.derivative(z, y)
+
+    def check_labels(self, y: np.ndarray) -> None:
+        """Raise if ``y`` does not suit this loss."""
+        if not np.all(np.isfinite(y)):
+            raise fail("labels", "contain NaN or inf", "Clean the label column.")
+        if self.classification:
+            bad = np.setdiff1d(np.unique(y), [-1.0, 1.0])
+            if bad.size:
+                raise fail(
+                    "labels",
+                    f"for the {self.name} loss must be -1 or +1, found {bad[:5].tolist()}",
+                    "Map binary labels to {-1, +1} or use the squared loss for regression.",
+                )
+
+
+@dataclass(frozen=True)
+class Hinge(Loss):
+    """SVM hinge loss ``max(0, 1 - y z)``; dual domain ``y alpha in [0, 1]``."""
+
+    name: str = "hinge"
+
+    def value(self, z, y):
+        return np.maximum(0.0, 1.0 - y * z)
+
+    def derivative(self, z, y):
+        return np.where(y * z < 1.0, -y, 0.0)
+
+    def conjugate(self, alpha, y):
+        s = y * alpha
+        inside = (s >= -1e-12) & (s <= 1.0 + 1e-12)
+        return np.where(inside, -s, np.inf)
+
+    def dual_bounds(self, y):
+        return np.minimum(0.0, y), np.maximum(0.0, y)
+
+    def dual_step(self, alpha, z, q, y):
+        _same_shape(alpha, z, y)
+        s = np.clip(y * alpha + (1.0 - y * z) / q, 0.0, 1.0)
+        return y * s - alpha
+
+
+@dataclass(frozen=True)
+class SmoothedHinge(Loss):
+    """Smoothed hinge with smoothing width ``smoothing`` (Shalev-Shwartz & Zhang).
+
+    ``l = 0`` for ``yz >= 1``, ``1 - yz - s/2`` for ``yz <= 1 - s`` and
+    ``(1 - yz)^2 / (2 s)`` in between. Its conjugate is
+    ``l*(-alpha) = -y alpha + s/2 (y alpha)^2`` on ``y alpha in [0, 1]``.
+    """
+
+    name: str = "smoothed_hinge"
+    smooth: bool = True
+    smoothing: float = 1.0
+
+    def value(self, z, y):
+        m = 1.0 - y * z
+        s = self.smoothing
+        return np.where(m <= 0, 0.0, np.where(m >= s, m - s / 2, m * m / (2 * s)))
+
+    def derivative(self, z, y):
+        m = 1.0 - y * z
+        return -y * np.clip(m / self.smoothing, 0.0, 1.0)
+
+    def conjugate(self, alpha, y):
+        s = y * alpha
+        inside = (s >= -1e-12) & (s <= 1.0 + 1e-12)
+        return np.where(inside, -s + self.smoothing / 2 * s * s, np.inf)
+
+    def dual_bounds(self, y):
+        return np.minimum(0.0, y), np.maximum(0.0, y)
+
+    def dual_step(self, alpha, z, q, y):
+        _same_shape(alpha, z, y)
+        # Stationarity in s = y (alpha + d):  1 - s*smoothing - y z - q (s - y alpha) = 0.
+        s = np.clip((1.0 - y * z + q * y * alpha) / (self.smoothing + q), 0.0, 1.0)
+        return y * s - alpha
+
+
+@dataclass(frozen=True)
+class Squared(Loss):
+    """Ridge regression loss ``(z - y)^2 / 2``; the dual is unconstrained."""
+
+    name: str = "squared"
+    smooth: bool = True
+    classification: bool = False
+
+    def value(self, z, y):
+        return 0.5 * (z - y) ** 2
+
+    def derivative(self, z, y):
+        return z - y
+
+    def conjugate(self, alpha, y):
+        return 0.5 * alpha * alpha - alpha * y
+
+    def dual_bounds(self, y):
+        inf = np.full(np.shape(y), np.inf)
+        return -inf, inf
+
+    def dual_step(self, alpha, z, q, y):
+        _same_shape(alpha, z, y)
+        return (y - z - alpha) / (1.0 + q)
+
+
+@dataclass(frozen=True)
+class Logistic(Loss):
+    """Logistic loss ``log(1 + exp(-y z))``; dual domain ``y alpha in [0, 1]``.
+
+    The conjugate is the binary entropy ``s log s + (1-s) log(1-s)`` of
+    ``s = y alpha``. The dual step has no closed form: it is solved by a
+    bracketed Newton method on ``t = logit(s)`` (see :meth:`dual_step`).
+    """
+
+    name: str = "logistic"
+    smooth: bool = True
+    newton_iterations: int = 50
+    newton_tolerance: float = 1e-13
+
+    def value(self, z, y):
+        return np.logaddexp(0.0, -y * z)
+
+    def derivative(self, z, y):
+        return -y * expit(-y * z)
+
+    def conjugate(self, alpha, y):
+        s = y * alpha
+        inside = (s >= -1e-12) & (s <= 1.0 + 1e-12)
+        sc = np.clip(s, 0.0, 1.0)
+        return np.where(inside, xlogy(sc, sc) + xlogy(1.0 - sc, 1.0 - sc), np.inf)
+
+    def dual_bounds(self, y):
+        return np.minimum(0.0, y), np.maximum(0.0, y)
+
+    def dual_step(self, alpha, z, q, y):
+        _same_shape(alpha, z, y)
+        q = np.broadcast_to(np.asarray(q, dtype=float), np.shape(alpha))
+        s0 = y * alpha
+        yz = y * z
+        # With s = sigmoid(t), the maximizer solves g(t) = t + yz + q (s - s0) = 0.
+        # g is increasing with 1 <= g' <= 1 + q/4, and since s - s0 lies in
+        # (-s0, 1 - s0) the root is bracketed by [-yz - q(1-s0), -yz + q s0].
+        lo = -yz - q * (1.0 - s0)
+        hi = -yz + q * s0
+        t = np.clip(-yz, lo, hi)
+        for _ in range(self.newton_iterations):
+            s = expit(t)
+            g = t + yz + q * (s - s0)
+            lo = np.where(g < 0, t, lo)
+            hi = np.where(g > 0, t, hi)
+            step = g / (1.0 + q * s * (1.0 - s))
+            t_new = t - step
+            # Fall back to bisection whenever Newton leaves the bracket.
+            outside = (t_new <= lo) | (t_new >= hi)
+            t_new = np.where(outside, 0.5 * (lo + hi), t_new)
+            if np.max(np.abs(t_new - t), initial=0.0) <= self.newton_tolerance * (
+                1.0 + np.max(np.abs(t), initial=0.0)
+            ):
+                t = t_new
+                break
+            t = t_new
+        return y * expit(t) - alpha
+
+
+LOSSES: dict[str, Loss] = {
+    "hinge": Hinge(),
+    "logistic": Logistic(),
+    "squared": Squared(),
+    "smoothed_hinge": SmoothedHinge(),
+}
+"""Registry of losses; drives validation and the CLI choices."""
+
+
+def get_loss(name: str | Loss, *, smoothing: float | None = None) -> Loss:
+    """Look a loss up by registry name (or pass a :class:`Loss` through).
+
+    Parameters
+    ----------
+    name : str or Loss
+        One of ``LOSSES``.
+    smoothing : float, optional
+        Smoothing width for ``smoothed_hinge`` (default 1.0).
+    """
+    if isinstance(name, Loss):
+        return name
+    check_choice("loss", name, LOSSES)
+    if name == "smoothed_hinge" and smoothing is not None:
+        return SmoothedHinge(smoothing=check_positive("smoothing", smoothing))
+    return LOSSES[name]
