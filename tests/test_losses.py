@@ -51,8 +51,12 @@ def test_conjugate_matches_numerical_supremum(loss):
         lo, hi = loss.dual_bounds(y)
         # stay strictly inside so the supremum is attained at a finite z
         a = np.clip(a, lo + 1e-3, hi - 1e-3) if np.isfinite(lo).all() else a
-        res = minimize_scalar(lambda zz: -(-a[0] * zz - loss.value(np.array([zz]), y)[0]),
-                              bounds=(-200, 200), method="bounded", options={"xatol": 1e-12})
+        res = minimize_scalar(
+            lambda zz: -(-a[0] * zz - loss.value(np.array([zz]), y)[0]),
+            bounds=(-200, 200),
+            method="bounded",
+            options={"xatol": 1e-12},
+        )
         assert loss.conjugate(a, y)[0] == pytest.approx(-res.fun, abs=1e-6)
 
 
@@ -96,8 +100,12 @@ def test_dual_step_matches_brute_force_maximization(loss):
         left, right = max(lo[i] - a[i], -1e3), min(hi[i] - a[i], 1e3)
         grid = np.linspace(left, right, 4001)
         brute = max(objective(d, i) for d in grid)
-        res = minimize_scalar(lambda d: -objective(d, i), bounds=(left, right), method="bounded",
-                              options={"xatol": 1e-13})
+        res = minimize_scalar(
+            lambda d: -objective(d, i),
+            bounds=(left, right),
+            method="bounded",
+            options={"xatol": 1e-13},
+        )
         best = max(brute, -res.fun, objective(left, i), objective(right, i))
         assert objective(delta[i], i) >= best - 1e-9 * (1 + abs(best))
 

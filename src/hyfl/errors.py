@@ -27,7 +27,9 @@ def check_positive(name: str, value: float, *, fix: str = "") -> float:
     try:
         v = float(value)
     except (TypeError, ValueError):
-        raise fail(name, f"must be a number, got {value!r}", fix or "Pass a positive number.")
+        raise fail(
+            name, f"must be a number, got {value!r}", fix or "Pass a positive number."
+        ) from None
     if not math.isfinite(v) or v <= 0:
         raise fail(name, f"must be > 0, got {value!r}", fix or "Pass a positive number.")
     return v
@@ -36,7 +38,9 @@ def check_positive(name: str, value: float, *, fix: str = "") -> float:
 def check_int(name: str, value: int, *, minimum: int = 1, fix: str = "") -> int:
     """Return ``value`` as int if it is an integer >= ``minimum``, else raise."""
     if isinstance(value, bool) or not float(value).is_integer():
-        raise fail(name, f"must be an integer, got {value!r}", fix or f"Pass an integer >= {minimum}.")
+        raise fail(
+            name, f"must be an integer, got {value!r}", fix or f"Pass an integer >= {minimum}."
+        )
     v = int(value)
     if v < minimum:
         raise fail(name, f"must be >= {minimum}, got {v}", fix or f"Pass an integer >= {minimum}.")
@@ -55,5 +59,7 @@ def check_choice(name: str, value: str, choices: Iterable[str]) -> str:
     """Return ``value`` if it is one of ``choices``, else raise listing them."""
     choices = list(choices)
     if value not in choices:
-        raise fail(name, f"is {value!r}, which is not known", f"Choose one of: {', '.join(choices)}.")
+        raise fail(
+            name, f"is {value!r}, which is not known", f"Choose one of: {', '.join(choices)}."
+        )
     return value

@@ -220,7 +220,7 @@ class Logistic(Loss):
 
     name: str = "logistic"
     smooth: bool = True
-    newton_iterations: int = 50
+    newton_iterations: int = 100
     newton_tolerance: float = 1e-13
 
     def value(self, z, y):
@@ -248,23 +248,29 @@ class Logistic(Loss):
         # (-s0, 1 - s0) the root is bracketed by [-yz - q(1-s0), -yz + q s0].
         lo = -yz - q * (1.0 - s0)
         hi = -yz + q * s0
-        t = np.clip(-yz, lo, hi)
+        # Start from the better of the two limits: t = -yz (q -> 0) and
+        # t = logit(s0) (q -> inf, the step vanishes).
+        with np.errstate(divide="ignore"):
+            t_stay = np.clip(np.log(s0) - np.log1p(-s0), lo, hi)
+        t_free = np.clip(-yz, lo, hi)
+        g_stay = t_stay + yz + q * (expit(t_stay) - s0)
+        g_free = t_free + yz + q * (expit(t_free) - s0)
+        t = np.where(np.abs(g_stay) < np.abs(g_free), t_stay, t_free)
         for _ in range(self.newton_iterations):
             s = expit(t)
             g = t + yz + q * (s - s0)
             lo = np.where(g < 0, t, lo)
             hi = np.where(g > 0, t, hi)
-            step = g / (1.0 + q * s * (1.0 - s))
-            t_new = t - step
+            t_new = t - g / (1.0 + q * s * (1.0 - s))
             # Fall back to bisection whenever Newton leaves the bracket.
             outside = (t_new <= lo) | (t_new >= hi)
             t_new = np.where(outside, 0.5 * (lo + hi), t_new)
-            if np.max(np.abs(t_new - t), initial=0.0) <= self.newton_tolerance * (
+            done = np.max(np.abs(t_new - t), initial=0.0) <= self.newton_tolerance * (
                 1.0 + np.max(np.abs(t), initial=0.0)
-            ):
-                t = t_new
-                break
+            )
             t = t_new
+            if done:
+                break
         return y * expit(t) - alpha
 
 

@@ -40,6 +40,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import scipy.sparse as sp
 
+from hyfl._ragged import concat_ranges
 from hyfl.errors import fail
 
 __all__ = [
@@ -321,15 +322,6 @@ def _check_shape(partition: Partition, X: sp.csr_matrix) -> None:
         )
 
 
-def _concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """``concatenate([arange(s, s + n) for s, n in zip(starts, lengths)])``, vectorized."""
-    total = int(lengths.sum())
-    if total == 0:
-        return np.empty(0, dtype=np.int64)
-    offsets = np.cumsum(lengths) - lengths
-    return np.repeat(starts - offsets, lengths) + np.arange(total, dtype=np.int64)
-
-
 def _entry_rows(X: sp.csr_matrix) -> np.ndarray:
     """Row (sample) id of every stored entry, in CSR order."""
     return np.repeat(np.arange(X.shape[0], dtype=np.int64), np.diff(X.indptr))
@@ -365,7 +357,7 @@ def _rectangular_ownership(
         feature_ids = np.asarray(partition.features[k], dtype=np.int64)
         starts = indptr[sample_ids]
         lengths = indptr[sample_ids + 1] - starts
-        entries = _concat_ranges(starts, lengths)
+        entries = concat_ranges(starts, lengths)
         # Boolean lookup over features: O(entries) instead of a set test.
         in_block[feature_ids] = True
         keep = in_block[X.indices[entries]]

@@ -1,0 +1,471 @@
+"""HyFDCA: the hybrid federated dual coordinate ascent of Overman, Blum and Klabjan.
+
+One outer iteration (Algorithm 1 of ``hyfdca-aaai.md``) for the set ``A`` of
+active clients, with newcomers ``A_new`` (active now, absent last round):
+
+1. *Refresh newcomers.* The server sends newcomers the current duals of their
+   samples; they recompute their primal contribution and the server
+   re-aggregates ``w`` (PrimalAggregation over ``A_new``) and sends it to them.
+2. *Draw.* Every active client draws ``H`` of its samples without replacement.
+3. *SecureInnerProduct.* Active clients send ``x_{k,i}^T w_k`` for the drawn
+   sample ids ``U`` (only those travel, as in the paper's section 7.1); the
+   server sums over the holders ``B_i`` -- using the last value it received from
+   absent holders -- and returns ``x_i^T w`` for ``i`` in ``U``.
+4. *LocalDualMethod.* Each active client computes a dual step for each drawn
+   sample from the global inner product (rule ``safe``, ``theory`` or ``paper``).
+5. *Dual aggregation.* The server adds ``gamma_t / |B_i|`` times the sum of the
+   steps for sample ``i`` to the global duals and sends the new duals back to
+   the active clients.
+6. *PrimalAggregation.* Active clients send ``sum_i alpha_i x_{k,i}`` for their
+   features (absent clients' blocks stay stale); ``w = sum / (lam N)``.
+7. Optionally, a second SecureInnerProduct refreshes the stored inner products
+   of all samples of the active clients (the paper drops it in experiments).
+
+The simulation engine stacks every client's block into one sparse matrix
+(:class:`hyfl.partition.StackedBlocks`), so each step above is one or two
+vectorized operations over only the rows it touches. Two facts keep the state
+small: a client's primal contribution is always ``X_k^T alpha_k`` of its own
+dual copy (it is re-sent whenever that copy changes), so the server's ``w``
+is updated incrementally from changed rows; and active clients hold fresh
+duals after step 1, so the local steps use the server's duals directly.
+
+Step rules (the quadratic in the one-dimensional dual step ``-l*(-(a+d)) - d z
+- q d^2 / 2``):
+
+``safe`` (default)
+    ``q = beta ||x_i||^2 / (lam N)`` with ``beta`` adapted online: the round's
+    aggregated update is applied only if it does not decrease the dual
+    objective, estimated from the inner products the clients used and the
+    realized change of ``w`` (exact without stale clients, see
+    :func:`_dual_gain_estimate`); a rejected round doubles ``beta``, an
+    accepted one shrinks it by 5% towards ``1 / max |B_i|`` (the exact
+    coordinate step once the ``1/|B_i|`` averaging is accounted for). ``beta``
+    never exceeds the number of draws in the round, where every step is
+    provably safe by Cauchy-Schwarz, so it cannot stall. Needs no tuning.
+``theory``
+    Algorithm 3 with the correction its own proof implies (``u = -l'(z)``,
+    quadratic ``gamma_t ||x_i||^2 / (2 lam)``): a step towards ``c_k (u - a)``
+    with ``c_k = N_k / N``. Provably convergent and very slow.
+``paper``
+    Algorithm 5 as printed, for reproducing the paper's figures: for the hinge
+    loss the closed form of section 5, ``y clip(lam N (1 - z) + y a, 0, 1) - a``
+    (it drops ``||x_i||^2`` and a ``y``); for other losses the exact maximizer of
+    Algorithm 5's objective, ``q = 1 / (lam N)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from hyfl._ragged import concat_ranges
+from hyfl.algorithms.base import draw_local_samples
+from hyfl.errors import check_choice, check_int, check_positive, fail
+from hyfl.partition import StackedBlocks
+from hyfl.problem import Problem
+
+STEP_RULES = ("safe", "theory", "paper")
+"""Registry of HyFDCA step rules (drives validation and CLI choices)."""
+
+# Safe rule: how fast beta moves. Doubling on rejection finds a stable value in
+# a few rounds; shrinking by 5% per accepted round probes for a faster one
+# without rejecting often (about one round in 14 near the boundary).
+_BETA_GROW = 2.0
+_BETA_SHRINK = 0.95
+# Relative rounding tolerance of the acceptance test: near the optimum the
+# estimated gain is the difference of nearly equal sums.
+_GAIN_TOLERANCE = 1e-10
+
+
+def local_steps_from_iic(iic: float, n_samples: int, n_clients: int) -> int:
+    """The paper's inner iterations constant: ``H = ceil(IIC * N / n_clients)`` (eq. 13)."""
+    return max(1, math.ceil(iic * n_samples / n_clients))
+
+
+@dataclass(frozen=True)
+class HyFDCA:
+    """Hyperparameters of HyFDCA (constructor only stores them).
+
+    Parameters
+    ----------
+    local_steps : int, optional
+        ``H``, dual steps per active client and outer iteration (capped at the
+        client's sample count).
+    iic : float, optional
+        Inner iterations constant; ``H = ceil(iic * N / n_clients)``. Used when
+        ``local_steps`` is not given. When neither is given, ``iic = 0.02``.
+    step_rule : {"safe", "theory", "paper"}, default "safe"
+    gamma : float or "1/t", default 1.0
+        Aggregation weight ``gamma_t`` of Algorithm 1.
+    client_weight : {"N_k/N", "1"}, default "N_k/N"
+        ``c_k`` of the ``theory`` rule (Theorem 4.4 uses ``N_k/N``; 4.8 and 4.11 use 1).
+    refresh_inner_products : bool, default False
+        Run the second SecureInnerProduct at the end of each outer iteration.
+    """
+
+    local_steps: int | None = None
+    iic: float | None = None
+    step_rule: str = "safe"
+    gamma: float | str = 1.0
+    client_weight: str = "N_k/N"
+    refresh_inner_products: bool = False
+    name: str = "hyfdca"
+
+    default_iic = 0.02
+
+    # -- configuration -----------------------------------------------------
+    def validated(self) -> HyFDCA:
+        """Return self after checking every hyperparameter (raises HyflError)."""
+        check_choice("step_rule", self.step_rule, STEP_RULES)
+        check_choice("client_weight", self.client_weight, ("N_k/N", "1"))
+        if self.local_steps is not None:
+            check_int("local_steps", self.local_steps, minimum=1)
+        if self.iic is not None:
+            check_positive("iic", self.iic, fix="Pass a positive inner iterations constant.")
+        if self.gamma != "1/t":
+            g = check_positive("gamma", self.gamma, fix='Pass a value in (0, 1] or "1/t".')
+            if g > 1:
+                raise fail("gamma", f"must be <= 1, got {g}", 'Pass a value in (0, 1] or "1/t".')
+        return self
+
+    def config(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def steps_per_client(self, n_samples: int, n_clients: int) -> int:
+        """Resolve ``H`` from ``local_steps`` or the IIC."""
+        if self.local_steps is not None:
+            return int(self.local_steps)
+        iic = self.iic if self.iic is not None else self.default_iic
+        return local_steps_from_iic(iic, n_samples, n_clients)
+
+    # -- engine hooks --------------------------------------------------------
+    def setup(self, problem: Problem, blocks: StackedBlocks) -> HyFDCAState:
+        self.validated()
+        N, C = problem.Y.shape
+        R = blocks.X.shape[0]
+        H = self.steps_per_client(N, blocks.n_clients)
+        sizes = np.diff(blocks.client_rowptr)
+        # Squared norms of each client's part of each sample; the full sample
+        # norms are summed securely over the holders once at set-up.
+        row_sq_norms = np.asarray(blocks.X.multiply(blocks.X).sum(axis=1)).ravel()
+        sq_norms = np.bincount(blocks.row_sample, weights=row_sq_norms, minlength=N)
+        return HyFDCAState(
+            problem=problem,
+            blocks=blocks,
+            counts=np.minimum(H, sizes),
+            sq_norms=sq_norms,
+            row_sq_norms=row_sq_norms,
+            alpha=np.zeros((N, C)),
+            alpha_local=np.zeros((R, C)),
+            ip=np.zeros((R, C)),
+            w=np.zeros((problem.n_features, C)),
+            was_active=np.zeros(blocks.n_clients, dtype=bool),
+            beta=1.0,
+            beta_min=1.0 / float(blocks.n_holders.max()),
+            t=0,
+            horizontal=bool(np.all(blocks.n_holders == 1)),
+        )
+
+    def weights(self, state: HyFDCAState) -> np.ndarray:
+        return state.w
+
+    def duals(self, state: HyFDCAState) -> np.ndarray:
+        return state.alpha
+
+    def round_stats(self, state: HyFDCAState) -> dict[str, float]:
+        return state.stats
+
+    def round(self, state: HyFDCAState, active: np.ndarray, rng: np.random.Generator):
+        """One outer iteration of Algorithm 1 for the clients flagged in ``active``."""
+        blocks = state.blocks
+        t = state.t + 1
+        gamma_t = 1.0 / t if self.gamma == "1/t" else float(self.gamma)
+        active = np.asarray(active, dtype=bool)
+        newcomers = active & ~state.was_active
+
+        # 1. Newcomers receive the duals of their samples and re-send their primal part.
+        refreshed = server_refresh_newcomers(state, newcomers)
+        w_returning = state.w.copy() if refreshed else state.w
+        if refreshed:
+            state.w += primal_aggregation(state, refreshed[0], refreshed[1])
+
+        # 2. Every active client draws H of its samples.
+        clients = np.flatnonzero(active)
+        sizes = np.diff(blocks.client_rowptr)[clients]
+        positions = draw_local_samples(rng, sizes, state.counts[clients])
+        drawn_rows = np.repeat(blocks.client_rowptr[clients], state.counts[clients]) + positions
+        drawn_samples = blocks.row_sample[drawn_rows]
+        samples, drawn_slot = np.unique(drawn_samples, return_inverse=True)
+
+        # 3. SecureInnerProduct over the drawn sample ids.
+        holder_rows, holder_slot = _holder_rows(blocks, samples)
+        fresh = active[blocks.row_client[holder_rows]]
+        ip_rows = holder_rows[fresh]
+        state.ip[ip_rows] = client_partial_inner_products(
+            blocks, ip_rows, state.w, w_returning, newcomers
+        )
+        z = server_sum_over_holders(state.ip[holder_rows], holder_slot, samples.size)
+
+        # 4. LocalDualMethod on every active client (all drawn rows at once).
+        client_of_drawn = blocks.row_client[drawn_rows]
+        delta = self.client_dual_steps(
+            state, drawn_samples, z[drawn_slot], client_of_drawn, gamma_t
+        )
+
+        # 5. Dual aggregation: alpha_i += gamma_t / |B_i| * sum of the steps for i.
+        step = server_aggregate_duals(delta, drawn_slot, samples, blocks.n_holders, gamma_t)
+        update_rows = ip_rows  # active holders of the updated samples
+        row_step = step[holder_slot[fresh]]
+        dw = primal_aggregation(state, update_rows, row_step)
+
+        accepted = True
+        if self.step_rule == "safe":
+            fresh_sq = np.bincount(
+                holder_slot[fresh], weights=state.row_sq_norms[ip_rows], minlength=samples.size
+            )
+            gain, scale = _dual_gain_estimate(state, samples, step, z, dw, fresh_sq)
+            # beta >= number of draws makes every step provably safe when nobody
+            # is stale (Cauchy-Schwarz over the updated samples): accept there.
+            beta_max = max(1.0, float(drawn_rows.size))
+            accepted = gain >= -_GAIN_TOLERANCE * scale or state.beta >= beta_max
+            beta = state.beta * _BETA_SHRINK if accepted else state.beta * _BETA_GROW
+            state = replace(state, beta=float(np.clip(beta, state.beta_min, beta_max)))
+
+        # 6. Apply: server duals, clients' copies, and the aggregated primal weights.
+        if accepted:
+            state.alpha[samples] += step
+            state.alpha_local[update_rows] += row_step
+            state.w += dw
+
+        # 7. Optional second SecureInnerProduct on all samples of the active clients.
+        if self.refresh_inner_products:
+            rows = concat_ranges(blocks.client_rowptr[clients], sizes)
+            state.ip[rows] = blocks.X[rows] @ state.w
+
+        stats = {
+            "round_trips": self._round_trips(state, newcomers),
+            "active_clients": float(clients.size),
+            "updated_samples": float(samples.size),
+            "accepted": float(accepted),
+        }
+        if self.step_rule == "safe":
+            stats["beta"] = state.beta
+        return replace(state, t=t, was_active=active.copy(), stats=stats)
+
+    # -- client half: the local dual method ----------------------------------
+    def client_dual_steps(
+        self,
+        state: HyFDCAState,
+        samples: np.ndarray,
+        z: np.ndarray,
+        clients: np.ndarray,
+        gamma_t: float,
+    ) -> np.ndarray:
+        """Dual steps of the drawn samples (LocalDualMethod, all clients stacked).
+
+        Parameters
+        ----------
+        samples : ndarray, shape (D,)
+            Global id of each drawn sample (one entry per (client, sample) draw).
+        z : ndarray, shape (D, C)
+            Global inner products ``x_i^T w`` from SecureInnerProduct.
+        clients : ndarray, shape (D,)
+            The drawing client of each entry (for ``c_k`` of the theory rule).
+        gamma_t : float
+
+        Returns
+        -------
+        ndarray, shape (D, C)
+        """
+        problem = state.problem
+        loss, lam, N = problem.loss, problem.lam, problem.n_samples
+        alpha = state.alpha[samples]  # active clients hold fresh copies (step 1)
+        y = problem.Y[samples]
+        sq = state.sq_norms[samples][:, None]
+        if self.step_rule == "paper":
+            if loss.name == "hinge":
+                return y * np.clip(lam * N * (1.0 - z) + y * alpha, 0.0, 1.0) - alpha
+            return loss.dual_step(alpha, z, np.full_like(alpha, 1.0 / (lam * N)), y)
+        if self.step_rule == "safe":
+            q = np.maximum(state.beta * sq / (lam * N), 1e-300)
+            return loss.dual_step(alpha, z, np.broadcast_to(q, alpha.shape).copy(), y)
+        # theory: maximize along the segment from alpha to alpha + c_k (u - alpha).
+        q = np.maximum(gamma_t * sq / lam, 1e-300)
+        best = loss.dual_step(alpha, z, np.broadcast_to(q, alpha.shape).copy(), y)
+        if self.client_weight == "N_k/N":
+            c = (np.diff(state.blocks.client_rowptr)[clients] / N)[:, None]
+        else:
+            c = np.ones((samples.size, 1))
+        end = c * (loss.dual_target(z, y) - alpha)
+        return np.clip(best, np.minimum(0.0, end), np.maximum(0.0, end))
+
+    def _round_trips(self, state: HyFDCAState, newcomers: np.ndarray) -> float:
+        """Round trips of this outer iteration, counted from the messages sent.
+
+        With partial participation this is the paper's 4.5: refreshing
+        newcomers 1.5 (duals down, primal part up, weights down),
+        SecureInnerProduct 1, dual updates up and new duals down 1,
+        PrimalAggregation 1. Section 3.1's reductions follow from what is not
+        sent: no newcomers (full participation) saves the refresh (3 trips),
+        and a horizontal partition needs no SecureInnerProduct because each
+        client holds whole samples (2 trips). The optional second
+        SecureInnerProduct adds 1; the safe rule's acceptance check adds 0.5
+        (one client decrypts the server's encrypted sum of conjugate changes).
+        """
+        trips = 2.0
+        if newcomers.any() and state.t > 0:
+            trips += 1.5
+        if not state.horizontal:
+            trips += 1.0
+        if self.refresh_inner_products:
+            trips += 1.0
+        if self.step_rule == "safe":
+            trips += 0.5
+        return trips
+
+
+@dataclass
+class HyFDCAState:
+    """Everything HyFDCA keeps between outer iterations (see module docstring).
+
+    Server side: ``alpha`` (N, C) global duals, ``ip`` (R, C) the last partial
+    inner product each (client, sample) row sent, ``w`` (M, C) global weights.
+    Client side: ``alpha_local`` (R, C) each client's copy of its samples' duals.
+    """
+
+    problem: Problem
+    blocks: StackedBlocks
+    counts: np.ndarray
+    sq_norms: np.ndarray
+    row_sq_norms: np.ndarray
+    alpha: np.ndarray
+    alpha_local: np.ndarray
+    ip: np.ndarray
+    w: np.ndarray
+    was_active: np.ndarray
+    beta: float
+    beta_min: float
+    t: int
+    horizontal: bool = False
+    stats: dict = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------
+# Server and client halves (vectorized over all participating clients)
+# ---------------------------------------------------------------------------
+
+
+def server_refresh_newcomers(state: HyFDCAState, newcomers: np.ndarray):
+    """Send newcomers the duals that changed while they were away.
+
+    Returns ``(rows, change)`` of the refreshed client rows (``None`` if
+    nothing changed); updates the clients' dual copies in place.
+    """
+    if not newcomers.any():
+        return None
+    blocks = state.blocks
+    k = np.flatnonzero(newcomers)
+    rows = concat_ranges(blocks.client_rowptr[k], np.diff(blocks.client_rowptr)[k])
+    change = state.alpha[blocks.row_sample[rows]] - state.alpha_local[rows]
+    moved = np.any(change != 0.0, axis=1)
+    if not moved.any():
+        return None
+    rows, change = rows[moved], change[moved]
+    state.alpha_local[rows] += change
+    return rows, change
+
+
+def primal_aggregation(state: HyFDCAState, rows: np.ndarray, dual_change: np.ndarray):
+    """Change of ``w`` when the clients owning ``rows`` re-send their primal part.
+
+    Each client's part is ``sum_i alpha_{k,i} x_{k,i}`` over its samples, so a
+    change of its dual copy on ``rows`` changes the server's sum over ``K_m``
+    by ``X_rows^T dual_change``; ``w`` is that sum over ``lam N``.
+    """
+    problem = state.problem
+    if rows.size == 0:
+        return np.zeros_like(state.w)
+    contribution = state.blocks.X[rows].T @ dual_change
+    return np.asarray(contribution) / (problem.lam * problem.n_samples)
+
+
+def client_partial_inner_products(
+    blocks: StackedBlocks,
+    rows: np.ndarray,
+    w_current: np.ndarray,
+    w_returning: np.ndarray,
+    newcomers: np.ndarray,
+) -> np.ndarray:
+    """``x_{k,i}^T w_k`` for the given rows, each with the weights its client holds.
+
+    Newcomers hold the weights sent after their refresh (``w_current``); the
+    others still hold those of the end of the previous round (``w_returning``).
+    """
+    if rows.size == 0:
+        return np.zeros((0, w_current.shape[1]))
+    Xr = blocks.X[rows]
+    if w_returning is w_current:
+        return np.asarray(Xr @ w_current)
+    is_new = newcomers[blocks.row_client[rows]][:, None]
+    return np.where(is_new, Xr @ w_current, Xr @ w_returning)
+
+
+def server_sum_over_holders(values: np.ndarray, slot: np.ndarray, n_slots: int) -> np.ndarray:
+    """Sum per-(client, sample) values over the holders of each sample."""
+    out = np.zeros((n_slots, values.shape[1]))
+    np.add.at(out, slot, values)
+    return out
+
+
+def server_aggregate_duals(
+    delta: np.ndarray,
+    slot: np.ndarray,
+    samples: np.ndarray,
+    n_holders: np.ndarray,
+    gamma_t: float,
+) -> np.ndarray:
+    """``gamma_t / |B_i| * sum of the steps for i`` for each updated sample."""
+    total = np.zeros((samples.size, delta.shape[1]))
+    np.add.at(total, slot, delta)
+    return total * (gamma_t / n_holders[samples])[:, None]
+
+
+def _holder_rows(blocks: StackedBlocks, samples: np.ndarray):
+    """All stacked rows that hold the given samples, and the sample slot of each."""
+    lengths = blocks.n_holders[samples]
+    rows = blocks.sample_rows[concat_ranges(blocks.sample_rowptr[samples], lengths)]
+    slot = np.repeat(np.arange(samples.size), lengths)
+    return rows, slot
+
+
+def _dual_gain_estimate(
+    state: HyFDCAState, samples, step, z, dw, fresh_sq_norms
+) -> tuple[float, float]:
+    """Estimated change of the dual objective if the round's update is applied.
+
+    ``D(a + d) - D(a) = 1/N sum_i [-(l*(-(a_i + d_i)) - l*(-a_i)) - z_i d_i]
+    - lam/2 ||A d||^2``, where ``z_i`` are the inner products the clients
+    used for their steps and ``A d`` is the change of ``w``. The server knows
+    the part of ``A d`` contributed by the active holders (``dw``); absent
+    holders add their part when they return, so ``||A d||^2`` is estimated by
+    scaling ``||dw||^2`` with the ratio of full to active squared norms.
+    With full participation, or a horizontal split, nobody is stale and the
+    estimate is exact. In a deployment the per-sample terms are summed under
+    encryption by the holders of the samples; the server supplies ``||dw||^2``.
+
+    Returns the estimated gain and the size of its terms (for a rounding tolerance).
+    """
+    problem = state.problem
+    loss, lam, N = problem.loss, problem.lam, problem.n_samples
+    y = problem.Y[samples]
+    old = state.alpha[samples]
+    first_order = np.sum(-(loss.conjugate(old + step, y) - loss.conjugate(old, y)) - z * step)
+    weight = np.sum(step * step, axis=1)
+    active_part = float(np.sum(fresh_sq_norms * weight))
+    full = float(np.sum(state.sq_norms[samples] * weight))
+    missing = full / active_part if active_part > 0 else 1.0
+    quadratic = 0.5 * lam * float(np.sum(dw * dw)) * missing
+    return float(first_order / N - quadratic), abs(float(first_order)) / N + quadratic

@@ -1,0 +1,16 @@
+"""The embedded default run behind ``hyfl demo`` (no download, no arguments)."""
+
+from hyfl.experiments.runner import RunSpec
+
+DEMO_SPEC = RunSpec(
+    algorithm="hyfdca",
+    data="breast_cancer",  # ships with scikit-learn
+    val_fraction=0.25,
+    loss="hinge",
+    lam=1e-3,
+    partition="grid:3x3",
+    participation="0.5",
+    iterations=1500,
+    eval_every=5,
+    seed=0,
+)

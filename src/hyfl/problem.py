@@ -1,0 +1,310 @@
+"""The regularized problem, its Fenchel dual, and the centralized reference.
+
+    P(w) = lam/2 ||w||^2 + 1/N sum_i l(x_i^T w, y_i)
+    D(a) = -lam/2 ||A a||^2 - 1/N sum_i l*(-a_i),   A a = X^T a / (lam N)
+
+Labels are always stored as a matrix ``Y`` of shape (N, C): binary problems
+have C = 1; multiclass problems are one-vs-rest with ``Y[i, c] = +1`` for the
+true class and -1 otherwise, so the weights are (M, C) and the duals (N, C).
+The objective of a one-vs-rest problem is the sum over classes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import scipy.optimize
+import scipy.sparse as sp
+import scipy.sparse.linalg as spla
+
+from hyfl.data.dataset import Dataset
+from hyfl.errors import check_positive, fail
+from hyfl.losses import Loss, get_loss
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A training problem: data, labels, loss and regularization.
+
+    Parameters
+    ----------
+    X : csr_matrix, shape (N, M)
+    Y : ndarray, shape (N, C)
+        Encoded labels (see module docstring).
+    loss : Loss
+    lam : float
+        Regularization strength, > 0.
+    classes : ndarray, shape (C,) or None
+        Original class labels of a multiclass problem (column order of Y).
+    """
+
+    X: sp.csr_matrix
+    Y: np.ndarray
+    loss: Loss
+    lam: float
+    classes: np.ndarray | None = None
+
+    @property
+    def n_samples(self) -> int:
+        return self.X.shape[0]
+
+    @property
+    def n_features(self) -> int:
+        return self.X.shape[1]
+
+    @property
+    def n_outputs(self) -> int:
+        return self.Y.shape[1]
+
+    # -- objectives --------------------------------------------------------
+    def primal(self, w: np.ndarray) -> float:
+        """``P(w)`` for weights of shape (M, C)."""
+        z = self.X @ w
+        return float(
+            0.5 * self.lam * np.sum(w * w) + np.sum(self.loss.value(z, self.Y)) / self.n_samples
+        )
+
+    def primal_gradient(self, w: np.ndarray) -> np.ndarray:
+        """(Sub)gradient of ``P`` at ``w``, shape (M, C)."""
+        z = self.X @ w
+        return self.lam * w + self.X.T @ self.loss.derivative(z, self.Y) / self.n_samples
+
+    def weights_of_duals(self, alpha: np.ndarray) -> np.ndarray:
+        """``w(alpha) = X^T alpha / (lam N)``, shape (M, C)."""
+        return np.asarray(self.X.T @ alpha) / (self.lam * self.n_samples)
+
+    def dual(self, alpha: np.ndarray) -> float:
+        """``D(alpha)`` for duals of shape (N, C); ``-inf`` if infeasible."""
+        v = self.weights_of_duals(alpha)
+        return float(
+            -0.5 * self.lam * np.sum(v * v)
+            - np.sum(self.loss.conjugate(alpha, self.Y)) / self.n_samples
+        )
+
+    def duality_gap(self, w: np.ndarray, alpha: np.ndarray) -> float:
+        """``P(w) - D(alpha)``: an upper bound on both suboptimalities."""
+        return self.primal(w) - self.dual(alpha)
+
+    # -- prediction --------------------------------------------------------
+    def predict(self, X: sp.spmatrix, w: np.ndarray) -> np.ndarray:
+        """Predicted labels (±1, class labels, or real values for regression)."""
+        scores = np.asarray(X @ w)
+        if self.classes is not None:
+            return self.classes[np.argmax(scores, axis=1)]
+        if self.loss.classification or _is_pm1(self.Y):
+            return np.where(scores[:, 0] >= 0, 1.0, -1.0)
+        return scores[:, 0]
+
+    def accuracy(self, X: sp.spmatrix, y: np.ndarray, w: np.ndarray) -> float:
+        """Fraction of correct predictions; NaN for a regression target."""
+        if self.classes is None and not (self.loss.classification or _is_pm1(self.Y)):
+            return float("nan")
+        return float(np.mean(self.predict(X, w) == y))
+
+
+def _is_pm1(Y: np.ndarray) -> bool:
+    return bool(np.all((Y == 1.0) | (Y == -1.0)))
+
+
+def make_problem(data: Dataset, loss: str | Loss = "hinge", lam: float = 1e-4, **loss_options):
+    """Encode a dataset's labels for ``loss`` and bundle the problem.
+
+    Parameters
+    ----------
+    data : Dataset
+    loss : str or Loss, default "hinge"
+        Registry name (``hyfl.losses.LOSSES``) or instance.
+    lam : float, default 1e-4
+        Regularization strength.
+
+    Returns
+    -------
+    Problem
+    """
+    loss = get_loss(loss, **loss_options)
+    lam = check_positive("lam", lam, fix="Pass a positive regularization strength, e.g. 1e-4.")
+    if data.n_samples == 0:
+        raise fail(f"dataset {data.name!r}", "has no samples", "Check the input file.")
+    X = sp.csr_matrix(data.X, dtype=np.float64)
+    if not np.all(np.isfinite(X.data)):
+        raise fail(f"dataset {data.name!r}", "contains NaN or inf values", "Clean the features.")
+    y = np.asarray(data.y, dtype=np.float64)
+    classes = None
+    if data.task == "multiclass":
+        classes = np.unique(data.y)
+        Y = np.where(np.asarray(data.y)[:, None] == classes[None, :], 1.0, -1.0)
+    elif data.task == "regression":
+        if loss.classification:
+            raise fail(
+                f"loss {loss.name!r}",
+                f"needs class labels but dataset {data.name!r} is a regression target",
+                "Use --loss squared for real-valued targets.",
+            )
+        Y = y[:, None]
+    else:
+        Y = y[:, None]
+    loss.check_labels(Y)
+    return Problem(X=X, Y=Y, loss=loss, lam=lam, classes=classes)
+
+
+# ---------------------------------------------------------------------------
+# Centralized reference solver
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Optimum:
+    """Result of the centralized reference solver.
+
+    Attributes
+    ----------
+    w : ndarray, shape (M, C)
+    primal : float
+        ``P* = P(w)``.
+    method : str
+        Which solver produced it.
+    info : dict
+        Solver diagnostics (e.g. the norm of the gradient for smooth losses).
+    """
+
+    w: np.ndarray
+    primal: float
+    method: str
+    info: dict = field(default_factory=dict)
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "hyfl" / "optimum"
+
+
+def _problem_key(problem: Problem, tol: float) -> str:
+    h = hashlib.sha256()
+    X = problem.X
+    for arr in (X.indptr, X.indices, X.data, problem.Y):
+        h.update(np.ascontiguousarray(arr).tobytes())
+    h.update(repr((problem.loss, problem.lam, tol, X.shape)).encode())
+    return h.hexdigest()[:32]
+
+
+def solve_centralized(problem: Problem, tol: float = 1e-10, cache: bool = True) -> Optimum:
+    """Solve the problem on pooled data to high accuracy.
+
+    Hinge loss uses liblinear's dual coordinate descent (scikit-learn
+    ``LinearSVC`` with ``C = 1/(lam N)``, no intercept); logistic loss uses
+    liblinear and is then polished with L-BFGS; the smoothed hinge uses
+    L-BFGS; the squared loss is solved exactly (dense Cholesky for few
+    features, conjugate gradients otherwise). Multiclass problems are solved
+    one class at a time (one-vs-rest). Results are cached per problem in
+    ``~/.cache/hyfl/optimum`` (set ``HYFL_NO_CACHE=1`` to disable).
+
+    Parameters
+    ----------
+    problem : Problem
+    tol : float, default 1e-10
+        Solver tolerance.
+    cache : bool, default True
+
+    Returns
+    -------
+    Optimum
+    """
+    use_cache = cache and os.environ.get("HYFL_NO_CACHE", "") in ("", "0")
+    path = _cache_dir() / f"{_problem_key(problem, tol)}.npz"
+    if use_cache and path.exists():
+        with np.load(path, allow_pickle=False) as f:
+            w = f["w"]
+            return Optimum(
+                w=w, primal=problem.primal(w), method=str(f["method"]), info={"cached": True}
+            )
+    columns, method = [], ""
+    for c in range(problem.n_outputs):
+        w_c, method = _solve_column(problem, c, tol)
+        columns.append(w_c)
+    w = np.column_stack(columns)
+    info = {}
+    if problem.loss.smooth:
+        info["gradient_norm"] = float(np.linalg.norm(problem.primal_gradient(w)))
+    opt = Optimum(w=w, primal=problem.primal(w), method=method, info=info)
+    if use_cache:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp.npz")
+        np.savez(tmp, w=w, method=np.array(method))
+        os.replace(tmp, path)
+    return opt
+
+
+def _solve_column(problem: Problem, c: int, tol: float) -> tuple[np.ndarray, str]:
+    X, y, lam, n = problem.X, problem.Y[:, c], problem.lam, problem.n_samples
+    name = problem.loss.name
+    if name == "squared":
+        return _ridge_exact(X, y, lam), "exact ridge solve"
+    if name == "hinge":
+        from sklearn.svm import LinearSVC
+
+        svc = LinearSVC(
+            loss="hinge",
+            C=1.0 / (lam * n),
+            fit_intercept=False,
+            dual=True,
+            tol=tol,
+            max_iter=1_000_000,
+        )
+        _fit_quietly(svc, X, y)
+        return svc.coef_.ravel().astype(np.float64), "liblinear (LinearSVC, hinge, dual CD)"
+    w0 = np.zeros(X.shape[1])
+    method = "L-BFGS"
+    if name == "logistic":
+        from sklearn.linear_model import LogisticRegression
+
+        lr = LogisticRegression(
+            solver="liblinear", C=1.0 / (lam * n), fit_intercept=False, tol=tol, max_iter=10_000
+        )
+        _fit_quietly(lr, X, y)
+        w0 = lr.coef_.ravel().astype(np.float64)
+        method = "liblinear (LogisticRegression) polished by L-BFGS"
+    return _lbfgs(problem, c, w0, tol), method
+
+
+def _fit_quietly(model, X, y) -> None:
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model.fit(X, y)
+
+
+def _lbfgs(problem: Problem, c: int, w0: np.ndarray, tol: float) -> np.ndarray:
+    X, lam, n, loss = problem.X, problem.lam, problem.n_samples, problem.loss
+    y = problem.Y[:, c]
+
+    def fun(w):
+        z = X @ w
+        f = 0.5 * lam * w @ w + np.sum(loss.value(z, y)) / n
+        g = lam * w + X.T @ loss.derivative(z, y) / n
+        return f, g
+
+    res = scipy.optimize.minimize(
+        fun,
+        w0,
+        jac=True,
+        method="L-BFGS-B",
+        options={"maxiter": 100_000, "gtol": tol, "ftol": 1e-16, "maxcor": 30},
+    )
+    return res.x
+
+
+def _ridge_exact(X: sp.csr_matrix, y: np.ndarray, lam: float) -> np.ndarray:
+    n, m = X.shape
+    if m <= 3000:
+        G = (X.T @ X).toarray() / n + lam * np.eye(m)
+        return np.linalg.solve(G, X.T @ y / n)
+    op = spla.LinearOperator((m, m), matvec=lambda v: X.T @ (X @ v) / n + lam * v, dtype=float)
+    w, info = spla.cg(op, X.T @ y / n, rtol=1e-14, maxiter=100_000)
+    return w

@@ -1,0 +1,187 @@
+"""A slow, obviously-correct HyFDCA: one object per client, loops everywhere.
+
+It follows Algorithm 1 message by message with plain Python containers and
+recomputes every aggregate from scratch (no incremental updates, no stacking),
+so that the vectorized engine in ``hyfl.algorithms.hyfdca`` can be checked
+against it iterate by iterate. It draws its random numbers through the same
+``draw_local_samples`` call as the engine, so a seed fixes the same draws.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hyfl.algorithms.base import draw_local_samples
+from hyfl.partition import Partition, client_block, stack
+from hyfl.problem import Problem
+
+
+class Client:
+    def __init__(self, k, samples, features, X_local, n_outputs):
+        self.k = k
+        self.samples = samples  # I_k, sorted global ids
+        self.features = features  # M_k, sorted global ids
+        self.X = X_local.toarray()  # N_k x |M_k|, dense for clarity
+        self.alpha = np.zeros((len(samples), n_outputs))  # copy of own samples' duals
+        self.w = np.zeros((len(features), n_outputs))  # copy of own features' weights
+        self.position = {int(i): p for p, i in enumerate(samples)}
+
+    def inner_product(self, i):
+        return self.X[self.position[i]] @ self.w
+
+    def primal_part(self):
+        return self.X.T @ self.alpha
+
+
+class ReferenceHyFDCA:
+    def __init__(self, problem: Problem, partition: Partition, hyfdca):
+        self.problem = problem
+        self.cfg = hyfdca
+        N, C = problem.Y.shape
+        blocks = stack(partition, problem.X)
+        self.clients = []
+        for k in range(partition.n_clients):
+            samples, features, Xk = client_block(blocks, k)
+            self.clients.append(Client(k, samples, features, Xk, C))
+        self.holders = {i: [] for i in range(N)}
+        for c in self.clients:
+            for i in c.samples:
+                self.holders[int(i)].append(c.k)
+        self.sq_norm = np.asarray(problem.X.multiply(problem.X).sum(axis=1)).ravel()
+        H = hyfdca.steps_per_client(N, len(self.clients))
+        self.counts = np.array([min(H, len(c.samples)) for c in self.clients])
+        self.alpha = np.zeros((N, C))
+        self.ip = {}  # (k, i) -> last partial inner product received
+        self.hat_w = {c.k: np.zeros((len(c.features), C)) for c in self.clients}
+        self.w = np.zeros((problem.n_features, C))
+        self.prev_active = set()
+        self.beta = 1.0
+        self.beta_min = 1.0 / max(len(v) for v in self.holders.values())
+        self.t = 0
+
+    # -- server helpers ------------------------------------------------------
+    def aggregate_primal(self):
+        total = np.zeros_like(self.w)
+        for c in self.clients:
+            for local, m in enumerate(c.features):
+                total[m] += self.hat_w[c.k][local]
+        return total / (self.problem.lam * self.problem.n_samples)
+
+    def step(self, i, alpha_i, z_i, k, gamma_t):
+        p, cfg = self.problem, self.cfg
+        lam, N, loss = p.lam, p.n_samples, p.loss
+        y = p.Y[i : i + 1]
+        a = alpha_i[None, :]
+        z = z_i[None, :]
+        if cfg.step_rule == "paper":
+            if loss.name == "hinge":
+                return (y * np.clip(lam * N * (1 - z) + y * a, 0, 1) - a)[0]
+            return loss.dual_step(a, z, np.full_like(a, 1 / (lam * N)), y)[0]
+        if cfg.step_rule == "safe":
+            q = np.full_like(a, max(self.beta * self.sq_norm[i] / (lam * N), 1e-300))
+            return loss.dual_step(a, z, q, y)[0]
+        q = np.full_like(a, max(gamma_t * self.sq_norm[i] / lam, 1e-300))
+        best = loss.dual_step(a, z, q, y)
+        c = len(self.clients[k].samples) / N if cfg.client_weight == "N_k/N" else 1.0
+        end = c * (loss.dual_target(z, y) - a)
+        return np.clip(best, np.minimum(0, end), np.maximum(0, end))[0]
+
+    # -- one outer iteration -------------------------------------------------
+    def round(self, active_mask, rng):
+        self.t += 1
+        t = self.t
+        gamma_t = 1.0 / t if self.cfg.gamma == "1/t" else float(self.cfg.gamma)
+        active = [k for k in range(len(self.clients)) if active_mask[k]]
+        newcomers = [k for k in active if k not in self.prev_active]
+
+        # Refresh newcomers: duals down, primal parts up, weights down.
+        for k in newcomers:
+            c = self.clients[k]
+            c.alpha = self.alpha[c.samples].copy()
+            self.hat_w[k] = c.primal_part()
+        self.w = self.aggregate_primal()
+        for k in newcomers:
+            self.clients[k].w = self.w[self.clients[k].features].copy()
+
+        # Draw H samples per active client (same call as the engine).
+        sizes = np.array([len(self.clients[k].samples) for k in active], dtype=np.int64)
+        positions = draw_local_samples(rng, sizes, self.counts[active])
+        drawn, offset = {}, 0
+        for k in active:
+            n = self.counts[k]
+            drawn[k] = [int(self.clients[k].samples[p]) for p in positions[offset : offset + n]]
+            offset += n
+        U = sorted({i for k in active for i in drawn[k]})
+
+        # SecureInnerProduct on the drawn ids.
+        for k in active:
+            c = self.clients[k]
+            for i in U:
+                if i in c.position:
+                    self.ip[(k, i)] = c.inner_product(i)
+        C = self.problem.n_outputs
+        z = {
+            i: sum((self.ip.get((k, i), np.zeros(C)) for k in self.holders[i]), np.zeros(C))
+            for i in U
+        }
+
+        # LocalDualMethod on each client, then dual aggregation on the server.
+        new_alpha = self.alpha.copy()
+        for k in active:
+            c = self.clients[k]
+            for i in drawn[k]:
+                delta = self.step(i, c.alpha[c.position[i]], z[i], k, gamma_t)
+                new_alpha[i] += gamma_t / len(self.holders[i]) * delta
+
+        # Candidate primal weights after the active clients re-send their parts.
+        candidate_hat = dict(self.hat_w)
+        for k in active:
+            c = self.clients[k]
+            candidate_hat[k] = c.X.T @ new_alpha[c.samples]
+        saved, self.hat_w = self.hat_w, candidate_hat
+        candidate_w = self.aggregate_primal()
+        self.hat_w = saved
+
+        accepted = True
+        if self.cfg.step_rule == "safe":
+            p = self.problem
+            first_order = 0.0
+            full = active_part = 0.0
+            for i in U:
+                d = new_alpha[i] - self.alpha[i]
+                y = p.Y[i]
+                first_order += np.sum(
+                    -(p.loss.conjugate(new_alpha[i], y) - p.loss.conjugate(self.alpha[i], y))
+                    - z[i] * d
+                )
+                full += self.sq_norm[i] * np.sum(d * d)
+                for k in self.holders[i]:
+                    if k in active:
+                        c = self.clients[k]
+                        part = c.X[c.position[i]]
+                        active_part += part @ part * np.sum(d * d)
+            missing = full / active_part if active_part > 0 else 1.0
+            dw = candidate_w - self.w
+            quadratic = 0.5 * p.lam * np.sum(dw * dw) * missing
+            gain = first_order / p.n_samples - quadratic
+            scale = abs(first_order) / p.n_samples + quadratic
+            beta_max = max(1.0, float(sum(self.counts[k] for k in active)))
+            accepted = gain >= -1e-10 * scale or self.beta >= beta_max
+            self.beta = self.beta * (0.95 if accepted else 2.0)
+            self.beta = min(max(self.beta, self.beta_min), beta_max)
+        if accepted:
+            self.alpha = new_alpha
+            self.hat_w = candidate_hat
+            self.w = candidate_w
+        for k in active:
+            c = self.clients[k]
+            c.alpha = self.alpha[c.samples].copy()
+            c.w = self.w[c.features].copy()
+
+        if self.cfg.refresh_inner_products:
+            for k in active:
+                c = self.clients[k]
+                for i in c.samples:
+                    self.ip[(k, int(i))] = c.inner_product(int(i))
+        self.prev_active = set(active)
+        return accepted

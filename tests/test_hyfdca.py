@@ -1,0 +1,266 @@
+"""HyFDCA: the vectorized engine against the slow reference, and convergence."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from sklearn.datasets import make_classification
+
+from hyfl.algorithms.base import draw_local_samples
+from hyfl.algorithms.hyfdca import HyFDCA, local_steps_from_iic
+from hyfl.data.dataset import Dataset
+from hyfl.errors import HyflError
+from hyfl.partition import (
+    Cyclic,
+    Full,
+    RandomFraction,
+    from_blocks,
+    grid,
+    horizontal,
+    nonzero_balanced,
+    stack,
+    vertical,
+)
+from hyfl.problem import make_problem, solve_centralized
+from hyfl.runtime.simulation import random_streams, simulate
+from reference_hyfdca import ReferenceHyFDCA
+
+
+def synthetic(n=120, m=10, seed=0, classes=2, sparsity=0.0):
+    X, y = make_classification(
+        n,
+        m,
+        n_informative=min(6, m),
+        n_redundant=0,
+        n_classes=classes,
+        n_clusters_per_class=1,
+        random_state=seed,
+    )
+    X = (X - X.mean(0)) / X.std(0)
+    if sparsity:
+        X[np.random.default_rng(seed).random(X.shape) < sparsity] = 0.0
+    if classes == 2:
+        return Dataset(sp.csr_matrix(X), np.where(y > 0, 1.0, -1.0), "syn")
+    return Dataset(sp.csr_matrix(X), y, "syn3", task="multiclass")
+
+
+def run_both(problem, partition, participation, cfg, rounds, seed=3):
+    """Run engine and reference side by side; compare iterates every round."""
+    blocks = stack(partition, problem.X)
+    state = cfg.setup(problem, blocks)
+    ref = ReferenceHyFDCA(problem, partition, cfg)
+    part_rng_e, alg_rng_e = random_streams(seed)
+    part_rng_r, alg_rng_r = random_streams(seed)
+    accepted = []
+    for t in range(1, rounds + 1):
+        active_e = participation.active(t, part_rng_e)
+        active_r = participation.active(t, part_rng_r)
+        state = cfg.round(state, active_e, alg_rng_e)
+        accepted.append(ref.round(active_r, alg_rng_r))
+        np.testing.assert_allclose(state.alpha, ref.alpha, atol=1e-10, rtol=0)
+        np.testing.assert_allclose(state.w, ref.w, atol=1e-10, rtol=0)
+        for c in ref.clients:  # each client's copy of its own duals
+            rows = slice(blocks.client_rowptr[c.k], blocks.client_rowptr[c.k + 1])
+            np.testing.assert_allclose(state.alpha_local[rows], c.alpha, atol=1e-10, rtol=0)
+        if cfg.step_rule == "safe":
+            assert state.beta == pytest.approx(ref.beta, rel=1e-12)
+    return state, ref, accepted
+
+
+CASES = {
+    "grid-half-safe-hinge": (
+        "hinge",
+        lambda n, m, X: grid(n, m, 3, 3, seed=1),
+        lambda K: RandomFraction(K, 0.5),
+        HyFDCA(local_steps=4),
+    ),
+    "grid-half-theory-logistic": (
+        "logistic",
+        lambda n, m, X: grid(n, m, 3, 2, seed=1),
+        lambda K: RandomFraction(K, 0.6),
+        HyFDCA(local_steps=5, step_rule="theory", gamma="1/t"),
+    ),
+    "grid-paper-hinge-refresh": (
+        "hinge",
+        lambda n, m, X: grid(n, m, 2, 3, seed=2),
+        lambda K: RandomFraction(K, 0.5),
+        HyFDCA(local_steps=6, step_rule="paper", refresh_inner_products=True),
+    ),
+    "nonzero-split-squared": (
+        "squared",
+        lambda n, m, X: nonzero_balanced(X, 3, 3, seed=0),
+        lambda K: RandomFraction(K, 0.7),
+        HyFDCA(local_steps=5),
+    ),
+    "vertical-cyclic-smoothed": (
+        "smoothed_hinge",
+        lambda n, m, X: vertical(n, m, 4),
+        lambda K: Cyclic(K, 2),
+        HyFDCA(local_steps=8),
+    ),
+    "horizontal-full-logistic": (
+        "logistic",
+        lambda n, m, X: horizontal(n, m, 4, seed=0),
+        lambda K: Full(K),
+        HyFDCA(iic=0.2, step_rule="theory", client_weight="1"),
+    ),
+    "uneven-blocks-paper-squared": (
+        "squared",
+        lambda n, m, X: from_blocks(
+            [
+                (np.arange(0, 70), np.arange(0, 4)),
+                (np.arange(0, 70), np.arange(4, m)),
+                (np.arange(70, n), np.arange(0, 7)),
+                (np.arange(70, n), np.arange(7, m)),
+            ],
+            n,
+            m,
+        ),
+        lambda K: RandomFraction(K, 0.5),
+        HyFDCA(local_steps=2, step_rule="paper"),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_engine_reproduces_the_slow_reference(case):
+    loss, make_partition, make_participation, cfg = CASES[case]
+    data = synthetic(sparsity=0.3 if "nonzero" in case else 0.0)
+    problem = make_problem(data, loss, 0.05)
+    partition = make_partition(problem.n_samples, problem.n_features, problem.X)
+    state, ref, accepted = run_both(
+        problem, partition, make_participation(partition.n_clients), cfg, rounds=25
+    )
+    assert np.abs(state.alpha).sum() > 0  # something happened
+
+
+def test_engine_reproduces_reference_on_multiclass():
+    data = synthetic(n=90, m=8, classes=3)
+    problem = make_problem(data, "hinge", 0.05)
+    assert problem.Y.shape == (90, 3)
+    partition = grid(90, 8, 3, 2, seed=0)
+    run_both(problem, partition, RandomFraction(6, 0.5), HyFDCA(local_steps=5), rounds=20)
+
+
+def test_safe_rule_rejects_and_recovers_on_a_step_that_overshoots():
+    # Highly aligned rows and many simultaneous steps: beta = 1 overshoots for
+    # the squared loss, so the acceptance test must reject and raise beta.
+    rng = np.random.default_rng(0)
+    direction = rng.normal(size=8)
+    X = np.outer(1 + rng.random(200), direction) + 0.01 * rng.normal(size=(200, 8))
+    data = Dataset(sp.csr_matrix(X), rng.normal(size=200), "aligned", task="regression")
+    problem = make_problem(data, "squared", 1e-3)
+    _, _, accepted = run_both(
+        problem, horizontal(200, 8, 4, seed=0), Full(4), HyFDCA(local_steps=20), rounds=15
+    )
+    assert not all(accepted)
+
+
+def relative_loss_after(problem, partition, participation, cfg, rounds, seed=0):
+    optimum = solve_centralized(problem)
+    result = simulate(
+        cfg,
+        problem,
+        partition,
+        participation,
+        rounds,
+        seed=seed,
+        eval_every=rounds,
+        optimum=optimum,
+    )
+    return result.final
+
+
+@pytest.mark.parametrize("loss", ["hinge", "logistic", "squared"])
+def test_safe_reaches_the_central_optimum_on_a_hybrid_grid(loss):
+    problem = make_problem(synthetic(n=400, m=12, seed=1), loss, 1e-2)
+    final = relative_loss_after(
+        problem, grid(400, 12, 3, 3, seed=0), RandomFraction(9, 0.5), HyFDCA(local_steps=20), 1500
+    )
+    assert final["relative_loss"] <= 1e-3
+    assert 0 <= final["gap"] <= 1e-2 * final["primal"]
+
+
+@pytest.mark.parametrize("loss", ["hinge", "logistic", "squared"])
+def test_safe_reaches_the_optimum_horizontal_random_half(loss):
+    problem = make_problem(synthetic(n=400, m=12, seed=1), loss, 1e-2)
+    final = relative_loss_after(
+        problem,
+        horizontal(400, 12, 4, seed=0),
+        RandomFraction(4, 0.5),
+        HyFDCA(local_steps=20),
+        1500,
+    )
+    assert final["relative_loss"] <= 1e-3
+
+
+@pytest.mark.parametrize("loss", ["hinge", "logistic", "squared"])
+def test_safe_reaches_the_optimum_vertical_cyclic(loss):
+    problem = make_problem(synthetic(n=400, m=12, seed=1), loss, 1e-2)
+    final = relative_loss_after(
+        problem, vertical(400, 12, 4), Cyclic(4, 2), HyFDCA(local_steps=40), 1500
+    )
+    assert final["relative_loss"] <= 1e-3
+
+
+def test_theory_rule_increases_the_dual_monotonically_with_full_participation():
+    problem = make_problem(synthetic(n=200, m=10, seed=2), "hinge", 1e-2)
+    cfg = HyFDCA(local_steps=10, step_rule="theory")
+    result = simulate(cfg, problem, grid(200, 10, 2, 2, seed=0), Full(4), 60, eval_every=1)
+    dual = result.column("dual")
+    assert np.all(np.diff(dual) >= -1e-12)
+    assert dual[-1] > dual[0]
+
+
+def test_iterates_are_reproducible_for_a_seed():
+    problem = make_problem(synthetic(), "hinge", 0.05)
+    part = grid(problem.n_samples, problem.n_features, 3, 3, seed=0)
+    runs = [
+        simulate(HyFDCA(local_steps=3), problem, part, RandomFraction(9, 0.5), 30, seed=7)
+        for _ in range(2)
+    ]
+    np.testing.assert_array_equal(runs[0].weights, runs[1].weights)
+    other = simulate(HyFDCA(local_steps=3), problem, part, RandomFraction(9, 0.5), 30, seed=8)
+    assert not np.array_equal(runs[0].weights, other.weights)
+
+
+def test_local_sampling_is_uniform_without_replacement():
+    rng = np.random.default_rng(0)
+    sizes = np.array([5, 7, 3, 40])
+    counts = np.array([2, 7, 1, 35])  # includes "take all" and the sort-key path
+    hits = [np.zeros(n) for n in sizes]
+    for _ in range(3000):
+        pos = draw_local_samples(rng, sizes, counts)
+        start = 0
+        for k, (n, h) in enumerate(zip(sizes, counts)):
+            chunk = pos[start : start + h]
+            start += h
+            assert len(set(chunk.tolist())) == h and chunk.min() >= 0 and chunk.max() < n
+            hits[k][chunk] += 1
+    for k, (n, h) in enumerate(zip(sizes, counts)):
+        np.testing.assert_allclose(hits[k] / 3000, h / n, atol=0.04)
+
+
+def test_round_trips_follow_the_paper_counts():
+    problem = make_problem(synthetic(), "hinge", 0.05)
+    n, m = problem.n_samples, problem.n_features
+    paper = HyFDCA(local_steps=2, step_rule="paper")
+    hybrid = simulate(paper, problem, grid(n, m, 3, 3), RandomFraction(9, 0.5), 40)
+    per_round = np.diff(hybrid.column("round_trips"))
+    assert np.median(per_round) == 4.5  # the paper's count with partial participation
+    full = simulate(paper, problem, grid(n, m, 3, 3), Full(9), 10)
+    assert np.all(np.diff(full.column("round_trips"))[1:] == 3.0)
+    horiz = simulate(paper, problem, horizontal(n, m, 3), Full(3), 10)
+    assert np.all(np.diff(horiz.column("round_trips"))[1:] == 2.0)
+
+
+def test_hyperparameters_are_validated():
+    with pytest.raises(HyflError, match="step_rule"):
+        HyFDCA(step_rule="fast").validated()
+    with pytest.raises(HyflError, match="local_steps"):
+        HyFDCA(local_steps=0).validated()
+    with pytest.raises(HyflError, match="gamma"):
+        HyFDCA(gamma=2.0).validated()
+    with pytest.raises(HyflError, match="iic"):
+        HyFDCA(iic=-1).validated()
+    assert local_steps_from_iic(7.434e-4, 49990, 144) == 1
+    assert local_steps_from_iic(0.07564, 7770, 144) == 5
