@@ -96,7 +96,9 @@ class HyFDCA:
         client's sample count).
     iic : float, optional
         Inner iterations constant; ``H = ceil(iic * N / n_clients)``. Used when
-        ``local_steps`` is not given. When neither is given, ``iic = 0.02``.
+        ``local_steps`` is not given. When neither is given, ``iic = 0.5``
+        (each client draws about half its share ``N / n_clients`` of the
+        samples per round).
     step_rule : {"safe", "theory", "paper"}, default "safe"
     gamma : float or "1/t", default 1.0
         Aggregation weight ``gamma_t`` of Algorithm 1.
@@ -114,7 +116,7 @@ class HyFDCA:
     refresh_inner_products: bool = False
     name: str = "hyfdca"
 
-    default_iic = 0.02
+    default_iic = 0.5
 
     # -- configuration -----------------------------------------------------
     def validated(self) -> HyFDCA:

@@ -10,6 +10,7 @@ DEMO_SPEC = RunSpec(
     lam=1e-3,
     partition="grid:3x3",
     participation="0.5",
+    iic=1.0,
     iterations=1500,
     eval_every=5,
     seed=0,

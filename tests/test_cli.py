@@ -1,0 +1,107 @@
+"""The ``hyfl`` command: outputs, columns and errors."""
+
+import csv
+import json
+
+from typer.testing import CliRunner
+
+from hyfl.cli import app
+
+runner = CliRunner()
+REQUIRED = {"iteration", "primal", "dual", "gap", "relative_loss", "val_accuracy", "round_trips"}
+
+
+def test_run_writes_metrics_and_run_record(tmp_path):
+    out = tmp_path / "run"
+    result = runner.invoke(
+        app,
+        [
+            "run",
+            "--algorithm",
+            "hyfdca",
+            "--data",
+            "synthetic",
+            "--loss",
+            "hinge",
+            "--lam",
+            "1e-3",
+            "--partition",
+            "grid:3x3",
+            "--participation",
+            "0.5",
+            "--iic",
+            "0.2",
+            "--iterations",
+            "60",
+            "--eval-every",
+            "10",
+            "--seed",
+            "0",
+            "--val-fraction",
+            "0.2",
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    rows = list(csv.DictReader(open(out / "metrics.csv")))
+    assert REQUIRED <= set(rows[0])
+    assert [int(float(r["iteration"])) for r in rows] == [0, 10, 20, 30, 40, 50, 60]
+    assert float(rows[-1]["relative_loss"]) < float(rows[0]["relative_loss"])
+    record = json.loads((out / "run.json").read_text())
+    assert record["spec"]["partition"] == "grid:3x3"
+    assert record["summary"]["n_clients"] == 9
+    assert record["summary"]["local_steps"] == 36  # ceil(0.2 * 1600 / 9)
+    assert (out / "loss.png").stat().st_size > 1000
+
+
+def test_local_steps_and_other_partitions(tmp_path):
+    for partition, participation in [("horizontal:4", "full"), ("vertical:3", "cyclic:3")]:
+        result = runner.invoke(
+            app,
+            [
+                "run",
+                "--data",
+                "synthetic",
+                "--loss",
+                "logistic",
+                "--partition",
+                partition,
+                "--participation",
+                participation,
+                "--local-steps",
+                "5",
+                "--iterations",
+                "20",
+                "--out",
+                str(tmp_path / partition.replace(":", "")),
+                "--no-progress",
+            ],
+        )
+        assert result.exit_code == 0, result.output
+
+
+def test_demo_runs_without_arguments(tmp_path):
+    result = runner.invoke(app, ["demo", "--out", str(tmp_path / "demo"), "--iterations", "100"])
+    assert result.exit_code == 0, result.output
+    assert "centralized" in result.output
+    assert (tmp_path / "demo" / "loss.png").exists()
+
+
+def test_bad_flags_give_clear_errors(tmp_path):
+    cases = [
+        (["--partition", "grid:3"], "partition"),
+        (["--participation", "1.5"], "participation"),
+        (["--loss", "huber"], "loss"),
+        (["--lam", "-1"], "lam"),
+        (["--iic", "0.1", "--local-steps", "3"], "--local-steps"),
+        (["--data", "no-such-set"], "no-such-set"),
+        (["--step-rule", "fast"], "step_rule"),
+    ]
+    for flags, culprit in cases:
+        result = runner.invoke(
+            app, ["run", "--iterations", "5", "--no-progress", "--out", str(tmp_path / "x"), *flags]
+        )
+        assert result.exit_code == 2, (flags, result.output)
+        assert culprit in result.output, (flags, result.output)
