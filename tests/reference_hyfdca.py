@@ -113,12 +113,11 @@ class ReferenceHyFDCA:
             offset += n
         U = sorted({i for k in active for i in drawn[k]})
 
-        # SecureInnerProduct on the drawn ids.
+        # SecureInnerProduct (Algorithm 2): every active client, all its samples.
         for k in active:
             c = self.clients[k]
-            for i in U:
-                if i in c.position:
-                    self.ip[(k, i)] = c.inner_product(i)
+            for i in c.samples:
+                self.ip[(k, int(i))] = c.inner_product(int(i))
         C = self.problem.n_outputs
         z = {
             i: sum((self.ip.get((k, i), np.zeros(C)) for k in self.holders[i]), np.zeros(C))

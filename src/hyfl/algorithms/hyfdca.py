@@ -7,10 +7,14 @@ active clients, with newcomers ``A_new`` (active now, absent last round):
    samples; they recompute their primal contribution and the server
    re-aggregates ``w`` (PrimalAggregation over ``A_new``) and sends it to them.
 2. *Draw.* Every active client draws ``H`` of its samples without replacement.
-3. *SecureInnerProduct.* Active clients send ``x_{k,i}^T w_k`` for the drawn
-   sample ids ``U`` (only those travel, as in the paper's section 7.1); the
-   server sums over the holders ``B_i`` -- using the last value it received from
-   absent holders -- and returns ``x_i^T w`` for ``i`` in ``U``.
+3. *SecureInnerProduct.* Active clients send ``x_{k,i}^T w_k`` for their
+   samples (Algorithm 2); the server sums over the holders ``B_i`` -- using
+   the last value it received from absent holders -- and returns ``x_i^T w``.
+   Only the drawn sample ids ``U`` are ever used, so the engine evaluates
+   those alone (:class:`WeightSnapshots`); the values match Algorithm 2's.
+   (Sending only the drawn ids, as the paper's section 7.1 counts, would leave
+   absent holders' parts as old as the last round in which that very sample
+   was drawn; measured on ijcnn1 with half participation the dual then falls.)
 4. *LocalDualMethod.* Each active client computes a dual step for each drawn
    sample from the global inner product (rule ``safe``, ``theory`` or ``paper``).
 5. *Dual aggregation.* The server adds ``gamma_t / |B_i|`` times the sum of the
@@ -162,7 +166,7 @@ class HyFDCA:
             row_sq_norms=row_sq_norms,
             alpha=np.zeros((N, C)),
             alpha_local=np.zeros((R, C)),
-            ip=np.zeros((R, C)),
+            snapshots=WeightSnapshots.empty(blocks.n_clients, problem.n_features, C),
             w=np.zeros((problem.n_features, C)),
             was_active=np.zeros(blocks.n_clients, dtype=bool),
             beta=1.0,
@@ -188,11 +192,13 @@ class HyFDCA:
         active = np.asarray(active, dtype=bool)
         newcomers = active & ~state.was_active
 
-        # 1. Newcomers receive the duals of their samples and re-send their primal part.
+        # 1. Newcomers receive the duals of their samples and re-send their primal part;
+        # returning clients still hold the weights sent at the end of last round.
+        state.snapshots.record(state.w, active & ~newcomers)
         refreshed = server_refresh_newcomers(state, newcomers)
-        w_returning = state.w.copy() if refreshed else state.w
         if refreshed:
             state.w += primal_aggregation(state, refreshed[0], refreshed[1])
+        state.snapshots.record(state.w, newcomers)
 
         # 2. Every active client draws H of its samples.
         clients = np.flatnonzero(active)
@@ -202,14 +208,13 @@ class HyFDCA:
         drawn_samples = blocks.row_sample[drawn_rows]
         samples, drawn_slot = np.unique(drawn_samples, return_inverse=True)
 
-        # 3. SecureInnerProduct over the drawn sample ids.
+        # 3. SecureInnerProduct: active clients' parts with their current weights,
+        # absent holders' parts as last sent (with the weights of their last round).
         holder_rows, holder_slot = _holder_rows(blocks, samples)
         fresh = active[blocks.row_client[holder_rows]]
-        ip_rows = holder_rows[fresh]
-        state.ip[ip_rows] = client_partial_inner_products(
-            blocks, ip_rows, state.w, w_returning, newcomers
-        )
-        z = server_sum_over_holders(state.ip[holder_rows], holder_slot, samples.size)
+        active_rows = holder_rows[fresh]
+        parts = state.snapshots.inner_products(blocks, holder_rows)
+        z = server_sum_over_holders(parts, holder_slot, samples.size)
 
         # 4. LocalDualMethod on every active client (all drawn rows at once).
         client_of_drawn = blocks.row_client[drawn_rows]
@@ -219,14 +224,14 @@ class HyFDCA:
 
         # 5. Dual aggregation: alpha_i += gamma_t / |B_i| * sum of the steps for i.
         step = server_aggregate_duals(delta, drawn_slot, samples, blocks.n_holders, gamma_t)
-        update_rows = ip_rows  # active holders of the updated samples
+        update_rows = active_rows  # active holders of the updated samples
         row_step = step[holder_slot[fresh]]
         dw = primal_aggregation(state, update_rows, row_step)
 
         accepted = True
         if self.step_rule == "safe":
             fresh_sq = np.bincount(
-                holder_slot[fresh], weights=state.row_sq_norms[ip_rows], minlength=samples.size
+                holder_slot[fresh], weights=state.row_sq_norms[active_rows], minlength=samples.size
             )
             gain, scale = _dual_gain_estimate(state, samples, step, z, dw, fresh_sq)
             # beta >= number of draws makes every step provably safe when nobody
@@ -242,10 +247,10 @@ class HyFDCA:
             state.alpha_local[update_rows] += row_step
             state.w += dw
 
-        # 7. Optional second SecureInnerProduct on all samples of the active clients.
+        # 7. Optional second SecureInnerProduct: active clients re-send their
+        # parts with the weights they just received.
         if self.refresh_inner_products:
-            rows = concat_ranges(blocks.client_rowptr[clients], sizes)
-            state.ip[rows] = blocks.X[rows] @ state.w
+            state.snapshots.record(state.w, active)
 
         stats = {
             "round_trips": self._round_trips(state, newcomers),
@@ -329,13 +334,69 @@ class HyFDCA:
         return trips
 
 
+class WeightSnapshots:
+    """The weights each client held at its last SecureInnerProduct.
+
+    Algorithm 2 has every active client send ``x_{k,i}^T w_k`` for all its
+    samples; the server keeps the last value from each client, so an absent
+    holder's part of ``x_i^T w`` is its inner product with the weights it held
+    in its last active round. The engine stores those weights once per
+    version (all clients of one round share it) and evaluates only the rows of
+    the drawn samples, which gives exactly the stored values at a fraction of
+    the cost. Versions no client refers to any more are reused.
+
+    Attributes
+    ----------
+    store : ndarray, shape (capacity, M, C)
+    slot : ndarray of int, shape (K,)
+        Version held by each client (version 0 is all zeros: ``ip = 0`` initially).
+    """
+
+    def __init__(self, store: np.ndarray, slot: np.ndarray):
+        self.store, self.slot = store, slot
+
+    @classmethod
+    def empty(cls, n_clients: int, n_features: int, n_outputs: int) -> WeightSnapshots:
+        return cls(np.zeros((4, n_features, n_outputs)), np.zeros(n_clients, dtype=np.int64))
+
+    def record(self, w: np.ndarray, clients: np.ndarray) -> None:
+        """The flagged clients now hold (and have sent inner products with) ``w``."""
+        if not clients.any():
+            return
+        in_use = np.zeros(len(self.store), dtype=bool)
+        in_use[self.slot[~clients]] = True
+        free = np.flatnonzero(~in_use)
+        if free.size == 0:
+            free = np.array([len(self.store)])
+            self.store = np.concatenate([self.store, np.zeros_like(self.store)])
+        self.store[free[0]] = w
+        self.slot[clients] = free[0]
+
+    def inner_products(self, blocks: StackedBlocks, rows: np.ndarray) -> np.ndarray:
+        """``x_{k,i}^T w_k`` for the given stacked rows, each with its client's version.
+
+        One sparse product per version present among the rows (a handful:
+        this round's, and those of the absent holders' last rounds).
+        """
+        versions = self.slot[blocks.row_client[rows]]
+        out = np.empty((rows.size, self.store.shape[2]))
+        if rows.size == 0:
+            return out
+        order = np.argsort(versions, kind="stable")
+        present, starts = np.unique(versions[order], return_index=True)
+        for version, group in zip(present, np.split(order, starts[1:])):
+            out[group] = blocks.X[rows[group]] @ self.store[version]
+        return out
+
+
 @dataclass
 class HyFDCAState:
     """Everything HyFDCA keeps between outer iterations (see module docstring).
 
-    Server side: ``alpha`` (N, C) global duals, ``ip`` (R, C) the last partial
-    inner product each (client, sample) row sent, ``w`` (M, C) global weights.
-    Client side: ``alpha_local`` (R, C) each client's copy of its samples' duals.
+    Server side: ``alpha`` (N, C) global duals, ``w`` (M, C) global weights,
+    and (through ``snapshots``) the partial inner products each client last
+    sent. Client side: ``alpha_local`` (R, C) each client's copy of its
+    samples' duals.
     """
 
     problem: Problem
@@ -345,7 +406,7 @@ class HyFDCAState:
     row_sq_norms: np.ndarray
     alpha: np.ndarray
     alpha_local: np.ndarray
-    ip: np.ndarray
+    snapshots: WeightSnapshots
     w: np.ndarray
     was_active: np.ndarray
     beta: float
@@ -392,27 +453,6 @@ def primal_aggregation(state: HyFDCAState, rows: np.ndarray, dual_change: np.nda
         return np.zeros_like(state.w)
     contribution = state.blocks.X[rows].T @ dual_change
     return np.asarray(contribution) / (problem.lam * problem.n_samples)
-
-
-def client_partial_inner_products(
-    blocks: StackedBlocks,
-    rows: np.ndarray,
-    w_current: np.ndarray,
-    w_returning: np.ndarray,
-    newcomers: np.ndarray,
-) -> np.ndarray:
-    """``x_{k,i}^T w_k`` for the given rows, each with the weights its client holds.
-
-    Newcomers hold the weights sent after their refresh (``w_current``); the
-    others still hold those of the end of the previous round (``w_returning``).
-    """
-    if rows.size == 0:
-        return np.zeros((0, w_current.shape[1]))
-    Xr = blocks.X[rows]
-    if w_returning is w_current:
-        return np.asarray(Xr @ w_current)
-    is_new = newcomers[blocks.row_client[rows]][:, None]
-    return np.where(is_new, Xr @ w_current, Xr @ w_returning)
 
 
 def server_sum_over_holders(values: np.ndarray, slot: np.ndarray, n_slots: int) -> np.ndarray:
