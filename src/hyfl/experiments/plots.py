@@ -32,12 +32,26 @@ def plot_runs(runs: dict[str, RunResult], path: str | Path, title: str = "") -> 
         it = run.column("iteration")
         rel = run.column("relative_loss")
         positive = rel > 0
-        ax_loss.plot(it[positive], rel[positive], label=label)
+        (line,) = ax_loss.plot(it[positive], rel[positive], label=label)
+        # The duality gap over P* bounds the relative loss of both iterates.
+        optimum = run.config.get("optimum_primal")
+        gap = run.column("gap") / optimum if optimum else np.full_like(rel, np.nan)
+        shown = np.isfinite(gap) & (gap > 0)
+        if shown.any():
+            ax_loss.plot(
+                it[shown],
+                gap[shown],
+                "--",
+                color=line.get_color(),
+                alpha=0.7,
+                label=f"{label}: duality gap / P*",
+            )
         if has_val:
             axes[0, 1].plot(it, run.column("val_accuracy"), label=label)
     ax_loss.set_yscale("log")
     ax_loss.set_xlabel("outer iteration")
     ax_loss.set_ylabel("relative loss (P - P*) / P*")
+    ax_loss.set_ylim(bottom=max(ax_loss.get_ylim()[0], 1e-12))
     ax_loss.grid(True, which="both", alpha=0.3)
     ax_loss.legend()
     if has_val:

@@ -206,7 +206,12 @@ def simulate(
         weights=np.array(algorithm.weights(state), copy=True),
         duals=None if duals is None else np.array(duals, copy=True),
         round_times=round_times,
-        config={"algorithm": algorithm.config(), "seed": seed, "iterations": iterations},
+        config={
+            "algorithm": algorithm.config(),
+            "seed": seed,
+            "iterations": iterations,
+            "optimum_primal": optimum.primal if optimum else None,
+        },
     )
 
 
