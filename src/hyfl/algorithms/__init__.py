@@ -1,0 +1,67 @@
+"""Registry of federated algorithms: drives validation, ``hyfl run`` and ``hyfl compare``.
+
+Each entry names a class (a frozen dataclass of hyperparameters implementing
+:class:`hyfl.algorithms.base.Algorithm`) and the preset hyperparameters that
+make the named variant (e.g. ``fedbcd-p`` is ``FedBCD(variant="parallel")``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from hyfl.errors import check_choice, fail
+
+
+@dataclass(frozen=True)
+class AlgorithmEntry:
+    """How to build one named algorithm."""
+
+    cls: type
+    summary: str
+    preset: dict[str, Any] = field(default_factory=dict)
+
+
+def _entries() -> dict[str, AlgorithmEntry]:
+    from hyfl.algorithms.hyfdca import HyFDCA
+
+    entries = {
+        "hyfdca": AlgorithmEntry(HyFDCA, "HyFDCA, primal-dual for hybrid FL (any partition)"),
+    }
+    return entries
+
+
+ALGORITHMS: dict[str, AlgorithmEntry] = _entries()
+
+
+def algorithm_names() -> list[str]:
+    return list(ALGORITHMS)
+
+
+def make_algorithm(name: str, hyper: dict[str, Any] | None = None):
+    """Build a registered algorithm with hyperparameters (``None`` values are ignored).
+
+    Raises
+    ------
+    HyflError
+        Unknown algorithm, or a hyperparameter the algorithm does not have.
+    """
+    check_choice("algorithm", name, ALGORITHMS)
+    entry = ALGORITHMS[name]
+    accepted = {f.name for f in dataclasses.fields(entry.cls) if f.name != "name"}
+    given = {k: v for k, v in (hyper or {}).items() if v is not None}
+    unknown = sorted(set(given) - accepted)
+    if unknown:
+        raise fail(
+            f"hyperparameter {unknown[0]!r}",
+            f"does not apply to {name}",
+            f"{name} accepts: {', '.join(sorted(accepted))}.",
+        )
+    return entry.cls(**{**entry.preset, **given, "name": name}).validated()
+
+
+def accepted_hyperparameters(name: str) -> set[str]:
+    """Names of the hyperparameters algorithm ``name`` accepts."""
+    entry = ALGORITHMS[name]
+    return {f.name for f in dataclasses.fields(entry.cls) if f.name != "name"} - set(entry.preset)
