@@ -225,8 +225,9 @@ def test_iterates_are_reproducible_for_a_seed():
 
 def test_local_sampling_is_uniform_without_replacement():
     rng = np.random.default_rng(0)
-    sizes = np.array([5, 7, 3, 40])
-    counts = np.array([2, 7, 1, 35])  # includes "take all" and the sort-key path
+    sizes = np.array([5, 7, 3, 40, 400, 90])
+    # "take all", most of a client (sort keys), and many draws (first distinct)
+    counts = np.array([2, 7, 1, 35, 60, 0])
     hits = [np.zeros(n) for n in sizes]
     for _ in range(3000):
         pos = draw_local_samples(rng, sizes, counts)
@@ -234,7 +235,7 @@ def test_local_sampling_is_uniform_without_replacement():
         for k, (n, h) in enumerate(zip(sizes, counts)):
             chunk = pos[start : start + h]
             start += h
-            assert len(set(chunk.tolist())) == h and chunk.min() >= 0 and chunk.max() < n
+            assert len(set(chunk.tolist())) == h and np.all((chunk >= 0) & (chunk < n))
             hits[k][chunk] += 1
     for k, (n, h) in enumerate(zip(sizes, counts)):
         np.testing.assert_allclose(hits[k] / 3000, h / n, atol=0.04)

@@ -24,10 +24,25 @@ class AlgorithmEntry:
 
 
 def _entries() -> dict[str, AlgorithmEntry]:
+    from hyfl.algorithms.fedbcd import DEFAULT_PROX_MU, FedBCD
     from hyfl.algorithms.hyfdca import HyFDCA
 
     entries = {
         "hyfdca": AlgorithmEntry(HyFDCA, "HyFDCA, primal-dual for hybrid FL (any partition)"),
+        "fedsgd": AlgorithmEntry(
+            FedBCD, "FedSGD: one gradient step per exchange (vertical)", {"variant": "sgd"}
+        ),
+        "fedbcd-p": AlgorithmEntry(
+            FedBCD, "FedBCD-p: Q parallel local steps (vertical)", {"variant": "parallel"}
+        ),
+        "fedbcd-s": AlgorithmEntry(
+            FedBCD, "FedBCD-s: parties take Q steps in turn (vertical)", {"variant": "sequential"}
+        ),
+        "fedpbcd": AlgorithmEntry(
+            FedBCD,
+            "FedPBCD: FedBCD-p with a proximal term (vertical)",
+            {"variant": "parallel", "mu": DEFAULT_PROX_MU},
+        ),
     }
     return entries
 
@@ -49,7 +64,7 @@ def make_algorithm(name: str, hyper: dict[str, Any] | None = None):
     """
     check_choice("algorithm", name, ALGORITHMS)
     entry = ALGORITHMS[name]
-    accepted = {f.name for f in dataclasses.fields(entry.cls) if f.name != "name"}
+    accepted = accepted_hyperparameters(name) | set(entry.preset)
     given = {k: v for k, v in (hyper or {}).items() if v is not None}
     unknown = sorted(set(given) - accepted)
     if unknown:

@@ -53,9 +53,10 @@ def draw_local_samples(
 
     Sampling is uniform without replacement and vectorized across clients:
     Floyd's algorithm (one vectorized draw per position) when the counts are
-    small, random sort keys otherwise. Both the engine and the slow reference
-    implementations in the tests call this one function, so a seed fixes the
-    same draws in both.
+    small; otherwise the first distinct values of an oversampled uniform
+    stream, or random sort keys for clients that want most of their samples.
+    Both the engine and the slow reference implementations in the tests call
+    this one function, so a seed fixes the same draws in both.
 
     Parameters
     ----------
@@ -86,10 +87,45 @@ def draw_local_samples(
             chosen[:, step] = np.where(taken, j, t)
         valid = np.arange(h)[None, :] < counts[:, None]
         return chosen[valid]
-    owner = np.repeat(np.arange(sizes.size), sizes)
+    # Many draws per client: take the first `count` distinct values of an iid
+    # uniform stream (a uniform subset, like sequential rejection of repeats),
+    # oversampling so that one pass almost always suffices. Clients that want
+    # more than half their samples, or that still fall short, use random keys.
+    dense = 2 * counts > sizes
+    picked = _first_distinct(rng, sizes, np.where(dense, 0, counts))
+    short = ~dense & (np.bincount(picked[0], minlength=sizes.size) < counts)
+    keys_for = dense | short
+    if keys_for.any():
+        extra = _random_keys(rng, sizes, np.where(keys_for, counts, 0))
+        owners = np.concatenate([picked[0][~keys_for[picked[0]]], extra[0]])
+        values = np.concatenate([picked[1][~keys_for[picked[0]]], extra[1]])
+        order = np.argsort(owners, kind="stable")
+        return values[order]
+    return picked[1]
+
+
+def _first_distinct(rng, sizes, counts):
+    """(owner, position) of the first ``counts[k]`` distinct uniform draws per client."""
+    m = counts + counts // 4 + 8 * (counts > 0)
+    owner = np.repeat(np.arange(sizes.size), m)
+    position = rng.integers(0, np.maximum(sizes[owner], 1))
+    key = owner * (int(sizes.max()) + 1) + position
+    _, first = np.unique(key, return_index=True)
+    first.sort()  # draw order, grouped by owner
+    owner_kept = owner[first]
+    starts = np.searchsorted(owner_kept, np.arange(sizes.size))
+    rank = np.arange(first.size) - starts[owner_kept]
+    keep = rank < counts[owner_kept]
+    return owner_kept[keep], position[first[keep]]
+
+
+def _random_keys(rng, sizes, counts):
+    """(owner, position) of ``counts[k]`` positions per client by sorting random keys."""
+    owner = np.repeat(np.arange(sizes.size), np.where(counts > 0, sizes, 0))
     keys = rng.random(owner.size)
     order = np.lexsort((keys, owner))
-    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    lengths = np.bincount(owner, minlength=sizes.size)
+    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
     rank = np.arange(owner.size) - starts[owner[order]]
-    picked = order[rank < counts[owner[order]]]
-    return picked - starts[owner[picked]]
+    chosen = order[rank < counts[owner[order]]]
+    return owner[chosen], chosen - starts[owner[chosen]]
