@@ -26,9 +26,19 @@ class AlgorithmEntry:
 def _entries() -> dict[str, AlgorithmEntry]:
     from hyfl.algorithms.fedbcd import DEFAULT_PROX_MU, FedBCD
     from hyfl.algorithms.hyfdca import HyFDCA
+    from hyfl.algorithms.local_sgd import FedAvg, HyFEM
 
     entries = {
         "hyfdca": AlgorithmEntry(HyFDCA, "HyFDCA, primal-dual for hybrid FL (any partition)"),
+        "fedavg": AlgorithmEntry(
+            FedAvg, "FedAvg, hybrid: local SGD on own features, averaged over K_m (any partition)"
+        ),
+        "hyfem": AlgorithmEntry(
+            HyFEM, "HyFEM-Prox: FedAvg + mu/2 ||w_k - w_0[M_k]||^2 (any partition)"
+        ),
+        "hyfem-avg": AlgorithmEntry(
+            HyFEM, "HyFEM-Avg: HyFEM without the proximal term (any partition)", {"variant": "avg"}
+        ),
         "fedsgd": AlgorithmEntry(
             FedBCD, "FedSGD: one gradient step per exchange (vertical)", {"variant": "sgd"}
         ),
