@@ -327,13 +327,19 @@ def _entry_rows(X: sp.csr_matrix) -> np.ndarray:
     return np.repeat(np.arange(X.shape[0], dtype=np.int64), np.diff(X.indptr))
 
 
+_ROW_INDEX = np.int32
+
+
 def _row_layout(partition: Partition) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Stacked-row layout: (client_rowptr, row_client, row_sample)."""
     sizes = partition.client_sizes()
     client_rowptr = np.zeros(partition.n_clients + 1, dtype=np.int64)
     np.cumsum(sizes, out=client_rowptr[1:])
-    row_client = np.repeat(np.arange(partition.n_clients, dtype=np.int64), sizes)
-    row_sample = np.concatenate(partition.samples).astype(np.int64)
+    # int32 per-row indices: with R = sum_k N_k rows (Q copies of every sample
+    # on a KxQ grid) these are, with the stacked matrix, the engine's largest arrays.
+    client_index = np.uint16 if partition.n_clients < 2**16 else np.int32
+    row_client = np.repeat(np.arange(partition.n_clients, dtype=client_index), sizes)
+    row_sample = np.concatenate(partition.samples).astype(_ROW_INDEX)
     return client_rowptr, row_client, row_sample
 
 
@@ -351,7 +357,10 @@ def _rectangular_ownership(
     in_block = np.zeros(partition.n_features, dtype=bool)
     entry_parts: list[np.ndarray] = []
     row_parts: list[np.ndarray] = []
-    client_parts: list[np.ndarray] = []
+    entry_index = np.int32 if X.nnz < 2**31 else np.int64
+    # How many clients hold each stored entry, saturating at 2 (uint8 keeps the
+    # peak memory of stacking low; only 0, 1 and "more" matter).
+    coverage = np.zeros(X.nnz, dtype=np.uint8)
     for k in range(partition.n_clients):
         sample_ids = np.asarray(partition.samples[k], dtype=np.int64)
         feature_ids = np.asarray(partition.features[k], dtype=np.int64)
@@ -363,13 +372,15 @@ def _rectangular_ownership(
         keep = in_block[X.indices[entries]]
         in_block[feature_ids] = False
         local_row = np.repeat(np.arange(len(sample_ids), dtype=np.int64), lengths)
-        entry_parts.append(entries[keep])
-        row_parts.append(local_row[keep] + client_rowptr[k])
-        client_parts.append(np.full(entry_parts[-1].size, k, dtype=np.int64))
+        owned = entries[keep]
+        coverage[owned] = np.minimum(coverage[owned], 1) + 1
+        entry_parts.append(owned.astype(entry_index))
+        row_parts.append((local_row[keep] + client_rowptr[k]).astype(_ROW_INDEX))
     entries = np.concatenate(entry_parts)
+    del entry_parts
     rows = np.concatenate(row_parts)
+    del row_parts
 
-    coverage = np.bincount(entries, minlength=X.nnz)
     nonzero = X.data != 0
     uncovered = np.flatnonzero((coverage == 0) & nonzero)
     if uncovered.size:
@@ -387,7 +398,7 @@ def _rectangular_ownership(
     shared = np.flatnonzero((coverage > 1) & nonzero)
     if shared.size:
         first = shared[0]
-        holders = np.concatenate(client_parts)[entries == first]
+        holders = np.searchsorted(client_rowptr, rows[entries == first], side="right") - 1
         i = int(np.searchsorted(indptr, first, side="right") - 1)
         m = int(X.indices[first])
         others = f" ({shared.size} shared non-zeros in all)" if shared.size > 1 else ""
@@ -400,6 +411,8 @@ def _rectangular_ownership(
         )
     # Stored zeros held by several clients carry no data: drop them.
     single = coverage[entries] == 1
+    if single.all():
+        return entries, rows
     return entries[single], rows[single]
 
 
@@ -578,17 +591,19 @@ def stack(partition: Partition, X: Any) -> StackedBlocks:
     X = _as_csr(X)
     (client_rowptr, row_client, row_sample), entries, rows = _ownership(partition, X)
     n_rows = len(row_sample)
-    indptr = np.zeros(n_rows + 1, dtype=np.int64)
+    indptr = np.zeros(n_rows + 1, dtype=np.int32 if len(entries) < 2**31 else np.int64)
     np.cumsum(np.bincount(rows, minlength=n_rows), out=indptr[1:])
+    del rows
     stacked = sp.csr_matrix(
         (X.data[entries].astype(np.float64, copy=False), X.indices[entries], indptr),
         shape=(n_rows, partition.n_features),
     )
+    del entries  # free before the row maps below: keeps the peak memory low
     n_holders = np.bincount(row_sample, minlength=partition.n_samples).astype(np.int64)
     sample_rowptr = np.zeros(partition.n_samples + 1, dtype=np.int64)
     np.cumsum(n_holders, out=sample_rowptr[1:])
     # Stable: the rows of each sample stay ascending.
-    sample_rows = np.argsort(row_sample, kind="stable").astype(np.int64)
+    sample_rows = np.argsort(row_sample, kind="stable").astype(_ROW_INDEX)
     return StackedBlocks(
         X=stacked,
         row_client=row_client,

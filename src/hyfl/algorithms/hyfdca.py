@@ -64,6 +64,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 
 from hyfl._ragged import concat_ranges
 from hyfl.algorithms.base import draw_local_samples
@@ -154,16 +155,14 @@ class HyFDCA:
         R = blocks.X.shape[0]
         H = self.steps_per_client(N, blocks.n_clients)
         sizes = np.diff(blocks.client_rowptr)
-        # Squared norms of each client's part of each sample; the full sample
-        # norms are summed securely over the holders once at set-up.
-        row_sq_norms = np.asarray(blocks.X.multiply(blocks.X).sum(axis=1)).ravel()
-        sq_norms = np.bincount(blocks.row_sample, weights=row_sq_norms, minlength=N)
+        # Squared norms of the samples: each client's part, summed securely over
+        # the holders once at set-up.
+        sq_norms = np.bincount(blocks.row_sample, weights=_row_squared_norms(blocks.X), minlength=N)
         return HyFDCAState(
             problem=problem,
             blocks=blocks,
             counts=np.minimum(H, sizes),
             sq_norms=sq_norms,
-            row_sq_norms=row_sq_norms,
             alpha=np.zeros((N, C)),
             alpha_local=np.zeros((R, C)),
             snapshots=WeightSnapshots.empty(blocks.n_clients, problem.n_features, C),
@@ -231,7 +230,9 @@ class HyFDCA:
         accepted = True
         if self.step_rule == "safe":
             fresh_sq = np.bincount(
-                holder_slot[fresh], weights=state.row_sq_norms[active_rows], minlength=samples.size
+                holder_slot[fresh],
+                weights=_row_squared_norms(blocks.X[active_rows]),
+                minlength=samples.size,
             )
             gain, scale = _dual_gain_estimate(state, samples, step, z, dw, fresh_sq)
             # beta >= number of draws makes every step provably safe when nobody
@@ -403,7 +404,6 @@ class HyFDCAState:
     blocks: StackedBlocks
     counts: np.ndarray
     sq_norms: np.ndarray
-    row_sq_norms: np.ndarray
     alpha: np.ndarray
     alpha_local: np.ndarray
     snapshots: WeightSnapshots
@@ -473,6 +473,23 @@ def server_aggregate_duals(
     total = np.zeros((samples.size, delta.shape[1]))
     np.add.at(total, slot, delta)
     return total * (gamma_t / n_holders[samples])[:, None]
+
+
+def _row_squared_norms(X: sp.csr_matrix, chunk: int = 8192) -> np.ndarray:
+    """Squared Euclidean norm of every row of a CSR matrix.
+
+    Works on views of ``X.data`` a chunk of rows at a time, so the temporary
+    memory stays small even for the whole training matrix.
+    """
+    n = X.shape[0]
+    out = np.zeros(n)
+    for start in range(0, n, chunk):
+        stop = min(start + chunk, n)
+        lo, hi = X.indptr[start], X.indptr[stop]
+        values = X.data[lo:hi]
+        local_rows = np.repeat(np.arange(stop - start), np.diff(X.indptr[start : stop + 1]))
+        out[start:stop] = np.bincount(local_rows, weights=values * values, minlength=stop - start)
+    return out
 
 
 def _holder_rows(blocks: StackedBlocks, samples: np.ndarray):
