@@ -25,6 +25,7 @@ class AlgorithmEntry:
 
 def _entries() -> dict[str, AlgorithmEntry]:
     from hyfl.algorithms.fedbcd import DEFAULT_PROX_MU, FedBCD
+    from hyfl.algorithms.fedhybrid import FedHybrid
     from hyfl.algorithms.hyfdca import HyFDCA
     from hyfl.algorithms.local_sgd import FedAvg, HyFEM
 
@@ -53,6 +54,21 @@ def _entries() -> dict[str, AlgorithmEntry]:
             "FedPBCD: FedBCD-p with a proximal term (vertical)",
             {"variant": "parallel", "mu": DEFAULT_PROX_MU},
         ),
+        "fedh-g": AlgorithmEntry(
+            FedHybrid,
+            "FedHybrid, gradient-type clients (horizontal, smooth loss)",
+            {"newton_clients": "none"},
+        ),
+        "fedh-n": AlgorithmEntry(
+            FedHybrid,
+            "FedHybrid, Newton-type clients (horizontal, smooth loss)",
+            {"newton_clients": "all"},
+        ),
+        "fedh-k": AlgorithmEntry(
+            FedHybrid,
+            "FedHybrid, K Newton clients, the rest gradient (--param newton_clients=K)",
+            {"newton_clients": "half"},
+        ),
     }
     return entries
 
@@ -74,7 +90,7 @@ def make_algorithm(name: str, hyper: dict[str, Any] | None = None):
     """
     check_choice("algorithm", name, ALGORITHMS)
     entry = ALGORITHMS[name]
-    accepted = accepted_hyperparameters(name) | set(entry.preset)
+    accepted = accepted_hyperparameters(name)
     given = {k: v for k, v in (hyper or {}).items() if v is not None}
     unknown = sorted(set(given) - accepted)
     if unknown:
@@ -87,6 +103,6 @@ def make_algorithm(name: str, hyper: dict[str, Any] | None = None):
 
 
 def accepted_hyperparameters(name: str) -> set[str]:
-    """Names of the hyperparameters algorithm ``name`` accepts."""
+    """Names of the hyperparameters algorithm ``name`` accepts (presets may be overridden)."""
     entry = ALGORITHMS[name]
-    return {f.name for f in dataclasses.fields(entry.cls) if f.name != "name"} - set(entry.preset)
+    return {f.name for f in dataclasses.fields(entry.cls) if f.name != "name"}

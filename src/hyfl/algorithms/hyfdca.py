@@ -427,8 +427,8 @@ def server_refresh_newcomers(state: HyFDCAState, newcomers: np.ndarray):
     Returns ``(rows, change)`` of the refreshed client rows (``None`` if
     nothing changed); updates the clients' dual copies in place.
     """
-    if not newcomers.any():
-        return None
+    if not newcomers.any() or state.t == 0:
+        return None  # in the first round every copy already equals the (zero) duals
     blocks = state.blocks
     k = np.flatnonzero(newcomers)
     rows = concat_ranges(blocks.client_rowptr[k], np.diff(blocks.client_rowptr)[k])
