@@ -28,25 +28,37 @@ from hyfl.runtime.simulation import random_streams
 
 CASES = {
     "ijcnn1 grid:12x12": dict(
-        data="ijcnn1", lam=5e-5, partition="grid:12x12",
-        hyper={"hyfdca": {"iic": 7.434e-4},
-               "fedavg": {"iic": 0.2494, "a": 11.93, "b": 0.05131},
-               "hyfem": {"iic": 0.05226, "a": 2.41, "b": 0.0142, "mu": 0.06684},
-               "hyfem-avg": {"iic": 0.05226, "a": 2.41, "b": 0.0142}},
+        data="ijcnn1",
+        lam=5e-5,
+        partition="grid:12x12",
+        hyper={
+            "hyfdca": {"iic": 7.434e-4},
+            "fedavg": {"iic": 0.2494, "a": 11.93, "b": 0.05131},
+            "hyfem": {"iic": 0.05226, "a": 2.41, "b": 0.0142, "mu": 0.06684},
+            "hyfem-avg": {"iic": 0.05226, "a": 2.41, "b": 0.0142},
+        },
     ),
     "mnist quadrant:5000": dict(
-        data="mnist", lam=1e-3, partition="quadrant:5000",
-        hyper={"hyfdca": {"iic": 0.02195},
-               "fedavg": {"iic": 1.618, "a": 0.003995, "b": 0.8498},
-               "hyfem": {"iic": 0.05594, "a": 0.0004672, "b": 0.05344, "mu": 2.797},
-               "hyfem-avg": {"iic": 0.05594, "a": 0.0004672, "b": 0.05344}},
+        data="mnist",
+        lam=1e-3,
+        partition="quadrant:5000",
+        hyper={
+            "hyfdca": {"iic": 0.02195},
+            "fedavg": {"iic": 1.618, "a": 0.003995, "b": 0.8498},
+            "hyfem": {"iic": 0.05594, "a": 0.0004672, "b": 0.05344, "mu": 2.797},
+            "hyfem-avg": {"iic": 0.05594, "a": 0.0004672, "b": 0.05344},
+        },
     ),
     "reuters grid:12x12": dict(
-        data="reuters", lam=1e-5, partition="grid:12x12",
-        hyper={"hyfdca": {"iic": 0.07564},
-               "fedavg": {"iic": 4.542, "a": 3.792, "b": 0.1815},
-               "hyfem": {"iic": 4.542, "a": 3.792, "b": 0.1815, "mu": 1.0},
-               "hyfem-avg": {"iic": 4.542, "a": 3.792, "b": 0.1815}},
+        data="reuters",
+        lam=1e-5,
+        partition="grid:12x12",
+        hyper={
+            "hyfdca": {"iic": 0.07564},
+            "fedavg": {"iic": 4.542, "a": 3.792, "b": 0.1815},
+            "hyfem": {"iic": 4.542, "a": 3.792, "b": 0.1815, "mu": 1.0},
+            "hyfem-avg": {"iic": 4.542, "a": 3.792, "b": 0.1815},
+        },
     ),
 }
 
@@ -86,15 +98,18 @@ def main() -> None:
             hyper = spec["hyper"].get(name, {})
             algorithm = make_algorithm(name, hyper)
             try:
-                times = 1e3 * time_rounds(algorithm, problem, blocks, partition.n_clients,
-                                          args.rounds, args.warmup)
+                times = 1e3 * time_rounds(
+                    algorithm, problem, blocks, partition.n_clients, args.rounds, args.warmup
+                )
             except HyflError as err:
                 refusals.append(f"- {case}, `{name}`: {err}")
                 continue
             steps = getattr(algorithm, "steps_per_client", None)
             H = steps(problem.n_samples, partition.n_clients) if steps else "-"
-            row = (f"| {case} | {name} | {H} | {np.median(times):.2f} | "
-                   f"{np.percentile(times, 10):.2f}-{np.percentile(times, 90):.2f} |")
+            row = (
+                f"| {case} | {name} | {H} | {np.median(times):.2f} | "
+                f"{np.percentile(times, 10):.2f}-{np.percentile(times, 90):.2f} |"
+            )
             print(row, flush=True)
             lines.append(row)
     text = "\n".join(lines) + "\n\nNot applicable (the algorithm refuses, as it should):\n\n"

@@ -280,3 +280,22 @@ def test_invalid_hyperparameters_are_refused(cfg, culprit):
     problem = make_problem(synthetic(n=20, m=4), "hinge", 0.05)
     with pytest.raises(HyflError, match=culprit):  # also when handed to the engine
         simulate(cfg, problem, grid(20, 4, 2, 2), Full(4), 1)
+
+
+def test_setup_with_many_clients_times_features():
+    # client * n_features exceeds 2**16 (and would overflow narrow index types)
+    import numpy as np
+    import scipy.sparse as sp
+
+    from hyfl.algorithms.local_sgd import FedAvg
+    from hyfl.data.dataset import Dataset
+    from hyfl.partition import Full, grid
+    from hyfl.problem import make_problem
+    from hyfl.runtime.simulation import simulate
+
+    rng = np.random.default_rng(0)
+    X = sp.random(400, 700, density=0.02, random_state=0, format="csr")
+    data = Dataset(X, rng.choice([-1.0, 1.0], 400), "wide")
+    problem = make_problem(data, "hinge", 1e-2)
+    result = simulate(FedAvg(local_steps=2), problem, grid(400, 700, 10, 20), Full(200), 3)
+    assert np.isfinite(result.final["primal"])

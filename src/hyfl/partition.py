@@ -337,8 +337,7 @@ def _row_layout(partition: Partition) -> tuple[np.ndarray, np.ndarray, np.ndarra
     np.cumsum(sizes, out=client_rowptr[1:])
     # int32 per-row indices: with R = sum_k N_k rows (Q copies of every sample
     # on a KxQ grid) these are, with the stacked matrix, the engine's largest arrays.
-    client_index = np.uint16 if partition.n_clients < 2**16 else np.int32
-    row_client = np.repeat(np.arange(partition.n_clients, dtype=client_index), sizes)
+    row_client = np.repeat(np.arange(partition.n_clients, dtype=_ROW_INDEX), sizes)
     row_sample = np.concatenate(partition.samples).astype(_ROW_INDEX)
     return client_rowptr, row_client, row_sample
 

@@ -156,7 +156,7 @@ class LocalSGD:
         # M_k. Keys client * M + feature are ascending over the entries (clients
         # in order, M_k sorted), so one binary search finds them all.
         X = blocks.X
-        nz_client = blocks.row_client[segment_ids(np.diff(X.indptr))]
+        nz_client = blocks.row_client[segment_ids(np.diff(X.indptr))].astype(np.int64)
         keys = entry_client * M + entry_feature
         nz_keys = nz_client * M + X.indices.astype(np.int64)
         nz_entry = np.searchsorted(keys, nz_keys)
