@@ -447,7 +447,7 @@ def _explicit_ownership(
 
     # (client, sample) keys of the stacked rows are strictly increasing, so
     # a binary search finds each entry's row and proves the owner holds it.
-    row_keys = row_client * N + row_sample
+    row_keys = row_client.astype(np.int64) * N + row_sample
     entry_keys = owner * N + sample
     rows = np.minimum(np.searchsorted(row_keys, entry_keys), len(row_keys) - 1)
     bad = np.flatnonzero(row_keys[rows] != entry_keys)
@@ -534,12 +534,14 @@ class StackedBlocks:
         Row r holds exactly the entries client ``row_client[r]`` owns of
         sample ``row_sample[r]``, at their GLOBAL feature columns. The rows of
         sample i sum to X[i]; every non-zero of X appears exactly once.
-    row_client : ndarray of int64, shape (R,)
-    row_sample : ndarray of int64, shape (R,)
+    row_client : ndarray of int, shape (R,)
+        Derived from ``client_rowptr`` on access (not stored, to save memory);
+        use :meth:`clients_of` for a few rows.
+    row_sample : ndarray of int32, shape (R,)
     client_rowptr : ndarray of int64, shape (K + 1,)
         Rows of client k are ``client_rowptr[k]:client_rowptr[k + 1]``.
     sample_rowptr : ndarray of int64, shape (N + 1,)
-    sample_rows : ndarray of int64, shape (R,)
+    sample_rows : ndarray of int32, shape (R,)
         Rows holding sample n are
         ``sample_rows[sample_rowptr[n]:sample_rowptr[n + 1]]``, ascending.
     n_holders : ndarray of int64, shape (N,)
@@ -550,7 +552,6 @@ class StackedBlocks:
     """
 
     X: sp.csr_matrix
-    row_client: np.ndarray
     row_sample: np.ndarray
     client_rowptr: np.ndarray
     sample_rowptr: np.ndarray
@@ -560,6 +561,15 @@ class StackedBlocks:
     n_samples: int
     n_features: int
     client_features: tuple[np.ndarray, ...] = ()
+
+    @property
+    def row_client(self) -> np.ndarray:
+        """Client of every stacked row, shape (R,) (computed on each access)."""
+        return np.repeat(np.arange(self.n_clients), np.diff(self.client_rowptr))
+
+    def clients_of(self, rows: np.ndarray) -> np.ndarray:
+        """Client of each of the given stacked rows (binary search on ``client_rowptr``)."""
+        return np.searchsorted(self.client_rowptr, rows, side="right") - 1
 
 
 def stack(partition: Partition, X: Any) -> StackedBlocks:
@@ -589,6 +599,7 @@ def stack(partition: Partition, X: Any) -> StackedBlocks:
     """
     X = _as_csr(X)
     (client_rowptr, row_client, row_sample), entries, rows = _ownership(partition, X)
+    del row_client  # derived from client_rowptr on demand (saves R ints)
     n_rows = len(row_sample)
     indptr = np.zeros(n_rows + 1, dtype=np.int32 if len(entries) < 2**31 else np.int64)
     np.cumsum(np.bincount(rows, minlength=n_rows), out=indptr[1:])
@@ -605,7 +616,6 @@ def stack(partition: Partition, X: Any) -> StackedBlocks:
     sample_rows = np.argsort(row_sample, kind="stable").astype(_ROW_INDEX)
     return StackedBlocks(
         X=stacked,
-        row_client=row_client,
         row_sample=row_sample,
         client_rowptr=client_rowptr,
         sample_rowptr=sample_rowptr,

@@ -155,9 +155,10 @@ class HyFDCA:
         R = blocks.X.shape[0]
         H = self.steps_per_client(N, blocks.n_clients)
         sizes = np.diff(blocks.client_rowptr)
-        # Squared norms of the samples: each client's part, summed securely over
-        # the holders once at set-up.
-        sq_norms = np.bincount(blocks.row_sample, weights=_row_squared_norms(blocks.X), minlength=N)
+        # Squared norms of the samples. In a deployment each client sends its
+        # part and the server sums them over the holders once at set-up; the
+        # sum is the row norm of the pooled matrix (a smaller temporary).
+        sq_norms = _row_squared_norms(problem.X)
         return HyFDCAState(
             problem=problem,
             blocks=blocks,
@@ -210,13 +211,13 @@ class HyFDCA:
         # 3. SecureInnerProduct: active clients' parts with their current weights,
         # absent holders' parts as last sent (with the weights of their last round).
         holder_rows, holder_slot = _holder_rows(blocks, samples)
-        fresh = active[blocks.row_client[holder_rows]]
+        fresh = active[blocks.clients_of(holder_rows)]
         active_rows = holder_rows[fresh]
         parts = state.snapshots.inner_products(blocks, holder_rows)
         z = server_sum_over_holders(parts, holder_slot, samples.size)
 
         # 4. LocalDualMethod on every active client (all drawn rows at once).
-        client_of_drawn = blocks.row_client[drawn_rows]
+        client_of_drawn = blocks.clients_of(drawn_rows)
         delta = self.client_dual_steps(
             state, drawn_samples, z[drawn_slot], client_of_drawn, gamma_t
         )
@@ -379,7 +380,7 @@ class WeightSnapshots:
         One sparse product per version present among the rows (a handful:
         this round's, and those of the absent holders' last rounds).
         """
-        versions = self.slot[blocks.row_client[rows]]
+        versions = self.slot[blocks.clients_of(rows)]
         out = np.empty((rows.size, self.store.shape[2]))
         if rows.size == 0:
             return out
