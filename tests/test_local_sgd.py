@@ -6,7 +6,6 @@ import math
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from sklearn.datasets import make_classification
 
 import hyfl.algorithms as registry
 from hyfl.algorithms.local_sgd import FedAvg, HyFEM
@@ -26,24 +25,7 @@ from hyfl.partition import (
 from hyfl.problem import make_problem, solve_centralized
 from hyfl.runtime.simulation import random_streams, simulate
 from reference_local_sgd import ReferenceLocalSGD
-
-
-def synthetic(n=120, m=10, seed=0, classes=2, sparsity=0.0):
-    X, y = make_classification(
-        n,
-        m,
-        n_informative=min(6, m),
-        n_redundant=0,
-        n_classes=classes,
-        n_clusters_per_class=1,
-        random_state=seed,
-    )
-    X = (X - X.mean(0)) / X.std(0)
-    if sparsity:
-        X[np.random.default_rng(seed).random(X.shape) < sparsity] = 0.0
-    if classes == 2:
-        return Dataset(sp.csr_matrix(X), np.where(y > 0, 1.0, -1.0), "syn")
-    return Dataset(sp.csr_matrix(X), y, "syn3", task="multiclass")
+from synthetic_data import synthetic
 
 
 def run_both(problem, partition, participation, cfg, rounds, seed=3):
@@ -285,10 +267,8 @@ def test_invalid_hyperparameters_are_refused(cfg, culprit):
 def test_setup_with_many_clients_times_features():
     # client * n_features exceeds 2**16 (and would overflow narrow index types)
     import numpy as np
-    import scipy.sparse as sp
 
     from hyfl.algorithms.local_sgd import FedAvg
-    from hyfl.data.dataset import Dataset
     from hyfl.partition import Full, grid
     from hyfl.problem import make_problem
     from hyfl.runtime.simulation import simulate
