@@ -377,18 +377,21 @@ class WeightSnapshots:
     def inner_products(self, blocks: StackedBlocks, rows: np.ndarray) -> np.ndarray:
         """``x_{k,i}^T w_k`` for the given stacked rows, each with its client's version.
 
-        One sparse product per version present among the rows (a handful:
-        this round's, and those of the absent holders' last rounds).
+        The rows are gathered once; each entry is then redirected to column
+        ``version * M + feature`` of the stacked versions, so one sparse
+        product serves every version present.
         """
         versions = self.slot[blocks.clients_of(rows)]
-        out = np.empty((rows.size, self.store.shape[2]))
-        if rows.size == 0:
-            return out
-        order = np.argsort(versions, kind="stable")
-        present, starts = np.unique(versions[order], return_index=True)
-        for version, group in zip(present, np.split(order, starts[1:])):
-            out[group] = blocks.X[rows[group]] @ self.store[version]
-        return out
+        gathered = blocks.X[rows]
+        n_versions, M, C = self.store.shape
+        if rows.size == 0 or np.all(versions == versions[0]):
+            return np.asarray(gathered @ self.store[versions[0] if rows.size else 0])
+        per_entry = np.repeat(versions, np.diff(gathered.indptr))
+        redirected = sp.csr_matrix(
+            (gathered.data, per_entry * M + gathered.indices, gathered.indptr),
+            shape=(rows.size, n_versions * M),
+        )
+        return np.asarray(redirected @ self.store.reshape(n_versions * M, C))
 
 
 @dataclass
