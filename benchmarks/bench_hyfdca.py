@@ -529,22 +529,27 @@ def main(argv=None) -> list[dict]:
                     f"(time budget {args.reference_budget:g} s)"
                 )
         results.append(result)
+        env = _write_outputs(args, results, load_before)  # after every case
 
     print_table(results)
-    env = environment()
-    env["load_average_before"] = load_before
     print(
         f"{env['cpu']}, {env['cores']} cores, Python {env['python']}, "
         f"NumPy {env['numpy']}, SciPy {env['scipy']}; load average (1/5/15 min) "
         f"before {_loads(load_before)}, after {_loads(env['load_average'])}; "
         f"hyfl at {env['commit']}" + (" with uncommitted changes" if env["dirty"] else "")
     )
+    return results
+
+
+def _write_outputs(args, results: list[dict], load_before) -> dict:
+    env = environment()
+    env["load_average_before"] = load_before
     if args.markdown:
         Path(args.markdown).write_text(markdown_table(results))
     if args.json:
         payload = {"environment": env, "argv": sys.argv, "results": results}
         Path(args.json).write_text(json.dumps(payload, indent=2))
-    return results
+    return env
 
 
 if __name__ == "__main__":
