@@ -197,7 +197,7 @@ class HyFDCA:
         state.snapshots.record(state.w, active & ~newcomers)
         refreshed = server_refresh_newcomers(state, newcomers)
         if refreshed:
-            state.w += primal_aggregation(state, refreshed[0], refreshed[1])
+            state.w += primal_aggregation(state, state.blocks.X[refreshed[0]], refreshed[1])
         state.snapshots.record(state.w, newcomers)
 
         # 2. Every active client draws H of its samples.
@@ -210,14 +210,17 @@ class HyFDCA:
 
         # 3. SecureInnerProduct: active clients' parts with their current weights,
         # absent holders' parts as last sent (with the weights of their last round).
+        # The holders' rows are gathered once and serve every step below.
         holder_rows, holder_slot = _holder_rows(blocks, samples)
-        fresh = active[blocks.clients_of(holder_rows)]
+        holder_clients = blocks.clients_of(holder_rows)
+        fresh = active[holder_clients]
         active_rows = holder_rows[fresh]
-        parts = state.snapshots.inner_products(blocks, holder_rows)
+        gathered = blocks.X[holder_rows]
+        parts = state.snapshots.inner_products(gathered, holder_clients)
         z = server_sum_over_holders(parts, holder_slot, samples.size)
 
         # 4. LocalDualMethod on every active client (all drawn rows at once).
-        client_of_drawn = blocks.clients_of(drawn_rows)
+        client_of_drawn = np.repeat(clients, state.counts[clients])
         delta = self.client_dual_steps(
             state, drawn_samples, z[drawn_slot], client_of_drawn, gamma_t
         )
@@ -226,13 +229,16 @@ class HyFDCA:
         step = server_aggregate_duals(delta, drawn_slot, samples, blocks.n_holders, gamma_t)
         update_rows = active_rows  # active holders of the updated samples
         row_step = step[holder_slot[fresh]]
-        dw = primal_aggregation(state, update_rows, row_step)
+        # Absent holders do not re-send: their rows contribute a zero change.
+        holder_step = np.zeros((holder_rows.size, step.shape[1]))
+        holder_step[fresh] = row_step
+        dw = primal_aggregation(state, gathered, holder_step)
 
         accepted = True
         if self.step_rule == "safe":
             fresh_sq = np.bincount(
                 holder_slot[fresh],
-                weights=_row_squared_norms(blocks.X[active_rows]),
+                weights=_row_squared_norms(gathered)[fresh],
                 minlength=samples.size,
             )
             gain, scale = _dual_gain_estimate(state, samples, step, z, dw, fresh_sq)
@@ -374,22 +380,21 @@ class WeightSnapshots:
         self.store[free[0]] = w
         self.slot[clients] = free[0]
 
-    def inner_products(self, blocks: StackedBlocks, rows: np.ndarray) -> np.ndarray:
-        """``x_{k,i}^T w_k`` for the given stacked rows, each with its client's version.
+    def inner_products(self, rows: sp.csr_matrix, clients: np.ndarray) -> np.ndarray:
+        """``x_{k,i}^T w_k`` for gathered stacked rows, each with its client's version.
 
-        The rows are gathered once; each entry is then redirected to column
-        ``version * M + feature`` of the stacked versions, so one sparse
-        product serves every version present.
+        ``rows`` are the gathered rows and ``clients`` their clients. Each
+        entry is redirected to column ``version * M + feature`` of the stacked
+        versions, so one sparse product serves every version present.
         """
-        versions = self.slot[blocks.clients_of(rows)]
-        gathered = blocks.X[rows]
+        versions = self.slot[clients]
         n_versions, M, C = self.store.shape
-        if rows.size == 0 or np.all(versions == versions[0]):
-            return np.asarray(gathered @ self.store[versions[0] if rows.size else 0])
-        per_entry = np.repeat(versions, np.diff(gathered.indptr))
+        if rows.shape[0] == 0 or np.all(versions == versions[0]):
+            return np.asarray(rows @ self.store[versions[0] if rows.shape[0] else 0])
+        per_entry = np.repeat(versions, np.diff(rows.indptr))
         redirected = sp.csr_matrix(
-            (gathered.data, per_entry * M + gathered.indices, gathered.indptr),
-            shape=(rows.size, n_versions * M),
+            (rows.data, per_entry * M + rows.indices, rows.indptr),
+            shape=(rows.shape[0], n_versions * M),
         )
         return np.asarray(redirected @ self.store.reshape(n_versions * M, C))
 
@@ -445,18 +450,17 @@ def server_refresh_newcomers(state: HyFDCAState, newcomers: np.ndarray):
     return rows, change
 
 
-def primal_aggregation(state: HyFDCAState, rows: np.ndarray, dual_change: np.ndarray):
-    """Change of ``w`` when the clients owning ``rows`` re-send their primal part.
+def primal_aggregation(state: HyFDCAState, X_rows: sp.csr_matrix, dual_change: np.ndarray):
+    """Change of ``w`` when the clients owning the given rows re-send their primal part.
 
     Each client's part is ``sum_i alpha_{k,i} x_{k,i}`` over its samples, so a
-    change of its dual copy on ``rows`` changes the server's sum over ``K_m``
+    change of its dual copy on some rows changes the server's sum over ``K_m``
     by ``X_rows^T dual_change``; ``w`` is that sum over ``lam N``.
     """
     problem = state.problem
-    if rows.size == 0:
+    if X_rows.shape[0] == 0:
         return np.zeros_like(state.w)
-    contribution = state.blocks.X[rows].T @ dual_change
-    return np.asarray(contribution) / (problem.lam * problem.n_samples)
+    return np.asarray(X_rows.T @ dual_change) / (problem.lam * problem.n_samples)
 
 
 def server_sum_over_holders(values: np.ndarray, slot: np.ndarray, n_slots: int) -> np.ndarray:
