@@ -5,15 +5,8 @@ import pytest
 import scipy.sparse as sp
 from sklearn.datasets import make_classification
 
-from hyfl.algorithms.fedbcd import (
-    DEFAULT_PROX_MU,
-    VARIANTS,
-    FedBCD,
-    fedbcd_p,
-    fedpbcd,
-    fedsgd,
-    squared_spectral_norm,
-)
+from hyfl.algorithms import ALGORITHMS, make_algorithm
+from hyfl.algorithms.fedbcd import DEFAULT_PROX_MU, FedBCD, squared_spectral_norm
 from hyfl.data.dataset import Dataset
 from hyfl.errors import HyflError
 from hyfl.partition import (
@@ -30,6 +23,15 @@ from hyfl.partition import (
 from hyfl.problem import make_problem, solve_centralized
 from hyfl.runtime.simulation import random_streams, simulate
 from reference_fedbcd import ReferenceFedBCD
+
+
+def _maker(name):
+    return lambda **options: make_algorithm(name, options)
+
+
+# The FedBCD family as the central registry defines it.
+VARIANTS = {name: _maker(name) for name, entry in ALGORITHMS.items() if entry.cls is FedBCD}
+fedsgd, fedbcd_p, fedpbcd = VARIANTS["fedsgd"], VARIANTS["fedbcd-p"], VARIANTS["fedpbcd"]
 
 
 def synthetic(n=120, m=10, seed=0, classes=2, unit_rows=False, flip_y=0.01):

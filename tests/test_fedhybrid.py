@@ -5,13 +5,8 @@ import pytest
 import scipy.sparse as sp
 from sklearn.datasets import make_classification
 
-from hyfl.algorithms.fedhybrid import (
-    DENSE_MAX_FEATURES,
-    VARIANTS,
-    FedHybrid,
-    second_derivative,
-    variant,
-)
+from hyfl.algorithms import ALGORITHMS, make_algorithm
+from hyfl.algorithms.fedhybrid import DENSE_MAX_FEATURES, FedHybrid, second_derivative
 from hyfl.data.dataset import Dataset
 from hyfl.errors import HyflError
 from hyfl.losses import get_loss
@@ -19,6 +14,13 @@ from hyfl.partition import Full, RandomFraction, grid, horizontal, stack, vertic
 from hyfl.problem import make_problem, solve_centralized
 from hyfl.runtime.simulation import random_streams, simulate
 from reference_fedhybrid import ReferenceFedHybrid, loss_second_derivative
+
+# FedHybrid's variants as the central registry defines them.
+VARIANTS = {name for name, entry in ALGORITHMS.items() if entry.cls is FedHybrid}
+
+
+def variant(name, **overrides):
+    return make_algorithm(name, overrides)
 
 
 def synthetic(n=120, m=8, seed=0, classes=2):
@@ -241,7 +243,7 @@ def test_variants_and_newton_client_choice():
     )
     np.testing.assert_array_equal(FedHybrid(newton_clients=[4, 0]).newton_mask(5), [1, 0, 0, 0, 1])
     assert variant("fedh-n").name == "fedh-n"
-    with pytest.raises(HyflError, match="variant"):
+    with pytest.raises(HyflError, match="fedh-x"):
         variant("fedh-x")
 
 

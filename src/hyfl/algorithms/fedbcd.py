@@ -73,7 +73,6 @@ steps are a Python loop (and, for FedBCD-s only, so are the parties).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -147,7 +146,7 @@ class FedBCD:
         Proximal weight; ``mu > 0`` gives FedPBCD (paper: 0.1). Has no effect
         with ``Q = 1``.
     name : str, default "fedbcd"
-        Label of the run (the registry constructors set ``fedsgd``,
+        Label of the run (``hyfl.algorithms.ALGORITHMS`` sets ``fedsgd``,
         ``fedbcd-p``, ``fedbcd-s``, ``fedpbcd``).
     """
 
@@ -444,37 +443,3 @@ def _require_vertical(blocks: StackedBlocks, name: str) -> None:
             "FedBCD needs disjoint feature blocks (each party owns its block of w); use "
             "--partition vertical:Q, or hyfdca for splits that share features.",
         )
-
-
-# ---------------------------------------------------------------------------
-# Registry-friendly constructors
-# ---------------------------------------------------------------------------
-
-
-def fedsgd(**options: Any) -> FedBCD:
-    """FedSGD (Algorithm 1): one step per exchange."""
-    return FedBCD(**{"variant": "sgd", "name": "fedsgd", **options})
-
-
-def fedbcd_p(**options: Any) -> FedBCD:
-    """FedBCD-p (Algorithm 2): Q parallel local steps per exchange."""
-    return FedBCD(**{"variant": "parallel", "name": "fedbcd-p", **options})
-
-
-def fedbcd_s(**options: Any) -> FedBCD:
-    """FedBCD-s (Algorithm 3): parties take their Q local steps in turn."""
-    return FedBCD(**{"variant": "sequential", "name": "fedbcd-s", **options})
-
-
-def fedpbcd(**options: Any) -> FedBCD:
-    """FedPBCD-p: FedBCD-p with the proximal term, mu = 0.1 unless given (eq. 15)."""
-    return FedBCD(**{"variant": "parallel", "mu": DEFAULT_PROX_MU, "name": "fedpbcd", **options})
-
-
-VARIANTS: dict[str, Callable[..., FedBCD]] = {
-    "fedsgd": fedsgd,
-    "fedbcd-p": fedbcd_p,
-    "fedbcd-s": fedbcd_s,
-    "fedpbcd": fedpbcd,
-}
-"""CLI names of the FedBCD family -> constructors taking FedBCD's keyword options."""

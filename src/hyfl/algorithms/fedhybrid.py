@@ -124,17 +124,6 @@ SMOOTH_LOSSES = ("logistic", "squared", "smoothed_hinge")
 NEWTON_CHOICES = ("none", "all", "half")
 """Named choices of ``newton_clients`` (besides an integer K or a list of clients)."""
 
-VARIANTS: dict[str, dict[str, Any]] = {
-    "fedh-g": {"newton_clients": "none", "name": "fedh-g"},
-    "fedh-n": {"newton_clients": "all", "name": "fedh-n"},
-    "fedh-k": {"newton_clients": "half", "name": "fedh-k"},
-}
-"""The paper's variants by CLI name: keyword arguments of :class:`FedHybrid`.
-
-``fedh-k`` makes the first half of the clients Newton-type unless
-``newton_clients=K`` is passed as well (see :func:`variant`).
-"""
-
 # Largest M for which a Newton-type client forms and factorises its Hessian;
 # above it the M x M matrix and its O(M^3) factorisation cost more than CG.
 DENSE_MAX_FEATURES = 3000
@@ -148,24 +137,6 @@ _CG_MAX_ITERATIONS = 1000
 
 # Cache the squared loss's Hessian factors only while they fit in this many bytes.
 _FACTOR_CACHE_BYTES = 256 * 2**20
-
-
-def variant(name: str, **overrides: Any) -> FedHybrid:
-    """Build a named variant (``fedh-g``, ``fedh-n``, ``fedh-k``), with overrides.
-
-    Parameters
-    ----------
-    name : str
-        A key of :data:`VARIANTS`.
-    **overrides
-        Any :class:`FedHybrid` field, e.g. ``newton_clients=4`` for FedH-4.
-
-    Returns
-    -------
-    FedHybrid
-    """
-    check_choice("FedHybrid variant", name, VARIANTS)
-    return FedHybrid(**{**VARIANTS[name], **overrides}).validated()
 
 
 # ---------------------------------------------------------------------------
