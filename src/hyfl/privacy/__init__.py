@@ -1,0 +1,1 @@
+"""Privacy layer: additively homomorphic ciphers, fixed-point encoding, private set intersection."""
