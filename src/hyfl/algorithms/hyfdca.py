@@ -60,6 +60,7 @@ Step rules (the quadratic in the one-dimensional dual step ``-l*(-(a+d)) - d z
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -74,6 +75,9 @@ from hyfl.problem import Problem
 
 STEP_RULES = ("safe", "theory", "paper")
 """Registry of HyFDCA step rules (drives validation and CLI choices)."""
+
+SIP_SCOPES = ("all", "drawn")
+"""Which partial inner products travel in SecureInnerProduct (see :class:`HyFDCA`)."""
 
 # Safe rule: how fast beta moves. Doubling on rejection finds a stable value in
 # a few rounds; shrinking by 5% per accepted round probes for a faster one
@@ -111,6 +115,14 @@ class HyFDCA:
         ``c_k`` of the ``theory`` rule (Theorem 4.4 uses ``N_k/N``; 4.8 and 4.11 use 1).
     refresh_inner_products : bool, default False
         Run the second SecureInnerProduct at the end of each outer iteration.
+    sip_scope : {"all", "drawn"}, default "all"
+        Which partial inner products active clients encrypt and send in
+        SecureInnerProduct. ``all``: every sample they hold (Algorithm 2; the
+        server keeps them for when the client is absent). ``drawn``: only the
+        samples drawn this round (section 7.1's count) -- identical iterates,
+        far fewer encryptions, but valid only with full participation (an
+        absent holder would leave stale parts behind), so a round with an
+        absent client raises.
     """
 
     local_steps: int | None = None
@@ -119,6 +131,7 @@ class HyFDCA:
     gamma: float | str = 1.0
     client_weight: str = "N_k/N"
     refresh_inner_products: bool = False
+    sip_scope: str = "all"
     name: str = "hyfdca"
 
     default_iic = 0.5
@@ -128,6 +141,7 @@ class HyFDCA:
         """Return self after checking every hyperparameter (raises HyflError)."""
         check_choice("step_rule", self.step_rule, STEP_RULES)
         check_choice("client_weight", self.client_weight, ("N_k/N", "1"))
+        check_choice("sip_scope", self.sip_scope, SIP_SCOPES)
         if self.local_steps is not None:
             check_int("local_steps", self.local_steps, minimum=1)
         if self.iic is not None:
@@ -171,6 +185,8 @@ class HyFDCA:
             was_active=np.zeros(blocks.n_clients, dtype=bool),
             beta=1.0,
             beta_min=1.0 / float(blocks.n_holders.max()),
+            updated_at=np.zeros(N, dtype=np.int64),
+            last_active=np.zeros(blocks.n_clients, dtype=np.int64),
             t=0,
             horizontal=bool(np.all(blocks.n_holders == 1)),
         )
@@ -185,28 +201,54 @@ class HyFDCA:
         return state.stats
 
     def round(self, state: HyFDCAState, active: np.ndarray, rng: np.random.Generator):
-        """One outer iteration of Algorithm 1 for the clients flagged in ``active``."""
+        """One outer iteration of Algorithm 1 for the clients flagged in ``active``.
+
+        Besides the new state, records in ``state.traffic`` which (client,
+        sample) values travel encrypted in each message (for
+        :mod:`hyfl.costs`), and in ``state.stats`` the round trips, plaintext
+        floats and ids each way, the busiest client's share of the work and
+        the server's compute time.
+        """
         blocks = state.blocks
         t = state.t + 1
         gamma_t = 1.0 / t if self.gamma == "1/t" else float(self.gamma)
         active = np.asarray(active, dtype=bool)
+        if self.sip_scope == "drawn" and not active.all():
+            raise fail(
+                "sip_scope",
+                f"'drawn' needs every client in every round, but {np.count_nonzero(~active)} "
+                f"client(s) are absent in round {t}",
+                "Use sip_scope='all' with partial participation",
+            )
         newcomers = active & ~state.was_active
+        server_seconds = 0.0
+        traffic: dict[str, Any] = {}
+        floats_up = floats_down = ids_down = 0.0
+        width = state.w.shape[1]
+        n_features = np.array([f.size for f in blocks.client_features]) * width
 
-        # 1. Newcomers receive the duals of their samples and re-send their primal part;
-        # returning clients still hold the weights sent at the end of last round.
+        # 1. Newcomers receive the duals of their samples that changed while
+        # they were away and re-send their primal part; returning clients
+        # still hold the weights sent at the end of last round.
         state.snapshots.record(state.w, active & ~newcomers)
+        if newcomers.any() and state.t > 0:
+            traffic["refresh_down"] = _stale_copies(state, newcomers)
+            floats_up += n_features[newcomers].sum()
+            floats_down += n_features[newcomers].sum()
         refreshed = server_refresh_newcomers(state, newcomers)
         if refreshed:
             state.w += primal_aggregation(state, state.blocks.X[refreshed[0]], refreshed[1])
         state.snapshots.record(state.w, newcomers)
 
-        # 2. Every active client draws H of its samples.
+        # 2. The server draws H samples of every active client and announces them.
         clients = np.flatnonzero(active)
         sizes = np.diff(blocks.client_rowptr)[clients]
         positions = draw_local_samples(rng, sizes, state.counts[clients])
         drawn_rows = np.repeat(blocks.client_rowptr[clients], state.counts[clients]) + positions
         drawn_samples = blocks.row_sample[drawn_rows]
         samples, drawn_slot = np.unique(drawn_samples, return_inverse=True)
+        client_of_drawn = np.repeat(clients, state.counts[clients])
+        ids_down += drawn_rows.size
 
         # 3. SecureInnerProduct: active clients' parts with their current weights,
         # absent holders' parts as last sent (with the weights of their last round).
@@ -217,25 +259,42 @@ class HyFDCA:
         active_rows = holder_rows[fresh]
         gathered = blocks.X[holder_rows]
         parts = state.snapshots.inner_products(gathered, holder_clients)
+        tic = time.perf_counter()
         z = server_sum_over_holders(parts, holder_slot, samples.size)
+        server_seconds += time.perf_counter() - tic
+        updated_pairs = (holder_clients[fresh], samples[holder_slot[fresh]])
+        if not state.horizontal:  # with whole samples on one client, z is computed locally
+            if self.sip_scope == "all":
+                traffic["sip_up_all"] = active.copy()
+            else:
+                traffic["sip_up"] = updated_pairs
+            traffic["sip_sum"] = samples
+            traffic["sip_down"] = updated_pairs
 
         # 4. LocalDualMethod on every active client (all drawn rows at once).
-        client_of_drawn = np.repeat(clients, state.counts[clients])
         delta = self.client_dual_steps(
             state, drawn_samples, z[drawn_slot], client_of_drawn, gamma_t
         )
+        traffic["dual_up"] = (client_of_drawn, drawn_samples)
 
-        # 5. Dual aggregation: alpha_i += gamma_t / |B_i| * sum of the steps for i.
+        # 5. Dual aggregation: alpha_i += gamma_t / |B_i| * sum of the steps for i,
+        # sent to the active holders of each updated sample.
+        tic = time.perf_counter()
         step = server_aggregate_duals(delta, drawn_slot, samples, blocks.n_holders, gamma_t)
+        server_seconds += time.perf_counter() - tic
+        traffic["dual_down"] = updated_pairs
         update_rows = active_rows  # active holders of the updated samples
         row_step = step[holder_slot[fresh]]
         # Absent holders do not re-send: their rows contribute a zero change.
         holder_step = np.zeros((holder_rows.size, step.shape[1]))
         holder_step[fresh] = row_step
         dw = primal_aggregation(state, gathered, holder_step)
+        floats_up += n_features[active].sum()
+        floats_down += n_features[active].sum()
 
         accepted = True
         if self.step_rule == "safe":
+            tic = time.perf_counter()
             fresh_sq = np.bincount(
                 holder_slot[fresh],
                 weights=_row_squared_norms(gathered)[fresh],
@@ -244,31 +303,46 @@ class HyFDCA:
             gain, scale = _dual_gain_estimate(state, samples, step, z, dw, fresh_sq)
             # beta >= number of draws makes every step provably safe when nobody
             # is stale (Cauchy-Schwarz over the updated samples): accept there.
-            beta_max = max(1.0, float(drawn_rows.size))
-            accepted = gain >= -_GAIN_TOLERANCE * scale or state.beta >= beta_max
-            beta = state.beta * _BETA_SHRINK if accepted else state.beta * _BETA_GROW
-            state = replace(state, beta=float(np.clip(beta, state.beta_min, beta_max)))
+            accepted, beta = accept_step(gain, scale, state.beta, state.beta_min, drawn_rows.size)
+            state = replace(state, beta=beta)
+            server_seconds += time.perf_counter() - tic
+            # Encrypted totals from every active client, decrypted by one of them;
+            # the server sends it ||dw||^2 and every client the new beta.
+            traffic["totals"] = (int(clients.size), 3)
+            floats_down += 1 + clients.size
+            floats_up += 1
 
         # 6. Apply: server duals, clients' copies, and the aggregated primal weights.
         if accepted:
             state.alpha[samples] += step
             state.alpha_local[update_rows] += row_step
             state.w += dw
+            state.updated_at[samples] = t
 
         # 7. Optional second SecureInnerProduct: active clients re-send their
         # parts with the weights they just received.
         if self.refresh_inner_products:
             state.snapshots.record(state.w, active)
+            traffic["sip_again_all"] = active.copy()
 
         stats = {
             "round_trips": self._round_trips(state, newcomers),
             "active_clients": float(clients.size),
             "updated_samples": float(samples.size),
             "accepted": float(accepted),
+            "floats_up": float(floats_up),
+            "floats_down": float(floats_down),
+            "ids_up": 0.0,
+            "ids_down": float(ids_down),
+            "client_share_max": _busiest_share(
+                blocks, np.concatenate([drawn_rows, active_rows]), clients.size
+            ),
+            "server_seconds": server_seconds,
         }
         if self.step_rule == "safe":
             stats["beta"] = state.beta
-        return replace(state, t=t, was_active=active.copy(), stats=stats)
+        state.last_active[active] = t
+        return replace(state, t=t, was_active=active.copy(), stats=stats, traffic=traffic)
 
     # -- client half: the local dual method ----------------------------------
     def client_dual_steps(
@@ -296,26 +370,23 @@ class HyFDCA:
         ndarray, shape (D, C)
         """
         problem = state.problem
-        loss, lam, N = problem.loss, problem.lam, problem.n_samples
-        alpha = state.alpha[samples]  # active clients hold fresh copies (step 1)
-        y = problem.Y[samples]
-        sq = state.sq_norms[samples][:, None]
-        if self.step_rule == "paper":
-            if loss.name == "hinge":
-                return y * np.clip(lam * N * (1.0 - z) + y * alpha, 0.0, 1.0) - alpha
-            return loss.dual_step(alpha, z, np.full_like(alpha, 1.0 / (lam * N)), y)
-        if self.step_rule == "safe":
-            q = np.maximum(state.beta * sq / (lam * N), 1e-300)
-            return loss.dual_step(alpha, z, np.broadcast_to(q, alpha.shape).copy(), y)
-        # theory: maximize along the segment from alpha to alpha + c_k (u - alpha).
-        q = np.maximum(gamma_t * sq / lam, 1e-300)
-        best = loss.dual_step(alpha, z, np.broadcast_to(q, alpha.shape).copy(), y)
-        if self.client_weight == "N_k/N":
-            c = (np.diff(state.blocks.client_rowptr)[clients] / N)[:, None]
-        else:
-            c = np.ones((samples.size, 1))
-        end = c * (loss.dual_target(z, y) - alpha)
-        return np.clip(best, np.minimum(0.0, end), np.maximum(0.0, end))
+        N = problem.n_samples
+        client_weight = None
+        if self.step_rule == "theory" and self.client_weight == "N_k/N":
+            client_weight = (np.diff(state.blocks.client_rowptr)[clients] / N)[:, None]
+        return local_dual_steps(
+            self.step_rule,
+            problem.loss,
+            alpha=state.alpha[samples],  # active clients hold fresh copies (step 1)
+            z=z,
+            y=problem.Y[samples],
+            sq_norms=state.sq_norms[samples],
+            lam=problem.lam,
+            n_samples=N,
+            beta=state.beta,
+            gamma_t=gamma_t,
+            client_weight=client_weight,
+        )
 
     def _round_trips(self, state: HyFDCAState, newcomers: np.ndarray) -> float:
         """Round trips of this outer iteration, counted from the messages sent.
@@ -327,8 +398,10 @@ class HyFDCA:
         sent: no newcomers (full participation) saves the refresh (3 trips),
         and a horizontal partition needs no SecureInnerProduct because each
         client holds whole samples (2 trips). The optional second
-        SecureInnerProduct adds 1; the safe rule's acceptance check adds 0.5
-        (one client decrypts the server's encrypted sum of conjugate changes).
+        SecureInnerProduct adds 1. The safe rule's acceptance test adds 1:
+        the server sends the encrypted sums of the clients' gain terms and
+        ``||dw||^2`` to one client and waits for its verdict before it sends
+        the new weights.
         """
         trips = 2.0
         if newcomers.any() and state.t > 0:
@@ -338,8 +411,86 @@ class HyFDCA:
         if self.refresh_inner_products:
             trips += 1.0
         if self.step_rule == "safe":
-            trips += 0.5
+            trips += 1.0
         return trips
+
+
+def local_dual_steps(
+    rule: str,
+    loss,
+    *,
+    alpha: np.ndarray,
+    z: np.ndarray,
+    y: np.ndarray,
+    sq_norms: np.ndarray,
+    lam: float,
+    n_samples: int,
+    beta: float,
+    gamma_t: float,
+    client_weight: np.ndarray | None = None,
+) -> np.ndarray:
+    """LocalDualMethod for a batch of drawn samples (pure; shared by every engine).
+
+    Parameters
+    ----------
+    rule : {"safe", "theory", "paper"}
+    loss : hyfl.losses.Loss
+    alpha, z, y : ndarray, shape (D, C)
+        The client's dual copies, global inner products and labels.
+    sq_norms : ndarray, shape (D,)
+        ``||x_i||^2`` of the full samples.
+    lam : float
+    n_samples : int
+    beta : float
+        Safe rule's curvature multiplier.
+    gamma_t : float
+    client_weight : ndarray of shape (D, 1), optional
+        ``c_k`` of the theory rule (1 when omitted).
+
+    Returns
+    -------
+    ndarray, shape (D, C)
+    """
+    N = n_samples
+    sq = sq_norms[:, None]
+    if rule == "paper":
+        if loss.name == "hinge":
+            return y * np.clip(lam * N * (1.0 - z) + y * alpha, 0.0, 1.0) - alpha
+        return loss.dual_step(alpha, z, np.full_like(alpha, 1.0 / (lam * N)), y)
+    if rule == "safe":
+        q = np.maximum(beta * sq / (lam * N), 1e-300)
+        return loss.dual_step(alpha, z, np.broadcast_to(q, alpha.shape).copy(), y)
+    # theory: maximize along the segment from alpha to alpha + c_k (u - alpha).
+    q = np.maximum(gamma_t * sq / lam, 1e-300)
+    best = loss.dual_step(alpha, z, np.broadcast_to(q, alpha.shape).copy(), y)
+    c = client_weight if client_weight is not None else 1.0
+    end = c * (loss.dual_target(z, y) - alpha)
+    return np.clip(best, np.minimum(0.0, end), np.maximum(0.0, end))
+
+
+def dual_gain(
+    first_order: float, full_weight: float, active_weight: float, dw_sq: float, lam: float, N: int
+) -> tuple[float, float]:
+    """Estimated dual gain of a round and the size of its terms (see :func:`_dual_gain_estimate`).
+
+    ``first_order`` is ``sum_i -(l*(-(a_i+d_i)) - l*(-a_i)) - z_i d_i``;
+    ``full_weight`` and ``active_weight`` are ``sum_i ||x_i||^2 ||d_i||^2``
+    with the full samples and with the active holders' parts; ``dw_sq`` is
+    ``||dw||^2`` of the active holders' weight change.
+    """
+    missing = full_weight / active_weight if active_weight > 0 else 1.0
+    quadratic = 0.5 * lam * dw_sq * missing
+    return first_order / N - quadratic, abs(first_order) / N + quadratic
+
+
+def accept_step(
+    gain: float, scale: float, beta: float, beta_min: float, n_draws: int
+) -> tuple[bool, float]:
+    """The safe rule's verdict on a round and the next ``beta``."""
+    beta_max = max(1.0, float(n_draws))
+    accepted = gain >= -_GAIN_TOLERANCE * scale or beta >= beta_max
+    beta = beta * _BETA_SHRINK if accepted else beta * _BETA_GROW
+    return bool(accepted), float(np.clip(beta, beta_min, beta_max))
 
 
 class WeightSnapshots:
@@ -420,9 +571,12 @@ class HyFDCAState:
     was_active: np.ndarray
     beta: float
     beta_min: float
+    updated_at: np.ndarray  # (N,) last round that changed each dual (0: never)
+    last_active: np.ndarray  # (K,) last round each client took part in (0: never)
     t: int
     horizontal: bool = False
     stats: dict = field(default_factory=dict)
+    traffic: dict = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------
@@ -526,13 +680,41 @@ def _dual_gain_estimate(
     Returns the estimated gain and the size of its terms (for a rounding tolerance).
     """
     problem = state.problem
-    loss, lam, N = problem.loss, problem.lam, problem.n_samples
+    loss = problem.loss
     y = problem.Y[samples]
     old = state.alpha[samples]
     first_order = np.sum(-(loss.conjugate(old + step, y) - loss.conjugate(old, y)) - z * step)
     weight = np.sum(step * step, axis=1)
-    active_part = float(np.sum(fresh_sq_norms * weight))
-    full = float(np.sum(state.sq_norms[samples] * weight))
-    missing = full / active_part if active_part > 0 else 1.0
-    quadratic = 0.5 * lam * float(np.sum(dw * dw)) * missing
-    return float(first_order / N - quadratic), abs(float(first_order)) / N + quadratic
+    return dual_gain(
+        float(first_order),
+        full_weight=float(np.sum(state.sq_norms[samples] * weight)),
+        active_weight=float(np.sum(fresh_sq_norms * weight)),
+        dw_sq=float(np.sum(dw * dw)),
+        lam=problem.lam,
+        N=problem.n_samples,
+    )
+
+
+def _stale_copies(state: HyFDCAState, newcomers: np.ndarray):
+    """(clients, samples) of returning clients' dual copies changed while they were away.
+
+    The server cannot see dual values, only which it updated and when, so
+    it re-sends every dual updated after the client's last active round.
+    """
+    blocks = state.blocks
+    k = np.flatnonzero(newcomers)
+    rows = concat_ranges(blocks.client_rowptr[k], np.diff(blocks.client_rowptr)[k])
+    clients = np.repeat(k, np.diff(blocks.client_rowptr)[k])
+    samples = blocks.row_sample[rows]
+    stale = state.updated_at[samples] > state.last_active[clients]
+    return clients[stale], samples[stale]
+
+
+def _busiest_share(blocks: StackedBlocks, rows: np.ndarray, n_active: int) -> float:
+    """Busiest client's share of the non-zeros its rows contribute to the round."""
+    if n_active == 0:
+        return 0.0
+    nnz = np.diff(blocks.X.indptr)[rows]
+    work = np.bincount(blocks.clients_of(rows), weights=nnz, minlength=blocks.n_clients)
+    total = work.sum()
+    return float(work.max() / total) if total > 0 else 1.0 / n_active

@@ -20,8 +20,10 @@ import numpy as np
 import scipy.sparse as sp
 
 from hyfl.algorithms.base import Algorithm
+from hyfl.costs import COST_COLUMNS, TIME_COMPONENTS, CostMeter, CostModel
 from hyfl.errors import check_int
 from hyfl.partition import Partition, stack
+from hyfl.privacy.layout import SlotLayout
 from hyfl.problem import Optimum, Problem
 
 METRIC_COLUMNS = (
@@ -34,6 +36,8 @@ METRIC_COLUMNS = (
     "val_accuracy",
     "round_trips",
     "round_seconds",
+    *COST_COLUMNS,
+    *TIME_COMPONENTS,
 )
 
 
@@ -53,8 +57,9 @@ class RunResult:
     ----------
     metrics : list of dict
         One row per evaluated outer iteration (iteration 0 is the start);
-        columns :data:`METRIC_COLUMNS` plus the algorithm's round statistics.
-        ``round_trips`` and ``round_seconds`` are cumulative.
+        columns :data:`METRIC_COLUMNS` plus the algorithm's round statistics
+        (of the last round). ``round_trips``, ``round_seconds``, bytes, HE
+        operation counts, ``sim_time`` and its components are cumulative.
     weights : ndarray, shape (M, C)
         Final server model.
     duals : ndarray or None
@@ -123,6 +128,8 @@ def simulate(
     train_labels: np.ndarray | None = None,
     progress: bool = False,
     on_evaluate: Callable[[dict[str, float]], None] | None = None,
+    cost_model: CostModel | None = None,
+    slots: int = 1,
 ) -> RunResult:
     """Run ``iterations`` outer iterations of ``algorithm`` with all clients in-process.
 
@@ -149,6 +156,12 @@ def simulate(
         Show a progress bar.
     on_evaluate : callable, optional
         Called with each metrics row as it is produced.
+    cost_model : CostModel, optional
+        Latency and HE costs for the simulated time (default: no latency, the
+        paper's Paillier figures).
+    slots : int, default 1
+        Values per ciphertext of the cipher whose operations are counted
+        (1: per-value Paillier, as the paper counted).
 
     Returns
     -------
@@ -163,6 +176,8 @@ def simulate(
     metrics: list[dict[str, float]] = []
     round_times = np.zeros(iterations)
     trips = 0.0
+    meter = CostMeter((cost_model or CostModel()).validated(), None)
+    totals = dict.fromkeys((*COST_COLUMNS, *TIME_COMPONENTS), 0.0)
 
     def record(t: int) -> None:
         row = {"iteration": float(t)}
@@ -178,6 +193,7 @@ def simulate(
         )
         row["round_trips"] = trips
         row["round_seconds"] = float(round_times[:t].sum())
+        row.update(totals)
         if t > 0:
             row.update(
                 {k: v for k, v in algorithm.round_stats(state).items() if k != "round_trips"}
@@ -193,7 +209,13 @@ def simulate(
             start = time.perf_counter()
             state = algorithm.round(state, active, algorithm_rng)
             round_times[t - 1] = time.perf_counter() - start
-            trips += algorithm.round_stats(state).get("round_trips", 0.0)
+            stats = algorithm.round_stats(state)
+            trips += stats.get("round_trips", 0.0)
+            traffic = getattr(state, "traffic", None)
+            if traffic and meter.layout is None:
+                meter.layout = SlotLayout.build(blocks, slots, problem.Y.shape[1])
+            for key, value in meter.round_costs(stats, traffic, round_times[t - 1]).items():
+                totals[key] += value
             if t % eval_every == 0 or t == iterations:
                 record(t)
                 advance(t, metrics[-1])
@@ -211,6 +233,7 @@ def simulate(
             "seed": seed,
             "iterations": iterations,
             "optimum_primal": optimum.primal if optimum else None,
+            "costs": meter.model.describe() | {"slots": slots},
         },
     )
 

@@ -1,0 +1,286 @@
+"""Honest cost accounting: round trips, bytes, HE operations and simulated time.
+
+Every algorithm reports, per outer iteration, what crosses the network in its
+``round_stats``: ``round_trips``, plaintext ``floats_up``/``floats_down``,
+integer ``ids_up``/``ids_down``, the busiest client's share of the client
+work (``client_share_max``) and the time of its server half
+(``server_seconds``). HyFDCA additionally reports which (client, sample)
+values travel encrypted (``state.traffic``); :class:`CostMeter` turns those
+into ciphertexts with the cipher's :class:`~hyfl.privacy.layout.SlotLayout`
+(one per value for per-value Paillier, one per chunk for packed schemes) and
+counts the encryptions, decryptions and server additions the protocol does.
+
+Simulated wall time of an outer iteration (DESIGN section 6)::
+
+    sim_time = slowest active client's compute + server compute
+               + round_trips x latency + HE operations x per-operation cost
+
+The engine runs every client at once, so the slowest client's compute is
+estimated as the round's client-side time times the busiest client's share of
+the work (non-zeros touched). HE operations are charged serially at the
+per-ciphertext cost, as the paper did (section 7.1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hyfl.errors import check_positive, fail
+
+FLOAT_BYTES = 8  # float64 on the wire
+ID_BYTES = 4  # int32 sample or chunk ids
+
+HE_COUNT_COLUMNS = ("encryptions", "decryptions", "additions")
+COST_COLUMNS = (
+    "bytes_up",
+    "bytes_down",
+    *HE_COUNT_COLUMNS,
+    "sim_time",
+)
+TIME_COMPONENTS = ("time_client", "time_server", "time_latency", "time_encryption")
+"""Per-component breakdown of ``sim_time`` (cumulative columns), like the paper's Figure 4."""
+
+
+@dataclass(frozen=True)
+class HECosts:
+    """Seconds per ciphertext operation.
+
+    Attributes
+    ----------
+    encrypt, decrypt, add : float
+    source : str
+        Where the figures come from (``paper``, a calibration file, ...).
+    """
+
+    encrypt: float
+    decrypt: float
+    add: float
+    source: str = "custom"
+
+
+PAPER_HE_COSTS = HECosts(
+    encrypt=18.882e-3,
+    decrypt=18.865e-3,
+    add=0.054e-3,
+    source="paper: per-value Paillier (Sidorov, Wei and Ng 2022)",
+)
+
+HE_COST_SOURCES = ("paper", "measured")
+"""Named choices of ``--he-costs`` (anything else is a JSON file path)."""
+
+
+def calibration_path() -> Path:
+    """Where ``hyfl calibrate`` stores its measurements (``HYFL_CACHE`` or ~/.cache/hyfl)."""
+    root = Path(os.environ.get("HYFL_CACHE", Path.home() / ".cache" / "hyfl"))
+    return root / "he-costs.json"
+
+
+def save_calibration(measurements: dict[str, dict], path: Path | None = None) -> Path:
+    """Merge per-cipher measurements (``{cipher: {"encrypt": s, ...}}``) into the file."""
+    path = Path(path) if path is not None else calibration_path()
+    existing = json.loads(path.read_text()) if path.exists() else {}
+    existing.update(measurements)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(existing, indent=2, sort_keys=True))
+    return path
+
+
+def load_he_costs(spec: str, cipher: str) -> HECosts:
+    """Resolve ``--he-costs``: ``paper``, ``measured`` or a JSON file.
+
+    A file holds either ``{"encrypt": s, "decrypt": s, "add": s}`` or such a
+    record per cipher name (the format ``hyfl calibrate`` writes).
+    """
+    if spec == "paper":
+        return PAPER_HE_COSTS
+    path = calibration_path() if spec == "measured" else Path(spec)
+    if not path.exists():
+        if spec == "measured":
+            raise fail(
+                "--he-costs measured",
+                f"no calibration found at {path}",
+                f"Run `hyfl calibrate --cipher {cipher}` first, or pass --he-costs paper",
+            )
+        raise fail(
+            "--he-costs", f"file {path} does not exist", "Pass paper, measured or a JSON file"
+        )
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise fail("--he-costs", f"cannot read {path}: {exc}", "Pass a JSON file") from exc
+    record = data.get(cipher, data) if isinstance(data, dict) else None
+    try:
+        values = {key: float(record[key]) for key in ("encrypt", "decrypt", "add")}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise fail(
+            "--he-costs",
+            f"{path} has no encrypt/decrypt/add seconds for cipher {cipher!r}",
+            f'Run `hyfl calibrate --cipher {cipher}` or write {{"{cipher}": '
+            '{"encrypt": s, "decrypt": s, "add": s}}',
+        ) from exc
+    for key, value in values.items():
+        if not np.isfinite(value) or value < 0:
+            raise fail("--he-costs", f"{key} cost {value} in {path}", "Use seconds >= 0")
+    return HECosts(**values, source=str(path))
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """How to turn counts into bytes and seconds.
+
+    Parameters
+    ----------
+    latency : float, default 0
+        Seconds per round trip (the paper used 0, 0.2575 and 0.8).
+    he : HECosts, default PAPER_HE_COSTS
+    ciphertext_bytes : int, default 512
+        Wire size of one ciphertext (a 2048-bit Paillier ciphertext lives mod n^2).
+    """
+
+    latency: float = 0.0
+    he: HECosts = PAPER_HE_COSTS
+    ciphertext_bytes: int = 512
+
+    def validated(self) -> CostModel:
+        if self.latency != 0:
+            check_positive("latency", self.latency, fix="Pass seconds per round trip, >= 0.")
+        return self
+
+    def describe(self) -> dict:
+        return {"latency": self.latency, "he_costs": asdict(self.he),
+                "ciphertext_bytes": self.ciphertext_bytes}
+
+
+class CostMeter:
+    """Per-round costs of one run (counts ciphertexts for one cipher's layout).
+
+    Parameters
+    ----------
+    model : CostModel
+    layout : SlotLayout or None
+        Needed only by algorithms that report encrypted traffic (HyFDCA).
+    """
+
+    def __init__(self, model: CostModel, layout=None):
+        self.model, self.layout = model, layout
+
+    def round_costs(self, stats: dict, traffic: dict | None, round_seconds: float) -> dict:
+        """Costs of one outer iteration (per round, not cumulative)."""
+        he = count_he_operations(traffic, self.layout) if traffic else dict.fromkeys(
+            ("encryptions", "decryptions", "additions", "ciphertexts_up", "ciphertexts_down"), 0
+        )
+        ct = self.model.ciphertext_bytes + ID_BYTES  # each ciphertext travels with its chunk id
+        bytes_up = (
+            FLOAT_BYTES * stats.get("floats_up", 0.0)
+            + ID_BYTES * stats.get("ids_up", 0.0)
+            + ct * he["ciphertexts_up"]
+        )
+        bytes_down = (
+            FLOAT_BYTES * stats.get("floats_down", 0.0)
+            + ID_BYTES * stats.get("ids_down", 0.0)
+            + ct * he["ciphertexts_down"]
+        )
+        server = float(stats.get("server_seconds", 0.0))
+        active = float(stats.get("active_clients", 0.0))
+        share = float(stats.get("client_share_max", 1.0 / active if active else 0.0))
+        client = max(float(round_seconds) - server, 0.0) * share
+        latency = float(stats.get("round_trips", 0.0)) * self.model.latency
+        costs = self.model.he
+        encryption = (
+            he["encryptions"] * costs.encrypt
+            + he["decryptions"] * costs.decrypt
+            + he["additions"] * costs.add
+        )
+        return {
+            "bytes_up": float(bytes_up),
+            "bytes_down": float(bytes_down),
+            "encryptions": float(he["encryptions"]),
+            "decryptions": float(he["decryptions"]),
+            "additions": float(he["additions"]),
+            "time_client": client,
+            "time_server": server,
+            "time_latency": latency,
+            "time_encryption": encryption,
+            "sim_time": client + server + latency + encryption,
+        }
+
+
+def count_he_operations(traffic: dict, layout) -> dict[str, int]:
+    """Ciphertexts and HE operations of one HyFDCA round from its encrypted traffic.
+
+    ``traffic`` maps message names to what travels (see
+    :meth:`hyfl.algorithms.hyfdca.HyFDCA.round`):
+
+    ``refresh_down`` (clients, samples)
+        Changed duals sent to returning clients; they decrypt them.
+    ``sip_up_all`` (bool mask over clients) or ``sip_up`` (clients, samples)
+        Encrypted partial inner products (all samples of the active clients,
+        or only the needed ones); the server stores them.
+    ``sip_again_all`` (bool mask over clients)
+        The optional second SecureInnerProduct (stored, not summed).
+    ``sip_sum`` (samples)
+        Samples whose inner product the server sums over all holders.
+    ``sip_down`` (clients, samples)
+        Summed inner products sent back; decrypted by the clients.
+    ``dual_up`` (clients, samples)
+        Encrypted dual steps of the drawn samples; the server adds every
+        received ciphertext into the stored encrypted duals.
+    ``dual_down`` (clients, samples)
+        The new duals sent back; decrypted.
+    ``totals`` (n_senders, n_values)
+        A few encrypted scalars per client summed by the server and
+        decrypted by one client (the safe rule's acceptance test).
+    """
+    enc = dec = add = up = down = 0
+    if "refresh_down" in traffic:
+        n = layout.count_chunks(*traffic["refresh_down"])
+        down += n
+        dec += n
+    if "sip_up_all" in traffic:
+        n = int(layout.client_chunks[np.asarray(traffic["sip_up_all"], dtype=bool)].sum())
+        up += n
+        enc += n
+    if "sip_up" in traffic:
+        n = layout.count_chunks(*traffic["sip_up"])
+        up += n
+        enc += n
+    if "sip_again_all" in traffic:  # the optional second SecureInnerProduct
+        n = int(layout.client_chunks[np.asarray(traffic["sip_again_all"], dtype=bool)].sum())
+        up += n
+        enc += n
+    if "sip_sum" in traffic:
+        chunks = layout.chunks_of(traffic["sip_sum"])
+        add += int(np.sum(layout.holders_per_chunk(chunks) - 1))
+    if "sip_down" in traffic:
+        n = layout.count_chunks(*traffic["sip_down"])
+        down += n
+        dec += n
+    if "dual_up" in traffic:
+        n = layout.count_chunks(*traffic["dual_up"])
+        up += n
+        enc += n
+        add += n  # each received ciphertext is added into the stored duals
+    if "dual_down" in traffic:
+        n = layout.count_chunks(*traffic["dual_down"])
+        down += n
+        dec += n
+    if "totals" in traffic:
+        senders, values = traffic["totals"]
+        per_sender = -(-values // layout.slots)
+        up += senders * per_sender
+        enc += senders * per_sender
+        add += max(senders - 1, 0) * per_sender
+        down += per_sender
+        dec += per_sender
+    return {
+        "encryptions": enc,
+        "decryptions": dec,
+        "additions": add,
+        "ciphertexts_up": up,
+        "ciphertexts_down": down,
+    }
