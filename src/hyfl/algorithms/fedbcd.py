@@ -26,8 +26,12 @@ One outer iteration ``t = 0, 1, ...`` with rate ``eta_t = eta0 / sqrt(t + 1)``
    ``mu > 0`` adds the proximal term ``mu/2 ||w_k - w_k^start||^2`` of
    equation (15) (FedPBCD), which keeps the block near its value at the
    exchange when ``Q`` is large. As in the paper's formulation (7) the local
-   gradient is a function of ``(H_{-k}, w_k)`` and the batch labels, which
-   the label holder sends with the exchange.
+   gradient is a function of ``(H_{-k}, w_k)`` and the batch labels. Every
+   party uses the labels of the batch; like every algorithm of this package
+   (FedAvg's and HyFDCA's clients use ``y_i`` of their own samples) the data
+   model is that a client holding sample ``i`` knows ``y_i``, so in vertical
+   FL every party has all labels and none travel (the paper's single label
+   holder would have to send them with the exchange, see Communication).
 
 Variants (``variant``):
 
@@ -62,6 +66,48 @@ iteration draws a new batch and exchanges afresh. ``exchanges`` counts the
 paper's "communication rounds" (one per outer iteration, as in its Table 1)
 for comparison. A round with no active party sends nothing.
 
+Communication (``round_stats()``, per round; the engine accumulates). With
+``A`` active parties, batch size ``S``, ``C`` outputs and ``P`` *passive*
+parties (absent in the round, but with a block that is no longer zero because
+they trained in an earlier round):
+
+* ``ids_down = (A + P) S``: the server draws the batch (the engine draws it
+  from the algorithm's stream) and announces its ``S`` sample ids to every
+  party that must send margins for it. No other integers travel
+  (``ids_up = 0``); the feature blocks are fixed at set-up.
+* ``floats_up = (A + P) S C`` for the exchange, plus ``(A - 1) S C`` for
+  FedBCD-s (the fresh margins of every active party but the last, which
+  refresh the sum for the next party). The ``P`` passive answers are the
+  absent parties' current margins, which the algorithm as implemented adds to
+  the sum (see Partial participation); they are reported on their own as
+  ``passive_floats_up`` (part of ``floats_up``) so that a cost model assuming
+  another way to obtain them (e.g. a table ``X_k w_k``, ``N C`` floats,
+  uploaded when a party leaves) can swap them out. Parties that never
+  trained have zero margins, which the server knows without asking.
+* ``floats_down = A S C``: each active party receives the sum ``H`` of the
+  batch once (at the exchange for FedSGD / FedBCD-p; the refreshed sum at its
+  turn for FedBCD-s) and forms ``H_{-k} = H - H^k`` itself.
+* Labels: none (see step 3). Under the paper's setting, where only one party
+  holds the labels, add ``S C`` label values (or ``S`` class ids) down per
+  active party other than the label holder.
+
+Strictly, announcing the batch before the margins come back is half a round
+trip more per exchange; ``round_trips`` (above) follows the paper in counting
+the exchange as one round trip (the ids can ride on the previous round's last
+message, or come from a shared seed, in which case ``ids_down`` is 0 too).
+
+``client_share_max`` is the busiest active party's share of the round's
+client work, counted as passes over the stored non-zeros of the party's batch
+rows ``n_k``: one for its exchange margins, two per local step (``X w`` and
+``X^T l'``), one more for the fresh margins of FedBCD-s hand-offs, i.e.
+``n_k (1 + 2 Q [+ 1])``; ``1 / A`` when the batch rows hold no non-zero. The
+passive parties' one product each is not counted (they do no training). For
+FedBCD-s the parties run one after another, so the round's client time is the
+sum over the parties, not the busiest one's. ``server_seconds`` is the wall
+time of summing the margins (:func:`server_sum_margins`) and, for FedBCD-s,
+refreshing the sum at the hand-offs. All of these are 0 in a round with no
+active party.
+
 Simulation: the parties' rows of the batch are taken from the stacked blocks
 (:class:`hyfl.partition.StackedBlocks`) as one sparse matrix with global
 feature columns; since the blocks are disjoint, ``X_batch @ w`` gives every
@@ -73,12 +119,14 @@ steps are a Python loop (and, for FedBCD-s only, so are the parties).
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
+from hyfl.algorithms.local_sgd import busiest_share
 from hyfl.errors import check_choice, check_int, check_positive, fail
 from hyfl.losses import Loss
 from hyfl.partition import StackedBlocks
@@ -213,6 +261,7 @@ class FedBCD:
             batch_size=min(int(self.batch_size), N),
             eta0=self.initial_rate(problem),
             t=0,
+            trained=np.zeros(blocks.n_clients, dtype=bool),
         )
 
     def weights(self, state: FedBCDState) -> np.ndarray:
@@ -236,29 +285,55 @@ class FedBCD:
         # random stream does not depend on participation).
         batch = draw_batch(rng, N, state.batch_size)
         S = batch.size
+        C = state.w.shape[1]
         trips = 0.0
+        traffic = dict.fromkeys(
+            ("floats_up", "floats_down", "ids_up", "ids_down", "passive_floats_up"), 0.0
+        )
+        share = server_seconds = 0.0
         if parties.size:
+            A = parties.size
+            # Absent parties whose block moved once: the server needs their margins.
+            passive = int(np.count_nonzero(state.trained & ~active))
             # Vertical: party k's rows are client_rowptr[k] + sample id, so
             # row (k, s) of X_batch is party k's part of batch sample s.
             rows = blocks.client_rowptr[:-1, None] + batch[None, :]  # (K, S)
             X_batch = blocks.X[rows.ravel()]
             y = problem.Y[batch]
+            # Stored non-zeros of each party's S batch rows (contiguous rows).
+            batch_nnz = np.diff(X_batch.indptr[np.arange(K + 1) * S]).astype(np.int64)
 
             # 2. Exchange: partial margins of every party (absent ones with
             # their unchanged blocks), summed by the server.
             partial = client_partial_margins(X_batch, state.w).reshape(K, S, -1)
+            start = time.perf_counter()
             total = server_sum_margins(partial)
+            server_seconds += time.perf_counter() - start
             trips = 1.0
+            # Ids down to every party asked for margins; margins up; sums down.
+            traffic["ids_down"] = float((A + passive) * S)
+            traffic["floats_up"] = float((A + passive) * S * C)
+            traffic["passive_floats_up"] = float(passive * S * C)
+            traffic["floats_down"] = float(A * S * C)
+            passes = np.full(A, 1 + 2 * self.steps, dtype=np.int64)
 
             # 3. Local steps.
             if self.variant == "sequential":
-                for k in parties:
+                for j, k in enumerate(parties):
                     cols = blocks.client_features[k]
                     X_k = X_batch[k * S : (k + 1) * S]
                     others = total - partial[k]
                     client_local_steps(self, problem, state.w, X_k, others, y, cols, eta, S)
-                    # Hand-off: k's fresh margins replace its stale ones in the sum.
-                    total = others + client_partial_margins(X_k, state.w)
+                    if j < A - 1:
+                        # Hand-off: k's fresh margins replace its stale ones in
+                        # the sum, which goes to the next party (the last
+                        # party's refresh is not sent: the next round exchanges afresh).
+                        fresh = client_partial_margins(X_k, state.w)
+                        start = time.perf_counter()
+                        total = others + fresh
+                        server_seconds += time.perf_counter() - start
+                traffic["floats_up"] += float((A - 1) * S * C)
+                passes[:-1] += 1
                 trips = float(parties.size)
             else:
                 if parties.size == K:
@@ -270,6 +345,8 @@ class FedBCD:
                     cols = np.concatenate([blocks.client_features[k] for k in parties])
                 y_active = np.tile(y, (parties.size, 1))
                 client_local_steps(self, problem, state.w, X_active, others, y_active, cols, eta, S)
+            share = busiest_share(passes * batch_nnz[parties])
+            state.trained[parties] = True
 
         stats = {
             "round_trips": trips,
@@ -278,6 +355,9 @@ class FedBCD:
             "eta": eta,
             "batch_size": float(S),
             "local_steps": float(self.steps),
+            **traffic,
+            "client_share_max": share,
+            "server_seconds": server_seconds,
         }
         return replace(state, t=state.t + 1, stats=stats)
 
@@ -289,7 +369,9 @@ class FedBCDState:
     ``w`` (M, C) is the concatenation of the parties' blocks (party k owns the
     rows ``blocks.client_features[k]``); it is both the server's model and,
     restricted to a block, that party's parameters. ``eta0`` is resolved at
-    set-up; ``t`` counts finished outer iterations.
+    set-up; ``t`` counts finished outer iterations. ``trained`` (K,) flags the
+    parties that have trained at least once (the others' margins are zero,
+    which the server knows without asking them).
     """
 
     problem: Problem
@@ -298,6 +380,7 @@ class FedBCDState:
     batch_size: int
     eta0: float
     t: int
+    trained: np.ndarray
     stats: dict = field(default_factory=dict)
 
 

@@ -94,10 +94,35 @@ plus a transposed copy of each Newton-type client's block.
 
 **Round trips:** 1 per outer iteration (``x_0`` down, ``x_i, lambda_i`` up);
 0 if no client is active, since nothing is sent.
+
+**Communication** (``round_stats()``, per round; the engine accumulates).
+Algorithm 1 as implemented: the server sends ``x_0`` (all ``M`` features, the
+partition is horizontal) to every active client, ``floats_down = A M C``; every
+active client sends ``x_i^{k+1}`` and ``lambda_i^{k+1}``, ``floats_up = 2 A M C``.
+The consensus update uses nothing else: absent clients' last values are
+already at the server, and the step sizes, ``mu`` and the client sizes are
+fixed at set-up. (Since the consensus only needs ``x_i - lambda_i / mu``, a
+client could send that single (M, C) array and halve the upload; the paper and
+this implementation send both.) The local Hessians, gradients and data never
+leave a client, and no indices travel (``ids_up = ids_down = 0``).
+
+``client_share_max`` is the busiest active client's share of the round's
+client work. The gradient part of every client's update is computed for all
+active clients together (one sparse product with the block-diagonal stack and
+one with its transpose, plus dense O(M C) work), so its wall time is split
+among them in proportion to the stored non-zeros of their blocks; each
+Newton-type client's own solve (forming and factorising ``D_i``, or CG, and
+``D_i (x_0 - x_i)``) is timed on its own and added to its share. A round of
+gradient-type clients only thus gives exactly ``max_k nnz(X_k) / sum_k
+nnz(X_k)`` over the active clients; with Newton-type clients the share is a
+measured estimate (it varies slightly from run to run). ``server_seconds`` is
+the wall time of storing the received ``x_i, lambda_i`` and of
+:func:`server_consensus`. All of these are 0 in a round with no active client.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -107,6 +132,7 @@ import scipy.sparse as sp
 from scipy.special import expit
 
 from hyfl._ragged import concat_ranges
+from hyfl.algorithms.local_sgd import busiest_share
 from hyfl.errors import HyflError, check_choice, check_int, check_positive, fail
 from hyfl.losses import Loss
 from hyfl.partition import StackedBlocks
@@ -367,18 +393,35 @@ class FedHybrid:
         """
         clients = np.flatnonzero(np.asarray(active, dtype=bool))
         t = state.t + 1
+        traffic = dict.fromkeys(
+            (
+                "floats_up",
+                "floats_down",
+                "ids_up",
+                "ids_down",
+                "client_share_max",
+                "server_seconds",
+            ),
+            0.0,
+        )
         if clients.size == 0:
             stats = {"round_trips": 0.0, "active_clients": 0.0, "newton_clients": 0.0}
-            return replace(state, t=t, stats={**stats, "mu": state.mu})
+            return replace(state, t=t, stats={**stats, "mu": state.mu, **traffic})
 
         # 1-2. Every active client: gradient of its augmented Lagrangian (one
         # sparse product for all of them), then its gradient- or Newton-type step.
-        x_new, dual_new = client_updates(state, clients)
+        x_new, dual_new, work = client_updates(state, clients)
+        # x_0 down to every active client; x_i and lambda_i up from each.
+        traffic["floats_down"] = float(state.x0.size * clients.size)
+        traffic["floats_up"] = float(x_new.size + dual_new.size)
+        traffic["client_share_max"] = busiest_share(work)
+        start = time.perf_counter()
         state.x[clients] = x_new
         state.lam_dual[clients] = dual_new
 
         # 3. Server: consensus over all n clients (absent ones as last sent).
         x0 = server_consensus(state.x, state.lam_dual, state.mu)
+        traffic["server_seconds"] = time.perf_counter() - start
         if not np.all(np.isfinite(x0)):
             raise fail(
                 "FedHybrid",
@@ -391,6 +434,7 @@ class FedHybrid:
             "active_clients": float(clients.size),
             "newton_clients": float(np.count_nonzero(state.newton[clients])),
             "mu": state.mu,
+            **traffic,
         }
         return replace(state, x0=x0, t=t, stats=stats)
 
@@ -601,6 +645,10 @@ def client_updates(state: FedHybridState, clients: np.ndarray):
     -------
     x_new, dual_new : ndarray, shape (A, M, C)
         ``x_i^{k+1}`` and ``lambda_i^{k+1}`` of the active clients.
+    work : ndarray, shape (A,)
+        Estimated seconds of client work of each active client: the wall time
+        of the joint gradient part split in proportion to the clients' stored
+        non-zeros, plus each Newton-type client's own timed solve.
     """
     problem, blocks = state.problem, state.blocks
     A = clients.size
@@ -613,6 +661,12 @@ def client_updates(state: FedHybridState, clients: np.ndarray):
     else:
         B = block_diagonal(blocks, clients)
         samples = blocks.row_sample[concat_ranges(blocks.client_rowptr[clients], sizes)]
+    # Stored non-zeros of each active client's block (its rows are contiguous).
+    indptr = blocks.X.indptr
+    nnz = (
+        indptr[blocks.client_rowptr[clients + 1]] - indptr[blocks.client_rowptr[clients]]
+    ).astype(np.float64)
+    start = time.perf_counter()
     z = np.asarray(B @ x.reshape(A * M, C))
     derivative = problem.loss.derivative(z, problem.Y[samples])
     gradient = np.asarray(B.T @ derivative).reshape(A, M, C) / problem.n_samples
@@ -624,13 +678,18 @@ def client_updates(state: FedHybridState, clients: np.ndarray):
     # Gradient-type step for everyone; Newton-type clients are overwritten below.
     x_new = x - state.a[clients, None, None] * g
     dual_new = dual + state.b[clients, None, None] * gap
+    joint = time.perf_counter() - start
+    total_nnz = float(nnz.sum())
+    work = joint * (nnz / total_nnz if total_nnz > 0 else np.full(A, 1.0 / A))
     rowptr = np.concatenate(([0], np.cumsum(sizes)))
     for j in np.flatnonzero(state.newton[clients]):
         k = int(clients[j])
+        start = time.perf_counter()
         step, dual_step = newton_directions(state, k, z[rowptr[j] : rowptr[j + 1]], g[j], gap[j])
         x_new[j] = x[j] - state.a[k] * step
         dual_new[j] = dual[j] + state.b[k] * dual_step
-    return x_new, dual_new
+        work[j] += time.perf_counter() - start
+    return x_new, dual_new, work
 
 
 def newton_directions(state: FedHybridState, k: int, z: np.ndarray, g, gap):

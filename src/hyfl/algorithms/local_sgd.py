@@ -46,16 +46,42 @@ client's weights are ``w_k = s u_k + r w_0[M_k]`` with scalars ``s, r`` shared
 by all active clients (same ``eta`` and same number of steps), so a step costs
 O(non-zeros of the drawn rows), and a round O(H nnz + active entries).
 
-Round statistics: ``round_trips`` (1, or 0 when nobody is active),
-``active_clients``, ``step_size`` (``eta_t``) and ``client_drift``, the RMS
-over the active clients of ``||w_k - w_0[M_k]||`` after their local steps
-(how far the clients wander from the model they received; the proximal term
-of HyFEM-Prox shrinks it).
+Communication. One round trip per outer iteration with an active client
+(``hyfdca-aaai.md`` section 7.3 counts 1.0 for both baselines). Active client
+``k`` downloads ``w_0[M_k]`` (``|M_k| C`` floats) and uploads its local
+weights ``w_k`` (``|M_k| C`` floats); so ``floats_down = floats_up =
+sum_{k in A} |M_k| C``. Nothing else crosses the network: the local steps use
+the client's own rows and labels only (this package's data model: a client
+holding sample i knows ``y_i``), the sample draws are local, and the sets
+``M_k`` are fixed at set-up, so no indices travel (``ids_up = ids_down = 0``).
+HyFEM-Prox's anchor of the proximal term is the same ``w_0[M_k]`` the client
+downloads anyway, and HyFEM's feature-extractor / inference-model matching
+(``hyfem.md`` Algorithm 1) reduces for a linear model to the identity matching
+done by the server's averaging: no embeddings, matching matrices or features of
+other clients are computed or exchanged, so HyFEM sends exactly what FedAvg
+sends. Absent clients send nothing; the server reuses their stored blocks.
+
+Round statistics (per round; the engine accumulates): ``round_trips`` (1, or 0
+when nobody is active), ``active_clients``, ``step_size`` (``eta_t``),
+``client_drift``, the RMS over the active clients of ``||w_k - w_0[M_k]||``
+after their local steps (how far the clients wander from the model they
+received; the proximal term of HyFEM-Prox shrinks it), the message volumes
+``floats_up``, ``floats_down``, ``ids_up``, ``ids_down`` above,
+``client_share_max`` and ``server_seconds``. ``client_share_max`` is the
+busiest active client's share of the round's client work, where a client's
+work is the number of stored non-zeros of the ``H`` rows it drew (a row drawn
+twice counts twice; every step makes the same constant number of passes over
+its row, so that constant drops out of the share; the O(|M_k| C) dense work of
+starting and ending the round is not counted); it is ``1 / A`` when the drawn
+rows hold no non-zero at all. ``server_seconds`` is the wall time of storing
+the received blocks and averaging them (:func:`server_average`). All of them
+are 0 in a round with no active client.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -207,16 +233,28 @@ class LocalSGD:
             "active_clients": float(clients.size),
             "step_size": eta,
             "client_drift": 0.0,
+            "floats_up": 0.0,
+            "floats_down": 0.0,
+            "ids_up": 0.0,
+            "ids_down": 0.0,
+            "client_share_max": 0.0,
+            "server_seconds": 0.0,
         }
         if clients.size == 0:  # nobody to talk to: nothing is sent, nothing changes
             return replace(state, t=t, stats=stats)
 
         entries = concat_ranges(state.entry_ptr[clients], np.diff(state.entry_ptr)[clients])
-        local = client_local_sgd(state, clients, entries, eta, rng)
+        # Down: w_0[M_k] to every active client; up: its w_k (module docstring).
+        block_floats = float(entries.size * state.w.shape[1])  # sum_{k in A} |M_k| C
+        stats["floats_down"] = stats["floats_up"] = block_floats
+        local, work = client_local_sgd(state, clients, entries, eta, rng)
+        stats["client_share_max"] = busiest_share(work)
         received = state.w[state.entry_feature[entries]]
         stats["client_drift"] = float(np.sqrt(np.sum((local - received) ** 2) / clients.size))
+        start = time.perf_counter()
         state.stored[entries] = local
         state.w[...] = server_average(state.averaging, state.stored)
+        stats["server_seconds"] = time.perf_counter() - start
         return replace(state, t=t, stats=stats)
 
 
@@ -384,8 +422,11 @@ def client_local_sgd(
 
     Returns
     -------
-    ndarray, shape (E_A, C)
+    local : ndarray, shape (E_A, C)
         Every active client's weights after the ``H`` steps, at ``entries``.
+    work : ndarray of int64, shape (A,)
+        Stored non-zeros of the rows each client drew, summed over its ``H``
+        steps (its share of the round's client work, see :func:`busiest_share`).
     """
     problem, blocks = state.problem, state.blocks
     lam, mu, loss, H, A = problem.lam, state.mu, problem.loss, state.steps, clients.size
@@ -407,7 +448,9 @@ def client_local_sgd(
     ent = state.nz_entry[nz]
     slot = draw_of_nz % A  # the drawing client's place among the active ones
     step_ptr = np.zeros(H + 1, dtype=np.int64)
-    np.cumsum(lengths.reshape(H, A).sum(axis=1), out=step_ptr[1:])
+    per_draw = lengths.reshape(H, A).astype(np.int64)
+    np.cumsum(per_draw.sum(axis=1), out=step_ptr[1:])
+    work = per_draw.sum(axis=0)
     y = Y[blocks.row_sample[rows]]
     # x_{k,i}^T w_0[M_k]: w_0 stays fixed during the round.
     z_received = _segment_sums(data * w0[X.indices[nz]], draw_of_nz, H * A)
@@ -428,7 +471,30 @@ def client_local_sgd(
         s, r = s_next, rho * r + eta * mu
     local = s * u[entries] + r * w0[state.entry_feature[entries]]
     u[entries] = 0.0
-    return local.reshape(entries.size, -1)
+    return local.reshape(entries.size, -1), work
+
+
+def busiest_share(work: np.ndarray) -> float:
+    """The busiest client's fraction of the round's client work, in ``[1/A, 1]``.
+
+    Parameters
+    ----------
+    work : ndarray, shape (A,)
+        Non-negative work of every active client.
+
+    Returns
+    -------
+    float
+        ``max(work) / sum(work)``; ``1 / A`` when nobody did any work (an even
+        split of nothing), 0.0 when there is no active client.
+    """
+    work = np.asarray(work, dtype=np.float64)
+    if work.size == 0:
+        return 0.0
+    total = float(work.sum())
+    if total <= 0.0:
+        return 1.0 / work.size
+    return float(work.max()) / total
 
 
 def server_average(averaging: sp.csr_matrix, stored: np.ndarray) -> np.ndarray:
