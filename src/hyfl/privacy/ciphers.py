@@ -1,0 +1,747 @@
+"""Additively homomorphic ciphers behind one small interface.
+
+Three ciphers, chosen by name through :func:`make_cipher` (registry
+:data:`CIPHERS`):
+
+``none``
+    Plaintext pass-through: ciphertexts are the exact Python floats, one value
+    per "ciphertext". Every operation is still counted and the server's view
+    (:meth:`Cipher.public`) still cannot decrypt, so protocol code runs the
+    same paths as with real encryption.
+``paillier``
+    Real Paillier (python-paillier keys, gmpy2 arithmetic), one fixed-point
+    value per ciphertext (:class:`~hyfl.privacy.encoding.FixedPoint`; negative
+    values are ``n - |x|`` modulo ``n``).
+``packed``
+    Paillier with the same key, several fixed-point values packed into one
+    plaintext (see :class:`PackedPaillierCipher`), so one encryption,
+    decryption or addition handles ``slots`` values at once.
+
+All ciphers take ``chunks`` of shape ``(n, slots)`` and produce a 1-D object
+array of ``n`` ciphertexts; :class:`OpCounts` counts ciphertexts (one
+encryption of a packed chunk is one encryption).
+
+Arithmetic. Ciphertexts of the Paillier ciphers are :class:`PaillierCiphertext`
+objects around a gmpy2 integer ``c`` modulo ``n**2`` (addition is the
+ciphertext product mod ``n**2``). Encryption and decryption are the textbook
+Paillier operations with ``g = n + 1`` as in python-paillier (its
+``raw_encrypt`` / ``raw_decrypt`` give and accept the same integers; the tests
+check this), done directly in gmpy2 to avoid per-call int conversions:
+
+* decryption uses the CRT over ``p**2`` and ``q**2`` exactly as
+  python-paillier's ``raw_decrypt``;
+* encryption with the private key (the clients hold it) draws the random
+  ``n``-th residue ``r**n mod n**2`` through the CRT as well: modulo ``p**2``
+  the ``n``-th residues are the order-``(p - 1)`` subgroup, whose uniformly
+  random element is ``u**p mod p**2`` for uniform ``u`` in ``[1, p)`` (and
+  likewise for ``q``). This gives exactly the distribution of ``r**n mod n**2``
+  for uniform ``r`` (valid keys have ``gcd(n, phi(n)) = 1``) at about a third
+  of the cost. The server's public view has no factors and computes
+  ``r**n mod n**2`` directly.
+
+Randomness for encryption comes from the operating system (:mod:`secrets`),
+never from NumPy's generators.
+"""
+
+from __future__ import annotations
+
+import inspect
+import secrets
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+import gmpy2
+import numpy as np
+from gmpy2 import mpz
+from phe import paillier as _phe
+
+from hyfl.errors import HyflError, check_choice, check_int, fail
+from hyfl.privacy.encoding import FixedPoint, check_finite
+
+DEFAULT_KEY_BITS = 2048
+DEFAULT_PRECISION_BITS = 32
+DEFAULT_BOUND = 2.0**16
+DEFAULT_GUARD_BITS = 24
+MIN_KEY_BITS = 128
+
+
+# --------------------------------------------------------------------------- counts
+
+
+@dataclass
+class OpCounts:
+    """Homomorphic operations done, counted in ciphertexts."""
+
+    encryptions: int = 0
+    decryptions: int = 0
+    additions: int = 0
+
+    def snapshot(self) -> OpCounts:
+        """A copy (later operations do not change it)."""
+        return OpCounts(self.encryptions, self.decryptions, self.additions)
+
+    def __sub__(self, other: OpCounts) -> OpCounts:
+        return OpCounts(
+            self.encryptions - other.encryptions,
+            self.decryptions - other.decryptions,
+            self.additions - other.additions,
+        )
+
+    def _restore(self, saved: OpCounts) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(saved, f.name))
+
+
+# --------------------------------------------------------------------------- base
+
+
+class Cipher(ABC):
+    """An additively homomorphic cipher over chunks of ``slots`` float values."""
+
+    name: str
+    slots: int
+    key_bits: int
+    ciphertext_bytes: int
+    counts: OpCounts
+    has_private_key: bool
+
+    @abstractmethod
+    def encrypt(self, chunks: np.ndarray) -> np.ndarray:
+        """Float chunks ``(n, slots)`` -> 1-D object array of ``n`` ciphertexts."""
+
+    @abstractmethod
+    def decrypt(self, ciphertexts: np.ndarray) -> np.ndarray:
+        """1-D object array of ``n`` ciphertexts -> float array ``(n, slots)``."""
+
+    @abstractmethod
+    def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Elementwise homomorphic sum of two equal-length ciphertext arrays."""
+
+    @abstractmethod
+    def public(self) -> Cipher:
+        """The server's view: same scheme and public key, no private key, own counts."""
+
+    @abstractmethod
+    def describe(self) -> dict:
+        """JSON-ready parameters: name, slots, key_bits, precision, bounds, ..."""
+
+    def __repr__(self) -> str:
+        role = "private" if self.has_private_key else "public view"
+        return (
+            f"<{type(self).__name__} {self.name!r}, {self.key_bits}-bit, "
+            f"{self.slots} slots, {role}>"
+        )
+
+    # ------------------------------------------------------------------ helpers
+
+    def _chunks(self, chunks) -> np.ndarray:
+        try:
+            x = np.asarray(chunks, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise fail(
+                "chunks",
+                f"cannot be read as a float array (got {type(chunks).__name__})",
+                f"Pass a float array of shape (n, {self.slots}).",
+            ) from None
+        if x.ndim != 2 or x.shape[1] != self.slots:
+            raise fail(
+                "chunks",
+                f"have shape {x.shape}, but cipher {self.name!r} takes (n, {self.slots})",
+                f"Lay the values out in rows of cipher.slots = {self.slots} "
+                "(zero-pad the last row).",
+            )
+        return x
+
+    def _ciphertexts(self, ciphertexts, what: str = "ciphertexts") -> np.ndarray:
+        if isinstance(ciphertexts, np.ndarray) and ciphertexts.dtype == object:
+            a = ciphertexts
+        else:
+            a = np.empty(len(ciphertexts), dtype=object)
+            a[:] = list(ciphertexts)
+        if a.ndim != 1:
+            raise fail(
+                what,
+                f"have shape {a.shape}, but ciphertext arrays are 1-D",
+                "Pass the 1-D object array returned by encrypt() or add().",
+            )
+        return a
+
+    def _pair(self, a, b) -> tuple[np.ndarray, np.ndarray]:
+        a = self._ciphertexts(a, "a")
+        b = self._ciphertexts(b, "b")
+        if a.shape != b.shape:
+            raise fail(
+                "add",
+                f"got {a.size} and {b.size} ciphertexts",
+                "Add two arrays of equal length (one ciphertext per chunk each).",
+            )
+        return a, b
+
+    def _no_private_key(self) -> HyflError:
+        return fail(
+            f"decrypt on the public view of cipher {self.name!r}",
+            "is impossible: the server holds no private key",
+            "Decrypt on a client's cipher (the one make_cipher returned), not on cipher.public().",
+        )
+
+
+def _objects(items: list) -> np.ndarray:
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
+    return out
+
+
+# --------------------------------------------------------------------------- none
+
+
+class PlainCipher(Cipher):
+    """``none``: exact floats as ciphertexts, one value each; operations still counted."""
+
+    name = "none"
+    slots = 1
+    key_bits = 0
+    ciphertext_bytes = 8
+
+    def __init__(self, *, _private: bool = True):
+        self.counts = OpCounts()
+        self.has_private_key = _private
+
+    def encrypt(self, chunks: np.ndarray) -> np.ndarray:
+        x = self._chunks(chunks)
+        check_finite(x)
+        self.counts.encryptions += x.shape[0]
+        return _objects(x[:, 0].tolist())
+
+    def decrypt(self, ciphertexts: np.ndarray) -> np.ndarray:
+        if not self.has_private_key:
+            raise self._no_private_key()
+        a = self._ciphertexts(ciphertexts)
+        self.counts.decryptions += a.size
+        return a.astype(np.float64).reshape(a.size, 1)
+
+    def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        a, b = self._pair(a, b)
+        self.counts.additions += a.size
+        return a + b
+
+    def public(self) -> PlainCipher:
+        return PlainCipher(_private=False)
+
+    def describe(self) -> dict:
+        return {
+            "name": self.name,
+            "slots": self.slots,
+            "key_bits": self.key_bits,
+            "ciphertext_bytes": self.ciphertext_bytes,
+            "precision": None,  # exact float64, not encoded
+            "bounds": None,
+        }
+
+
+# --------------------------------------------------------------------------- Paillier core
+
+
+class PaillierCiphertext:
+    """One Paillier ciphertext ``c`` (gmpy2 integer mod ``n**2``).
+
+    ``addends`` is how many fresh encryptions were summed into it (1 when
+    fresh); ``tag`` identifies the cipher (and key) that made it: a random
+    64-bit integer shared by a cipher and its public views (it survives pickling).
+    """
+
+    __slots__ = ("c", "addends", "tag")
+
+    def __init__(self, c, addends: int, tag: int):
+        self.c = c
+        self.addends = addends
+        self.tag = tag
+
+    def __repr__(self) -> str:
+        return f"<PaillierCiphertext of {self.addends} addend(s), {self.c.bit_length()} bits>"
+
+
+class _PaillierKey:
+    """Paillier arithmetic on raw integers with a python-paillier key pair (gmpy2)."""
+
+    def __init__(self, public_key, private_key=None):
+        self.public_key = public_key
+        self.private_key = private_key
+        self.n = mpz(public_key.n)
+        self.nsq = self.n * self.n
+        self.key_bits = int(self.n.bit_length())
+        self.max_int = mpz(public_key.max_int)  # python-paillier's safe signed range
+        if private_key is not None:
+            p, q = mpz(private_key.p), mpz(private_key.q)
+            self.p, self.q = p, q
+            self.psq, self.qsq = p * p, q * q
+            self.p_inverse = mpz(private_key.p_inverse)  # p^-1 mod q
+            self.hp, self.hq = mpz(private_key.hp), mpz(private_key.hq)
+            self.psq_inverse = gmpy2.invert(self.psq, self.qsq)  # (p^2)^-1 mod q^2
+
+    @property
+    def has_private_key(self) -> bool:
+        return self.private_key is not None
+
+    def public(self) -> _PaillierKey:
+        return _PaillierKey(self.public_key)
+
+    def obfuscators(self, count: int) -> list:
+        """``count`` uniformly random ``n``-th residues mod ``n**2`` (see module doc)."""
+        if count == 0:
+            return []
+        if self.private_key is None:
+            n = int(self.n)
+            rs = [secrets.randbelow(n - 1) + 1 for _ in range(count)]
+            return gmpy2.powmod_base_list(rs, self.n, self.nsq)
+        p, q = int(self.p), int(self.q)
+        up = [secrets.randbelow(p - 1) + 1 for _ in range(count)]
+        uq = [secrets.randbelow(q - 1) + 1 for _ in range(count)]
+        sp = gmpy2.powmod_base_list(up, self.p, self.psq)
+        sq = gmpy2.powmod_base_list(uq, self.q, self.qsq)
+        psq, qsq, inv = self.psq, self.qsq, self.psq_inverse
+        return [a + psq * (((b - a) * inv) % qsq) for a, b in zip(sp, sq)]
+
+    def encrypt_ints(self, plaintexts: list) -> list:
+        """Ciphertexts ``(1 + n*m) * r**n mod n**2`` of integers ``m`` (taken mod ``n``)."""
+        n, nsq = self.n, self.nsq
+        rn = self.obfuscators(len(plaintexts))
+        return [((1 + n * m) % nsq) * s % nsq for m, s in zip(plaintexts, rn)]
+
+    def decrypt_ints(self, cs: list) -> list:
+        """Plaintexts in ``[0, n)`` of raw ciphertexts (python-paillier's ``raw_decrypt``)."""
+        if not cs:
+            return []
+        p, q, psq, qsq = self.p, self.q, self.psq, self.qsq
+        xp = gmpy2.powmod_base_list(cs, p - 1, psq)
+        xq = gmpy2.powmod_base_list(cs, q - 1, qsq)
+        hp, hq, p_inv = self.hp, self.hq, self.p_inverse
+        out = []
+        for a, b in zip(xp, xq):
+            mp = ((a - 1) // p) * hp % p
+            mq = ((b - 1) // q) * hq % q
+            out.append(mp + ((mq - mp) * p_inv % q) * p)
+        return out
+
+
+def _keypair(key_bits: int | None, keypair) -> tuple:
+    """A python-paillier key pair: the given one, or a fresh one of ``key_bits``."""
+    if keypair is not None:
+        try:
+            public_key, private_key = keypair
+            n = int(public_key.n)
+        except (TypeError, ValueError, AttributeError):
+            raise fail(
+                "keypair",
+                f"is {type(keypair).__name__}, not a python-paillier (public, private) pair",
+                "Pass the pair returned by phe.paillier.generate_paillier_keypair().",
+            ) from None
+        if private_key is None or int(private_key.p) * int(private_key.q) != n:
+            raise fail(
+                "keypair",
+                "has a private key that does not match its public key",
+                "Pass the pair returned by phe.paillier.generate_paillier_keypair().",
+            )
+        if key_bits is not None and n.bit_length() != key_bits:
+            raise fail(
+                "key_bits",
+                f"is {key_bits}, but the given keypair has {n.bit_length()} bits",
+                "Leave key_bits out when passing keypair.",
+            )
+        return public_key, private_key
+    bits = check_keybits(DEFAULT_KEY_BITS if key_bits is None else key_bits)
+    return _phe.generate_paillier_keypair(n_length=bits)
+
+
+def check_keybits(key_bits: int) -> int:
+    """Validate a Paillier modulus size (an even number of bits >= 128)."""
+    bits = check_int(
+        "key_bits",
+        key_bits,
+        minimum=MIN_KEY_BITS,
+        fix="Pass a modulus size in bits such as 2048 (tests may use 512 or 1024).",
+    )
+    if bits % 2:
+        raise fail("key_bits", f"is {bits}, an odd number", "Pass an even size such as 2048.")
+    return bits
+
+
+def _check_tags(a: np.ndarray, tag: int, cipher: str, what: str) -> None:
+    for x in a:
+        if type(x) is not PaillierCiphertext or x.tag != tag:
+            raise fail(
+                what,
+                f"hold {x!r}, which was not made by this {cipher!r} cipher or its public view",
+                "Only combine ciphertexts made under the same cipher and key pair.",
+            )
+
+
+class _PaillierBase(Cipher):
+    """Shared state of the two Paillier ciphers."""
+
+    def _init_key(self, key: _PaillierKey, tag: int | None) -> None:
+        self._key = key
+        self._tag = secrets.randbits(64) if tag is None else tag
+        self.key_bits = key.key_bits
+        self.has_private_key = key.has_private_key
+        self.counts = OpCounts()
+        self._wire_bytes = (2 * self.key_bits + 7) // 8  # one integer mod n^2
+
+    def _decrypt_raw(self, ciphertexts) -> tuple[np.ndarray, list, list]:
+        if not self.has_private_key:
+            raise self._no_private_key()
+        a = self._ciphertexts(ciphertexts)
+        _check_tags(a, self._tag, self.name, "ciphertexts")
+        plain = self._key.decrypt_ints([x.c for x in a])
+        self.counts.decryptions += a.size
+        return a, plain, [x.addends for x in a]
+
+
+# --------------------------------------------------------------------------- paillier
+
+
+class PaillierCipher(_PaillierBase):
+    """``paillier``: one fixed-point value per Paillier ciphertext."""
+
+    name = "paillier"
+    slots = 1
+
+    def __init__(
+        self,
+        key: _PaillierKey,
+        fixed_point: FixedPoint,
+        *,
+        _tag: int | None = None,
+    ):
+        self._init_key(key, _tag)
+        self.fixed_point = fixed_point
+        self.ciphertext_bytes = self._wire_bytes
+        if fixed_point.max_int > key.max_int:
+            raise fail(
+                "precision_bits",
+                f"({fixed_point.precision_bits}) with bound {fixed_point.bound:g} encodes values "
+                f"of up to {fixed_point.max_int.bit_length()} bits, beyond the safe range of "
+                f"the {self.key_bits}-bit key",
+                "Lower precision_bits or bound, or use a larger key_bits.",
+            )
+
+    def encrypt(self, chunks: np.ndarray) -> np.ndarray:
+        x = self._chunks(chunks)
+        ints = self.fixed_point.encode(x)
+        cs = self._key.encrypt_ints(ints)
+        self.counts.encryptions += len(cs)
+        tag = self._tag
+        return _objects([PaillierCiphertext(c, 1, tag) for c in cs])
+
+    def decrypt(self, ciphertexts: np.ndarray) -> np.ndarray:
+        a, plain, _ = self._decrypt_raw(ciphertexts)
+        n, max_int = self._key.n, self._key.max_int
+        signed = []
+        for i, m in enumerate(plain):
+            if m <= max_int:
+                signed.append(m)
+            elif m >= n - max_int:
+                signed.append(m - n)
+            else:
+                raise fail(
+                    "decrypt",
+                    f"found ciphertext {i} (a sum of {a[i].addends}) outside the safe range "
+                    f"|encoded| <= n/3 of the {self.key_bits}-bit key: the homomorphic sum "
+                    "overflowed",
+                    "Keep sums within range: lower precision_bits or the number of additions, "
+                    "or use a larger key_bits.",
+                )
+        return self.fixed_point.decode(signed).reshape(a.size, 1)
+
+    def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        a, b = self._pair(a, b)
+        _check_tags(a, self._tag, self.name, "a")
+        _check_tags(b, self._tag, self.name, "b")
+        nsq, tag = self._key.nsq, self._tag
+        out = [
+            PaillierCiphertext(x.c * y.c % nsq, x.addends + y.addends, tag) for x, y in zip(a, b)
+        ]
+        self.counts.additions += len(out)
+        return _objects(out)
+
+    def public(self) -> PaillierCipher:
+        return PaillierCipher(self._key.public(), self.fixed_point, _tag=self._tag)
+
+    def describe(self) -> dict:
+        fp = self.fixed_point
+        return {
+            "name": self.name,
+            "slots": self.slots,
+            "key_bits": self.key_bits,
+            "ciphertext_bytes": self.ciphertext_bytes,
+            "precision": {"precision_bits": fp.precision_bits, "resolution": fp.resolution},
+            "bounds": {
+                "value": fp.bound,
+                "encoded_bits": fp.max_int.bit_length(),
+                # Sums stay decodable while |encoded sum| <= n/3 (python-paillier's max_int).
+                "sum_encoded_bits": int(self._key.max_int.bit_length()),
+            },
+        }
+
+
+# --------------------------------------------------------------------------- packed
+
+
+class PackedPaillierCipher(_PaillierBase):
+    """``packed``: ``slots`` fixed-point values in one Paillier plaintext.
+
+    Layout. With ``M = fixed_point.max_int`` (largest encoded magnitude) and
+    ``K = 2**guard_bits`` (most fresh ciphertexts a sum may contain), every
+    slot is ``w = bit_length(2*K*M)`` bits wide and slot ``j`` of a chunk
+    occupies bits ``[j*w, (j+1)*w)`` of the plaintext. ``slots`` is the largest
+    count with ``slots * w <= key_bits - 3``, so every packed plaintext stays
+    below ``2**(key_bits - 3) < n / 3`` (python-paillier's safe range), far from
+    the modulus.
+
+    Negative numbers use an offset encoding: a fresh slot holds
+    ``x + M`` in ``[0, 2M]`` where ``x = round(v * 2**precision_bits)``. Slots
+    never go negative, so additions never borrow or carry across slots: the
+    sum of ``k`` ciphertexts holds ``sum(x) + k*M`` in ``[0, 2kM]`` in every
+    slot, which fits ``w`` bits while ``k <= K``. Each ciphertext carries its
+    addend count ``k`` (sent with it on the wire, ``ciphertext_bytes``
+    includes it); decryption subtracts ``k*M`` per slot, and an addition
+    whose result would exceed ``K`` addends raises instead of corrupting the
+    neighbouring slot.
+    """
+
+    name = "packed"
+
+    def __init__(
+        self,
+        key: _PaillierKey,
+        fixed_point: FixedPoint,
+        guard_bits: int = DEFAULT_GUARD_BITS,
+        *,
+        _tag: int | None = None,
+    ):
+        self._init_key(key, _tag)
+        self.fixed_point = fixed_point
+        self.guard_bits = check_int(
+            "guard_bits",
+            guard_bits,
+            minimum=1,
+            fix="Pass log2 of the number of ciphertexts a sum may contain, e.g. guard_bits=24.",
+        )
+        self.max_addends = 2**self.guard_bits
+        self._offset = fixed_point.max_int
+        self.slot_bits = (2 * self.max_addends * self._offset).bit_length()
+        self.slots = (self.key_bits - 3) // self.slot_bits
+        if self.slots < 1:
+            raise fail(
+                "key_bits",
+                f"is {self.key_bits}, too small for one {self.slot_bits}-bit slot "
+                f"(precision_bits={fixed_point.precision_bits}, bound={fixed_point.bound:g}, "
+                f"guard_bits={self.guard_bits})",
+                "Use a larger key_bits, or lower precision_bits, bound or guard_bits.",
+            )
+        self._plain_limit = mpz(1) << (self.slots * self.slot_bits)
+        # The addend count travels with the ciphertext: it is at most 2**guard_bits.
+        self.count_bytes = (self.guard_bits + 1 + 7) // 8
+        self.ciphertext_bytes = self._wire_bytes + self.count_bytes
+
+    def encrypt(self, chunks: np.ndarray) -> np.ndarray:
+        x = self._chunks(chunks)
+        scaled = self.fixed_point.scaled(x).reshape(x.shape)
+        offset, w = self._offset, self.slot_bits
+        if 2 * offset < 2**63:
+            rows = (scaled.astype(np.int64) + np.int64(offset)).tolist()
+        else:
+            rows = [[int(v) + offset for v in row] for row in scaled.tolist()]
+        plaintexts = [gmpy2.pack(row, w) for row in rows]
+        cs = self._key.encrypt_ints(plaintexts)
+        self.counts.encryptions += len(cs)
+        tag = self._tag
+        return _objects([PaillierCiphertext(c, 1, tag) for c in cs])
+
+    def decrypt(self, ciphertexts: np.ndarray) -> np.ndarray:
+        a, plain, addends = self._decrypt_raw(ciphertexts)
+        slots, w, limit = self.slots, self.slot_bits, self._plain_limit
+        flat = []
+        for i, m in enumerate(plain):
+            if m >= limit:
+                raise fail(
+                    "decrypt",
+                    f"found ciphertext {i} (a sum of {addends[i]}) decrypting beyond the "
+                    f"{slots} packed slots: it was not packed by this cipher or its sum "
+                    "overflowed",
+                    "Only decrypt ciphertexts made and added by this cipher (same key and "
+                    "guard_bits); raise guard_bits if sums contain many ciphertexts.",
+                )
+            parts = gmpy2.unpack(m, w)
+            flat.extend(parts)
+            flat.extend([0] * (slots - len(parts)))
+        values = np.array(flat, dtype=object).reshape(a.size, slots)
+        shift = np.array([k * self._offset for k in addends], dtype=object).reshape(a.size, 1)
+        return self.fixed_point.decode(values - shift).reshape(a.size, slots)
+
+    def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        a, b = self._pair(a, b)
+        _check_tags(a, self._tag, self.name, "a")
+        _check_tags(b, self._tag, self.name, "b")
+        nsq, tag, limit = self._key.nsq, self._tag, self.max_addends
+        out = []
+        for x, y in zip(a, b):
+            k = x.addends + y.addends
+            if k > limit:
+                raise fail(
+                    "add",
+                    f"would sum {k} ciphertexts into one packed ciphertext, more than the "
+                    f"2**guard_bits = {limit} its slots have room for (guard_bits="
+                    f"{self.guard_bits})",
+                    "Raise guard_bits (make_cipher('packed', guard_bits=...)); every extra "
+                    "bit doubles the room and costs one bit per slot.",
+                )
+            out.append(PaillierCiphertext(x.c * y.c % nsq, k, tag))
+        self.counts.additions += len(out)
+        return _objects(out)
+
+    def public(self) -> PackedPaillierCipher:
+        return PackedPaillierCipher(
+            self._key.public(), self.fixed_point, self.guard_bits, _tag=self._tag
+        )
+
+    def describe(self) -> dict:
+        fp = self.fixed_point
+        return {
+            "name": self.name,
+            "slots": self.slots,
+            "key_bits": self.key_bits,
+            "ciphertext_bytes": self.ciphertext_bytes,
+            "precision": {"precision_bits": fp.precision_bits, "resolution": fp.resolution},
+            "bounds": {"value": fp.bound, "addends": self.max_addends},
+            "guard_bits": self.guard_bits,
+            "slot_bits": self.slot_bits,
+        }
+
+
+# --------------------------------------------------------------------------- registry
+
+
+def _make_none(*, key_bits: int | None = None, precision_bits: int | None = None) -> Cipher:
+    # key_bits and precision_bits are accepted (CLI passes them for every cipher) and unused.
+    return PlainCipher()
+
+
+def _make_paillier(
+    *,
+    key_bits: int | None = None,
+    precision_bits: int | None = None,
+    bound: float = DEFAULT_BOUND,
+    keypair=None,
+) -> Cipher:
+    fp = FixedPoint(DEFAULT_PRECISION_BITS if precision_bits is None else precision_bits, bound)
+    return PaillierCipher(_PaillierKey(*_keypair(key_bits, keypair)), fp)
+
+
+def _make_packed(
+    *,
+    key_bits: int | None = None,
+    precision_bits: int | None = None,
+    bound: float = DEFAULT_BOUND,
+    guard_bits: int = DEFAULT_GUARD_BITS,
+    keypair=None,
+) -> Cipher:
+    fp = FixedPoint(DEFAULT_PRECISION_BITS if precision_bits is None else precision_bits, bound)
+    return PackedPaillierCipher(_PaillierKey(*_keypair(key_bits, keypair)), fp, guard_bits)
+
+
+CIPHERS: dict[str, tuple[Callable[..., Cipher], str]] = {
+    "none": (_make_none, "no encryption: exact floats, operations still counted"),
+    "paillier": (
+        _make_paillier,
+        "Paillier (python-paillier + gmpy2), one fixed-point value per ciphertext",
+    ),
+    "packed": (
+        _make_packed,
+        "Paillier with many fixed-point values packed per ciphertext (same key, faster)",
+    ),
+}
+
+
+def make_cipher(
+    name: str,
+    *,
+    key_bits: int | None = None,
+    precision_bits: int | None = None,
+    **options,
+) -> Cipher:
+    """Build cipher ``name`` with a fresh key pair; clients share it, the server gets ``.public()``.
+
+    ``key_bits`` (default 2048) and ``precision_bits`` (default 32) apply to
+    the Paillier ciphers and are ignored by ``none``. Options: ``bound``
+    (largest value magnitude, default 2**16; ``paillier``, ``packed``),
+    ``guard_bits`` (log2 of the most ciphertexts one sum may hold, default 24;
+    ``packed``) and ``keypair`` (a python-paillier ``(public, private)`` pair
+    to use instead of generating one).
+    """
+    check_choice("cipher", name, CIPHERS)
+    factory = CIPHERS[name][0]
+    accepted = [
+        p for p in inspect.signature(factory).parameters if p not in ("key_bits", "precision_bits")
+    ]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise fail(
+            f"option {unknown[0]!r}",
+            f"is not known to cipher {name!r}",
+            f"Options of {name!r}: {', '.join(accepted) or 'none besides key_bits'}.",
+        )
+    return factory(key_bits=key_bits, precision_bits=precision_bits, **options)
+
+
+# --------------------------------------------------------------------------- calibration
+
+
+def _seconds_per_op(fn: Callable[[], object], ops: int, min_seconds: float = 0.02) -> float:
+    """Mean seconds per operation of ``fn`` (``ops`` operations a call), repeated to >= min."""
+    calls, total = 0, 0.0
+    while calls == 0 or total < min_seconds:
+        tic = time.perf_counter()
+        fn()
+        total += time.perf_counter() - tic
+        calls += 1
+    return total / (calls * ops)
+
+
+def calibrate(cipher: Cipher, n_values: int = 200, seed: int = 0) -> dict:
+    """Measure this machine's seconds per ciphertext (and per value) of each operation.
+
+    Encrypts ``n_values`` chunks (ciphertexts) of random values, decrypts them
+    and adds them pairwise, after one warm-up operation each; cheap operations
+    are repeated until at least 20 ms have been timed. ``decrypt`` is ``None``
+    on a public view. The cipher's :class:`OpCounts` are left as they were.
+    """
+    n = check_int("n_values", n_values, minimum=1)
+    rng = np.random.default_rng(seed)
+    bound = getattr(getattr(cipher, "fixed_point", None), "bound", 1.0)
+    chunks = rng.uniform(-1.0, 1.0, size=(n, cipher.slots)) * min(1.0, bound)
+    saved = cipher.counts.snapshot()
+    try:
+        cipher.add(*([cipher.encrypt(chunks[:1])] * 2))  # warm-up
+        ops: dict[str, float | None] = {}
+        cts = None
+
+        def encrypt():
+            nonlocal cts
+            cts = cipher.encrypt(chunks)
+
+        ops["encrypt"] = _seconds_per_op(encrypt, n)
+        if cipher.has_private_key:
+            cipher.decrypt(cts[:1])
+            ops["decrypt"] = _seconds_per_op(lambda: cipher.decrypt(cts), n)
+        else:
+            ops["decrypt"] = None
+        ops["add"] = _seconds_per_op(lambda: cipher.add(cts, cts), n)
+    finally:
+        cipher.counts._restore(saved)
+    result = {"cipher": cipher.name, "key_bits": cipher.key_bits, "slots": cipher.slots}
+    result.update(ops)
+    for op, seconds in ops.items():
+        result[f"{op}_per_value"] = None if seconds is None else seconds / cipher.slots
+    return result
