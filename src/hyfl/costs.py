@@ -138,13 +138,10 @@ class CostModel:
     latency : float, default 0
         Seconds per round trip (the paper used 0, 0.2575 and 0.8).
     he : HECosts, default PAPER_HE_COSTS
-    ciphertext_bytes : int, default 512
-        Wire size of one ciphertext (a 2048-bit Paillier ciphertext lives mod n^2).
     """
 
     latency: float = 0.0
     he: HECosts = PAPER_HE_COSTS
-    ciphertext_bytes: int = 512
 
     def validated(self) -> CostModel:
         if self.latency != 0:
@@ -152,8 +149,7 @@ class CostModel:
         return self
 
     def describe(self) -> dict:
-        return {"latency": self.latency, "he_costs": asdict(self.he),
-                "ciphertext_bytes": self.ciphertext_bytes}
+        return {"latency": self.latency, "he_costs": asdict(self.he)}
 
 
 class CostMeter:
@@ -162,19 +158,21 @@ class CostMeter:
     Parameters
     ----------
     model : CostModel
+    ciphertext_bytes : int
+        Wire size of one ciphertext of the counted cipher.
     layout : SlotLayout or None
         Needed only by algorithms that report encrypted traffic (HyFDCA).
     """
 
-    def __init__(self, model: CostModel, layout=None):
-        self.model, self.layout = model, layout
+    def __init__(self, model: CostModel, ciphertext_bytes: int, layout=None):
+        self.model, self.ciphertext_bytes, self.layout = model, ciphertext_bytes, layout
 
     def round_costs(self, stats: dict, traffic: dict | None, round_seconds: float) -> dict:
         """Costs of one outer iteration (per round, not cumulative)."""
         he = count_he_operations(traffic, self.layout) if traffic else dict.fromkeys(
             ("encryptions", "decryptions", "additions", "ciphertexts_up", "ciphertexts_down"), 0
         )
-        ct = self.model.ciphertext_bytes + ID_BYTES  # each ciphertext travels with its chunk id
+        ct = self.ciphertext_bytes + ID_BYTES  # each ciphertext travels with its chunk id
         bytes_up = (
             FLOAT_BYTES * stats.get("floats_up", 0.0)
             + ID_BYTES * stats.get("ids_up", 0.0)

@@ -248,7 +248,6 @@ class HyFDCA:
         drawn_samples = blocks.row_sample[drawn_rows]
         samples, drawn_slot = np.unique(drawn_samples, return_inverse=True)
         client_of_drawn = np.repeat(clients, state.counts[clients])
-        ids_down += drawn_rows.size
 
         # 3. SecureInnerProduct: active clients' parts with their current weights,
         # absent holders' parts as last sent (with the weights of their last round).
@@ -263,6 +262,8 @@ class HyFDCA:
         z = server_sum_over_holders(parts, holder_slot, samples.size)
         server_seconds += time.perf_counter() - tic
         updated_pairs = (holder_clients[fresh], samples[holder_slot[fresh]])
+        # The round's instructions name each client's draws and its updated samples.
+        ids_down += drawn_rows.size + updated_pairs[0].size
         if not state.horizontal:  # with whole samples on one client, z is computed locally
             if self.sip_scope == "all":
                 traffic["sip_up_all"] = active.copy()
@@ -303,14 +304,15 @@ class HyFDCA:
             gain, scale = _dual_gain_estimate(state, samples, step, z, dw, fresh_sq)
             # beta >= number of draws makes every step provably safe when nobody
             # is stale (Cauchy-Schwarz over the updated samples): accept there.
-            accepted, beta = accept_step(gain, scale, state.beta, state.beta_min, drawn_rows.size)
+            accepted = step_verdict(gain, scale, state.beta, drawn_rows.size)
+            beta = next_beta(accepted, state.beta, state.beta_min, drawn_rows.size)
             state = replace(state, beta=beta)
             server_seconds += time.perf_counter() - tic
             # Encrypted totals from every active client, decrypted by one of them;
-            # the server sends it ||dw||^2 and every client the new beta.
+            # the server sends it ||dw||^2 (its verdict is a control bit), and
+            # every active client beta with the round's instructions.
             traffic["totals"] = (int(clients.size), 3)
             floats_down += 1 + clients.size
-            floats_up += 1
 
         # 6. Apply: server duals, clients' copies, and the aggregated primal weights.
         if accepted:
@@ -483,14 +485,19 @@ def dual_gain(
     return first_order / N - quadratic, abs(first_order) / N + quadratic
 
 
-def accept_step(
-    gain: float, scale: float, beta: float, beta_min: float, n_draws: int
-) -> tuple[bool, float]:
-    """The safe rule's verdict on a round and the next ``beta``."""
-    beta_max = max(1.0, float(n_draws))
-    accepted = gain >= -_GAIN_TOLERANCE * scale or beta >= beta_max
+def step_verdict(gain: float, scale: float, beta: float, n_draws: int) -> bool:
+    """The safe rule's test: accept a round whose estimated dual gain is not negative.
+
+    ``beta`` at or above the number of draws makes every step provably safe
+    (Cauchy-Schwarz over the updated samples), so such a round is accepted.
+    """
+    return bool(gain >= -_GAIN_TOLERANCE * scale or beta >= max(1.0, float(n_draws)))
+
+
+def next_beta(accepted: bool, beta: float, beta_min: float, n_draws: int) -> float:
+    """Shrink ``beta`` after an accepted round, double it after a rejected one."""
     beta = beta * _BETA_SHRINK if accepted else beta * _BETA_GROW
-    return bool(accepted), float(np.clip(beta, beta_min, beta_max))
+    return float(np.clip(beta, beta_min, max(1.0, float(n_draws))))
 
 
 class WeightSnapshots:

@@ -133,6 +133,8 @@ class SlotLayout:
     def unpack(self, chunks: np.ndarray, dense: np.ndarray, samples: np.ndarray) -> np.ndarray:
         """Values of ``samples`` (n, n_outputs) from decrypted chunks ``dense``."""
         pos = self.positions(samples)
+        if pos.size == 0:
+            return np.zeros((0, self.n_outputs))
         where = np.searchsorted(chunks, pos // self.slots)
         if np.any(where >= chunks.size) or np.any(chunks[np.minimum(where, chunks.size - 1)]
                                                    != pos // self.slots):

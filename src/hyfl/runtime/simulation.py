@@ -23,6 +23,7 @@ from hyfl.algorithms.base import Algorithm
 from hyfl.costs import COST_COLUMNS, TIME_COMPONENTS, CostMeter, CostModel
 from hyfl.errors import check_int
 from hyfl.partition import Partition, stack
+from hyfl.privacy.ciphers import make_cipher
 from hyfl.privacy.layout import SlotLayout
 from hyfl.problem import Optimum, Problem
 
@@ -129,7 +130,7 @@ def simulate(
     progress: bool = False,
     on_evaluate: Callable[[dict[str, float]], None] | None = None,
     cost_model: CostModel | None = None,
-    slots: int = 1,
+    cipher=None,
 ) -> RunResult:
     """Run ``iterations`` outer iterations of ``algorithm`` with all clients in-process.
 
@@ -159,9 +160,11 @@ def simulate(
     cost_model : CostModel, optional
         Latency and HE costs for the simulated time (default: no latency, the
         paper's Paillier figures).
-    slots : int, default 1
-        Values per ciphertext of the cipher whose operations are counted
-        (1: per-value Paillier, as the paper counted).
+    cipher : hyfl.privacy.ciphers.Cipher, optional
+        The cipher whose ciphertexts are counted (its slots per ciphertext and
+        wire size). Default ``none``: one value per ciphertext, as the paper
+        counted. This engine never encrypts; see
+        :func:`hyfl.runtime.protocol.run_protocol` for real encryption.
 
     Returns
     -------
@@ -176,7 +179,9 @@ def simulate(
     metrics: list[dict[str, float]] = []
     round_times = np.zeros(iterations)
     trips = 0.0
-    meter = CostMeter((cost_model or CostModel()).validated(), None)
+    if cipher is None:
+        cipher = make_cipher("none")
+    meter = CostMeter((cost_model or CostModel()).validated(), int(cipher.ciphertext_bytes))
     totals = dict.fromkeys((*COST_COLUMNS, *TIME_COMPONENTS), 0.0)
 
     def record(t: int) -> None:
@@ -213,7 +218,7 @@ def simulate(
             trips += stats.get("round_trips", 0.0)
             traffic = getattr(state, "traffic", None)
             if traffic and meter.layout is None:
-                meter.layout = SlotLayout.build(blocks, slots, problem.Y.shape[1])
+                meter.layout = SlotLayout.build(blocks, cipher.slots, problem.Y.shape[1])
             for key, value in meter.round_costs(stats, traffic, round_times[t - 1]).items():
                 totals[key] += value
             if t % eval_every == 0 or t == iterations:
@@ -233,7 +238,9 @@ def simulate(
             "seed": seed,
             "iterations": iterations,
             "optimum_primal": optimum.primal if optimum else None,
-            "costs": meter.model.describe() | {"slots": slots},
+            "engine": "simulation",
+            "cipher": cipher.describe(),
+            "costs": meter.model.describe(),
         },
     )
 

@@ -1,0 +1,452 @@
+"""HyFDCA as separate parties that talk only through messages (for real encryption).
+
+:mod:`hyfl.algorithms.hyfdca` runs every client at once on stacked arrays,
+which is what simulations want. Here the same algorithm is split into a
+:class:`Server` and one :class:`Client` per party, each holding only what it
+would hold in a deployment:
+
+* a client holds its block ``X_k`` (its samples ``I_k``, its features
+  ``M_k``), its labels, the private key, its copy of its samples' duals and
+  of its features' weights;
+* the server holds the public key only, the ciphertexts of the duals and of
+  the partial inner products each client last sent, every client's plaintext
+  primal part ``sum_i alpha_i x_{k,i}`` (the model ``w`` is not secret: it
+  is the product) and the sample ids each client holds (from private set
+  intersection).
+
+Messages are plain Python objects (dicts of arrays and
+:class:`~hyfl.privacy.layout.EncryptedVector`), so a transport -- the
+in-process driver in :mod:`hyfl.runtime.protocol`, or Flower -- can carry
+them and count their bytes. Encryption is a layer around sends and sums:
+parties call ``encrypt_samples`` before a send, the server only calls the
+public cipher's ``add``, and receivers call ``decrypt_samples``. The
+mathematics (the dual steps, the safe rule's gain and verdict) is the same
+code the stacked engine uses.
+
+One outer iteration (see :mod:`hyfl.algorithms.hyfdca` for the algorithm):
+
+1. ``Server.configure`` -> per client: draws, beta, gamma_t, for returning
+   clients the encrypted duals that changed while they were away;
+   ``Client.configure`` -> returning clients re-send their primal part;
+   ``Server.refresh`` -> returning clients get the new weights.
+2. ``Client.inner_products`` -> encrypted partial inner products;
+   ``Server.sum_inner_products`` -> encrypted ``x_i^T w`` per client.
+3. ``Client.dual_steps`` -> encrypted scaled dual steps;
+   ``Server.aggregate_duals`` -> encrypted new duals per client.
+4. ``Client.new_duals`` -> plaintext primal part, encrypted gain terms;
+   ``Server.aggregate_primal`` -> (safe rule) the encrypted totals for one
+   client's ``Client.verdict``; ``Server.commit`` -> weights and verdict;
+   ``Client.commit``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from hyfl.algorithms.base import draw_local_samples
+from hyfl.algorithms.hyfdca import (
+    HyFDCA,
+    _row_squared_norms,
+    dual_gain,
+    local_dual_steps,
+    next_beta,
+    step_verdict,
+)
+from hyfl.partition import StackedBlocks, client_block
+from hyfl.privacy.layout import EncryptedVector, SlotLayout, decrypt_samples, encrypt_samples
+from hyfl.problem import Problem
+
+GAIN_TERMS = 3  # first-order sum, full-sample weight, active-part weight
+
+
+@dataclass(frozen=True)
+class Public:
+    """What every party knows: sizes, hyperparameters and who holds which sample."""
+
+    n_samples: int
+    n_features: int
+    n_outputs: int
+    lam: float
+    hyfdca: HyFDCA
+    layout: SlotLayout  # (sample, output) values
+    norm_layout: SlotLayout  # one value per sample
+    n_holders: np.ndarray  # (N,)
+    holders: np.ndarray  # (N, max |B_i|) sorted, -1 padded
+    horizontal: bool
+
+
+class Client:
+    """One party: its block, labels, private key and copies of its duals and weights."""
+
+    def __init__(self, k: int, public: Public, samples, features, X_local, Y_local, loss, cipher):
+        self.k, self.public, self.loss, self.cipher = k, public, loss, cipher
+        self.samples = np.asarray(samples, dtype=np.int64)  # I_k, ascending
+        self.features = np.asarray(features, dtype=np.int64)  # M_k, ascending
+        self.X = sp.csr_matrix(X_local)
+        self.Y = np.asarray(Y_local, dtype=float)
+        C = public.n_outputs
+        self.alpha = np.zeros((self.samples.size, C))
+        self.w = np.zeros((self.features.size, C))
+        self.own_sq = _row_squared_norms(self.X)
+        self.sq_norms = np.zeros(self.samples.size)  # full ||x_i||^2, learned at set-up
+        self.round: dict = {}
+
+    # -- set-up ----------------------------------------------------------------
+    def setup_messages(self) -> dict:
+        """Encrypted zero duals/inner products (the server's initial state) and row norms."""
+        C = self.public.n_outputs
+        zeros = np.zeros((self.samples.size, C))
+        return {
+            "zeros": encrypt_samples(self.cipher, self.public.layout, self.samples, zeros),
+            "norms": encrypt_samples(
+                self.cipher, self.public.norm_layout, self.samples, self.own_sq[:, None]
+            ),
+        }
+
+    def learn_norms(self, norms: EncryptedVector) -> None:
+        self.sq_norms = decrypt_samples(
+            self.cipher, self.public.norm_layout, norms, self.samples
+        ).ravel()
+
+    # -- 1. configure and refresh --------------------------------------------------
+    def configure(self, message: dict) -> dict | None:
+        """Store the round's instructions; a returning client refreshes its duals."""
+        self.round = dict(message)
+        hy, t = self.public.hyfdca, message["t"]
+        self.round["gamma_t"] = 1.0 / t if hy.gamma == "1/t" else float(hy.gamma)
+        self.round.setdefault("beta", 1.0)
+        if message.get("stale") is None:
+            return None
+        # The chunk ids name the samples: every sample of ours inside them.
+        layout = self.public.layout
+        chunk_of = layout.positions(self.samples).reshape(self.samples.size, -1) // layout.slots
+        local = np.flatnonzero(np.isin(chunk_of, message["stale"].chunks).any(axis=1))
+        self.alpha[local] = self._feasible(
+            decrypt_samples(self.cipher, layout, message["stale"], self.samples[local]), local
+        )
+        return {"primal_part": self.primal_part()}
+
+    def receive_weights(self, w_local: np.ndarray) -> None:
+        self.w = np.array(w_local, dtype=float)
+
+    def primal_part(self) -> np.ndarray:
+        """``sum_i alpha_{k,i} x_{k,i}`` over the client's samples, shape (|M_k|, C)."""
+        return np.asarray(self.X.T @ self.alpha)
+
+    # -- 2. SecureInnerProduct -----------------------------------------------------
+    def inner_products(self, every: bool = False) -> EncryptedVector | None:
+        """Encrypted ``x_{k,i}^T w_k`` for all samples (or the round's updated ones)."""
+        if self.public.horizontal:
+            return None
+        local = self.round["updated_local"]
+        if every or self.public.hyfdca.sip_scope == "all":
+            local = np.arange(self.samples.size)
+        values = np.asarray(self.X[local] @ self.w)
+        return encrypt_samples(self.cipher, self.public.layout, self.samples[local], values)
+
+    # -- 3. LocalDualMethod ----------------------------------------------------------
+    def dual_steps(self, z: EncryptedVector | None) -> EncryptedVector:
+        """Dual steps of the drawn samples, scaled by ``gamma_t / |B_i|`` and encrypted."""
+        updated = self.round["updated_local"]
+        if self.public.horizontal:  # whole samples: the inner product is local
+            self.z = np.asarray(self.X[updated] @ self.w)
+        else:
+            self.z = decrypt_samples(self.cipher, self.public.layout, z, self.samples[updated])
+        drawn = self.round["drawn_local"]
+        z_drawn = self.z[np.searchsorted(updated, drawn)]
+        pub, hy = self.public, self.public.hyfdca
+        weight = None
+        if hy.step_rule == "theory" and hy.client_weight == "N_k/N":
+            weight = np.full((drawn.size, 1), self.samples.size / pub.n_samples)
+        delta = local_dual_steps(
+            hy.step_rule,
+            self.loss,
+            alpha=self.alpha[drawn],
+            z=z_drawn,
+            y=self.Y[drawn],
+            sq_norms=self.sq_norms[drawn],
+            lam=pub.lam,
+            n_samples=pub.n_samples,
+            beta=self.round["beta"],
+            gamma_t=self.round["gamma_t"],
+            client_weight=weight,
+        )
+        scale = self.round["gamma_t"] / pub.n_holders[self.samples[drawn]]
+        return encrypt_samples(
+            self.cipher, pub.layout, self.samples[drawn], delta * scale[:, None]
+        )
+
+    # -- 4. new duals, primal part, gain terms ----------------------------------------
+    def new_duals(self, duals: EncryptedVector) -> dict:
+        """Adopt the new duals tentatively; send the primal part and the gain terms."""
+        updated = self.round["updated_local"]
+        new = self._feasible(
+            decrypt_samples(self.cipher, self.public.layout, duals, self.samples[updated]),
+            updated,
+        )
+        self.previous = (self.alpha[updated].copy(), self.w.copy())
+        step = new - self.alpha[updated]
+        self.alpha[updated] = new
+        reply = {"primal_part": self.primal_part()}
+        if self.public.hyfdca.step_rule == "safe":
+            old = self.previous[0]
+            y = self.Y[updated]
+            weight = np.sum(step * step, axis=1)
+            reports = self.round["reports_local"]  # samples this client is first active holder of
+            conj = -(self.loss.conjugate(old + step, y) - self.loss.conjugate(old, y))
+            first = np.sum((conj - self.z * step)[reports])
+            full = np.sum((self.sq_norms[updated] * weight)[reports])
+            own = np.sum(self.own_sq[updated] * weight)
+            totals = np.array([[first, full, own]])
+            reply["totals"] = encrypt_samples(
+                self.cipher, _totals_layout(self.cipher), np.array([0]), totals
+            )
+        return reply
+
+    def verdict(self, totals: EncryptedVector, dw_sq: float) -> bool:
+        """Decrypt the summed gain terms and judge the round (the safe rule's test)."""
+        first, full, own = decrypt_samples(
+            self.cipher, _totals_layout(self.cipher), totals, np.array([0])
+        ).ravel()
+        gain, scale = dual_gain(first, full, own, dw_sq, self.public.lam, self.public.n_samples)
+        return step_verdict(gain, scale, self.round["beta"], self.round["n_draws"])
+
+    def commit(self, accepted: bool, w_local: np.ndarray) -> None:
+        if not accepted:
+            self.alpha[self.round["updated_local"]] = self.previous[0]
+        self.w = np.array(w_local, dtype=float)
+
+    def _feasible(self, values: np.ndarray, local: np.ndarray) -> np.ndarray:
+        """Project decrypted duals into the dual domain (fixed-point rounding may step out)."""
+        lo, hi = self.loss.dual_bounds(self.Y[local])
+        return np.clip(values, lo, hi)
+
+
+class Server:
+    """The coordinator: public key, ciphertexts, plaintext primal parts and ``w``."""
+
+    def __init__(self, public: Public, client_samples, client_features, cipher, rng):
+        self.public, self.cipher, self.rng = public, cipher, rng
+        self.client_samples = [np.asarray(s, dtype=np.int64) for s in client_samples]
+        self.client_features = [np.asarray(f, dtype=np.int64) for f in client_features]
+        K = len(self.client_samples)
+        C = public.n_outputs
+        self.K = K
+        n_chunks = public.layout.n_chunks
+        self.enc_alpha = np.empty(n_chunks, dtype=object)
+        self.enc_ip = np.empty((K, n_chunks), dtype=object)
+        self.chunk_updated = np.zeros(n_chunks, dtype=np.int64)
+        self.last_active = np.zeros(K, dtype=np.int64)
+        self.primal_parts = [np.zeros((f.size, C)) for f in self.client_features]
+        self.primal_sum = np.zeros((public.n_features, C))
+        self.w = np.zeros((public.n_features, C))
+        N = public.n_samples
+        H = public.hyfdca.steps_per_client(N, K)
+        self.counts = np.minimum(H, [s.size for s in self.client_samples])
+        self.beta = 1.0
+        self.beta_min = 1.0 / float(public.n_holders.max())
+        self.t = 0
+
+    # -- set-up ----------------------------------------------------------------
+    def setup(self, messages: list[dict]) -> list[EncryptedVector]:
+        """Store the encrypted zeros; sum the row norms over the holders."""
+        for k, message in enumerate(messages):
+            vec = message["zeros"]
+            self.enc_ip[k, vec.chunks] = vec.ciphertexts
+            self.enc_alpha[vec.chunks] = vec.ciphertexts  # any holder's zeros will do
+        norms = np.empty(self.public.norm_layout.n_chunks, dtype=object)
+        store = np.empty((self.K, norms.size), dtype=object)
+        for k, message in enumerate(messages):
+            store[k, message["norms"].chunks] = message["norms"].ciphertexts
+        every = np.arange(norms.size)
+        norms[:] = self._sum_over_holders(store, every, self.public.norm_layout)
+        return [self._select(norms, self.public.norm_layout, s) for s in self.client_samples]
+
+    # -- 1. configure ----------------------------------------------------------------
+    def configure(self, active: np.ndarray, was_active: np.ndarray) -> dict[int, dict]:
+        """Draw every active client's samples and tell it what this round needs."""
+        pub, hy = self.public, self.public.hyfdca
+        self.t += 1
+        t = self.t
+        self.active = np.flatnonzero(active)
+        sizes = np.array([self.client_samples[k].size for k in self.active])
+        positions = draw_local_samples(self.rng, sizes, self.counts[self.active])
+        splits = np.cumsum(self.counts[self.active])[:-1]
+        drawn = dict(zip(self.active.tolist(), np.split(positions, splits)))
+        self.updated = np.unique(
+            np.concatenate(
+                [self.client_samples[k][p] for k, p in drawn.items()] or [np.empty(0, int)]
+            )
+        ).astype(np.int64)
+        self.n_draws = int(positions.size)
+        first_active = _first_active_holder(pub.holders[self.updated], active)
+        messages = {}
+        for k in self.active.tolist():
+            samples = self.client_samples[k]
+            mine = np.isin(samples, self.updated)
+            updated_local = np.flatnonzero(mine)
+            message = {
+                "drawn_local": np.sort(drawn[k]),
+                "updated_local": updated_local,
+                "reports_local": first_active[np.searchsorted(self.updated, samples[mine])] == k,
+                "t": t,
+                "n_draws": self.n_draws,
+                "stale": None,
+            }
+            if hy.step_rule == "safe":
+                message["beta"] = self.beta
+            if not was_active[k] and t > 1:
+                stale = self.chunk_updated[pub.layout.positions(samples) // pub.layout.slots]
+                stale = stale.reshape(samples.size, pub.n_outputs).max(axis=1)
+                stale_samples = samples[stale > self.last_active[k]]
+                message["stale"] = self._select(self.enc_alpha, pub.layout, stale_samples)
+            messages[k] = message
+        self.last_active[self.active] = t
+        return messages
+
+    def refresh(self, replies: dict[int, dict]) -> dict[int, np.ndarray]:
+        """Re-aggregate ``w`` from returning clients' parts; send them their weights."""
+        for k, reply in replies.items():
+            self._set_primal_part(k, reply["primal_part"])
+        self._update_w()
+        return {k: self.w[self.client_features[k]] for k in replies}
+
+    # -- 2. SecureInnerProduct ---------------------------------------------------------
+    def sum_inner_products(self, parts: dict[int, EncryptedVector]) -> dict[int, EncryptedVector]:
+        """Store each client's encrypted parts; return ``enc(x_i^T w)`` of its updated samples."""
+        if self.public.horizontal:
+            return dict.fromkeys(parts)
+        layout = self.public.layout
+        for k, vec in parts.items():
+            self.enc_ip[k, vec.chunks] = vec.ciphertexts
+        chunks = layout.chunks_of(self.updated)
+        z = np.empty(layout.n_chunks, dtype=object)
+        z[chunks] = self._sum_over_holders(self.enc_ip, chunks, layout)
+        return {k: self._select(z, layout, self._updated_of(k)) for k in parts}
+
+    def store_inner_products(self, k: int, vec: EncryptedVector | None) -> None:
+        """The optional second SecureInnerProduct: keep the parts for later rounds."""
+        if vec is not None:
+            self.enc_ip[k, vec.chunks] = vec.ciphertexts
+
+    # -- 3. dual aggregation -------------------------------------------------------------
+    def aggregate_duals(self, steps: dict[int, EncryptedVector]) -> dict[int, EncryptedVector]:
+        """Tentative ``enc(alpha) + sum of the scaled steps``; new duals for each client."""
+        layout = self.public.layout
+        self.tentative = self.enc_alpha.copy()
+        for vec in steps.values():
+            self.tentative[vec.chunks] = self.cipher.add(self.tentative[vec.chunks],
+                                                         vec.ciphertexts)
+        return {k: self._select(self.tentative, layout, self._updated_of(k)) for k in steps}
+
+    # -- 4. primal aggregation and the verdict ----------------------------------------------
+    def aggregate_primal(self, replies: dict[int, dict]):
+        """New primal parts -> candidate ``w``; the summed gain terms for the verdict."""
+        self.saved = (list(self.primal_parts), self.primal_sum.copy(), self.w.copy())
+        for k, reply in replies.items():
+            self._set_primal_part(k, reply["primal_part"])
+        self._update_w()
+        if self.public.hyfdca.step_rule != "safe":
+            return None
+        dw = self.w - self.saved[2]
+        totals = [reply["totals"] for reply in replies.values()]
+        acc = totals[0].ciphertexts
+        for vec in totals[1:]:
+            acc = self.cipher.add(acc, vec.ciphertexts)
+        judge = int(self.active[0])
+        return judge, EncryptedVector(totals[0].chunks, acc), float(np.sum(dw * dw))
+
+    def commit(self, accepted: bool) -> dict[int, np.ndarray]:
+        """Keep or drop the round; every active client gets its features' weights."""
+        if self.public.hyfdca.step_rule == "safe":
+            self.beta = next_beta(accepted, self.beta, self.beta_min, self.n_draws)
+        if accepted:
+            self.enc_alpha = self.tentative
+            self.chunk_updated[self.public.layout.chunks_of(self.updated)] = self.t
+        else:
+            self.primal_parts, self.primal_sum, self.w = self.saved
+        return {int(k): self.w[self.client_features[k]] for k in self.active}
+
+    # -- helpers -----------------------------------------------------------------------
+    def _updated_of(self, k: int) -> np.ndarray:
+        samples = self.client_samples[k]
+        return samples[np.isin(samples, self.updated)]
+
+    def _set_primal_part(self, k: int, part: np.ndarray) -> None:
+        features = self.client_features[k]
+        self.primal_sum[features] += part - self.primal_parts[k]
+        self.primal_parts[k] = np.array(part, dtype=float)
+
+    def _update_w(self) -> None:
+        self.w = self.primal_sum / (self.public.lam * self.public.n_samples)
+
+    def _select(self, store: np.ndarray, layout: SlotLayout, samples) -> EncryptedVector:
+        chunks = layout.chunks_of(samples) if len(samples) else np.empty(0, dtype=np.int64)
+        return EncryptedVector(chunks, store[chunks])
+
+    def _sum_over_holders(self, store: np.ndarray, chunks: np.ndarray, layout: SlotLayout):
+        """``sum_{k in B} store[k, c]`` for each chunk, added in holder order."""
+        holders = layout.chunk_holders[chunks]
+        acc = store[holders[:, 0], chunks]
+        for rank in range(1, holders.shape[1]):
+            has = holders[:, rank] >= 0
+            if has.any():
+                acc[has] = self.cipher.add(acc[has], store[holders[has, rank], chunks[has]])
+        return acc
+
+
+def _first_active_holder(holders: np.ndarray, active: np.ndarray) -> np.ndarray:
+    """For each row of sorted holders (-1 padded), the first active one (or -1)."""
+    is_active = (holders >= 0) & active[np.maximum(holders, 0)]
+    first = np.argmax(is_active, axis=1)
+    found = is_active[np.arange(holders.shape[0]), first]
+    return np.where(found, holders[np.arange(holders.shape[0]), first], -1)
+
+
+def _totals_layout(cipher) -> SlotLayout:
+    """One pseudo-sample carrying the gain terms (packs into ceil(3 / slots) ciphertexts)."""
+    slots = cipher.slots
+    n_chunks = -(-GAIN_TERMS // slots)
+    return SlotLayout(
+        slots=slots,
+        n_outputs=GAIN_TERMS,
+        base=np.zeros(1, dtype=np.int64),
+        n_chunks=n_chunks,
+        chunk_holders=np.zeros((n_chunks, 1), dtype=np.int64),
+        client_chunks=np.zeros(1, dtype=np.int64),
+    )
+
+
+def build_parties(hyfdca: HyFDCA, problem: Problem, blocks: StackedBlocks, private, public_cipher,
+                  rng: np.random.Generator):
+    """The server and every client of one run, each holding only its own data."""
+    from hyfl.privacy.layout import _holder_matrix
+
+    hyfdca = hyfdca.validated()
+    C = problem.Y.shape[1]
+    public = Public(
+        n_samples=problem.n_samples,
+        n_features=problem.n_features,
+        n_outputs=C,
+        lam=problem.lam,
+        hyfdca=hyfdca,
+        layout=SlotLayout.build(blocks, private.slots, C),
+        norm_layout=SlotLayout.build(blocks, private.slots, 1),
+        n_holders=blocks.n_holders,
+        holders=_holder_matrix(blocks),
+        horizontal=bool(np.all(blocks.n_holders == 1)),
+    )
+    clients, samples_of, features_of = [], [], []
+    for k in range(blocks.n_clients):
+        samples, features, X_local = client_block(blocks, k)
+        clients.append(
+            Client(k, public, samples, features, X_local, problem.Y[samples], problem.loss,
+                   private)
+        )
+        samples_of.append(samples)
+        features_of.append(features)
+    server = Server(public, samples_of, features_of, public_cipher, rng)
+    return server, clients

@@ -1,0 +1,410 @@
+"""The message-level engine: HyFDCA's parties exchange real (encrypted) messages in-process.
+
+:func:`run_protocol` drives :mod:`hyfl.algorithms.hyfdca_parties` round by
+round through a :class:`Wire` that carries every message between the server
+and the clients. The wire counts the bytes each way (float64 values, integer
+ids, ciphertexts with their chunk ids; scalar ints and booleans are control
+fields and not counted) and can record everything the server receives. The
+cipher's own counters give the encryptions, decryptions and additions
+actually performed, and each party is timed separately, so the simulated
+time uses the slowest active client's measured compute (cryptography
+excluded: it is charged by the cost model, and reported as measured too).
+
+The same seed gives the same draws as the stacked engine
+(:func:`hyfl.runtime.simulation.simulate`), so with the ``none`` cipher both
+produce the same iterates up to rounding, and with a real cipher up to the
+fixed-point precision.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from hyfl.algorithms.hyfdca import HyFDCA
+from hyfl.algorithms.hyfdca_parties import build_parties
+from hyfl.costs import COST_COLUMNS, FLOAT_BYTES, ID_BYTES, TIME_COMPONENTS, CostModel
+from hyfl.errors import check_int, fail
+from hyfl.partition import Partition, stack
+from hyfl.privacy.layout import EncryptedVector, decrypt_samples
+from hyfl.problem import Optimum, Problem
+from hyfl.runtime.simulation import (
+    METRIC_COLUMNS,
+    RunResult,
+    Validation,
+    _progress_bar,
+    evaluate,
+    random_streams,
+)
+
+__all__ = ["Wire", "run_protocol", "METRIC_COLUMNS"]
+
+
+class Wire:
+    """Carries messages and counts what crosses it.
+
+    Parameters
+    ----------
+    ciphertext_bytes : int
+        Wire size of one ciphertext.
+    record : bool, default False
+        Keep every message the server receives (``received``) and sends
+        (``sent``) for inspection, e.g. by privacy tests.
+    """
+
+    def __init__(self, ciphertext_bytes: int, record: bool = False):
+        self.ciphertext_bytes = ciphertext_bytes
+        self.record = record
+        self.received: list[tuple[int, str, Any]] = []
+        self.sent: list[tuple[int, str, Any]] = []
+        self.reset()
+
+    def reset(self) -> None:
+        self.counts = {"floats_up": 0, "floats_down": 0, "ids_up": 0, "ids_down": 0,
+                       "ciphertexts_up": 0, "ciphertexts_down": 0}
+
+    def up(self, client: int, kind: str, payload: Any) -> Any:
+        """A message from ``client`` to the server."""
+        self._count(payload, "up")
+        if self.record:
+            self.received.append((client, kind, payload))
+        return payload
+
+    def down(self, client: int, kind: str, payload: Any) -> Any:
+        """A message from the server to ``client``."""
+        self._count(payload, "down")
+        if self.record:
+            self.sent.append((client, kind, payload))
+        return payload
+
+    def bytes(self) -> tuple[float, float]:
+        c = self.counts
+        per_ct = self.ciphertext_bytes + ID_BYTES  # each ciphertext travels with its chunk id
+        return (
+            FLOAT_BYTES * c["floats_up"] + ID_BYTES * c["ids_up"] + per_ct * c["ciphertexts_up"],
+            FLOAT_BYTES * c["floats_down"] + ID_BYTES * c["ids_down"]
+            + per_ct * c["ciphertexts_down"],
+        )
+
+    def _count(self, payload: Any, direction: str) -> None:
+        if payload is None or isinstance(payload, (bool, int, np.bool_, np.integer)):
+            return  # control fields
+        if isinstance(payload, EncryptedVector):
+            self.counts[f"ciphertexts_{direction}"] += len(payload)
+        elif isinstance(payload, dict):
+            for value in payload.values():
+                self._count(value, direction)
+        elif isinstance(payload, (list, tuple)):
+            for value in payload:
+                self._count(value, direction)
+        elif isinstance(payload, (float, np.floating)):
+            self.counts[f"floats_{direction}"] += 1
+        elif isinstance(payload, np.ndarray):
+            if payload.dtype == bool:
+                return  # flags
+            kind = "ids" if np.issubdtype(payload.dtype, np.integer) else "floats"
+            self.counts[f"{kind}_{direction}"] += int(payload.size)
+        else:
+            raise TypeError(f"cannot send {type(payload).__name__} over the wire")
+
+
+class _Timed:
+    """A cipher proxy that adds the seconds spent in cryptography to ``seconds``."""
+
+    def __init__(self, cipher):
+        self._cipher, self.seconds = cipher, 0.0
+
+    def __getattr__(self, name):
+        return getattr(self._cipher, name)
+
+    def _timed(self, name, *args):
+        tic = time.perf_counter()
+        try:
+            return getattr(self._cipher, name)(*args)
+        finally:
+            self.seconds += time.perf_counter() - tic
+
+    def encrypt(self, chunks):
+        return self._timed("encrypt", chunks)
+
+    def decrypt(self, ciphertexts):
+        return self._timed("decrypt", ciphertexts)
+
+    def add(self, a, b):
+        return self._timed("add", a, b)
+
+
+def run_protocol(
+    hyfdca: HyFDCA,
+    problem: Problem,
+    partition: Partition,
+    participation,
+    iterations: int,
+    cipher,
+    *,
+    seed: int = 0,
+    eval_every: int = 1,
+    optimum: Optimum | None = None,
+    validation: Validation | None = None,
+    train_labels: np.ndarray | None = None,
+    cost_model: CostModel | None = None,
+    wire: Wire | None = None,
+    progress: bool = False,
+    on_evaluate: Callable[[dict[str, float]], None] | None = None,
+    on_round: Callable[[Any, list], None] | None = None,
+) -> RunResult:
+    """Run HyFDCA with separate parties and real messages (see the module docstring).
+
+    Parameters
+    ----------
+    hyfdca : HyFDCA
+    problem, partition, participation, iterations, seed, eval_every, optimum,
+    validation, train_labels, progress, on_evaluate
+        As in :func:`hyfl.runtime.simulation.simulate`.
+    cipher : hyfl.privacy.ciphers.Cipher
+        The clients' cipher (with the private key); the server gets
+        ``cipher.public()``.
+    cost_model : CostModel, optional
+        Latency and per-operation HE costs for ``sim_time``; its
+        ``ciphertext_bytes`` is taken from the cipher.
+    wire : Wire, optional
+        Pass one with ``record=True`` to inspect the messages.
+    on_round : callable, optional
+        Called as ``on_round(server, clients)`` after every round (tests use it
+        to inspect what each party holds).
+
+    Returns
+    -------
+    RunResult
+        Metrics as from the stacked engine plus ``he_seconds_measured`` (the
+        real cryptography time); ``config["setup"]`` has the set-up costs.
+    """
+    if not isinstance(hyfdca, HyFDCA):
+        raise fail(
+            "algorithm",
+            f"{getattr(hyfdca, 'name', hyfdca)!r} has no encrypted protocol",
+            "Real encryption applies to hyfdca only; run other algorithms with --cipher none",
+        )
+    iterations = check_int("iterations", iterations, minimum=1)
+    eval_every = check_int("eval_every", eval_every, minimum=1)
+    blocks = stack(partition, problem.X)
+    participation_rng, algorithm_rng = random_streams(seed)
+    private = _Timed(cipher)
+    public_cipher = _Timed(cipher.public())
+    server, clients = build_parties(hyfdca, problem, blocks, private, public_cipher, algorithm_rng)
+    model = (cost_model or CostModel()).validated()
+    wire = wire or Wire(int(cipher.ciphertext_bytes))
+    wire.ciphertext_bytes = int(cipher.ciphertext_bytes)
+
+    # Set-up: encrypted zeros and the full row norms (not part of any round).
+    counters = (cipher.counts, public_cipher.counts)
+    before = [c.snapshot() for c in counters]
+    wire.reset()
+    norms = server.setup([wire.up(c.k, "setup", c.setup_messages()) for c in clients])
+    for client, vec in zip(clients, norms):
+        client.learn_norms(wire.down(client.k, "norms", vec))
+    setup_ops = _ops_since(counters, before)
+    setup = {**setup_ops, "bytes_up": wire.bytes()[0], "bytes_down": wire.bytes()[1]}
+
+    was_active = np.zeros(blocks.n_clients, dtype=bool)
+    metrics: list[dict[str, float]] = []
+    round_times = np.zeros(iterations)
+    totals = dict.fromkeys((*COST_COLUMNS, *TIME_COMPONENTS, "he_seconds_measured"), 0.0)
+    trips = 0.0
+    last_stats: dict[str, float] = {}
+
+    def record(t: int) -> None:
+        row = {"iteration": float(t)}
+        # Monitoring only: a client decrypts the server's duals to report the gap.
+        row.update(evaluate(problem, server.w, _monitor_duals(server, cipher, problem),
+                            optimum, validation, train_labels))
+        row["round_trips"] = trips
+        row["round_seconds"] = float(round_times[:t].sum())
+        row.update(totals)
+        if t > 0:
+            row.update(last_stats)
+        metrics.append(row)
+        if on_evaluate is not None:
+            on_evaluate(row)
+
+    counts_before = [c.snapshot() for c in counters]
+    record(0)
+    _restore(counters, counts_before)
+    with _progress_bar(progress, iterations, f"{hyfdca.name} ({cipher.name})") as advance:
+        for t in range(1, iterations + 1):
+            active = np.asarray(participation.active(t, participation_rng), dtype=bool)
+            if hyfdca.sip_scope == "drawn" and not active.all():
+                raise fail("sip_scope", f"'drawn' needs every client, round {t} has absent ones",
+                           "Use sip_scope='all' with partial participation")
+            wire.reset()
+            before = [c.snapshot() for c in counters]
+            clock = _Clock(private, public_cipher)
+            start = time.perf_counter()
+            accepted = _one_round(server, clients, active, was_active, wire, clock)
+            round_times[t - 1] = time.perf_counter() - start
+            newcomers = active & ~was_active
+            was_active = active.copy()
+            ops = _ops_since(counters, before)
+            stats = _round_stats(hyfdca, server, active, newcomers, t, accepted)
+            trips += stats["round_trips"]
+            bytes_up, bytes_down = wire.bytes()
+            latency = stats["round_trips"] * model.latency
+            he = model.he
+            encryption = (ops["encryptions"] * he.encrypt + ops["decryptions"] * he.decrypt
+                          + ops["additions"] * he.add)
+            client_time = max(clock.client.values(), default=0.0)
+            parts = {
+                "bytes_up": bytes_up, "bytes_down": bytes_down, **ops,
+                "time_client": client_time, "time_server": clock.server,
+                "time_latency": latency, "time_encryption": encryption,
+                "sim_time": client_time + clock.server + latency + encryption,
+                "he_seconds_measured": clock.crypto,
+            }
+            for key, value in parts.items():
+                totals[key] += float(value)
+            last_stats = {k: v for k, v in stats.items() if k != "round_trips"}
+            last_stats.update({k: float(v) for k, v in wire.counts.items()})
+            if on_round is not None:
+                on_round(server, clients)
+            if t % eval_every == 0 or t == iterations:
+                counts_before = [c.snapshot() for c in counters]
+                record(t)
+                _restore(counters, counts_before)
+                advance(t, metrics[-1])
+            elif progress:
+                advance(t, None)
+
+    return RunResult(
+        metrics=metrics,
+        weights=np.array(server.w, copy=True),
+        duals=_monitor_duals(server, cipher, problem),
+        round_times=round_times,
+        config={
+            "algorithm": hyfdca.config(),
+            "engine": "protocol",
+            "cipher": cipher.describe(),
+            "seed": seed,
+            "iterations": iterations,
+            "optimum_primal": optimum.primal if optimum else None,
+            "costs": model.describe(),
+            "setup": {k: float(v) for k, v in setup.items()},
+        },
+    )
+
+
+class _Clock:
+    """Per-party compute time of one round, cryptography excluded."""
+
+    def __init__(self, private: _Timed, public: _Timed):
+        self.private, self.public = private, public
+        self.client: dict[int, float] = {}
+        self.server = 0.0
+        self.crypto = 0.0
+
+    def run(self, who, fn, *args):
+        cipher = self.public if who == "server" else self.private
+        crypto_before = cipher.seconds
+        tic = time.perf_counter()
+        out = fn(*args)
+        elapsed = time.perf_counter() - tic
+        crypto = cipher.seconds - crypto_before
+        self.crypto += crypto
+        if who == "server":
+            self.server += elapsed - crypto
+        else:
+            self.client[who] = self.client.get(who, 0.0) + elapsed - crypto
+        return out
+
+
+def _one_round(server, clients, active, was_active, wire: Wire, clock: _Clock) -> bool:
+    """One outer iteration, message by message. Returns the verdict."""
+    configure = clock.run("server", server.configure, active, was_active)
+    refresh = {}
+    for k, message in configure.items():
+        reply = clock.run(k, clients[k].configure, wire.down(k, "configure", message))
+        if reply is not None:
+            refresh[k] = wire.up(k, "primal_part", reply)
+    if refresh:
+        for k, w_local in clock.run("server", server.refresh, refresh).items():
+            clock.run(k, clients[k].receive_weights, wire.down(k, "weights", w_local))
+
+    parts = {}
+    for k in configure:
+        vec = clock.run(k, clients[k].inner_products)
+        parts[k] = wire.up(k, "inner_products", vec) if vec is not None else None
+    sums = clock.run("server", server.sum_inner_products, parts)
+
+    steps = {}
+    for k in configure:
+        z = wire.down(k, "inner_products", sums[k]) if sums[k] is not None else None
+        steps[k] = wire.up(k, "dual_steps", clock.run(k, clients[k].dual_steps, z))
+    duals = clock.run("server", server.aggregate_duals, steps)
+
+    replies = {}
+    for k in configure:
+        vec = wire.down(k, "duals", duals[k])
+        replies[k] = wire.up(k, "primal_part", clock.run(k, clients[k].new_duals, vec))
+    check = clock.run("server", server.aggregate_primal, replies)
+    accepted = True
+    if check is not None:
+        judge, totals, dw_sq = check
+        wire.down(judge, "totals", {"totals": totals, "dw_sq": dw_sq})
+        accepted = bool(wire.up(judge, "verdict", clock.run(judge, clients[judge].verdict,
+                                                            totals, dw_sq)))
+    for k, w_local in clock.run("server", server.commit, accepted).items():
+        clock.run(k, clients[k].commit, accepted, wire.down(k, "weights", w_local))
+    if server.public.hyfdca.refresh_inner_products:
+        for k in configure:
+            vec = clock.run(k, clients[k].inner_products, True)
+            clock.run("server", server.store_inner_products, k, wire.up(k, "inner_products", vec))
+    return accepted
+
+
+def _round_stats(hyfdca: HyFDCA, server, active, newcomers, t, accepted) -> dict[str, float]:
+    trips = 2.0
+    if newcomers.any() and t > 1:
+        trips += 1.5
+    if not server.public.horizontal:
+        trips += 1.0
+    if hyfdca.refresh_inner_products:
+        trips += 1.0
+    if hyfdca.step_rule == "safe":
+        trips += 1.0
+    stats = {
+        "round_trips": trips,
+        "active_clients": float(np.count_nonzero(active)),
+        "updated_samples": float(server.updated.size),
+        "accepted": float(accepted),
+    }
+    if hyfdca.step_rule == "safe":
+        stats["beta"] = server.beta
+    return stats
+
+
+def _ops_since(counters, before) -> dict[str, int]:
+    out = {"encryptions": 0, "decryptions": 0, "additions": 0}
+    for counter, old in zip(counters, before):
+        diff = counter - old
+        out["encryptions"] += diff.encryptions
+        out["decryptions"] += diff.decryptions
+        out["additions"] += diff.additions
+    return out
+
+
+def _restore(counters, snapshots) -> None:
+    """Undo the operations of monitoring (they are not part of the protocol)."""
+    for counter, old in zip(counters, snapshots):
+        counter.encryptions, counter.decryptions, counter.additions = (
+            old.encryptions, old.decryptions, old.additions
+        )
+
+
+def _monitor_duals(server, cipher, problem: Problem) -> np.ndarray:
+    """Decrypt the server's duals with a client's key (monitoring, not protocol)."""
+    layout = server.public.layout
+    every = np.arange(problem.n_samples)
+    return decrypt_samples(cipher, layout, EncryptedVector(np.arange(layout.n_chunks),
+                                                          server.enc_alpha), every)
