@@ -26,9 +26,7 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -228,38 +226,20 @@ def print_table(result: dict) -> None:
 
 
 def environment() -> dict:
+    """The machine description of the HyFDCA benchmark plus the big-integer libraries."""
     import gmpy2
     import phe
 
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_hyfdca import environment as machine
+
     return {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "numpy": np.__version__,
+        **machine(),
         "phe": phe.__version__,
         "gmpy2": gmpy2.version(),
         "phe_uses_gmpy2": bool(phe.util.HAVE_GMP),
-        "load_average": os.getloadavg(),
-        "commit": _git("rev-parse", "--short", "HEAD"),
-        "dirty": _git("status", "--porcelain", "--untracked-files=no", "--", "src"),
     }
-
-
-def _git(*args) -> str:
-    try:
-        done = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
-    except OSError:
-        return "?"
-    return done.stdout.strip() if done.returncode == 0 else "?"
 
 
 def _loads(values) -> str:

@@ -155,6 +155,7 @@ def run_protocol(
     progress: bool = False,
     on_evaluate: Callable[[dict[str, float]], None] | None = None,
     on_round: Callable[[Any, list], None] | None = None,
+    monitor_duals: bool = True,
 ) -> RunResult:
     """Run HyFDCA with separate parties and real messages (see the module docstring).
 
@@ -175,6 +176,11 @@ def run_protocol(
     on_round : callable, optional
         Called as ``on_round(server, clients)`` after every round (tests use it
         to inspect what each party holds).
+    monitor_duals : bool, default True
+        Decrypt the server's duals at each evaluation (with a client's key,
+        outside the protocol and its counts) to report the dual objective and
+        the gap. Costs one decryption per ciphertext of the duals; turn off
+        for large problems (dual and gap are then NaN).
 
     Returns
     -------
@@ -219,8 +225,8 @@ def run_protocol(
     def record(t: int) -> None:
         row = {"iteration": float(t)}
         # Monitoring only: a client decrypts the server's duals to report the gap.
-        row.update(evaluate(problem, server.w, _monitor_duals(server, cipher, problem),
-                            optimum, validation, train_labels))
+        duals = _monitor_duals(server, cipher, problem) if monitor_duals else None
+        row.update(evaluate(problem, server.w, duals, optimum, validation, train_labels))
         row["round_trips"] = trips
         row["round_seconds"] = float(round_times[:t].sum())
         row.update(totals)
@@ -280,7 +286,7 @@ def run_protocol(
     return RunResult(
         metrics=metrics,
         weights=np.array(server.w, copy=True),
-        duals=_monitor_duals(server, cipher, problem),
+        duals=_monitor_duals(server, cipher, problem) if monitor_duals else None,
         round_times=round_times,
         config={
             "algorithm": hyfdca.config(),

@@ -1,0 +1,151 @@
+"""Cost of HyFDCA outer iterations with real homomorphic encryption.
+
+Runs the message-level engine (:func:`hyfl.runtime.protocol.run_protocol`,
+separate parties, the server holding only the public key) on ijcnn1 split
+3 x 3 (a hybrid grid: 9 clients, each sample held by 3 clients, each feature
+by 3), with 2048-bit keys, and reports per outer iteration: wall time, time
+spent in real cryptography, encryptions, decryptions, additions, bytes each
+way, and the simulated time charged with the per-operation costs measured
+here by :func:`hyfl.privacy.ciphers.calibrate`.
+
+Cases:
+
+* ``packed-full``: packed Paillier, full participation, SecureInnerProduct
+  scoped to the drawn samples (section 7.1's count), IIC 0.5 (the default).
+* ``packed-partial``: packed Paillier, half the clients per round, every
+  client re-sends all its inner products (Algorithm 2), IIC 0.5.
+* ``paillier-full-small`` and ``packed-full-small``: per-value against packed
+  Paillier on the same rounds with IIC 0.05 (per-value Paillier at IIC 0.5
+  would take about ten minutes per round on this machine).
+
+Usage::
+
+    python benchmarks/bench_protocol.py                  # all cases (~3 minutes)
+    python benchmarks/bench_protocol.py --quick          # 512-bit keys, seconds
+    python benchmarks/bench_protocol.py --markdown out.md --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_hyfdca import environment  # noqa: E402
+
+CASES = {
+    "packed-full": dict(cipher="packed", fraction=1.0, scope="drawn", iic=0.5),
+    "packed-partial": dict(cipher="packed", fraction=0.5, scope="all", iic=0.5),
+    "paillier-full-small": dict(cipher="paillier", fraction=1.0, scope="drawn", iic=0.05),
+    "packed-full-small": dict(cipher="packed", fraction=1.0, scope="drawn", iic=0.05),
+}
+
+
+def run_case(name: str, key_bits: int, rounds: int, seed: int = 0) -> dict:
+    from hyfl.algorithms.hyfdca import HyFDCA
+    from hyfl.costs import CostModel, HECosts
+    from hyfl.data import load_dataset
+    from hyfl.partition import Full, RandomFraction, parse_partition
+    from hyfl.privacy.ciphers import calibrate, make_cipher
+    from hyfl.problem import make_problem
+    from hyfl.runtime.protocol import run_protocol
+
+    case = CASES[name]
+    data = load_dataset("ijcnn1")
+    problem = make_problem(data, "hinge", 5e-5)
+    partition = parse_partition("grid:3x3", problem.X, seed=seed, meta=data.meta)
+    K = partition.n_clients
+    participation = Full(K) if case["fraction"] == 1.0 else RandomFraction(K, case["fraction"])
+    tic = time.perf_counter()
+    cipher = make_cipher(case["cipher"], key_bits=key_bits)
+    keygen = time.perf_counter() - tic
+    measured = calibrate(cipher, n_values=50)
+    model = CostModel(he=HECosts(measured["encrypt"], measured["decrypt"], measured["add"],
+                                 source="measured"))
+    hyfdca = HyFDCA(iic=case["iic"], sip_scope=case["scope"])
+    tic = time.perf_counter()
+    result = run_protocol(hyfdca, problem, partition, participation, rounds, cipher, seed=seed,
+                          eval_every=rounds, cost_model=model, monitor_duals=False)
+    total = time.perf_counter() - tic
+    final = result.final
+    per = {k: final[k] / rounds for k in (
+        "encryptions", "decryptions", "additions", "bytes_up", "bytes_down", "sim_time",
+        "time_client", "time_server", "time_encryption", "he_seconds_measured")}
+    return {
+        "case": name,
+        **case,
+        "key_bits": key_bits,
+        "slots": cipher.slots,
+        "clients": K,
+        "samples": problem.n_samples,
+        "rounds": rounds,
+        "keygen_s": keygen,
+        "setup": result.config["setup"],
+        "round_s": float(np.mean(result.round_times)),
+        "round_s_each": result.round_times.tolist(),
+        "total_s": total,
+        **{f"per_round_{k}": v for k, v in per.items()},
+        "measured_costs": measured,
+    }
+
+
+def markdown(rows: list[dict], env: dict) -> str:
+    lines = [
+        f"Machine: {env['cpu']}, {env['cores']} cores, Python {env['python']}; "
+        f"commit {env['commit']}{' (dirty)' if env['dirty'] else ''}; "
+        f"{time.strftime('%Y-%m-%d')}.",
+        "",
+        "| case | cipher (slots) | participation | IIC | wall s / round | crypto s / round "
+        "| enc / round | dec / round | add / round | MB up / down per round "
+        "| sim. s / round (client + server + HE) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['case']} | {r['cipher']} ({r['slots']}) | {r['fraction']:.1f} ({r['scope']}) "
+            f"| {r['iic']} | {r['round_s']:.2f} | {r['per_round_he_seconds_measured']:.2f} "
+            f"| {r['per_round_encryptions']:.0f} | {r['per_round_decryptions']:.0f} "
+            f"| {r['per_round_additions']:.0f} "
+            f"| {r['per_round_bytes_up'] / 1e6:.2f} / {r['per_round_bytes_down'] / 1e6:.2f} "
+            f"| {r['per_round_sim_time']:.2f} ({r['per_round_time_client']:.3f} + "
+            f"{r['per_round_time_server']:.3f} + {r['per_round_time_encryption']:.2f}) |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--key-bits", type=int, default=2048)
+    parser.add_argument("--quick", action="store_true", help="512-bit keys, 1 round, small cases")
+    parser.add_argument("--markdown", type=Path)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    names = args.cases.split(",")
+    if args.quick:
+        args.key_bits, args.rounds = 512, 1
+        names = [n for n in names if n.endswith("small")]
+    env = environment()
+    rows = []
+    for name in names:
+        row = run_case(name, args.key_bits, args.rounds)
+        rows.append(row)
+        print(f"{name}: {row['round_s']:.2f} s/round, {row['per_round_encryptions']:.0f} enc, "
+              f"{row['per_round_decryptions']:.0f} dec", flush=True)
+        if args.json:
+            args.json.write_text(json.dumps({"environment": env, "results": rows}, indent=2))
+    table = markdown(rows, env)
+    print(table)
+    if args.markdown:
+        args.markdown.write_text(table + "\n")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
