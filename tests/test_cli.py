@@ -9,6 +9,10 @@ from hyfl.cli import app
 
 runner = CliRunner()
 REQUIRED = {"iteration", "primal", "dual", "gap", "relative_loss", "val_accuracy", "round_trips"}
+COSTS = {
+    "bytes_up", "bytes_down", "encryptions", "decryptions", "additions", "sim_time",
+    "time_client", "time_server", "time_latency", "time_encryption",
+}
 
 
 def test_run_writes_metrics_and_run_record(tmp_path):
@@ -46,13 +50,17 @@ def test_run_writes_metrics_and_run_record(tmp_path):
     )
     assert result.exit_code == 0, result.output
     rows = list(csv.DictReader(open(out / "metrics.csv")))
-    assert REQUIRED <= set(rows[0])
+    assert REQUIRED | COSTS <= set(rows[0])
     assert [int(float(r["iteration"])) for r in rows] == [0, 10, 20, 30, 40, 50, 60]
+    assert float(rows[-1]["sim_time"]) > 0 and float(rows[-1]["encryptions"]) > 0
     assert float(rows[-1]["relative_loss"]) < float(rows[0]["relative_loss"])
     record = json.loads((out / "run.json").read_text())
     assert record["spec"]["partition"] == "grid:3x3"
     assert record["summary"]["n_clients"] == 9
     assert record["summary"]["local_steps"] == 36  # ceil(0.2 * 1600 / 9)
+    assert record["engine"] == "simulation" and record["cipher"]["name"] == "none"
+    assert record["spec"]["he_costs"] == "paper" and record["costs"]["latency"] == 0.0
+    assert "sim_time" in result.output  # the cost table
     assert (out / "loss.png").stat().st_size > 1000
 
 
@@ -119,7 +127,9 @@ def test_compare_runs_algorithms_on_one_trace(tmp_path):
     rows = list(csv.DictReader(open(out / "summary.csv")))
     assert [r["algorithm"] for r in rows] == ["hyfdca", "fedavg", "hyfem"]
     assert {"final_relative_loss", "best_val_accuracy", "rounds_to_1e-3"} <= set(rows[0])
+    assert {"sim_time", "bytes_up", "time_encryption_per_iter"} <= set(rows[0])
     assert (out / "compare.png").stat().st_size > 1000
+    assert (out / "costs.png").stat().st_size > 1000
     record = json.loads((out / "fedavg" / "run.json").read_text())
     assert record["algorithm"]["a"] == 0.05
     # the same participation trace: identical active-client counts per round

@@ -8,10 +8,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from hyfl.costs import HE_COST_SOURCES
 from hyfl.errors import HyflError, fail
+from hyfl.privacy.ciphers import CIPHERS
 
 app = typer.Typer(
     add_completion=False,
@@ -52,6 +55,36 @@ EvalEvery = Annotated[int, typer.Option(help="Evaluate every N outer iterations.
 Seed = Annotated[int, typer.Option(help="Seed for partition, participation and sampling.")]
 DataDir = Annotated[str | None, typer.Option(help="Folder with dataset files.")]
 Progress = Annotated[bool, typer.Option(help="Show a progress bar.")]
+CipherOpt = Annotated[
+    str,
+    typer.Option(
+        help=f"HyFDCA's homomorphic encryption: {' | '.join(CIPHERS)}. 'none' simulates it "
+        "(ciphertexts and HE operations counted and charged, nothing encrypted); a real "
+        "cipher runs HyFDCA as separate parties with real encryption (slower). Other "
+        "algorithms never encrypt (zero HE operations): with them a real cipher only "
+        "means that HyFDCA in the same comparison is encrypted."
+    ),
+]
+KeyBits = Annotated[
+    int | None,
+    typer.Option(help="Paillier modulus size in bits (default 2048; 512 or 1024 for quick tests)."),
+]
+Latency = Annotated[
+    float,
+    typer.Option(
+        metavar="SECONDS",
+        help="Network latency per round trip added to the simulated time "
+        "(the paper used 0, 0.2575 and 0.8).",
+    ),
+]
+HeCosts = Annotated[
+    str,
+    typer.Option(
+        metavar="|".join(HE_COST_SOURCES) + "|FILE",
+        help="Seconds per HE operation in the simulated time: 'paper' (the paper's Paillier "
+        "figures), 'measured' (this machine, from `hyfl calibrate`) or a JSON file.",
+    ),
+]
 
 
 def _fail(err: HyflError) -> None:
@@ -122,10 +155,18 @@ def run(
     eval_every: EvalEvery = 1,
     seed: Seed = 0,
     data_dir: DataDir = None,
+    cipher: CipherOpt = "none",
+    key_bits: KeyBits = None,
+    latency: Latency = 0.0,
+    he_costs: HeCosts = "paper",
     out: Annotated[Path, typer.Option(help="Output folder.")] = Path("hyfl-run"),
     progress: Progress = True,
 ):
-    """Run one federated training job; write DIR/metrics.csv, DIR/run.json and DIR/loss.png."""
+    """Run one federated training job; write DIR/metrics.csv, DIR/run.json and DIR/loss.png.
+
+    Prints the result against the centralized optimum and the simulated cost:
+    time per outer iteration by component, bytes each way and HE operations.
+    """
     from hyfl.experiments.runner import RunSpec, execute
 
     try:
@@ -144,11 +185,16 @@ def run(
             eval_every=eval_every,
             seed=seed,
             data_dir=data_dir,
+            cipher=cipher,
+            key_bits=key_bits,
+            latency=latency,
+            he_costs=he_costs,
         )
         outcome = execute(spec, out, progress=progress)
     except HyflError as err:
         _fail(err)
     _print_summary(outcome)
+    _print_costs(outcome)
 
 
 @app.command()
@@ -174,6 +220,10 @@ def compare(
     eval_every: EvalEvery = 1,
     seed: Seed = 0,
     data_dir: DataDir = None,
+    cipher: CipherOpt = "none",
+    key_bits: KeyBits = None,
+    latency: Latency = 0.0,
+    he_costs: HeCosts = "paper",
     out: Annotated[Path, typer.Option(help="Output folder.")] = Path("hyfl-compare"),
     progress: Progress = True,
 ):
@@ -181,8 +231,15 @@ def compare(
 
     Shared flags apply to every algorithm that has the hyperparameter; use
     --param ALGORITHM.KEY=VALUE for one algorithm only (e.g. --param fedavg.iic=0.25).
+    Writes DIR/summary.csv, summary.md, compare.png (against outer iterations and
+    simulated time) and costs.png (time per outer iteration by component).
     """
-    from hyfl.experiments.runner import RunSpec, summary_rows
+    from hyfl.experiments.runner import (
+        CONVERGENCE_COLUMNS,
+        COST_SUMMARY_COLUMNS,
+        RunSpec,
+        summary_rows,
+    )
     from hyfl.experiments.runner import compare as run_compare
 
     try:
@@ -202,18 +259,75 @@ def compare(
             eval_every=eval_every,
             seed=seed,
             data_dir=data_dir,
+            cipher=cipher,
+            key_bits=key_bits,
+            latency=latency,
+            he_costs=he_costs,
         )
         outcomes = run_compare(spec, names, out, progress=progress)
     except HyflError as err:
         _fail(err)
-    table = Table(title=f"{data}, {partition}, participation {participation}")
     rows = summary_rows(outcomes)
-    for column in rows[0]:
-        table.add_column(column, justify="left" if column == "algorithm" else "right")
-    for row in rows:
-        table.add_row(*[_cell(v) for v in row.values()])
+    title = f"{data}, {partition}, participation {participation}"
+    encrypted = [r["algorithm"] for r in rows if r["engine"] == "protocol"]
+    cost_title = (
+        f"simulated cost (latency {latency:g} s, HE costs {he_costs}); "
+        "client, server, latency and HE: seconds per outer iteration"
+        + (f"; {', '.join(encrypted)} really encrypted ({cipher})" if encrypted else "")
+    )
+    cost_columns = [c for c in COST_SUMMARY_COLUMNS if c != "engine"]
+    for columns, caption in [(CONVERGENCE_COLUMNS, title), (cost_columns, cost_title)]:
+        table = Table(title=caption, box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+        for column in columns:
+            header = _HEADERS.get(column, column)
+            table.add_column(header, justify="left" if column == "algorithm" else "right")
+        for row in rows:
+            table.add_row(*[_summary_cell(c, row[c]) for c in columns])
+        console.print(table)
+    console.print(
+        f"wrote {out}/summary.csv, summary.md, compare.png, costs.png and one folder per algorithm"
+    )
+
+
+@app.command()
+def calibrate(
+    cipher: Annotated[
+        str, typer.Option(help=f"Cipher to measure: {' | '.join(CIPHERS)} | all.")
+    ],
+    key_bits: KeyBits = None,
+    n: Annotated[int, typer.Option(help="Ciphertexts per measured batch.")] = 200,
+    output: Annotated[
+        Path | None,
+        typer.Option(help="JSON file to merge the results into (default: the HE cost cache)."),
+    ] = None,
+):
+    """Measure this machine's seconds per HE operation; `--he-costs measured` then uses them.
+
+    The default file is $HYFL_CACHE/he-costs.json (HYFL_CACHE defaults to ~/.cache/hyfl).
+    """
+    from hyfl.experiments.runner import calibrate_ciphers
+
+    try:
+        records, path = calibrate_ciphers(cipher, key_bits=key_bits, n_values=n, output=output)
+    except HyflError as err:
+        _fail(err)
+    table = Table(title="time per homomorphic operation on this machine")
+    for column in ("cipher", "key bits", "slots", "operation", "per ciphertext", "per value"):
+        table.add_column(column, justify="left" if column in ("cipher", "operation") else "right")
+    for name, r in records.items():
+        for i, op in enumerate(("encrypt", "decrypt", "add")):
+            first = i == 0
+            table.add_row(
+                name if first else "",
+                str(r["key_bits"]) if first else "",
+                str(r["slots"]) if first else "",
+                op,
+                _seconds(r[op]),
+                _seconds(r[f"{op}_per_value"]),
+            )
+        table.add_section()
     console.print(table)
-    console.print(f"wrote {out}/summary.csv, summary.md, compare.png and one folder per algorithm")
+    console.print(f"wrote {path}")
 
 
 @app.command()
@@ -253,6 +367,37 @@ def _hyper(iic, local_steps, step_rule, a, b, mu, eta0, batch_size, param) -> di
     return {**{k: v for k, v in named.items() if v is not None}, **_parse_params(param)}
 
 
+_HEADERS = {
+    "final_relative_loss": "rel. loss",
+    "best_val_accuracy": "best val. acc.",
+    "rounds_to_1e-1": "to 1e-1",
+    "rounds_to_1e-2": "to 1e-2",
+    "rounds_to_1e-3": "to 1e-3",
+    "round_trips": "round trips",
+    "median_round_ms": "ms/round",
+    "bytes_up": "up",
+    "bytes_down": "down",
+    "encryptions": "enc.",
+    "decryptions": "dec.",
+    "time_client_per_iter": "client",
+    "time_server_per_iter": "server",
+    "time_latency_per_iter": "latency",
+    "time_encryption_per_iter": "HE",
+}
+
+
+def _summary_cell(column: str, value) -> str:
+    if value is None or value != value:
+        return "-"
+    if column.startswith("bytes_"):
+        return _bytes(value)
+    if column == "sim_time" or column.endswith("_per_iter"):
+        return _seconds(value)
+    if column in ("encryptions", "decryptions"):
+        return f"{int(value):,}"
+    return _cell(value)
+
+
 def _cell(value) -> str:
     if value is None:
         return "-"
@@ -284,6 +429,63 @@ def _print_summary(outcome) -> None:
     console.print(table)
     if outcome.out_dir is not None:
         console.print(f"wrote {outcome.out_dir}/metrics.csv, run.json and loss.png")
+
+
+def _print_costs(outcome) -> None:
+    s = outcome.summary
+    costs = s["costs"]
+    per, totals = costs["per_iteration"], costs["totals"]
+    iterations = int(s["final"]["iteration"])
+    he = outcome.result.config.get("costs", {}).get("he_costs", {})
+    table = Table(
+        title=f"simulated cost ({s['engine']} engine, cipher {s['cipher']}, "
+        f"latency {outcome.spec.latency:g} s)",
+        caption=f"HE costs: {he.get('source', outcome.spec.he_costs)}",
+    )
+    table.add_column("")
+    table.add_column("per iteration", justify="right")
+    table.add_column(f"total ({iterations} it.)", justify="right")
+    table.add_column("share", justify="right")
+    labels = {
+        "time_client": "client compute",
+        "time_server": "server compute",
+        "time_latency": "latency",
+        "time_encryption": "encryption",
+    }
+    total_time = per["sim_time"]
+    for key, label in labels.items():
+        share = f"{per[key] / total_time:.1%}" if total_time > 0 else "-"
+        table.add_row(label, _seconds(per[key]), _seconds(per[key] * iterations), share)
+    table.add_row("[bold]sim_time[/]", _seconds(total_time), _seconds(totals["sim_time"]), "")
+    table.add_section()
+    table.add_row("bytes up", "", _bytes(totals["bytes_up"]), "")
+    table.add_row("bytes down", "", _bytes(totals["bytes_down"]), "")
+    for key in ("encryptions", "decryptions", "additions"):
+        table.add_row(key, "", f"{int(totals[key]):,}", "")
+    table.add_row("round trips", "", f"{totals['round_trips']:.1f}", "")
+    if "he_seconds_measured" in costs:
+        table.add_row("crypto, measured", "", _seconds(costs["he_seconds_measured"]), "")
+    console.print(table)
+
+
+def _seconds(value: float | None) -> str:
+    if value is None or value != value:
+        return "-"
+    if value >= 1000:
+        return f"{value:,.0f} s"
+    if value >= 1 or value == 0:
+        return f"{value:.3g} s"
+    if value >= 1e-3:
+        return f"{1e3 * value:.3g} ms"
+    return f"{1e6 * value:.3g} µs"
+
+
+def _bytes(value: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(value) < 1000 or unit == "GB":
+            return f"{value:.3g} {unit}" if unit != "B" else f"{int(value)} B"
+        value /= 1000
+    return f"{value:.4g} GB"  # pragma: no cover
 
 
 if __name__ == "__main__":  # pragma: no cover

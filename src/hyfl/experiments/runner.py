@@ -2,14 +2,24 @@
 
 :class:`RunSpec` is the full configuration of one run (what ``hyfl run``'s
 flags describe); :func:`execute` resolves data, problem, centralized optimum,
-partition, participation and algorithm, runs the simulation and writes
-``metrics.csv``, ``run.json`` and ``loss.png`` into the output folder.
+partition, participation, algorithm, cipher and cost model, runs the job and
+writes ``metrics.csv``, ``run.json`` and ``loss.png`` into the output folder.
+
+Which engine runs a job: HyFDCA with a real cipher (``paillier``, ``packed``)
+runs as separate parties exchanging encrypted messages
+(:func:`~hyfl.runtime.protocol.run_protocol`); everything else (cipher
+``none``, and every other algorithm, which does no homomorphic encryption) runs
+in the fast stacked engine (:func:`~hyfl.runtime.simulation.simulate`), which
+counts the ciphertexts the cipher would produce. Both charge the same
+:class:`~hyfl.costs.CostModel` (latency per round trip, seconds per HE
+operation) in ``sim_time``.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import math
 import platform
 import time
 from dataclasses import asdict, dataclass, field
@@ -20,11 +30,21 @@ import numpy as np
 
 from hyfl import __version__
 from hyfl.algorithms import algorithm_names, make_algorithm
+from hyfl.algorithms.hyfdca import HyFDCA
+from hyfl.costs import (
+    COST_COLUMNS,
+    TIME_COMPONENTS,
+    CostModel,
+    load_he_costs,
+    save_calibration,
+)
 from hyfl.data import default_lambda, train_validation
 from hyfl.errors import check_choice, check_int, fail
 from hyfl.losses import LOSSES
 from hyfl.partition import parse_participation, parse_partition
+from hyfl.privacy.ciphers import CIPHERS, calibrate, check_keybits, make_cipher
 from hyfl.problem import make_problem, solve_centralized
+from hyfl.runtime.protocol import run_protocol
 from hyfl.runtime.simulation import METRIC_COLUMNS, RunResult, Validation, simulate
 
 FALLBACK_LAMBDA = 1e-4
@@ -38,6 +58,14 @@ class RunSpec:
     ``{"iic": 7.4e-4}`` for HyFDCA or ``{"a": 0.05, "b": 1.0}`` for FedAvg);
     ``hyfl compare`` also accepts ``"fedavg.a"``-style keys that apply to one
     algorithm only.
+
+    ``cipher`` (a name in :data:`~hyfl.privacy.ciphers.CIPHERS`) and
+    ``key_bits`` choose HyFDCA's homomorphic encryption: ``none`` simulates it
+    (ciphertexts and operations counted, nothing encrypted), a real cipher
+    runs HyFDCA's parties with real encryption. Other algorithms never
+    encrypt. ``latency`` (seconds per round trip) and ``he_costs`` (``paper``,
+    ``measured`` or a JSON file, see :func:`hyfl.costs.load_he_costs`) make
+    the cost model of the simulated time.
     """
 
     algorithm: str = "hyfdca"
@@ -53,6 +81,10 @@ class RunSpec:
     eval_every: int = 1
     seed: int = 0
     data_dir: str | None = None
+    cipher: str = "none"
+    key_bits: int | None = None
+    latency: float = 0.0
+    he_costs: str = "paper"
 
     def validated(self) -> RunSpec:
         check_choice("algorithm", self.algorithm, algorithm_names())
@@ -64,7 +96,27 @@ class RunSpec:
             raise fail("--iic and --local-steps", "were both given", "Give only one of them.")
         if self.val is not None and self.val_fraction is not None:
             raise fail("--val and --val-fraction", "were both given", "Give only one of them.")
+        check_choice("cipher", self.cipher, CIPHERS)
+        if self.key_bits is not None:
+            check_keybits(self.key_bits)
+        _check_latency(self.latency)
+        self.cost_model()  # resolves he_costs now, before any data is loaded
         return self
+
+    def cost_model(self) -> CostModel:
+        """Latency and per-operation HE costs (reads the calibration file if asked to)."""
+        if not isinstance(self.he_costs, str) or not self.he_costs.strip():
+            raise fail(
+                "--he-costs",
+                f"is {self.he_costs!r}",
+                "Pass paper, measured (after `hyfl calibrate`) or a JSON file.",
+            )
+        he = load_he_costs(self.he_costs, self.cipher)
+        return CostModel(latency=float(self.latency), he=he).validated()
+
+    def uses_protocol(self, algorithm) -> bool:
+        """Whether ``algorithm`` runs with real encryption (HyFDCA and a real cipher)."""
+        return self.cipher != "none" and isinstance(algorithm, HyFDCA)
 
     def hyper_for(self, name: str, *, only_accepted: bool = False) -> dict[str, Any]:
         """Hyperparameters for algorithm ``name``: shared keys, then ``name.key`` overrides.
@@ -84,6 +136,20 @@ class RunSpec:
         return {**shared, **specific}
 
 
+def _check_latency(latency: float) -> float:
+    try:
+        value = float(latency)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise fail(
+            "--latency",
+            f"must be seconds >= 0, got {latency!r}",
+            "Pass seconds per round trip, e.g. --latency 0.2575 (the paper used 0, 0.2575, 0.8).",
+        )
+    return value
+
+
 @dataclass
 class RunOutcome:
     """What :func:`execute` produced."""
@@ -99,7 +165,11 @@ class RunOutcome:
 
 @dataclass(frozen=True)
 class Setup:
-    """Data, problem, optimum, partition and participation shared by runs."""
+    """Data, problem, optimum, partition, participation, cipher and cost model shared by runs.
+
+    The cipher (with its key pair) is built once and shared by the runs of a
+    comparison; each run counts its own operations.
+    """
 
     train: Any
     problem: Any
@@ -107,11 +177,14 @@ class Setup:
     partition: Any
     participation: Any
     validation: Validation | None
+    cipher: Any = None
+    cost_model: CostModel = field(default_factory=CostModel)
 
 
 def prepare(spec: RunSpec) -> Setup:
-    """Load data and build problem, optimum, partition and participation."""
+    """Load data and build problem, optimum, partition, participation, cipher and cost model."""
     spec.validated()
+    cost_model = spec.cost_model()
     train, val = train_validation(
         spec.data,
         val=spec.val,
@@ -125,7 +198,10 @@ def prepare(spec: RunSpec) -> Setup:
     partition = parse_partition(spec.partition, problem.X, seed=spec.seed, meta=train.meta)
     participation = parse_participation(spec.participation, partition.n_clients)
     validation = Validation(val.X, val.y) if val is not None else None
-    return Setup(train, problem, optimum, partition, participation, validation)
+    cipher = make_cipher(spec.cipher, key_bits=spec.key_bits)
+    return Setup(
+        train, problem, optimum, partition, participation, validation, cipher, cost_model
+    )
 
 
 def run_prepared(
@@ -135,19 +211,21 @@ def run_prepared(
     started = time.time()
     algorithm = make_algorithm(name, hyper)
     problem, validation = setup.problem, setup.validation
-    result = simulate(
-        algorithm,
-        problem,
-        setup.partition,
-        setup.participation,
-        spec.iterations,
+    cipher = setup.cipher if setup.cipher is not None else make_cipher("none")
+    common = dict(
         seed=spec.seed,
         eval_every=spec.eval_every,
         optimum=setup.optimum,
         validation=validation,
         train_labels=setup.train.y,
+        cost_model=setup.cost_model,
         progress=progress,
     )
+    args = (algorithm, problem, setup.partition, setup.participation, spec.iterations)
+    if spec.uses_protocol(algorithm):
+        result = run_protocol(*args, cipher, **common)
+    else:
+        result = simulate(*args, cipher=cipher, **common)
     opt_val_acc = (
         problem.accuracy(validation.X, validation.y, setup.optimum.w) if validation else np.nan
     )
@@ -163,6 +241,9 @@ def run_prepared(
             for tol in (1e-1, 1e-2, 1e-3)
         },
         "median_round_seconds": float(np.median(result.round_times)),
+        "engine": result.config.get("engine", "simulation"),
+        "cipher": cipher.name,
+        "costs": cost_summary(result),
         "optimum": {
             "primal": setup.optimum.primal,
             "method": setup.optimum.method,
@@ -184,6 +265,20 @@ def run_prepared(
     )
 
 
+def cost_summary(result: RunResult) -> dict[str, Any]:
+    """Final cumulative costs and the mean of each time component per outer iteration."""
+    final = result.final
+    iterations = max(float(final.get("iteration", 0.0)), 1.0)
+    totals = {key: float(final.get(key, np.nan)) for key in ("round_trips", *COST_COLUMNS)}
+    per_iteration = {
+        key: float(final.get(key, np.nan)) / iterations for key in (*TIME_COMPONENTS, "sim_time")
+    }
+    out = {"totals": totals, "per_iteration": per_iteration}
+    if "he_seconds_measured" in final:  # the protocol engine's real cryptography time
+        out["he_seconds_measured"] = float(final["he_seconds_measured"])
+    return out
+
+
 def execute(spec: RunSpec, out_dir: str | Path | None = None, progress: bool = False) -> RunOutcome:
     """Run ``spec`` and, when ``out_dir`` is given, write its files there."""
     setup = prepare(spec)
@@ -201,9 +296,11 @@ def compare(
     The participation random stream depends only on the seed, so every
     algorithm sees the same active clients in every outer iteration. Writes
     ``<name>/metrics.csv`` and ``<name>/run.json`` per algorithm,
-    ``summary.csv``, ``summary.md`` and ``compare.png``.
+    ``summary.csv``, ``summary.md``, ``compare.png`` (relative loss and
+    validation accuracy against outer iterations and simulated time) and
+    ``costs.png`` (mean time per outer iteration by component).
     """
-    from hyfl.experiments.plots import plot_runs
+    from hyfl.experiments.plots import plot_cost_breakdown, plot_runs
 
     if not names:
         raise fail("--algorithms", "is empty", "Give a comma-separated list, e.g. hyfdca,fedavg.")
@@ -219,13 +316,15 @@ def compare(
         outcome.out_dir = write_outputs(outcome, out / name, plot=False)
         outcomes.append(outcome)
     write_comparison(outcomes, out)
-    plot_runs(
-        {o.spec.algorithm: o.result for o in outcomes}, out / "compare.png", title=_title(spec)
-    )
+    runs = {o.spec.algorithm: o.result for o in outcomes}
+    encrypted = any(o.summary["engine"] == "protocol" for o in outcomes)
+    title = _title(spec, encrypted)
+    plot_runs(runs, out / "compare.png", title=title)
+    plot_cost_breakdown(runs, out / "costs.png", title=_cost_title(spec, title))
     return outcomes
 
 
-SUMMARY_COLUMNS = (
+CONVERGENCE_COLUMNS = (
     "algorithm",
     "final_relative_loss",
     "best_val_accuracy",
@@ -235,6 +334,18 @@ SUMMARY_COLUMNS = (
     "round_trips",
     "median_round_ms",
 )
+COST_SUMMARY_COLUMNS = (
+    "algorithm",
+    "engine",
+    "sim_time",
+    "bytes_up",
+    "bytes_down",
+    "encryptions",
+    "decryptions",
+    *(f"{component}_per_iter" for component in TIME_COMPONENTS),
+)
+"""Final cumulative costs, then the mean seconds per outer iteration of each component."""
+SUMMARY_COLUMNS = CONVERGENCE_COLUMNS + COST_SUMMARY_COLUMNS[1:]
 
 
 def summary_rows(outcomes: list[RunOutcome]) -> list[dict[str, Any]]:
@@ -252,6 +363,15 @@ def summary_rows(outcomes: list[RunOutcome]) -> list[dict[str, Any]]:
                 "rounds_to_1e-3": reach["0.001"],
                 "round_trips": s["final"]["round_trips"],
                 "median_round_ms": 1e3 * s["median_round_seconds"],
+                "engine": s["engine"],
+                **{
+                    key: s["costs"]["totals"][key]
+                    for key in ("sim_time", "bytes_up", "bytes_down", "encryptions", "decryptions")
+                },
+                **{
+                    f"{key}_per_iter": s["costs"]["per_iteration"][key]
+                    for key in TIME_COMPONENTS
+                },
             }
         )
     return rows
@@ -277,8 +397,44 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def _title(spec: RunSpec) -> str:
-    return f"{spec.data}, {spec.partition}, participation {spec.participation}"
+def _title(spec: RunSpec, encrypted: bool = False) -> str:
+    """Plot title; names the cipher when (some) runs are really encrypted."""
+    title = f"{spec.data}, {spec.partition}, participation {spec.participation}"
+    return f"{title}, HyFDCA encrypted with {spec.cipher}" if encrypted else title
+
+
+def _cost_title(spec: RunSpec, title: str) -> str:
+    source = {"paper": "paper's HE costs", "measured": "measured HE costs"}.get(
+        spec.he_costs, f"HE costs from {Path(spec.he_costs).name}"
+    )
+    return f"{title}\nlatency {float(spec.latency):g} s per round trip, {source}"
+
+
+def calibrate_ciphers(
+    cipher: str,
+    key_bits: int | None = None,
+    n_values: int = 200,
+    output: str | Path | None = None,
+) -> tuple[dict[str, dict], Path]:
+    """Measure seconds per operation of cipher ``cipher`` (or ``all``) and save them.
+
+    The records are merged into ``output`` (default
+    :func:`hyfl.costs.calibration_path`), where ``--he-costs measured`` reads
+    them. Returns the records by cipher name and the file written.
+    """
+    check_choice("cipher", cipher, [*CIPHERS, "all"])
+    names = list(CIPHERS) if cipher == "all" else [cipher]
+    check_int("n", n_values, minimum=1)
+    if key_bits is not None:
+        check_keybits(key_bits)
+    records = {}
+    for name in names:
+        record = calibrate(make_cipher(name, key_bits=key_bits), n_values=n_values)
+        record["n_values"] = int(n_values)
+        record["python"] = platform.python_version()
+        record["platform"] = platform.platform()
+        records[name] = record
+    return records, save_calibration(records, None if output is None else Path(output))
 
 
 def _first_reach(iterations: np.ndarray, values: np.ndarray, tol: float) -> float | None:
@@ -287,7 +443,14 @@ def _first_reach(iterations: np.ndarray, values: np.ndarray, tol: float) -> floa
 
 
 def write_outputs(outcome: RunOutcome, out_dir: Path, plot: bool = True) -> Path:
-    """Write ``metrics.csv``, ``run.json`` and (with ``plot``) ``loss.png``."""
+    """Write ``metrics.csv``, ``run.json`` and (with ``plot``) ``loss.png``.
+
+    ``metrics.csv`` has the columns :data:`METRIC_COLUMNS` in that order (the
+    cumulative costs among them), then the engine's extra round statistics
+    in alphabetical order. ``run.json`` records the spec, the algorithm, the
+    engine, the cipher, the cost model and, for protocol runs, the set-up
+    costs (encryptions, bytes) that precede the first round.
+    """
     from hyfl.experiments.plots import plot_runs
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -303,6 +466,9 @@ def write_outputs(outcome: RunOutcome, out_dir: Path, plot: bool = True) -> Path
         "hyfl_version": __version__,
         "spec": asdict(outcome.spec),
         "algorithm": outcome.result.config["algorithm"],
+        "engine": outcome.result.config.get("engine", "simulation"),
+        "cipher": outcome.result.config.get("cipher"),
+        "costs": outcome.result.config.get("costs"),
         "summary": outcome.summary,
         "machine": {
             "python": platform.python_version(),
@@ -310,13 +476,15 @@ def write_outputs(outcome: RunOutcome, out_dir: Path, plot: bool = True) -> Path
             "numpy": np.__version__,
         },
     }
+    if "setup" in outcome.result.config:
+        record["setup"] = outcome.result.config["setup"]
     (out_dir / "run.json").write_text(json.dumps(record, indent=2, default=_json_default) + "\n")
-    plot_runs(
-        {outcome.spec.algorithm: outcome.result},
-        out_dir / "loss.png",
-        title=f"{outcome.spec.data}, {outcome.spec.partition}, "
-        f"participation {outcome.spec.participation}",
-    )
+    if plot:
+        plot_runs(
+            {outcome.spec.algorithm: outcome.result},
+            out_dir / "loss.png",
+            title=_title(outcome.spec, encrypted=record["engine"] == "protocol"),
+        )
     return out_dir
 
 
