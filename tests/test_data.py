@@ -484,3 +484,15 @@ def test_shared_folder_found_by_walking_up(isolated, monkeypatch):
     assert shared in registry.search_dirs()
     assert load_dataset("reuters").n_samples == X.shape[0]
     assert os.fspath(registry.cache_dir()).startswith(str(isolated))
+
+
+def test_libsvm_file_trains_with_liblinear(tmp_path):
+    # LIBSVM readers give 64-bit indices; liblinear accepts only 32-bit ones.
+    from hyfl.problem import make_problem, solve_centralized
+
+    path = tmp_path / "tiny.svm"
+    path.write_text("1 1:0.5 3:2\n-1 2:1\n1 1:1 2:0.3\n-1 3:1.5\n1 1:2\n-1 2:2 3:0.1\n")
+    data = load_libsvm(path)
+    assert data.X.indices.dtype == np.int32
+    optimum = solve_centralized(make_problem(data, "hinge", 0.1), cache=False)
+    assert np.isfinite(optimum.primal)

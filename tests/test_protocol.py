@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from synthetic_data import synthetic
 
 from hyfl.algorithms.hyfdca import HyFDCA
 from hyfl.errors import HyflError
@@ -23,6 +22,7 @@ from hyfl.privacy.layout import EncryptedVector
 from hyfl.problem import make_problem
 from hyfl.runtime.protocol import Wire, run_protocol
 from hyfl.runtime.simulation import simulate
+from synthetic_data import synthetic
 
 KEY_BITS = 512  # small keys keep the tests fast; the scheme is the same at 2048 bits
 

@@ -47,6 +47,10 @@ def clean_csr(X) -> sp.csr_matrix:
     X.sum_duplicates()  # also sorts indices
     X.eliminate_zeros()
     X.sort_indices()
+    # liblinear (LinearSVC) accepts only 32-bit indices; LIBSVM readers give int64.
+    if X.indices.dtype != np.int32 and max(X.nnz, *X.shape) < 2**31:
+        X.indices = X.indices.astype(np.int32)
+        X.indptr = X.indptr.astype(np.int32)
     return X
 
 
