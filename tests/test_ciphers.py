@@ -179,6 +179,19 @@ def test_homomorphic_addition(cipher):
     assert np.max(np.abs(cipher.decrypt(s) - (a + b))) <= tolerance(cipher, 2, a + b)
 
 
+def test_trivial_zeros_are_free_and_neutral(cipher):
+    # The server's initial state: known zeros, made with the public key at no cost.
+    server = cipher.public()
+    zeros = server.zeros(5)
+    before = cipher.counts.snapshot()
+    assert server.counts.encryptions == 0
+    np.testing.assert_array_equal(cipher.decrypt(zeros), np.zeros((5, cipher.slots)))
+    a = random_chunks(cipher, 5, seed=4)
+    summed = server.add(zeros, cipher.encrypt(a))
+    assert np.max(np.abs(cipher.decrypt(summed) - a)) <= tolerance(cipher, 1, a)
+    assert (cipher.counts - before).encryptions == 5 and server.counts.additions == 5
+
+
 def test_sum_of_many_ciphertexts_mixed_signs(cipher):
     rng = np.random.default_rng(3)
     terms = rng.normal(size=(50, 4, cipher.slots)) * rng.choice([0.01, 1.0, 1000.0], (50, 1, 1))

@@ -96,11 +96,8 @@ class Client:
 
     # -- set-up ----------------------------------------------------------------
     def setup_messages(self) -> dict:
-        """Encrypted zero duals/inner products (the server's initial state) and row norms."""
-        C = self.public.n_outputs
-        zeros = np.zeros((self.samples.size, C))
+        """Encrypted squared norms of the client's parts of its samples."""
         return {
-            "zeros": encrypt_samples(self.cipher, self.public.layout, self.samples, zeros),
             "norms": encrypt_samples(
                 self.cipher, self.public.norm_layout, self.samples, self.own_sq[:, None]
             ),
@@ -252,11 +249,12 @@ class Server:
 
     # -- set-up ----------------------------------------------------------------
     def setup(self, messages: list[dict]) -> list[EncryptedVector]:
-        """Store the encrypted zeros; sum the row norms over the holders."""
-        for k, message in enumerate(messages):
-            vec = message["zeros"]
-            self.enc_ip[k, vec.chunks] = vec.ciphertexts
-            self.enc_alpha[vec.chunks] = vec.ciphertexts  # any holder's zeros will do
+        """Start from (publicly known) zero duals and inner products; sum the row norms."""
+        layout = self.public.layout
+        self.enc_alpha[:] = self.cipher.zeros(layout.n_chunks)
+        for k, samples in enumerate(self.client_samples):
+            chunks = layout.chunks_of(samples)
+            self.enc_ip[k, chunks] = self.cipher.zeros(chunks.size)
         norms = np.empty(self.public.norm_layout.n_chunks, dtype=object)
         store = np.empty((self.K, norms.size), dtype=object)
         for k, message in enumerate(messages):

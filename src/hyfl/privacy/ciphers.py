@@ -124,6 +124,15 @@ class Cipher(ABC):
         """The server's view: same scheme and public key, no private key, own counts."""
 
     @abstractmethod
+    def zeros(self, n: int) -> np.ndarray:
+        """``n`` trivial ciphertexts of zero (not counted as encryptions).
+
+        The server starts from duals and inner products that everyone knows
+        are zero; a deterministic encryption of that public value hides
+        nothing and costs nothing, and sums with it are ordinary ciphertexts.
+        """
+
+    @abstractmethod
     def describe(self) -> dict:
         """JSON-ready parameters: name, slots, key_bits, precision, bounds, ..."""
 
@@ -228,6 +237,9 @@ class PlainCipher(Cipher):
 
     def public(self) -> PlainCipher:
         return PlainCipher(_private=False)
+
+    def zeros(self, n: int) -> np.ndarray:
+        return _objects([0.0] * int(n))
 
     def describe(self) -> dict:
         return {
@@ -387,6 +399,10 @@ class _PaillierBase(Cipher):
         self.has_private_key = key.has_private_key
         self.counts = OpCounts()
         self._wire_bytes = (2 * self.key_bits + 7) // 8  # one integer mod n^2
+
+    def zeros(self, n: int) -> np.ndarray:
+        # g^0 r^n with r = 1: the integer 1, a sum of no fresh encryptions.
+        return _objects([PaillierCiphertext(mpz(1), 0, self._tag) for _ in range(int(n))])
 
     def _decrypt_raw(self, ciphertexts) -> tuple[np.ndarray, list, list]:
         if not self.has_private_key:
