@@ -36,6 +36,8 @@ from hyfl.runtime.simulation import (
     RunResult,
     Validation,
     _progress_bar,
+    budget_record,
+    check_sim_time_budget,
     evaluate,
     random_streams,
 )
@@ -156,6 +158,7 @@ def run_protocol(
     on_evaluate: Callable[[dict[str, float]], None] | None = None,
     on_round: Callable[[Any, list], None] | None = None,
     monitor_duals: bool = True,
+    stop_sim_time: float | None = None,
 ) -> RunResult:
     """Run HyFDCA with separate parties and real messages (see the module docstring).
 
@@ -181,6 +184,12 @@ def run_protocol(
         outside the protocol and its counts) to report the dual objective and
         the gap. Costs one decryption per ciphertext of the duals; turn off
         for large problems (dual and gap are then NaN).
+    stop_sim_time : float, optional
+        Simulated-time budget, as in :func:`~hyfl.runtime.simulation.simulate`:
+        stop after the round in which the cumulative ``sim_time`` reaches it,
+        at most ``iterations`` rounds; ``config["stopped_by"]`` says which.
+        (This engine has no checkpoints: an interrupted encrypted run starts
+        over.)
 
     Returns
     -------
@@ -196,6 +205,7 @@ def run_protocol(
         )
     iterations = check_int("iterations", iterations, minimum=1)
     eval_every = check_int("eval_every", eval_every, minimum=1)
+    stop_sim_time = check_sim_time_budget(stop_sim_time)
     blocks = stack(partition, problem.X)
     participation_rng, algorithm_rng = random_streams(seed)
     private = _Timed(cipher)
@@ -217,7 +227,7 @@ def run_protocol(
 
     was_active = np.zeros(blocks.n_clients, dtype=bool)
     metrics: list[dict[str, float]] = []
-    round_times = np.zeros(iterations)
+    round_times: list[float] = []
     totals = dict.fromkeys((*COST_COLUMNS, *TIME_COMPONENTS, "he_seconds_measured"), 0.0)
     trips = 0.0
     last_stats: dict[str, float] = {}
@@ -228,7 +238,7 @@ def run_protocol(
         duals = _monitor_duals(server, cipher, problem) if monitor_duals else None
         row.update(evaluate(problem, server.w, duals, optimum, validation, train_labels))
         row["round_trips"] = trips
-        row["round_seconds"] = float(round_times[:t].sum())
+        row["round_seconds"] = float(np.sum(round_times))
         row.update(totals)
         if t > 0:
             row.update(last_stats)
@@ -239,7 +249,12 @@ def run_protocol(
     counts_before = [c.snapshot() for c in counters]
     record(0)
     _restore(counters, counts_before)
-    with _progress_bar(progress, iterations, f"{hyfdca.name} ({cipher.name})") as advance:
+    bar_total, bar_unit = (
+        (iterations, "rounds") if stop_sim_time is None else (stop_sim_time, "sim_time")
+    )
+    stopped_by = "iterations"
+    label = f"{hyfdca.name} ({cipher.name})"
+    with _progress_bar(progress, bar_total, label, unit=bar_unit) as advance:
         for t in range(1, iterations + 1):
             active = np.asarray(participation.active(t, participation_rng), dtype=bool)
             if hyfdca.sip_scope == "drawn" and not active.all():
@@ -250,7 +265,7 @@ def run_protocol(
             clock = _Clock(private, public_cipher)
             start = time.perf_counter()
             accepted = _one_round(server, clients, active, was_active, wire, clock)
-            round_times[t - 1] = time.perf_counter() - start
+            round_times.append(time.perf_counter() - start)
             newcomers = active & ~was_active
             was_active = active.copy()
             ops = _ops_since(counters, before)
@@ -275,25 +290,33 @@ def run_protocol(
             last_stats.update({k: float(v) for k, v in wire.counts.items()})
             if on_round is not None:
                 on_round(server, clients)
-            if t % eval_every == 0 or t == iterations:
+            crossed = stop_sim_time is not None and totals["sim_time"] >= stop_sim_time
+            if t % eval_every == 0 or t == iterations or crossed:
                 counts_before = [c.snapshot() for c in counters]
                 record(t)
                 _restore(counters, counts_before)
-                advance(t, metrics[-1])
+                advance(t, metrics[-1], totals["sim_time"])
             elif progress:
-                advance(t, None)
+                advance(t, None, totals["sim_time"])
+            if crossed:
+                stopped_by = "sim_time"
+                break
 
     return RunResult(
         metrics=metrics,
         weights=np.array(server.w, copy=True),
         duals=_monitor_duals(server, cipher, problem) if monitor_duals else None,
-        round_times=round_times,
+        round_times=np.array(round_times, dtype=float),
         config={
             "algorithm": hyfdca.config(),
             "engine": "protocol",
             "cipher": cipher.describe(),
             "seed": seed,
             "iterations": iterations,
+            "rounds": len(round_times),
+            "budget": budget_record(iterations, stop_sim_time),
+            "stopped_by": stopped_by,
+            "resumed_from": [],
             "optimum_primal": optimum.primal if optimum else None,
             "costs": model.describe(),
             "setup": {k: float(v) for k, v in setup.items()},

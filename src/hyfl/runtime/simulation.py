@@ -7,13 +7,43 @@ hook, times it, and evaluates the server's model every ``eval_every`` rounds
 alone). Two independent random streams are derived from the seed: one for
 participation and one for the algorithm, so algorithms compared under one
 seed see the same participation trace.
+
+**Budgets.** A run lasts ``iterations`` outer iterations, or, with
+``stop_sim_time``, until the cumulative simulated time reaches that many
+seconds (the round that crosses it is the last, and is evaluated), at most
+``iterations`` rounds. The result's ``config["stopped_by"]`` says which ended it.
+
+**Checkpoints.** With ``checkpoint=PATH`` the loop writes, atomically (temp
+file, then ``os.replace``), everything needed to continue: the round number,
+the algorithm's state, both generators' bit-generator states, the
+participation schedule's state (hyfl's schedules keep none; a schedule with
+``checkpoint_state()`` / ``restore_state(s)`` is saved and restored), the
+metrics so far, the cumulative cost totals and round times. The problem, the
+stacked blocks and the sparse matrices an algorithm builds at set-up are not
+written: the pickler replaces them by tokens, which are re-attached on load to
+a fresh ``algorithm.setup`` of the freshly prepared run. A fingerprint (data
+shape, non-zeros and hash, partition, algorithm, seed, ``eval_every``,
+cipher, cost model, participation, and the caller's ``run_key``) guards
+against resuming from another run's checkpoint. ``resume=True`` continues from
+it; the result is bit-for-bit that of an uninterrupted run in every column
+except :data:`WALL_TIME_COLUMNS`. Because the budget is not part of the
+fingerprint, a finished run (whose last state is always saved) can be
+extended to a larger budget.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import pickle
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,8 +51,8 @@ import scipy.sparse as sp
 
 from hyfl.algorithms.base import Algorithm
 from hyfl.costs import COST_COLUMNS, TIME_COMPONENTS, CostMeter, CostModel
-from hyfl.errors import check_int
-from hyfl.partition import Partition, stack
+from hyfl.errors import HyflError, check_int, check_positive, fail
+from hyfl.partition import Partition, StackedBlocks, stack
 from hyfl.privacy.ciphers import make_cipher
 from hyfl.privacy.layout import SlotLayout
 from hyfl.problem import Optimum, Problem
@@ -40,6 +70,21 @@ METRIC_COLUMNS = (
     *COST_COLUMNS,
     *TIME_COMPONENTS,
 )
+
+WALL_TIME_COLUMNS = (
+    "round_seconds",
+    "sim_time",
+    "time_client",
+    "time_server",
+    "server_seconds",
+    "client_share_max",
+)
+"""Columns derived from measured wall time. They differ between two runs of one seed (and
+between an interrupted-and-resumed run and an uninterrupted one); all others are reproducible.
+(``client_share_max`` is a ratio of measured times for FedHybrid, exact for the others.)"""
+
+CHECKPOINT_FORMAT = 1
+DEFAULT_CHECKPOINT_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -131,6 +176,12 @@ def simulate(
     on_evaluate: Callable[[dict[str, float]], None] | None = None,
     cost_model: CostModel | None = None,
     cipher=None,
+    stop_sim_time: float | None = None,
+    checkpoint: str | os.PathLike | None = None,
+    checkpoint_every: int | None = None,
+    checkpoint_seconds: float = DEFAULT_CHECKPOINT_SECONDS,
+    resume: bool = False,
+    run_key: dict[str, Any] | None = None,
 ) -> RunResult:
     """Run ``iterations`` outer iterations of ``algorithm`` with all clients in-process.
 
@@ -144,7 +195,7 @@ def simulate(
     participation : schedule
         Object with ``active(t, rng) -> bool mask``, see :mod:`hyfl.partition`.
     iterations : int
-        Number of outer iterations.
+        Number of outer iterations; with ``stop_sim_time``, the most to run.
     seed : int, default 0
     eval_every : int, default 1
         Evaluate every this many rounds (and always after the last one).
@@ -165,24 +216,71 @@ def simulate(
         wire size). Default ``none``: one value per ciphertext, as the paper
         counted. This engine never encrypts; see
         :func:`hyfl.runtime.protocol.run_protocol` for real encryption.
+    stop_sim_time : float, optional
+        Simulated-time budget in seconds: stop after the round in which the
+        cumulative ``sim_time`` reaches it (that round is evaluated), or after
+        ``iterations`` rounds, whichever comes first. ``config["stopped_by"]``
+        of the result says which (``"sim_time"`` or ``"iterations"``).
+    checkpoint : path, optional
+        File for checkpoints (see the module docstring). Without it nothing is
+        written.
+    checkpoint_every : int, optional
+        Write a checkpoint every this many rounds. Default: whenever
+        ``checkpoint_seconds`` of wall time have passed since the last one.
+        A checkpoint is always written after the last round, so a finished
+        run can be extended to a larger budget.
+    checkpoint_seconds : float, default 60
+    resume : bool, default False
+        Continue from ``checkpoint`` if that file exists (else start afresh).
+        The checkpoint must come from the same run (same data, partition,
+        algorithm and hyperparameters, seed, ``eval_every``, cipher, cost
+        model, participation and ``run_key``); only the budget may differ.
+        Without ``resume`` an existing checkpoint file is replaced.
+    run_key : dict, optional
+        Anything else that identifies the run (the runner passes its
+        :class:`~hyfl.experiments.runner.RunSpec`), part of the checkpoint's
+        fingerprint.
 
     Returns
     -------
     RunResult
+        The resumed part and the part run before the interruption together;
+        every column but :data:`WALL_TIME_COLUMNS` is bit-for-bit what an
+        uninterrupted run gives.
     """
     iterations = check_int("iterations", iterations, minimum=1)
     eval_every = check_int("eval_every", eval_every, minimum=1)
+    stop_sim_time = check_sim_time_budget(stop_sim_time)
+    if checkpoint_every is not None:
+        checkpoint_every = check_int("checkpoint_every", checkpoint_every, minimum=1)
+    checkpoint_seconds = float(checkpoint_seconds)
     blocks = stack(partition, problem.X)
     participation_rng, algorithm_rng = random_streams(seed)
     state = algorithm.setup(problem, blocks)
-
-    metrics: list[dict[str, float]] = []
-    round_times = np.zeros(iterations)
-    trips = 0.0
     if cipher is None:
         cipher = make_cipher("none")
     meter = CostMeter((cost_model or CostModel()).validated(), int(cipher.ciphertext_bytes))
-    totals = dict.fromkeys((*COST_COLUMNS, *TIME_COMPONENTS), 0.0)
+    run = _RunProgress(totals=dict.fromkeys((*COST_COLUMNS, *TIME_COMPONENTS), 0.0))
+    rngs = {"participation": participation_rng, "algorithm": algorithm_rng}
+
+    store = None
+    if checkpoint is not None:
+        fingerprint = run_fingerprint(
+            problem,
+            blocks,
+            algorithm,
+            seed=seed,
+            eval_every=eval_every,
+            cipher=cipher,
+            cost_model=meter.model,
+            participation=participation,
+            run_key=run_key,
+        )
+        store = _Checkpointer(Path(checkpoint), fingerprint, state, problem, blocks)
+        if resume and store.path.exists():
+            state = store.load(run, rngs, participation)
+        elif store.path.exists():
+            store.path.unlink()
 
     def record(t: int) -> None:
         row = {"iteration": float(t)}
@@ -196,47 +294,85 @@ def simulate(
                 train_labels,
             )
         )
-        row["round_trips"] = trips
-        row["round_seconds"] = float(round_times[:t].sum())
-        row.update(totals)
+        row["round_trips"] = run.trips
+        row["round_seconds"] = run.seconds
+        row.update(run.totals)
         if t > 0:
             row.update(
                 {k: v for k, v in algorithm.round_stats(state).items() if k != "round_trips"}
             )
-        metrics.append(row)
+        run.metrics.append(row)
         if on_evaluate is not None:
             on_evaluate(row)
 
-    record(0)
-    with _progress_bar(progress, iterations, algorithm.name) as advance:
-        for t in range(1, iterations + 1):
+    done = False
+    if run.t == 0:
+        record(0)
+    else:
+        done = _resumed_budget_check(run, iterations, stop_sim_time, eval_every, store.path)
+    totals = run.totals
+    last_saved = time.monotonic()
+    bar_total, bar_unit = (
+        (iterations, "rounds") if stop_sim_time is None else (stop_sim_time, "sim_time")
+    )
+    label = algorithm.name
+    with _progress_bar(progress and not done, bar_total, label, unit=bar_unit) as advance:
+        t = run.t
+        advance(t, None, totals["sim_time"])
+        while not done and t < iterations:
+            t += 1
             active = participation.active(t, participation_rng)
             start = time.perf_counter()
             state = algorithm.round(state, active, algorithm_rng)
-            round_times[t - 1] = time.perf_counter() - start
+            seconds = time.perf_counter() - start
+            run.round_times.append(seconds)
+            run.seconds += seconds
             stats = algorithm.round_stats(state)
-            trips += stats.get("round_trips", 0.0)
+            run.trips += stats.get("round_trips", 0.0)
             traffic = getattr(state, "traffic", None)
             if traffic and meter.layout is None:
                 meter.layout = SlotLayout.build(blocks, cipher.slots, problem.Y.shape[1])
-            for key, value in meter.round_costs(stats, traffic, round_times[t - 1]).items():
+            run.sim_time_before = totals["sim_time"]
+            for key, value in meter.round_costs(stats, traffic, seconds).items():
                 totals[key] += value
-            if t % eval_every == 0 or t == iterations:
+            run.t = t
+            crossed = stop_sim_time is not None and totals["sim_time"] >= stop_sim_time
+            if t % eval_every == 0 or t == iterations or crossed:
                 record(t)
-                advance(t, metrics[-1])
+                advance(t, run.metrics[-1], totals["sim_time"])
             elif progress:
-                advance(t, None)
+                advance(t, None, totals["sim_time"])
+            if crossed:
+                run.stopped_by = "sim_time"
+                done = True
+            elif t == iterations:
+                run.stopped_by = "iterations"
+            if store is not None and not done and t < iterations:
+                due = (
+                    t % checkpoint_every == 0
+                    if checkpoint_every is not None
+                    else time.monotonic() - last_saved >= checkpoint_seconds
+                )
+                if due:
+                    store.save(state, run, rngs, participation)
+                    last_saved = time.monotonic()
+    if store is not None and store.saved_at != run.t:
+        store.save(state, run, rngs, participation)
 
     duals = algorithm.duals(state)
     return RunResult(
-        metrics=metrics,
+        metrics=run.metrics,
         weights=np.array(algorithm.weights(state), copy=True),
         duals=None if duals is None else np.array(duals, copy=True),
-        round_times=round_times,
+        round_times=np.array(run.round_times, dtype=float),
         config={
             "algorithm": algorithm.config(),
             "seed": seed,
             "iterations": iterations,
+            "rounds": run.t,
+            "budget": budget_record(iterations, stop_sim_time),
+            "stopped_by": run.stopped_by,
+            "resumed_from": list(run.resumed_from),
             "optimum_primal": optimum.primal if optimum else None,
             "engine": "simulation",
             "cipher": cipher.describe(),
@@ -245,15 +381,378 @@ def simulate(
     )
 
 
+def check_sim_time_budget(stop_sim_time: float | None) -> float | None:
+    """``None`` or a positive, finite number of simulated seconds."""
+    if stop_sim_time is None:
+        return None
+    return check_positive(
+        "sim_time budget",
+        stop_sim_time,
+        fix="Pass simulated seconds > 0, e.g. budget = { sim_time = 10800.0, ... }.",
+    )
+
+
+def budget_record(iterations: int, stop_sim_time: float | None) -> dict[str, float | int]:
+    """The budget as recorded in results: ``{iterations}`` or ``{sim_time, max_iterations}``."""
+    if stop_sim_time is None:
+        return {"iterations": int(iterations)}
+    return {"sim_time": float(stop_sim_time), "max_iterations": int(iterations)}
+
+
+def _resumed_budget_check(
+    run: _RunProgress, iterations: int, stop_sim_time: float | None, eval_every: int, path: Path
+) -> bool:
+    """After loading a checkpoint: whether the budget is already used up.
+
+    Raises if the checkpoint is past the budget; otherwise, when rounds remain,
+    drops the final row the earlier run evaluated only because it ended there,
+    so that the rows are those of an uninterrupted run.
+    """
+    if run.t > iterations:
+        raise fail(
+            f"checkpoint {path}",
+            f"is at round {run.t}, past the budget of {iterations} iterations",
+            "Raise the budget to at least that, or delete the checkpoint to start over.",
+        )
+    crossed = stop_sim_time is not None and run.totals["sim_time"] >= stop_sim_time
+    if crossed and run.sim_time_before > stop_sim_time:
+        raise fail(
+            f"checkpoint {path}",
+            f"is at simulated time {run.totals['sim_time']:.6g} s, past the budget of "
+            f"{stop_sim_time:g} s already before its last round",
+            "Raise the sim_time budget, or delete the checkpoint to start over.",
+        )
+    if run.t == iterations or crossed:
+        run.stopped_by = "sim_time" if crossed else "iterations"
+        return True
+    run.stopped_by = None
+    last = run.metrics[-1]
+    if int(last["iteration"]) == run.t and run.t % eval_every != 0:
+        run.metrics.pop()
+    return False
+
+
+@dataclass
+class _RunProgress:
+    """The loop's counters: what a checkpoint holds besides the state and the generators."""
+
+    totals: dict[str, float]
+    t: int = 0
+    trips: float = 0.0
+    seconds: float = 0.0
+    sim_time_before: float = 0.0  # cumulative sim_time before the last round
+    metrics: list[dict[str, float]] = field(default_factory=list)
+    round_times: list[float] = field(default_factory=list)
+    resumed_from: list[int] = field(default_factory=list)
+    stopped_by: str | None = None
+
+
+# ---------------------------------------------------------------------------
+# Checkpoints
+# ---------------------------------------------------------------------------
+
+
+def run_fingerprint(
+    problem: Problem,
+    blocks: StackedBlocks,
+    algorithm: Algorithm,
+    *,
+    seed: int,
+    eval_every: int,
+    cipher,
+    cost_model: CostModel,
+    participation,
+    run_key: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """What identifies a run for its checkpoints (JSON-ready; the budget is not part of it)."""
+    X = problem.X
+    return _jsonable(
+        {
+            "problem": {
+                "shape": list(X.shape),
+                "nnz": int(X.nnz),
+                "outputs": int(problem.n_outputs),
+                "loss": getattr(problem.loss, "name", str(problem.loss)),
+                "lam": float(problem.lam),
+                "hash": _hash_arrays(X.indptr, X.indices, X.data, problem.Y),
+            },
+            "partition": {
+                "clients": int(blocks.n_clients),
+                "rows": int(blocks.X.shape[0]),
+                "nnz": int(blocks.X.nnz),
+                "hash": _hash_arrays(
+                    blocks.client_rowptr, blocks.row_sample, blocks.X.indptr, blocks.X.indices
+                ),
+            },
+            "algorithm": algorithm.config(),
+            "seed": int(seed),
+            "eval_every": int(eval_every),
+            "cipher": cipher.describe(),
+            "costs": cost_model.describe(),
+            "participation": _describe_schedule(participation),
+            "run": run_key,
+        }
+    )
+
+
+def _hash_arrays(*arrays: np.ndarray) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(memoryview(a).cast("B"))
+    return h.hexdigest()
+
+
+def _describe_schedule(participation) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": type(participation).__name__}
+    if dataclasses.is_dataclass(participation):
+        for f in dataclasses.fields(participation):
+            value = getattr(participation, f.name)
+            out[f.name] = _hash_arrays(value) if isinstance(value, np.ndarray) else value
+    else:
+        out["repr"] = repr(participation)
+    return out
+
+
+def _jsonable(obj: Any) -> Any:
+    """Round-trip through JSON (numbers, strings, lists, dicts), for stable comparisons."""
+    return json.loads(json.dumps(obj, sort_keys=True, default=_json_fallback))
+
+
+def _json_fallback(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    return str(obj)
+
+
+STATIC_ARRAY_BYTES = 1 << 16
+"""Arrays of a state at least this large that still hold their set-up values are not written
+into checkpoints (e.g. FedAvg's entry index of every non-zero): a token stands for them."""
+
+
+def _static_objects(state: Any, problem: Problem, blocks: StackedBlocks) -> dict[tuple, Any]:
+    """Set-up data reachable from a freshly set-up ``state``, by path.
+
+    The problem, the stacked blocks and every sparse matrix the state holds
+    (algorithms build those at set-up from the data and never change them)
+    are written into checkpoints as their path and taken, when loading, from a
+    fresh ``algorithm.setup`` of the prepared run. Large arrays are candidates
+    too, but are written as tokens only while their content (hash) is still
+    that of set-up.
+    """
+    found: dict[tuple, Any] = {("problem",): problem, ("blocks",): blocks}
+    seen = {id(problem), id(blocks)}
+
+    def walk(obj: Any, path: tuple, depth: int) -> None:
+        if depth > 8 or isinstance(obj, (str, bytes, int, float, bool, np.generic)):
+            return
+        if id(obj) in seen:
+            return
+        if isinstance(obj, np.ndarray):
+            if obj.nbytes >= STATIC_ARRAY_BYTES and obj.dtype != object:
+                seen.add(id(obj))
+                found[path] = obj
+            return
+        if isinstance(obj, (Problem, StackedBlocks)) or sp.issparse(obj):
+            seen.add(id(obj))
+            found[path] = obj
+            return
+        if isinstance(obj, dict):
+            seen.add(id(obj))
+            for key, value in obj.items():
+                walk(value, (*path, f"[{key!r}]"), depth + 1)
+        elif isinstance(obj, (list, tuple)):
+            seen.add(id(obj))
+            for i, value in enumerate(obj):
+                walk(value, (*path, f"[{i}]"), depth + 1)
+        elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+            seen.add(id(obj))
+            for name, value in vars(obj).items():
+                walk(value, (*path, f".{name}"), depth + 1)
+
+    walk(state, ("state",), 0)
+    return found
+
+
+class _StatePickler(pickle.Pickler):
+    """Writes set-up data (problem, blocks, sparse matrices, unchanged arrays) as tokens."""
+
+    def __init__(self, file, tokens: dict[int, tuple], hashes: dict[int, str]):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._tokens, self._hashes = tokens, hashes
+
+    def persistent_id(self, obj):
+        path = self._tokens.get(id(obj))
+        if path is None:
+            return None
+        if isinstance(obj, np.ndarray):
+            digest = _hash_arrays(obj)
+            return ("array", path, digest) if digest == self._hashes[id(obj)] else None
+        return path
+
+
+class _StateUnpickler(pickle.Unpickler):
+    """Re-attaches the set-up data of the freshly prepared run to the tokens."""
+
+    def __init__(self, file, objects: dict[tuple, Any]):
+        super().__init__(file)
+        self._objects = objects
+
+    def persistent_load(self, pid):
+        kind = pid[0] if isinstance(pid, tuple) and pid else None
+        path, digest = (pid[1], pid[2]) if kind == "array" else (pid, None)
+        obj = self._objects.get(path) if isinstance(path, tuple) else None
+        if obj is None or (digest is not None and _hash_arrays(obj) != digest):
+            raise pickle.UnpicklingError(
+                f"the set-up data at {path!r} differ from this run's (set-up is not reproducible?)"
+            )
+        return obj
+
+
+class _Checkpointer:
+    """Writes and reads one run's checkpoint file.
+
+    The file holds two pickles: a header (format, hyfl version, round, the
+    run's fingerprint), read and checked first, then the body (algorithm
+    state, generator states, counters, metrics), with the set-up data as
+    tokens (see :func:`_static_objects`). ``setup_state`` must be the state
+    as ``algorithm.setup`` returned it, before any round.
+    """
+
+    def __init__(self, path: Path, fingerprint: dict, setup_state: Any, problem, blocks):
+        self.path = path
+        self.fingerprint = fingerprint
+        self.objects = _static_objects(setup_state, problem, blocks)
+        self.tokens = {id(obj): path for path, obj in self.objects.items()}
+        self.hashes = {
+            id(obj): _hash_arrays(obj)
+            for obj in self.objects.values()
+            if isinstance(obj, np.ndarray)
+        }
+        self.saved_at: int | None = None
+
+    def save(self, state: Any, run: _RunProgress, rngs: dict, participation) -> None:
+        header = {
+            "format": CHECKPOINT_FORMAT,
+            "hyfl_version": _hyfl_version(),
+            "round": run.t,
+            "written": time.time(),
+            "fingerprint": self.fingerprint,
+        }
+        body = {
+            "state": state,
+            "rngs": {name: rng.bit_generator.state for name, rng in rngs.items()},
+            "participation": _schedule_state(participation),
+            "progress": dataclasses.asdict(run),
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                pickle.dump(header, f, protocol=pickle.HIGHEST_PROTOCOL)
+                _StatePickler(f, self.tokens, self.hashes).dump(body)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        self.saved_at = run.t
+
+    def load(self, run: _RunProgress, rngs: dict, participation) -> Any:
+        """Restore ``run``, the generators and the schedule; return the algorithm state."""
+        try:
+            with open(self.path, "rb") as f:
+                header = pickle.load(f)
+                if not isinstance(header, dict) or header.get("format") != CHECKPOINT_FORMAT:
+                    raise fail(
+                        f"checkpoint {self.path}",
+                        "is not a hyfl checkpoint of this version",
+                        "Delete it (or run without --resume) to start over.",
+                    )
+                self._check(header.get("fingerprint"))
+                body = _StateUnpickler(f, self.objects).load()
+        except HyflError:
+            raise
+        except Exception as err:  # truncated or corrupt file
+            raise fail(
+                f"checkpoint {self.path}",
+                f"cannot be read ({type(err).__name__}: {err})",
+                "Delete it (or run without --resume) to start over.",
+            ) from err
+        for name, rng in rngs.items():
+            rng.bit_generator.state = body["rngs"][name]
+        if body["participation"] is not None:
+            participation.restore_state(body["participation"])
+        for key, value in body["progress"].items():
+            setattr(run, key, value)
+        run.resumed_from.append(run.t)
+        self.saved_at = run.t
+        return body["state"]
+
+    def _check(self, stored: dict | None) -> None:
+        if stored == self.fingerprint:
+            return
+        stored = stored or {}
+        differ = sorted(
+            key
+            for key in set(stored) | set(self.fingerprint)
+            if stored.get(key) != self.fingerprint.get(key)
+        )
+        details = []
+        for key in differ:
+            old, new = stored.get(key), self.fingerprint.get(key)
+            if isinstance(old, dict) and isinstance(new, dict):
+                for sub in sorted(set(old) | set(new)):
+                    if old.get(sub) == new.get(sub):
+                        continue
+                    if sub == "hash":
+                        details.append(f"{key}: the data differ")
+                    else:
+                        details.append(
+                            f"{key}.{sub}: checkpoint has {_short(old.get(sub))}, "
+                            f"this run has {_short(new.get(sub))}"
+                        )
+            else:
+                details.append(f"{key}: checkpoint has {_short(old)}, this run has {_short(new)}")
+        raise fail(
+            f"checkpoint {self.path}",
+            "was written by a different run (" + "; ".join(details) + ")",
+            "Resume with the configuration that wrote it, or delete the checkpoint "
+            "(or run without --resume) to start over.",
+        )
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _schedule_state(participation) -> Any:
+    """A participation schedule's own state, if it keeps one (``checkpoint_state()``)."""
+    get = getattr(participation, "checkpoint_state", None)
+    return get() if callable(get) else None
+
+
+def _hyfl_version() -> str:
+    from hyfl import __version__
+
+    return __version__
+
+
 class _progress_bar:
     """A Rich progress bar that shows the latest relative loss, or nothing."""
 
-    def __init__(self, enabled: bool, total: int, label: str):
-        self.enabled, self.total, self.label = enabled, total, label
+    def __init__(self, enabled: bool, total: float, label: str, unit: str = "rounds"):
+        self.enabled, self.total, self.label, self.unit = enabled, total, label, unit
 
     def __enter__(self):
         if not self.enabled:
-            return lambda t, row: None
+            return lambda t, row, sim_time=None: None
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -263,10 +762,15 @@ class _progress_bar:
             TimeRemainingColumn,
         )
 
+        count = (
+            MofNCompleteColumn()
+            if self.unit == "rounds"
+            else TextColumn("{task.completed:.4g}/{task.total:.4g} s simulated")
+        )
         self._progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
-            MofNCompleteColumn(),
+            count,
             TextColumn("{task.fields[status]}"),
             TimeElapsedColumn(),
             TimeRemainingColumn(),
@@ -275,7 +779,9 @@ class _progress_bar:
         self._progress.__enter__()
         task = self._progress.add_task(self.label, total=self.total, status="")
 
-        def advance(t: int, row: dict | None) -> None:
+        def advance(t: int, row: dict | None, sim_time: float | None = None) -> None:
+            if self.unit != "rounds":
+                t = min(float(sim_time or 0.0), self.total)
             status = None
             if row is not None:
                 rel = row.get("relative_loss", np.nan)

@@ -1,0 +1,205 @@
+"""Budgets, checkpoints and resume of the stacked engine (and the protocol engine's budget)."""
+
+import pickle
+
+import numpy as np
+import pytest
+
+from hyfl.algorithms import make_algorithm
+from hyfl.costs import CostModel, HECosts
+from hyfl.errors import HyflError
+from hyfl.experiments.runner import RunSpec, prepare
+from hyfl.privacy.ciphers import make_cipher
+from hyfl.runtime.protocol import run_protocol
+from hyfl.runtime.simulation import WALL_TIME_COLUMNS, simulate
+
+# (algorithm, hyperparameters, loss, partition, participation)
+CASES = {
+    "hyfdca": ("hyfdca", {"iic": 0.2}, "hinge", "grid:3x3", "0.5"),
+    "fedavg": ("fedavg", {"iic": 0.05}, "hinge", "grid:3x3", "0.5"),
+    "hyfem": ("hyfem", {"iic": 0.05, "mu": 0.1}, "hinge", "grid:3x3", "0.5"),
+    "fedbcd-p": ("fedbcd-p", {}, "logistic", "vertical:3", "0.7"),
+    "fedh-g": ("fedh-g", {}, "logistic", "horizontal:4", "0.7"),
+}
+_SETUPS = {}
+
+
+def setup_for(case):
+    name, hyper, loss, partition, participation = CASES[case]
+    key = (loss, partition, participation)
+    if key not in _SETUPS:
+        spec = RunSpec(
+            algorithm=name,
+            data="breast_cancer",
+            loss=loss,
+            partition=partition,
+            participation=participation,
+            val_fraction=0.2,
+        )
+        _SETUPS[key] = prepare(spec)
+    return _SETUPS[key]
+
+
+def run(case, iterations, **options):
+    name, hyper, *_ = CASES[case]
+    s = setup_for(case)
+    return simulate(
+        make_algorithm(name, hyper),
+        s.problem,
+        s.partition,
+        s.participation,
+        iterations,
+        seed=3,
+        eval_every=3,
+        optimum=s.optimum,
+        validation=s.validation,
+        train_labels=s.train.y,
+        **options,
+    )
+
+
+def assert_same_run(a, b):
+    """Iterates and every metric column but the wall-time ones, bit for bit."""
+    assert np.array_equal(a.weights, b.weights)
+    assert (a.duals is None) == (b.duals is None)
+    if a.duals is not None:
+        assert np.array_equal(a.duals, b.duals)
+    assert len(a.metrics) == len(b.metrics)
+    for row_a, row_b in zip(a.metrics, b.metrics):
+        assert set(row_a) == set(row_b)
+        for key, value in row_a.items():
+            if key in WALL_TIME_COLUMNS:
+                continue
+            other = row_b[key]
+            assert value == other or (np.isnan(value) and np.isnan(other)), (key, value, other)
+    assert len(a.round_times) == len(b.round_times)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_resume_to_a_larger_budget_equals_an_uninterrupted_run(case, tmp_path):
+    full = run(case, 20)
+    path = tmp_path / "checkpoint.pkl"
+    first = run(case, 7, checkpoint=path)
+    assert first.config["stopped_by"] == "iterations" and path.exists()
+    # The first part evaluated round 7 only because it ended there.
+    assert [r["iteration"] for r in first.metrics] == [0, 3, 6, 7]
+    resumed = run(case, 20, checkpoint=path, resume=True)
+    assert_same_run(full, resumed)
+    assert [r["iteration"] for r in resumed.metrics] == [0, 3, 6, 9, 12, 15, 18, 20]
+    assert resumed.config["resumed_from"] == [7] and resumed.config["rounds"] == 20
+
+
+@pytest.mark.parametrize("case", ["hyfdca", "fedh-g"])
+def test_resume_after_a_crash_mid_run(case, tmp_path):
+    full = run(case, 15)
+    path = tmp_path / "checkpoint.pkl"
+
+    def crash(row):
+        if row["iteration"] == 9:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(case, 15, checkpoint=path, checkpoint_every=2, on_evaluate=crash)
+    with open(path, "rb") as f:
+        assert pickle.load(f)["round"] == 8  # the last checkpoint before the crash
+    resumed = run(case, 15, checkpoint=path, checkpoint_every=2, resume=True)
+    assert_same_run(full, resumed)
+    assert resumed.config["resumed_from"] == [8]
+
+
+def test_checkpoints_leave_out_the_data(tmp_path):
+    path = tmp_path / "checkpoint.pkl"
+    run("fedavg", 5, checkpoint=path, checkpoint_seconds=0.0)
+    X = setup_for("fedavg").problem.X
+    # FedAvg's state holds an index of every non-zero (as large as X.data): a token too.
+    assert path.stat().st_size < X.data.nbytes / 4
+
+
+def test_resume_without_a_checkpoint_starts_afresh_and_a_finished_run_is_kept(tmp_path):
+    path = tmp_path / "checkpoint.pkl"
+    full = run("hyfdca", 6)
+    fresh = run("hyfdca", 6, checkpoint=path, resume=True)
+    assert_same_run(full, fresh) and fresh.config["resumed_from"] == []
+    again = run("hyfdca", 6, checkpoint=path, resume=True)  # nothing left to run
+    assert_same_run(full, again)
+    with pytest.raises(HyflError, match="past the budget of 4 iterations"):
+        run("hyfdca", 4, checkpoint=path, resume=True)
+
+
+def test_a_checkpoint_of_another_run_is_refused(tmp_path):
+    path = tmp_path / "checkpoint.pkl"
+    run("hyfdca", 4, checkpoint=path)
+    s = setup_for("hyfdca")
+    common = dict(seed=3, eval_every=3, checkpoint=path, resume=True)
+    with pytest.raises(HyflError, match=r"different run \(algorithm.iic: checkpoint has 0.2"):
+        simulate(
+            make_algorithm("hyfdca", {"iic": 0.3}),
+            s.problem,
+            s.partition,
+            s.participation,
+            8,
+            **common,
+        )
+    with pytest.raises(HyflError, match=r"seed: checkpoint has 3, this run has 4"):
+        simulate(
+            make_algorithm("hyfdca", {"iic": 0.2}),
+            s.problem,
+            s.partition,
+            s.participation,
+            8,
+            **{**common, "seed": 4},
+        )
+    other = setup_for("fedh-g")  # other partition and loss of the same data
+    with pytest.raises(HyflError, match=r"partition: the data differ.*problem.loss"):
+        simulate(
+            make_algorithm("hyfdca", {"iic": 0.2}),
+            other.problem,
+            other.partition,
+            other.participation,
+            8,
+            **common,
+        )
+    path.write_bytes(path.read_bytes()[:50])
+    with pytest.raises(HyflError, match="cannot be read"):
+        run("hyfdca", 8, checkpoint=path, resume=True)
+
+
+def test_sim_time_budget_stops_after_the_round_that_crosses_it():
+    # Full participation: FedAvg has one round trip per round, so sim_time after
+    # round t is 10 t seconds of latency plus microseconds of compute.
+    s = setup_for("fedavg")
+    args = (make_algorithm("fedavg", {"iic": 0.05}), s.problem, s.partition)
+    from hyfl.partition import Full
+
+    full = Full(s.partition.n_clients)
+    model = CostModel(latency=10.0)
+    result = simulate(*args, full, 100, eval_every=4, cost_model=model, stop_sim_time=45.0)
+    assert result.config["stopped_by"] == "sim_time" and result.config["rounds"] == 5
+    assert [r["iteration"] for r in result.metrics] == [0, 4, 5]
+    assert 50.0 <= result.final["sim_time"] < 51.0
+    capped = simulate(*args, full, 3, cost_model=model, stop_sim_time=45.0)
+    assert capped.config["stopped_by"] == "iterations" and capped.config["rounds"] == 3
+    assert capped.config["budget"] == {"sim_time": 45.0, "max_iterations": 3}
+    with pytest.raises(HyflError, match="sim_time budget must be > 0"):
+        simulate(*args, full, 3, stop_sim_time=0.0)
+
+
+def test_protocol_engine_sim_time_budget():
+    s = setup_for("hyfdca")
+    result = run_protocol(
+        make_algorithm("hyfdca", {"iic": 0.2}),
+        s.problem,
+        s.partition,
+        s.participation,
+        50,
+        make_cipher("none"),
+        eval_every=10,
+        cost_model=CostModel(latency=1.0, he=HECosts(0.0, 0.0, 0.0)),
+        stop_sim_time=10.0,
+        monitor_duals=False,
+    )
+    assert result.config["stopped_by"] == "sim_time"
+    rounds = result.config["rounds"]
+    assert 1 < rounds < 50 and result.final["iteration"] == rounds
+    assert result.final["sim_time"] >= 10.0
+    assert result.final["sim_time"] - result.final["time_latency"] < 1.0
