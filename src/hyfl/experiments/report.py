@@ -1,0 +1,871 @@
+"""``hyfl report``: one document with the paper-style figures and tables of a results folder.
+
+:func:`build_report` discovers every setting and run under a results folder
+(the layouts of :func:`hyfl.experiments.plots.load_results`: a ``hyfl
+compare`` folder, or folders of them, with optional ``seed-<s>`` levels) and
+writes a self-contained HTML file (figures embedded as base64 PNG, plain CSS,
+no script, no network) or a Markdown file whose figures are PNG files in
+``report_files/`` next to it.
+
+What it holds:
+
+* per setting: relative loss and validation accuracy against relative outer
+  iteration (eq. 15) and relative simulated time (eq. 14), smoothed as in the
+  paper (section 7.4); the cost breakdown per outer iteration (Figure 4); a
+  table with final relative loss, best validation accuracy, outer iterations
+  to reach relative loss 1e-1 / 1e-2 / 1e-3, simulated time, bytes and
+  homomorphic-encryption operations; and the winners;
+* with several settings: the grid of Figure 3 (rows = client counts,
+  columns = participation fractions) per dataset, and the cost breakdown
+  across settings (Tables 6-8);
+* the win counts: "HyFDCA wins N of M comparisons on final relative loss, K
+  of M on best validation accuracy".
+
+Comparisons
+-----------
+A comparison is one setting x one budget x one metric. The budgets are
+*equal outer iterations* (every run cut at the smallest last iteration among
+the setting's runs, which is every run's end when they ran equally long) and,
+when every run carries a simulated time, *equal simulated time* (cut at the
+smallest total ``sim_time``; the paper ran separate equal-wall-time
+experiments, here the equal-iteration runs are truncated). The metrics are
+the final relative loss within the budget (lower wins; the last evaluated
+value, unsmoothed) and the best validation accuracy within the budget (higher
+wins). The winner is the best algorithm of the setting; ties count for every
+tied algorithm; an algorithm without a value loses. A comparison needs two
+algorithms and one value.
+
+The paper's "69 of 72" counts pairs: 9 client-fraction panels x 2 budgets x
+2 metrics x 2 opponents (section 7.5 lists three lost pairs); the report
+gives that pairwise count too.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+import re
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hyfl.errors import check_choice, fail
+from hyfl.experiments.plots import (
+    LoadedRun,
+    _has_time,
+    _window_rows,
+    display_name,
+    load_results,
+    paper_window,
+    plot_cost_breakdown,
+    plot_cost_breakdown_settings,
+    plot_setting_figure,
+    plot_settings_grid,
+    setting_info,
+    time_breakdown,
+)
+
+FORMATS = ("html", "markdown")
+BUDGETS = {"iterations": "equal outer iterations", "sim_time": "equal simulated time"}
+METRICS = {
+    "final_relative_loss": "final relative loss",
+    "best_val_accuracy": "best validation accuracy",
+}
+LOWER_IS_BETTER = {"final_relative_loss": True, "best_val_accuracy": False}
+TOLERANCES = (1e-1, 1e-2, 1e-3)
+FILES_DIR = "report_files"
+"""Folder (next to a Markdown report) holding its figures."""
+
+
+# --------------------------------------------------------------------------- numbers
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One setting x one budget x one metric.
+
+    ``values`` maps every algorithm of the setting to its value (NaN when it
+    has none); ``winners`` are the best algorithms (several on a tie).
+    """
+
+    setting: str
+    budget: str
+    metric: str
+    values: dict[str, float]
+    winners: tuple[str, ...]
+
+
+def budget_cutoffs(runs: Mapping[str, Any]) -> dict[str, float]:
+    """Where each budget ends for a setting's runs.
+
+    ``iterations``: the smallest last outer iteration among the runs;
+    ``sim_time``: the smallest total simulated time, present only when every
+    run has a positive simulated time.
+    """
+    cutoffs: dict[str, float] = {}
+    lasts = [_last(run.column("iteration")) for run in runs.values()]
+    if lasts and all(math.isfinite(v) for v in lasts):
+        cutoffs["iterations"] = min(lasts)
+    if runs and all(_has_time(run) for run in runs.values()):
+        cutoffs["sim_time"] = min(_last(run.column("sim_time")) for run in runs.values())
+    return cutoffs
+
+
+def _last(values: np.ndarray) -> float:
+    finite = values[np.isfinite(values)]
+    return float(finite.max()) if finite.size else math.nan
+
+
+def values_within(run: Any, budget: str, cutoff: float) -> dict[str, float]:
+    """A run's final relative loss and best validation accuracy within a budget.
+
+    The rows kept are those with ``iteration`` (budget ``iterations``) or
+    ``sim_time`` (budget ``sim_time``) at most ``cutoff``; the final relative
+    loss is the last non-NaN one among them.
+    """
+    check_choice("budget", budget, BUDGETS)
+    x = run.column("iteration" if budget == "iterations" else "sim_time")
+    keep = np.isfinite(x) & (x <= cutoff * (1 + 1e-12) + 1e-300)
+    loss = run.column("relative_loss")[keep]
+    loss = loss[~np.isnan(loss)]
+    acc = run.column("val_accuracy")[keep]
+    acc = acc[~np.isnan(acc)]
+    return {
+        "final_relative_loss": float(loss[-1]) if loss.size else math.nan,
+        "best_val_accuracy": float(acc.max()) if acc.size else math.nan,
+    }
+
+
+def compare_setting(setting: str, runs: Mapping[str, Any]) -> list[Comparison]:
+    """The comparisons of one setting (see the module docstring)."""
+    if len(runs) < 2:
+        return []
+    out = []
+    for budget, cutoff in budget_cutoffs(runs).items():
+        within = {name: values_within(run, budget, cutoff) for name, run in runs.items()}
+        for metric in METRICS:
+            values = {name: v[metric] for name, v in within.items()}
+            winners = _winners(values, LOWER_IS_BETTER[metric])
+            if winners:
+                out.append(Comparison(setting, budget, metric, values, winners))
+    return out
+
+
+def _winners(values: Mapping[str, float], lower: bool) -> tuple[str, ...]:
+    present = {k: v for k, v in values.items() if not math.isnan(v)}
+    if not present:
+        return ()
+    best = min(present.values()) if lower else max(present.values())
+    return tuple(k for k, v in present.items() if _same(v, best))
+
+
+def _same(a: float, b: float) -> bool:
+    return a == b or math.isclose(a, b, rel_tol=1e-12, abs_tol=0.0)
+
+
+def _better_or_equal(a: float, b: float, lower: bool) -> bool | None:
+    """Whether ``a`` is at least as good as ``b``; None when neither has a value."""
+    if math.isnan(a) and math.isnan(b):
+        return None
+    if math.isnan(a):
+        return False
+    if math.isnan(b):
+        return True
+    return _same(a, b) or (a < b if lower else a > b)
+
+
+def compare_settings(settings: Mapping[str, Mapping[str, Any]]) -> list[Comparison]:
+    """Every comparison of every setting."""
+    return [c for setting, runs in settings.items() for c in compare_setting(setting, runs)]
+
+
+def win_counts(comparisons: Sequence[Comparison], algorithm: str) -> dict[str, tuple[int, int]]:
+    """Metric -> (comparisons ``algorithm`` wins, comparisons it takes part in)."""
+    out = {}
+    for metric in METRICS:
+        mine = [c for c in comparisons if c.metric == metric and algorithm in c.values]
+        out[metric] = (sum(algorithm in c.winners for c in mine), len(mine))
+    return out
+
+
+def pairwise_counts(
+    comparisons: Sequence[Comparison], algorithm: str
+) -> dict[str, tuple[int, int]]:
+    """Metric -> (pairs where ``algorithm`` is at least as good as the other, pairs).
+
+    Each comparison gives one pair per other algorithm (the paper's way of
+    counting); pairs where neither has a value are left out.
+    """
+    out = {}
+    for metric in METRICS:
+        wins = total = 0
+        for c in comparisons:
+            if c.metric != metric or algorithm not in c.values:
+                continue
+            for other, value in c.values.items():
+                if other == algorithm:
+                    continue
+                result = _better_or_equal(c.values[algorithm], value, LOWER_IS_BETTER[metric])
+                if result is not None:
+                    total += 1
+                    wins += result
+        out[metric] = (wins, total)
+    return out
+
+
+def win_sentence(comparisons: Sequence[Comparison], algorithm: str) -> str:
+    """``"HyFDCA wins N of M comparisons on final relative loss, K of M on best ..."``."""
+    counts = win_counts(comparisons, algorithm)
+    (n, m), (k, m2) = counts["final_relative_loss"], counts["best_val_accuracy"]
+    return (
+        f"{display_name(algorithm)} wins {n} of {m} comparisons on final relative loss, "
+        f"{k} of {m2} on best validation accuracy"
+    )
+
+
+def _reach(iterations: np.ndarray, loss: np.ndarray, tol: float) -> float | None:
+    hit = np.flatnonzero(loss <= tol)
+    return float(iterations[hit[0]]) if hit.size else None
+
+
+def setting_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row per algorithm: the numbers of a setting's table.
+
+    Keys: ``algorithm``, ``iterations`` (the run's last), ``final_relative_loss``,
+    ``best_val_accuracy`` (within the equal-outer-iterations budget: the
+    whole run when the runs are equally long), ``rounds_to_1e-1`` / ``1e-2`` /
+    ``1e-3`` (first outer iteration with relative loss at or below it, None
+    if never), ``sim_time``, ``bytes`` (up + down), ``he_ops`` (encryptions
+    + decryptions + additions), ``seconds_per_iteration``,
+    ``final_relative_loss_equal_time`` and ``best_val_accuracy_equal_time``
+    (within the equal-simulated-time budget; NaN without one).
+    """
+    cutoffs = budget_cutoffs(runs)
+    rows = []
+    for name, run in runs.items():
+        it = run.column("iteration")
+        loss = run.column("relative_loss")
+        whole = (
+            values_within(run, "iterations", cutoffs["iterations"])
+            if "iterations" in cutoffs
+            else {}
+        )
+        timed = values_within(run, "sim_time", cutoffs["sim_time"]) if "sim_time" in cutoffs else {}
+        final = run.final
+        row = {
+            "algorithm": name,
+            "iterations": _last(it),
+            "final_relative_loss": whole.get("final_relative_loss", math.nan),
+            "best_val_accuracy": whole.get("best_val_accuracy", math.nan),
+            **{
+                f"rounds_to_{tol:.0e}".replace("e-0", "e-"): _reach(it, loss, tol)
+                for tol in TOLERANCES
+            },
+            "sim_time": _get(final, "sim_time"),
+            "bytes": _get(final, "bytes_up") + _get(final, "bytes_down"),
+            "he_ops": _get(final, "encryptions")
+            + _get(final, "decryptions")
+            + _get(final, "additions"),
+            "seconds_per_iteration": sum(time_breakdown(run).values())
+            if _has_time(run)
+            else math.nan,
+            "final_relative_loss_equal_time": timed.get("final_relative_loss", math.nan),
+            "best_val_accuracy_equal_time": timed.get("best_val_accuracy", math.nan),
+            "seeds": len(getattr(run, "seeds", ()) or ()),
+        }
+        rows.append(row)
+    return rows
+
+
+def _get(final: Mapping[str, float], key: str) -> float:
+    try:
+        return float(final.get(key, math.nan))
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def focus_algorithm(settings: Mapping[str, Mapping[str, Any]], focus: str | None = None) -> str:
+    """The algorithm the win counts are about: ``focus``, else HyFDCA, else the first."""
+    names = [n for runs in settings.values() for n in runs]
+    if focus is not None:
+        if focus not in names:
+            raise fail(
+                "focus algorithm",
+                f"{focus!r} is not among the runs",
+                f"Choose one of: {', '.join(dict.fromkeys(names))}.",
+            )
+        return focus
+    for name in names:
+        if name.lower() == "hyfdca":
+            return name
+    for name in names:
+        if name.lower().startswith("hyfdca"):
+            return name
+    return names[0]
+
+
+# --------------------------------------------------------------------------- document model
+
+
+@dataclass
+class _Heading:
+    level: int
+    text: str
+
+
+@dataclass
+class _Para:
+    text: str
+    strong: bool = False
+
+
+@dataclass
+class _Table:
+    columns: list[str]
+    rows: list[list[tuple[str, bool]]]  # (text, highlighted)
+    note: str = ""
+
+
+@dataclass
+class _Image:
+    file: str  # name inside the figures folder
+    alt: str
+
+
+def _fmt(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and math.isnan(value):
+        return "-"
+    if isinstance(value, float):
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        if value.is_integer() and abs(value) < 1e15:
+            return f"{int(value):,}" if abs(value) >= 1e4 else str(int(value))
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def _fmt_count(value: float) -> str:
+    if value is None or math.isnan(value):
+        return "-"
+    if value < 1e6:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
+
+
+def _fmt_bytes(value: float) -> str:
+    if value is None or math.isnan(value):
+        return "-"
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if value >= size:
+            return f"{value / size:.3g} {unit}"
+    return f"{value:.0f} B"
+
+
+def _fmt_seconds(value: float) -> str:
+    if value is None or math.isnan(value):
+        return "-"
+    return f"{value:.4g} s"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.") or "setting"
+
+
+def _describe(info: Mapping[str, Any]) -> str:
+    parts = []
+    if info.get("dataset"):
+        parts.append(f"dataset {info['dataset']}")
+    if info.get("loss"):
+        parts.append(f"loss {info['loss']}")
+    if info.get("partition"):
+        clients = f" ({info['n_clients']} clients)" if info.get("n_clients") else ""
+        parts.append(f"partition {info['partition']}{clients}")
+    elif info.get("n_clients"):
+        parts.append(f"{info['n_clients']} clients")
+    if info.get("participation") is not None:
+        parts.append(f"participation {info['participation']}")
+    if info.get("iterations") is not None:
+        parts.append(f"{info['iterations']:,} outer iterations")
+    if info.get("seeds"):
+        parts.append(f"mean of seeds {', '.join(map(str, info['seeds']))}")
+    if info.get("latency") is not None:
+        parts.append(f"latency {float(info['latency']):g} s per round trip")
+    if info.get("cipher"):
+        parts.append(f"cipher {info['cipher']}")
+    if info.get("he_costs"):
+        parts.append(f"HE costs {info['he_costs']}")
+    return "; ".join(parts) + "." if parts else "No run.json: setting details unknown."
+
+
+def _grid_groups(
+    settings: Mapping[str, Mapping[str, Any]], infos: Mapping[str, Mapping[str, Any]]
+) -> list[tuple[str, dict[tuple[Any, Any], Mapping[str, Any]]]]:
+    """Settings that differ only in clients and participation, as grids (2+ settings each)."""
+    groups: dict[tuple, dict[tuple[Any, Any], Mapping[str, Any]]] = {}
+    labels: dict[tuple, str] = {}
+    for name, runs in settings.items():
+        info = infos[name]
+        if info.get("clients") is None or info.get("fraction") is None:
+            continue
+        base = tuple(str(info.get(k)) for k in ("dataset", "loss", "latency", "cipher", "he_costs"))
+        key = (info["clients"], info["fraction"])
+        n = 0
+        while key in groups.get((*base, n), {}):  # same cell twice: another grid
+            n += 1
+        groups.setdefault((*base, n), {})[key] = runs
+        label = ", ".join(
+            f"{k} {info[k]}" for k in ("dataset", "loss", "latency", "cipher") if info.get(k)
+        )
+        labels[(*base, n)] = label + (f" (#{n + 1})" if n else "")
+    return [(labels[k], g) for k, g in groups.items() if len(g) >= 2]
+
+
+# --------------------------------------------------------------------------- building
+
+
+def build_report(
+    results_dir: str | Path,
+    *,
+    format: str = "html",
+    out: str | Path | None = None,
+    focus: str | None = None,
+    window: float | None = None,
+) -> Path:
+    """Write a report of every setting and run under ``results_dir``.
+
+    Parameters
+    ----------
+    results_dir : path
+        A results folder (layouts: :func:`hyfl.experiments.plots.load_results`).
+    format : ``"html"`` or ``"markdown"``
+        HTML: one self-contained file, figures embedded as base64 PNG.
+        Markdown: figures written to ``report_files/`` next to the file and
+        referenced relatively.
+    out : path, optional
+        The file to write; default ``results_dir/report.html`` or
+        ``results_dir/report.md``.
+    focus : str, optional
+        The algorithm the win counts are about; default HyFDCA when present,
+        else the first algorithm.
+    window : float, optional
+        Moving-average window in outer iterations for every curve; default
+        the paper's (:func:`hyfl.experiments.plots.paper_window`).
+
+    Returns
+    -------
+    Path of the report written.
+
+    Raises
+    ------
+    HyflError
+        For an unknown format, or a results folder without runs.
+    """
+    check_choice("format", format, FORMATS)
+    results_dir = Path(results_dir)
+    settings = load_results(results_dir)
+    suffix = ".html" if format == "html" else ".md"
+    out = Path(out) if out is not None else results_dir / f"report{suffix}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if format == "markdown":
+        figures = out.parent / FILES_DIR
+        figures.mkdir(parents=True, exist_ok=True)
+        blocks = _document(settings, results_dir, figures, focus, window)
+        out.write_text(_markdown(blocks, FILES_DIR))
+    else:
+        with tempfile.TemporaryDirectory(prefix="hyfl-report-") as tmp:
+            blocks = _document(settings, results_dir, Path(tmp), focus, window)
+            out.write_text(_html(blocks, Path(tmp), title=_title(results_dir)))
+    return out
+
+
+def _title(results_dir: Path) -> str:
+    return f"hyfl report: {results_dir.resolve().name}"
+
+
+def _document(
+    settings: Mapping[str, Mapping[str, LoadedRun]],
+    results_dir: Path,
+    figures: Path,
+    focus: str | None,
+    window: float | None,
+) -> list:
+    infos = {name: setting_info(runs) for name, runs in settings.items()}
+    comparisons = compare_settings(settings)
+    hero = focus_algorithm(settings, focus)
+    algorithms = list(dict.fromkeys(n for runs in settings.values() for n in runs))
+    blocks: list = [_Heading(1, _title(results_dir))]
+    blocks.append(
+        _Para(
+            f"Results folder: {results_dir.resolve()}. {len(settings)} setting"
+            f"{'s' if len(settings) != 1 else ''}; algorithms: "
+            f"{', '.join(display_name(a) for a in algorithms)}."
+        )
+    )
+
+    # ---- summary
+    blocks.append(_Heading(2, "Summary"))
+    if comparisons:
+        blocks.append(_Para(win_sentence(comparisons, hero) + ".", strong=True))
+        pairs = pairwise_counts(comparisons, hero)
+        (pl, ml), (pa, ma) = pairs["final_relative_loss"], pairs["best_val_accuracy"]
+        blocks.append(
+            _Para(
+                "A comparison is one setting x one budget (equal outer iterations; equal simulated "
+                "time when the runs carry one) x one metric. The winner has the lowest final "
+                "relative loss or the highest best validation accuracy within the budget; ties "
+                "count for every tied algorithm. "
+                f"Counted in pairs as the paper does (its 69 of 72 are pairs against each other "
+                f"algorithm), {display_name(hero)} is at least as good as the other algorithm in "
+                f"{pl + pa} of {ml + ma} pairs ({pl} of {ml} on final relative loss, {pa} of {ma} "
+                "on best validation accuracy)."
+            )
+        )
+        counts = {a: win_counts(comparisons, a) for a in algorithms}
+
+        def share(a: str, metric: str) -> tuple[str, bool]:
+            wins, total = counts[a][metric]
+            return f"{wins} of {total}", False
+
+        blocks.append(
+            _Table(
+                ["algorithm", "wins on final relative loss", "wins on best validation accuracy"],
+                [
+                    [
+                        (display_name(a), a == hero),
+                        share(a, "final_relative_loss"),
+                        share(a, "best_val_accuracy"),
+                    ]
+                    for a in algorithms
+                ],
+            )
+        )
+        blocks.append(
+            _Table(
+                [
+                    "setting",
+                    "budget",
+                    "winner: final relative loss",
+                    "winner: best validation accuracy",
+                ],
+                _winner_rows(comparisons, hero),
+                f"Bold: {display_name(hero)} wins.",
+            )
+        )
+    else:
+        blocks.append(_Para("No comparisons: every setting has a single algorithm (or no values)."))
+
+    # ---- figures across settings
+    grids = _grid_groups(settings, infos)
+    slugs = _unique_slugs(settings)
+    for g, (label, grid) in enumerate(grids):
+        blocks.append(_Heading(2, f"Settings grid: {label}" if label else "Settings grid"))
+        for x, what in (
+            ("iteration", "equal outer iterations"),
+            ("sim_time", "relative simulated time"),
+        ):
+            if x == "sim_time" and not any(
+                _has_time(r) for runs in grid.values() for r in runs.values()
+            ):
+                continue
+            name = f"grid-{g + 1}-{'iterations' if x == 'iteration' else 'time'}.png"
+            plot_settings_grid(
+                grid,
+                figures / name,
+                x=x,
+                window=window,
+                title=f"{label}: {what}" if label else what,
+            )
+            blocks.append(_Image(name, f"Settings grid ({what}), {label}"))
+    if len(settings) > 1 and _any_costs(settings):
+        blocks.append(_Heading(2, "Time per outer iteration across settings"))
+        name = "costs-settings.png"
+        plot_cost_breakdown_settings(settings, figures / name)
+        blocks.append(_Image(name, "Mean time per outer iteration by component and setting"))
+
+    # ---- per setting
+    for setting, runs in settings.items():
+        info = infos[setting]
+        slug = slugs[setting]
+        blocks.append(_Heading(2, f"Setting: {setting}"))
+        blocks.append(_Para(_describe(info) + _budget_note(runs)))
+        blocks.append(_setting_table(runs, comparisons, setting))
+        mine = [c for c in comparisons if c.setting == setting]
+        if mine:
+            blocks.append(
+                _Para(
+                    "Winners: "
+                    + "; ".join(
+                        f"{METRICS[c.metric]} at {BUDGETS[c.budget]}: "
+                        f"{', '.join(display_name(w) for w in c.winners)}"
+                        for c in mine
+                    )
+                    + "."
+                )
+            )
+        name = f"setting-{slug}-curves.png"
+        plot_setting_figure(runs, figures / name, title=setting, window=window)
+        blocks.append(_Image(name, f"Relative loss and validation accuracy, {setting}"))
+        blocks.append(_Para(_window_note(runs, info, window)))
+        if _any_costs({setting: runs}):
+            name = f"setting-{slug}-costs.png"
+            plot_cost_breakdown(runs, figures / name, title=f"{setting}: time per outer iteration")
+            blocks.append(_Image(name, f"Mean time per outer iteration by component, {setting}"))
+
+    # ---- method
+    blocks.append(_Heading(2, "How to read this report"))
+    blocks.append(
+        _Para(
+            "Curves follow the paper (section 7.4): a trailing moving average of width omega "
+            "(50 / 150 / 300 outer iterations for MNIST / News20 / Covtype and their stand-ins "
+            "reuters / ijcnn1, at most 2% of the run; 1% of the outer iterations against time and "
+            "for other datasets; omega < 2 is not smoothed), each smoothed value placed at the "
+            "start of its window. Relative outer iteration is t / (t_max - omega) (eq. 15); "
+            "relative simulated time is T / max over algorithms of the total simulated time "
+            "(eq. 14). Tables are not smoothed: final relative loss is the last evaluated value, "
+            "rounds to 1e-k the first outer iteration at or below it. Equal simulated time cuts "
+            "every run at the shortest run's total simulated time."
+        )
+    )
+    return blocks
+
+
+def _budget_note(runs: Mapping[str, Any]) -> str:
+    cutoffs = budget_cutoffs(runs)
+    ends = {_last(run.column("iteration")) for run in runs.values()}
+    note = ""
+    if len(ends) > 1 and "iterations" in cutoffs:
+        note += (
+            f" The runs differ in length: final relative loss and best validation accuracy "
+            f"are taken up to outer iteration {_fmt(cutoffs['iterations'])}, the shortest "
+            "run's end."
+        )
+    if "sim_time" in cutoffs:
+        note += (
+            f" Equal simulated time: up to {_fmt_seconds(cutoffs['sim_time'])}, the "
+            "shortest run's total."
+        )
+    return note
+
+
+def _unique_slugs(settings: Mapping[str, Any]) -> dict[str, str]:
+    slugs: dict[str, str] = {}
+    used: set[str] = set()
+    for name in settings:
+        slug = base = _slug(name)
+        n = 2
+        while slug in used:
+            slug, n = f"{base}-{n}", n + 1
+        used.add(slug)
+        slugs[name] = slug
+    return slugs
+
+
+def _any_costs(settings: Mapping[str, Mapping[str, Any]]) -> bool:
+    return any(
+        sum(time_breakdown(run).values()) > 0 for runs in settings.values() for run in runs.values()
+    )
+
+
+def _window_note(runs: Mapping[str, Any], info: Mapping[str, Any], window: float | None) -> str:
+    """The moving-average windows the curves used, in outer iterations and table rows."""
+
+    def text(equal_time: bool) -> str:
+        used = set()
+        for run in runs.values():
+            it = run.column("iteration")
+            n_iter = _last(it) if np.isfinite(it).any() else 0.0
+            omega = (
+                window
+                if window is not None
+                else paper_window(info.get("dataset"), n_iter, equal_time)
+            )
+            rows = _window_rows(it, omega)
+            used.add("not smoothed" if rows < 2 else f"{omega:g} outer iterations ({rows} rows)")
+        return " / ".join(sorted(used))
+
+    note = f"Moving-average window: {text(False)} against outer iterations"
+    if any(_has_time(r) for r in runs.values()):
+        note += f"; {text(True)} against simulated time"
+    return note + "."
+
+
+def _winner_rows(comparisons: Sequence[Comparison], hero: str) -> list[list[tuple[str, bool]]]:
+    rows: dict[tuple[str, str], dict[str, tuple[str, ...]]] = {}
+    for c in comparisons:
+        rows.setdefault((c.setting, c.budget), {})[c.metric] = c.winners
+    out = []
+    for (setting, budget), winners in rows.items():
+        cells = [(setting, False), (BUDGETS[budget], False)]
+        for metric in METRICS:
+            names = winners.get(metric, ())
+            cells.append((", ".join(display_name(n) for n in names) or "-", hero in names))
+        out.append(cells)
+    return out
+
+
+def _setting_table(
+    runs: Mapping[str, Any], comparisons: Sequence[Comparison], setting: str
+) -> _Table:
+    rows = setting_rows(runs)
+    winners = {(c.budget, c.metric): c.winners for c in comparisons if c.setting == setting}
+    has_time = any(_has_time(r) for r in runs.values())
+    has_seeds = any(r["seeds"] > 1 for r in rows)
+    columns = [
+        "algorithm",
+        "outer iterations",
+        "final relative loss",
+        "best validation accuracy",
+        "iterations to 1e-1",
+        "to 1e-2",
+        "to 1e-3",
+    ]
+    if has_time:
+        columns += ["simulated time", "time per iteration"]
+    columns += ["bytes", "HE operations"]
+    if "sim_time" in budget_cutoffs(runs):
+        columns += ["relative loss at equal time", "best val. accuracy at equal time"]
+    if has_seeds:
+        columns.append("seeds")
+    table_rows = []
+    for r in rows:
+        name = r["algorithm"]
+
+        def won(budget: str, metric: str, name: str = name) -> bool:
+            return name in winners.get((budget, metric), ())
+
+        cells = [
+            (display_name(name), False),
+            (_fmt(r["iterations"]), False),
+            (_fmt(r["final_relative_loss"]), won("iterations", "final_relative_loss")),
+            (_fmt(r["best_val_accuracy"]), won("iterations", "best_val_accuracy")),
+            (_fmt(r["rounds_to_1e-1"]), False),
+            (_fmt(r["rounds_to_1e-2"]), False),
+            (_fmt(r["rounds_to_1e-3"]), False),
+        ]
+        if has_time:
+            cells += [
+                (_fmt_seconds(r["sim_time"]), False),
+                (_fmt_seconds(r["seconds_per_iteration"]), False),
+            ]
+        cells += [(_fmt_bytes(r["bytes"]), False), (_fmt_count(r["he_ops"]), False)]
+        if "sim_time" in budget_cutoffs(runs):
+            cells += [
+                (_fmt(r["final_relative_loss_equal_time"]), won("sim_time", "final_relative_loss")),
+                (_fmt(r["best_val_accuracy_equal_time"]), won("sim_time", "best_val_accuracy")),
+            ]
+        if has_seeds:
+            cells.append((str(r["seeds"]), False))
+        table_rows.append(cells)
+    note = "Bold: the winner at equal outer iterations (final relative loss, best validation "
+    note += "accuracy)"
+    if "sim_time" in budget_cutoffs(runs):
+        note += " and at equal simulated time (the 'at equal time' columns)"
+    return _Table(columns, table_rows, note + ".")
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _md_cell(text: str, strong: bool) -> str:
+    text = text.replace("|", "\\|")
+    return f"**{text}**" if strong and text != "-" else text
+
+
+def _markdown(blocks: list, figures_dir: str) -> str:
+    lines: list[str] = []
+    for block in blocks:
+        if isinstance(block, _Heading):
+            lines += ["#" * block.level + " " + block.text, ""]
+        elif isinstance(block, _Para):
+            lines += [f"**{block.text}**" if block.strong else block.text, ""]
+        elif isinstance(block, _Table):
+            lines.append("| " + " | ".join(block.columns) + " |")
+            lines.append("|" + "|".join("---" for _ in block.columns) + "|")
+            for row in block.rows:
+                lines.append("| " + " | ".join(_md_cell(t, s) for t, s in row) + " |")
+            lines += ["", block.note, ""]
+        elif isinstance(block, _Image):
+            lines += [f"![{block.alt}]({figures_dir}/{block.file})", ""]
+    text = "\n".join(lines)
+    return re.sub(r"\n{3,}", "\n\n", text).rstrip() + "\n"
+
+
+_CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto;
+       max-width: 1200px; padding: 0 1em; color: #222; line-height: 1.45; }
+h1 { font-size: 1.6em; border-bottom: 2px solid #ddd; padding-bottom: .3em; }
+h2 { font-size: 1.25em; margin-top: 2em; border-bottom: 1px solid #eee; }
+table { border-collapse: collapse; margin: 1em 0; font-size: .9em; }
+th, td { border: 1px solid #ccc; padding: .3em .6em; text-align: right; }
+th { background: #f4f4f4; }
+td:first-child, th:first-child { text-align: left; }
+td.win { font-weight: bold; background: #e6f4e6; }
+p.lead { font-size: 1.1em; font-weight: bold; }
+figure { margin: 1em 0; }
+img { max-width: 100%; height: auto; border: 1px solid #eee; }
+figcaption, p.note { color: #666; font-size: .85em; }
+"""
+
+
+def _html(blocks: list, figures: Path, title: str) -> str:
+    esc = html.escape
+    body: list[str] = []
+    for block in blocks:
+        if isinstance(block, _Heading):
+            body.append(f"<h{block.level}>{esc(block.text)}</h{block.level}>")
+        elif isinstance(block, _Para):
+            cls = ' class="lead"' if block.strong else ""
+            body.append(f"<p{cls}>{esc(block.text)}</p>")
+        elif isinstance(block, _Table):
+            head = "".join(f"<th>{esc(c)}</th>" for c in block.columns)
+            rows = "".join(
+                "<tr>"
+                + "".join(
+                    f'<td class="win">{esc(t)}</td>' if s and t != "-" else f"<td>{esc(t)}</td>"
+                    for t, s in row
+                )
+                + "</tr>"
+                for row in block.rows
+            )
+            body.append(f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
+            if block.note:
+                body.append(f'<p class="note">{esc(block.note)}</p>')
+        elif isinstance(block, _Image):
+            data = base64.b64encode((figures / block.file).read_bytes()).decode("ascii")
+            body.append(
+                f'<figure><img alt="{esc(block.alt, quote=True)}" '
+                f'src="data:image/png;base64,{data}">'
+                f"<figcaption>{esc(block.alt)}</figcaption></figure>"
+            )
+    return (
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f"<title>{esc(title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
+        + "\n".join(body)
+        + "\n</body>\n</html>\n"
+    )
+
+
+__all__ = [
+    "BUDGETS",
+    "FILES_DIR",
+    "FORMATS",
+    "METRICS",
+    "Comparison",
+    "budget_cutoffs",
+    "build_report",
+    "compare_setting",
+    "compare_settings",
+    "focus_algorithm",
+    "pairwise_counts",
+    "setting_rows",
+    "values_within",
+    "win_counts",
+    "win_sentence",
+]
