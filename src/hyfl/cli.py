@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from hyfl.costs import HE_COST_SOURCES
@@ -88,7 +89,7 @@ HeCosts = Annotated[
 
 
 def _fail(err: HyflError) -> None:
-    console.print(f"[bold red]error:[/] {err}")
+    console.print(f"[bold red]error:[/] {escape(str(err))}")
     raise typer.Exit(code=2)
 
 
@@ -134,6 +135,16 @@ def demo(
 
 @app.command()
 def run(
+    ctx: typer.Context,
+    config: Annotated[
+        Path | None,
+        typer.Argument(
+            help="Experiment config (TOML, see hyfl.experiments.config): run every algorithm "
+            "and seed it lists. Flags fill in what it does not set; --out overrides its folder.",
+            metavar="CONFIG.toml",
+            show_default=False,
+        ),
+    ] = None,
     algorithm: Annotated[str, typer.Option(help="See `hyfl algorithms`.")] = "hyfdca",
     data: Data = "breast_cancer",
     val: Val = None,
@@ -159,18 +170,51 @@ def run(
     key_bits: KeyBits = None,
     latency: Latency = 0.0,
     he_costs: HeCosts = "paper",
-    out: Annotated[Path, typer.Option(help="Output folder.")] = Path("hyfl-run"),
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Output folder (default: hyfl-run; with a config, the out key of its "
+            "experiment table, else runs/<name>).",
+            show_default=False,
+        ),
+    ] = None,
     progress: Progress = True,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="With a config: skip the runs already finished in the output folder and "
+            "continue interrupted ones from their checkpoints.",
+        ),
+    ] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="No progress bars or tables.")
+    ] = False,
 ):
-    """Run one federated training job; write DIR/metrics.csv, DIR/run.json and DIR/loss.png.
+    """Run one federated training job, or every run of an experiment config.
 
-    Prints the result against the centralized optimum and the simulated cost:
-    time per outer iteration by component, bytes each way and HE operations.
+    Without CONFIG: one job from the flags; writes DIR/metrics.csv, metrics.parquet,
+    run.json and loss.png, and prints the result against the centralized optimum and
+    the simulated cost (time per outer iteration by component, bytes, HE operations).
+
+    With CONFIG.toml: every (algorithm, seed) of the config; writes DIR/config.toml
+    (resolved), environment.json, summary.csv, summary.md, compare.png, costs.png and
+    DIR/<algorithm>/seed-<s>/ (metrics.parquet, metrics.csv, run.json, checkpoint.pkl).
     """
     from hyfl.experiments.runner import RunSpec, execute
 
+    show = progress and not quiet
     try:
         hyper = _hyper(iic, local_steps, step_rule, a, b, mu, eta0, batch_size, param)
+        if config is not None:
+            _run_config(ctx, config, out, hyper, resume=resume, progress=show, quiet=quiet)
+            return
+        if resume:
+            raise fail(
+                "--resume",
+                "needs an experiment config",
+                "Run `hyfl run CONFIG.toml --resume` (single runs from flags have no checkpoints).",
+            )
         spec = RunSpec(
             algorithm=algorithm,
             data=data,
@@ -190,11 +234,148 @@ def run(
             latency=latency,
             he_costs=he_costs,
         )
-        outcome = execute(spec, out, progress=progress)
+        outcome = execute(spec, out if out is not None else Path("hyfl-run"), progress=show)
     except HyflError as err:
         _fail(err)
+    if quiet:
+        console.print(f"wrote {outcome.out_dir}")
+        return
     _print_summary(outcome)
     _print_costs(outcome)
+
+
+# Flags of `hyfl run` and where they go in a config (used when a config does not set them).
+_FLAG_KEYS = {
+    "data": ("data", "dataset"),
+    "val": ("data", "val"),
+    "val_fraction": ("data", "val_fraction"),
+    "loss": ("data", "loss"),
+    "lam": ("data", "lam"),
+    "data_dir": ("data", "data_dir"),
+    "partition": ("partition", "spec"),
+    "participation": ("partition", "participation"),
+    "cipher": ("costs", "cipher"),
+    "key_bits": ("costs", "key_bits"),
+    "latency": ("costs", "latency"),
+    "he_costs": ("costs", "he_costs"),
+    "eval_every": ("experiment", "eval_every"),
+    "seed": ("experiment", "seeds"),
+    "iterations": ("experiment", "budget"),
+}
+_HYPER_FLAGS = ("iic", "local_steps", "step_rule", "a", "b", "mu", "eta0", "batch_size", "param")
+
+
+def _from_command_line(ctx, name: str) -> bool:
+    """Whether flag ``name`` was given on the command line (not a default or env value)."""
+    source = ctx.get_parameter_source(name)
+    return getattr(source, "name", None) == "COMMANDLINE"
+
+
+def _run_config(ctx, path: Path, out, hyper, *, resume: bool, progress: bool, quiet: bool):
+    """``hyfl run CONFIG``: explicit flags fill what the config leaves out."""
+    from hyfl.experiments.config import fill_missing, parse_config, read_toml
+    from hyfl.experiments.runner import run_experiment
+
+    explicit = {name for name in ctx.params if _from_command_line(ctx, name)}
+    defaults: dict[str, dict] = {}
+    flag_of: dict[str, str] = {}
+    for name, (section, key) in _FLAG_KEYS.items():
+        if name in explicit:
+            value = ctx.params[name]
+            if name == "seed":
+                value = [value]
+            elif name == "iterations":
+                value = {"iterations": value}
+            elif isinstance(value, Path):
+                value = str(value)
+            defaults.setdefault(section, {})[key] = value
+            flag_of[f"{section}.{key}"] = "--" + name.replace("_", "-")
+    algorithm_flags = [n for n in ("algorithm", *_HYPER_FLAGS) if n in explicit]
+    if algorithm_flags:
+        name = ctx.params["algorithm"]
+        defaults["algorithms"] = {name: hyper}
+        flag_of[f"algorithms.{name}"] = ", ".join(
+            "--" + n.replace("_", "-") for n in algorithm_flags
+        )
+    raw, shadowed = fill_missing(read_toml(path), defaults)
+    config = parse_config(raw, source=str(path), base=path.resolve().parent)
+    if shadowed and not quiet:
+        ignored = ", ".join(flag_of.get(k, k) for k in shadowed)
+        console.print(
+            f"[yellow]note:[/] the config sets these, so the flags are ignored: {ignored}"
+        )
+    out_dir = out if out is not None else config.default_out()
+    if not quiet:
+        budget = config.budget.to_dict()
+        console.print(
+            f"[bold]{config.name}[/]: {len(config.algorithms)} algorithm(s) x "
+            f"{len(config.seeds)} seed(s) on [cyan]{config.data.dataset}[/], partition "
+            f"{config.partition.spec}, participation {config.partition.participation}, "
+            f"budget {', '.join(f'{k} {v:g}' for k, v in budget.items())}"
+        )
+    result = run_experiment(
+        config,
+        out_dir,
+        resume=resume,
+        progress=progress,
+        log=None if quiet else console.print,
+    )
+    if not quiet:
+        _print_experiment(result)
+    console.print(f"wrote {result.out_dir}")
+
+
+def _print_experiment(result) -> None:
+    config = result.config
+    title = (
+        f"{config.name}: {config.data.dataset}, {config.partition.spec}, "
+        f"participation {config.partition.participation}"
+    )
+    if len(config.seeds) == 1:
+        _print_comparison(result.rows, title, "simulated cost; seconds per outer iteration")
+        return
+    columns = [
+        ("final_relative_loss", "rel. loss"),
+        ("best_val_accuracy", "best val. acc."),
+        ("rounds_to_1e-2", "to 1e-2"),
+        ("round_trips", "round trips"),
+        ("sim_time", "sim_time"),
+    ]
+    table = Table(
+        title=f"{title}; mean ± std over seeds {list(config.seeds)}",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+        pad_edge=False,
+    )
+    table.add_column("algorithm")
+    table.add_column("seeds", justify="right")
+    for _, header in columns:
+        table.add_column(header, justify="right")
+    for row in result.rows:
+        cells = [row["algorithm"], str(row["n_seeds"])]
+        for column, _ in columns:
+            mean, std = row[f"{column}_mean"], row[f"{column}_std"]
+            cells.append(
+                "-"
+                if mean is None
+                else f"{_summary_cell(column, mean)} ± {_summary_cell(column, std)}"
+            )
+        table.add_row(*cells)
+    console.print(table)
+
+
+def _print_comparison(rows, title: str, cost_title: str) -> None:
+    from hyfl.experiments.runner import CONVERGENCE_COLUMNS, COST_SUMMARY_COLUMNS
+
+    cost_columns = [c for c in COST_SUMMARY_COLUMNS if c != "engine"]
+    for columns, caption in [(CONVERGENCE_COLUMNS, title), (cost_columns, cost_title)]:
+        table = Table(title=caption, box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+        for column in columns:
+            header = _HEADERS.get(column, column)
+            table.add_column(header, justify="left" if column == "algorithm" else "right")
+        for row in rows:
+            table.add_row(*[_summary_cell(c, row[c]) for c in columns])
+        console.print(table)
 
 
 @app.command()
@@ -234,12 +415,7 @@ def compare(
     Writes DIR/summary.csv, summary.md, compare.png (against outer iterations and
     simulated time) and costs.png (time per outer iteration by component).
     """
-    from hyfl.experiments.runner import (
-        CONVERGENCE_COLUMNS,
-        COST_SUMMARY_COLUMNS,
-        RunSpec,
-        summary_rows,
-    )
+    from hyfl.experiments.runner import RunSpec, summary_rows
     from hyfl.experiments.runner import compare as run_compare
 
     try:
@@ -275,15 +451,7 @@ def compare(
         "client, server, latency and HE: seconds per outer iteration"
         + (f"; {', '.join(encrypted)} really encrypted ({cipher})" if encrypted else "")
     )
-    cost_columns = [c for c in COST_SUMMARY_COLUMNS if c != "engine"]
-    for columns, caption in [(CONVERGENCE_COLUMNS, title), (cost_columns, cost_title)]:
-        table = Table(title=caption, box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
-        for column in columns:
-            header = _HEADERS.get(column, column)
-            table.add_column(header, justify="left" if column == "algorithm" else "right")
-        for row in rows:
-            table.add_row(*[_summary_cell(c, row[c]) for c in columns])
-        console.print(table)
+    _print_comparison(rows, title, cost_title)
     console.print(
         f"wrote {out}/summary.csv, summary.md, compare.png, costs.png and one folder per algorithm"
     )
@@ -291,9 +459,7 @@ def compare(
 
 @app.command()
 def calibrate(
-    cipher: Annotated[
-        str, typer.Option(help=f"Cipher to measure: {' | '.join(CIPHERS)} | all.")
-    ],
+    cipher: Annotated[str, typer.Option(help=f"Cipher to measure: {' | '.join(CIPHERS)} | all.")],
     key_bits: KeyBits = None,
     n: Annotated[int, typer.Option(help="Ciphertexts per measured batch.")] = 200,
     output: Annotated[
@@ -428,7 +594,9 @@ def _print_summary(outcome) -> None:
     table.add_row("solver", "", outcome.optimum_method)
     console.print(table)
     if outcome.out_dir is not None:
-        console.print(f"wrote {outcome.out_dir}/metrics.csv, run.json and loss.png")
+        console.print(
+            f"wrote {outcome.out_dir}/metrics.csv, metrics.parquet, run.json and loss.png"
+        )
 
 
 def _print_costs(outcome) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import platform
 import time
 from dataclasses import asdict, dataclass, field
@@ -45,7 +46,15 @@ from hyfl.partition import parse_participation, parse_partition
 from hyfl.privacy.ciphers import CIPHERS, calibrate, check_keybits, make_cipher
 from hyfl.problem import make_problem, solve_centralized
 from hyfl.runtime.protocol import run_protocol
-from hyfl.runtime.simulation import METRIC_COLUMNS, RunResult, Validation, simulate
+from hyfl.runtime.simulation import (
+    DEFAULT_CHECKPOINT_SECONDS,
+    METRIC_COLUMNS,
+    RunResult,
+    Validation,
+    budget_record,
+    check_sim_time_budget,
+    simulate,
+)
 
 FALLBACK_LAMBDA = 1e-4
 
@@ -66,6 +75,11 @@ class RunSpec:
     encrypt. ``latency`` (seconds per round trip) and ``he_costs`` (``paper``,
     ``measured`` or a JSON file, see :func:`hyfl.costs.load_he_costs`) make
     the cost model of the simulated time.
+
+    The budget: ``iterations`` outer iterations, or, with ``sim_time``
+    (simulated seconds), until the cumulative simulated time reaches it, at
+    most ``iterations`` rounds. ``parties`` (party files, from a config's
+    ``[data] parties``) is handed to the data loader as given.
     """
 
     algorithm: str = "hyfdca"
@@ -85,11 +99,14 @@ class RunSpec:
     key_bits: int | None = None
     latency: float = 0.0
     he_costs: str = "paper"
+    sim_time: float | None = None
+    parties: Any = None
 
     def validated(self) -> RunSpec:
         check_choice("algorithm", self.algorithm, algorithm_names())
         check_choice("loss", self.loss, LOSSES)
         check_int("iterations", self.iterations, minimum=1)
+        check_sim_time_budget(self.sim_time)
         check_int("eval_every", self.eval_every, minimum=1)
         check_int("seed", self.seed, minimum=0)
         if self.hyper.get("iic") is not None and self.hyper.get("local_steps") is not None:
@@ -113,6 +130,17 @@ class RunSpec:
             )
         he = load_he_costs(self.he_costs, self.cipher)
         return CostModel(latency=float(self.latency), he=he).validated()
+
+    def budget(self) -> dict[str, float | int]:
+        """``{"iterations": T}`` or ``{"sim_time": S, "max_iterations": T}``."""
+        return budget_record(self.iterations, self.sim_time)
+
+    def run_key(self) -> dict[str, Any]:
+        """What identifies this run's checkpoints: the spec without budget and data folder."""
+        key = asdict(self)
+        for name in ("iterations", "sim_time", "data_dir"):
+            key.pop(name)
+        return key
 
     def uses_protocol(self, algorithm) -> bool:
         """Whether ``algorithm`` runs with real encryption (HyFDCA and a real cipher)."""
@@ -185,12 +213,24 @@ def prepare(spec: RunSpec) -> Setup:
     """Load data and build problem, optimum, partition, participation, cipher and cost model."""
     spec.validated()
     cost_model = spec.cost_model()
+    loader_options = {}
+    if spec.parties is not None:
+        import inspect
+
+        if "parties" not in inspect.signature(train_validation).parameters:
+            raise fail(
+                "[data] parties",
+                "are not supported by this version's data loaders",
+                "Remove parties from the config.",
+            )
+        loader_options["parties"] = spec.parties
     train, val = train_validation(
         spec.data,
         val=spec.val,
         val_fraction=spec.val_fraction,
         seed=spec.seed,
         data_dir=spec.data_dir,
+        **loader_options,
     )
     lam = spec.lam if spec.lam is not None else (default_lambda(spec.data) or FALLBACK_LAMBDA)
     problem = make_problem(train, spec.loss, lam)
@@ -199,15 +239,31 @@ def prepare(spec: RunSpec) -> Setup:
     participation = parse_participation(spec.participation, partition.n_clients)
     validation = Validation(val.X, val.y) if val is not None else None
     cipher = make_cipher(spec.cipher, key_bits=spec.key_bits)
-    return Setup(
-        train, problem, optimum, partition, participation, validation, cipher, cost_model
-    )
+    return Setup(train, problem, optimum, partition, participation, validation, cipher, cost_model)
 
 
 def run_prepared(
-    setup: Setup, spec: RunSpec, name: str, hyper: dict[str, Any], progress: bool = False
+    setup: Setup,
+    spec: RunSpec,
+    name: str,
+    hyper: dict[str, Any],
+    progress: bool = False,
+    *,
+    checkpoint: str | Path | None = None,
+    resume: bool = False,
+    checkpoint_every: int | None = None,
+    checkpoint_seconds: float = DEFAULT_CHECKPOINT_SECONDS,
+    label: str | None = None,
 ) -> RunOutcome:
-    """Run algorithm ``name`` on a prepared set-up and summarize it."""
+    """Run algorithm ``name`` on a prepared set-up and summarize it.
+
+    The budget is the spec's (``iterations``, or ``sim_time`` capped by
+    ``iterations``). ``checkpoint``, ``resume``, ``checkpoint_every`` and
+    ``checkpoint_seconds`` are :func:`~hyfl.runtime.simulation.simulate`'s;
+    the encrypted protocol engine has no checkpoints, so ``resume`` with an
+    existing ``checkpoint`` file is an error there. ``label`` names the run
+    in the summary (default ``name``).
+    """
     started = time.time()
     algorithm = make_algorithm(name, hyper)
     problem, validation = setup.problem, setup.validation
@@ -222,16 +278,34 @@ def run_prepared(
         progress=progress,
     )
     args = (algorithm, problem, setup.partition, setup.participation, spec.iterations)
+    run_spec = RunSpec(**{**asdict(spec), "algorithm": name, "hyper": hyper})
     if spec.uses_protocol(algorithm):
-        result = run_protocol(*args, cipher, **common)
+        if resume and checkpoint is not None and Path(checkpoint).exists():
+            raise fail(
+                f"checkpoint {checkpoint}",
+                f"cannot be resumed: {name} with cipher {spec.cipher} runs on the encrypted "
+                "protocol engine, which has no checkpoints",
+                "Delete the run's folder to run it again from the start, or use cipher none.",
+            )
+        result = run_protocol(*args, cipher, stop_sim_time=spec.sim_time, **common)
     else:
-        result = simulate(*args, cipher=cipher, **common)
+        result = simulate(
+            *args,
+            cipher=cipher,
+            stop_sim_time=spec.sim_time,
+            checkpoint=checkpoint,
+            checkpoint_every=checkpoint_every,
+            checkpoint_seconds=checkpoint_seconds,
+            resume=resume,
+            run_key=run_spec.run_key(),
+            **common,
+        )
     opt_val_acc = (
         problem.accuracy(validation.X, validation.y, setup.optimum.w) if validation else np.nan
     )
     rel = result.column("relative_loss")
     summary = {
-        "algorithm": name,
+        "algorithm": label or name,
         "final": result.final,
         "best_val_accuracy": float(np.nanmax(result.column("val_accuracy")))
         if validation
@@ -240,7 +314,13 @@ def run_prepared(
             f"{tol:g}": _first_reach(result.column("iteration"), rel, tol)
             for tol in (1e-1, 1e-2, 1e-3)
         },
-        "median_round_seconds": float(np.median(result.round_times)),
+        "median_round_seconds": float(np.median(result.round_times))
+        if len(result.round_times)
+        else np.nan,
+        "budget": result.config.get("budget", spec.budget()),
+        "stopped_by": result.config.get("stopped_by", "iterations"),
+        "rounds": int(result.config.get("rounds", len(result.round_times))),
+        "resumed_from": list(result.config.get("resumed_from", [])),
         "engine": result.config.get("engine", "simulation"),
         "cipher": cipher.name,
         "costs": cost_summary(result),
@@ -259,7 +339,6 @@ def run_prepared(
         summary["local_steps"] = algorithm.steps_per_client(
             problem.n_samples, setup.partition.n_clients
         )
-    run_spec = RunSpec(**{**asdict(spec), "algorithm": name, "hyper": hyper})
     return RunOutcome(
         run_spec, result, setup.optimum.primal, setup.optimum.method, opt_val_acc, summary, None
     )
@@ -368,10 +447,7 @@ def summary_rows(outcomes: list[RunOutcome]) -> list[dict[str, Any]]:
                     key: s["costs"]["totals"][key]
                     for key in ("sim_time", "bytes_up", "bytes_down", "encryptions", "decryptions")
                 },
-                **{
-                    f"{key}_per_iter": s["costs"]["per_iteration"][key]
-                    for key in TIME_COMPONENTS
-                },
+                **{f"{key}_per_iter": s["costs"]["per_iteration"][key] for key in TIME_COMPONENTS},
             }
         )
     return rows
@@ -410,6 +486,353 @@ def _cost_title(spec: RunSpec, title: str) -> str:
     return f"{title}\nlatency {float(spec.latency):g} s per round trip, {source}"
 
 
+# ---------------------------------------------------------------------------
+# Experiments from config files
+# ---------------------------------------------------------------------------
+
+CHECKPOINT_FILE = "checkpoint.pkl"
+STARTED_FILE = "started.json"
+"""Marks a run folder whose run has started and not finished (removed when it finishes)."""
+
+
+@dataclass
+class ExperimentOutcome:
+    """What :func:`run_experiment` produced.
+
+    ``outcomes`` has one entry per (algorithm, seed) in the config's order,
+    seed by seed; ``skipped`` the (label, seed) of finished runs that
+    ``resume`` read back instead of running; ``rows`` the summary rows (per
+    algorithm, means and standard deviations across seeds when there are
+    several).
+    """
+
+    config: Any
+    out_dir: Path
+    outcomes: list[RunOutcome]
+    skipped: list[tuple[str, int]]
+    rows: list[dict[str, Any]]
+
+
+def run_experiment(
+    config,
+    out_dir: str | Path | None = None,
+    *,
+    resume: bool = False,
+    progress: bool = False,
+    log=None,
+) -> ExperimentOutcome:
+    """Run every (algorithm, seed) of an :class:`~hyfl.experiments.config.ExperimentConfig`.
+
+    Results folder (``out_dir``, default ``config.default_out()``)::
+
+        config.toml            the resolved config
+        environment.json       versions, machine, git commit, date
+        summary.csv, summary.md
+                               one row per algorithm; with several seeds the
+                               mean and standard deviation across seeds
+                               (``<column>_mean``, ``<column>_std``), and
+                               summary_seeds.csv with every run's row
+        compare.png, costs.png the first seed's runs
+        <label>/seed-<s>/      metrics.parquet, metrics.csv, run.json,
+                               checkpoint.pkl (stacked engine: the last state)
+
+    Runs of one seed share one prepared set-up (data, split, partition,
+    participation). With ``resume``, a run whose ``run.json`` records the same
+    spec is read back instead of run again; the others continue from their
+    checkpoint when there is one (a finished run with a larger budget is
+    extended). An interrupted run of the encrypted protocol engine cannot be
+    continued: that is an error. ``log`` (a callable taking a string) hears
+    about each run.
+    """
+    from hyfl.algorithms import make_algorithm
+
+    say = log or (lambda message: None)
+    out = Path(out_dir) if out_dir is not None else config.default_out()
+    out.mkdir(parents=True, exist_ok=True)
+    _atomic_text(out / "config.toml", config.to_toml())
+    _atomic_text(
+        out / "environment.json", json.dumps(environment(), indent=2, default=_json_default) + "\n"
+    )
+    jobs = config.jobs()
+    outcomes: list[RunOutcome] = []
+    skipped: list[tuple[str, int]] = []
+    setup: Setup | None = None
+    setup_seed: int | None = None
+    for number, job in enumerate(jobs, 1):
+        entry = config.algorithm(job.label)
+        run_dir = out / job.label / f"seed-{job.seed}"
+        where = f"[{number}/{len(jobs)}] {job.label}, seed {job.seed}"
+        if resume:
+            finished = load_finished_run(run_dir, job.spec)
+            if finished is not None:
+                say(f"{where}: finished earlier, read from {run_dir}")
+                outcomes.append(finished)
+                skipped.append((job.label, job.seed))
+                continue
+        started = run_dir / STARTED_FILE
+        encrypted = job.spec.uses_protocol(make_algorithm(entry.algorithm, entry.hyper))
+        if resume and encrypted and started.exists():
+            raise fail(
+                f"run {job.label} (seed {job.seed}) in {run_dir}",
+                f"was interrupted and cannot be resumed: with cipher {job.spec.cipher} it runs "
+                "on the encrypted protocol engine, which writes no checkpoints",
+                f"Delete {run_dir} to run it again from the start (--resume keeps the other "
+                "runs), or run without --resume to start every run over.",
+            )
+        if setup is None or setup_seed != job.seed:
+            setup = None  # free the previous seed's data first
+            setup, setup_seed = prepare(job.spec), job.seed
+        checkpoint = run_dir / CHECKPOINT_FILE
+        continuing = resume and not encrypted and checkpoint.exists()
+        say(f"{where}: {'continuing from its checkpoint' if continuing else 'running'}")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "run.json").unlink(missing_ok=True)
+        _atomic_text(
+            started,
+            json.dumps({"started": _now(), "spec": asdict(job.spec)}, default=_json_default),
+        )
+        outcome = run_prepared(
+            setup,
+            job.spec,
+            entry.algorithm,
+            dict(entry.hyper),
+            progress,
+            checkpoint=None if encrypted else checkpoint,
+            resume=resume,
+            checkpoint_every=config.experiment.checkpoint_every,
+            checkpoint_seconds=config.experiment.checkpoint_seconds,
+            label=job.label,
+        )
+        outcome.out_dir = write_outputs(outcome, run_dir, plot=False)
+        started.unlink(missing_ok=True)
+        outcomes.append(outcome)
+    rows = write_experiment_summary(config, outcomes, out)
+    return ExperimentOutcome(config, out, outcomes, skipped, rows)
+
+
+def load_finished_run(run_dir: Path, spec: RunSpec) -> RunOutcome | None:
+    """A run folder's outcome if it holds a finished run of exactly ``spec``, else None."""
+    import pandas as pd
+
+    record_path, table_path = run_dir / "run.json", run_dir / "metrics.parquet"
+    if (run_dir / STARTED_FILE).exists() or not record_path.exists() or not table_path.exists():
+        return None
+    try:
+        record = json.loads(record_path.read_text())
+        table = pd.read_parquet(table_path)
+    except (OSError, ValueError):
+        return None
+    if _normalized(record.get("spec")) != _normalized(asdict(spec)):
+        return None
+    metrics = [
+        {str(k): float(v) for k, v in row.items()} for row in table.to_dict(orient="records")
+    ]
+    summary = record.get("summary", {})
+    optimum = summary.get("optimum", {})
+    config = {
+        key: record.get(key)
+        for key in (
+            "algorithm",
+            "engine",
+            "cipher",
+            "costs",
+            "budget",
+            "stopped_by",
+            "rounds",
+            "resumed_from",
+            "setup",
+        )
+        if key in record
+    }
+    config["optimum_primal"] = optimum.get("primal")
+    config["seed"] = spec.seed
+    result = RunResult(
+        metrics=metrics,
+        weights=np.empty((0, 0)),
+        duals=None,
+        round_times=np.empty(0),
+        config=config,
+    )
+    return RunOutcome(
+        spec,
+        result,
+        _nan_if_none(optimum.get("primal")),
+        optimum.get("method", ""),
+        _nan_if_none(optimum.get("val_accuracy")),
+        summary,
+        run_dir,
+    )
+
+
+def _nan_if_none(value) -> float:
+    return np.nan if value is None else float(value)
+
+
+def _normalized(obj: Any) -> Any:
+    return json.loads(json.dumps(obj, sort_keys=True, default=_json_default))
+
+
+SEED_AGGREGATED_COLUMNS = tuple(c for c in SUMMARY_COLUMNS if c not in ("algorithm", "engine"))
+
+
+def write_experiment_summary(config, outcomes: list[RunOutcome], out: Path) -> list[dict[str, Any]]:
+    """``summary.csv``/``summary.md`` (and ``summary_seeds.csv``), ``compare.png``, ``costs.png``.
+
+    With one seed the summary is :func:`write_comparison`'s. With several,
+    ``summary_seeds.csv`` has every run's row (with its seed) and
+    ``summary.csv`` one row per algorithm: ``n_seeds`` and, for every numeric
+    column, ``<column>_mean`` and ``<column>_std`` (sample standard deviation,
+    0 for one value), empty when some seed has no value (e.g. a tolerance not
+    reached). The plots show the first seed's runs.
+    """
+    from hyfl.experiments.plots import plot_cost_breakdown, plot_runs
+
+    seeds = list(config.experiment.seeds)
+    if len(seeds) == 1:
+        write_comparison(outcomes, out)
+        rows = summary_rows(outcomes)
+    else:
+        per_run = [{"seed": o.spec.seed, **row} for o, row in zip(outcomes, summary_rows(outcomes))]
+        columns = ["algorithm", "seed", *SUMMARY_COLUMNS[1:]]
+        _write_csv(out / "summary_seeds.csv", columns, per_run)
+        rows = aggregate_seeds(per_run)
+        agg_columns = ["algorithm", "engine", "n_seeds"] + [
+            f"{c}_{stat}" for c in SEED_AGGREGATED_COLUMNS for stat in ("mean", "std")
+        ]
+        _write_csv(out / "summary.csv", agg_columns, rows)
+        header = ["algorithm", "engine", "seeds", *SEED_AGGREGATED_COLUMNS]
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for r in rows:
+            cells = [r["algorithm"], r["engine"], str(r["n_seeds"])]
+            for c in SEED_AGGREGATED_COLUMNS:
+                mean, std = r[f"{c}_mean"], r[f"{c}_std"]
+                cells.append("-" if mean is None else f"{_fmt(mean)} ± {_fmt(std)}")
+            lines.append("| " + " | ".join(cells) + " |")
+        (out / "summary.md").write_text(
+            f"Mean ± sample standard deviation over seeds {seeds}.\n\n" + "\n".join(lines) + "\n"
+        )
+    first = [o for o in outcomes if o.spec.seed == seeds[0]]
+    if first:
+        runs = {o.summary["algorithm"]: o.result for o in first}
+        encrypted = any(o.summary.get("engine") == "protocol" for o in first)
+        title = _title(first[0].spec, encrypted)
+        if len(seeds) > 1:
+            title += f", seed {seeds[0]}"
+        plot_runs(runs, out / "compare.png", title=title)
+        plot_cost_breakdown(runs, out / "costs.png", title=_cost_title(first[0].spec, title))
+    return rows
+
+
+def aggregate_seeds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per algorithm: mean and sample std of every numeric summary column."""
+    by_algorithm: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_algorithm.setdefault(row["algorithm"], []).append(row)
+    out = []
+    for name, group in by_algorithm.items():
+        agg: dict[str, Any] = {
+            "algorithm": name,
+            "engine": group[0].get("engine"),
+            "n_seeds": len(group),
+        }
+        for column in SEED_AGGREGATED_COLUMNS:
+            values = [row.get(column) for row in group]
+            if any(v is None or not np.isfinite(v) for v in values):
+                agg[f"{column}_mean"] = agg[f"{column}_std"] = None
+                continue
+            values = np.asarray(values, dtype=float)
+            agg[f"{column}_mean"] = float(values.mean())
+            agg[f"{column}_std"] = float(values.std(ddof=1)) if values.size > 1 else 0.0
+        out.append(agg)
+    return out
+
+
+def _write_csv(path: Path, columns: list[str], rows: list[dict[str, Any]]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows({k: "" if r.get(k) is None else r.get(k) for k in columns} for r in rows)
+
+
+def environment() -> dict[str, Any]:
+    """Versions, machine and source revision, for ``environment.json``."""
+    from importlib import metadata
+
+    versions = {}
+    for package in ("hyfl", "numpy", "scipy", "scikit-learn", "phe", "gmpy2", "pandas", "pyarrow"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    versions["hyfl"] = versions["hyfl"] or __version__
+    try:
+        available = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        available = os.cpu_count()
+    return {
+        "date": _now(),
+        "versions": versions,
+        "python": {
+            "version": platform.python_version(),
+            "implementation": platform.python_implementation(),
+        },
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "cores_available": available,
+        "git": _git_revision(),
+    }
+
+
+def _now() -> str:
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith(("model name", "hardware", "cpu model")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _git_revision() -> dict[str, Any] | None:
+    """Commit (and whether tracked files differ from it) of hyfl's source, if in a git checkout."""
+    import subprocess
+
+    source = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(source), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "-C", str(source), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit, "dirty": bool(status.strip())} if commit else None
+
+
+def _atomic_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def calibrate_ciphers(
     cipher: str,
     key_bits: int | None = None,
@@ -442,33 +865,56 @@ def _first_reach(iterations: np.ndarray, values: np.ndarray, tol: float) -> floa
     return float(iterations[hit[0]]) if hit.size else None
 
 
-def write_outputs(outcome: RunOutcome, out_dir: Path, plot: bool = True) -> Path:
-    """Write ``metrics.csv``, ``run.json`` and (with ``plot``) ``loss.png``.
+def metric_columns(rows: list[dict[str, float]]) -> list[str]:
+    """:data:`METRIC_COLUMNS` in order, then the other columns of ``rows`` alphabetically."""
+    extra = sorted({k for row in rows for k in row} - set(METRIC_COLUMNS))
+    return list(METRIC_COLUMNS) + extra
 
-    ``metrics.csv`` has the columns :data:`METRIC_COLUMNS` in that order (the
-    cumulative costs among them), then the engine's extra round statistics
-    in alphabetical order. ``run.json`` records the spec, the algorithm, the
-    engine, the cipher, the cost model and, for protocol runs, the set-up
-    costs (encryptions, bytes) that precede the first round.
+
+def write_outputs(outcome: RunOutcome, out_dir: Path, plot: bool = True) -> Path:
+    """Write ``metrics.csv``, ``metrics.parquet``, ``run.json`` and (with ``plot``) ``loss.png``.
+
+    ``metrics.csv`` and ``metrics.parquet`` hold the same table: the columns
+    :data:`METRIC_COLUMNS` in that order (the cumulative costs among them),
+    then the engine's extra round statistics in alphabetical order, all
+    float64 (missing values empty in the CSV, NaN in Parquet). ``run.json``
+    records the spec, the algorithm, the engine, the cipher, the cost model,
+    the budget and what ended the run (``stopped_by``: ``iterations`` or
+    ``sim_time``), the rounds at which it was resumed, and, for protocol
+    runs, the set-up costs (encryptions, bytes) that precede the first round.
     """
+    import pandas as pd
+
     from hyfl.experiments.plots import plot_runs
 
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = outcome.result.metrics
-    extra = sorted({k for row in rows for k in row} - set(METRIC_COLUMNS))
-    columns = list(METRIC_COLUMNS) + extra
+    columns = metric_columns(rows)
     with open(out_dir / "metrics.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         for row in rows:
             writer.writerow({k: _csv_value(row.get(k, np.nan)) for k in columns})
+    table = pd.DataFrame(
+        {k: np.array([_float(row.get(k)) for row in rows], dtype=float) for k in columns},
+        columns=columns,
+    )
+    _atomic_parquet(table, out_dir / "metrics.parquet")
+    config = outcome.result.config
     record = {
         "hyfl_version": __version__,
+        "label": outcome.summary.get("algorithm", outcome.spec.algorithm),
+        "seed": outcome.spec.seed,
         "spec": asdict(outcome.spec),
-        "algorithm": outcome.result.config["algorithm"],
-        "engine": outcome.result.config.get("engine", "simulation"),
-        "cipher": outcome.result.config.get("cipher"),
-        "costs": outcome.result.config.get("costs"),
+        "algorithm": config["algorithm"],
+        "engine": config.get("engine", "simulation"),
+        "cipher": config.get("cipher"),
+        "costs": config.get("costs"),
+        "budget": config.get("budget", outcome.spec.budget()),
+        "stopped_by": config.get("stopped_by", "iterations"),
+        "rounds": config.get("rounds", len(outcome.result.round_times)),
+        "resumed_from": config.get("resumed_from", []),
+        "optimum_primal": config.get("optimum_primal"),
         "summary": outcome.summary,
         "machine": {
             "python": platform.python_version(),
@@ -486,6 +932,16 @@ def write_outputs(outcome: RunOutcome, out_dir: Path, plot: bool = True) -> Path
             title=_title(outcome.spec, encrypted=record["engine"] == "protocol"),
         )
     return out_dir
+
+
+def _float(v: Any) -> float:
+    return np.nan if v is None else float(v)
+
+
+def _atomic_parquet(table, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    table.to_parquet(tmp, index=False)
+    os.replace(tmp, path)
 
 
 def _csv_value(v: float) -> str:

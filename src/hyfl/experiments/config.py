@@ -1,0 +1,828 @@
+"""Experiment configs: one TOML file describes one experiment.
+
+``hyfl run CONFIG.toml`` runs every (algorithm, seed) pair of the file on
+one prepared data set and partition per seed, and writes a results folder
+(see :func:`hyfl.experiments.runner.run_experiment`). :func:`load_config`
+reads and validates a file into an :class:`ExperimentConfig`; every error
+names the table, the key and the file, e.g.::
+
+    [algorithms.fedavg] a: must be > 0, got -1 (in configs/x.toml). Pass ...
+
+Full example (every key; the commented ones are optional, shown with their
+defaults)::
+
+    [experiment]
+    name = "mnist-5-0.1"              # default: the file name without .toml
+    # description = "..."             # free text, kept in the resolved config
+    seeds = [0, 1, 2]                 # one run per seed and algorithm; default [0]
+    eval_every = 10                   # evaluate every N outer iterations; default 1
+    budget = { iterations = 2500 }    # or { sim_time = 10800.0, max_iterations = 1000000 }
+    # out = "runs/mnist-5-0.1"        # results folder; default runs/<name>; --out overrides
+    # checkpoint_every = 100          # rounds between checkpoints; default: by wall time
+    # checkpoint_seconds = 60.0       # wall time between checkpoints when checkpoint_every
+    #                                 # is not given
+
+    [data]
+    dataset = "mnist"                 # a registered name (`hyfl datasets`), a file path,
+                                      # or a party-file spec "parties:..." (passed through)
+    loss = "hinge"                    # hinge | logistic | squared | smoothed_hinge; default hinge
+    lam = 1e-3                        # default: the dataset's (paper's lambdas), else 1e-4
+    val_fraction = 0.2                # hold out this fraction; or val = "name or path"
+    # data_dir = "../shared/data"     # folder with dataset files
+    # parties = ...                   # party files: passed through as given
+
+    [partition]
+    spec = "quadrant:5"               # horizontal:K | vertical:Q | grid:KxQ | nonzero:KxQ | ...
+    participation = "0.1"             # full | a fraction (string or number) | cyclic:C |
+                                      # trace:FILE; default full
+
+    [costs]                           # the whole table is optional
+    cipher = "none"                   # none | paillier | packed; default none
+    key_bits = 2048                   # Paillier modulus; default: the cipher's (2048)
+    latency = 0.2575                  # seconds per round trip; default 0
+    he_costs = "paper"                # paper | measured | FILE; default paper
+
+    [algorithms.hyfdca]               # one table per algorithm (at least one)
+    iic = 0.001
+
+    [algorithms.fedavg]
+    iic = 0.02
+    a = 0.1
+    b = 1.0
+
+    [algorithms.fedavg-slow]          # a second FedAvg: the label is free when
+    algorithm = "fedavg"              # `algorithm` names the registered algorithm
+    iic = 0.02
+    a = 0.01
+
+    [tune]                            # hyperparameter search settings: kept as given
+    # ...
+
+The table name under ``algorithms`` is the run's label (its results folder);
+it is the registered algorithm (``hyfl algorithms``) unless the table names
+one with ``algorithm = "..."``. Every other key is a hyperparameter that
+algorithm accepts, checked against the registry. Budgets: ``iterations``
+runs that many outer iterations; ``sim_time`` runs until the cumulative
+simulated time reaches that many seconds (the round that crosses it is the
+last), at most ``max_iterations`` rounds (required with ``sim_time``).
+
+Relative file paths (``dataset``, ``val``, ``data_dir``, ``he_costs``,
+``trace:FILE``, string ``parties``) are read relative to the config file's
+folder when such a file exists there, else relative to the working folder.
+:meth:`ExperimentConfig.to_toml` writes the resolved config: every default
+filled in, ``lam`` resolved, found paths made absolute; loading it gives the
+same :class:`ExperimentConfig`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+try:  # Python 3.11+
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+from hyfl.errors import HyflError, fail
+
+DEFAULT_CHECKPOINT_SECONDS = 60.0
+DEFAULT_RESULTS_ROOT = "runs"
+
+SECTIONS = ("experiment", "data", "partition", "costs", "algorithms", "tune")
+EXPERIMENT_KEYS = (
+    "name",
+    "description",
+    "seeds",
+    "eval_every",
+    "budget",
+    "out",
+    "checkpoint_every",
+    "checkpoint_seconds",
+)
+BUDGET_KEYS = ("iterations", "sim_time", "max_iterations")
+DATA_KEYS = ("dataset", "loss", "lam", "val", "val_fraction", "data_dir", "parties")
+PARTITION_KEYS = ("spec", "participation")
+COSTS_KEYS = ("cipher", "key_bits", "latency", "he_costs")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How long each run lasts: ``iterations``, or ``sim_time`` capped by ``max_iterations``."""
+
+    iterations: int | None = None
+    sim_time: float | None = None
+    max_iterations: int | None = None
+
+    @property
+    def rounds(self) -> int:
+        """The most outer iterations a run may take."""
+        return int(self.iterations if self.sim_time is None else self.max_iterations)
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.sim_time is None:
+            return {"iterations": int(self.iterations)}
+        return {"sim_time": float(self.sim_time), "max_iterations": int(self.max_iterations)}
+
+
+@dataclass(frozen=True)
+class ExperimentSection:
+    name: str
+    budget: Budget
+    seeds: tuple[int, ...] = (0,)
+    eval_every: int = 1
+    description: str | None = None
+    out: str | None = None
+    checkpoint_every: int | None = None
+    checkpoint_seconds: float = DEFAULT_CHECKPOINT_SECONDS
+
+
+@dataclass(frozen=True)
+class DataSection:
+    dataset: str
+    lam: float
+    loss: str = "hinge"
+    val: str | None = None
+    val_fraction: float | None = None
+    data_dir: str | None = None
+    parties: Any = None
+
+
+@dataclass(frozen=True)
+class PartitionSection:
+    spec: str
+    participation: str = "full"
+
+
+@dataclass(frozen=True)
+class CostsSection:
+    cipher: str = "none"
+    key_bits: int | None = None
+    latency: float = 0.0
+    he_costs: str = "paper"
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    """One ``[algorithms.LABEL]`` table: a label, a registered algorithm, its hyperparameters."""
+
+    label: str
+    algorithm: str
+    hyper: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run of an experiment: an algorithm (by label) and a seed."""
+
+    label: str
+    seed: int
+    spec: Any  # RunSpec
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """A validated experiment config (see the module docstring for the schema)."""
+
+    experiment: ExperimentSection
+    data: DataSection
+    partition: PartitionSection
+    costs: CostsSection
+    algorithms: tuple[AlgorithmConfig, ...]
+    tune: dict[str, Any] = field(default_factory=dict)
+    source: str | None = field(default=None, compare=False)
+
+    @property
+    def name(self) -> str:
+        return self.experiment.name
+
+    @property
+    def seeds(self) -> tuple[int, ...]:
+        return self.experiment.seeds
+
+    @property
+    def budget(self) -> Budget:
+        return self.experiment.budget
+
+    def algorithm(self, label: str) -> AlgorithmConfig:
+        for entry in self.algorithms:
+            if entry.label == label:
+                return entry
+        raise KeyError(label)
+
+    def spec(self, label: str, seed: int):
+        """The :class:`~hyfl.experiments.runner.RunSpec` of algorithm ``label`` and ``seed``."""
+        from hyfl.experiments.runner import RunSpec
+
+        entry = self.algorithm(label)
+        e, d, p, c = self.experiment, self.data, self.partition, self.costs
+        return RunSpec(
+            algorithm=entry.algorithm,
+            data=d.dataset,
+            val=d.val,
+            val_fraction=d.val_fraction,
+            loss=d.loss,
+            lam=d.lam,
+            partition=p.spec,
+            participation=p.participation,
+            hyper=dict(entry.hyper),
+            iterations=e.budget.rounds,
+            sim_time=e.budget.sim_time,
+            eval_every=e.eval_every,
+            seed=int(seed),
+            data_dir=d.data_dir,
+            cipher=c.cipher,
+            key_bits=c.key_bits,
+            latency=c.latency,
+            he_costs=c.he_costs,
+            parties=d.parties,
+        )
+
+    def jobs(self) -> list[Job]:
+        """Every (algorithm, seed) run, seed by seed (runs of one seed share a set-up)."""
+        return [
+            Job(entry.label, seed, self.spec(entry.label, seed))
+            for seed in self.experiment.seeds
+            for entry in self.algorithms
+        ]
+
+    def run_specs(self) -> list:
+        """One :class:`~hyfl.experiments.runner.RunSpec` per algorithm and seed."""
+        return [job.spec for job in self.jobs()]
+
+    def default_out(self) -> Path:
+        """``[experiment] out``, else ``runs/<name>``."""
+        if self.experiment.out is not None:
+            return Path(self.experiment.out)
+        return Path(DEFAULT_RESULTS_ROOT) / self.experiment.name
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved config as TOML-ready tables (``None`` values left out)."""
+        experiment = {k: v for k, v in asdict(self.experiment).items() if v is not None}
+        experiment["seeds"] = list(self.experiment.seeds)
+        experiment["budget"] = self.experiment.budget.to_dict()
+        out: dict[str, Any] = {
+            "experiment": experiment,
+            "data": _without_none(
+                {k: getattr(self.data, k) for k in DATA_KEYS}  # parties kept as given
+            ),
+            "partition": _without_none(asdict(self.partition)),
+            "costs": _without_none(asdict(self.costs)),
+            "algorithms": {
+                entry.label: {
+                    **({"algorithm": entry.algorithm} if entry.algorithm != entry.label else {}),
+                    **entry.hyper,
+                }
+                for entry in self.algorithms
+            },
+        }
+        if self.tune:
+            out["tune"] = self.tune
+        return out
+
+    def to_toml(self) -> str:
+        """The resolved config as TOML text (see :meth:`to_dict`)."""
+        import tomli_w
+
+        header = (
+            f"# Resolved hyfl experiment config{f' (from {self.source})' if self.source else ''}\n"
+        )
+        return header + tomli_w.dumps(self.to_dict())
+
+
+def _without_none(d: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+# ---------------------------------------------------------------------------
+# Loading and validation
+# ---------------------------------------------------------------------------
+
+
+def read_toml(path: str | os.PathLike) -> dict[str, Any]:
+    """The raw tables of a TOML file (errors name the file and the line)."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise fail(f"config file {str(p)!r}", "does not exist", "Check the path.") from None
+    except OSError as err:
+        raise fail(
+            f"config file {str(p)!r}", f"cannot be read ({err})", "Check the path."
+        ) from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise fail(
+            f"config file {str(p)!r}", f"is not valid TOML: {err}", "Fix the syntax."
+        ) from None
+
+
+def load_config(
+    path: str | os.PathLike, *, defaults: Mapping[str, Any] | None = None
+) -> ExperimentConfig:
+    """Read and validate an experiment config file.
+
+    Parameters
+    ----------
+    path : path
+    defaults : mapping, optional
+        Raw tables (same layout as the file) filling in what the file does not
+        set; ``hyfl run CONFIG --flags`` passes its explicit flags here.
+
+    Raises
+    ------
+    HyflError
+        Naming the table, the key and the file.
+    """
+    raw = read_toml(path)
+    if defaults:
+        raw, _ = fill_missing(raw, defaults)
+    return parse_config(raw, source=str(path), base=Path(path).resolve().parent)
+
+
+def fill_missing(
+    raw: Mapping[str, Any], defaults: Mapping[str, Any]
+) -> tuple[dict[str, Any], list[str]]:
+    """``raw`` with the keys of ``defaults`` it lacks; also the defaults it shadows.
+
+    Tables are merged key by key, except ``algorithms``, ``budget`` and the
+    validation set (``val``/``val_fraction``), which count as one setting each:
+    a file that sets them keeps its own. Returns the merged tables and the
+    ``table.key`` names of the defaults that were not used.
+    """
+    merged = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
+    shadowed: list[str] = []
+    for section, values in defaults.items():
+        if section == "algorithms":
+            if "algorithms" in merged:
+                shadowed.extend(f"algorithms.{k}" for k in values)
+            else:
+                merged["algorithms"] = dict(values)
+            continue
+        target = merged.setdefault(section, {})
+        if not isinstance(target, dict):
+            continue  # reported by validation
+        for key, value in values.items():
+            if section == "data" and key in ("val", "val_fraction"):
+                taken = "val" in target or "val_fraction" in target
+            else:
+                taken = key in target
+            if taken:
+                shadowed.append(f"{section}.{key}")
+            else:
+                target[key] = value
+    return merged, shadowed
+
+
+def parse_config(
+    raw: Mapping[str, Any], *, source: str | None = None, base: Path | None = None
+) -> ExperimentConfig:
+    """Validate raw TOML tables into an :class:`ExperimentConfig` (see :func:`load_config`)."""
+    v = _Validator(source, base)
+    v.known_keys("", raw, SECTIONS)
+    for section in ("experiment", "data", "partition", "costs", "tune"):
+        if section in raw and not isinstance(raw[section], Mapping):
+            raise v.error(
+                section, "", "must be a table", f"Write it as [{section}] with keys below it."
+            )
+    for required in ("experiment", "data", "partition", "algorithms"):
+        if required not in raw:
+            raise v.error(required, "", "is missing", f"Add a [{required}] table.")
+
+    experiment = v.experiment(raw["experiment"])
+    data = v.data(raw["data"])
+    partition = v.partition(raw["partition"])
+    costs = v.costs(raw.get("costs", {}))
+    algorithms = v.algorithms(raw["algorithms"])
+    config = ExperimentConfig(
+        experiment=experiment,
+        data=data,
+        partition=partition,
+        costs=costs,
+        algorithms=algorithms,
+        tune=dict(raw.get("tune", {})),
+        source=source,
+    )
+    for job in config.jobs():  # the runner's own checks, as a last net
+        try:
+            job.spec.validated()
+        except HyflError as err:
+            raise v.error(f"algorithms.{job.label}", "", str(err).rstrip("."), "") from None
+    return config
+
+
+class _Validator:
+    """Typed reads of raw TOML values with errors naming table, key and file."""
+
+    def __init__(self, source: str | None, base: Path | None):
+        self.source, self.base = source, base
+
+    # -- errors ----------------------------------------------------------------
+    def error(self, section: str, key: str, problem: str, fix: str) -> HyflError:
+        """``"[section] key: problem (in FILE). fix"``."""
+        where = f"[{section}] {key}:" if key else f"[{section}]:"
+        located = f"{problem} (in {self.source})" if self.source else problem
+        return HyflError(f"{where} {located}." + (f" {fix}" if fix else ""))
+
+    def wrap(self, section: str, key: str, err: HyflError) -> HyflError:
+        """Re-locate a library error (``"<name> <problem>. <fix>"``) at a config key."""
+        text = str(err)
+        for prefix in (f"{key} ", f"--{key.replace('_', '-')} "):
+            if key and text.startswith(prefix):
+                text = text[len(prefix) :]
+                break
+        problem, sep, fix = text.partition(". ")
+        if not sep:
+            problem, fix = text.rstrip("."), ""
+        return self.error(section, key, problem, fix)
+
+    def known_keys(self, section: str, table: Mapping, known) -> None:
+        for key in table:
+            if key not in known:
+                if section:
+                    raise self.error(
+                        section,
+                        str(key),
+                        "is not a known key",
+                        f"Known keys of [{section}]: {', '.join(known)}.",
+                    )
+                raise self.error(
+                    str(key), "", "is not a known table", f"Known tables: {', '.join(known)}."
+                )
+
+    # -- scalars ---------------------------------------------------------------
+    def text(self, section, table, key, default=None, *, required=False) -> str | None:
+        if key not in table:
+            if required:
+                raise self.error(section, key, "is missing", f'Add {key} = "...".')
+            return default
+        value = table[key]
+        if not isinstance(value, str) or not value.strip():
+            raise self.error(
+                section, key, f"must be a non-empty string, got {value!r}", "Quote it."
+            )
+        return value.strip()
+
+    def integer(self, section, table, key, default=None, *, minimum=0, required=False):
+        if key not in table:
+            if required:
+                raise self.error(section, key, "is missing", f"Add {key} = <integer>.")
+            return default
+        return self.as_int(section, key, table[key], minimum)
+
+    def as_int(self, section, key, value, minimum) -> int:
+        ok = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+        if isinstance(value, bool) or not ok:
+            raise self.error(
+                section,
+                key,
+                f"must be an integer, got {value!r}",
+                f"Write an integer >= {minimum}.",
+            )
+        if value < minimum:
+            raise self.error(
+                section,
+                key,
+                f"must be >= {minimum}, got {value!r}",
+                f"Write an integer >= {minimum}.",
+            )
+        return int(value)
+
+    def number(
+        self, section, table, key, default=None, *, low=None, low_open=False, high=None, fix=""
+    ) -> float | None:
+        if key not in table:
+            return default
+        value = table[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self.error(section, key, f"must be a number, got {value!r}", fix)
+        value = float(value)
+        if not math.isfinite(value):
+            raise self.error(section, key, f"must be finite, got {value!r}", fix)
+        if low is not None and (value <= low if low_open else value < low):
+            raise self.error(
+                section, key, f"must be {'>' if low_open else '>='} {low:g}, got {value:g}", fix
+            )
+        if high is not None and value > high:
+            raise self.error(section, key, f"must be <= {high:g}, got {value:g}", fix)
+        return value
+
+    def path(self, value: str) -> str:
+        """An existing file or folder relative to the config file, made absolute."""
+        if self.base is None or os.path.isabs(value):
+            return value
+        candidate = self.base / value
+        return str(candidate.resolve()) if candidate.exists() else value
+
+    # -- tables ----------------------------------------------------------------
+    def experiment(self, table: Mapping) -> ExperimentSection:
+        s = "experiment"
+        self.known_keys(s, table, EXPERIMENT_KEYS)
+        default_name = Path(self.source).stem if self.source else None
+        name = self.text(s, table, "name", default_name, required=default_name is None)
+        if any(sep in name for sep in ("/", "\\")) or name in (".", ".."):
+            raise self.error(s, "name", f"is {name!r}", "Use a name without path separators.")
+        seeds = table.get("seeds", [0])
+        if not isinstance(seeds, list) or not seeds:
+            raise self.error(
+                s,
+                "seeds",
+                f"must be a non-empty list of integers, got {seeds!r}",
+                "Write e.g. seeds = [0, 1, 2].",
+            )
+        seeds = tuple(self.as_int(s, "seeds", seed, 0) for seed in seeds)
+        if len(set(seeds)) != len(seeds):
+            raise self.error(s, "seeds", f"has repeated seeds {list(seeds)}", "List each once.")
+        checkpoint_seconds = self.number(
+            s,
+            table,
+            "checkpoint_seconds",
+            DEFAULT_CHECKPOINT_SECONDS,
+            low=0,
+            low_open=True,
+            fix="Write wall-clock seconds between checkpoints, e.g. 60.",
+        )
+        return ExperimentSection(
+            name=name,
+            budget=self.budget(table),
+            seeds=seeds,
+            eval_every=self.integer(s, table, "eval_every", 1, minimum=1),
+            description=self.text(s, table, "description"),
+            out=self.text(s, table, "out"),
+            checkpoint_every=self.integer(s, table, "checkpoint_every", None, minimum=1),
+            checkpoint_seconds=checkpoint_seconds,
+        )
+
+    def budget(self, table: Mapping) -> Budget:
+        s, key = "experiment", "budget"
+        example = "budget = { iterations = 2000 } or { sim_time = 3600.0, max_iterations = 100000 }"
+        if key not in table:
+            raise self.error(s, key, "is missing", f"Add {example}.")
+        b = table[key]
+        if not isinstance(b, Mapping):
+            raise self.error(s, key, f"must be a table, got {b!r}", f"Write {example}.")
+        for k in b:
+            if k not in BUDGET_KEYS:
+                raise self.error(
+                    s, f"budget.{k}", "is not a known key", f"Known keys: {', '.join(BUDGET_KEYS)}."
+                )
+        if ("iterations" in b) == ("sim_time" in b):
+            raise self.error(
+                s,
+                key,
+                f"must give exactly one of iterations and sim_time, got {dict(b)}",
+                f"Write {example}.",
+            )
+        if "iterations" in b:
+            if "max_iterations" in b:
+                raise self.error(
+                    s,
+                    "budget.max_iterations",
+                    "applies only with sim_time",
+                    "Remove it, or budget by sim_time.",
+                )
+            return Budget(iterations=self.as_int(s, "budget.iterations", b["iterations"], 1))
+        sim_time = self.number(
+            s,
+            {"budget.sim_time": b["sim_time"]},
+            "budget.sim_time",
+            low=0,
+            low_open=True,
+            fix="Write simulated seconds, e.g. 10800.0.",
+        )
+        if "max_iterations" not in b:
+            raise self.error(
+                s,
+                "budget.max_iterations",
+                "is required with sim_time",
+                "Add a cap on outer iterations, e.g. max_iterations = 1000000.",
+            )
+        return Budget(
+            sim_time=sim_time,
+            max_iterations=self.as_int(s, "budget.max_iterations", b["max_iterations"], 1),
+        )
+
+    def data(self, table: Mapping) -> DataSection:
+        from hyfl.data import dataset_names, default_lambda
+        from hyfl.experiments.runner import FALLBACK_LAMBDA
+        from hyfl.losses import LOSSES
+
+        s = "data"
+        self.known_keys(s, table, DATA_KEYS)
+        dataset = self.text(s, table, "dataset", required=True)
+        names = dataset_names()
+        registered = dataset in names or dataset.partition(":")[0] in names
+        if not registered and not dataset.startswith("parties:"):  # party specs pass through
+            dataset = self.path(dataset)
+            if not Path(dataset).exists():
+                raise self.error(
+                    s,
+                    "dataset",
+                    f"is {dataset!r}, neither a registered dataset nor a file",
+                    f"Use one of: {', '.join(names)}; or give the path of a data file.",
+                )
+        loss = self.text(s, table, "loss", "hinge")
+        if loss not in LOSSES:
+            raise self.error(
+                s,
+                "loss",
+                f"is {loss!r}, which is not known",
+                f"Choose one of: {', '.join(LOSSES)}.",
+            )
+        lam = self.number(
+            s,
+            table,
+            "lam",
+            None,
+            low=0,
+            low_open=True,
+            fix="Write a positive regularization, e.g. lam = 1e-4 (or leave it out).",
+        )
+        if lam is None:
+            lam = default_lambda(dataset) or FALLBACK_LAMBDA
+        if "val" in table and "val_fraction" in table:
+            raise self.error(s, "val, val_fraction", "are both given", "Give only one of them.")
+        val = self.text(s, table, "val")
+        if val is not None and val not in names:
+            val = self.path(val)
+        val_fraction = self.number(
+            s,
+            table,
+            "val_fraction",
+            None,
+            low=0,
+            low_open=True,
+            high=1,
+            fix="Write a fraction in (0, 1), e.g. val_fraction = 0.2.",
+        )
+        if val_fraction is not None and val_fraction >= 1:
+            raise self.error(
+                s,
+                "val_fraction",
+                f"must be < 1, got {val_fraction:g}",
+                "Write a fraction in (0, 1), e.g. val_fraction = 0.2.",
+            )
+        data_dir = self.text(s, table, "data_dir")
+        if data_dir is not None:
+            data_dir = self.path(data_dir)
+        parties = table.get("parties")
+        if isinstance(parties, str):
+            parties = self.path(parties)
+        return DataSection(
+            dataset=dataset,
+            lam=lam,
+            loss=loss,
+            val=val,
+            val_fraction=val_fraction,
+            data_dir=data_dir,
+            parties=parties,
+        )
+
+    def partition(self, table: Mapping) -> PartitionSection:
+        from hyfl.partition import _SPEC_PATTERN, PARTITIONS, parse_participation
+
+        s = "partition"
+        self.known_keys(s, table, PARTITION_KEYS)
+        spec = self.text(s, table, "spec", required=True)
+        forms = ", ".join(kind.form for kind in PARTITIONS.values())
+        match = _SPEC_PATTERN.match(spec)
+        kind = PARTITIONS.get(match.group(1).lower()) if match else None
+        numbers = [g for g in match.groups()[1:] if g is not None] if match else []
+        if kind is None or len(numbers) != kind.n_numbers:
+            raise self.error(
+                s, "spec", f"is {spec!r}, which is not understood", f"Use one of: {forms}."
+            )
+        participation = table.get("participation", "full")
+        if isinstance(participation, bool) or not isinstance(participation, (str, int, float)):
+            raise self.error(
+                s,
+                "participation",
+                f"must be a string or a number, got {participation!r}",
+                'Write e.g. participation = "full", 0.5 or "cyclic:2".',
+            )
+        if not isinstance(participation, str):
+            participation = repr(float(participation))
+        participation = participation.strip()
+        head, sep, argument = participation.partition(":")
+        if sep and head.strip().lower() == "trace":
+            trace = self.path(argument.strip())
+            if not Path(trace).is_file():
+                raise self.error(
+                    s,
+                    "participation",
+                    f"names the trace file {trace!r}, which does not exist",
+                    "Check the path (relative to the config file or the working folder).",
+                )
+            participation = f"trace:{trace}"
+        else:
+            try:  # syntax and values; the client count is checked when the data is known
+                parse_participation(participation, 1 << 20)
+            except HyflError as err:
+                raise self.wrap(s, "participation", err) from None
+        return PartitionSection(spec=spec, participation=participation)
+
+    def costs(self, table: Mapping) -> CostsSection:
+        from hyfl.costs import HE_COST_SOURCES, load_he_costs
+        from hyfl.privacy.ciphers import CIPHERS, check_keybits
+
+        s = "costs"
+        self.known_keys(s, table, COSTS_KEYS)
+        cipher = self.text(s, table, "cipher", "none")
+        if cipher not in CIPHERS:
+            raise self.error(
+                s,
+                "cipher",
+                f"is {cipher!r}, which is not known",
+                f"Choose one of: {', '.join(CIPHERS)}.",
+            )
+        key_bits = self.integer(s, table, "key_bits", None, minimum=1)
+        if key_bits is not None:
+            try:
+                check_keybits(key_bits)
+            except HyflError as err:
+                raise self.wrap(s, "key_bits", err) from None
+        latency = self.number(
+            s,
+            table,
+            "latency",
+            0.0,
+            low=0,
+            fix="Write seconds per round trip, e.g. latency = 0.2575.",
+        )
+        he_costs = self.text(s, table, "he_costs", "paper")
+        if he_costs not in HE_COST_SOURCES:
+            he_costs = self.path(he_costs)
+        try:
+            load_he_costs(he_costs, cipher)
+        except HyflError as err:
+            raise self.wrap(s, "he_costs", err) from None
+        return CostsSection(cipher=cipher, key_bits=key_bits, latency=latency, he_costs=he_costs)
+
+    def algorithms(self, table: Any) -> tuple[AlgorithmConfig, ...]:
+        from hyfl.algorithms import accepted_hyperparameters, algorithm_names, make_algorithm
+
+        names = algorithm_names()
+        example = "Add e.g. [algorithms.hyfdca] with its hyperparameters (or none)."
+        if not isinstance(table, Mapping) or not table:
+            raise self.error(
+                "algorithms", "", "must hold at least one [algorithms.NAME] table", example
+            )
+        out = []
+        for label, body in table.items():
+            s = f"algorithms.{label}"
+            if not isinstance(body, Mapping):
+                raise self.error(
+                    "algorithms",
+                    str(label),
+                    f"must be a table, got {body!r}",
+                    f"Write [algorithms.{label}] with hyperparameters as keys.",
+                )
+            if any(sep in label for sep in ("/", "\\")) or label in (".", ".."):
+                raise self.error(s, "", "has a name with a path separator", "Rename the table.")
+            name = self.text(s, body, "algorithm", label)
+            if name not in names:
+                key = "algorithm" if "algorithm" in body else ""
+                raise self.error(
+                    s,
+                    key,
+                    f"{name!r} is not a registered algorithm",
+                    f'Registered: {", ".join(names)} (or set algorithm = "..." in the table).',
+                )
+            accepted = accepted_hyperparameters(name)
+            hyper = {k: v for k, v in body.items() if k != "algorithm"}
+            for key in hyper:
+                if key not in accepted:
+                    raise self.error(
+                        s,
+                        key,
+                        f"is not a hyperparameter of {name}",
+                        f"{name} accepts: {', '.join(sorted(accepted))}.",
+                    )
+            if "iic" in hyper and "local_steps" in hyper:
+                raise self.error(s, "iic, local_steps", "are both given", "Give only one of them.")
+            try:
+                make_algorithm(name, hyper)
+            except HyflError as err:
+                raise self._locate_hyper(s, name, hyper, err) from None
+            out.append(AlgorithmConfig(label=label, algorithm=name, hyper=hyper))
+        return tuple(out)
+
+    def _locate_hyper(self, section, name, hyper, err: HyflError) -> HyflError:
+        from hyfl.algorithms import make_algorithm
+
+        for key, value in hyper.items():
+            try:
+                make_algorithm(name, {key: value})
+            except HyflError as single:
+                return self.wrap(section, key, single)
+        return self.wrap(section, "", err)
+
+
+def config_with(config: ExperimentConfig, **experiment: Any) -> ExperimentConfig:
+    """A copy with some ``[experiment]`` fields replaced (e.g. ``seeds=(1,)``)."""
+    return replace(config, experiment=replace(config.experiment, **experiment))
