@@ -1,11 +1,14 @@
-"""Tests for hyfl.data: LIBSVM/IDX readers, the dataset registry, splits, cache."""
+"""Tests for hyfl.data: LIBSVM/IDX readers, the dataset registry, downloads, splits, cache."""
 
 from __future__ import annotations
 
 import bz2
 import gzip
+import hashlib
+import io
 import os
 import struct
+import urllib.error
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +18,15 @@ from sklearn.datasets import dump_svmlight_file
 
 from hyfl.data import (
     DATASETS,
+    FILES,
+    DataFile,
     Dataset,
+    check_files,
+    dataset_files,
     dataset_names,
     default_lambda,
+    downloads_allowed,
+    fetch,
     has_test_split,
     load_data,
     load_dataset,
@@ -36,11 +45,23 @@ SHARED = next((p for p in SHARED_CANDIDATES if (p / "README.md").is_file()), Non
 # --------------------------------------------------------------------------- helpers
 
 
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch):
+    """Tests never touch the network: any download attempt fails the test."""
+
+    def refuse(request, timeout=None):
+        raise AssertionError(f"a test tried to download {getattr(request, 'full_url', request)}")
+
+    monkeypatch.setattr(fetch, "_urlopen", refuse)
+
+
 @pytest.fixture
 def isolated(tmp_path, monkeypatch):
-    """No real data folder is reachable and the cache lives in tmp_path."""
+    """No real data folder is reachable, the cache lives in tmp_path, downloads are off."""
     monkeypatch.delenv("HYFL_DATA", raising=False)
     monkeypatch.delenv("HYFL_NO_CACHE", raising=False)
+    monkeypatch.delenv("HYFL_CACHE", raising=False)
+    monkeypatch.setenv("HYFL_OFFLINE", "1")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(registry, "_search_anchors", lambda: [tmp_path])
@@ -296,6 +317,18 @@ def test_missing_named_file_says_what_to_put_where(isolated):
     assert "news20.binary.bz2" in message
     assert "HYFL_DATA" in message
     assert str(empty) in message
+    # Offline: it says so, lists the download folder and where to get the file.
+    assert "Downloads are off (HYFL_OFFLINE=1)" in message
+    assert str(isolated / "cache" / "hyfl" / "data") in message
+    assert "https://www.csie.ntu.edu.tw/~cjlin/libsvmtools/datasets/binary/news20.binary.bz2" in (
+        message
+    )
+    assert "no published sha256" in message and "unset HYFL_OFFLINE" in message
+    with pytest.raises(HyflError) as error:
+        load_dataset("covtype", data_dir=empty)
+    message = str(error.value)
+    assert "covtype.csv.gz or covtype.data.gz or covtype.libsvm.binary.scale.bz2" in message
+    assert "covtype.data.gz from https://ndownloader.figshare.com/files/5976039" in message
 
 
 def test_fake_libsvm_dataset_from_data_dir_env_and_cache(isolated, monkeypatch):
@@ -468,7 +501,9 @@ def test_real_reuters_test(real):
 def test_real_covtype(real):
     data = load_dataset("covtype", data_dir=real)
     assert data.X.shape == (581012, 54)
-    assert int(np.sum(data.y == 1)) == 283301
+    # LIBSVM covtype.binary: Cover_Type 2 (283,301) is label 1 -> -1; the rest -> +1.
+    assert int(np.sum(data.y == -1)) == 283301 and int(np.sum(data.y == 1)) == 297711
+    assert 1 - data.X.nnz / (581012 * 54) == pytest.approx(0.77878, abs=1e-5)  # Table 1: 77.878%
     assert data.X.min() == 0.0 and data.X.max() == 1.0
     assert_clean_csr(data.X)
 
@@ -496,3 +531,271 @@ def test_libsvm_file_trains_with_liblinear(tmp_path):
     assert data.X.indices.dtype == np.int32
     optimum = solve_centralized(make_problem(data, "hinge", 0.1), cache=False)
     assert np.isfinite(optimum.primal)
+
+
+# --------------------------------------------------------------------------- registry files
+
+
+def test_every_registered_file_is_described():
+    hexdigits = set("0123456789abcdef")
+    unknown_checksums = set()
+    for spec in DATASETS.values():
+        for entry in spec.files:
+            assert FILES[entry.name] is entry
+            if entry.sha256 is None:
+                unknown_checksums.add(entry.name)
+            else:
+                assert len(entry.sha256) == 64 and set(entry.sha256) <= hexdigits
+            assert all(url.startswith(("https://", "http://")) for url in entry.urls)
+    # Only the LIBSVM site's files lack a published checksum.
+    assert unknown_checksums == {"news20.binary.bz2", "covtype.libsvm.binary.scale.bz2"}
+    # Every file of a dataset with files can be downloaded, or has a downloadable alternative.
+    for spec in DATASETS.values():
+        for slot in (*spec.train_files, *spec.test_files):
+            assert any(FILES[name].urls for name in spec.names_for(slot)), slot
+    assert {"mnist": 1e-3, "news20": 1e-5, "covtype": 5e-5} == {
+        name: DATASETS[name].lam for name in ("mnist", "news20", "covtype")
+    }
+
+
+@needs_shared
+def test_shared_files_match_registered_checksums():
+    for name in ("mnist", "ijcnn1", "reuters", "adult", "covtype"):
+        for row in check_files(name, data_dir=SHARED):
+            if row["file"] in ("covtype.data.gz", "covtype.libsvm.binary.scale.bz2"):
+                continue  # alternatives, not in shared/data
+            assert row["status"] == "ok", row
+
+
+def test_check_files_statuses(isolated):
+    folder = isolated / "files"
+    folder.mkdir()
+    (folder / "adult.trn.bz2").write_bytes(b"not the published file")
+    (folder / "adult.tst").write_bytes(b"an uncompressed copy")
+    report = {row["file"]: row for row in check_files("adult", data_dir=folder)}
+    assert report["adult.trn.bz2"]["status"] == "mismatch"
+    assert report["adult.tst.bz2"]["status"] == "unverified"
+    assert [row["status"] for row in check_files("news20", data_dir=folder)] == ["missing"]
+
+
+# --------------------------------------------------------------------------- downloads
+
+
+class FakeResponse(io.BytesIO):
+    status = 200
+
+
+def fake_server(contents: dict[str, bytes], calls: list[str]):
+    """An opener serving ``contents`` by URL; other URLs fail like an unreachable host."""
+
+    def urlopen(request, timeout=None):
+        assert timeout is not None and timeout <= 60
+        url = request.full_url
+        calls.append(url)
+        if url not in contents:
+            raise urllib.error.URLError("Name or service not known")
+        return FakeResponse(contents[url])
+
+    return urlopen
+
+
+@pytest.fixture
+def online(isolated, monkeypatch):
+    """Downloads allowed (into tmp_path's cache) from a fake server; returns call log."""
+    monkeypatch.delenv("HYFL_OFFLINE")
+    calls: list[str] = []
+
+    def serve(contents: dict[str, bytes]) -> list[str]:
+        monkeypatch.setattr(fetch, "_urlopen", fake_server(contents, calls))
+        return calls
+
+    return serve
+
+
+def fake_adult(monkeypatch, tmp_path: Path, sha256: str | None = "real"):
+    """Register adult's files with fake contents and two addresses each."""
+    X, y = small_problem(n=30, d=4)
+    contents = {}
+    for split, n in (("trn", 30), ("tst", 10)):
+        name = f"adult.{split}.bz2"
+        content = write_libsvm(tmp_path / f"served-{name}", X[:n], y[:n]).read_bytes()
+        digest = hashlib.sha256(content).hexdigest() if sha256 == "real" else sha256
+        urls = (f"https://mirror.invalid/{name}", f"https://origin.invalid/{name}")
+        monkeypatch.setitem(FILES, name, DataFile(name, digest, urls, len(content)))
+        contents[urls[1]] = content
+    return contents
+
+
+def test_missing_file_is_downloaded_verified_into_the_cache(online, monkeypatch, isolated):
+    contents = fake_adult(monkeypatch, isolated)
+    calls = online(contents)
+    assert downloads_allowed()
+    train = load_dataset("adult")
+    assert train.X.shape == (30, 4)
+    cache = isolated / "cache" / "hyfl" / "data"
+    assert sorted(p.name for p in cache.iterdir()) == ["adult.trn.bz2"]  # no leftovers
+    assert (cache / "adult.trn.bz2").read_bytes() == contents[FILES["adult.trn.bz2"].urls[1]]
+    # The unreachable mirror was tried first, then the second address.
+    assert calls == list(FILES["adult.trn.bz2"].urls)
+    assert check_files("adult")[0]["status"] == "ok"
+    # Found in the cache now: no further download.
+    monkeypatch.setenv("HYFL_NO_CACHE", "1")
+    calls.clear()
+    load_dataset("adult")
+    assert calls == []
+    assert dataset_files("adult", "test")[0] == cache / "adult.tst.bz2"
+
+
+def test_hyfl_cache_variable_moves_downloads(online, monkeypatch, isolated):
+    contents = fake_adult(monkeypatch, isolated)
+    online(contents)
+    monkeypatch.setenv("HYFL_CACHE", str(isolated / "elsewhere"))
+    load_dataset("adult")
+    assert (isolated / "elsewhere" / "data" / "adult.trn.bz2").is_file()
+    assert list((isolated / "elsewhere" / "parsed").glob("adult-train-*.npz"))
+
+
+def test_checksum_mismatch_deletes_download_and_explains(online, monkeypatch, isolated):
+    contents = fake_adult(monkeypatch, isolated, sha256="0" * 64)
+    online(contents)
+    with pytest.raises(HyflError) as error:
+        load_dataset("adult")
+    message = str(error.value)
+    assert "adult.trn.bz2" in message and "Downloading failed" in message
+    assert f"differs from the published {'0' * 64}" in message and "(deleted)" in message
+    assert "https://origin.invalid/adult.trn.bz2" in message
+    assert "Put it in" in message
+    cache = isolated / "cache" / "hyfl" / "data"
+    assert not any(cache.iterdir())
+
+
+def test_network_failure_names_every_address(online, monkeypatch, isolated):
+    fake_adult(monkeypatch, isolated)
+    online({})
+    with pytest.raises(HyflError) as error:
+        load_dataset("adult")
+    message = str(error.value)
+    assert "https://mirror.invalid/adult.trn.bz2: Name or service not known" in message
+    assert "https://origin.invalid/adult.trn.bz2: Name or service not known" in message
+    assert "HYFL_OFFLINE=1" in message
+
+
+def test_offline_never_downloads(isolated, monkeypatch):
+    fake_adult(monkeypatch, isolated)
+    with pytest.raises(HyflError, match=r"Downloads are off.*Get adult\.trn\.bz2 from"):
+        load_dataset("adult")  # the autouse no_network opener would fail the test
+    monkeypatch.setenv("HYFL_OFFLINE", "0")
+    assert downloads_allowed()
+    with pytest.raises(HyflError, match="adult.tst.bz2"):
+        dataset_files("adult", "test", download=False)
+
+
+def test_interrupted_download_leaves_nothing(isolated, monkeypatch):
+    class Broken(FakeResponse):
+        def read(self, size=-1):
+            if self.tell():
+                raise TimeoutError("timed out")
+            return super().read(4)
+
+    file = DataFile("x.bin", None, ("https://a.invalid/x.bin",))
+    fetch_calls = []
+
+    def urlopen(request, timeout=None):
+        fetch_calls.append(request.full_url)
+        return Broken(b"some bytes that never finish")
+
+    target = isolated / "target"
+    monkeypatch.setattr(fetch, "_urlopen", urlopen)
+    with pytest.raises(HyflError, match=r"x\.bin failed from every address.*timed out"):
+        fetch.download(file, target)
+    assert fetch_calls == ["https://a.invalid/x.bin"]
+    assert list(target.iterdir()) == []
+    with pytest.raises(HyflError, match="has no download address"):
+        fetch.download(DataFile("y.bin", None), target)
+
+
+def test_unverified_download_is_accepted_with_size_check(isolated, caplog, monkeypatch):
+    content = b"1 1:1\n-1 2:1\n"
+    file = DataFile("n.svm", None, ("https://a.invalid/n.svm",), size=len(content))
+    monkeypatch.setattr(fetch, "_urlopen", lambda request, timeout=None: FakeResponse(content))
+    with caplog.at_level("WARNING", logger="hyfl.data"):
+        path = fetch.download(file, isolated)
+    assert path.read_bytes() == content and "no known sha256" in caplog.text
+    wrong_size = DataFile("m.svm", None, file.urls, size=3)
+    with pytest.raises(HyflError, match=f"{len(content)} bytes received, expected 3"):
+        fetch.download(wrong_size, isolated)
+    assert not (isolated / "m.svm").exists()
+
+
+# --------------------------------------------------------------------------- covtype forms
+
+
+def covtype_rows(n: int = 12, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    table = np.zeros((n, 55), dtype=np.int64)
+    table[:, 0] = rng.integers(1859, 3859, n)
+    table[:, 5] = rng.integers(-173, 602, n)
+    table[np.arange(n), 10 + rng.integers(0, 4, n)] = 1
+    table[np.arange(n), 14 + rng.integers(0, 40, n)] = 1
+    table[:, 54] = np.resize([1, 2, 3, 2, 7], n)
+    return table
+
+
+def test_covtype_csv_data_and_libsvm_forms_agree(isolated):
+    table = covtype_rows()
+    header = ",".join(["Elevation"] + [f"c{i}" for i in range(1, 54)] + ["Cover_Type"])
+    lines = "\n".join(",".join(str(v) for v in row) for row in table) + "\n"
+    csv_dir, data_dir, libsvm_dir = (isolated / d for d in ("csv", "data", "libsvm"))
+    for folder in (csv_dir, data_dir, libsvm_dir):
+        folder.mkdir()
+    (csv_dir / "covtype.csv.gz").write_bytes(gzip.compress((header + "\n" + lines).encode()))
+    (data_dir / "covtype.data.gz").write_bytes(gzip.compress(lines.encode()))
+    from_csv = load_dataset("covtype", data_dir=csv_dir)
+    from_data = load_dataset("covtype", data_dir=data_dir)
+    assert from_csv.X.shape == from_data.X.shape == (12, 54)
+    np.testing.assert_array_equal(from_csv.X.toarray(), from_data.X.toarray())
+    np.testing.assert_array_equal(from_csv.y, np.where(table[:, 54] == 2, -1.0, 1.0))
+    np.testing.assert_array_equal(from_csv.y, from_data.y)
+    assert from_csv.X.max() == 1.0 and from_csv.X.min() == 0.0
+    # LIBSVM's covtype.binary.scale: label 1 is Cover_Type 2, label 2 the rest.
+    labels = np.where(table[:, 54] == 2, 1, 2)
+    write_libsvm(libsvm_dir / "covtype.libsvm.binary.scale.bz2", from_csv.X, labels)
+    from_libsvm = load_dataset("covtype", data_dir=libsvm_dir)
+    np.testing.assert_allclose(from_libsvm.X.toarray(), from_csv.X.toarray(), rtol=1e-12)
+    np.testing.assert_array_equal(from_libsvm.y, from_csv.y)
+
+
+def test_covtype_bad_tables(isolated):
+    (isolated / "covtype.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(HyflError, match=r"covtype\.csv has 1 rows of 2 columns, expected.*55"):
+        load_dataset("covtype", data_dir=isolated)
+    table = covtype_rows(3)
+    table[1, 54] = 9
+    (isolated / "covtype.csv").write_text(
+        "\n".join(",".join(str(v) for v in row) for row in table) + "\n"
+    )
+    with pytest.raises(HyflError, match=r"Cover_Type 9\.0 in data row 2, expected 1\.\.7"):
+        load_dataset("covtype", data_dir=isolated)
+    (isolated / "covtype.csv").write_text("h\n1,x\n")
+    with pytest.raises(HyflError, match=r"covtype\.csv is not a numeric CSV.*55 columns"):
+        load_dataset("covtype", data_dir=isolated)
+
+
+# --------------------------------------------------------------------------- more LIBSVM
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        ("1 1:2\nabc 1:1\n", r"line 2 \(label 'abc' is not a number\)"),
+        ("1 1:2\n-1 3\n", r"line 2 \(token '3' is not index:value\)"),
+        ("1 -2:1\n", r"line 1 \(feature index -2 is negative\)"),
+        ("1 2:1 2:3\n", r"line 1 \(feature index 2 is not above the previous one\)"),
+    ],
+)
+def test_libsvm_bad_lines_name_line_and_fix(tmp_path, content, match):
+    path = tmp_path / "bad.svm"
+    path.write_text(content)
+    with pytest.raises(HyflError, match=rf"bad\.svm is not valid LIBSVM format at {match}") as e:
+        load_libsvm(path)
+    assert "fix or remove the bad line" in str(e.value)

@@ -1,0 +1,1196 @@
+"""Party files: a hybrid partition described by one table per client.
+
+Each party (client) brings one CSV or Parquet file: its rows are the samples
+it holds, keyed by an ID column, and its other columns are the features it
+holds for those samples, plus optionally a label column.
+
+File format
+-----------
+* **Formats**, chosen by extension: ``.csv`` (also ``.csv.gz``, ``.csv.bz2``,
+  ``.csv.xz``, ``.csv.zip``) with one header line, or ``.parquet``/``.pq``.
+* **ID column** (default ``"id"``): the sample key shared across parties
+  (a patient number, a user id, ...). Every row needs one and it must be
+  unique within the file. IDs are compared as text after stripping
+  surrounding spaces: CSV IDs are always read as text (``"007"`` stays
+  ``"007"``), integer IDs in Parquet become their decimal text (``7`` and
+  ``"7"`` are the same sample), whole-number float IDs are read as integers.
+* **Label column** (default ``"label"``), optional per file: numbers
+  (``-1``/``1``, ``0``/``1``, class numbers ``0..9``, real targets) or text
+  (``"spam"``/``"ham"``). Every sample needs a label from at least one party
+  that holds it; parties that both label a sample must agree. A file may hold
+  labels and no features (a label-only party: it is aligned like the others
+  but is not a client, since it holds no block of X).
+* **Feature columns**: every other column. Values must be numbers (booleans
+  count as 0/1); an empty cell, NaN or inf is an error (write 0 for "absent").
+  A feature column name used by several parties means the *same* feature
+  (one column of the global matrix): the parties then hold the same feature
+  for their own samples. Feature order in X: a declared feature list's order,
+  else first appearance (files in party order, columns in file order).
+
+Building the data set and the partition
+---------------------------------------
+Sample IDs are aligned with private set intersection
+(:func:`hyfl.privacy.psi.align`, or plain matching with ``psi=False``; both
+number samples the same way): the first party's rows become samples
+``0 .. n_0 - 1`` in file order, then each later party's new IDs follow in its
+file order. Party order is the order of the mapping (or list) of files, and it
+is also the client order of the :class:`~hyfl.partition.Partition`.
+
+Entry (sample i, feature m) of the global CSR matrix is owned by the party
+whose file holds it. Where several parties hold the same cell (they share the
+sample and the feature), their values must agree (up to a relative 1e-12);
+the first party in party order owns it and the others hold the feature
+without that cell. Without such overlaps the partition is rectangular
+(:func:`~hyfl.partition.from_blocks`); with them, it carries an explicit
+``entry_owner``. Cells no party holds are 0.
+
+Labels: numbers with two values give a binary task (smaller -> -1, larger ->
++1), more integer values a multiclass task (``0..C-1`` by value), other numbers
+regression; text labels with two values give a binary task (first class in
+``classes``, or in sorted order, -> -1), more a multiclass task. Pass ``task``
+and/or ``classes`` to insist: a label outside them is an error naming the file
+and line.
+
+``--data`` specs (:func:`is_party_spec`, :func:`load_party_spec`)
+----------------------------------------------------------------
+::
+
+    parties:<entry>[,<entry>...][;<option>=<value>...]
+    <entry>  = [<party>=]<path>     a CSV/Parquet file, or a folder: all its
+                                    party files, sorted by file name
+    options  = id=<ID column>  label=<label column>
+               task=binary|multiclass|regression  classes=<c1>|<c2>|...
+               features=<text file, one feature name per line> | <f1>|<f2>|... | <count>
+               unlabeled=error|drop  psi=yes|no  name=<data set name>
+
+e.g. ``parties:hospital=a.csv,lab=b.parquet;id=patient;label=outcome``. A
+bare folder holding party files, or a single ``.csv``/``.parquet`` path, is a
+party spec too (without options). Party names default to the file name
+without its extensions. Paths may not contain ``,`` or ``;``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from hyfl.data.dataset import Dataset
+from hyfl.data.loaders import clean_csr, map_labels
+from hyfl.errors import check_choice, fail
+from hyfl.partition import Partition, from_blocks
+
+__all__ = [
+    "PARTY_SUFFIXES",
+    "is_party_spec",
+    "load_parties",
+    "load_party_spec",
+    "parse_party_spec",
+]
+
+#: File name endings read as party files.
+PARTY_SUFFIXES = (".csv", ".csv.gz", ".csv.bz2", ".csv.xz", ".csv.zip", ".parquet", ".pq")
+_PARQUET_SUFFIXES = (".parquet", ".pq")
+_SPEC_PREFIX = "parties:"
+_MAX_NAMED = 5
+_VALUE_RTOL = 1e-12
+_TASKS = ("binary", "multiclass", "regression")
+_UNLABELED = ("error", "drop")
+
+
+# --------------------------------------------------------------------------- reading
+
+
+@dataclass
+class _Table:
+    """One party file, read and checked."""
+
+    party: str
+    path: Path
+    parquet: bool
+    ids: list[str]
+    features: list[str]
+    values: np.ndarray  # (n_rows, n_features) float64, finite
+    labels: np.ndarray | None  # float64 or object (str); None: no label column
+    label_known: np.ndarray | None  # bool per row
+
+    @property
+    def culprit(self) -> str:
+        return f"party file {self.path} (party {self.party!r})"
+
+    def where(self, row: int) -> str:
+        return _where(self.parquet, row)
+
+
+def _where(parquet: bool, row: int) -> str:
+    """Human position of data row ``row`` (0-based): CSV line or 1-based Parquet row."""
+    return f"row {row + 1}" if parquet else f"line {row + 2}"
+
+
+def _party_suffix(name: str) -> str | None:
+    lower = name.lower()
+    for suffix in PARTY_SUFFIXES:
+        if lower.endswith(suffix):
+            return suffix
+    return None
+
+
+def _party_name(path: Path) -> str:
+    suffix = _party_suffix(path.name)
+    return path.name[: -len(suffix)] if suffix else path.stem
+
+
+def _read_frame(path: Path, parquet: bool, id_column: str, culprit: str):
+    import pandas as pd
+
+    if not path.exists():
+        raise fail(culprit, "does not exist", "Check the path of the party file.")
+    if path.is_dir():
+        raise fail(culprit, "is a directory", "Pass a CSV or Parquet file.")
+    if path.stat().st_size == 0:
+        raise fail(
+            culprit,
+            "is empty (0 bytes)",
+            "Write a header line and one row per sample, or leave the party out.",
+        )
+    if parquet:
+        try:
+            frame = pd.read_parquet(path)
+        except (ValueError, OSError, ImportError) as error:
+            raise fail(
+                culprit,
+                f"could not be read as Parquet: {error}",
+                "Check that the file is a complete Parquet file, or save it as .csv.",
+            ) from error
+        names = [str(c).strip() for c in frame.columns]
+    else:
+        try:
+            header = pd.read_csv(path, header=None, nrows=1, dtype=str, keep_default_na=False)
+            frame = pd.read_csv(path, dtype={id_column: str})
+        except pd.errors.EmptyDataError as error:
+            raise fail(
+                culprit,
+                "is empty (no header line)",
+                "Write a header line and one row per sample, or leave the party out.",
+            ) from error
+        except (ValueError, OSError, UnicodeDecodeError, pd.errors.ParserError) as error:
+            raise fail(
+                culprit,
+                f"is not a valid CSV: {' '.join(str(error).split())}",
+                "Write one header line and rows with as many comma-separated fields as the "
+                "header (quote fields that contain commas).",
+            ) from error
+        # pandas renames duplicate headers ("f1", "f1.1"); check the raw header.
+        names = [str(c).strip() for c in header.iloc[0].tolist()]
+        if len(names) != frame.shape[1]:
+            names = [str(c).strip() for c in frame.columns]
+    seen: dict[str, int] = {}
+    for position, name in enumerate(names):
+        if name in seen:
+            raise fail(
+                culprit,
+                f"has column {name!r} twice (columns {seen[name] + 1} and {position + 1})",
+                "Give every column a distinct name; a feature may appear once per file.",
+            )
+        seen[name] = position
+    frame.columns = names
+    return frame
+
+
+def _canonical_ids(column, parquet: bool, culprit: str, id_column: str) -> list[str]:
+    import pandas as pd
+
+    fix = "Give every row an ID (the sample key shared across parties), or delete the row."
+    missing = column.isna().to_numpy()
+    if missing.any():
+        row = int(np.flatnonzero(missing)[0])
+        raise fail(culprit, f"has no ID in column {id_column!r} at {_where(parquet, row)}", fix)
+    if pd.api.types.is_bool_dtype(column):
+        raise fail(
+            culprit,
+            f"has True/False values in ID column {id_column!r}",
+            "Use text or integer sample IDs.",
+        )
+    if pd.api.types.is_integer_dtype(column):
+        return [str(int(v)) for v in column.to_numpy()]
+    if pd.api.types.is_float_dtype(column):
+        values = column.to_numpy(dtype=np.float64)
+        bad = np.flatnonzero(~np.isfinite(values) | (values != np.round(values)))
+        if bad.size:
+            row = int(bad[0])
+            raise fail(
+                culprit,
+                f"has ID {float(values[row])!r} at {_where(parquet, row)}, which is not a whole "
+                "number",
+                "Use text or integer sample IDs.",
+            )
+        return [str(int(v)) for v in values]
+    ids = []
+    for row, value in enumerate(column.tolist()):
+        text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+        text = text.strip()
+        if not text:
+            raise fail(
+                culprit, f"has an empty ID in column {id_column!r} at {_where(parquet, row)}", fix
+            )
+        ids.append(text)
+    return ids
+
+
+def _check_unique(ids: list[str], culprit: str, parquet: bool) -> None:
+    first: dict[str, int] = {}
+    for row, key in enumerate(ids):
+        earlier = first.setdefault(key, row)
+        if earlier != row:
+            raise fail(
+                culprit,
+                f"has ID {key!r} twice ({_where(parquet, earlier)} and {_where(parquet, row)})",
+                "Keep one row per sample in each party file: merge or delete the duplicate rows.",
+            )
+
+
+def _read_labels(column, parquet: bool, culprit: str, label_column: str):
+    """(labels, known) with labels float64 (numbers) or object array of str (text)."""
+    import pandas as pd
+
+    known = ~column.isna().to_numpy()
+    if pd.api.types.is_bool_dtype(column) or pd.api.types.is_numeric_dtype(column):
+        labels = column.to_numpy(dtype=np.float64, na_value=np.nan)
+        infinite = np.flatnonzero(np.isinf(labels))
+        if infinite.size:
+            row = int(infinite[0])
+            raise fail(
+                culprit,
+                f"has label {labels[row]} in column {label_column!r} at {_where(parquet, row)}",
+                "Labels must be finite numbers or text classes.",
+            )
+        return labels, known
+    labels = np.empty(len(column), dtype=object)
+    for row, value in enumerate(column.tolist()):
+        if not known[row]:
+            labels[row] = None
+            continue
+        text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+        text = text.strip()
+        known[row] = bool(text)
+        labels[row] = text if text else None
+    return labels, known
+
+
+def _read_features(frame, names: list[str], parquet: bool, culprit: str) -> np.ndarray:
+    import pandas as pd
+
+    n = frame.shape[0]
+    values = np.empty((n, len(names)), dtype=np.float64)
+    fix_type = (
+        "Make every feature column numeric (encode categories as numbers or one-hot "
+        "columns), or remove the column"
+    )
+    for position, name in enumerate(names):
+        column = frame[name]
+        if pd.api.types.is_bool_dtype(column) or pd.api.types.is_numeric_dtype(column):
+            values[:, position] = column.to_numpy(dtype=np.float64, na_value=np.nan)
+            continue
+        if pd.api.types.is_datetime64_any_dtype(column) or pd.api.types.is_timedelta64_dtype(
+            column
+        ):
+            bad = np.flatnonzero(column.notna().to_numpy())[:1]
+        else:
+            parsed = pd.to_numeric(column.astype(object), errors="coerce")
+            bad = np.flatnonzero(parsed.isna().to_numpy() & column.notna().to_numpy())
+        if bad.size:
+            row = int(bad[0])
+            raise fail(
+                culprit,
+                f"has non-numeric value {column.iloc[row]!r} in feature column {name!r} at "
+                f"{_where(parquet, row)}",
+                f"{fix_type}; if {name!r} is the ID or label column, pass id_column/"
+                "label_column (spec options id=, label=).",
+            )
+        values[:, position] = parsed.to_numpy(dtype=np.float64, na_value=np.nan)
+    finite = np.isfinite(values)
+    if not finite.all():
+        row, position = (int(v) for v in np.argwhere(~finite)[0])
+        value = values[row, position]
+        what = "is empty (or NaN)" if np.isnan(value) else f"holds {value}"
+        raise fail(
+            culprit,
+            f"feature column {names[position]!r} {what} at {_where(parquet, row)}",
+            "Every feature value must be a finite number: fill it in (0 for absent) or "
+            "remove the row or the column.",
+        )
+    return values
+
+
+def _read_table(
+    party: str,
+    path: Path,
+    *,
+    id_column: str,
+    label_column: str | None,
+    declared_columns: Sequence[str] | None,
+    unlabeled: str,
+) -> _Table:
+    parquet = path.name.lower().endswith(_PARQUET_SUFFIXES)
+    culprit = f"party file {path} (party {party!r})"
+    frame = _read_frame(path, parquet, id_column, culprit)
+    columns = list(frame.columns)
+    if id_column not in columns:
+        close = [c for c in columns if c.lower() == id_column.lower()]
+        hint = f" (there is {close[0]!r}: names are case-sensitive)" if close else ""
+        separator = next((sep for sep in (";", "\t", "|") if any(sep in c for c in columns)), None)
+        if not parquet and not close and separator is not None:
+            hint = f" (the header seems separated by {separator!r}; party CSVs use commas)"
+        raise fail(
+            culprit,
+            f"has no ID column {id_column!r}{hint}; its columns are {columns[:10]}"
+            f"{' ...' if len(columns) > 10 else ''}",
+            "Add the ID column, or name the column that holds the sample IDs with "
+            "id_column=<name> (spec option id=<name>).",
+        )
+    if frame.shape[0] == 0:
+        raise fail(
+            culprit,
+            "has a header but no data rows",
+            "Add one row per sample the party holds, or leave the party out.",
+        )
+    ids = _canonical_ids(frame[id_column], parquet, culprit, id_column)
+    _check_unique(ids, culprit, parquet)
+    has_labels = label_column is not None and label_column in columns
+    features = [c for c in columns if c != id_column and not (has_labels and c == label_column)]
+    if declared_columns is not None:
+        declared = [str(c) for c in declared_columns]
+        extra = [c for c in features if c not in declared]
+        absent = [c for c in declared if c not in features]
+        if extra or absent:
+            parts = []
+            if absent:
+                parts.append(f"lacks declared feature columns {absent[:_MAX_NAMED]}")
+            if extra:
+                parts.append(f"has undeclared columns {extra[:_MAX_NAMED]}")
+            raise fail(
+                culprit,
+                " and ".join(parts) + f" (declared: {declared[:10]}"
+                f"{' ...' if len(declared) > 10 else ''})",
+                "Make the file's feature columns exactly the declared ones, or fix the "
+                "declaration (columns=...).",
+            )
+    if not features and not has_labels:
+        raise fail(
+            culprit,
+            f"has only the ID column {id_column!r}: no features and no labels",
+            f"Add the party's feature columns (or a {label_column!r} column), or leave it out.",
+        )
+    values = _read_features(frame, features, parquet, culprit)
+    labels = known = None
+    if has_labels:
+        labels, known = _read_labels(frame[label_column], parquet, culprit, label_column)
+        if unlabeled == "error" and not known.all():
+            row = int(np.flatnonzero(~known)[0])
+            raise fail(
+                culprit,
+                f"has no label in column {label_column!r} at {_where(parquet, row)} "
+                f"(ID {ids[row]!r})",
+                "Fill in every label, delete the row, or drop the label column if another "
+                "party labels these samples; pass unlabeled='drop' (spec option "
+                "unlabeled=drop) to leave out samples nobody labels.",
+            )
+    return _Table(party, path, parquet, ids, features, values, labels, known)
+
+
+# --------------------------------------------------------------------------- alignment
+
+
+def _align(tables: list[_Table], psi: bool) -> tuple[list[np.ndarray], int, int | None]:
+    """Global sample index of every row of every table, number of samples, PSI bytes."""
+    if psi:
+        from hyfl.privacy.psi import align
+
+        alignment = align({t.party: t.ids for t in tables})
+        return (
+            [np.asarray(alignment.global_index[t.party], dtype=np.int64) for t in tables],
+            int(alignment.n_samples),
+            int(alignment.bytes_exchanged),
+        )
+    index: dict[str, int] = {}
+    result = []
+    for t in tables:
+        result.append(np.fromiter((index.setdefault(i, len(index)) for i in t.ids), np.int64))
+    return result, len(index), None
+
+
+# --------------------------------------------------------------------------- labels
+
+
+def _unify_label_kinds(tables: list[_Table]) -> None:
+    """Make all label columns numbers, or all text; raise when they cannot agree."""
+    import pandas as pd
+
+    labelled = [t for t in tables if t.labels is not None]
+    numeric = [t for t in labelled if t.labels.dtype != object]
+    text = [t for t in labelled if t.labels.dtype == object]
+    if not numeric or not text:
+        return
+    for t in text:
+        parsed = pd.to_numeric(pd.Series(t.labels[t.label_known]), errors="coerce").to_numpy()
+        if np.isnan(parsed).any():
+            example = t.labels[t.label_known][int(np.flatnonzero(np.isnan(parsed))[0])]
+            number = numeric[0]
+            raise fail(
+                f"label column of {t.culprit}",
+                f"holds text labels (e.g. {example!r}) but {number.culprit} has number "
+                f"labels (e.g. {number.labels[number.label_known][0]:g})",
+                "Use one kind of label in every file: all numbers or all the same class names.",
+            )
+    for t in text:
+        converted = np.full(len(t.labels), np.nan)
+        converted[t.label_known] = pd.to_numeric(pd.Series(t.labels[t.label_known])).to_numpy(
+            dtype=np.float64
+        )
+        t.labels = converted
+
+
+def _gather_labels(tables: list[_Table], rows: list[np.ndarray], n: int):
+    """Per sample: label, whether known, and (table, row) of its first labeller."""
+    labelled = [k for k, t in enumerate(tables) if t.labels is not None]
+    text = any(tables[k].labels.dtype == object for k in labelled)
+    values = np.empty(n, dtype=object) if text else np.full(n, np.nan)
+    known = np.zeros(n, dtype=bool)
+    source_table = np.full(n, -1, dtype=np.int64)
+    source_row = np.full(n, -1, dtype=np.int64)
+    for k in labelled:
+        t = tables[k]
+        file_rows = np.flatnonzero(t.label_known)
+        g = rows[k][file_rows]
+        mine = t.labels[file_rows]
+        earlier = known[g]
+        if earlier.any():
+            if text:
+                differ = np.array([a != b for a, b in zip(values[g[earlier]], mine[earlier])])
+            else:
+                differ = values[g[earlier]] != mine[earlier]
+            if differ.any():
+                position = int(np.flatnonzero(earlier)[np.flatnonzero(differ)[0]])
+                sample = int(g[position])
+                other = tables[source_table[sample]]
+                other_row = int(source_row[sample])
+                mine_row = int(file_rows[position])
+                raise fail(
+                    f"sample ID {t.ids[mine_row]!r}",
+                    f"has label {_show(values[sample])} in {other.culprit} at "
+                    f"{other.where(other_row)} but label {_show(mine[position])} in "
+                    f"{t.culprit} at {t.where(mine_row)}",
+                    "Parties that both label a sample must give the same label: correct one "
+                    "of them, or drop the label column from one file.",
+                )
+        new = ~earlier
+        values[g[new]] = mine[new]
+        known[g[new]] = True
+        source_table[g[new]] = k
+        source_row[g[new]] = file_rows[new]
+    return values, known, source_table, source_row
+
+
+def _show(value: Any) -> str:
+    return repr(value) if isinstance(value, str) else f"{float(value):g}"
+
+
+def _stray_class_error(
+    found: list, counts: np.ndarray, values: np.ndarray, tables, source_table, source_row, why
+) -> Exception:
+    """Error naming the rarest class and where it first appears."""
+    rare = found[int(np.argmin(counts))]
+    first = int(np.flatnonzero(_equal(values, rare))[0])
+    t = tables[source_table[first]]
+    row = int(source_row[first])
+    shown = ", ".join(_show(c) for c in found[:10])
+    return fail(
+        f"labels of the party files ({shown}{' ...' if len(found) > 10 else ''})",
+        f"{why}; e.g. {_show(rare)} in {t.culprit} at {t.where(row)} (ID {t.ids[row]!r})",
+        "Relabel or remove those rows, or declare the task and classes you mean "
+        "(task=..., classes=...).",
+    )
+
+
+def _equal(values: np.ndarray, value: Any) -> np.ndarray:
+    if values.dtype == object:
+        return np.array([v == value for v in values], dtype=bool)
+    return values == value
+
+
+def _encode_labels(
+    values: np.ndarray,
+    tables: list[_Table],
+    source_table: np.ndarray,
+    source_row: np.ndarray,
+    task: str | None,
+    classes: Sequence | None,
+) -> tuple[np.ndarray, str, tuple]:
+    text = values.dtype == object
+    if classes is not None:
+        classes = list(classes)
+        if len(set(map(str, classes))) != len(classes) or not classes:
+            raise fail(
+                "classes", f"is {classes!r}", "Give each class once, e.g. classes=('no', 'yes')."
+            )
+        if text:
+            classes = [str(c).strip() for c in classes]
+        else:
+            try:
+                classes = [float(c) for c in classes]
+            except (TypeError, ValueError):
+                raise fail(
+                    "classes",
+                    f"are {classes!r} but the labels in the files are numbers",
+                    "Declare the classes as the numbers used in the label columns.",
+                ) from None
+        inside = np.zeros(len(values), dtype=bool)
+        for c in classes:
+            inside |= _equal(values, c)
+        if not inside.all():
+            outside = sorted({v for v in values[~inside]}, key=str)
+            counts = np.array([_equal(values, v).sum() for v in outside])
+            raise _stray_class_error(
+                outside,
+                -counts,  # name the most common stray label
+                values,
+                tables,
+                source_table,
+                source_row,
+                f"include {', '.join(_show(v) for v in outside[:_MAX_NAMED])}, which "
+                f"{'is' if len(outside) == 1 else 'are'} not among the declared classes "
+                f"{classes}",
+            )
+    if text:
+        if task == "regression":
+            raise fail(
+                "labels of the party files",
+                "are text, which cannot be a regression target",
+                "Use numeric labels for regression, or task='binary'/'multiclass'.",
+            )
+        found = classes if classes is not None else sorted(set(values.tolist()))
+        counts = np.array([_equal(values, c).sum() for c in found])
+        task = task or ("binary" if len(found) == 2 else "multiclass")
+        if len(found) < 2:
+            raise fail(
+                "labels of the party files",
+                f"hold a single class {found[0]!r}, so the two sides are unknown",
+                "Declare both classes (classes=('neg', 'pos')) or give samples of both.",
+            )
+        if task == "binary" and len(found) > 2:
+            raise _stray_class_error(
+                found,
+                counts,
+                values,
+                tables,
+                source_table,
+                source_row,
+                f"take {len(found)} values but a binary task needs 2",
+            )
+        position = {c: i for i, c in enumerate(found)}
+        index = np.fromiter((position[v] for v in values), np.int64, len(values))
+        if task == "binary":
+            return np.where(index == 1, 1.0, -1.0), "binary", tuple(found)
+        return index, "multiclass", tuple(found)
+    values = values.astype(np.float64)
+    if classes is None and task == "binary":
+        found = sorted(set(values.tolist()))
+        if len(found) > 2:
+            counts = np.array([np.sum(values == c) for c in found])
+            raise _stray_class_error(
+                found,
+                counts,
+                values,
+                tables,
+                source_table,
+                source_row,
+                f"take {len(found)} values but a binary task needs 2",
+            )
+    if task == "multiclass" or (task is None and classes is not None and len(classes) > 2):
+        integral = np.all(values == np.round(values))
+        if not integral:
+            raise fail(
+                "labels of the party files",
+                "include non-integer numbers, which cannot be classes",
+                "Use integer class numbers or text classes, or task='regression'.",
+            )
+    declared = tuple(sorted(classes)) if classes is not None else None
+    return map_labels(values, "labels of the party files", classes=declared, task=task)
+
+
+# --------------------------------------------------------------------------- building
+
+
+def _check_overlap(tj: _Table, tk: _Table, sj, sk, fj, fk, ids, names) -> None:
+    a = tj.values[np.ix_(sj, fj)]
+    b = tk.values[np.ix_(sk, fk)]
+    differ = ~np.isclose(a, b, rtol=_VALUE_RTOL, atol=0.0)
+    if differ.any():
+        r, c = (int(v) for v in np.argwhere(differ)[0])
+        raise fail(
+            f"sample ID {ids[r]!r}, feature {names[c]!r}",
+            f"is {a[r, c]:.17g} in {tj.culprit} at {tj.where(int(sj[r]))} but "
+            f"{b[r, c]:.17g} in {tk.culprit} at {tk.where(int(sk[r]))} "
+            f"({int(differ.sum())} such cell{'s' if differ.sum() > 1 else ''} in these files)",
+            "A cell that several parties hold must have the same value in each: correct one "
+            "file, or remove the feature column from one of them.",
+        )
+
+
+def _global_features(
+    tables: list[_Table], features: Sequence[str] | int | None, id_column, label_column
+) -> list[str]:
+    order = list(dict.fromkeys(name for t in tables for name in t.features))
+    if features is None:
+        return order
+    if isinstance(features, int | np.integer) and not isinstance(features, bool):
+        if len(order) != int(features):
+            raise fail(
+                "party files",
+                f"hold {len(order)} distinct feature columns but {int(features)} were declared",
+                "Check for missing or misspelt feature columns, or fix the declared count.",
+            )
+        return order
+    if isinstance(features, str):
+        raise fail(
+            "features",
+            f"is the single string {features!r}",
+            "Declare the feature names as a list, e.g. features=['f0', 'f1'].",
+        )
+    declared = [str(f).strip() for f in features]
+    seen: set[str] = set()
+    for name in declared:
+        if name in seen:
+            raise fail("features", f"names {name!r} twice", "Declare each feature once.")
+        if name in (id_column, label_column):
+            raise fail(
+                "features",
+                f"includes {name!r}, which is the ID or label column",
+                "Declare only the feature columns.",
+            )
+        seen.add(name)
+    for t in tables:
+        extra = [name for name in t.features if name not in seen]
+        if extra:
+            raise fail(
+                t.culprit,
+                f"has columns {extra[:_MAX_NAMED]} that are not among the {len(declared)} "
+                "declared features",
+                "Remove or rename those columns, add them to the declared feature list, or "
+                "name the ID/label columns (id_column=, label_column=).",
+            )
+    unused = [name for name in declared if name not in set(order)]
+    if unused:
+        raise fail(
+            "party files",
+            f"hold {len(order)} of the {len(declared)} declared features; no file has "
+            f"{unused[:_MAX_NAMED]}{' ...' if len(unused) > _MAX_NAMED else ''}",
+            "Add those feature columns to a party file, or remove them from the declared list.",
+        )
+    return declared
+
+
+def _normalise_files(files) -> list[tuple[str, Path]]:
+    if isinstance(files, str | os.PathLike):
+        files = [files]
+    if isinstance(files, Mapping):
+        items = [(str(name), Path(path).expanduser()) for name, path in files.items()]
+    else:
+        try:
+            paths = [Path(p).expanduser() for p in files]
+        except TypeError:
+            raise fail(
+                "files",
+                f"is a {type(files).__name__}",
+                "Pass a mapping from party name to file, or a list of files.",
+            ) from None
+        names = [_party_name(p) for p in paths]
+        if len(set(names)) != len(names):
+            names = [str(p) for p in paths]
+        items = list(zip(names, paths))
+    if not items:
+        raise fail("files", "is empty", "Pass at least one party file.")
+    names = [name for name, _ in items]
+    for name in names:
+        if not name:
+            raise fail("files", "has an empty party name", "Name every party.")
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise fail(
+            "files",
+            f"name party {duplicates[0]!r} more than once",
+            "Give every party its own name (name=path in a spec).",
+        )
+    for name, path in items:
+        if _party_suffix(path.name) is None and not path.is_dir():
+            raise fail(
+                f"party file {path} (party {name!r})",
+                "has an unknown extension",
+                f"Use one of {', '.join(PARTY_SUFFIXES)}.",
+            )
+    return items
+
+
+def load_parties(
+    files: Mapping[str, str | os.PathLike] | Sequence[str | os.PathLike],
+    *,
+    id_column: str = "id",
+    label_column: str | None = "label",
+    psi: bool = True,
+    features: Sequence[str] | int | None = None,
+    columns: Mapping[str, Sequence[str]] | None = None,
+    task: str | None = None,
+    classes: Sequence | None = None,
+    unlabeled: str = "error",
+    name: str = "parties",
+) -> tuple[Dataset, Partition]:
+    """Read one CSV/Parquet file per party and build the data set and its partition.
+
+    See the module docstring for the file format and the rules.
+
+    Parameters
+    ----------
+    files : mapping of party name to path, or sequence of paths
+        Party order is client order. A list names parties by file name
+        without extensions.
+    id_column : str, default "id"
+        Column with the sample IDs (in every file).
+    label_column : str or None, default "label"
+        Column with labels, in the files that have labels. None ignores all
+        label columns, which leaves every sample unlabelled (an error).
+    psi : bool, default True
+        Align IDs with private set intersection (:func:`hyfl.privacy.psi.align`).
+        False matches them in the clear: same numbering, much faster. PSI
+        runs elliptic-curve operations for every ID of every pair of
+        parties (about 10 s for three parties of 2,500-5,000 IDs), so use
+        ``psi=False`` for large simulations.
+    features : sequence of str or int, optional
+        The declared global feature list (its order is X's column order), or
+        just the number of features; the files' feature columns must match.
+    columns : mapping of party name to sequence of str, optional
+        Each listed party's declared feature columns; its file must have
+        exactly these (in any order).
+    task : {"binary", "multiclass", "regression"}, optional
+        Insist on a task instead of inferring it from the labels.
+    classes : sequence, optional
+        The allowed class values. For text labels their order decides the
+        mapping (binary: first -> -1; multiclass: index); numbers are ordered
+        by value.
+    unlabeled : {"error", "drop"}, default "error"
+        What to do with samples no party labels (and empty label cells):
+        raise, or leave those samples out.
+    name : str, default "parties"
+        The data set's name.
+
+    Returns
+    -------
+    dataset : Dataset
+        ``X`` CSR float64 (n_samples, n_features); ``meta`` holds the party
+        files, client names, feature names, sample IDs (``meta["sample_ids"]``,
+        in row order), label classes and the PSI traffic.
+    partition : Partition
+        Client k is the k-th party that has feature columns; it holds its
+        samples and features, and owns the cells of its file (the first
+        party in order owns a cell several parties hold).
+
+    Raises
+    ------
+    HyflError
+        Any problem in the files (naming the file, the line or row and the
+        column) or between them (naming the sample ID, the feature and both
+        files).
+    """
+    check_choice("unlabeled", unlabeled, _UNLABELED)
+    if task is not None:
+        check_choice("task", task, _TASKS)
+    if not isinstance(id_column, str) or not id_column:
+        raise fail("id_column", f"is {id_column!r}", "Name the ID column, e.g. id_column='id'.")
+    if label_column is not None and label_column == id_column:
+        raise fail(
+            "label_column",
+            f"is the ID column {id_column!r}",
+            "Name the label column, e.g. label_column='label'.",
+        )
+    items = _normalise_files(files)
+    parties = [party for party, _ in items]
+    if columns is not None:
+        unknown = [p for p in columns if p not in parties]
+        if unknown:
+            raise fail(
+                "columns",
+                f"names parties {unknown} that have no file",
+                f"Use the party names {parties}.",
+            )
+    tables = [
+        _read_table(
+            party,
+            path,
+            id_column=id_column,
+            label_column=label_column,
+            declared_columns=None if columns is None else columns.get(party),
+            unlabeled=unlabeled,
+        )
+        for party, path in items
+    ]
+    feature_names = _global_features(tables, features, id_column, label_column)
+    rows, n_aligned, psi_bytes = _align(tables, psi)
+
+    sample_ids = np.empty(n_aligned, dtype=object)
+    for t, g in zip(reversed(tables), reversed(rows)):
+        sample_ids[g] = t.ids  # earlier parties overwrite: the first holder's spelling
+    _unify_label_kinds(tables)
+    if any(t.labels is not None for t in tables):
+        values, known, source_table, source_row = _gather_labels(tables, rows, n_aligned)
+    else:
+        values = np.full(n_aligned, np.nan)
+        known = np.zeros(n_aligned, dtype=bool)
+        source_table = source_row = np.full(n_aligned, -1, dtype=np.int64)
+
+    clients = [k for k, t in enumerate(tables) if t.features]
+    if not clients:
+        raise fail(
+            "party files",
+            "have no feature columns at all (only IDs and labels)",
+            "At least one party must hold features.",
+        )
+    if not known.all():
+        missing = np.flatnonzero(~known)
+        if unlabeled == "error":
+            held = []
+            for i in missing[:_MAX_NAMED]:
+                holders = ", ".join(t.party for t, g in zip(tables, rows) if i in g)
+                held.append(f"{sample_ids[i]!r} (in {holders})")
+            more = f" and {missing.size - _MAX_NAMED} more" if missing.size > _MAX_NAMED else ""
+            raise fail(
+                f"sample{'s' if missing.size > 1 else ''} {', '.join(held)}{more}",
+                f"{'have' if missing.size > 1 else 'has'} no label: no party that holds "
+                f"{'them' if missing.size > 1 else 'it'} has a {label_column!r} column with "
+                "a value for it",
+                "Add a label column with these labels to one of those files, delete these "
+                "rows, or pass unlabeled='drop' (spec option unlabeled=drop) to leave them out.",
+            )
+    keep = known
+    new_index = np.cumsum(keep) - 1
+    n_samples = int(keep.sum())
+    if n_samples == 0:
+        raise fail(
+            "party files",
+            "label no sample at all",
+            f"Give at least one party a {label_column!r} column.",
+        )
+    kept_rows = [np.flatnonzero(keep[g]) for g in rows]  # file rows kept, per table
+    global_rows = [new_index[g[r]] for g, r in zip(rows, kept_rows)]
+
+    covered = np.zeros(n_samples, dtype=bool)
+    for k in clients:
+        if global_rows[k].size == 0:
+            raise fail(
+                tables[k].culprit,
+                "has no labelled sample left: every sample it holds is unlabelled",
+                "Label some of its samples, or leave the party out.",
+            )
+        covered[global_rows[k]] = True
+    if not covered.all():
+        lonely = np.flatnonzero(~covered)
+        old = np.flatnonzero(keep)[lonely]
+        named = ", ".join(repr(sample_ids[i]) for i in old[:_MAX_NAMED])
+        raise fail(
+            f"sample ID{'s' if lonely.size > 1 else ''} {named}"
+            f"{f' and {lonely.size - _MAX_NAMED} more' if lonely.size > _MAX_NAMED else ''}",
+            "appear only in files without feature columns, so no client holds any of "
+            "their features",
+            "Add these samples to a party file with features, or delete them.",
+        )
+
+    feature_index = {f: m for m, f in enumerate(feature_names)}
+    M = len(feature_names)
+    kept_ids = sample_ids[keep]
+    blocks = []
+    owned_masks = []
+    overlap = False
+    for position, k in enumerate(clients):
+        t = tables[k]
+        t_rows = global_rows[k]
+        t_cols = np.array([feature_index[f] for f in t.features], dtype=np.int64)
+        t_values = t.values[kept_rows[k]]
+        own = np.ones(t_values.shape, dtype=bool)
+        for j in clients[:position]:
+            tj = tables[j]
+            j_cols = np.array([feature_index[f] for f in tj.features], dtype=np.int64)
+            shared_f, fj, fk = np.intersect1d(j_cols, t_cols, return_indices=True)
+            if shared_f.size == 0:
+                continue
+            shared_s, sj, sk = np.intersect1d(global_rows[j], t_rows, return_indices=True)
+            if shared_s.size == 0:
+                continue
+            overlap = True
+            _check_overlap(
+                tj,
+                t,
+                kept_rows[j][sj],
+                kept_rows[k][sk],
+                fj,
+                fk,
+                kept_ids[shared_s],
+                [feature_names[m] for m in shared_f],
+            )
+            own[np.ix_(sk, fk)] = False
+        blocks.append((t_rows, t_cols, t_values))
+        owned_masks.append(own)
+
+    entry_rows, entry_cols, entry_values, entry_owner = [], [], [], []
+    for client, ((t_rows, t_cols, t_values), own) in enumerate(zip(blocks, owned_masks)):
+        r, c = np.nonzero(own & (t_values != 0))
+        entry_rows.append(t_rows[r])
+        entry_cols.append(t_cols[c])
+        entry_values.append(t_values[r, c])
+        entry_owner.append(np.full(r.size, client, dtype=np.int64))
+    entry_rows = np.concatenate(entry_rows)
+    entry_cols = np.concatenate(entry_cols)
+    order = np.lexsort((entry_cols, entry_rows))
+    indptr = np.zeros(n_samples + 1, dtype=np.int64)
+    np.cumsum(np.bincount(entry_rows, minlength=n_samples), out=indptr[1:])
+    X = sp.csr_matrix(
+        (np.concatenate(entry_values)[order], entry_cols[order], indptr), shape=(n_samples, M)
+    )
+    X = clean_csr(X)  # already canonical: only narrows the index arrays
+    owner = np.concatenate(entry_owner)[order]
+    if X.nnz != owner.size:  # pragma: no cover - guards the CSR order assumption
+        raise RuntimeError("party data: CSR construction changed the entry order")
+
+    client_names = [tables[k].party for k in clients]
+    partition_name = "parties"
+    if overlap:
+        partition = Partition(
+            n_samples=n_samples,
+            n_features=M,
+            samples=tuple(np.sort(b[0]) for b in blocks),
+            features=tuple(np.sort(b[1]) for b in blocks),
+            entry_owner=owner,
+            name=partition_name,
+        )
+    else:
+        partition = from_blocks([(b[0], b[1]) for b in blocks], n_samples, M, name=partition_name)
+    partition.validate(X)
+
+    y, task, found_classes = _encode_labels(
+        values[keep], tables, source_table[keep], source_row[keep], task, classes
+    )
+    dataset = Dataset(
+        X=X,
+        y=y,
+        name=name,
+        task=task,
+        meta={
+            "source": "party files",
+            "format": "parties",
+            "parties": {t.party: str(t.path) for t in tables},
+            "clients": tuple(client_names),
+            "label_parties": tuple(t.party for t in tables if t.labels is not None),
+            "id_column": id_column,
+            "label_column": label_column,
+            "feature_names": tuple(feature_names),
+            "sample_ids": tuple(str(i) for i in kept_ids),
+            "classes": tuple(found_classes),
+            "psi": bool(psi),
+            "psi_bytes": psi_bytes,
+            "dropped_unlabeled": int(n_aligned - n_samples),
+            "shared_cells": bool(overlap),
+        },
+    )
+    return dataset, partition
+
+
+# --------------------------------------------------------------------------- specs
+
+_OPTION_KEYS = ("id", "label", "task", "classes", "features", "unlabeled", "psi", "name")
+_ENTRY_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+def _is_registered(text: str) -> bool:
+    from hyfl.data.registry import _parse_name
+
+    return _parse_name(text)[0] is not None
+
+
+def _party_files_in(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.is_file() and _party_suffix(p.name))
+
+
+def is_party_spec(value: Any) -> bool:
+    """Whether a ``--data`` value describes party files rather than a data set or LIBSVM file.
+
+    True for ``"parties:..."``, for a path ending in a party-file extension
+    (``.csv``, ``.parquet``, ...; existing or not, so that loading it gives a
+    clear error) and for an existing folder holding party files. False for
+    registered data set names.
+    """
+    if not isinstance(value, str | os.PathLike):
+        return False
+    text = os.fspath(value).strip()
+    if text.startswith(_SPEC_PREFIX):
+        return True
+    if not text or _is_registered(text):
+        return False
+    path = Path(text).expanduser()
+    if _party_suffix(path.name):
+        return True
+    try:
+        return path.is_dir() and bool(_party_files_in(path))
+    except OSError:
+        return False
+
+
+def _parse_bool(key: str, value: str) -> bool:
+    lower = value.strip().lower()
+    if lower in ("1", "yes", "true", "on"):
+        return True
+    if lower in ("0", "no", "false", "off"):
+        return False
+    raise fail(f"party spec option {key}", f"is {value!r}", "Use yes or no.")
+
+
+def _parse_features(value: str) -> list[str] | int:
+    value = value.strip()
+    if value.isdigit():
+        return int(value)
+    path = Path(value).expanduser()
+    if "|" not in value and path.is_file():
+        names = [line.strip() for line in path.read_text().splitlines()]
+        names = [n for n in names if n and not n.startswith("#")]
+        if not names:
+            raise fail(
+                f"feature list file {path}",
+                "holds no feature names",
+                "Write one feature name per line.",
+            )
+        return names
+    if "|" not in value and (os.sep in value or value.endswith(".txt")):
+        raise fail(
+            f"feature list file {path}",
+            "does not exist",
+            "Give an existing text file (one name per line), names as f1|f2|..., or a count.",
+        )
+    return [n.strip() for n in value.split("|") if n.strip()]
+
+
+def parse_party_spec(value: str | os.PathLike) -> tuple[dict[str, Path], dict[str, Any]]:
+    """Split a party spec into ``{party: path}`` and :func:`load_parties` keyword arguments.
+
+    Parameters
+    ----------
+    value : str or path-like
+        ``"parties:[name=]path,...;key=value;..."``, a folder of party files or
+        one party file (see the module docstring).
+
+    Returns
+    -------
+    files : dict of str to Path
+    options : dict
+        Keyword arguments for :func:`load_parties`.
+    """
+    text = os.fspath(value).strip()
+    body = text[len(_SPEC_PREFIX) :] if text.startswith(_SPEC_PREFIX) else text
+    head, *option_parts = body.split(";")
+    options: dict[str, Any] = {}
+    keywords = {
+        "id": "id_column",
+        "label": "label_column",
+        "task": "task",
+        "classes": "classes",
+        "features": "features",
+        "unlabeled": "unlabeled",
+        "psi": "psi",
+        "name": "name",
+    }
+    for part in option_parts:
+        if not part.strip():
+            continue
+        key, sep, raw = part.partition("=")
+        key = key.strip().lower()
+        if not sep or key not in keywords:
+            raise fail(
+                f"party spec option {part.strip()!r}",
+                "is not known" if sep else "is not key=value",
+                f"Use options {', '.join(k + '=...' for k in _OPTION_KEYS)} after ';'.",
+            )
+        raw = raw.strip()
+        if key == "psi":
+            options["psi"] = _parse_bool(key, raw)
+        elif key == "classes":
+            options["classes"] = [c.strip() for c in raw.split("|") if c.strip()]
+        elif key == "features":
+            options["features"] = _parse_features(raw)
+        elif key == "label" and raw.lower() in ("", "none"):
+            options["label_column"] = None
+        else:
+            options[keywords[key]] = raw
+    entries = [e.strip() for e in head.split(",") if e.strip()]
+    if not entries:
+        raise fail(
+            f"party spec {text!r}",
+            "names no party files",
+            "Write parties:<file>,<file>,... or give a folder of CSV/Parquet files.",
+        )
+    files: dict[str, Path] = {}
+
+    def add(party: str, path: Path) -> None:
+        if party in files:
+            raise fail(
+                f"party spec {text!r}",
+                f"has two parties called {party!r} ({files[party]} and {path})",
+                "Name them explicitly: parties:a=<file>,b=<file>.",
+            )
+        files[party] = path
+
+    for entry in entries:
+        party, sep, rest = entry.partition("=")
+        if sep and _ENTRY_NAME.match(party.strip()) and not Path(entry).expanduser().exists():
+            party, path = party.strip(), Path(rest.strip()).expanduser()
+        else:
+            party, path = "", Path(entry).expanduser()
+        if path.is_dir():
+            found = _party_files_in(path)
+            if not found:
+                raise fail(
+                    f"folder {path}",
+                    "holds no party files",
+                    f"Put one file per party in it ({', '.join(PARTY_SUFFIXES)}).",
+                )
+            if party:
+                raise fail(
+                    f"party spec entry {entry!r}",
+                    "names a folder, which holds several parties",
+                    "Name files, not folders (parties are named after their files).",
+                )
+            for file in found:
+                add(_party_name(file), file)
+        else:
+            add(party or _party_name(path), path)
+    return files, options
+
+
+def load_party_spec(value: str | os.PathLike, **overrides: Any) -> tuple[Dataset, Partition]:
+    """Load the party files a ``--data`` value names (see :func:`is_party_spec`).
+
+    Parameters
+    ----------
+    value : str or path-like
+        A party spec (module docstring).
+    **overrides
+        :func:`load_parties` keyword arguments that win over the spec's options.
+
+    Returns
+    -------
+    (Dataset, Partition)
+        As from :func:`load_parties`.
+    """
+    files, options = parse_party_spec(value)
+    options.update(overrides)
+    return load_parties(files, **options)

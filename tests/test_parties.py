@@ -1,0 +1,513 @@
+"""Tests for hyfl.data.parties: party files (CSV/Parquet) -> Dataset + Partition."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from hyfl.algorithms.hyfdca import HyFDCA
+from hyfl.data import is_party_spec, load_parties, load_party_spec, parse_party_spec
+from hyfl.errors import HyflError
+from hyfl.partition import Full, stack
+from hyfl.problem import make_problem, solve_centralized
+from hyfl.runtime.simulation import simulate
+
+N, M = 160, 10
+NAMES = [f"f{m}" for m in range(M)]
+C_FEATURES = [1, 3, 6, 8]  # C overlaps A on f1, f3 and B on f6, f8
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+def reference(seed: int = 0):
+    """The full matrix and labels every party's file is cut from."""
+    rng = np.random.default_rng(seed)
+    X = np.round(rng.normal(size=(N, M)), 3) * (rng.random((N, M)) < 0.6)
+    y = np.where(rng.random(N) < 0.5, 0, 1)
+    return X, y
+
+
+def frame(ids, X, cols, labels=None, id_name="id") -> pd.DataFrame:
+    df = pd.DataFrame(X[np.ix_(ids, cols)], columns=[NAMES[c] for c in cols])
+    df.insert(0, id_name, ids)
+    if labels is not None:
+        df["label"] = labels[ids]
+    return df
+
+
+@pytest.fixture
+def hybrid(tmp_path):
+    """A: ids 0-99, f0-f4 + labels (CSV); B: ids 50-149, f5-f9 + labels (Parquet,
+    shuffled rows); C: ids 0-19 and 140-159, f1 f3 f6 f8, no labels (CSV, shuffled)."""
+    X, y = reference()
+    rng = np.random.default_rng(1)
+    a_ids = np.arange(100)
+    b_ids = rng.permutation(np.arange(50, 150))
+    c_ids = rng.permutation(np.r_[0:20, 140:160])
+    files = {
+        "A": tmp_path / "a.csv",
+        "B": tmp_path / "b.parquet",
+        "C": tmp_path / "c.csv",
+    }
+    frame(a_ids, X, range(5), y).to_csv(files["A"], index=False)
+    frame(b_ids, X, range(5, 10), y).to_parquet(files["B"], index=False)
+    frame(c_ids, X, C_FEATURES).to_csv(files["C"], index=False)
+    return files, X, y, (a_ids, b_ids, c_ids)
+
+
+def expected(X, y, ids):
+    """Hand-built reference for the hybrid fixture with unlabelled samples dropped."""
+    a_ids, b_ids, c_ids = ids
+    # Global order: A's rows in file order, then B's new ids in file order, then C's.
+    order = list(a_ids) + [i for i in b_ids if i not in set(a_ids)]
+    order += [i for i in c_ids if i not in set(order)]
+    order = [i for i in order if i < 150]  # 150..159 have no label: dropped
+    position = {sample: g for g, sample in enumerate(order)}
+    held = np.zeros((N, M), dtype=bool)
+    owner = np.full((N, M), -1)
+    for k, (sample_ids, cols) in enumerate(
+        [(a_ids, range(5)), (b_ids, range(5, 10)), (c_ids, C_FEATURES)]
+    ):
+        for i in sample_ids:
+            for m in cols:
+                held[i, m] = True
+                if owner[i, m] < 0:
+                    owner[i, m] = k
+    X_expected = np.where(held, X, 0.0)[order]
+    y_expected = np.where(y[order] == 1, 1.0, -1.0)
+    blocks = [
+        (sorted(position[i] for i in a_ids), list(range(5))),
+        (sorted(position[i] for i in b_ids), list(range(5, 10))),
+        (sorted(position[i] for i in c_ids if i < 150), C_FEATURES),
+    ]
+    return order, X_expected, y_expected, blocks, owner[order]
+
+
+# --------------------------------------------------------------------------- happy path
+
+
+@pytest.mark.parametrize("psi", [True, False])
+def test_hybrid_parties_match_hand_built_reference(hybrid, psi):
+    files, X, y, ids = hybrid
+    data, partition = load_parties(files, unlabeled="drop", psi=psi)
+    order, X_expected, y_expected, blocks, owner = expected(X, y, ids)
+
+    assert data.X.shape == (150, M) and data.task == "binary"
+    assert data.X.has_sorted_indices and np.all(data.X.data != 0)
+    np.testing.assert_array_equal(data.X.toarray(), X_expected)
+    np.testing.assert_array_equal(data.y, y_expected)
+    assert data.meta["sample_ids"] == tuple(str(i) for i in order)
+    assert data.meta["feature_names"] == tuple(NAMES)
+    assert data.meta["clients"] == ("A", "B", "C")
+    assert data.meta["classes"] == (0.0, 1.0)
+    assert data.meta["dropped_unlabeled"] == 10
+    assert (data.meta["psi_bytes"] or 0) > 0 if psi else data.meta["psi_bytes"] is None
+
+    assert partition.n_clients == 3 and partition.n_samples == 150
+    for k, (samples, features) in enumerate(blocks):
+        np.testing.assert_array_equal(partition.samples[k], samples)
+        np.testing.assert_array_equal(partition.features[k], features)
+    # Shared cells (C with A on f1/f3, C with B on f6/f8) belong to A or B.
+    rows = np.repeat(np.arange(150), np.diff(data.X.indptr))
+    np.testing.assert_array_equal(partition.entry_owner, owner[rows, data.X.indices])
+    assert partition.entry_owner.tolist().count(2) > 0
+    stack(partition, data.X)  # the simulation engine accepts it
+
+
+def test_psi_and_plain_alignment_agree(hybrid):
+    files, *_ = hybrid
+    with_psi, part_psi = load_parties(files, unlabeled="drop")
+    plain, part_plain = load_parties(files, unlabeled="drop", psi=False)
+    assert (with_psi.X != plain.X).nnz == 0
+    np.testing.assert_array_equal(with_psi.y, plain.y)
+    np.testing.assert_array_equal(part_psi.entry_owner, part_plain.entry_owner)
+
+
+def test_hyfdca_runs_on_party_data(hybrid):
+    files, *_ = hybrid
+    data, partition = load_parties(files, unlabeled="drop", psi=False)
+    problem = make_problem(data, "hinge", 1e-2)
+    optimum = solve_centralized(problem, cache=False)
+    result = simulate(
+        HyFDCA(local_steps=10), problem, partition, Full(partition.n_clients), 30, optimum=optimum
+    )
+    gap = result.column("gap")
+    assert np.all(np.isfinite(gap)) and gap[-1] < gap[0]
+    assert result.column("relative_loss")[-1] < 0.5
+
+
+def test_unlabelled_samples_are_an_error_by_default(hybrid):
+    files, *_ = hybrid
+    with pytest.raises(HyflError) as error:
+        load_parties(files, psi=False)
+    message = str(error.value)
+    assert "'150' (in C)" in message and "and 5 more" in message
+    assert "no label" in message and "unlabeled='drop'" in message
+
+
+def test_rectangular_parties_without_shared_cells(tmp_path):
+    X, y = reference()
+    frame(np.arange(100), X, range(5), y).to_csv(tmp_path / "left.csv", index=False)
+    frame(np.arange(100), X, range(5, 10)).to_csv(tmp_path / "right.csv", index=False)
+    data, partition = load_parties([tmp_path / "left.csv", tmp_path / "right.csv"], psi=False)
+    assert partition.entry_owner is None and partition.is_vertical
+    np.testing.assert_array_equal(data.X.toarray(), X[:100])
+    assert data.meta["clients"] == ("left", "right")
+
+
+def test_label_only_party_is_not_a_client(tmp_path):
+    X, y = reference()
+    frame(np.arange(40), X, range(4)).to_csv(tmp_path / "features.csv", index=False)
+    labels = pd.DataFrame({"id": np.arange(40)[::-1], "label": np.where(y[:40][::-1], "yes", "no")})
+    labels.to_parquet(tmp_path / "labels.parquet")
+    data, partition = load_parties(
+        {"f": tmp_path / "features.csv", "l": tmp_path / "labels.parquet"}, psi=False
+    )
+    assert partition.n_clients == 1 and data.meta["clients"] == ("f",)
+    assert data.meta["label_parties"] == ("l",)
+    assert data.meta["classes"] == ("no", "yes")
+    np.testing.assert_array_equal(data.y, np.where(y[:40] == 1, 1.0, -1.0))
+
+
+def test_text_labels_declared_classes_and_multiclass(tmp_path):
+    df = pd.DataFrame({"id": ["a", "b", "c", "d"], "x": [1.0, 2.0, 3.0, 4.0]})
+    df["label"] = ["pos", "neg", "pos", "neg"]
+    df.to_csv(tmp_path / "p.csv", index=False)
+    data, _ = load_parties([tmp_path / "p.csv"], psi=False, classes=["pos", "neg"])
+    np.testing.assert_array_equal(data.y, [-1.0, 1.0, -1.0, 1.0])  # first class -> -1
+    df["label"] = ["cat", "dog", "emu", "dog"]
+    df.to_csv(tmp_path / "p.csv", index=False)
+    data, _ = load_parties([tmp_path / "p.csv"], psi=False)
+    assert data.task == "multiclass" and data.meta["classes"] == ("cat", "dog", "emu")
+    np.testing.assert_array_equal(data.y, [0, 1, 2, 1])
+
+
+def test_ids_match_across_text_and_integer_columns(tmp_path):
+    pd.DataFrame({"pid": ["7", " 8", "9"], "a": [1, 2, 3], "y": [1, -1, 1]}).to_csv(
+        tmp_path / "one.csv", index=False
+    )
+    pd.DataFrame({"pid": [9, 8, 7], "b": [0.5, 0.0, 1.5]}).to_parquet(tmp_path / "two.parquet")
+    data, partition = load_parties(
+        [tmp_path / "one.csv", tmp_path / "two.parquet"], id_column="pid", label_column="y"
+    )
+    assert data.meta["sample_ids"] == ("7", "8", "9")
+    np.testing.assert_array_equal(data.X.toarray(), [[1, 1.5], [2, 0], [3, 0.5]])
+    assert partition.is_vertical
+
+
+def test_compressed_csv_and_declared_features(tmp_path):
+    content = "id,b,a,label\n1,2,0,1\n2,0,3,-1\n"
+    (tmp_path / "p.csv.gz").write_bytes(gzip.compress(content.encode()))
+    data, partition = load_parties(
+        {"p": tmp_path / "p.csv.gz"}, features=["a", "b"], columns={"p": ["b", "a"]}
+    )
+    np.testing.assert_array_equal(data.X.toarray(), [[0, 2], [3, 0]])
+    assert data.meta["feature_names"] == ("a", "b")
+
+
+# --------------------------------------------------------------------------- specs
+
+
+def test_party_specs(hybrid, tmp_path):
+    files, *_ = hybrid
+    spec = f"parties:A={files['A']},B={files['B']},C={files['C']};unlabeled=drop;psi=no"
+    assert is_party_spec(spec)
+    parsed, options = parse_party_spec(spec)
+    assert list(parsed) == ["A", "B", "C"]
+    assert options == {"unlabeled": "drop", "psi": False}
+    data, partition = load_party_spec(spec)
+    reference_data, _ = load_parties(files, unlabeled="drop", psi=False)
+    assert (data.X != reference_data.X).nnz == 0
+
+    # A folder of party files: parties named after the files, sorted.
+    assert is_party_spec(tmp_path) and is_party_spec(str(tmp_path))
+    parsed, _ = parse_party_spec(str(tmp_path))
+    assert list(parsed) == ["a", "b", "c"]
+    data, _ = load_party_spec(f"parties:{tmp_path};unlabeled=drop", psi=False)
+    assert data.X.shape == (150, M)
+
+    feature_file = tmp_path / "features.txt"
+    feature_file.write_text("\n".join(NAMES) + "\n")
+    _, options = parse_party_spec(
+        f"parties:{files['A']};id=key;label=y;task=binary;classes=0|1;features={feature_file}"
+    )
+    assert options == {
+        "id_column": "key",
+        "label_column": "y",
+        "task": "binary",
+        "classes": ["0", "1"],
+        "features": NAMES,
+    }
+    assert parse_party_spec("parties:x.csv;features=3")[1]["features"] == 3
+    assert parse_party_spec("parties:x.csv;features=a|b")[1]["features"] == ["a", "b"]
+
+
+def test_is_party_spec_rejects_other_data(tmp_path):
+    assert not is_party_spec("mnist") and not is_party_spec("covtype:train")
+    assert not is_party_spec(tmp_path / "data.svm") and not is_party_spec(tmp_path)
+    assert not is_party_spec(None) and not is_party_spec(3)
+    assert is_party_spec("somewhere/party.parquet") and is_party_spec("p.CSV")
+
+
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        ("parties:a.csv;colour=red", r"option 'colour=red' is not known.*id=\.\.\."),
+        ("parties:a.csv;psi=maybe", "psi is 'maybe'. Use yes or no"),
+        ("parties:;id=x", "names no party files"),
+        ("parties:a.csv;features=nowhere/list.txt", "list.txt does not exist"),
+    ],
+)
+def test_bad_party_specs(spec, match):
+    with pytest.raises(HyflError, match=match):
+        parse_party_spec(spec)
+
+
+def test_spec_folder_and_name_clashes(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(HyflError, match=r"empty holds no party files\. Put one file per party"):
+        parse_party_spec(f"parties:{empty}")
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    (tmp_path / "one" / "p.csv").write_text("id,x\n1,1\n")
+    (tmp_path / "two" / "p.csv").write_text("id,x\n1,1\n")
+    with pytest.raises(HyflError, match=r"two parties called 'p'.*parties:a=<file>"):
+        parse_party_spec(f"parties:{tmp_path / 'one'},{tmp_path / 'two'}")
+
+
+# --------------------------------------------------------------------------- malformed files
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_missing_id_column_names_file_and_hint(tmp_path):
+    path = write(tmp_path, "p.csv", "ID,x,label\n1,2,1\n")
+    with pytest.raises(HyflError) as error:
+        load_parties([path], psi=False)
+    message = str(error.value)
+    assert "p.csv (party 'p') has no ID column 'id'" in message
+    assert "there is 'ID'" in message and "id_column=<name>" in message
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "match"),
+    [
+        (
+            "dup.csv",
+            "id,x,label\n1,2,1\n2,3,-1\n1,4,1\n",
+            r"dup\.csv.*ID '1' twice \(line 2 and line 4\).*one row per sample",
+        ),
+        (
+            "noid.csv",
+            "id,x,label\n1,2,1\n,3,-1\n",
+            r"noid\.csv.*no ID in column 'id' at line 3.*Give every row an ID",
+        ),
+        ("empty.csv", "", r"empty\.csv.*is empty \(0 bytes\).*header line"),
+        ("header.csv", "id,x,label\n", r"header\.csv.*has a header but no data rows"),
+        (
+            "nan.csv",
+            "id,x,z,label\n1,2,,1\n",
+            r"nan\.csv.*feature column 'z' is empty \(or NaN\) at line 2.*finite number",
+        ),
+        (
+            "nan2.csv",
+            "id,x,label\n1,2,1\n2,NaN,1\n",
+            r"feature column 'x' is empty \(or NaN\) at line 3",
+        ),
+        ("inf.csv", "id,x,label\n1,inf,1\n", r"inf\.csv.*feature column 'x' holds inf at line 2"),
+        (
+            "text.csv",
+            "id,x,label\n1,2,1\n2,abc,-1\n",
+            r"text\.csv.*non-numeric value 'abc' in feature column 'x' at line 3.*numeric",
+        ),
+        (
+            "nolabel.csv",
+            "id,x,label\n1,2,1\n2,3,\n",
+            r"nolabel\.csv.*no label in column 'label' at line 3 \(ID '2'\).*unlabeled='drop'",
+        ),
+        (
+            "twice.csv",
+            "id,x,x,label\n1,2,3,1\n",
+            r"twice\.csv.*column 'x' twice \(columns 2 and 3\).*distinct name",
+        ),
+        (
+            "ragged.csv",
+            "id,x,label\n1,2,1\n2,3,4,5,6\n",
+            r"ragged\.csv.*is not a valid CSV.*as many comma-separated fields",
+        ),
+        (
+            "idonly.csv",
+            "id\n1\n2\n",
+            r"idonly\.csv.*only the ID column 'id'.*Add the party's feature columns",
+        ),
+        ("infl.csv", "id,x,label\n1,2,inf\n", r"infl\.csv.*label inf in column 'label' at line 2"),
+    ],
+)
+def test_malformed_csv_party_file(tmp_path, name, text, match):
+    path = write(tmp_path, name, text)
+    with pytest.raises(HyflError, match=match):
+        load_parties([path], psi=False)
+
+
+def test_malformed_parquet_party_files(tmp_path):
+    broken = tmp_path / "broken.parquet"
+    broken.write_bytes(b"PAR1 this is not parquet")
+    with pytest.raises(HyflError, match=r"broken\.parquet.*could not be read as Parquet"):
+        load_parties([broken], psi=False)
+    bad = tmp_path / "bad.parquet"
+    pd.DataFrame({"id": [1, 2], "x": [1.0, np.nan], "label": [1, -1]}).to_parquet(bad)
+    with pytest.raises(HyflError, match=r"bad\.parquet.*'x' is empty \(or NaN\) at row 2"):
+        load_parties([bad], psi=False)
+    dup = tmp_path / "dup.parquet"
+    pd.DataFrame({"id": ["a", "a"], "x": [1.0, 2.0], "label": [1, -1]}).to_parquet(dup)
+    with pytest.raises(HyflError, match=r"dup\.parquet.*ID 'a' twice \(row 1 and row 2\)"):
+        load_parties([dup], psi=False)
+    floats = tmp_path / "floats.parquet"
+    pd.DataFrame({"id": [1.0, 2.5], "x": [1.0, 2.0], "label": [1, -1]}).to_parquet(floats)
+    with pytest.raises(HyflError, match=r"floats\.parquet.*ID 2\.5 at row 2.*not a whole number"):
+        load_parties([floats], psi=False)
+    when = tmp_path / "when.parquet"
+    frame_with_dates = pd.DataFrame({"id": [1, 2], "label": [1, -1]})
+    frame_with_dates["t"] = pd.to_datetime(["2024-01-01", "2024-01-02"])
+    frame_with_dates.to_parquet(when)
+    with pytest.raises(HyflError, match=r"when\.parquet.*non-numeric value .* column 't' at row 1"):
+        load_parties([when], psi=False)
+    empty = tmp_path / "empty.parquet"
+    pd.DataFrame({"id": pd.Series([], dtype="int64"), "x": pd.Series([], dtype=float)}).to_parquet(
+        empty
+    )
+    with pytest.raises(HyflError, match=r"empty\.parquet.*no data rows"):
+        load_parties([empty], psi=False)
+
+
+def test_unknown_extension_and_missing_file(tmp_path):
+    with pytest.raises(HyflError, match=r"p\.xlsx.*unknown extension.*\.csv"):
+        load_parties([tmp_path / "p.xlsx"])
+    with pytest.raises(HyflError, match=r"gone\.csv.*does not exist"):
+        load_parties([tmp_path / "gone.csv"])
+
+
+def test_third_class_in_binary_problem(tmp_path):
+    a = write(tmp_path, "a.csv", "id,x,label\n1,1,0\n2,2,1\n3,3,0\n4,4,1\n")
+    b = write(tmp_path, "b.csv", "id,z,label\n5,1,1\n6,2,2\n")
+    with pytest.raises(HyflError) as error:
+        load_parties([a, b], task="binary", psi=False)
+    message = str(error.value)
+    assert "take 3 values but a binary task needs 2" in message
+    assert "e.g. 2 in party file" in message and "b.csv" in message and "line 3 (ID '6')" in message
+    with pytest.raises(HyflError, match=r"include 2, which is not among the declared classes"):
+        load_parties([a, b], classes=[0, 1], psi=False)
+    data, _ = load_parties([a, b], psi=False)  # three integer classes: multiclass
+    assert data.task == "multiclass"
+
+
+def test_text_and_number_labels_do_not_mix(tmp_path):
+    a = write(tmp_path, "a.csv", "id,x,label\n1,1,0\n2,2,1\n")
+    b = write(tmp_path, "b.csv", "id,z,label\n3,1,spam\n")
+    with pytest.raises(HyflError) as error:
+        load_parties([a, b], psi=False)
+    message = str(error.value)
+    assert "b.csv" in message and "text labels (e.g. 'spam')" in message
+    assert "a.csv" in message and "number labels" in message and "one kind of label" in message
+    # Text that reads as numbers is fine.
+    c = tmp_path / "c.parquet"
+    pd.DataFrame({"id": ["4"], "z": [2.0], "label": ["1"]}).to_parquet(c)
+    data, _ = load_parties([a, c], psi=False)
+    np.testing.assert_array_equal(data.y, [-1.0, 1.0, 1.0])
+
+
+def test_labels_that_disagree_name_sample_and_both_parties(tmp_path):
+    a = write(tmp_path, "a.csv", "id,x,label\n1,1,0\n2,2,1\n")
+    b = write(tmp_path, "b.csv", "id,z,label\n2,5,0\n1,6,0\n")
+    with pytest.raises(HyflError) as error:
+        load_parties([a, b])
+    message = str(error.value)
+    assert message.startswith("sample ID '2' has label 1 in party file")
+    assert "a.csv (party 'a') at line 3" in message and "b.csv (party 'b') at line 2" in message
+    assert "must give the same label" in message
+
+
+def test_shared_cell_with_different_values(tmp_path):
+    a = write(tmp_path, "a.csv", "id,x,y,label\n1,1,2,1\n2,3,4,-1\n")
+    b = write(tmp_path, "b.csv", "id,y\n2,4.5\n1,2\n")
+    with pytest.raises(HyflError) as error:
+        load_parties({"A": a, "B": b}, psi=False)
+    message = str(error.value)
+    assert message.startswith("sample ID '2', feature 'y' is 4 in party file")
+    assert "(party 'A') at line 3" in message and "4.5 in party file" in message
+    assert "(party 'B') at line 2" in message and "same value in each" in message
+    # Equal values are fine: the first party owns the cell.
+    b.write_text("id,y\n2,4\n1,2\n")
+    data, partition = load_parties({"A": a, "B": b}, psi=False)
+    assert set(partition.entry_owner.tolist()) == {0}
+
+
+def test_declared_columns_and_features(tmp_path):
+    a = write(tmp_path, "a.csv", "id,f0,f1,label\n1,1,2,1\n2,3,4,-1\n")
+    b = write(tmp_path, "b.csv", "id,f2,extra\n1,1,1\n")
+    with pytest.raises(HyflError) as error:
+        load_parties({"a": a, "b": b}, columns={"b": ["f2", "f3"]}, psi=False)
+    message = str(error.value)
+    assert "b.csv (party 'b') lacks declared feature columns ['f3']" in message
+    assert "has undeclared columns ['extra']" in message and "exactly the declared ones" in message
+    with pytest.raises(HyflError, match=r"columns names parties \['c'\]"):
+        load_parties({"a": a}, columns={"c": ["f0"]}, psi=False)
+    with pytest.raises(HyflError, match=r"b\.csv.*columns \['extra'\] that are not among the 4"):
+        load_parties({"a": a, "b": b}, features=["f0", "f1", "f2", "f3"], psi=False)
+    with pytest.raises(HyflError, match=r"hold 2 of the 3 declared features; no file has \['f9'\]"):
+        load_parties({"a": a}, features=["f0", "f9", "f1"], psi=False)
+    with pytest.raises(HyflError, match="hold 2 distinct feature columns but 3 were declared"):
+        load_parties({"a": a}, features=3, psi=False)
+    with pytest.raises(HyflError, match="includes 'id'"):
+        load_parties({"a": a}, features=["id", "f0"], psi=False)
+
+
+def test_samples_without_features_or_labelled_rows(tmp_path):
+    feats = write(tmp_path, "feats.csv", "id,x\n1,1\n2,2\n")
+    labels = write(tmp_path, "labels.csv", "id,label\n1,1\n2,-1\n3,1\n")
+    with pytest.raises(HyflError, match=r"sample ID '3' appear only in files without feature"):
+        load_parties([feats, labels], psi=False)
+    with pytest.raises(HyflError, match="have no feature columns at all"):
+        load_parties([labels], psi=False)
+    unlabeled = write(tmp_path, "u.csv", "id,z\n9,1\n")
+    with pytest.raises(HyflError, match=r"u\.csv.*no labelled sample left"):
+        load_parties([feats, labels, unlabeled], unlabeled="drop", psi=False)
+
+
+def test_bad_arguments(tmp_path):
+    a = write(tmp_path, "a.csv", "id,x,label\n1,1,1\n2,2,-1\n")
+    with pytest.raises(HyflError, match="unlabeled"):
+        load_parties([a], unlabeled="ignore")
+    with pytest.raises(HyflError, match="task"):
+        load_parties([a], task="ranking")
+    with pytest.raises(HyflError, match="label_column is the ID column"):
+        load_parties([a], label_column="id")
+    with pytest.raises(HyflError, match="files is empty"):
+        load_parties([])
+    with pytest.raises(HyflError, match="text, which cannot be a regression target"):
+        load_parties([write(tmp_path, "t.csv", "id,x,label\n1,1,a\n2,1,b\n")], task="regression")
+
+
+def test_semicolon_csv_gets_a_hint(tmp_path):
+    path = write(tmp_path, "excel.csv", "id;x;label\n1;2;1\n")
+    with pytest.raises(HyflError, match=r"separated by ';'; party CSVs use commas"):
+        load_parties([path], psi=False)
+
+
+def test_load_data_points_party_specs_to_load_party_spec(tmp_path):
+    from hyfl.data import load_data
+
+    path = write(tmp_path, "p.csv", "id,x,label\n1,2,1\n")
+    for value in (path, f"parties:{path}", tmp_path):
+        with pytest.raises(HyflError, match="describes party files.*load_party_spec"):
+            load_data(value)
