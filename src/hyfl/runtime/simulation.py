@@ -39,7 +39,6 @@ import hashlib
 import json
 import os
 import pickle
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -649,9 +648,9 @@ class _Checkpointer:
             "progress": dataclasses.asdict(run),
         }
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=self.path.parent)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
-            with os.fdopen(fd, "wb") as f:
+            with open(tmp, "wb") as f:
                 pickle.dump(header, f, protocol=pickle.HIGHEST_PROTOCOL)
                 _StatePickler(f, self.tokens, self.hashes).dump(body)
                 f.flush()
