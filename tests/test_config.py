@@ -39,7 +39,7 @@ BASE = {
 
 FULL_EXAMPLE = """
 [experiment]
-name = "mnist-5-0.1"
+name = "mnist-8-0.1"
 description = "paper setting"
 seeds = [0, 1]
 eval_every = 10
@@ -52,7 +52,7 @@ loss = "hinge"
 val_fraction = 0.2
 
 [partition]
-spec = "quadrant:5"
+spec = "quadrant:8"
 participation = 0.1
 
 [costs]
@@ -88,7 +88,7 @@ def write(tmp_path, tables, name="exp.toml"):
 def test_full_example_parses_into_run_specs(tmp_path):
     config = load_config(write(tmp_path, FULL_EXAMPLE))
     assert isinstance(config, ExperimentConfig)
-    assert config.name == "mnist-5-0.1" and config.seeds == (0, 1)
+    assert config.name == "mnist-8-0.1" and config.seeds == (0, 1)
     assert config.budget.sim_time == 10800.0 and config.budget.rounds == 1000000
     assert config.data.lam == 1e-3  # the paper's lambda for MNIST
     assert config.partition.participation == "0.1"

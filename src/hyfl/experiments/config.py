@@ -12,12 +12,12 @@ Full example (every key; the commented ones are optional, shown with their
 defaults)::
 
     [experiment]
-    name = "mnist-5-0.1"              # default: the file name without .toml
+    name = "mnist-8-0.1"              # default: the file name without .toml
     # description = "..."             # free text, kept in the resolved config
     seeds = [0, 1, 2]                 # one run per seed and algorithm; default [0]
     eval_every = 10                   # evaluate every N outer iterations; default 1
     budget = { iterations = 2500 }    # or { sim_time = 10800.0, max_iterations = 1000000 }
-    # out = "runs/mnist-5-0.1"        # results folder; default runs/<name>; --out overrides
+    # out = "runs/mnist-8-0.1"        # results folder; default runs/<name>; --out overrides
     # checkpoint_every = 100          # rounds between checkpoints; default: by wall time
     # checkpoint_seconds = 60.0       # wall time between checkpoints when checkpoint_every
     #                                 # is not given
@@ -32,7 +32,7 @@ defaults)::
     # parties = ...                   # party files: passed through as given
 
     [partition]
-    spec = "quadrant:5"               # horizontal:K | vertical:Q | grid:KxQ | nonzero:KxQ | ...
+    spec = "quadrant:8"               # horizontal:K | vertical:Q | grid:KxQ | nonzero:KxQ | ...
     participation = "0.1"             # full | a fraction (string or number) | cyclic:C |
                                       # trace:FILE; default full
 
