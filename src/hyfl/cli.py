@@ -497,6 +497,58 @@ def calibrate(
 
 
 @app.command()
+def tune(
+    config: Annotated[Path, typer.Argument(help="Experiment config (TOML).")],
+    algorithm: Annotated[
+        list[str] | None, typer.Option(help="Tune only this [algorithms.LABEL] (repeatable).")
+    ] = None,
+    seconds: Annotated[float, typer.Option(help="Time budget per algorithm, seconds.")] = 600.0,
+    max_trials: Annotated[int | None, typer.Option(help="Stop after this many trials.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Folder (default <config out>/tuning).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the random search.")] = 0,
+):
+    """Random search (log-uniform, the paper's bounds) + Gray Relational Analysis selection.
+
+    Writes trials.csv, best.toml and tuning.json per algorithm; paste best.toml's
+    table into the config.
+    """
+    from hyfl.experiments.runner import tune_config
+
+    try:
+        results = tune_config(config, algorithms=algorithm, seconds=seconds,
+                              max_trials=max_trials, out_dir=out, seed=seed, progress=True)
+    except HyflError as err:
+        _fail(err)
+    table = Table(title="chosen hyperparameters (Gray Relational Analysis)")
+    for column in ("algorithm", "trials", "divergent", "best", "grade"):
+        table.add_column(column)
+    for label, result in results.items():
+        best = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                         for k, v in result.best.items())
+        table.add_row(label, str(len(result.trials)), str(result.n_divergent), best,
+                      f"{result.best_trial.grade:.3f}")
+    console.print(table)
+    for label, result in results.items():
+        console.print(f"{label}: {result.out_dir}")
+
+
+@app.command()
+def report(
+    results: Annotated[Path, typer.Argument(help="A results folder (from run or compare).")],
+    format: Annotated[str, typer.Option(help="html | markdown")] = "html",
+    out: Annotated[Path | None, typer.Option(help="Output file (default in the folder).")] = None,
+):
+    """One page with every setting's curves, cost breakdown, tables and win counts."""
+    from hyfl.experiments.report import build_report
+
+    try:
+        path = build_report(results, format=format, out=out)
+    except HyflError as err:
+        _fail(err)
+    console.print(f"wrote {path}")
+
+
+@app.command()
 def algorithms():
     """List the registered algorithms."""
     from hyfl.algorithms import ALGORITHMS
