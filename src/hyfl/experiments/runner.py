@@ -551,7 +551,7 @@ def run_experiment(
     out.mkdir(parents=True, exist_ok=True)
     _atomic_text(out / "config.toml", config.to_toml())
     _atomic_text(
-        out / "environment.json", json.dumps(environment(), indent=2, default=_json_default) + "\n"
+        out / "environment.json", json.dumps(environment(), indent=2, default=json_default) + "\n"
     )
     jobs = config.jobs()
     outcomes: list[RunOutcome] = []
@@ -589,7 +589,7 @@ def run_experiment(
         (run_dir / "run.json").unlink(missing_ok=True)
         _atomic_text(
             started,
-            json.dumps({"started": _now(), "spec": asdict(job.spec)}, default=_json_default),
+            json.dumps({"started": _now(), "spec": asdict(job.spec)}, default=json_default),
         )
         outcome = run_prepared(
             setup,
@@ -669,7 +669,7 @@ def _nan_if_none(value) -> float:
 
 
 def _normalized(obj: Any) -> Any:
-    return json.loads(json.dumps(obj, sort_keys=True, default=_json_default))
+    return json.loads(json.dumps(obj, sort_keys=True, default=json_default))
 
 
 SEED_AGGREGATED_COLUMNS = tuple(c for c in SUMMARY_COLUMNS if c not in ("algorithm", "engine"))
@@ -924,7 +924,7 @@ def write_outputs(outcome: RunOutcome, out_dir: Path, plot: bool = True) -> Path
     }
     if "setup" in outcome.result.config:
         record["setup"] = outcome.result.config["setup"]
-    (out_dir / "run.json").write_text(json.dumps(record, indent=2, default=_json_default) + "\n")
+    (out_dir / "run.json").write_text(json.dumps(record, indent=2, default=json_default) + "\n")
     if plot:
         plot_runs(
             {outcome.spec.algorithm: outcome.result},
@@ -948,7 +948,8 @@ def _csv_value(v: float) -> str:
     return "" if v is None or (isinstance(v, float) and np.isnan(v)) else repr(float(v))
 
 
-def _json_default(obj):
+def json_default(obj):
+    """``json.dumps`` fallback for NumPy scalars and arrays (anything else as text)."""
     if isinstance(obj, np.generic):
         return obj.item()
     if isinstance(obj, np.ndarray):

@@ -987,15 +987,9 @@ def _csv(v: Any) -> str:
 
 def _write_json(path: Path, record: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2, default=_json_default) + "\n")
+    from hyfl.experiments.runner import json_default
 
-
-def _json_default(obj):
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    return str(obj)
+    path.write_text(json.dumps(record, indent=2, default=json_default) + "\n")
 
 
 def _write_best(path: Path, result: TuneResult, spec) -> None:
