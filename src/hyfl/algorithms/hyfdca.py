@@ -185,6 +185,7 @@ class HyFDCA:
             was_active=np.zeros(blocks.n_clients, dtype=bool),
             beta=1.0,
             beta_min=1.0 / float(blocks.n_holders.max()),
+            feature_counts=np.array([f.size for f in blocks.client_features], dtype=np.int64),
             updated_at=np.zeros(N, dtype=np.int64),
             last_active=np.zeros(blocks.n_clients, dtype=np.int64),
             t=0,
@@ -213,19 +214,12 @@ class HyFDCA:
         t = state.t + 1
         gamma_t = 1.0 / t if self.gamma == "1/t" else float(self.gamma)
         active = np.asarray(active, dtype=bool)
-        if self.sip_scope == "drawn" and not active.all():
-            raise fail(
-                "sip_scope",
-                f"'drawn' needs every client in every round, but {np.count_nonzero(~active)} "
-                f"client(s) are absent in round {t}",
-                "Use sip_scope='all' with partial participation",
-            )
+        self.check_participation(active, t)
         newcomers = active & ~state.was_active
         server_seconds = 0.0
         traffic: dict[str, Any] = {}
         floats_up = floats_down = ids_down = 0.0
-        width = state.w.shape[1]
-        n_features = np.array([f.size for f in blocks.client_features]) * width
+        n_features = state.feature_counts * state.w.shape[1]  # floats of a client's weights
 
         # 1. Newcomers receive the duals of their samples that changed while
         # they were away and re-send their primal part; returning clients
@@ -328,7 +322,9 @@ class HyFDCA:
             traffic["sip_again_all"] = active.copy()
 
         stats = {
-            "round_trips": self._round_trips(state, newcomers),
+            "round_trips": self.round_trips(
+                refreshed=bool(newcomers.any() and state.t > 0), horizontal=state.horizontal
+            ),
             "active_clients": float(clients.size),
             "updated_samples": float(samples.size),
             "accepted": float(accepted),
@@ -390,25 +386,35 @@ class HyFDCA:
             client_weight=client_weight,
         )
 
-    def _round_trips(self, state: HyFDCAState, newcomers: np.ndarray) -> float:
-        """Round trips of this outer iteration, counted from the messages sent.
+    def check_participation(self, active: np.ndarray, t: int) -> None:
+        """``sip_scope='drawn'`` is exact only when every client takes part."""
+        if self.sip_scope == "drawn" and not active.all():
+            raise fail(
+                "sip_scope",
+                f"'drawn' needs every client in every round, but {np.count_nonzero(~active)} "
+                f"client(s) are absent in round {t}",
+                "Use sip_scope='all' with partial participation",
+            )
+
+    def round_trips(self, *, refreshed: bool, horizontal: bool) -> float:
+        """Round trips of one outer iteration, counted from the messages sent.
 
         With partial participation this is the paper's 4.5: refreshing
-        newcomers 1.5 (duals down, primal part up, weights down),
-        SecureInnerProduct 1, dual updates up and new duals down 1,
-        PrimalAggregation 1. Section 3.1's reductions follow from what is not
-        sent: no newcomers (full participation) saves the refresh (3 trips),
-        and a horizontal partition needs no SecureInnerProduct because each
-        client holds whole samples (2 trips). The optional second
-        SecureInnerProduct adds 1. The safe rule's acceptance test adds 1:
-        the server sends the encrypted sums of the clients' gain terms and
-        ``||dw||^2`` to one client and waits for its verdict before it sends
-        the new weights.
+        returning clients 1.5 (duals down, primal part up, weights down;
+        ``refreshed``), SecureInnerProduct 1, dual updates up and new duals
+        down 1, PrimalAggregation 1. Section 3.1's reductions follow from what
+        is not sent: nobody to refresh (full participation) gives 3, and a
+        ``horizontal`` partition needs no SecureInnerProduct because each
+        client holds whole samples (2). The optional second SecureInnerProduct
+        adds 1. The safe rule's acceptance test adds 1: the server sends the
+        encrypted sums of the clients' gain terms and ``||dw||^2`` to one
+        client and waits for its verdict before it sends the new weights.
+        Both engines count with this method.
         """
         trips = 2.0
-        if newcomers.any() and state.t > 0:
+        if refreshed:
             trips += 1.5
-        if not state.horizontal:
+        if not horizontal:
             trips += 1.0
         if self.refresh_inner_products:
             trips += 1.0
@@ -578,6 +584,7 @@ class HyFDCAState:
     was_active: np.ndarray
     beta: float
     beta_min: float
+    feature_counts: np.ndarray  # (K,) |M_k|, for counting the weights that travel
     updated_at: np.ndarray  # (N,) last round that changed each dual (0: never)
     last_active: np.ndarray  # (K,) last round each client took part in (0: never)
     t: int

@@ -56,7 +56,13 @@ from hyfl.algorithms.hyfdca import (
     step_verdict,
 )
 from hyfl.partition import StackedBlocks, client_block
-from hyfl.privacy.layout import EncryptedVector, SlotLayout, decrypt_samples, encrypt_samples
+from hyfl.privacy.layout import (
+    EncryptedVector,
+    SlotLayout,
+    decrypt_samples,
+    encrypt_samples,
+    holder_matrix,
+)
 from hyfl.problem import Problem
 
 GAIN_TERMS = 3  # first-order sum, full-sample weight, active-part weight
@@ -421,8 +427,6 @@ def _totals_layout(cipher) -> SlotLayout:
 def build_parties(hyfdca: HyFDCA, problem: Problem, blocks: StackedBlocks, private, public_cipher,
                   rng: np.random.Generator):
     """The server and every client of one run, each holding only its own data."""
-    from hyfl.privacy.layout import _holder_matrix
-
     hyfdca = hyfdca.validated()
     C = problem.Y.shape[1]
     public = Public(
@@ -434,7 +438,7 @@ def build_parties(hyfdca: HyFDCA, problem: Problem, blocks: StackedBlocks, priva
         layout=SlotLayout.build(blocks, private.slots, C),
         norm_layout=SlotLayout.build(blocks, private.slots, 1),
         n_holders=blocks.n_holders,
-        holders=_holder_matrix(blocks),
+        holders=holder_matrix(blocks),
         horizontal=bool(np.all(blocks.n_holders == 1)),
     )
     clients, samples_of, features_of = [], [], []

@@ -61,7 +61,7 @@ class SlotLayout:
     def build(cls, blocks: StackedBlocks, slots: int, n_outputs: int = 1) -> SlotLayout:
         """Derive the layout from who holds which sample."""
         N = blocks.n_samples
-        holders = _holder_matrix(blocks)  # (N, max_holders), sorted, -1 padded
+        holders = holder_matrix(blocks)  # (N, max_holders), sorted, -1 padded
         sets, group = np.unique(holders, axis=0, return_inverse=True)
         group = group.ravel()
         order = np.lexsort((np.arange(N), group))  # by group, then sample id
@@ -165,7 +165,7 @@ def decrypt_samples(cipher, layout: SlotLayout, vector: EncryptedVector, samples
     return layout.unpack(vector.chunks, np.asarray(dense, dtype=float), samples)
 
 
-def _holder_matrix(blocks: StackedBlocks) -> np.ndarray:
+def holder_matrix(blocks: StackedBlocks) -> np.ndarray:
     """Sorted holder clients of every sample, shape (N, max |B_n|), padded with -1."""
     counts = blocks.n_holders
     width = int(counts.max()) if counts.size else 1

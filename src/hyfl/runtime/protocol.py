@@ -257,9 +257,7 @@ def run_protocol(
     with _progress_bar(progress, bar_total, label, unit=bar_unit) as advance:
         for t in range(1, iterations + 1):
             active = np.asarray(participation.active(t, participation_rng), dtype=bool)
-            if hyfdca.sip_scope == "drawn" and not active.all():
-                raise fail("sip_scope", f"'drawn' needs every client, round {t} has absent ones",
-                           "Use sip_scope='all' with partial participation")
+            hyfdca.check_participation(active, t)
             wire.reset()
             before = [c.snapshot() for c in counters]
             clock = _Clock(private, public_cipher)
@@ -393,17 +391,10 @@ def _one_round(server, clients, active, was_active, wire: Wire, clock: _Clock) -
 
 
 def _round_stats(hyfdca: HyFDCA, server, active, newcomers, t, accepted) -> dict[str, float]:
-    trips = 2.0
-    if newcomers.any() and t > 1:
-        trips += 1.5
-    if not server.public.horizontal:
-        trips += 1.0
-    if hyfdca.refresh_inner_products:
-        trips += 1.0
-    if hyfdca.step_rule == "safe":
-        trips += 1.0
     stats = {
-        "round_trips": trips,
+        "round_trips": hyfdca.round_trips(
+            refreshed=bool(newcomers.any() and t > 1), horizontal=server.public.horizontal
+        ),
         "active_clients": float(np.count_nonzero(active)),
         "updated_samples": float(server.updated.size),
         "accepted": float(accepted),
