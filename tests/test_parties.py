@@ -511,3 +511,133 @@ def test_load_data_points_party_specs_to_load_party_spec(tmp_path):
     for value in (path, f"parties:{path}", tmp_path):
         with pytest.raises(HyflError, match="describes party files.*load_party_spec"):
             load_data(value)
+
+
+# --------------------------------------------------------------------------- runs on party files
+
+
+def test_restrict_samples_matches_partition_of_kept_rows(hybrid):
+    from hyfl.partition import restrict_samples
+
+    files, *_ = hybrid
+    data, partition = load_parties(files, unlabeled="drop", psi=False)
+    rows = np.sort(np.random.default_rng(3).choice(data.n_samples, 100, replace=False))
+    kept = restrict_samples(partition, data.X, rows)
+    X_kept = data.X[rows]
+    kept.validate(X_kept)
+    # Slow reference: every kept entry keeps its owner, every client keeps its kept samples.
+    owner = {}
+    rows_of = np.repeat(np.arange(data.n_samples), np.diff(data.X.indptr))
+    for e, (i, m) in enumerate(zip(rows_of, data.X.indices, strict=True)):
+        owner[(int(i), int(m))] = int(partition.entry_owner[e])
+    new_rows = np.repeat(np.arange(len(rows)), np.diff(X_kept.indptr))
+    for e, (r, m) in enumerate(zip(new_rows, X_kept.indices, strict=True)):
+        assert kept.entry_owner[e] == owner[(int(rows[r]), int(m))]
+    for k in range(partition.n_clients):
+        expected_ids = [r for r, i in enumerate(rows) if i in set(partition.samples[k])]
+        np.testing.assert_array_equal(kept.samples[k], expected_ids)
+        np.testing.assert_array_equal(kept.features[k], partition.features[k])
+
+
+def party_spec(files) -> str:
+    return "parties:" + ",".join(f"{name}={path}" for name, path in files.items())
+
+
+def test_run_on_party_spec_with_held_out_rows(hybrid, tmp_path):
+    from hyfl.data import load_party_data
+    from hyfl.experiments.runner import RunSpec, execute
+
+    files, *_ = hybrid
+    spec_text = party_spec(files) + ";unlabeled=drop;psi=no"
+    train, val, partition = load_party_data(spec_text, val_fraction=0.2, seed=4)
+    assert (train.n_samples, val.n_samples) == (120, 30)
+    assert partition.n_samples == 120 and partition.n_clients == 3
+    spec = RunSpec(
+        data=spec_text, val_fraction=0.2, seed=4, iterations=30, lam=1e-2,
+        participation="full", hyper={"local_steps": 10},
+    )
+    outcome = execute(spec, tmp_path / "run")
+    assert outcome.summary["n_clients"] == 3
+    metrics = pd.read_csv(tmp_path / "run" / "metrics.csv")
+    assert metrics["val_accuracy"].notna().all()
+    assert metrics["gap"].iloc[-1] < metrics["gap"].iloc[0]
+
+
+def test_party_validation_files_use_training_columns_and_classes(hybrid, tmp_path):
+    from hyfl.data import load_party_data
+
+    files, X, y, _ = hybrid
+    # Validation parties: columns in another order, labels present at one party only.
+    ids = np.arange(10)
+    val_a = frame(ids, X, [4, 0, 2, 1, 3], y)
+    val_b = frame(ids, X, [9, 5, 6, 7, 8])
+    val_a.to_csv(tmp_path / "va.csv", index=False)
+    val_b.to_csv(tmp_path / "vb.csv", index=False)
+    val_spec = f"parties:{tmp_path / 'va.csv'},{tmp_path / 'vb.csv'};psi=no"
+    train, val, _ = load_party_data(
+        party_spec(files) + ";unlabeled=drop;psi=no", val=val_spec
+    )
+    np.testing.assert_array_equal(val.X.toarray(), X[:10])
+    np.testing.assert_array_equal(val.y, np.where(y[:10] == 1, 1.0, -1.0))
+
+
+def test_party_files_refuse_a_partition_spec(hybrid):
+    from hyfl.experiments.runner import RunSpec
+
+    files, *_ = hybrid
+    with pytest.raises(HyflError, match="party files bring their own partition"):
+        RunSpec(data=party_spec(files), partition="grid:2x2").validated()
+    with pytest.raises(HyflError, match="not party files"):
+        RunSpec(data="breast_cancer", partition="parties").validated()
+
+
+def test_config_with_party_table_runs_and_round_trips(hybrid, tmp_path):
+    from hyfl.experiments.config import load_config
+    from hyfl.experiments.runner import run_experiment
+
+    files, *_ = hybrid
+    text = f"""
+[experiment]
+name = "parties"
+budget = {{ iterations = 15 }}
+
+[data]
+lam = 0.01
+val_fraction = 0.25
+
+[data.parties]
+files = {{ A = "{files['A'].name}", B = "{files['B'].name}", C = "{files['C'].name}" }}
+unlabeled = "drop"
+psi = false
+
+[algorithms.hyfdca]
+local_steps = 5
+"""
+    path = files["A"].parent / "parties.toml"
+    path.write_text(text)
+    config = load_config(path)
+    assert config.partition.spec == "parties"
+    assert Path(config.data.parties["files"]["B"]) == files["B"]
+    out = tmp_path / "results"
+    run_experiment(config, out, progress=False)
+    resolved = load_config(out / "config.toml")
+    assert resolved.data.parties["files"] == config.data.parties["files"]
+    metrics = pd.read_csv(out / "hyfdca" / "seed-0" / "metrics.csv")
+    assert len(metrics) == 16 and metrics["val_accuracy"].notna().all()
+
+
+def test_config_party_errors(hybrid):
+    from hyfl.experiments.config import parse_config
+
+    files, *_ = hybrid
+    experiment = {"name": "p", "budget": {"iterations": 3}}
+    base = {"experiment": experiment, "algorithms": {"hyfdca": {}}}
+    table = {"files": {k: str(v) for k, v in files.items()}}
+    with pytest.raises(HyflError, match=r"\[partition\] spec.*own partition"):
+        parse_config({**base, "data": {"parties": table}, "partition": {"spec": "grid:2x2"}})
+    with pytest.raises(HyflError, match="both given"):
+        parse_config({**base, "data": {"parties": table, "dataset": "mnist"}})
+    with pytest.raises(HyflError, match="id_colum"):
+        parse_config({**base, "data": {"parties": {**table, "id_colum": "x"}}})
+    with pytest.raises(HyflError, match="must name party files"):
+        parse_config({**base, "data": {"parties": {"files": 3}}})

@@ -272,6 +272,24 @@ def test_drawn_scope_refuses_partial_participation(problem, ciphers):
                      RandomFraction(4, 0.5), 5, ciphers["none"])
 
 
+def test_paper_scope_computes_like_all_and_charges_like_drawn(problem, ciphers):
+    # Partial participation: "paper" must give the iterates of "all" (the exact protocol)
+    # while charging only the drawn samples' parts, as the paper's section 7.1 count did.
+    n, m = problem.n_samples, problem.n_features
+    runs = {
+        scope: simulate(HyFDCA(local_steps=3, sip_scope=scope), problem, grid(n, m, 2, 2),
+                        RandomFraction(4, 0.5), 8, cipher=ciphers["none"], seed=3)
+        for scope in ("all", "paper")
+    }
+    np.testing.assert_array_equal(runs["all"].column("primal"), runs["paper"].column("primal"))
+    all_enc = runs["all"].column("encryptions")[1:]
+    paper_enc = runs["paper"].column("encryptions")[1:]
+    assert np.all(paper_enc < all_enc)
+    with pytest.raises(HyflError, match="paper"):
+        run_protocol(HyFDCA(sip_scope="paper"), problem, grid(n, m, 2, 2), Full(4), 2,
+                     ciphers["none"])
+
+
 def test_protocol_refuses_other_algorithms(problem, ciphers):
     from hyfl.algorithms import make_algorithm
 

@@ -174,6 +174,19 @@ def test_divergence_rule():
     assert is_divergent(_rows([3.0, math.nan, 1.0]))
 
 
+def test_divergence_is_judged_on_the_gap_of_primal_dual_runs():
+    # HyFDCA-like: the primal rises early while the duality gap falls -> not divergent.
+    rows = _rows([1.0, 4.0, 2.0])
+    for row, gap in zip(rows, [2.0, 1.5, 0.5], strict=True):
+        row["gap"] = gap
+    assert not is_divergent(rows)
+    for row, gap in zip(rows, [2.0, 1.5, 2.5], strict=True):
+        row["gap"] = gap
+    assert is_divergent(rows)
+    rows[1]["gap"] = math.nan  # a gap missing anywhere: judged on the loss again
+    assert is_divergent(rows)
+
+
 # -- Gray Relational Analysis --------------------------------------------------
 
 

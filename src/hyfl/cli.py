@@ -31,9 +31,12 @@ ValFraction = Annotated[float | None, typer.Option(help="Hold out this fraction 
 Loss = Annotated[str, typer.Option(help="hinge | logistic | squared | smoothed_hinge.")]
 Lam = Annotated[float | None, typer.Option(help="Regularization (default: the dataset's).")]
 PartitionOpt = Annotated[
-    str,
+    str | None,
     typer.Option(
-        "--partition", help="horizontal:K | vertical:Q | grid:KxQ | nonzero:KxQ | quadrant:C."
+        "--partition",
+        help="horizontal:K | vertical:Q | grid:KxQ | nonzero:KxQ | quadrant:C "
+        "[default: grid:3x3; party files: their own].",
+        show_default=False,
     ),
 ]
 ParticipationOpt = Annotated[
@@ -124,7 +127,7 @@ def demo(
     spec = dataclasses.replace(DEMO_SPEC, iterations=iterations)
     console.print(
         f"[bold]hyfl demo[/]: {spec.algorithm} on [cyan]{spec.data}[/] ({spec.loss} loss), "
-        f"partition {spec.partition}, participation {spec.participation}"
+        f"partition {spec.partition_spec()}, participation {spec.participation}"
     )
     try:
         outcome = execute(spec, out, progress=True)
@@ -151,7 +154,7 @@ def run(
     val_fraction: ValFraction = None,
     loss: Loss = "hinge",
     lam: Lam = None,
-    partition: PartitionOpt = "grid:3x3",
+    partition: PartitionOpt = None,
     participation: ParticipationOpt = "0.5",
     iic: Iic = None,
     local_steps: LocalSteps = None,
@@ -386,7 +389,7 @@ def compare(
     val_fraction: ValFraction = None,
     loss: Loss = "hinge",
     lam: Lam = None,
-    partition: PartitionOpt = "grid:3x3",
+    partition: PartitionOpt = None,
     participation: ParticipationOpt = "0.5",
     iic: Iic = None,
     local_steps: LocalSteps = None,
@@ -546,6 +549,50 @@ def report(
     except HyflError as err:
         _fail(err)
     console.print(f"wrote {path}")
+
+
+@app.command()
+def study(
+    configs: Annotated[
+        Path, typer.Argument(help="A folder of experiment configs (searched recursively).")
+    ] = Path("configs/paper"),
+    out: Annotated[Path, typer.Option(help="Results folder.")] = Path("runs/paper"),
+    quick: Annotated[
+        bool, typer.Option("--quick", help="Every budget x 0.1 (the paper study in < 10 min).")
+    ] = False,
+    scale: Annotated[
+        float | None,
+        typer.Option(help="Multiply every budget by this factor in (0, 1] (overrides --quick)."),
+    ] = None,
+    jobs: Annotated[
+        int | None, typer.Option(help="Parallel runs (default: the number of CPUs).")
+    ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+):
+    """Run every config of a study (resuming finished runs) and write OUT/study.md.
+
+    The paper's study: `hyfl study configs/paper --out runs/paper` (see
+    docs/reproduction.md); configs whose data files are missing are skipped
+    with a note saying which file to provide.
+    """
+    from hyfl.experiments.study import run_study
+
+    factor = scale if scale is not None else (QUICK_SCALE if quick else 1.0)
+    try:
+        run_study(
+            configs,
+            out,
+            scale=factor,
+            jobs=jobs,
+            log=None if quiet else console.print,
+            progress=not quiet,
+        )
+    except HyflError as err:
+        _fail(err)
+    console.print(f"wrote {out / 'study.md'}")
+
+
+QUICK_SCALE = 0.1
 
 
 @app.command()

@@ -62,6 +62,7 @@ __all__ = [
     "parse_participation",
     "parse_partition",
     "quadrant",
+    "restrict_samples",
     "stack",
     "validate",
     "vertical",
@@ -1007,6 +1008,42 @@ def from_blocks(
         features=tuple(features),
         name=name,
     )
+
+
+def restrict_samples(partition: Partition, X: Any, rows: Any) -> Partition:
+    """The partition of ``X[rows]``: every client keeps its features and the kept samples.
+
+    Used to hold validation rows out of data whose partition came with it
+    (party files). Kept samples are renumbered ``0 .. len(rows) - 1`` in the
+    order of ``rows`` (which must be sorted and unique), and an explicit
+    ``entry_owner`` keeps the owners of the kept rows' entries.
+
+    Parameters
+    ----------
+    partition : Partition
+        The partition of ``X``.
+    X : sparse matrix, shape (N, M)
+        The data it partitions (its CSR entry order defines ``entry_owner``).
+    rows : array of int, shape (n_kept,)
+        Sorted unique sample ids to keep.
+
+    Returns
+    -------
+    Partition
+        Of ``X[rows]``; clients left with no samples are reported by
+        :func:`validate`.
+    """
+    rows = np.asarray(rows, dtype=np.int64)
+    if rows.ndim != 1 or np.any(np.diff(rows) <= 0):
+        raise fail("rows", "must be sorted unique sample ids", "Pass np.unique(rows).")
+    new_id = np.full(partition.n_samples, -1, dtype=np.int64)
+    new_id[rows] = np.arange(rows.size)
+    samples = tuple(new_id[s][new_id[s] >= 0] for s in partition.samples)
+    owner = None
+    if partition.entry_owner is not None:
+        csr = _as_csr(X)
+        owner = np.asarray(partition.entry_owner)[new_id[_entry_rows(csr)] >= 0]
+    return replace(partition, n_samples=int(rows.size), samples=samples, entry_owner=owner)
 
 
 def _as_ids(k: int, ids: Any, kind: str) -> np.ndarray:

@@ -76,7 +76,7 @@ from hyfl.problem import Problem
 STEP_RULES = ("safe", "theory", "paper")
 """Registry of HyFDCA step rules (drives validation and CLI choices)."""
 
-SIP_SCOPES = ("all", "drawn")
+SIP_SCOPES = ("all", "drawn", "paper")
 """Which partial inner products travel in SecureInnerProduct (see :class:`HyFDCA`)."""
 
 # Safe rule: how fast beta moves. Doubling on rejection finds a stable value in
@@ -122,7 +122,12 @@ class HyFDCA:
         samples drawn this round (section 7.1's count) -- identical iterates,
         far fewer encryptions, but valid only with full participation (an
         absent holder would leave stale parts behind), so a round with an
-        absent client raises.
+        absent client raises. ``paper``: computes exactly as ``all`` but
+        charges only the drawn samples' parts, which is what the paper's
+        simulation counted (section 7.1) also under partial participation; an
+        accounting convention for reproducing its equal-time figures, not a
+        protocol (it undercounts what ``all`` must send), so the encrypted
+        protocol engine refuses it.
     """
 
     local_steps: int | None = None
@@ -261,7 +266,7 @@ class HyFDCA:
         if not state.horizontal:  # with whole samples on one client, z is computed locally
             if self.sip_scope == "all":
                 traffic["sip_up_all"] = active.copy()
-            else:
+            else:  # "drawn", or "paper" (its count; the parts are as with "all")
                 traffic["sip_up"] = updated_pairs
             traffic["sip_sum"] = samples
             traffic["sip_down"] = updated_pairs

@@ -4,7 +4,13 @@
 from hyfl.data.dataset import Dataset
 from hyfl.data.fetch import DataFile, downloads_allowed
 from hyfl.data.loaders import load_idx, load_libsvm
-from hyfl.data.parties import is_party_spec, load_parties, load_party_spec, parse_party_spec
+from hyfl.data.parties import (
+    is_party_spec,
+    load_parties,
+    load_party_data,
+    load_party_spec,
+    parse_party_spec,
+)
 from hyfl.data.registry import (
     DATASETS,
     FILES,
@@ -35,6 +41,7 @@ __all__ = [
     "load_idx",
     "load_libsvm",
     "load_parties",
+    "load_party_data",
     "load_party_spec",
     "parse_party_spec",
     "train_validation",

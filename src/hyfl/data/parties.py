@@ -1194,3 +1194,90 @@ def load_party_spec(value: str | os.PathLike, **overrides: Any) -> tuple[Dataset
     files, options = parse_party_spec(value)
     options.update(overrides)
     return load_parties(files, **options)
+
+
+PARTY_OPTIONS = (
+    "id_column",
+    "label_column",
+    "psi",
+    "features",
+    "columns",
+    "task",
+    "classes",
+    "unlabeled",
+    "name",
+)
+
+
+def _load_source(source: Any, **overrides: Any) -> tuple[Dataset, Partition]:
+    """Party data from a spec string/path, or from a mapping ``{"files": ..., **options}``."""
+    if isinstance(source, Mapping):
+        options = dict(source)
+        if "files" not in options:
+            raise fail(
+                "[data] parties",
+                "has no files",
+                'Add files = { hospital = "a.csv", lab = "b.parquet" } (or a list of paths).',
+            )
+        unknown = sorted(set(options) - {"files", *PARTY_OPTIONS})
+        if unknown:
+            raise fail(
+                "[data] parties",
+                f"has unknown key(s) {', '.join(unknown)}",
+                f"Use files and any of: {', '.join(PARTY_OPTIONS)}.",
+            )
+        files = options.pop("files")
+        return load_parties(files, **{**options, **overrides})
+    return load_party_spec(source, **overrides)
+
+
+def load_party_data(
+    source: Any,
+    val: Any = None,
+    val_fraction: float | None = None,
+    seed: int = 0,
+) -> tuple[Dataset, Dataset | None, Partition]:
+    """Party files as training data, validation data and the partition they define.
+
+    Parameters
+    ----------
+    source : str, path-like or mapping
+        A party spec (:func:`is_party_spec`) or a mapping with ``files`` (as
+        for :func:`load_parties`) and :func:`load_parties` options by name
+        (a config's ``[data] parties`` table).
+    val : str, path-like or mapping, optional
+        Validation parties, in the same forms: read with the training
+        features (same columns, same order) and the training label classes.
+        Their partition is not used: validation scores the global model.
+    val_fraction : float in (0, 1), optional
+        Hold out this fraction of the aligned samples instead (seeded by
+        ``seed``); every party keeps its features and loses the held-out rows.
+    seed : int, default 0
+
+    Returns
+    -------
+    train : Dataset
+    validation : Dataset or None
+    partition : Partition
+        The parties' partition of ``train.X`` (restricted to the training
+        rows when ``val_fraction`` holds some out).
+    """
+    from hyfl.data.registry import holdout_rows, split_rows
+    from hyfl.partition import restrict_samples
+
+    if val is not None and val_fraction is not None:
+        raise fail("val and val_fraction", "were both given", "Give only one of them.")
+    train, partition = _load_source(source)
+    if val_fraction is not None:
+        train_rows, val_rows = holdout_rows(train.n_samples, val_fraction, seed)
+        partition = restrict_samples(partition, train.X, train_rows)
+        train, validation = split_rows(train, train_rows, val_rows, val_fraction, seed)
+        partition.validate(train.X)
+        return train, validation, partition
+    if val is None:
+        return train, None, partition
+    overrides: dict[str, Any] = {"features": list(train.meta["feature_names"]), "task": train.task}
+    if train.task != "regression":
+        overrides["classes"] = list(train.meta["classes"])
+    validation, _ = _load_source(val, **overrides)
+    return train, validation, partition

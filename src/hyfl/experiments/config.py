@@ -29,10 +29,17 @@ defaults)::
     lam = 1e-3                        # default: the dataset's (paper's lambdas), else 1e-4
     val_fraction = 0.2                # hold out this fraction; or val = "name or path"
     # data_dir = "../shared/data"     # folder with dataset files
-    # parties = ...                   # party files: passed through as given
+
+    # Party files instead of dataset (one CSV/Parquet table per client, see
+    # hyfl.data.parties); they define the partition, so [partition] spec is left
+    # out (or "parties"); validation: val = "parties:..." or val_fraction.
+    # [data.parties]
+    # files = { hospital = "a.csv", lab = "b.parquet" }   # or a list of paths
+    # id_column = "patient"             # and any other hyfl.data.load_parties option
 
     [partition]
     spec = "quadrant:8"               # horizontal:K | vertical:Q | grid:KxQ | nonzero:KxQ | ...
+                                      # (party files: leave out, or "parties")
     participation = "0.1"             # full | a fraction (string or number) | cyclic:C |
                                       # trace:FILE; default full
 
@@ -151,10 +158,15 @@ class DataSection:
     data_dir: str | None = None
     parties: Any = None
 
+    def has_party_files(self) -> bool:
+        from hyfl.data import is_party_spec
+
+        return self.parties is not None or is_party_spec(self.dataset)
+
 
 @dataclass(frozen=True)
 class PartitionSection:
-    spec: str
+    spec: str | None = None  # None: the party files' partition
     participation: str = "full"
 
 
@@ -268,7 +280,11 @@ class ExperimentConfig:
         out: dict[str, Any] = {
             "experiment": experiment,
             "data": _without_none(
-                {k: getattr(self.data, k) for k in DATA_KEYS}  # parties kept as given
+                {
+                    k: getattr(self.data, k)
+                    for k in DATA_KEYS
+                    if not (k == "dataset" and self.data.parties is not None)
+                }
             ),
             "partition": _without_none(asdict(self.partition)),
             "costs": _without_none(asdict(self.costs)),
@@ -390,13 +406,13 @@ def parse_config(
             raise v.error(
                 section, "", "must be a table", f"Write it as [{section}] with keys below it."
             )
-    for required in ("experiment", "data", "partition", "algorithms"):
+    for required in ("experiment", "data", "algorithms"):
         if required not in raw:
             raise v.error(required, "", "is missing", f"Add a [{required}] table.")
 
     experiment = v.experiment(raw["experiment"])
     data = v.data(raw["data"])
-    partition = v.partition(raw["partition"])
+    partition = v.partition(raw.get("partition", {}), party_files=data.has_party_files())
     costs = v.costs(raw.get("costs", {}))
     algorithms = v.algorithms(raw["algorithms"])
     config = ExperimentConfig(
@@ -614,10 +630,26 @@ class _Validator:
 
         s = "data"
         self.known_keys(s, table, DATA_KEYS)
-        dataset = self.text(s, table, "dataset", required=True)
+        parties = None
+        if "parties" in table:
+            if "dataset" in table:
+                raise self.error(
+                    s,
+                    "dataset, parties",
+                    "are both given",
+                    "Give a dataset, or party files in [data.parties], not both.",
+                )
+            parties = self.parties(table["parties"])
+            dataset = parties.get("name", "parties")
+        else:
+            dataset = self.text(s, table, "dataset", required=True)
         names = dataset_names()
         registered = dataset in names or dataset.partition(":")[0] in names
-        if not registered and not dataset.startswith("parties:"):  # party specs pass through
+        if parties is not None:
+            pass
+        elif dataset.startswith("parties:"):
+            dataset = self.party_spec(dataset)
+        elif not registered:
             dataset = self.path(dataset)
             if not Path(dataset).exists():
                 raise self.error(
@@ -670,9 +702,8 @@ class _Validator:
         data_dir = self.text(s, table, "data_dir")
         if data_dir is not None:
             data_dir = self.path(data_dir)
-        parties = table.get("parties")
-        if isinstance(parties, str):
-            parties = self.path(parties)
+        if val is not None and val.startswith("parties:"):
+            val = self.party_spec(val)
         return DataSection(
             dataset=dataset,
             lam=lam,
@@ -683,17 +714,52 @@ class _Validator:
             parties=parties,
         )
 
-    def partition(self, table: Mapping) -> PartitionSection:
+    def parties(self, value: Any) -> dict[str, Any]:
+        """A ``[data.parties]`` table: ``files`` paths resolved, options checked by name."""
+        from hyfl.data.parties import PARTY_OPTIONS
+
+        s, fix = "data", 'Write [data.parties] with files = { a = "a.csv", b = "b.parquet" }.'
+        if not isinstance(value, Mapping):
+            raise self.error(s, "parties", f"must be a table, got {value!r}", fix)
+        self.known_keys("data.parties", value, ("files", *PARTY_OPTIONS))
+        files = value.get("files")
+        if isinstance(files, Mapping) and files and all(isinstance(f, str) for f in files.values()):
+            files = {name: self.path(f) for name, f in files.items()}
+        elif isinstance(files, list) and files and all(isinstance(f, str) for f in files):
+            files = [self.path(f) for f in files]
+        else:
+            raise self.error(s, "parties.files", f"must name party files, got {files!r}", fix)
+        return {**value, "files": files}
+
+    def party_spec(self, spec: str) -> str:
+        """A ``parties:`` spec with its relative paths resolved against the config's folder."""
+        from hyfl.data import parse_party_spec
+
+        files, _ = parse_party_spec(spec)
+        head, sep, options = spec[len("parties:") :].partition(";")
+        entries = [f"{name}={self.path(str(path))}" for name, path in files.items()]
+        return "parties:" + ",".join(entries) + (sep + options if sep else "")
+
+    def partition(self, table: Mapping, *, party_files: bool = False) -> PartitionSection:
+        from hyfl.experiments.runner import PARTY_PARTITION
         from hyfl.partition import _SPEC_PATTERN, PARTITIONS, parse_participation
 
         s = "partition"
         self.known_keys(s, table, PARTITION_KEYS)
-        spec = self.text(s, table, "spec", required=True)
+        spec = self.text(s, table, "spec", required=not party_files)
+        if party_files and spec not in (None, PARTY_PARTITION):
+            raise self.error(
+                s,
+                "spec",
+                f"is {spec!r}, but party files bring their own partition",
+                f"Leave spec out (or write spec = {PARTY_PARTITION!r}) with party files.",
+            )
+        spec = PARTY_PARTITION if party_files else spec
         forms = ", ".join(kind.form for kind in PARTITIONS.values())
         match = _SPEC_PATTERN.match(spec)
         kind = PARTITIONS.get(match.group(1).lower()) if match else None
         numbers = [g for g in match.groups()[1:] if g is not None] if match else []
-        if kind is None or len(numbers) != kind.n_numbers:
+        if not party_files and (kind is None or len(numbers) != kind.n_numbers):
             raise self.error(
                 s, "spec", f"is {spec!r}, which is not understood", f"Use one of: {forms}."
             )

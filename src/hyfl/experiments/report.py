@@ -141,12 +141,16 @@ def values_within(run: Any, budget: str, cutoff: float) -> dict[str, float]:
     }
 
 
-def compare_setting(setting: str, runs: Mapping[str, Any]) -> list[Comparison]:
-    """The comparisons of one setting (see the module docstring)."""
+def compare_setting(
+    setting: str, runs: Mapping[str, Any], budgets: Sequence[str] = tuple(BUDGETS)
+) -> list[Comparison]:
+    """The comparisons of one setting (see the module docstring), on ``budgets`` only."""
     if len(runs) < 2:
         return []
     out = []
     for budget, cutoff in budget_cutoffs(runs).items():
+        if budget not in budgets:
+            continue
         within = {name: values_within(run, budget, cutoff) for name, run in runs.items()}
         for metric in METRICS:
             values = {name: v[metric] for name, v in within.items()}

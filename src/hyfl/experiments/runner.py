@@ -39,7 +39,7 @@ from hyfl.costs import (
     load_he_costs,
     save_calibration,
 )
-from hyfl.data import default_lambda, train_validation
+from hyfl.data import default_lambda, is_party_spec, load_party_data, train_validation
 from hyfl.errors import check_choice, check_int, fail
 from hyfl.losses import LOSSES
 from hyfl.partition import parse_participation, parse_partition
@@ -57,6 +57,8 @@ from hyfl.runtime.simulation import (
 )
 
 FALLBACK_LAMBDA = 1e-4
+DEFAULT_PARTITION = "grid:3x3"
+PARTY_PARTITION = "parties"  # the partition party files define
 
 
 @dataclass(frozen=True)
@@ -78,8 +80,13 @@ class RunSpec:
 
     The budget: ``iterations`` outer iterations, or, with ``sim_time``
     (simulated seconds), until the cumulative simulated time reaches it, at
-    most ``iterations`` rounds. ``parties`` (party files, from a config's
-    ``[data] parties``) is handed to the data loader as given.
+    most ``iterations`` rounds.
+
+    Party files (a party spec as ``data``, or a config's ``[data] parties``
+    table in ``parties``) bring their own partition: ``partition`` is then
+    ``None`` or ``"parties"``, and validation is ``val`` (more party files)
+    or ``val_fraction`` (rows held out of every party). Otherwise
+    ``partition`` defaults to :data:`DEFAULT_PARTITION`.
     """
 
     algorithm: str = "hyfdca"
@@ -88,7 +95,7 @@ class RunSpec:
     val_fraction: float | None = None
     loss: str = "hinge"
     lam: float | None = None
-    partition: str = "grid:3x3"
+    partition: str | None = None
     participation: str = "0.5"
     hyper: dict[str, Any] = field(default_factory=dict)
     iterations: int = 2000
@@ -113,12 +120,35 @@ class RunSpec:
             raise fail("--iic and --local-steps", "were both given", "Give only one of them.")
         if self.val is not None and self.val_fraction is not None:
             raise fail("--val and --val-fraction", "were both given", "Give only one of them.")
+        if self.uses_party_files() and self.partition not in (None, PARTY_PARTITION):
+            raise fail(
+                "--partition",
+                f"is {self.partition!r}, but party files bring their own partition",
+                f"Leave the partition out (or write {PARTY_PARTITION!r}) with party files.",
+            )
+        if not self.uses_party_files() and self.partition == PARTY_PARTITION:
+            raise fail(
+                "--partition",
+                f"is {PARTY_PARTITION!r}, but the data are not party files",
+                "Pass party files (--data parties:a.csv,b.csv) or a partition spec such as "
+                "grid:3x3.",
+            )
         check_choice("cipher", self.cipher, CIPHERS)
         if self.key_bits is not None:
             check_keybits(self.key_bits)
         _check_latency(self.latency)
         self.cost_model()  # resolves he_costs now, before any data is loaded
         return self
+
+    def uses_party_files(self) -> bool:
+        """Whether the data are party files (which define the partition)."""
+        return self.parties is not None or is_party_spec(self.data)
+
+    def partition_spec(self) -> str:
+        """The partition actually used: ``"parties"``, the given spec or the default."""
+        if self.uses_party_files():
+            return PARTY_PARTITION
+        return self.partition if self.partition is not None else DEFAULT_PARTITION
 
     def cost_model(self) -> CostModel:
         """Latency and per-operation HE costs (reads the calibration file if asked to)."""
@@ -213,29 +243,27 @@ def prepare(spec: RunSpec) -> Setup:
     """Load data and build problem, optimum, partition, participation, cipher and cost model."""
     spec.validated()
     cost_model = spec.cost_model()
-    loader_options = {}
-    if spec.parties is not None:
-        import inspect
-
-        if "parties" not in inspect.signature(train_validation).parameters:
-            raise fail(
-                "[data] parties",
-                "are not supported by this version's data loaders",
-                "Remove parties from the config.",
-            )
-        loader_options["parties"] = spec.parties
-    train, val = train_validation(
-        spec.data,
-        val=spec.val,
-        val_fraction=spec.val_fraction,
-        seed=spec.seed,
-        data_dir=spec.data_dir,
-        **loader_options,
-    )
+    if spec.uses_party_files():
+        source = spec.parties if spec.parties is not None else spec.data
+        train, val, partition = load_party_data(
+            source, val=spec.val, val_fraction=spec.val_fraction, seed=spec.seed
+        )
+    else:
+        train, val = train_validation(
+            spec.data,
+            val=spec.val,
+            val_fraction=spec.val_fraction,
+            seed=spec.seed,
+            data_dir=spec.data_dir,
+        )
+        partition = None
     lam = spec.lam if spec.lam is not None else (default_lambda(spec.data) or FALLBACK_LAMBDA)
     problem = make_problem(train, spec.loss, lam)
     optimum = solve_centralized(problem)
-    partition = parse_partition(spec.partition, problem.X, seed=spec.seed, meta=train.meta)
+    if partition is None:
+        partition = parse_partition(
+            spec.partition_spec(), problem.X, seed=spec.seed, meta=train.meta
+        )
     participation = parse_participation(spec.participation, partition.n_clients)
     validation = Validation(val.X, val.y) if val is not None else None
     cipher = make_cipher(spec.cipher, key_bits=spec.key_bits)
@@ -475,7 +503,7 @@ def _fmt(v: Any) -> str:
 
 def _title(spec: RunSpec, encrypted: bool = False) -> str:
     """Plot title; names the cipher when (some) runs are really encrypted."""
-    title = f"{spec.data}, {spec.partition}, participation {spec.participation}"
+    title = f"{spec.data}, {spec.partition_spec()}, participation {spec.participation}"
     return f"{title}, HyFDCA encrypted with {spec.cipher}" if encrypted else title
 
 

@@ -412,15 +412,19 @@ def is_divergent(rows: Sequence[Mapping[str, float]]) -> bool:
     """Whether a finished run diverged (and is excluded from the selection).
 
     A run is divergent when any recorded loss (:func:`loss_series`, and the
-    primal objective) is not finite, or when its final loss exceeds its
-    initial loss (the run made things worse). :func:`tune` also counts as
-    divergent a run that raised :class:`~hyfl.errors.HyflError` or
-    ``FloatingPointError``.
+    primal objective) is not finite, or when it ended worse than it started.
+    "Worse" is judged on the duality gap when every row has a finite one
+    (primal-dual methods such as HyFDCA: their primal objective may rise in
+    early rounds while the gap, which bounds the suboptimality, falls), and on
+    the loss otherwise. :func:`tune` also counts as divergent a run that
+    raised :class:`~hyfl.errors.HyflError` or ``FloatingPointError``.
     """
     _, loss, _ = loss_series(rows)
     if not (np.all(np.isfinite(loss)) and np.all(np.isfinite(_column(rows, "primal")))):
         return True
-    return bool(loss[-1] > loss[0])
+    gap = _column(rows, "gap")
+    progress = gap if np.all(np.isfinite(gap)) else loss
+    return bool(progress[-1] > progress[0])
 
 
 def trial_metrics(
@@ -998,7 +1002,7 @@ def _write_best(path: Path, result: TuneResult, spec) -> None:
 
     best = result.best_trial
     header = (
-        f"# hyfl tune: {result.algorithm} on {spec.data} ({spec.partition}, participation "
+        f"# hyfl tune: {result.algorithm} on {spec.data} ({spec.partition_spec()}, participation "
         f"{spec.participation}, {spec.iterations} iterations), best of {len(result.trials)} "
         f"trials ({result.n_divergent} divergent), grey relational grade {best.grade:.4f}\n"
     )

@@ -206,6 +206,13 @@ def run_protocol(
     iterations = check_int("iterations", iterations, minimum=1)
     eval_every = check_int("eval_every", eval_every, minimum=1)
     stop_sim_time = check_sim_time_budget(stop_sim_time)
+    if hyfdca.sip_scope == "paper":
+        raise fail(
+            "sip_scope",
+            "'paper' is the paper's cost-accounting convention for simulations, not a protocol",
+            "Use sip_scope='all' (or 'drawn' with full participation) with a real cipher, or "
+            "cipher none to reproduce the paper's counts.",
+        )
     blocks = stack(partition, problem.X)
     participation_rng, algorithm_rng = random_streams(seed)
     private = _Timed(cipher)

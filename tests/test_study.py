@@ -1,0 +1,120 @@
+"""Tests for hyfl.experiments.study: a folder of configs run and summarized as one study."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from hyfl.errors import HyflError
+from hyfl.experiments.config import load_config
+from hyfl.experiments.study import plan_study, run_study, scaled
+
+CONFIG = """
+[experiment]
+name = "{name}"
+eval_every = 1
+budget = {budget}
+
+[data]
+dataset = "breast_cancer"
+lam = 0.01
+val_fraction = 0.2
+
+[partition]
+spec = "grid:{clients}"
+participation = "{fraction}"
+
+[costs]
+latency = 0.2575
+
+[algorithms.hyfdca]
+local_steps = 5
+sip_scope = "paper"
+
+[algorithms.fedavg]
+local_steps = 5
+a = 0.1
+b = 1.0
+"""
+
+
+def write_study(root: Path) -> None:
+    for budget, table in (
+        ("iterations", "{ iterations = 20 }"),
+        ("time", "{ sim_time = 30.0, max_iterations = 400 }"),
+    ):
+        for clients in ("2x2", "3x3"):
+            for fraction in ("0.5", "0.9"):
+                folder = root / "breast_cancer" / budget
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / f"{clients}-{fraction}.toml").write_text(
+                    CONFIG.format(
+                        name=f"{budget}-{clients}-{fraction}",
+                        budget=table,
+                        clients=clients,
+                        fraction=fraction,
+                    )
+                )
+
+
+def test_scaled_multiplies_every_budget(tmp_path):
+    write_study(tmp_path)
+    config = load_config(tmp_path / "breast_cancer" / "time" / "2x2-0.5.toml")
+    quick = scaled(config, 0.1)
+    assert quick.experiment.budget.sim_time == pytest.approx(3.0)
+    assert quick.experiment.budget.max_iterations == 40
+    assert scaled(config, 1.0) is config
+    iterations = load_config(tmp_path / "breast_cancer" / "iterations" / "2x2-0.5.toml")
+    assert scaled(iterations, 0.01).experiment.budget.iterations == 1  # at least one round
+    for bad in (0, 1.5, float("nan"), "x"):
+        with pytest.raises(HyflError, match="--scale"):
+            scaled(config, bad)
+
+
+def test_plan_lists_missing_data_files(tmp_path, monkeypatch):
+    write_study(tmp_path)
+    missing = tmp_path / "news20" / "iterations"
+    missing.mkdir(parents=True)
+    text = CONFIG.format(name="n", budget="{ iterations = 2 }", clients="2x2", fraction="0.5")
+    (missing / "a.toml").write_text(text.replace('"breast_cancer"', '"news20"'))
+    plan = plan_study(tmp_path, tmp_path / "out")
+    assert len(plan) == 9
+    news = [run for run in plan if "news20" in str(run.config_path)]
+    assert news[0].missing and not any(run.missing for run in plan if run not in news)
+    assert news[0].out_dir == tmp_path / "out" / "news20" / "iterations" / "a"
+
+
+def test_study_runs_compares_each_budget_and_resumes(tmp_path):
+    write_study(tmp_path / "configs")
+    out = tmp_path / "out"
+    lines = []
+    run_study(tmp_path / "configs", out, jobs=2, log=lines.append)
+    assert sum(line.startswith("finished") for line in lines) == 8
+    summary = (out / "study.md").read_text()
+    # Each group is compared on its own budget only: 4 settings (x 1 opponent) per metric.
+    for budget in ("equal outer iterations", "equal simulated time"):
+        row = re.search(rf"\| breast_cancer \| {budget} \|(.*)\|", summary).group(1)
+        assert row.count(" of 4 ") == 4, row
+    assert "of 16** pairs" in summary  # 2 budgets x 2 metrics x 4 settings x 1 opponent
+    for name in ("breast_cancer-iterations.png", "breast_cancer-time.png"):
+        assert (out / "study_files" / name).stat().st_size > 0
+    # Equal-time runs stop once they cross the simulated time: FedAvg runs more rounds.
+    text = summary.split("## breast_cancer, equal simulated time")[1]
+    rounds = {
+        alg: int(n) for alg, n in re.findall(r"\| grid:2x2 \| 0.9 \| (\w+) \| (\d+) \|", text)
+    }
+    assert rounds["fedavg"] > rounds["hyfdca"] > 0
+    # A second call reads every finished run back instead of running it again.
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("metrics.csv")}
+    run_study(tmp_path / "configs", out, jobs=1)
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("metrics.csv")} == before
+
+
+def test_study_errors(tmp_path):
+    with pytest.raises(HyflError, match="does not exist"):
+        run_study(tmp_path / "nope", tmp_path / "out")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(HyflError, match="no \\*.toml"):
+        run_study(tmp_path / "empty", tmp_path / "out")
