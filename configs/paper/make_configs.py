@@ -1,0 +1,190 @@
+"""Write the paper-study configs (HyFDCA paper, section 7) into this folder.
+
+    python configs/paper/make_configs.py
+
+Layout: ``<dataset>/<budget>/<setting>.toml`` with budget ``iterations``
+(equal outer iterations) or ``time`` (equal simulated time: 0.2575 s per
+round trip plus the paper's per-operation HE costs), nine settings per
+dataset (three client counts x participation 0.1, 0.5, 0.9), each running
+HyFDCA, FedAvg and HyFEM with the paper's tuned hyperparameters (Tables 2-4).
+``hyfl study configs/paper`` runs them all; see docs/reproduction.md for the
+scaling of the budgets and every difference from the paper.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import tomli_w
+
+HERE = Path(__file__).resolve().parent
+FRACTIONS = ("0.1", "0.5", "0.9")
+LATENCY = 0.2575  # s per round trip (US-Singapore), the paper's moderate case
+
+# (HyFDCA IIC), (FedAvg IIC, a, b), (HyFEM IIC, a, b, mu) per (clients, fraction):
+# Tables 2 (MNIST), 3 (News20) and 4 (Covtype) of the paper's supplement.
+MNIST_TABLE = {
+    ("5", "0.1"): (1.876e-4, (0.04872, 0.05857, 0.1124), (0.00568, 6.007e-5, 1.015, 6.296)),
+    ("5", "0.5"): (0.001564, (0.04872, 0.05857, 0.1124), (0.00568, 6.007e-5, 1.015, 6.296)),
+    ("5", "0.9"): (0.002816, (0.01718, 0.02867, 4.823e-4), (0.00568, 6.007e-5, 1.015, 6.296)),
+    ("500", "0.1"): (0.03827, (0.01718, 0.02867, 4.823e-4), (0.05594, 4.672e-4, 0.05344, 2.797)),
+    ("500", "0.5"): (0.002252, (0.06561, 0.04185, 4.166e-5), (0.00568, 6.007e-5, 1.015, 6.296)),
+    ("500", "0.9"): (0.08337, (0.04872, 0.05857, 0.1124), (0.00568, 6.007e-5, 1.015, 6.296)),
+    ("5000", "0.1"): (0.002673, (1.618, 0.003995, 0.8498), (0.05594, 4.672e-4, 0.05344, 2.797)),
+    ("5000", "0.5"): (3.154e-4, (1.618, 0.003995, 0.8498), (0.00568, 6.007e-5, 1.015, 6.296)),
+    ("5000", "0.9"): (0.02195, (1.618, 0.003995, 0.8498), (0.05594, 4.672e-4, 0.05344, 2.797)),
+}
+NEWS20_TABLE = {
+    ("3x3", "0.1"): (0.01448, (0.003037, 0.8753, 0.4597), (0.003037, 0.8753, 0.4597, 1.0)),
+    ("3x3", "0.5"): (0.01187, (0.002873, 4.891, 4.496), (0.002873, 4.891, 4.496, 1.0)),
+    ("3x3", "0.9"): (0.01122, (0.002873, 4.891, 4.496), (0.002873, 4.891, 4.496, 1.0)),
+    ("5x5", "0.1"): (0.03072, (0.002873, 4.891, 4.496), (0.002873, 4.891, 4.496, 1.0)),
+    ("5x5", "0.5"): (0.0286, (0.003037, 0.8753, 0.4597), (0.003037, 0.8753, 0.4597, 1.0)),
+    ("5x5", "0.9"): (0.03072, (0.002873, 4.891, 4.496), (0.002873, 4.891, 4.496, 1.0)),
+    ("12x12", "0.1"): (0.08568, (4.542, 3.792, 0.1815), (0.03, 3.792, 0.1815, 1.0)),
+    ("12x12", "0.5"): (0.08504, (4.542, 3.792, 0.1815), (4.542, 3.792, 0.1815, 1.0)),
+    ("12x12", "0.9"): (0.07564, (4.542, 3.792, 0.1815), (4.542, 3.792, 0.1815, 1.0)),
+}
+COVTYPE_TABLE = {
+    ("3x3", "0.1"): (1.326e-4, (0.02291, 0.4475, 3.501e-4), (0.03747, 0.6675, 0.01209, 0.01458)),
+    ("3x3", "0.5"): (2.643e-4, (0.02291, 0.4475, 3.501e-4), (0.03747, 0.6675, 0.01209, 0.01458)),
+    ("3x3", "0.9"): (5.533e-5, (0.02291, 0.4475, 3.501e-4), (0.02038, 0.4948, 0.08829, 0.01155)),
+    ("5x5", "0.1"): (7.376e-5, (0.03647, 0.3247, 4.514), (0.413, 1.982, 1.058, 0.02459)),
+    ("5x5", "0.5"): (8.319e-4, (0.02291, 0.4475, 3.501e-4), (4.909e-5, 1.913, 4.679, 0.6115)),
+    ("5x5", "0.9"): (1.326e-4, (0.03647, 0.3247, 4.514), (0.05226, 2.41, 0.0142, 0.06684)),
+    ("12x12", "0.1"): (8.319e-4, (5.59e-4, 0.05344, 0.004065), (1.02e-4, 0.1264, 3.874e-4, 8.775)),
+    ("12x12", "0.5"): (7.434e-4, (5.59e-4, 0.05344, 0.004065), (0.03747, 0.6675, 0.01209, 0.01458)),
+    ("12x12", "0.9"): (7.434e-4, (0.2494, 11.93, 0.05131), (0.05226, 2.41, 0.0142, 0.06684)),
+}
+
+# Where the paper's values diverge on a stand-in data set, the paper's own remedy
+# (Table 3, footnote 1: HyFEM's IIC lowered to 0.03 on News20 12x12, 0.1) is applied
+# to the other fractions too; see docs/reproduction.md.
+# (dataset, clients, fraction, algorithm) -> overrides.
+ADJUSTED: dict[tuple[str, str, str, str], dict[str, float]] = {
+    ("reuters", "12x12", "0.5", "hyfem"): {"iic": 0.03},
+    ("reuters", "12x12", "0.9", "hyfem"): {"iic": 0.03},
+}
+
+# dataset -> partition per paper client count, hyperparameter table, budgets, validation.
+# Budgets are the paper's scaled down to fit the whole study in < 3 h on 2 cores:
+# iterations (paper: MNIST 2,500, News20 10,000, Covtype 30,000) and simulated time
+# (paper: 10,800 s) with a cap on outer iterations.
+DATASETS = {
+    "mnist": dict(
+        partitions={"5": "quadrant:4", "500": "quadrant:500", "5000": "quadrant:5000"},
+        table=MNIST_TABLE,
+        table_name="Table 2 (MNIST)",
+        iterations=250,
+        eval_every=5,
+        sim_time=1080.0,
+        max_iterations=400,
+        data={},
+    ),
+    "ijcnn1": dict(  # stands in for Covtype until its file is in ../shared/data
+        partitions={"3x3": "nonzero:3x3", "5x5": "nonzero:5x5", "12x12": "nonzero:12x12"},
+        table=COVTYPE_TABLE,
+        table_name="Table 4 (Covtype, which ijcnn1 stands in for)",
+        iterations=1500,
+        eval_every=10,
+        sim_time=1080.0,
+        max_iterations=8000,
+        data={},
+    ),
+    "reuters": dict(  # stands in for News20 until its file is in ../shared/data
+        partitions={"3x3": "nonzero:3x3", "5x5": "nonzero:5x5", "12x12": "nonzero:12x12"},
+        table=NEWS20_TABLE,
+        table_name="Table 3 (News20, which reuters stands in for)",
+        iterations=1000,
+        eval_every=5,
+        sim_time=1080.0,
+        max_iterations=8000,
+        data={},
+    ),
+    "covtype": dict(
+        partitions={"3x3": "nonzero:3x3", "5x5": "nonzero:5x5", "12x12": "nonzero:12x12"},
+        table=COVTYPE_TABLE,
+        table_name="Table 4 (Covtype)",
+        iterations=1500,
+        eval_every=10,
+        sim_time=1080.0,
+        max_iterations=8000,
+        data={"val_fraction": 0.2},
+    ),
+    "news20": dict(
+        partitions={"3x3": "nonzero:3x3", "5x5": "nonzero:5x5", "12x12": "nonzero:12x12"},
+        table=NEWS20_TABLE,
+        table_name="Table 3 (News20)",
+        iterations=1000,
+        eval_every=5,
+        sim_time=1080.0,
+        max_iterations=8000,
+        data={"val_fraction": 0.2},
+    ),
+}
+
+
+STUDY = ("mnist", "ijcnn1", "reuters")  # what `hyfl study configs/paper` runs
+
+
+def algorithms(dataset: str, clients: str, fraction: str, table) -> dict:
+    hyfdca_iic, (fa_iic, fa_a, fa_b), (fe_iic, fe_a, fe_b, fe_mu) = table[(clients, fraction)]
+    out = {
+        # sip_scope "paper": the paper's count of encrypted inner products (section 7.1).
+        "hyfdca": {"iic": hyfdca_iic, "sip_scope": "paper"},
+        "fedavg": {"iic": fa_iic, "a": fa_a, "b": fa_b},
+        "hyfem": {"iic": fe_iic, "a": fe_a, "b": fe_b, "mu": fe_mu},
+    }
+    for name, hyper in out.items():
+        hyper.update(ADJUSTED.get((dataset, clients, fraction, name), {}))
+    return out
+
+
+def config(dataset: str, clients: str, fraction: str, budget: str) -> dict:
+    d = DATASETS[dataset]
+    partition = d["partitions"][clients]
+    name = f"{dataset}-{budget}-{clients}-{fraction}"
+    equal = "outer iterations" if budget == "iterations" else "simulated time"
+    if budget == "iterations":
+        budget_table = {"iterations": d["iterations"]}
+        eval_every = d["eval_every"]
+    else:  # equal simulated time; every round evaluated (round counts differ a lot)
+        budget_table = {"sim_time": d["sim_time"], "max_iterations": d["max_iterations"]}
+        eval_every = 1
+    return {
+        "experiment": {
+            "name": name,
+            "description": (
+                f"Paper study, {dataset}, {clients} clients ({partition}), participation "
+                f"{fraction}, equal {equal}; "
+                f"hyperparameters from the paper's {d['table_name']}."
+            ),
+            "seeds": [0],
+            "eval_every": eval_every,
+            "budget": budget_table,
+        },
+        "data": {"dataset": dataset, "loss": "hinge", **d["data"]},
+        "partition": {"spec": partition, "participation": fraction},
+        "costs": {"cipher": "none", "latency": LATENCY, "he_costs": "paper"},
+        "algorithms": algorithms(dataset, clients, fraction, d["table"]),
+    }
+
+
+def main() -> None:
+    written = 0
+    for dataset, d in DATASETS.items():
+        for budget in ("iterations", "time"):
+            # Covtype and News20 proper live in ../paper-full-data (ready for their files).
+            root = HERE if dataset in STUDY else HERE.parent / "paper-full-data"
+            folder = root / dataset / budget
+            folder.mkdir(parents=True, exist_ok=True)
+            for clients in d["partitions"]:
+                for fraction in FRACTIONS:
+                    path = folder / f"{clients}-{fraction}.toml"
+                    path.write_text(tomli_w.dumps(config(dataset, clients, fraction, budget)))
+                    written += 1
+    print(f"wrote {written} configs under {HERE} and {HERE.parent / 'paper-full-data'}")
+
+
+if __name__ == "__main__":
+    main()
