@@ -118,3 +118,21 @@ def test_study_errors(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(HyflError, match="no \\*.toml"):
         run_study(tmp_path / "empty", tmp_path / "out")
+
+
+def test_study_command(tmp_path):
+    from typer.testing import CliRunner
+
+    from hyfl.cli import app
+
+    write_study(tmp_path / "configs")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(
+        app, ["study", str(tmp_path / "configs"), "--out", str(out), "--scale", "0.5", "-q"]
+    )
+    assert result.exit_code == 0, result.output
+    assert (out / "study.md").exists()
+    budget = (out / "breast_cancer" / "iterations" / "2x2-0.5" / "config.toml").read_text()
+    assert "iterations = 10" in budget  # 20 x 0.5
+    result = CliRunner().invoke(app, ["study", str(tmp_path / "configs"), "--scale", "2"])
+    assert result.exit_code != 0 and "--scale" in result.output
