@@ -100,6 +100,20 @@ class Client:
         self.sq_norms = np.zeros(self.samples.size)  # full ||x_i||^2, learned at set-up
         self.round: dict = {}
 
+    #: What changes between messages: a transport that cannot keep the object
+    #: alive (Flower starts a new process per message) saves and restores these.
+    STATE = ("alpha", "w", "sq_norms", "round", "z", "previous")
+
+    def get_state(self) -> dict:
+        """The client's changing state (see :attr:`STATE`), by attribute name."""
+        return {name: getattr(self, name) for name in self.STATE if hasattr(self, name)}
+
+    def set_state(self, state: dict) -> None:
+        """Restore what :meth:`get_state` returned."""
+        for name in self.STATE:
+            if name in state:
+                setattr(self, name, state[name])
+
     # -- set-up ----------------------------------------------------------------
     def setup_messages(self) -> dict:
         """Encrypted squared norms of the client's parts of its samples."""
@@ -353,7 +367,8 @@ class Server:
         for k, reply in replies.items():
             self._set_primal_part(k, reply["primal_part"])
         self._update_w()
-        if self.public.hyfdca.step_rule != "safe":
+        if self.public.hyfdca.step_rule != "safe" or not replies:
+            # Without active clients nothing moved: there is nothing to judge.
             return None
         dw = self.w - self.saved[2]
         totals = [reply["totals"] for reply in replies.values()]
@@ -424,23 +439,32 @@ def _totals_layout(cipher) -> SlotLayout:
     )
 
 
-def build_parties(hyfdca: HyFDCA, problem: Problem, blocks: StackedBlocks, private, public_cipher,
-                  rng: np.random.Generator):
-    """The server and every client of one run, each holding only its own data."""
-    hyfdca = hyfdca.validated()
-    C = problem.Y.shape[1]
-    public = Public(
-        n_samples=problem.n_samples,
-        n_features=problem.n_features,
-        n_outputs=C,
-        lam=problem.lam,
-        hyfdca=hyfdca,
-        layout=SlotLayout.build(blocks, private.slots, C),
-        norm_layout=SlotLayout.build(blocks, private.slots, 1),
+def public_info(hyfdca: HyFDCA, blocks: StackedBlocks, n_outputs: int, lam: float,
+                slots: int) -> Public:
+    """What every party knows, from who holds which sample and feature.
+
+    Only the block structure of ``blocks`` is read (sample and feature ids
+    per client), never its values, so a deployment's server can build it
+    from the ids the parties announce.
+    """
+    return Public(
+        n_samples=blocks.n_samples,
+        n_features=blocks.n_features,
+        n_outputs=int(n_outputs),
+        lam=float(lam),
+        hyfdca=hyfdca.validated(),
+        layout=SlotLayout.build(blocks, slots, n_outputs),
+        norm_layout=SlotLayout.build(blocks, slots, 1),
         n_holders=blocks.n_holders,
         holders=holder_matrix(blocks),
         horizontal=bool(np.all(blocks.n_holders == 1)),
     )
+
+
+def build_parties(hyfdca: HyFDCA, problem: Problem, blocks: StackedBlocks, private, public_cipher,
+                  rng: np.random.Generator):
+    """The server and every client of one run, each holding only its own data."""
+    public = public_info(hyfdca, blocks, problem.Y.shape[1], problem.lam, private.slots)
     clients, samples_of, features_of = [], [], []
     for k in range(blocks.n_clients):
         samples, features, X_local = client_block(blocks, k)
