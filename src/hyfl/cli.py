@@ -757,3 +757,4 @@ def _bytes(value: float) -> str:
 
 if __name__ == "__main__":  # pragma: no cover
     app()
+app.add_typer(__import__("hyfl.deploy.cli", fromlist=["app"]).app, name="deploy")

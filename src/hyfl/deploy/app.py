@@ -1,0 +1,249 @@
+"""The Flower app of deployed HyFDCA: ``server_app`` and ``client_app`` (Message API).
+
+Components for Flower's ``[tool.flwr.app.components]``::
+
+    serverapp = "hyfl.deploy.app:server_app"
+    clientapp = "hyfl.deploy.app:client_app"
+
+(:func:`hyfl.deploy.local.write_app` writes such an app folder). This module
+imports ``flwr`` (the ``hyfl[flower]`` extra); nothing else in hyfl imports it.
+
+The ServerApp runs :class:`~hyfl.deploy.coordinator.Coordinator` with a
+:class:`FlowerTransport` over Flower's ``Grid``; the ClientApp registers one
+handler per message kind of :mod:`hyfl.deploy.party` (``query.hello``,
+``train.setup``, ``train.round``, ``train.weights``, ``train.steps``,
+``train.duals``, ``query.verdict``, ``train.commit``, ``query.ping``,
+``query.finish``). Payloads and the party's state are encoded by
+:mod:`hyfl.deploy.codec` into an ``ArrayRecord`` (``"arrays"``) and a
+``ConfigRecord`` holding the JSON description (``"tree"``); the party's state
+lives in ``context.state`` under the same two names.
+
+Flower's ``Grid.send_and_receive`` polls for replies every 3 s; the transport
+pushes and pulls itself with a short poll (run config ``poll``) and matches
+replies to requests by ``reply_to_message_id`` (error replies of the SuperLink
+come from node 1, not from the party).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
+from flwr.serverapp import Grid, ServerApp
+
+from hyfl.deploy.codec import decode, encode, encoded_bytes
+from hyfl.deploy.party import KINDS, QUERY_KINDS, handle_message
+from hyfl.errors import fail
+
+__all__ = ["FlowerTransport", "client_app", "run_server", "server_app"]
+
+# A party's app raised (a configuration error or a bug): stop the run and say so.
+# Every other error reply (node unavailable, app crashed, message lost) means
+# the party is absent for the round.
+_FATAL_CODES = (ErrorCode.LOAD_CLIENT_APP_EXCEPTION, ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
+                ErrorCode.INVALID_FAB)
+_STATE_ARRAYS, _STATE_TREE = "hyfl.arrays", "hyfl.tree"
+
+
+def _pack(arrays: dict, spec: str) -> RecordDict:
+    return RecordDict({"arrays": ArrayRecord({name: Array(a) for name, a in arrays.items()}),
+                       "tree": ConfigRecord({"spec": spec})})
+
+
+def _unpack(content: RecordDict) -> tuple[dict, str]:
+    arrays = {name: array.numpy() for name, array in content["arrays"].items()}
+    return arrays, str(content["tree"]["spec"])
+
+
+# ----------------------------------------------------------------------------- client
+
+
+def _process_start() -> float:
+    """Wall-clock start of this process (Linux), to measure Flower's process start-up."""
+    try:
+        with open("/proc/self/stat", encoding="utf-8") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime", encoding="utf-8") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
+def _handler(kind: str):
+    def handle(msg: Message, context: Context) -> Message:
+        started = time.time()
+        state = None
+        if _STATE_TREE in context.state:
+            state = ({name: a.numpy() for name, a in context.state[_STATE_ARRAYS].items()},
+                     str(context.state[_STATE_TREE]["spec"]))
+        process = _process_start()
+        # Where a message's time goes on the party's side: waiting for the SuperNode to
+        # pull it and SuperExec to start a process, then starting Python, Flower and hyfl.
+        timing = {"until_process": process - msg.metadata.created_at,
+                  "process_start": started - process}
+        reply, new_state = handle_message(kind, _unpack(msg.content), state,
+                                          context.node_config, context.run_config, timing)
+        # Only a successful handler replaces the state (an exception leaves it as it was).
+        context.state[_STATE_ARRAYS] = ArrayRecord(
+            {name: Array(a) for name, a in new_state[0].items()})
+        context.state[_STATE_TREE] = ConfigRecord({"spec": new_state[1]})
+        return Message(_pack(*reply), reply_to=msg)
+
+    handle.__name__ = f"hyfl_{kind}"
+    return handle
+
+
+client_app = ClientApp()
+for _kind in KINDS:
+    (client_app.query if _kind in QUERY_KINDS else client_app.train)(_kind)(_handler(_kind))
+
+
+# ----------------------------------------------------------------------------- server
+
+
+class FlowerTransport:
+    """The coordinator's :class:`~hyfl.deploy.coordinator.Transport` over a Flower ``Grid``.
+
+    Parameters
+    ----------
+    grid : flwr.serverapp.Grid
+    cipher : Cipher
+        The server's cipher (decodes the ciphertexts in replies).
+    poll : float
+        Seconds between two pulls while waiting for replies.
+    ttl : float
+        Lifetime of a message on the SuperLink (a party that comes back much
+        later does not work through stale messages).
+    """
+
+    def __init__(self, grid: Grid, cipher, poll: float = 0.05, ttl: float = 3600.0):
+        self.grid, self.cipher, self.poll_seconds, self.ttl = grid, cipher, poll, ttl
+        self.nodes: dict[int, int] = {}
+        self.sent_bytes = 0
+        self.received_bytes = 0
+
+    def _message(self, node: int, kind: str, payload: dict) -> Message:
+        arrays, spec = encode(payload)
+        self.sent_bytes += encoded_bytes(arrays, spec)
+        category = "query" if kind in QUERY_KINDS else "train"
+        return Message(_pack(arrays, spec), dst_node_id=node, message_type=f"{category}.{kind}",
+                       ttl=self.ttl)
+
+    def _push(self, messages: list[Message]) -> list[str]:
+        ids = list(self.grid.push_messages(messages))
+        if len(ids) != len(messages) or any(not i for i in ids):
+            raise fail("the SuperLink", f"accepted {sum(bool(i) for i in ids)} of "
+                       f"{len(messages)} messages", "See the ServerApp log (payload too large?).")
+        return ids
+
+    def _read(self, reply: Message, party: Any, kind: str) -> dict | None:
+        """A reply's payload, or None when the party is unavailable; raises on app errors."""
+        if reply.has_error():
+            if reply.error.code in _FATAL_CODES:
+                raise fail(f"party {party}", f"failed on {kind!r}: {reply.error.reason}",
+                           "Fix the party's configuration (see its SuperNode log) and start "
+                           "the run again.")
+            return None
+        arrays, spec = _unpack(reply.content)
+        self.received_bytes += encoded_bytes(arrays, spec)
+        return decode(arrays, spec, self.cipher)
+
+    def connect(self, n_parties: int, timeout: float) -> dict[int, dict]:
+        deadline = time.monotonic() + timeout
+        asked: dict[str, int] = {}  # hello message id -> node id
+        answered: set[int] = set()
+        hellos: dict[int, dict] = {}
+        while len(hellos) < n_parties:
+            new = [n for n in self.grid.get_node_ids() if n not in asked.values()
+                   and n not in answered]
+            if new:
+                ids = self._push([self._message(n, "hello", {}) for n in new])
+                asked.update(zip(ids, new))
+            if asked:
+                for reply in self.grid.pull_messages(list(asked)):
+                    node = asked.pop(reply.metadata.reply_to_message_id, None)
+                    if node is None:
+                        continue
+                    hello = self._read(reply, f"on node {node}", "hello")
+                    if hello is None:
+                        continue  # gone again; asked anew if it reappears
+                    answered.add(node)
+                    k = int(hello["party"])
+                    if k in hellos:
+                        raise fail(f"nodes {self.nodes[k]} and {node}", f"both say they are "
+                                   f"party {k}", "Give every SuperNode its own party=K.")
+                    hellos[k], self.nodes[k] = {**hello, "node": node}, node
+            if len(hellos) >= n_parties:
+                break
+            if time.monotonic() > deadline:
+                missing = sorted(set(range(n_parties)) - set(hellos))
+                raise fail(f"part{'ies' if len(missing) > 1 else 'y'} "
+                           f"{', '.join(map(str, missing))}",
+                           f"did not connect within {timeout:g} s",
+                           "Start a SuperNode for every party (hyfl deploy party ...) against "
+                           "this SuperLink, or raise connect-timeout.")
+            time.sleep(max(self.poll_seconds, 0.2))
+        return hellos
+
+    def exchange(self, messages: dict[int, tuple[str, dict]], timeout: float
+                 ) -> tuple[dict[int, dict], set[int]]:
+        parties = sorted(messages)
+        ids = self._push([self._message(self.nodes[k], *messages[k]) for k in parties])
+        pending = dict(zip(ids, parties))
+        replies: dict[int, dict] = {}
+        missing: set[int] = set()
+        deadline = time.monotonic() + timeout
+        while pending:
+            for reply in self.grid.pull_messages(list(pending)):
+                k = pending.pop(reply.metadata.reply_to_message_id, None)
+                if k is None:
+                    continue
+                payload = self._read(reply, k, messages[k][0])
+                if payload is None:
+                    missing.add(k)
+                else:
+                    replies[k] = payload
+            if not pending or time.monotonic() > deadline:
+                break
+            time.sleep(self.poll_seconds)
+        missing.update(pending.values())
+        return replies, missing
+
+    def post(self, party: int, kind: str, payload: dict) -> str:
+        return self._push([self._message(self.nodes[party], kind, payload)])[0]
+
+    def poll(self, handle: str) -> str:
+        for reply in self.grid.pull_messages([handle]):
+            if reply.metadata.reply_to_message_id == handle:
+                return "failed" if reply.has_error() else "replied"
+        return "pending"
+
+
+def run_server(grid: Grid, run_config: dict) -> dict:
+    """The ServerApp's work: validate the run config, load the public key, run the job."""
+    from hyfl.deploy.config import DeployConfig
+    from hyfl.deploy.coordinator import Coordinator, write_failure
+    from hyfl.deploy.keys import server_cipher
+
+    try:
+        config = DeployConfig.from_run_config(run_config)
+        cipher = server_cipher(config.cipher, config.public_key, **config.cipher_options())
+    except Exception as err:
+        write_failure(run_config.get("out", ""), err)
+        raise
+    transport = FlowerTransport(grid, cipher, poll=config.poll,
+                                ttl=2 * config.reply_timeout + 60.0)
+    return Coordinator(config, transport, cipher).run()
+
+
+server_app = ServerApp()
+
+
+@server_app.main()
+def _main(grid: Grid, context: Context) -> None:
+    run_server(grid, dict(context.run_config))

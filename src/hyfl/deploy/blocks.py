@@ -1,0 +1,176 @@
+"""A party's block of the data: from its own block file, or cut from a named dataset.
+
+In a deployment each party holds one block ``X_k`` of the data matrix (its
+samples ``I_k`` and features ``M_k``, as global ids after alignment) and the
+labels of its samples. A party gets it in one of two ways, chosen by its node
+config ``data``:
+
+* a **block file** ``party-K.npz`` (``hyfl deploy split`` writes one per
+  party from a dataset and a partition, :func:`write_blocks`): the party's
+  machine needs nothing else of the data set;
+* a **dataset name or LIBSVM file** (or, without ``data``, the run config's
+  ``data``): the party loads the data set, builds the run config's partition
+  spec with the run's seed and keeps its block -- convenient on loopback and
+  for demonstrations where every machine has the public data set anyway.
+
+Block files are plain ``.npz`` archives of numeric arrays and strings (read
+with ``allow_pickle=False``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+from hyfl.errors import fail
+
+__all__ = ["BLOCK_FORMAT", "Block", "load_block", "read_block", "write_blocks"]
+
+BLOCK_FORMAT = "hyfl-party-block"
+
+
+@dataclass(frozen=True)
+class Block:
+    """One party's data: global ids of its samples and features, its matrix and labels."""
+
+    party: int
+    samples: np.ndarray  # (N_k,) int64, ascending
+    features: np.ndarray  # (|M_k|,) int64, ascending
+    X: sp.csr_matrix  # (N_k, |M_k|)
+    Y: np.ndarray  # (N_k, C) encoded labels
+    n_samples: int
+    n_features: int
+    lam_default: float  # the data set's regularization (used when the run sets lam=0)
+    name: str = ""
+
+
+def write_blocks(problem, partition, out_dir: str | os.PathLike, *, name: str = "",
+                 lam_default: float | None = None) -> list[Path]:
+    """Write one block file per party: ``out_dir/party-K.npz``.
+
+    Parameters
+    ----------
+    problem : hyfl.problem.Problem
+        The data (``X``, encoded labels ``Y``).
+    partition : hyfl.partition.Partition
+        Who holds which block (any partition, including ``entry_owner`` splits).
+    out_dir : path-like
+    name : str, optional
+        Data set name recorded in the files.
+    lam_default : float, optional
+        The regularization a run uses when it sets ``lam=0`` (default: ``problem.lam``).
+
+    Returns
+    -------
+    list of Path
+        The files, party 0 first.
+    """
+    from hyfl.partition import client_block, stack
+
+    blocks = stack(partition, problem.X)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    lam = float(problem.lam if lam_default is None else lam_default)
+    for k in range(blocks.n_clients):
+        samples, features, X = client_block(blocks, k)
+        path = out / f"party-{k}.npz"
+        np.savez(
+            path,
+            format=np.array(BLOCK_FORMAT), version=np.array(1), party=np.array(k),
+            n_parties=np.array(blocks.n_clients), n_samples=np.array(blocks.n_samples),
+            n_features=np.array(blocks.n_features), samples=samples.astype(np.int64),
+            features=features.astype(np.int64), X_data=X.data, X_indices=X.indices,
+            X_indptr=X.indptr, X_shape=np.array(X.shape), Y=problem.Y[samples],
+            lam_default=np.array(lam), name=np.array(name or "data"),
+            partition=np.array(getattr(partition, "name", "") or "blocks"),
+        )
+        paths.append(path)
+    return paths
+
+
+def read_block(path: str | os.PathLike, party: int | None = None) -> Block:
+    """Read a block file; ``party`` (the node's index) must match the file's."""
+    where = Path(path)
+    if not where.is_file():
+        raise fail(f"block file {where}", "does not exist on this machine",
+                   "Copy the party's file from `hyfl deploy split` here, or pass a dataset name.")
+    try:
+        with np.load(where, allow_pickle=False) as f:
+            if str(f["format"]) != BLOCK_FORMAT:
+                raise ValueError
+            shape = tuple(int(v) for v in f["X_shape"])
+            block = Block(
+                party=int(f["party"]), samples=f["samples"].astype(np.int64),
+                features=f["features"].astype(np.int64),
+                X=sp.csr_matrix((f["X_data"], f["X_indices"], f["X_indptr"]), shape=shape),
+                Y=np.asarray(f["Y"], dtype=float).reshape(shape[0], -1),
+                n_samples=int(f["n_samples"]), n_features=int(f["n_features"]),
+                lam_default=float(f["lam_default"]), name=str(f["name"]),
+            )
+    except (OSError, ValueError, KeyError):
+        raise fail(f"block file {where}", f"is not a {BLOCK_FORMAT} file",
+                   "Pass a party-K.npz written by `hyfl deploy split`.") from None
+    if party is not None and block.party != party:
+        raise fail(f"block file {where}", f"is party {block.party}'s, but this node is party "
+                   f"{party}", f"Give this node party-{party}.npz, or set party={block.party}.")
+    return block
+
+
+def load_block(party: int, data: str, config) -> Block:
+    """The block of ``party``: from a block file, or cut from a data set (module docstring).
+
+    ``data`` is the node config's ``data`` ("" = the run config's); ``config``
+    the :class:`~hyfl.deploy.config.DeployConfig`.
+    """
+    source = data or config.data
+    if not source:
+        raise fail(
+            f"party {party}", "has no data",
+            "Give the node its block file (node config data='party-K.npz', from `hyfl deploy "
+            "split`), or name a dataset in the run config (data=... partition=...).",
+        )
+    if source.endswith(".npz"):
+        return read_block(source, party)
+    from hyfl.data import default_lambda, is_party_spec, load_data
+    from hyfl.partition import client_block, parse_partition, stack
+    from hyfl.problem import make_problem
+
+    if is_party_spec(source):
+        raise fail(
+            f"data {source!r}", "names party files, which hyfl deploy cannot align",
+            "Aligning party files across machines needs a networked private set intersection, "
+            "which hyfl deploy does not run; where the files can be brought together, `hyfl "
+            "deploy split --data parties:...` aligns them and writes one block file per party.",
+        )
+    if not config.partition:
+        raise fail("run config partition", "is not set",
+                   f"Parties that cut their block from {source!r} need the partition spec, "
+                   "e.g. partition=grid:2x2 (K*Q = parties).")
+    dataset = load_data(source, config.data_dir or None)
+    lam_default = default_lambda(source) or _fallback_lambda()
+    problem = make_problem(dataset, config.loss, config.lam or lam_default)
+    partition = parse_partition(config.partition, problem.X, seed=config.seed,
+                                meta=dataset.meta)
+    if partition.n_clients != config.parties:
+        raise fail(f"run config partition {config.partition!r}",
+                   f"has {partition.n_clients} clients but the run has {config.parties} parties",
+                   "Make them equal (grid:KxQ has K*Q clients).")
+    if not 0 <= party < partition.n_clients:
+        raise fail("node config party", f"is {party}, outside the partition's "
+                   f"{partition.n_clients} clients", f"Use 0 to {partition.n_clients - 1}.")
+    samples, features, X = client_block(stack(partition, problem.X), party)
+    return Block(party=party, samples=samples.astype(np.int64),
+                 features=features.astype(np.int64), X=X, Y=problem.Y[samples],
+                 n_samples=problem.n_samples, n_features=problem.n_features,
+                 lam_default=float(lam_default), name=dataset.name)
+
+
+def _fallback_lambda() -> float:
+    from hyfl.experiments.runner import FALLBACK_LAMBDA
+
+    return FALLBACK_LAMBDA

@@ -1,0 +1,350 @@
+"""``hyfl deploy``: HyFDCA on Flower, one party per process or machine.
+
+The commands only parse flags, start Flower's programs and print; the work is
+in :mod:`hyfl.deploy`. See ``docs/deployment.md`` for a multi-machine recipe.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from hyfl.errors import HyflError, fail
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Run HyFDCA on Flower: keys, party blocks, SuperLink, parties, jobs, or all of it "
+    "on loopback (`hyfl deploy local`).",
+)
+console = Console()
+
+# Job options shared by `run` and `local`.
+Iterations = Annotated[int, typer.Option(help="Outer iterations (rounds).")]
+Participation = Annotated[str, typer.Option(help="full | fraction p | cyclic:C | trace:FILE.")]
+Seed = Annotated[int, typer.Option(help="Seed of the participation schedule and the draws.")]
+Loss = Annotated[str, typer.Option(help="hinge | logistic | squared | smoothed_hinge.")]
+Lam = Annotated[float, typer.Option(help="Regularization; 0 = the data's default.")]
+Param = Annotated[
+    list[str] | None,
+    typer.Option(help="HyFDCA hyperparameter KEY=VALUE (local_steps, iic, step_rule...); "
+                 "repeatable."),
+]
+Cipher = Annotated[str, typer.Option(help="paillier | packed | none (none: no encryption, tests).")]
+ReplyTimeout = Annotated[
+    float, typer.Option(help="Seconds a party has to answer a message before it counts as absent "
+                        "for the round.")
+]
+Insecure = Annotated[bool, typer.Option("--insecure", help="No TLS (loopback and tests only).")]
+RootCerts = Annotated[
+    Path | None, typer.Option(help="CA certificate that signed the SuperLink's TLS certificate.")
+]
+
+
+def _fail(err: HyflError) -> None:
+    console.print(f"[bold red]error:[/] {escape(str(err))}")
+    raise typer.Exit(code=2)
+
+
+def _hyper(params: list[str] | None) -> str:
+    for item in params or []:
+        if "=" not in item:
+            raise fail(f"--param {item!r}", "is not KEY=VALUE", "Write e.g. --param local_steps=2.")
+    return ",".join(params or [])
+
+
+def _quoted(path: str | Path) -> str:
+    text = str(path)
+    if "'" in text:
+        raise fail(f"path {text!r}", "contains a single quote", "Use a path without quotes.")
+    return f"'{text}'"
+
+
+def _exec(command: list[str], env: dict[str, str]) -> None:
+    """Replace this process by a Flower program (signals then go straight to it)."""
+    console.print(f"[dim]{escape(' '.join(command))}[/]")
+    sys.stdout.flush()
+    os.execve(command[0], command, env)
+
+
+# ----------------------------------------------------------------------------- keys, split
+
+
+@app.command()
+def keys(
+    out: Annotated[Path, typer.Option(help="Folder for private-key.json and public-key.json.")] =
+    Path("hyfl-keys"),
+    key_bits: Annotated[int, typer.Option(help="Paillier modulus size (2048; 1024 for tests).")] =
+    2048,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace existing keys.")] = False,
+):
+    """Generate a Paillier key pair: private-key.json for every party, public-key.json for the
+    server."""
+    from hyfl.deploy.keys import generate_keys
+
+    try:
+        private, public = generate_keys(out, key_bits, overwrite=overwrite)
+    except HyflError as err:
+        _fail(err)
+    console.print(f"private key (give to every party, never to the server): {private}")
+    console.print(f"public key (give to the server): {public}")
+
+
+@app.command()
+def split(
+    data: Annotated[str, typer.Option(help="Dataset name, LIBSVM file or parties:... spec.")],
+    out: Annotated[Path, typer.Option(help="Folder for party-K.npz.")] = Path("hyfl-parties"),
+    partition: Annotated[str | None, typer.Option(help="Partition spec, e.g. grid:2x2 (party "
+                                                  "files bring their own).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the partition's sample permutation.")] = 0,
+    loss: Loss = "hinge",
+    data_dir: Annotated[str | None, typer.Option(help="Folder with dataset files.")] = None,
+):
+    """Write one block file per party (its samples, features, block and labels): all a party's
+    machine needs of the data."""
+    from hyfl.data import default_lambda, is_party_spec, load_data, load_party_spec
+    from hyfl.deploy.blocks import write_blocks
+    from hyfl.experiments.runner import FALLBACK_LAMBDA
+    from hyfl.partition import parse_partition
+    from hyfl.problem import make_problem
+
+    try:
+        if is_party_spec(data):
+            if partition is not None:
+                raise fail("--partition", "was given, but party files bring their own",
+                           "Leave --partition out with party files.")
+            dataset, parts = load_party_spec(data)
+            lam = FALLBACK_LAMBDA
+        else:
+            if partition is None:
+                raise fail("--partition", "is not set", "Pass a spec such as grid:2x2.")
+            dataset = load_data(data, data_dir)
+            lam = default_lambda(data) or FALLBACK_LAMBDA
+            parts = parse_partition(partition, dataset.X, seed=seed, meta=dataset.meta)
+        problem = make_problem(dataset, loss, lam)
+        paths = write_blocks(problem, parts, out, name=dataset.name, lam_default=lam)
+    except HyflError as err:
+        _fail(err)
+    for path in paths:
+        console.print(str(path))
+    console.print(f"{len(paths)} parties, {problem.n_samples} samples, {problem.n_features} "
+                  f"features; start the run with parties={len(paths)}")
+
+
+# ----------------------------------------------------------------------------- server side
+
+
+@app.command()
+def superlink(
+    host: Annotated[str, typer.Option(help="Interface to listen on (0.0.0.0: all).")] = "0.0.0.0",
+    port: Annotated[int, typer.Option(help="The one port of parties, CLI and ServerApp.")] = 8000,
+    insecure: Insecure = False,
+    ssl_ca_certfile: Annotated[Path | None, typer.Option(help="CA certificate.")] = None,
+    ssl_certfile: Annotated[Path | None, typer.Option(help="The SuperLink's certificate.")] = None,
+    ssl_keyfile: Annotated[Path | None, typer.Option(help="The SuperLink's private key.")] = None,
+):
+    """Start Flower's SuperLink (the coordinator's server), with TLS or --insecure."""
+    from hyfl.deploy.local import flower_command, flower_env
+
+    try:
+        env = flower_env(os.environ.get("FLWR_HOME", Path.home() / ".flwr"))
+        command = [flower_command("flower-superlink", env), "--host", host, "--port", str(port),
+                   "--disable-runtime-dependency-installation"]
+        tls = [ssl_ca_certfile, ssl_certfile, ssl_keyfile]
+        if insecure:
+            command.append("--insecure")
+        elif all(tls):
+            command += ["--ssl-ca-certfile", str(ssl_ca_certfile.resolve()),
+                        "--ssl-certfile", str(ssl_certfile.resolve()),
+                        "--ssl-keyfile", str(ssl_keyfile.resolve())]
+        else:
+            raise fail("TLS", "is not configured",
+                       "Pass --ssl-ca-certfile, --ssl-certfile and --ssl-keyfile, or --insecure "
+                       "on loopback (see docs/deployment.md for the certificates).")
+    except HyflError as err:
+        _fail(err)
+    _exec(command, env)
+
+
+@app.command()
+def party(
+    party: Annotated[int, typer.Option(help="This party's index (0, 1, ...).")],
+    superlink: Annotated[str, typer.Option(help="The SuperLink's HOST:PORT.")],
+    key: Annotated[Path | None, typer.Option(help="private-key.json (from hyfl deploy keys).")] =
+    None,
+    data: Annotated[str | None, typer.Option(help="This party's block file (party-K.npz), or a "
+                                             "dataset name; default: the run's data.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Folder for the party's final duals and "
+                                             "weights (party-K.npz).")] = None,
+    insecure: Insecure = False,
+    root_certificates: RootCerts = None,
+    port: Annotated[int, typer.Option(help="Local port of this SuperNode's own API (one per "
+                                      "SuperNode on a machine).")] = 9094,
+    poll: Annotated[float | None, typer.Option(help="Idle poll of the SuperNode in seconds "
+                                               "(Flower: 3; patched, Flower 1.41.0 only).")] = None,
+):
+    """Start one party: a Flower SuperNode with this party's node config."""
+    from hyfl.deploy.local import flower_command, flower_env
+
+    try:
+        env = flower_env(os.environ.get("FLWR_HOME", Path.home() / ".flwr"))
+        node = [f"party={party}"]
+        if key is not None:
+            if not key.is_file():
+                raise fail(f"--key {key}", "does not exist",
+                           "Pass the private-key.json from `hyfl deploy keys`.")
+            node.append(f"key={_quoted(key.resolve())}")
+        if data is not None:
+            resolved = Path(data)
+            node.append(f"data={_quoted(resolved.resolve() if resolved.exists() else data)}")
+        if out is not None:
+            node.append(f"out={_quoted(out.resolve())}")
+        if poll is None:
+            command = [flower_command("flower-supernode", env)]
+        else:
+            env["HYFL_SUPERNODE_POLL"] = str(poll)
+            command = [sys.executable, "-m", "hyfl.deploy.supernode"]
+        command += ["--superlink", superlink, "--port", str(port), "--node-config", " ".join(node)]
+        if insecure:
+            command.append("--insecure")
+        elif root_certificates is not None:
+            command += ["--root-certificates", str(root_certificates.resolve())]
+        else:
+            raise fail("TLS", "is not configured",
+                       "Pass --root-certificates CA.crt (the CA of the SuperLink's certificate), "
+                       "or --insecure on loopback.")
+    except HyflError as err:
+        _fail(err)
+    _exec(command, env)
+
+
+@app.command()
+def run(
+    superlink: Annotated[str, typer.Option(help="The SuperLink's HOST:PORT.")],
+    parties: Annotated[int, typer.Option(help="Number of parties.")],
+    out: Annotated[Path, typer.Option(help="Results folder, on the SuperLink's machine "
+                                      "(deploy.json, weights.npz).")],
+    public_key: Annotated[Path | None, typer.Option(help="public-key.json, on the SuperLink's "
+                                                    "machine.")] = None,
+    iterations: Iterations = 10,
+    participation: Participation = "full",
+    seed: Seed = 0,
+    loss: Loss = "hinge",
+    lam: Lam = 0.0,
+    param: Param = None,
+    cipher: Cipher = "paillier",
+    data: Annotated[str, typer.Option(help="Dataset for parties without their own data.")] = "",
+    partition: Annotated[str, typer.Option(help="Its partition spec.")] = "",
+    reply_timeout: ReplyTimeout = 120.0,
+    insecure: Insecure = False,
+    root_certificates: RootCerts = None,
+):
+    """Submit a HyFDCA job to a running SuperLink and follow it (flwr run --stream)."""
+    import subprocess
+
+    from hyfl.deploy.config import DeployConfig, run_config_for
+    from hyfl.deploy.local import (
+        CONNECTION,
+        _toml_value,
+        flower_command,
+        flower_env,
+        write_app,
+        write_connection,
+    )
+
+    try:
+        if not insecure and root_certificates is None:
+            raise fail("TLS", "is not configured",
+                       "Pass --root-certificates CA.crt, or --insecure on loopback.")
+        config = run_config_for(
+            parties=parties, iterations=iterations, participation=participation, seed=seed,
+            loss=loss, lam=lam, hyper=_hyper(param), cipher=cipher, data=data,
+            partition=partition, reply_timeout=reply_timeout, out=str(out.resolve()),
+            public_key=str(public_key.resolve()) if public_key is not None else "",
+        )
+        DeployConfig.from_run_config(config)  # fail here rather than on the SuperLink
+        work = Path(tempfile.mkdtemp(prefix="hyfl-deploy-run-"))
+        env = flower_env(work / "flwr_home")
+        write_connection(work / "flwr_home", superlink,
+                         root_certificates=None if insecure else root_certificates)
+        write_app(work / "app")
+        overrides = work / "run-config.toml"
+        overrides.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in config.items()))
+        command = [flower_command("flwr", env), "run", str(work / "app"), CONNECTION, "--stream",
+                   "--run-config", str(overrides)]
+    except HyflError as err:
+        _fail(err)
+    code = subprocess.call(command, env=env)
+    if code != 0:
+        raise typer.Exit(code=code)
+
+
+# ----------------------------------------------------------------------------- local
+
+
+@app.command()
+def local(
+    parties: Annotated[int | None, typer.Option(help="Number of parties (default: one per "
+                                                "block file, or the partition's clients).")] = None,
+    data: Annotated[str, typer.Option(help="Dataset every party cuts its block from.")] =
+    "breast_cancer",
+    partition: Annotated[str | None, typer.Option(help="Partition spec (K*Q = parties), "
+                                                  "e.g. grid:2x2.")] = None,
+    party_data: Annotated[Path | None, typer.Option(help="Folder of block files party-K.npz "
+                                                    "(from hyfl deploy split) instead of "
+                                                    "--data/--partition.")] = None,
+    iterations: Iterations = 3,
+    participation: Participation = "full",
+    seed: Seed = 0,
+    loss: Loss = "hinge",
+    lam: Lam = 0.0,
+    param: Param = None,
+    cipher: Cipher = "paillier",
+    key_bits: Annotated[int, typer.Option(help="Key size of the generated key pair.")] = 1024,
+    keys_dir: Annotated[Path | None, typer.Option("--keys", help="Use this key folder instead "
+                                                  "of generating one.")] = None,
+    reply_timeout: ReplyTimeout = 120.0,
+    out: Annotated[Path, typer.Option(help="Folder for results, logs and keys.")] =
+    Path("hyfl-deploy"),
+    compare: Annotated[bool, typer.Option("--compare", help="Also run the in-process protocol "
+                                          "engine with the same seed and compare iterates and "
+                                          "time per round.")] = False,
+    node_poll: Annotated[float, typer.Option(help="SuperNode idle poll in seconds (0: Flower's "
+                                             "own 3 s).")] = 0.2,
+    timeout: Annotated[float | None, typer.Option(help="Give up after this many seconds.")] =
+    None,
+):
+    """Start a SuperLink and one SuperNode per party on loopback, run a job, write results
+    (deploy.json, weights.npz, metrics.csv) and stop every process again."""
+    from hyfl.deploy.local import run_local
+
+    def interrupted(signum, frame):  # SIGTERM: leave through the same clean-up as Ctrl-C
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupted)
+    try:
+        summary = run_local(
+            out=out, parties=parties, data=data, partition=partition, party_data=party_data,
+            iterations=iterations, participation=participation, seed=seed, loss=loss, lam=lam,
+            hyper=_hyper(param), cipher=cipher, key_bits=key_bits, keys_dir=keys_dir,
+            reply_timeout=reply_timeout, compare=compare,
+            node_poll=node_poll if node_poll > 0 else None, timeout=timeout,
+            log=lambda line: console.print(escape(line)),
+        )
+    except HyflError as err:
+        _fail(err)
+    except KeyboardInterrupt:
+        console.print("[bold red]interrupted[/]: every Flower process was stopped")
+        raise typer.Exit(code=130) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    for line in summary:
+        console.print(escape(line))

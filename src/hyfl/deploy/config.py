@@ -1,0 +1,271 @@
+"""What a deployed run is told: the run config (the job) and each node's config (the party).
+
+Flower hands every ServerApp and ClientApp two flat mappings:
+
+* the **run config** (``flwr run ... --run-config``; defaults in the app's
+  ``pyproject.toml``, see :data:`RUN_DEFAULTS`): the job, the same for
+  everybody -- number of parties, algorithm and hyperparameters, budget,
+  participation, cipher and its encoding, timeouts, and for parties that load
+  a block of a named dataset the dataset and partition spec;
+* the **node config** (``flower-supernode --node-config``; see
+  :data:`NODE_KEYS`): the party -- its index, its private key file, its data
+  and where it may write its final state. It stays with the machine.
+
+:class:`DeployConfig` and :class:`NodeSettings` validate them; every problem
+is a :class:`~hyfl.errors.HyflError` naming the key and the fix.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from hyfl.errors import check_choice, check_int, check_positive, fail
+
+__all__ = [
+    "NODE_KEYS",
+    "RUN_DEFAULTS",
+    "DeployConfig",
+    "NodeSettings",
+    "structure_blocks",
+]
+
+#: Run config keys and their defaults (the generated app's ``[tool.flwr.app.config]``).
+RUN_DEFAULTS: dict[str, Any] = {
+    "parties": 0,  # K, required
+    "algorithm": "hyfdca",
+    "hyper": "",  # HyFDCA hyperparameters, "local_steps=2,step_rule=safe"
+    "iterations": 10,
+    "participation": "full",
+    "seed": 0,
+    "loss": "hinge",
+    "lam": 0.0,  # 0: the dataset's default (reported by the parties)
+    "data": "",  # named dataset or LIBSVM file, for parties without their own data
+    "data-dir": "",
+    "partition": "",  # partition spec of that dataset (e.g. grid:2x2)
+    "cipher": "paillier",
+    "precision-bits": 32,
+    "guard-bits": 24,
+    "public-key": "",  # the server's public key file
+    "out": "",  # results folder on the server's machine ("" = none)
+    "reply-timeout": 120.0,
+    "connect-timeout": 300.0,
+    "poll": 0.05,
+}
+
+#: Node config keys a party understands.
+NODE_KEYS = ("party", "key", "data", "data-dir", "out")
+
+CIPHER_NAMES = ("paillier", "packed", "none")
+
+
+def _text(config: Mapping[str, Any], key: str) -> str:
+    value = config.get(key, RUN_DEFAULTS.get(key, ""))
+    if not isinstance(value, str):
+        raise fail(f"run config {key}", f"is {value!r}, not a string", f'Write {key}="...".')
+    return value.strip()
+
+
+def _number(config: Mapping[str, Any], key: str) -> float:
+    value = config.get(key, RUN_DEFAULTS[key])
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise fail(f"run config {key}", f"is {value!r}, not a number", f"Write {key}=<number>.")
+    return float(value)
+
+
+def _parse_hyper(text: str) -> dict[str, Any]:
+    """``"local_steps=2, step_rule=safe"`` -> ``{"local_steps": 2, "step_rule": "safe"}``."""
+    out: dict[str, Any] = {}
+    for item in text.replace(";", ",").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise fail(f"run config hyper item {item!r}", "is not KEY=VALUE",
+                       'Write hyper="local_steps=2,step_rule=safe".')
+        value = value.strip()
+        parsed: Any = {"true": True, "false": False}.get(value.lower(), value)
+        if parsed is value:
+            for convert in (int, float):
+                try:
+                    parsed = convert(value)
+                    break
+                except ValueError:
+                    pass
+        out[key.strip()] = parsed
+    return out
+
+
+@dataclass(frozen=True)
+class DeployConfig:
+    """The validated run config of a deployed HyFDCA job.
+
+    Build it with :meth:`from_run_config`; the constructor only stores.
+    Attribute names are the run config keys with ``-`` written ``_``.
+    """
+
+    parties: int
+    algorithm: Any  # the validated HyFDCA
+    hyper: dict = field(default_factory=dict)
+    iterations: int = 10
+    participation: str = "full"
+    seed: int = 0
+    loss: str = "hinge"
+    lam: float = 0.0
+    data: str = ""
+    data_dir: str = ""
+    partition: str = ""
+    cipher: str = "paillier"
+    precision_bits: int = 32
+    guard_bits: int = 24
+    public_key: str = ""
+    out: str = ""
+    reply_timeout: float = 120.0
+    connect_timeout: float = 300.0
+    poll: float = 0.05
+
+    @classmethod
+    def from_run_config(cls, config: Mapping[str, Any]) -> DeployConfig:
+        """Validate a Flower run config (a flat mapping) into a :class:`DeployConfig`."""
+        from hyfl.algorithms import make_algorithm
+        from hyfl.algorithms.hyfdca import HyFDCA
+        from hyfl.losses import LOSSES
+
+        unknown = sorted(set(config) - set(RUN_DEFAULTS))
+        if unknown:
+            raise fail(f"run config key {unknown[0]!r}", "is not known",
+                       f"Known keys: {', '.join(RUN_DEFAULTS)}.")
+        parties = config.get("parties", 0)
+        parties = check_int("run config parties", parties, minimum=1,
+                            fix="Set parties=K, the number of parties of the partition.")
+        name = _text(config, "algorithm")
+        hyper = _parse_hyper(_text(config, "hyper"))
+        algorithm = make_algorithm(name, hyper)
+        if not isinstance(algorithm, HyFDCA):
+            raise fail(f"run config algorithm {name!r}", "cannot be deployed",
+                       "Deploy hyfdca: its server and clients exchange encrypted messages; "
+                       "the other algorithms exist only in the simulation engine.")
+        if algorithm.sip_scope == "paper":
+            raise fail("hyper sip_scope", "'paper' is an accounting convention, not a protocol",
+                       "Use sip_scope=all (the default).")
+        iterations = check_int("run config iterations", config.get("iterations", 10), minimum=1)
+        seed = check_int("run config seed", config.get("seed", 0), minimum=0)
+        loss = check_choice("run config loss", _text(config, "loss"), LOSSES)
+        lam = _number(config, "lam")
+        if not math.isfinite(lam) or lam < 0:
+            raise fail("run config lam", f"is {lam!r}",
+                       "Pass lam > 0, or 0 for the data's default.")
+        cipher = check_choice("run config cipher", _text(config, "cipher"), CIPHER_NAMES)
+        precision_bits = check_int("run config precision-bits", config.get("precision-bits", 32),
+                                   minimum=0)
+        guard_bits = check_int("run config guard-bits", config.get("guard-bits", 24), minimum=1)
+        public_key = _text(config, "public-key")
+        if cipher != "none" and not public_key:
+            raise fail("run config public-key", "is not set",
+                       "Pass the server's public key file (hyfl deploy keys writes "
+                       "public-key.json), or cipher=none for an unencrypted test run.")
+        timeouts = {}
+        for key in ("reply-timeout", "connect-timeout", "poll"):
+            timeouts[key] = check_positive(f"run config {key}", _number(config, key),
+                                           fix=f"Pass {key} in seconds, > 0.")
+        participation = _text(config, "participation") or "full"
+        return cls(
+            parties=parties, algorithm=algorithm, hyper=hyper, iterations=iterations,
+            participation=participation, seed=seed, loss=loss, lam=lam,
+            data=_text(config, "data"), data_dir=_text(config, "data-dir"),
+            partition=_text(config, "partition"), cipher=cipher,
+            precision_bits=precision_bits, guard_bits=guard_bits, public_key=public_key,
+            out=_text(config, "out"), reply_timeout=timeouts["reply-timeout"],
+            connect_timeout=timeouts["connect-timeout"], poll=timeouts["poll"],
+        )
+
+    def cipher_options(self) -> dict[str, Any]:
+        """Encoding parameters every party and the server must share."""
+        return {"precision_bits": self.precision_bits, "guard_bits": self.guard_bits}
+
+    def participation_schedule(self):
+        from hyfl.partition import parse_participation
+
+        return parse_participation(self.participation, self.parties)
+
+
+def run_config_for(**values: Any) -> dict[str, Any]:
+    """A complete run config: :data:`RUN_DEFAULTS` updated with ``values``
+    (given with ``_`` or ``-``); ``None`` values are left at the default."""
+    out = dict(RUN_DEFAULTS)
+    for key, value in values.items():
+        if value is None:
+            continue
+        name = key.replace("_", "-")
+        if name not in RUN_DEFAULTS:
+            raise fail(f"run config key {name!r}", "is not known",
+                       f"Known keys: {', '.join(RUN_DEFAULTS)}.")
+        out[name] = value
+    return out
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """A party's node config: ``party`` (index), ``key`` (private key file),
+    ``data`` (block file, dataset name or LIBSVM file; optional), ``data-dir``
+    and ``out`` (folder for the party's final state; optional)."""
+
+    party: int
+    key: str = ""
+    data: str = ""
+    data_dir: str = ""
+    out: str = ""
+
+    @classmethod
+    def from_node_config(cls, config: Mapping[str, Any], n_parties: int | None = None,
+                         needs_key: bool = True) -> NodeSettings:
+        unknown = sorted(set(config) - set(NODE_KEYS))
+        if unknown:
+            raise fail(f"node config key {unknown[0]!r}", "is not known",
+                       f"A party's node config takes: {', '.join(NODE_KEYS)}.")
+        if "party" not in config:
+            raise fail("node config party", "is not set",
+                       'Start the SuperNode with --node-config "party=K key=\'...\'" '
+                       "(K = 0, 1, ... the party's index in the partition).")
+        party = config["party"]
+        if isinstance(party, bool) or not isinstance(party, int) or party < 0:
+            raise fail("node config party", f"is {party!r}, not a party index",
+                       "Pass party=K with K = 0, 1, ... (an integer).")
+        if n_parties is not None and party >= n_parties:
+            raise fail("node config party", f"is {party}, but the run has {n_parties} parties",
+                       f"Number the parties 0 to {n_parties - 1}.")
+        values = {}
+        for key in ("key", "data", "data-dir", "out"):
+            value = config.get(key, "")
+            if not isinstance(value, str):
+                raise fail(f"node config {key}", f"is {value!r}, not a path",
+                           f"Quote it: --node-config \"{key}='...'\".")
+            values[key.replace("-", "_")] = value.strip()
+        if needs_key and not values["key"]:
+            raise fail("node config key", "is not set: a party needs the private key",
+                       "Pass key='/path/private-key.json' (written by `hyfl deploy keys`).")
+        if needs_key and not os.path.isfile(values["key"]):
+            raise fail(f"node config key {values['key']!r}", "does not exist on this machine",
+                       "Copy private-key.json (from `hyfl deploy keys`) here and pass its path.")
+        return cls(party=party, **values)
+
+
+def structure_blocks(n_samples: int, n_features: int, samples, features):
+    """The block structure of a partition (who holds which sample and feature), no values.
+
+    What :func:`~hyfl.algorithms.hyfdca_parties.public_info` needs, built from
+    the ids alone: the stacked layout of a partition over an empty matrix.
+    """
+    from hyfl.partition import Partition, stack
+
+    partition = Partition(int(n_samples), int(n_features),
+                          tuple(np.asarray(s, dtype=np.int64) for s in samples),
+                          tuple(np.asarray(f, dtype=np.int64) for f in features))
+    return stack(partition, sp.csr_matrix((int(n_samples), int(n_features))))

@@ -1,0 +1,493 @@
+"""The server's side of deployed HyFDCA: rounds, absences and results, over any transport.
+
+:class:`Coordinator` drives HyFDCA's :class:`~hyfl.algorithms.hyfdca_parties.Server`
+(public key only) through the same message sequence as the in-process engine
+(:func:`hyfl.runtime.protocol.run_protocol`), with the same seed streams, so
+a run without absences reproduces that engine's iterates exactly. It talks to
+the parties through a :class:`Transport` (Flower's Grid in
+:mod:`hyfl.deploy.app`), which addresses parties by index and returns their
+replies, or reports the ones that did not come back in time.
+
+One outer iteration ``t``:
+
+1. ``round``: the round's participants (the participation schedule's, minus
+   parties known to be absent) get their draws, ``beta``, returning parties
+   their stale duals, plus any *deliveries* (set-up row norms, the commit of
+   their last round). Replies: encrypted partial inner products, or, from a
+   returning party, its primal part (then ``weights`` -> inner products).
+2. ``steps``: encrypted ``x_i^T w`` -> encrypted scaled dual steps.
+3. ``duals``: encrypted new duals -> primal parts (and encrypted gain terms).
+4. ``verdict`` (safe rule): the summed gain terms to one party -> accept or not.
+5. The commit (verdict and new weights) is queued as a delivery for the next
+   message to each participant; with ``refresh_inner_products`` a ``commit``
+   message carries it at once and brings back the second SecureInnerProduct.
+
+Absence. A participant that has not replied within ``reply_timeout`` (or whose
+node the SuperLink reports unavailable) makes the whole round *void*: the
+server restores its state from the start of the round (including its random
+generator, so the draws are those of a run in which that party was absent),
+marks the party absent and runs the round again without it; the other parties
+discard the abandoned round when they receive the new ``round`` message (see
+:mod:`hyfl.deploy.party`). HyFDCA then uses the absent party's stale blocks
+(its last inner products and primal part), exactly as for a party the
+schedule left out. An absent party is pinged in the background every round;
+once it answers it takes part again (as a returning party, refreshed with the
+duals it missed). A round is therefore always a complete HyFDCA round of some
+set of parties, never a half-applied one, and the run equals
+``run_protocol`` with the participation trace of the parties that actually
+took part (recorded per round).
+
+Why restart the round rather than just dropping the late party's messages:
+the server's draws and the other parties' steps of step 2 already include the
+late party (its samples were drawn, the dual aggregation expects its steps),
+and HyFDCA's dual updates over shared samples are averaged over their
+holders, so continuing without it would apply a different algorithm than
+the one whose iterates the parties agreed to. Restarting costs one more
+round trip per absence and is exact.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from hyfl.deploy.config import DeployConfig, structure_blocks
+from hyfl.errors import HyflError, fail
+
+__all__ = ["Coordinator", "PartyMissing", "Transport", "write_failure"]
+
+_META = ("seconds", "ops", "delivery_ops", "timing")  # replies' metadata besides the payload
+
+
+class PartyMissing(Exception):
+    """Parties that did not reply in time (the round is void)."""
+
+    def __init__(self, parties, kind: str):
+        super().__init__(f"no reply to {kind!r} from parties {sorted(parties)}")
+        self.parties, self.kind = set(parties), kind
+
+
+class Transport(Protocol):
+    """How the coordinator reaches the parties (see :class:`hyfl.deploy.app.FlowerTransport`)."""
+
+    sent_bytes: int
+    received_bytes: int
+
+    def connect(self, n_parties: int, timeout: float) -> dict[int, dict]:
+        """Find the parties; their ``hello`` replies by party index."""
+
+    def exchange(self, messages: dict[int, tuple[str, dict]], timeout: float
+                 ) -> tuple[dict[int, dict], set[int]]:
+        """Send ``{party: (kind, payload)}``; ``(replies, missing)`` after at most ``timeout``."""
+
+    def post(self, party: int, kind: str, payload: dict) -> Any:
+        """Send without waiting; a handle for :meth:`poll`."""
+
+    def poll(self, handle: Any) -> str:
+        """``"pending"``, ``"replied"`` or ``"failed"`` for a posted message."""
+
+
+class Coordinator:
+    """Runs one deployed HyFDCA job.
+
+    Parameters
+    ----------
+    config : DeployConfig
+    transport : Transport
+    cipher : hyfl.privacy.ciphers.Cipher
+        The server's public view (no private key).
+    log : callable, optional
+        Receives one line of progress at a time (default: print).
+    """
+
+    def __init__(self, config: DeployConfig, transport: Transport, cipher,
+                 log: Callable[[str], None] | None = None):
+        self.config, self.transport, self.cipher = config, transport, cipher
+        self.log = log or (lambda line: print(line, flush=True))
+
+    # -- the run ---------------------------------------------------------------------
+    def run(self) -> dict:
+        """Connect, set up, run the rounds, finish; returns (and writes) the results."""
+        started = time.perf_counter()
+        self.results: dict[str, Any] = {
+            "status": "running", "error": None, "engine": "flower",
+            "config": _config_record(self.config), "cipher": self.cipher.describe(),
+            "parties": {}, "setup": {}, "rounds": [], "seconds": {},
+        }
+        self.weights: list[np.ndarray] = []
+        try:
+            tic = time.perf_counter()
+            self._connect()
+            self.results["seconds"]["connect"] = time.perf_counter() - tic
+            tic = time.perf_counter()
+            self._setup()
+            self.results["seconds"]["setup"] = time.perf_counter() - tic
+            tic = time.perf_counter()
+            for t in range(1, self.config.iterations + 1):
+                self._round(t)
+                self._write()
+            self.results["seconds"]["rounds"] = time.perf_counter() - tic
+            tic = time.perf_counter()
+            self._finish()
+            self.results["seconds"]["finish"] = time.perf_counter() - tic
+            self.results["status"] = "completed"
+        except HyflError as err:
+            self.results.update(status="failed", error=str(err))
+            raise
+        except Exception as err:
+            self.results.update(status="failed", error=f"{type(err).__name__}: {err}")
+            raise
+        finally:
+            self.results["seconds"]["total"] = time.perf_counter() - started
+            self._write(final=True)
+        return self.results
+
+    # -- connect and set up ----------------------------------------------------------
+    def _connect(self) -> None:
+        from hyfl.deploy.keys import cipher_fingerprint
+
+        K = self.config.parties
+        self.log(f"waiting for {K} parties (at most {self.config.connect_timeout:g} s)")
+        hellos = self.transport.connect(K, self.config.connect_timeout)
+        first = hellos[0]
+        for k, hello in sorted(hellos.items()):
+            for key in ("n_samples", "n_features", "n_outputs"):
+                if hello[key] != first[key]:
+                    raise fail(f"party {k}", f"has {key} = {hello[key]}, party 0 {first[key]}",
+                               "Give every party a block of the same data set and partition.")
+            if hello["fingerprint"] != cipher_fingerprint(self.cipher):
+                raise fail(f"party {k}", "holds a different key than the server's public key",
+                           "Give every party the private-key.json and the server the "
+                           "public-key.json written together by `hyfl deploy keys`.")
+            if hello["slots"] != self.cipher.slots:
+                raise fail(f"party {k}", f"packs {hello['slots']} values per ciphertext, the "
+                           f"server {self.cipher.slots}",
+                           "Run every party with the same hyfl version and cipher settings.")
+        lam = self.config.lam
+        if lam == 0:
+            defaults = {float(h["lam_default"]) for h in hellos.values()}
+            if len(defaults) != 1:
+                raise fail("run config lam", "is 0 (the data's default), but the parties report "
+                           f"different defaults {sorted(defaults)}", "Set lam explicitly.")
+            lam = defaults.pop()
+        self.lam = lam
+        self.hellos = hellos
+        self.results["parties"] = {
+            str(k): {"samples": int(len(h["samples"])), "features": int(len(h["features"])),
+                     "node": h.get("node")}
+            for k, h in sorted(hellos.items())
+        }
+        self.results["lam"] = lam
+        self.results["n_samples"] = int(first["n_samples"])
+        self.results["n_features"] = int(first["n_features"])
+        self.log(f"parties connected: {', '.join(str(k) for k in sorted(hellos))}")
+
+    def _setup(self) -> None:
+        from hyfl.algorithms.hyfdca_parties import Server, public_info
+        from hyfl.runtime.protocol import Wire
+        from hyfl.runtime.simulation import random_streams
+
+        K, first = self.config.parties, self.hellos[0]
+        samples = [np.asarray(self.hellos[k]["samples"], dtype=np.int64) for k in range(K)]
+        features = [np.asarray(self.hellos[k]["features"], dtype=np.int64) for k in range(K)]
+        blocks = structure_blocks(first["n_samples"], first["n_features"], samples, features)
+        C = int(first["n_outputs"])
+        self.public = public_info(self.config.algorithm, blocks, C, self.lam, self.cipher.slots)
+        self.participation = self.config.participation_schedule()
+        self.participation_rng, algorithm_rng = random_streams(self.config.seed)
+        self.server = Server(self.public, samples, features, self.cipher, algorithm_rng)
+        self.was_active = np.zeros(K, dtype=bool)
+        self.mail: dict[int, dict] = {k: {} for k in range(K)}
+        self.absent: dict[int, dict] = {}
+        self.weights.append(self.server.w.copy())
+
+        payload = {
+            "n_samples": int(first["n_samples"]), "n_features": int(first["n_features"]),
+            "n_outputs": C, "lam": float(self.lam),
+            "samples": np.concatenate(samples),
+            "sample_counts": np.array([s.size for s in samples]),
+            "features": np.concatenate(features),
+            "feature_counts": np.array([f.size for f in features]),
+        }
+        wire = Wire(int(self.cipher.ciphertext_bytes))
+        tally = _Tally(self.transport)
+        before = self.cipher.counts.snapshot()
+        self.setup_record: dict[str, Any] = {}
+        try:
+            replies = self._exchange({k: ("setup", payload) for k in range(K)}, tally)
+        except PartyMissing as missing:
+            raise fail(f"part{'ies' if len(missing.parties) > 1 else 'y'} "
+                       f"{', '.join(map(str, sorted(missing.parties)))}",
+                       f"did not answer the set-up within {self.config.reply_timeout:g} s",
+                       "Every party must take part in the set-up (the server sums the row "
+                       "norms of all of them); check its SuperNode log and start the run "
+                       "again.") from None
+        norms = self.server.setup([wire.up(k, "setup", {"norms": replies[k]["norms"]})
+                                   for k in range(K)])
+        for k, vec in enumerate(norms):
+            self.mail[k]["norms"] = wire.down(k, "norms", vec)
+        tally.add_ops(_ops(self.cipher.counts - before))
+        self.setup_record.update({**tally.record(), "bytes_up": wire.bytes()[0],
+                                  "bytes_down": wire.bytes()[1]})
+        self.results["setup"] = self.setup_record
+        self.log(f"set-up done: {K} parties, {first['n_samples']} samples, "
+                 f"{first['n_features']} features, cipher {self.cipher.name}")
+
+    # -- rounds ------------------------------------------------------------------------
+    def _round(self, t: int) -> None:
+        started = time.perf_counter()
+        scheduled = np.asarray(self.participation.active(t, self.participation_rng), dtype=bool)
+        self._check_absent()
+        attempts = 0
+        while True:
+            active = scheduled.copy()
+            active[list(self.absent)] = False
+            self.config.algorithm.check_participation(active, t)
+            attempts += 1
+            # The server's state at the start of the round, its generator included:
+            # an abandoned round is undone as if it never happened.
+            saved = copy.deepcopy(self.server, memo={id(self.public): self.public,
+                                                     id(self.cipher): self.cipher})
+            try:
+                record = self._attempt(t, active)
+                break
+            except PartyMissing as missing:
+                self.server = saved
+                for k in missing.parties:
+                    self.absent[k] = {"since": t, "ping": None}
+                self.log(f"round {t}: no reply to {missing.kind!r} from part"
+                         f"{'ies' if len(missing.parties) > 1 else 'y'} "
+                         f"{', '.join(map(str, sorted(missing.parties)))} within "
+                         f"{self.config.reply_timeout:g} s; treated as absent, round restarted")
+        newcomers = active & ~self.was_active
+        self.was_active = active.copy()
+        hy = self.public.hyfdca
+        record.update({
+            "iteration": t,
+            "scheduled": np.flatnonzero(scheduled).tolist(),
+            "active": np.flatnonzero(active).tolist(),
+            "absent": np.flatnonzero(scheduled & ~active).tolist(),
+            "attempts": attempts,
+            "round_trips": hy.round_trips(refreshed=bool(newcomers.any() and t > 1),
+                                          horizontal=self.public.horizontal),
+            "updated_samples": int(self.server.updated.size),
+            "beta": float(self.server.beta) if hy.step_rule == "safe" else None,
+            "round_seconds": time.perf_counter() - started,
+        })
+        self.results["rounds"].append(record)
+        self.weights.append(self.server.w.copy())
+        absent = f", absent {record['absent']}" if record["absent"] else ""
+        self.log(f"round {t}: parties {record['active']}{absent}, "
+                 f"{'accepted' if record['accepted'] else 'rejected'}, "
+                 f"{record['round_seconds']:.1f} s")
+
+    def _attempt(self, t: int, active: np.ndarray) -> dict:
+        """One try at round ``t`` with the ``active`` parties (raises PartyMissing)."""
+        from hyfl.runtime.protocol import Wire
+
+        server, hy = self.server, self.public.hyfdca
+        wire = Wire(int(self.cipher.ciphertext_bytes))
+        tally = _Tally(self.transport)
+        before = self.cipher.counts.snapshot()
+
+        configure = server.configure(active, self.was_active)
+        replies = self._exchange(
+            {k: ("round", {"deliveries": self.mail[k], "configure": wire.down(k, "configure", m)})
+             for k, m in configure.items()}, tally)
+        for k in replies:
+            self.mail[k] = {}  # the party has applied them (even if this round is abandoned)
+        refresh = {k: r for k, r in sorted(replies.items()) if "primal_part" in r}
+        for k, reply in refresh.items():
+            wire.up(k, "primal_part", reply)
+        if refresh:
+            weights = server.refresh(refresh)
+            replies.update(self._exchange(
+                {k: ("weights", {"w": wire.down(k, "weights", w)}) for k, w in weights.items()},
+                tally))
+        parts = {}
+        for k in configure:
+            vec = replies[k]["inner_products"]
+            parts[k] = wire.up(k, "inner_products", vec) if vec is not None else None
+        sums = server.sum_inner_products(parts)
+
+        replies = self._exchange(
+            {k: ("steps", {"z": wire.down(k, "inner_products", sums[k])
+                           if sums[k] is not None else None}) for k in configure}, tally)
+        steps = {k: wire.up(k, "dual_steps", replies[k]["steps"]) for k in configure}
+        duals = server.aggregate_duals(steps)
+
+        replies = self._exchange(
+            {k: ("duals", {"duals": wire.down(k, "duals", duals[k])}) for k in configure}, tally)
+        check = server.aggregate_primal({k: wire.up(k, "primal_part", replies[k])
+                                         for k in configure})
+        accepted = True
+        if check is not None:
+            judge, totals, dw_sq = check
+            message = wire.down(judge, "totals", {"totals": totals, "dw_sq": dw_sq})
+            reply = self._exchange({judge: ("verdict", message)}, tally)[judge]
+            accepted = bool(wire.up(judge, "verdict", bool(reply["accepted"])))
+
+        # Committed: from here on the round stands, whatever happens to the messages.
+        for k, w_local in server.commit(accepted).items():
+            self.mail[k]["commit"] = {"round": t, "accepted": accepted,
+                                      "w": wire.down(k, "weights", w_local)}
+        if hy.refresh_inner_products:
+            self._refresh_inner_products(list(configure), wire, tally)
+        tally.add_ops(_ops(self.cipher.counts - before))
+        bytes_up, bytes_down = wire.bytes()
+        return {"accepted": accepted, **tally.record(), "bytes_up": bytes_up,
+                "bytes_down": bytes_down, **{k: float(v) for k, v in wire.counts.items()}}
+
+    def _refresh_inner_products(self, parties: list[int], wire, tally: _Tally) -> None:
+        """The optional second SecureInnerProduct (and the commit, delivered at once)."""
+        messages = {k: ("commit", {"deliveries": self.mail[k], "inner_products": True})
+                    for k in parties}
+        replies, missing = self.transport.exchange(messages, self.config.reply_timeout)
+        tally.count(messages, replies)
+        self._count_deliveries(replies)
+        for k in sorted(replies):
+            self.mail[k] = {}
+            reply = tally.strip(replies[k])
+            self.server.store_inner_products(k, wire.up(k, "inner_products",
+                                                        reply["inner_products"]))
+        for k in missing:  # the round stands; the party's stored inner products stay older
+            self.absent[k] = {"since": len(self.results["rounds"]) + 1, "ping": None}
+
+    def _check_absent(self) -> None:
+        """Ping absent parties in the background; those that answered take part again."""
+        for k in sorted(self.absent):
+            entry = self.absent[k]
+            if entry["ping"] is not None:
+                status = self.transport.poll(entry["ping"])
+                if status == "replied":
+                    del self.absent[k]
+                    self.log(f"party {k} answers again: it takes part from now on")
+                    continue
+                if status == "pending":
+                    continue
+            entry["ping"] = self.transport.post(k, "ping", {})
+
+    def _exchange(self, messages: dict[int, tuple[str, dict]], tally: _Tally) -> dict[int, dict]:
+        if not messages:
+            return {}
+        replies, missing = self.transport.exchange(messages, self.config.reply_timeout)
+        tally.count(messages, replies)
+        self._count_deliveries(replies)
+        if missing:
+            raise PartyMissing(missing, next(iter(messages.values()))[0])
+        return {k: tally.strip(replies[k]) for k in sorted(replies)}
+
+    def _count_deliveries(self, replies: dict[int, dict]) -> None:
+        """Decrypting the delivered row norms is set-up work (as in run_protocol)."""
+        for reply in replies.values():
+            for key, value in reply.get("delivery_ops", {}).items():
+                self.setup_record[key] = self.setup_record.get(key, 0) + int(value)
+
+    # -- finish ------------------------------------------------------------------------
+    def _finish(self) -> None:
+        present = [k for k in range(self.config.parties) if k not in self.absent]
+        messages = {k: ("finish", {"deliveries": self.mail[k]}) for k in present}
+        replies, missing = self.transport.exchange(messages, self.config.reply_timeout)
+        self._count_deliveries(replies)
+        for k in replies:
+            self.mail[k] = {}
+        self.results["final"] = {
+            "absent": sorted(set(self.absent) | set(missing)),
+            "finished": sorted(replies),
+        }
+        self.log(f"done: {len(self.results['rounds'])} rounds; parties finished: "
+                 f"{sorted(replies)}; absent at the end: {self.results['final']['absent']}")
+
+    # -- results -------------------------------------------------------------------------
+    def _write(self, final: bool = False) -> None:
+        if not self.config.out:
+            return
+        out = Path(self.config.out)
+        out.mkdir(parents=True, exist_ok=True)
+        if final and self.weights:
+            np.savez(out / "weights.npz", w=np.stack(self.weights))
+        _atomic_json(out / "deploy.json", self.results)
+
+
+class _Tally:
+    """Messages, measured payload bytes, parties' compute time and operations of one phase."""
+
+    def __init__(self, transport):
+        self.transport = transport
+        self.sent0, self.received0 = transport.sent_bytes, transport.received_bytes
+        self.messages = 0
+        self.ops = {"encryptions": 0, "decryptions": 0, "additions": 0}
+        self.setup_ops = {"encryptions": 0, "decryptions": 0, "additions": 0}
+        self.party_seconds: dict[int, float] = {}
+        self.timing: dict[str, list[float]] = {}
+
+    def count(self, messages: dict, replies: dict) -> None:
+        self.messages += len(messages)
+        for k, reply in replies.items():
+            self.add_ops(reply.get("ops", {}))
+            self.party_seconds[k] = self.party_seconds.get(k, 0.0) + float(reply.get("seconds", 0))
+            for key, value in reply.get("timing", {}).items():
+                self.timing.setdefault(key, []).append(float(value))
+
+    def strip(self, reply: dict) -> dict:
+        """The protocol payload of a reply (metadata removed)."""
+        return {key: value for key, value in reply.items() if key not in _META}
+
+    def add_ops(self, ops: dict) -> None:
+        for key in self.ops:
+            self.ops[key] += int(ops.get(key, 0))
+
+    def record(self) -> dict:
+        return {
+            "messages": self.messages,
+            "payload_bytes_down": self.transport.sent_bytes - self.sent0,
+            "payload_bytes_up": self.transport.received_bytes - self.received0,
+            "party_seconds_max": max(self.party_seconds.values(), default=0.0),
+            **{f"{key}_mean": float(np.mean(values)) for key, values in self.timing.items()},
+            **self.ops,
+        }
+
+
+def write_failure(out: str, err: BaseException) -> None:
+    """Record a run that failed before it started (bad run config, missing key file)."""
+    if isinstance(out, str) and out.strip():
+        path = Path(out.strip())
+        path.mkdir(parents=True, exist_ok=True)
+        _atomic_json(path / "deploy.json", {"status": "failed", "error": str(err),
+                                            "engine": "flower", "rounds": []})
+
+
+def _ops(counts) -> dict[str, int]:
+    return {"encryptions": int(counts.encryptions), "decryptions": int(counts.decryptions),
+            "additions": int(counts.additions)}
+
+
+def _config_record(config: DeployConfig) -> dict:
+    record = {}
+    for name in config.__dataclass_fields__:
+        value = getattr(config, name)
+        record[name] = value.config() if name == "algorithm" else value
+    return record
+
+
+def _atomic_json(path: Path, value: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(value, indent=1, default=_json_default))
+    os.replace(tmp, path)
+
+
+def _json_default(obj):
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.floating):
+        return float(obj)
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")

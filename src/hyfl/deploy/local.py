@@ -1,0 +1,629 @@
+"""A whole deployment on one machine: SuperLink, one SuperNode per party, ``flwr run``.
+
+:class:`LocalDeployment` starts Flower's processes on loopback (insecure),
+each in its own process group, submits the job with ``flwr run`` and stops
+everything again -- also when the job fails or the user presses Ctrl-C (the
+process groups are terminated, then killed, until none of their processes is
+left). ``hyfl deploy local`` and the tests use it; the same pieces
+(:func:`write_app`, :func:`write_connection`, :func:`flower_env`) serve
+``hyfl deploy run`` against a remote SuperLink.
+
+Flower 1.41 needs, besides the installed packages:
+
+* an app folder with a ``pyproject.toml`` naming the components; hyfl's live
+  in the installed package, so :func:`write_app` writes only that file;
+* ``$FLWR_HOME/config.toml`` naming the SuperLink connection for ``flwr run``
+  (:func:`write_connection`); every deployment gets its own ``FLWR_HOME``;
+* the interpreter's ``bin`` folder on ``PATH``: SuperLink and SuperNodes
+  start ``flower-superexec``, ``flwr-serverapp`` and ``flwr-clientapp`` by name.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hyfl.deploy.config import RUN_DEFAULTS
+from hyfl.errors import HyflError, fail
+
+__all__ = [
+    "APP_COMPONENTS",
+    "LocalDeployment",
+    "assemble",
+    "compare_with_protocol",
+    "run_local",
+    "deployment_metrics",
+    "flower_env",
+    "read_results",
+    "write_app",
+    "write_connection",
+    "write_metrics",
+]
+
+APP_COMPONENTS = {"serverapp": "hyfl.deploy.app:server_app",
+                  "clientapp": "hyfl.deploy.app:client_app"}
+CONNECTION = "hyfl-local"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(str(value))  # a TOML basic string
+
+
+def write_app(app_dir: str | os.PathLike, defaults: Mapping[str, Any] | None = None) -> Path:
+    """Write a Flower app folder whose components live in the installed hyfl.
+
+    Only ``pyproject.toml`` is written: ``[tool.flwr.app.components]`` points
+    at :mod:`hyfl.deploy.app`, ``[tool.flwr.app.config]`` holds the run
+    config keys with their defaults (:data:`~hyfl.deploy.config.RUN_DEFAULTS`,
+    updated with ``defaults``). ``flwr run`` builds the app bundle from it.
+    """
+    app = Path(app_dir)
+    app.mkdir(parents=True, exist_ok=True)
+    config = {**RUN_DEFAULTS, **(defaults or {})}
+    lines = [
+        "[project]",
+        'name = "hyfldeploy"',
+        'version = "1.0.0"',
+        'description = "HyFDCA on Flower (components in the installed hyfl package)"',
+        'license = "MIT"',
+        'dependencies = ["flwr==1.41.0"]',
+        "",
+        "[tool.flwr.app]",
+        'publisher = "hyfl"',
+        "",
+        "[tool.flwr.app.components]",
+        *(f"{key} = {_toml_value(value)}" for key, value in APP_COMPONENTS.items()),
+        "",
+        "[tool.flwr.app.config]",
+        *(f"{key} = {_toml_value(value)}" for key, value in config.items()),
+        "",
+    ]
+    (app / "pyproject.toml").write_text("\n".join(lines))
+    return app
+
+
+def write_connection(flwr_home: str | os.PathLike, address: str, *, name: str = CONNECTION,
+                     root_certificates: str | os.PathLike | None = None) -> Path:
+    """Write ``$FLWR_HOME/config.toml`` with one SuperLink connection (the default).
+
+    Without ``root_certificates`` the connection is insecure (loopback tests);
+    with it, TLS against that CA certificate (an absolute path is written).
+    """
+    home = Path(flwr_home)
+    home.mkdir(parents=True, exist_ok=True)
+    lines = ["[superlink]", f"default = {_toml_value(name)}", "", f"[superlink.{name}]",
+             f"address = {_toml_value(address)}"]
+    if root_certificates is None:
+        lines.append("insecure = true")
+    else:
+        ca = Path(root_certificates).resolve()
+        if not ca.is_file():
+            raise fail(f"CA certificate {ca}", "does not exist",
+                       "Pass the certificate of the CA that signed the SuperLink's certificate.")
+        lines.append(f"root-certificates = {_toml_value(str(ca))}")
+    path = home / "config.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def flower_env(flwr_home: str | os.PathLike, superexec_poll: float = 0.1) -> dict[str, str]:
+    """Environment for Flower's processes: private ``FLWR_HOME``, this Python's ``bin`` first."""
+    env = dict(os.environ)
+    bin_dir = str(Path(sys.executable).parent)
+    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    env["FLWR_HOME"] = str(Path(flwr_home).resolve())
+    env["FLWR_TELEMETRY_ENABLED"] = "0"
+    env["FLWR_DISABLE_UPDATE_CHECK"] = "1"
+    # SuperExec looks for new tasks every second by default; each message waits for it.
+    env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = str(superexec_poll)
+    env.setdefault("PYTHONWARNINGS", "ignore")
+    return env
+
+
+def flower_command(name: str, env: Mapping[str, str]) -> str:
+    """Full path of a Flower executable, or a clear error if Flower is missing."""
+    found = shutil.which(name, path=env.get("PATH"))
+    if found is None:
+        raise fail(f"{name!r}", "was not found", "Install Flower with pip install 'hyfl[flower]'.")
+    return found
+
+
+def _free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 (loopback)
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of a process group, from /proc."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(entry))
+    return members
+
+
+def _stop_group(process: subprocess.Popen, grace: float = 10.0) -> None:
+    """Terminate a process group started with ``start_new_session``; kill what stays."""
+    pgid = process.pid
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            pass
+        end = time.monotonic() + wait
+        while time.monotonic() < end:
+            if process.poll() is None:
+                time.sleep(0.1)
+                continue
+            if not _group_members(pgid):
+                return
+            time.sleep(0.1)
+    process.poll()
+
+
+class LocalDeployment:
+    """SuperLink and SuperNodes on loopback, one per party, in their own process groups.
+
+    Parameters
+    ----------
+    node_configs : sequence of mapping
+        One node config per party (``party``, ``key``, ``data``, ``out``...).
+    workdir : path-like
+        Folder for ``FLWR_HOME``, the app, node configs and logs.
+    log : callable, optional
+        Progress lines (default: none).
+    superexec_poll : float, default 0.1
+        SuperExec's task poll in seconds (Flower's default is 1).
+    node_poll : float or None, default 0.2
+        Start the SuperNodes through :mod:`hyfl.deploy.supernode` with this
+        idle poll in seconds (Flower's is 3 s); None starts plain
+        ``flower-supernode``.
+
+    Use it as a context manager (``with LocalDeployment(...) as local:``):
+    leaving the block stops every process, also on errors and Ctrl-C.
+    """
+
+    def __init__(self, node_configs: Sequence[Mapping[str, Any]], workdir: str | os.PathLike,
+                 *, log: Callable[[str], None] | None = None, superexec_poll: float = 0.1,
+                 node_poll: float | None = 0.2):
+        self.node_configs = [dict(c) for c in node_configs]
+        self.workdir = Path(workdir)
+        self.log = log or (lambda line: None)
+        self.superexec_poll = superexec_poll
+        self.node_poll = node_poll
+        self.superlink: subprocess.Popen | None = None
+        self.supernodes: dict[int, subprocess.Popen] = {}
+        self.runs: list[subprocess.Popen] = []
+
+    # -- start and stop ------------------------------------------------------------
+    def start(self, timeout: float = 120.0) -> LocalDeployment:
+        """Start the SuperLink, wait until it is healthy, start one SuperNode per party."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.home = self.workdir / "flwr_home"
+        self.env = flower_env(self.home, self.superexec_poll)
+        self.logs = self.workdir / "logs"
+        self.logs.mkdir(exist_ok=True)
+        self.port = _free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        write_connection(self.home, self.address)
+        self.app = write_app(self.workdir / "app")
+        self.superlink = self._spawn("superlink", [
+            flower_command("flower-superlink", self.env), "--insecure", "--host", "127.0.0.1",
+            "--port", str(self.port), "--disable-runtime-dependency-installation",
+        ])
+        self._wait(lambda: _healthy(f"http://{self.address}/health"), timeout, "the SuperLink")
+        self.log(f"SuperLink on {self.address}")
+        for config in self.node_configs:
+            self.start_party(int(config["party"]))
+        return self
+
+    def start_party(self, party: int) -> None:
+        """Start (or restart) the SuperNode of ``party``."""
+        config = next(c for c in self.node_configs if int(c["party"]) == party)
+        node_file = self.workdir / "nodes" / f"party-{party}.toml"
+        node_file.parent.mkdir(exist_ok=True)
+        node_file.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in config.items()))
+        if self.node_poll is None:
+            supernode = [flower_command("flower-supernode", self.env)]
+        else:
+            self.env["HYFL_SUPERNODE_POLL"] = str(self.node_poll)
+            supernode = [sys.executable, "-m", "hyfl.deploy.supernode"]
+        self.supernodes[party] = self._spawn(f"party-{party}", [
+            *supernode, "--insecure", "--superlink", self.address, "--port",
+            str(_free_port()), "--node-config", str(node_file),
+        ])
+        self.log(f"SuperNode of party {party} started")
+
+    def kill_party(self, party: int, sig: int = signal.SIGKILL) -> None:
+        """Kill a party's SuperNode and its children (a machine that dies)."""
+        process = self.supernodes[party]
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            pass
+        process.wait(timeout=30)
+
+    def stop(self) -> None:
+        """Stop runs, SuperNodes, then the SuperLink; no process of theirs stays."""
+        for process in [*self.runs, *self.supernodes.values()]:
+            _stop_group(process)
+        if self.superlink is not None:
+            _stop_group(self.superlink)
+
+    def __enter__(self) -> LocalDeployment:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- runs -------------------------------------------------------------------------
+    def submit(self, run_config: Mapping[str, Any], name: str = "run") -> subprocess.Popen:
+        """Start ``flwr run --stream`` for one job; returns the process (its log: logs/NAME.log)."""
+        overrides = self.workdir / f"{name}-config.toml"
+        overrides.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in run_config.items()))
+        process = self._spawn(name, [
+            flower_command("flwr", self.env), "run", str(self.app), CONNECTION, "--stream",
+            "--run-config", str(overrides),
+        ])
+        self.runs.append(process)
+        return process
+
+    def run(self, run_config: Mapping[str, Any], *, timeout: float | None = None,
+            on_progress: Callable[[dict], None] | None = None) -> dict:
+        """Submit a job, wait for it, return its results (``deploy.json`` in ``out``)."""
+        out = Path(str(run_config["out"]))
+        process = self.submit(run_config)
+        return wait_for_results(process, out, self.logs / "run.log", timeout=timeout,
+                                on_progress=on_progress)
+
+    def _spawn(self, name: str, command: list[str]) -> subprocess.Popen:
+        log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 (kept by the child)
+        try:
+            return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                    env=self.env, cwd=self.workdir, start_new_session=True)
+        finally:
+            log.close()
+
+    def _wait(self, ready: Callable[[], bool], timeout: float, what: str) -> None:
+        end = time.monotonic() + timeout
+        while not ready():
+            if self.superlink is not None and self.superlink.poll() is not None:
+                raise fail(what, "exited at start-up", f"See {self.logs / 'superlink.log'}.")
+            if time.monotonic() > end:
+                raise fail(what, f"did not start within {timeout:g} s",
+                           f"See the logs in {self.logs}.")
+            time.sleep(0.2)
+
+
+def wait_for_results(process: subprocess.Popen, out: Path, log_file: Path, *,
+                     timeout: float | None = None,
+                     on_progress: Callable[[dict], None] | None = None) -> dict:
+    """Wait for ``flwr run`` to end; report new rounds; return the job's results."""
+    end = None if timeout is None else time.monotonic() + timeout
+    seen = 0
+    while True:
+        done = process.poll() is not None
+        results = read_results(out, missing_ok=True)
+        rounds = results.get("rounds", []) if results else []
+        if on_progress is not None:
+            for record in rounds[seen:]:
+                on_progress(record)
+        seen = len(rounds)
+        if done:
+            break
+        if end is not None and time.monotonic() > end:
+            raise fail("the deployed run", f"did not finish within {timeout:g} s",
+                       f"See {log_file} and the logs beside it.")
+        time.sleep(0.5)
+    results = read_results(out, missing_ok=True)
+    if results is None or results.get("status") != "completed":
+        error = results.get("error") if results else None
+        tail = _tail(log_file)
+        raise HyflError(
+            f"the deployed run failed: {error or 'no results were written'}. "
+            f"See {log_file} (last lines: {tail})"
+        )
+    return results
+
+
+def read_results(out: str | os.PathLike, missing_ok: bool = False) -> dict | None:
+    """The ``deploy.json`` the ServerApp writes into ``out`` (None if absent and allowed)."""
+    path = Path(out) / "deploy.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        if missing_ok:
+            return None
+        raise fail(f"results {path}", "do not exist", "Run the job first.") from None
+    except ValueError:
+        return None if missing_ok else {}
+
+
+def _tail(path: Path, lines: int = 8) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "(no log)"
+    return " | ".join(line.strip() for line in text[-lines:])
+
+
+# ----------------------------------------------------------------------------- metrics
+
+#: Columns of a deployment's metrics.csv (cumulative where the simulation's are).
+DEPLOY_COLUMNS = (
+    "iteration", "primal", "relative_loss", "train_accuracy", "round_trips", "round_seconds",
+    "bytes_up", "bytes_down", "encryptions", "decryptions", "additions",
+    "payload_bytes_up", "payload_bytes_down", "messages", "active_clients", "absent_clients",
+    "attempts", "accepted", "beta",
+)
+
+
+def deployment_metrics(results: dict, weights: np.ndarray, problem=None, optimum=None,
+                       train_labels=None) -> list[dict[str, float]]:
+    """Metrics rows of a deployed run, like the engines' (``metrics.csv``).
+
+    Costs are cumulative over rounds as in the simulation's metrics (set-up
+    excluded, as there); ``round_seconds`` is the deployment's wall time.
+    With ``problem`` (the pooled data, available when everything runs on one
+    machine) the objective is evaluated from the server's weights of each
+    round; without it those columns are NaN. The duals stay with the parties,
+    so ``dual`` and ``gap`` are not reported.
+    """
+    from hyfl.runtime.simulation import evaluate
+
+    cumulative = ("round_trips", "round_seconds", "bytes_up", "bytes_down", "encryptions",
+                  "decryptions", "additions", "payload_bytes_up", "payload_bytes_down",
+                  "messages")
+    totals = dict.fromkeys(cumulative, 0.0)
+    rows = []
+    for t in range(len(weights)):
+        row: dict[str, float] = {"iteration": float(t)}
+        if problem is not None:
+            values = evaluate(problem, weights[t], None, optimum, None, train_labels)
+            row.update({k: values[k] for k in ("primal", "relative_loss", "train_accuracy")})
+        else:
+            row.update(primal=np.nan, relative_loss=np.nan, train_accuracy=np.nan)
+        if t > 0:
+            record = results["rounds"][t - 1]
+            for key in cumulative:
+                totals[key] += float(record.get(key, 0.0))
+            row.update(totals)
+            row.update(active_clients=float(len(record["active"])),
+                       absent_clients=float(len(record["absent"])),
+                       attempts=float(record["attempts"]), accepted=float(record["accepted"]),
+                       beta=np.nan if record.get("beta") is None else float(record["beta"]))
+        else:
+            row.update(totals)
+            row.update(active_clients=np.nan, absent_clients=np.nan, attempts=np.nan,
+                       accepted=np.nan, beta=np.nan)
+        rows.append(row)
+    return rows
+
+
+def write_metrics(rows: list[dict[str, float]], path: str | os.PathLike) -> Path:
+    """Write metrics rows as CSV (columns :data:`DEPLOY_COLUMNS`)."""
+    path = Path(path)
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=DEPLOY_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: ("" if v is None or (isinstance(v, float) and np.isnan(v))
+                                 else repr(float(v))) for k, v in row.items()})
+    return path
+
+
+def assemble(block_files: Sequence[str | os.PathLike], loss: str, lam: float):
+    """The pooled problem and partition of block files (where all of them are, e.g. loopback).
+
+    Every stored entry of the data matrix belongs to exactly one party's block,
+    so the blocks put back together give ``X`` and, entry by entry, its owner
+    (an explicit ``entry_owner`` partition: each party's block is exactly its
+    file's). Labels are taken from the holders of each sample.
+
+    Returns
+    -------
+    (problem, partition)
+    """
+    import scipy.sparse as sp
+
+    from hyfl.deploy.blocks import read_block
+    from hyfl.losses import get_loss
+    from hyfl.partition import Partition
+    from hyfl.problem import Problem
+
+    blocks = [read_block(path, k) for k, path in enumerate(block_files)]
+    N, M = blocks[0].n_samples, blocks[0].n_features
+    rows, cols, values, owners = [], [], [], []
+    Y = np.zeros((N, blocks[0].Y.shape[1]))
+    for k, b in enumerate(blocks):
+        coo = b.X.tocoo()
+        rows.append(b.samples[coo.row])
+        cols.append(b.features[coo.col])
+        values.append(coo.data)
+        owners.append(np.full(coo.nnz, k, dtype=np.int64))
+        Y[b.samples] = b.Y
+    rows, cols = np.concatenate(rows), np.concatenate(cols)
+    order = np.lexsort((cols, rows))
+    indptr = np.zeros(N + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rows, minlength=N), out=indptr[1:])
+    X = sp.csr_matrix((np.concatenate(values)[order], cols[order], indptr), shape=(N, M))
+    partition = Partition(N, M, tuple(b.samples for b in blocks),
+                          tuple(b.features for b in blocks),
+                          entry_owner=np.concatenate(owners)[order], name="blocks")
+    return Problem(X=X, Y=Y, loss=get_loss(loss), lam=float(lam)), partition
+
+
+def compare_with_protocol(results: dict, weights: np.ndarray, problem, partition, cipher,
+                          ) -> dict[str, Any]:
+    """Run the in-process engine with the deployment's seed and participants; compare.
+
+    The participation is the trace of the parties that actually took part in
+    each round (the schedule's, minus absences), so the two runs must agree
+    exactly: same draws, same messages, same fixed-point sums.
+    """
+    from hyfl.algorithms import make_algorithm
+    from hyfl.partition import Trace
+    from hyfl.runtime.protocol import run_protocol
+
+    config = results["config"]
+    algorithm = make_algorithm(config["algorithm"]["name"], config["hyper"])
+    K = len(results["parties"])
+    rounds = results["rounds"]
+    trace = Trace(np.array([[k in r["active"] for k in range(K)] for r in rounds], dtype=bool))
+    history: list[np.ndarray] = []
+    result = run_protocol(algorithm, problem, partition, trace, len(rounds), cipher,
+                          seed=int(config["seed"]), monitor_duals=False,
+                          on_round=lambda server, clients: history.append(server.w.copy()))
+    diff = float(np.max(np.abs(np.stack(history) - weights[1:]))) if history else 0.0
+    deployed = np.array([r["round_seconds"] for r in rounds])
+    return {
+        "max_abs_weight_difference": diff,
+        "rounds": len(rounds),
+        "deploy_round_seconds_median": float(np.median(deployed)),
+        "protocol_round_seconds_median": float(np.median(result.round_times)),
+        "deploy_round_seconds": deployed.tolist(),
+        "protocol_round_seconds": result.round_times.tolist(),
+        "bytes_equal": bool(np.allclose(np.cumsum([r["bytes_up"] for r in rounds]),
+                                        result.column("bytes_up")[1:])),
+    }
+
+
+def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str = "",
+              partition: str | None = None, party_data: str | os.PathLike | None = None,
+              iterations: int = 3, participation: str = "full", seed: int = 0,
+              loss: str = "hinge", lam: float = 0.0, hyper: str = "", cipher: str = "paillier",
+              key_bits: int = 1024, keys_dir: str | os.PathLike | None = None,
+              reply_timeout: float = 120.0, compare: bool = False,
+              node_poll: float | None = 0.2, timeout: float | None = None,
+              log: Callable[[str], None] | None = None) -> list[str]:
+    """``hyfl deploy local``: keys, SuperLink and SuperNodes on loopback, one job, results.
+
+    Writes into ``out``: ``keys/`` (unless ``keys_dir``), ``deploy.json`` and
+    ``weights.npz`` (the ServerApp's), ``metrics.csv`` (objective of each
+    round's weights, costs), ``parties/party-K.npz`` (each party's final
+    duals and weights), ``flower/`` (logs, app, FLWR_HOME) and, with
+    ``compare``, ``comparison.json``. Returns summary lines.
+    """
+    from hyfl.data import default_lambda, load_data
+    from hyfl.deploy.config import DeployConfig, run_config_for
+    from hyfl.deploy.keys import PRIVATE_KEY_FILE, PUBLIC_KEY_FILE, generate_keys, party_cipher
+    from hyfl.experiments.runner import FALLBACK_LAMBDA
+    from hyfl.partition import parse_partition
+    from hyfl.problem import make_problem, solve_centralized
+
+    log = log or (lambda line: None)
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in ("deploy.json", "weights.npz", "metrics.csv", "comparison.json"):
+        (out / stale).unlink(missing_ok=True)
+    # The pooled data (everything is on this machine): for the partition's size,
+    # the objective of each round's weights and the comparison.
+    if party_data is not None:
+        files = sorted(Path(party_data).glob("party-*.npz"),
+                       key=lambda p: int(p.stem.split("-")[1]))
+        if not files:
+            raise fail(f"--party-data {party_data}", "holds no party-K.npz files",
+                       "Write them with `hyfl deploy split`.")
+        from hyfl.deploy.blocks import read_block
+
+        lam_default = read_block(files[0]).lam_default
+        problem, parts = assemble(files, loss, lam or lam_default)
+        data_keys = [{"data": str(f.resolve())} for f in files]
+        run_data = {}
+    else:
+        if partition is None:
+            raise fail("--partition", "is not set",
+                       "Pass a partition spec (grid:KxQ: K*Q parties), or --party-data.")
+        dataset = load_data(data)
+        lam_default = default_lambda(data) or FALLBACK_LAMBDA
+        problem = make_problem(dataset, loss, lam or lam_default)
+        parts = parse_partition(partition, problem.X, seed=seed, meta=dataset.meta)
+        data_keys = [{} for _ in range(parts.n_clients)]
+        run_data = {"data": data, "partition": partition}
+    K = parts.n_clients if parties is None else parties
+    if K != parts.n_clients:
+        raise fail("--parties", f"is {K}, but the data have {parts.n_clients} parties",
+                   "Leave --parties out or make it match the partition.")
+    if cipher != "none":
+        keys = Path(keys_dir) if keys_dir is not None else out / "keys"
+        if keys_dir is None:
+            generate_keys(keys, key_bits, overwrite=True)
+        private, public = keys / PRIVATE_KEY_FILE, keys / PUBLIC_KEY_FILE
+    else:
+        private = public = None
+    run_config = run_config_for(
+        parties=K, iterations=iterations, participation=participation, seed=seed, loss=loss,
+        lam=float(lam), hyper=hyper, cipher=cipher, reply_timeout=reply_timeout, out=str(out),
+        public_key=str(public) if public else "", **run_data,
+    )
+    DeployConfig.from_run_config(run_config)  # fail before starting anything
+    nodes = [{"party": k, **({"key": str(private)} if private else {}), **data_keys[k],
+              "out": str(out / "parties")} for k in range(K)]
+
+    def progress(record: dict) -> None:
+        absent = f", absent {record['absent']}" if record["absent"] else ""
+        log(f"round {record['iteration']}: parties {record['active']}{absent}, "
+            f"{'accepted' if record['accepted'] else 'rejected'}, "
+            f"{record['round_seconds']:.1f} s")
+
+    with LocalDeployment(nodes, out / "flower", log=log, node_poll=node_poll) as deployment:
+        log(f"{K} parties on loopback; running {iterations} rounds (cipher {cipher})")
+        results = deployment.run(run_config, timeout=timeout, on_progress=progress)
+    with np.load(out / "weights.npz") as f:
+        weights = f["w"]
+    optimum = solve_centralized(problem)
+    labels = problem.Y[:, 0] if problem.Y.shape[1] == 1 else None
+    rows = deployment_metrics(results, weights, problem, optimum, labels)
+    write_metrics(rows, out / "metrics.csv")
+    seconds = [r["round_seconds"] for r in results["rounds"]]
+    summary = [
+        f"{len(results['rounds'])} rounds with {K} parties, cipher {cipher}: relative loss "
+        f"{rows[-1]['relative_loss']:.3g}, median {np.median(seconds):.1f} s per round",
+        f"results in {out} (deploy.json, weights.npz, metrics.csv, parties/)",
+    ]
+    if compare:
+        own = party_cipher(cipher, private, **DeployConfig.from_run_config(run_config)
+                           .cipher_options())
+        comparison = compare_with_protocol(results, weights, problem, parts, own)
+        (out / "comparison.json").write_text(json.dumps(comparison, indent=1))
+        summary.append(
+            f"in-process engine, same seed: max |w difference| "
+            f"{comparison['max_abs_weight_difference']:.3g}; median seconds per round "
+            f"{comparison['protocol_round_seconds_median']:.3f} (deployed: "
+            f"{comparison['deploy_round_seconds_median']:.1f})"
+        )
+    return summary

@@ -1,0 +1,278 @@
+"""A party's side of deployed HyFDCA: one message in, one reply out, state carried along.
+
+Flower starts a fresh ClientApp process for every message, so nothing of a
+party survives in memory between messages. :func:`handle_message` therefore
+takes everything it needs each time -- the message, the party's state from
+the previous message (Flower keeps it per run as ``context.state``), the node
+config (party index, key file, data) and the run config -- rebuilds the
+party's :class:`~hyfl.algorithms.hyfdca_parties.Client`, lets it handle the
+message and returns the reply and the new state. The HyFDCA mathematics is
+the ``Client``'s, unchanged; this module only restores, dispatches and saves.
+
+State (a tree for :mod:`hyfl.deploy.codec`):
+
+``block``
+    The party's data (loaded once, at ``hello``), so later messages do not
+    reload the data set.
+``public``
+    What every party knows (:class:`~hyfl.algorithms.hyfdca_parties.Public`
+    without the hyperparameters, which come from the run config), from ``setup``.
+``client``
+    :meth:`Client.get_state`: duals and weights copies, the round's draws...
+``open`` and ``snapshot``
+    The round the party is in (0: none) and its duals and weights when that
+    round began. A round is closed by its commit (the server's verdict and
+    the new weights). If the server abandons a round -- another party did not
+    answer in time -- it sends the same round again, or a later one, and the
+    party first restores the snapshot: the abandoned round leaves no trace.
+
+The private key is read from the key file for every message; it is never
+part of the state. Commits and the set-up's row norms travel as
+``deliveries``: piggybacked on the party's next message instead of a round
+trip of their own (each round trip costs a new process on the party's side).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from hyfl.deploy.codec import decode, encode
+from hyfl.deploy.config import DeployConfig, NodeSettings, structure_blocks
+from hyfl.errors import fail
+
+__all__ = ["KINDS", "QUERY_KINDS", "handle_message"]
+
+#: Message kinds a party handles (Flower message types ``train.<kind>`` or ``query.<kind>``).
+KINDS = ("hello", "setup", "round", "weights", "steps", "duals", "verdict", "commit", "ping",
+         "finish")
+#: Kinds sent as ``query.*`` (they change no model state); the rest are ``train.*``.
+QUERY_KINDS = ("hello", "ping", "verdict", "finish")
+
+
+def handle_message(kind: str, message: tuple[dict, str], state: tuple[dict, str] | None,
+                   node_config: Mapping[str, Any], run_config: Mapping[str, Any],
+                   timing: Mapping[str, float] | None = None
+                   ) -> tuple[tuple[dict, str], tuple[dict, str]]:
+    """Handle one message as the party ``node_config`` describes.
+
+    Parameters
+    ----------
+    kind : str
+        One of :data:`KINDS`.
+    message, state : (arrays, spec)
+        The encoded message and the party's encoded state (``None`` before
+        the first message), see :mod:`hyfl.deploy.codec`.
+    node_config, run_config : mapping
+        Flower's node config and run config.
+    timing : mapping, optional
+        The transport's own timings of this message (seconds), returned in
+        the reply as ``timing`` for the server's statistics.
+
+    Returns
+    -------
+    (reply, state)
+        Both encoded. The reply carries ``ops``: the homomorphic operations
+        this message cost the party (``delivery_ops`` for the deliveries).
+    """
+    from hyfl.deploy.keys import party_cipher
+
+    if kind not in KINDS:
+        raise fail(f"message kind {kind!r}", "is not known", f"Known kinds: {', '.join(KINDS)}.")
+    config = DeployConfig.from_run_config(run_config)
+    node = NodeSettings.from_node_config(node_config, config.parties,
+                                         needs_key=config.cipher != "none")
+    cipher = party_cipher(config.cipher, node.key, **config.cipher_options())
+    payload = decode(*message, cipher)
+    tree = decode(*state, cipher) if state is not None else {}
+    party = _Party(config, node, cipher, tree)
+    reply = party.handle(kind, payload)
+    if timing is not None:
+        reply["timing"] = dict(timing)
+    return encode(reply), encode(party.state)
+
+
+class _Party:
+    """The party while it handles one message (built and dropped per message)."""
+
+    def __init__(self, config: DeployConfig, node: NodeSettings, cipher, state: dict):
+        self.config, self.node, self.cipher, self.state = config, node, cipher, dict(state)
+
+    def handle(self, kind: str, payload: dict) -> dict:
+        if kind == "hello":
+            return self.hello()
+        if "block" not in self.state:
+            raise fail(f"party {self.node.party}", f"got a {kind!r} message before 'hello'",
+                       "The server starts every run with hello; restart the run.")
+        if kind == "ping":
+            return {}
+        if kind == "setup":
+            return self.setup(payload)
+        if "client" not in self.state:
+            raise fail(f"party {self.node.party}", f"got a {kind!r} message before 'setup'",
+                       "The server sets every party up first; restart the run.")
+        counts = self.cipher.counts
+        client = self._client()
+        start = counts.snapshot()
+        self._deliver(client, payload.get("deliveries") or {})
+        middle = counts.snapshot()
+        tic = time.perf_counter()
+        reply = getattr(self, "_" + kind)(client, payload)
+        reply["seconds"] = time.perf_counter() - tic
+        reply["ops"] = _ops(counts - middle)
+        reply["delivery_ops"] = _ops(middle - start)
+        self.state["client"] = client.get_state()
+        return reply
+
+    # -- hello and set-up --------------------------------------------------------
+    def hello(self) -> dict:
+        """Load the block; report the party's ids, sizes and key fingerprint."""
+        from hyfl.deploy.blocks import load_block
+        from hyfl.deploy.keys import cipher_fingerprint
+
+        block = load_block(self.node.party, self.node.data, self.config)
+        X = block.X.tocsr()
+        self.state = {
+            "party": self.node.party,
+            "block": {"samples": block.samples, "features": block.features, "data": X.data,
+                      "indices": X.indices, "indptr": X.indptr, "shape": list(X.shape),
+                      "Y": block.Y},
+        }
+        return {"party": self.node.party, "n_samples": block.n_samples,
+                "n_features": block.n_features, "n_outputs": int(block.Y.shape[1]),
+                "samples": block.samples, "features": block.features,
+                "lam_default": block.lam_default, "fingerprint": cipher_fingerprint(self.cipher),
+                "slots": int(self.cipher.slots), "name": block.name}
+
+    def setup(self, payload: dict) -> dict:
+        """Learn who holds what (the public layout); send the encrypted row norms."""
+        from hyfl.algorithms.hyfdca_parties import public_info
+
+        k = self.node.party
+        samples = np.split(payload["samples"], np.cumsum(payload["sample_counts"])[:-1])
+        features = np.split(payload["features"], np.cumsum(payload["feature_counts"])[:-1])
+        block = self.state["block"]
+        if not (np.array_equal(samples[k], block["samples"])
+                and np.array_equal(features[k], block["features"])):
+            raise fail(f"party {k}", "was sent a partition in which its block differs from its "
+                       "data", "Restart the run; every party must keep its data during a run.")
+        blocks = structure_blocks(payload["n_samples"], payload["n_features"], samples, features)
+        public = public_info(self.config.algorithm, blocks, payload["n_outputs"], payload["lam"],
+                             self.cipher.slots)
+        self.state["public"] = _public_to_tree(public)
+        client = self._client()
+        self.state["client"] = client.get_state()
+        self.state["open"], self.state["snapshot"] = 0, None
+        tic = time.perf_counter()
+        counts = self.cipher.counts.snapshot()
+        reply = client.setup_messages()
+        reply["seconds"] = time.perf_counter() - tic
+        reply["ops"] = _ops(self.cipher.counts - counts)
+        return reply
+
+    # -- rounds ------------------------------------------------------------------
+    def _round(self, client, payload: dict) -> dict:
+        """Configure (and, unless returning, send the inner products at once)."""
+        configure = payload["configure"]
+        self._close_abandoned(client)
+        self.state["open"] = int(configure["t"])
+        self.state["snapshot"] = {"alpha": client.alpha.copy(), "w": client.w.copy()}
+        refresh = client.configure(configure)
+        if refresh is not None:  # returning: the weights come first
+            return dict(refresh)
+        return {"inner_products": client.inner_products()}
+
+    def _weights(self, client, payload: dict) -> dict:
+        client.receive_weights(payload["w"])
+        return {"inner_products": client.inner_products()}
+
+    def _steps(self, client, payload: dict) -> dict:
+        return {"steps": client.dual_steps(payload["z"])}
+
+    def _duals(self, client, payload: dict) -> dict:
+        return dict(client.new_duals(payload["duals"]))
+
+    def _verdict(self, client, payload: dict) -> dict:
+        return {"accepted": bool(client.verdict(payload["totals"], float(payload["dw_sq"])))}
+
+    def _commit(self, client, payload: dict) -> dict:
+        if payload.get("inner_products"):  # the optional second SecureInnerProduct
+            return {"inner_products": client.inner_products(True)}
+        return {}
+
+    def _finish(self, client, payload: dict) -> dict:
+        """End of the run: close any abandoned round, write the party's state if asked."""
+        self._close_abandoned(client)
+        if self.node.out:
+            out = Path(self.node.out)
+            out.mkdir(parents=True, exist_ok=True)
+            block = self.state["block"]
+            np.savez(out / f"party-{self.node.party}.npz", samples=block["samples"],
+                     features=block["features"], alpha=client.alpha, w=client.w)
+        return {"written": bool(self.node.out)}
+
+    # -- helpers -------------------------------------------------------------------
+    def _deliver(self, client, deliveries: dict) -> None:
+        """Apply what the server piggybacked: the row norms, the last round's commit."""
+        if deliveries.get("norms") is not None:
+            client.learn_norms(deliveries["norms"])
+        commit = deliveries.get("commit")
+        # Only the round still open may be committed; a repeated commit is ignored.
+        if commit is not None and int(commit["round"]) == self.state.get("open"):
+            client.commit(bool(commit["accepted"]), commit["w"])
+            self.state["open"], self.state["snapshot"] = 0, None
+
+    def _close_abandoned(self, client) -> None:
+        """An open round without commit was abandoned by the server: undo it."""
+        if self.state.get("open"):
+            snapshot = self.state["snapshot"]
+            client.alpha, client.w = snapshot["alpha"].copy(), snapshot["w"].copy()
+            self.state["open"], self.state["snapshot"] = 0, None
+
+    def _client(self):
+        from hyfl.algorithms.hyfdca_parties import Client
+        from hyfl.losses import get_loss
+
+        block = self.state["block"]
+        X = sp.csr_matrix((block["data"], block["indices"], block["indptr"]),
+                          shape=tuple(block["shape"]))
+        public = _public_from_tree(self.state["public"], self.config.algorithm)
+        client = Client(self.node.party, public, block["samples"], block["features"], X,
+                        block["Y"], get_loss(self.config.loss), self.cipher)
+        if "client" in self.state:
+            client.set_state(self.state["client"])
+        return client
+
+
+def _ops(counts) -> dict[str, int]:
+    return {"encryptions": int(counts.encryptions), "decryptions": int(counts.decryptions),
+            "additions": int(counts.additions)}
+
+
+def _public_to_tree(public) -> dict:
+    """Public without the hyperparameters (the run config has them), as plain values."""
+    out = {}
+    for f in dataclasses.fields(public):
+        value = getattr(public, f.name)
+        if f.name == "hyfdca":
+            continue
+        if dataclasses.is_dataclass(value):
+            value = {g.name: getattr(value, g.name) for g in dataclasses.fields(value)}
+        out[f.name] = value
+    return out
+
+
+def _public_from_tree(tree: dict, hyfdca):
+    from hyfl.algorithms.hyfdca_parties import Public
+    from hyfl.privacy.layout import SlotLayout
+
+    values = dict(tree)
+    for name in ("layout", "norm_layout"):
+        values[name] = SlotLayout(**values[name])
+    return Public(hyfdca=hyfdca.validated(), **values)

@@ -1,0 +1,613 @@
+"""HyFDCA deployed on Flower: one party per process.
+
+* Unit tests: the codec (messages and state, ciphertexts as bytes), key files,
+  block files, run and node config errors, Flower's error replies.
+* The coordinator and the parties in this process (the real codec, state
+  saving and restoring, absence handling; only the network is left out):
+  every setting reproduces ``run_protocol`` exactly, also when a party dies
+  or answers too late in the middle of a round.
+* Real deployments on loopback (slow, but run in CI): a SuperLink, one
+  SuperNode per party and ``flwr run``; the iterates equal ``run_protocol``'s
+  with the same seed and keys, and a party killed mid-run is treated as absent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from hyfl.algorithms import make_algorithm
+from hyfl.algorithms.hyfdca import HyFDCA
+from hyfl.cli import app
+from hyfl.data import default_lambda, load_data
+from hyfl.deploy.blocks import read_block, write_blocks
+from hyfl.deploy.codec import decode, encode
+from hyfl.deploy.config import DeployConfig, NodeSettings, run_config_for
+from hyfl.deploy.coordinator import Coordinator
+from hyfl.deploy.keys import generate_keys, load_key, party_cipher, server_cipher
+from hyfl.deploy.local import assemble
+from hyfl.deploy.party import handle_message
+from hyfl.errors import HyflError
+from hyfl.partition import (
+    Trace,
+    from_blocks,
+    grid,
+    horizontal,
+    nonzero_balanced,
+    parse_participation,
+)
+from hyfl.privacy.ciphers import make_cipher
+from hyfl.privacy.layout import EncryptedVector
+from hyfl.problem import make_problem
+from hyfl.runtime.protocol import run_protocol
+from hyfl.runtime.simulation import simulate
+from synthetic_data import synthetic
+
+flwr = pytest.importorskip("flwr", reason="the flower extra is not installed")
+
+runner = CliRunner()
+UNIT_KEY_BITS = 256  # in-process tests: the scheme is the same at any size
+FLOWER_KEY_BITS = 1024  # the loopback deployments
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory):
+    return generate_keys(tmp_path_factory.mktemp("keys"), UNIT_KEY_BITS)
+
+
+@pytest.fixture(scope="module")
+def problem():
+    return make_problem(synthetic(), "hinge", 0.05)
+
+
+def _hybrid3(n_samples: int, n_features: int, seed: int = 0):
+    """Three parties: two split the features of half the samples, one holds the rest."""
+    perm = np.random.default_rng(seed).permutation(n_samples)
+    a, b = np.sort(perm[: n_samples // 2]), np.sort(perm[n_samples // 2:])
+    half = n_features // 2
+    return from_blocks([(a, range(half)), (a, range(half, n_features)), (b, range(n_features))],
+                       n_samples, n_features, name="hybrid3")
+
+
+# ----------------------------------------------------------------------------- codec
+
+
+@pytest.mark.parametrize("name", ["none", "paillier", "packed"])
+def test_codec_round_trips_messages_and_ciphertexts(keys, name):
+    private, public = keys
+    party, server = party_cipher(name, private), server_cipher(name, public)
+    values = np.array([[0.5, -1.25], [3.0, 0.0], [-2.5, 1e-3]])
+    from hyfl.privacy.layout import SlotLayout
+
+    layout = SlotLayout(slots=party.slots, n_outputs=2, base=np.arange(3) * 2,
+                        n_chunks=-(-6 // party.slots), chunk_holders=np.zeros((6, 1), int),
+                        client_chunks=np.zeros(1, int))
+    from hyfl.privacy.layout import decrypt_samples, encrypt_samples
+
+    vector = encrypt_samples(party, layout, np.arange(3), values)
+    tree = {"v": vector, "empty": EncryptedVector(np.empty(0, np.int64), np.empty(0, object)),
+            "none": None, "flag": True, "t": 3, "x": 0.1, "s": "text",
+            "ids": np.arange(4), "mask": np.array([True, False]), "w": np.ones((2, 3)),
+            "nested": {"list": [1, np.zeros(0)], "tuple": (np.float64(2.0), np.int64(7))}}
+    arrays, spec = encode(tree)
+    assert all(a.dtype != object for a in arrays.values())
+    json.loads(spec)  # the description is plain JSON (no pickle anywhere)
+    got = decode(arrays, spec, server)  # the server receives ...
+    doubled = server.add(got["v"].ciphertexts, got["v"].ciphertexts)  # ... adds ...
+    back = decode(*encode({"v": EncryptedVector(got["v"].chunks, doubled)}), party)["v"]
+    np.testing.assert_allclose(decrypt_samples(party, layout, back, np.arange(3)), 2 * values,
+                               atol=1e-8)  # ... and a party decrypts the sum
+    assert len(got["empty"]) == 0 and got["none"] is None and got["flag"] is True
+    assert got["t"] == 3 and got["x"] == 0.1 and got["s"] == "text"
+    np.testing.assert_array_equal(got["ids"], np.arange(4))
+    assert got["mask"].dtype == bool and got["w"].shape == (2, 3)
+    assert got["nested"]["list"][0] == 1 and got["nested"]["list"][1].shape == (0,)
+    assert got["nested"]["tuple"] == (2.0, 7) and isinstance(got["nested"]["tuple"], tuple)
+
+
+def test_codec_rejects_what_it_cannot_send(keys):
+    with pytest.raises(HyflError, match="dtype object"):
+        encode({"x": np.array([object()])})
+    with pytest.raises(HyflError, match="cannot be sent"):
+        encode({"x": {1, 2}})
+    paillier = party_cipher("paillier", keys[0])
+    vector = EncryptedVector(np.array([0]), paillier.encrypt(np.ones((1, 1))))
+    with pytest.raises(HyflError, match="not Paillier"):
+        decode(*encode(vector), make_cipher("none"))
+
+
+# ----------------------------------------------------------------------------- keys
+
+
+def test_key_files(tmp_path):
+    private, public = generate_keys(tmp_path, 256)
+    assert stat.S_IMODE(os.stat(private).st_mode) == 0o600
+    assert "p" not in json.loads(public.read_text())
+    pub, priv = load_key(private, private=True)
+    assert priv is not None and int(priv.p) * int(priv.q) == int(pub.n)
+    assert load_key(public, private=False)[1] is None
+    with pytest.raises(HyflError, match="already exists"):
+        generate_keys(tmp_path, 256)
+    with pytest.raises(HyflError, match="only the public key"):
+        load_key(public, private=True)
+    with pytest.raises(HyflError, match="does not exist"):
+        load_key(tmp_path / "nope.json", private=True)
+    record = json.loads(public.read_text())
+    record["n"] = hex(int(record["n"], 16) + 2)
+    (tmp_path / "bad.json").write_text(json.dumps(record))
+    with pytest.raises(HyflError, match="fingerprint"):
+        load_key(tmp_path / "bad.json", private=False)
+    (tmp_path / "junk.json").write_text("{}")
+    with pytest.raises(HyflError, match="not a hyfl-paillier-key"):
+        load_key(tmp_path / "junk.json", private=False)
+    # The server's cipher adds what a party encrypted (received through the
+    # codec, as in a deployment); only a party decrypts.
+    party, server = party_cipher("paillier", private), server_cipher("paillier", public)
+
+    def send(ciphertexts, to):
+        return decode(*encode(EncryptedVector(np.array([0]), ciphertexts)), to).ciphertexts
+
+    total = server.add(send(party.encrypt(np.array([[1.5]])), server),
+                       send(party.encrypt(np.array([[-0.25]])), server))
+    assert party.decrypt(send(total, party))[0, 0] == pytest.approx(1.25)
+    with pytest.raises(HyflError, match="no private key"):
+        server.decrypt(total)
+
+
+# ----------------------------------------------------------------------------- config errors
+
+
+def test_run_config_errors():
+    DeployConfig.from_run_config(run_config_for(parties=3, cipher="none"))
+    cases = [
+        ({"parties": 0}, "parties"),
+        ({"bogus": 1}, "not known"),
+        ({"algorithm": "fedavg"}, "cannot be deployed"),
+        ({"hyper": "sip_scope=paper"}, "accounting convention"),
+        ({"hyper": "local_steps"}, "KEY=VALUE"),
+        ({"cipher": "rsa"}, "cipher"),
+        ({"cipher": "paillier"}, "public-key"),
+        ({"reply-timeout": -1.0}, "reply-timeout"),
+        ({"lam": -1.0}, "lam"),
+    ]
+    for change, match in cases:
+        config = {**run_config_for(parties=3, cipher="none"), **change}
+        with pytest.raises(HyflError, match=match):
+            DeployConfig.from_run_config(config)
+
+
+def test_node_config_errors_are_clear(tmp_path, keys):
+    private, _ = keys
+    ok = NodeSettings.from_node_config({"party": 1, "key": str(private)}, 3)
+    assert ok.party == 1 and ok.key == str(private)
+    cases = [
+        ({}, "node config party is not set"),
+        ({"party": "one", "key": str(private)}, "not a party index"),
+        ({"party": 3, "key": str(private)}, "the run has 3 parties"),
+        ({"party": 0}, "node config key is not set"),
+        ({"party": 0, "key": str(tmp_path / "missing.json")}, "does not exist on this machine"),
+        ({"party": 0, "key": str(private), "colour": "red"}, "not known"),
+    ]
+    for node, match in cases:
+        with pytest.raises(HyflError, match=match):
+            NodeSettings.from_node_config(node, 3)
+    # What the server hears when a party starts with a bad node config: the
+    # party's hello fails with the same message (Flower returns it as an error reply).
+    run = run_config_for(parties=3, cipher="paillier", public_key=str(keys[1]), data="syn",
+                         partition="grid:3x1")
+    with pytest.raises(HyflError, match="does not exist on this machine"):
+        handle_message("hello", encode({}), None, {"party": 0, "key": str(tmp_path / "x")}, run)
+    with pytest.raises(HyflError, match="has no data"):
+        handle_message("hello", encode({}), None, {"party": 0, "key": str(private)},
+                       {**run, "data": ""})
+
+
+def test_flower_error_replies_stop_the_run_or_mark_absence(keys):
+    from types import SimpleNamespace
+
+    from flwr.app import Error
+    from flwr.common.constant import ErrorCode
+
+    from hyfl.deploy.app import FlowerTransport, _pack
+
+    def reply(error=None, content=None):  # what Grid.pull_messages returns, reduced
+        return SimpleNamespace(has_error=lambda: error is not None, error=error,
+                               content=content)
+
+    transport = FlowerTransport(grid=None, cipher=server_cipher("none", None))
+    raised = reply(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
+                         reason="HyflError: node config key is not set"))
+    with pytest.raises(HyflError, match="party 2 failed on 'round': .*key is not set"):
+        transport._read(raised, 2, "round")
+    gone = reply(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="no heartbeat"))
+    assert transport._read(gone, 2, "round") is None
+    ok = reply(content=_pack(*encode({"inner_products": None, "x": np.ones(3)})))
+    assert transport._read(ok, 2, "round")["x"].tolist() == [1.0, 1.0, 1.0]
+    assert transport.received_bytes > 0
+
+
+# ----------------------------------------------------------------------------- block files
+
+
+def test_block_files_hold_exactly_each_partys_block(tmp_path, problem):
+    partition = nonzero_balanced(problem.X, 2, 2, seed=1)  # explicit entry owners
+    files = write_blocks(problem, partition, tmp_path, name="syn")
+    block = read_block(files[1], 1)
+    np.testing.assert_array_equal(block.samples, partition.samples[1])
+    assert block.n_samples == problem.n_samples and block.Y.shape[1] == 1
+    with pytest.raises(HyflError, match="party 1's"):
+        read_block(files[1], 0)
+    with pytest.raises(HyflError, match="does not exist"):
+        read_block(tmp_path / "party-9.npz")
+    # Put back together, the blocks are the data and the partition.
+    pooled, parts = assemble(files, "hinge", problem.lam)
+    assert abs(pooled.X - problem.X).max() == 0
+    np.testing.assert_array_equal(pooled.Y, problem.Y)
+    a = simulate(HyFDCA(local_steps=2), problem, partition, parse_participation(0.7, 4), 3, seed=2)
+    b = simulate(HyFDCA(local_steps=2), pooled, parts, parse_participation(0.7, 4), 3, seed=2)
+    np.testing.assert_array_equal(a.weights, b.weights)
+
+
+def test_rounds_without_participants_match_the_stacked_engine(problem):
+    # Needed when every scheduled party is absent: the server runs an empty round.
+    trace = Trace(np.array([[1, 1, 1, 1], [0, 0, 0, 0], [1, 0, 1, 0]], dtype=bool))
+    partition = grid(problem.n_samples, problem.n_features, 2, 2)
+    stacked = simulate(HyFDCA(local_steps=3), problem, partition, trace, 3, seed=1)
+    secure = run_protocol(HyFDCA(local_steps=3), problem, partition, trace, 3,
+                          make_cipher("none"), seed=1)
+    np.testing.assert_allclose(secure.weights, stacked.weights, atol=1e-12)
+    np.testing.assert_allclose(secure.column("beta"), stacked.column("beta"))
+
+
+# ----------------------------------------------------------------------------- in-process
+
+
+class InProcessTransport:
+    """The coordinator's transport to parties in this process (no network).
+
+    Every message and every party's state goes through the codec exactly as
+    over Flower. ``dies = {party: n}``: the party answers its first ``n``
+    messages, then nothing (a machine that dies). ``late = {party: {i, ...}}``:
+    the party handles its ``i``-th message but the reply comes too late.
+    """
+
+    def __init__(self, nodes, run_config, cipher, dies=None, late=None):
+        self.nodes, self.run_config, self.cipher = nodes, run_config, cipher
+        self.states = dict.fromkeys(range(len(nodes)))
+        self.count = dict.fromkeys(range(len(nodes)), 0)
+        self.dies, self.late = dies or {}, late or {}
+        self.sent_bytes = self.received_bytes = 0
+        self.kinds: list[tuple[int, str]] = []
+
+    def _deliver(self, k, kind, payload):
+        n = self.count[k]
+        self.count[k] += 1
+        if k in self.dies and n >= self.dies[k]:
+            return None
+        message = encode(payload)
+        reply, self.states[k] = handle_message(kind, message, self.states[k], self.nodes[k],
+                                               self.run_config)
+        self.kinds.append((k, kind))
+        if n in self.late.get(k, ()):
+            return None
+        return decode(*reply, self.cipher)
+
+    def connect(self, n_parties, timeout):
+        return {k: self._deliver(k, "hello", {}) for k in range(n_parties)}
+
+    def exchange(self, messages, timeout):
+        replies, missing = {}, set()
+        for k, (kind, payload) in messages.items():
+            reply = self._deliver(k, kind, payload)
+            if reply is None:
+                missing.add(k)
+            else:
+                replies[k] = reply
+        return replies, missing
+
+    def post(self, k, kind, payload):
+        return self._deliver(k, kind, payload) is not None
+
+    def poll(self, handle):
+        return "replied" if handle else "failed"
+
+
+def _in_process(tmp_path, problem, partition, keys, *, cipher="none", hyper="",
+                participation="full", iterations=4, seed=3, dies=None, late=None):
+    """Deploy in this process; also run ``run_protocol`` on the effective participation."""
+    private, public = keys
+    files = write_blocks(problem, partition, tmp_path / "blocks", lam_default=problem.lam)
+    run = run_config_for(parties=partition.n_clients, iterations=iterations, cipher=cipher,
+                         public_key=str(public), hyper=hyper, participation=participation,
+                         seed=seed)
+    nodes = [{"party": k, "key": str(private), "data": str(f), "out": str(tmp_path / "parties")}
+             for k, f in enumerate(files)]
+    config = DeployConfig.from_run_config(run)
+    server = server_cipher(cipher, public, **config.cipher_options())
+    transport = InProcessTransport(nodes, run, server, dies, late)
+    coordinator = Coordinator(config, transport, server, log=lambda line: None)
+    results = coordinator.run()
+    # The reference: the in-process engine with the same seed and keys, on the
+    # parties that actually took part (the schedule's, when nobody was absent).
+    K = partition.n_clients
+    taken = Trace(np.array([[k in r["active"] for k in range(K)] for r in results["rounds"]]))
+    scheduled = parse_participation(participation, K)
+    reference = taken if dies or late else scheduled
+    history, clients_at_end = [], []
+
+    def on_round(server_, clients):
+        history.append(server_.w.copy())
+        clients_at_end[:] = [(c.alpha.copy(), c.w.copy()) for c in clients]
+
+    protocol = run_protocol(make_algorithm("hyfdca", config.hyper), problem, partition,
+                            reference, iterations, party_cipher(cipher, private,
+                                                                **config.cipher_options()),
+                            seed=seed, on_round=on_round)
+    return results, np.stack(coordinator.weights), protocol, history, clients_at_end, transport
+
+
+SETTINGS = {
+    "hybrid, paillier, partial, safe": (
+        "paillier", "local_steps=3", "0.6", lambda p: _hybrid3(p.n_samples, p.n_features)),
+    "grid, packed, cyclic, theory, refresh": (
+        "packed", "local_steps=2,step_rule=theory,refresh_inner_products=true", "cyclic:2",
+        lambda p: grid(p.n_samples, p.n_features, 2, 2)),
+    "horizontal, none, full, paper": (
+        "none", "local_steps=4,step_rule=paper", "full",
+        lambda p: horizontal(p.n_samples, p.n_features, 3)),
+    "entry owners, none, partial, safe": (
+        "none", "local_steps=2", "0.7", lambda p: nonzero_balanced(p.X, 1, 3, seed=2)),
+}
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_in_process_deployment_reproduces_run_protocol(tmp_path, problem, keys, setting):
+    cipher, hyper, participation, make_partition = SETTINGS[setting]
+    partition = make_partition(problem)
+    results, weights, protocol, history, clients, _ = _in_process(
+        tmp_path, problem, partition, keys, cipher=cipher, hyper=hyper,
+        participation=participation)
+    assert results["status"] == "completed"
+    # Same iterates, bit for bit: same draws, same messages, same fixed-point sums.
+    np.testing.assert_array_equal(weights[1:], np.stack(history))
+    assert np.abs(weights[-1]).max() > 0  # the model moved
+    for k, (alpha, w) in enumerate(clients):  # each party's own duals and weights
+        with np.load(tmp_path / "parties" / f"party-{k}.npz") as saved:
+            np.testing.assert_array_equal(saved["alpha"], alpha)
+            np.testing.assert_array_equal(saved["w"], w)
+    # The same wire and cryptography accounting as the in-process engine.
+    for column in ("bytes_up", "bytes_down", "encryptions", "decryptions", "additions",
+                   "round_trips"):
+        per_round = np.diff(protocol.column(column))
+        np.testing.assert_array_equal([r[column] for r in results["rounds"]], per_round, column)
+    for key, value in protocol.config["setup"].items():
+        assert results["setup"][key] == value, key
+
+
+@pytest.mark.parametrize("dies_after", [4, 5, 6, 7, 9, 12])
+def test_a_party_that_dies_mid_round_is_absent_from_then_on(tmp_path, problem, keys,
+                                                            dies_after):
+    # Party 1 handles hello, setup and then ``dies_after - 2`` messages of the
+    # rounds; the round it dies in is restarted without it.
+    partition = _hybrid3(problem.n_samples, problem.n_features)
+    results, weights, protocol, history, clients, transport = _in_process(
+        tmp_path, problem, partition, keys, cipher="paillier", hyper="local_steps=3",
+        participation="full", iterations=4, dies={1: dies_after})
+    assert results["status"] == "completed"
+    died = next(r["iteration"] for r in results["rounds"] if 1 in r["absent"])
+    for record in results["rounds"]:
+        assert (1 in record["active"]) == (record["iteration"] < died)
+    assert results["rounds"][died - 1]["attempts"] == 2
+    assert results["final"]["absent"] == [1]
+    np.testing.assert_array_equal(weights[1:], np.stack(history))
+    for k in (0, 2):
+        with np.load(tmp_path / "parties" / f"party-{k}.npz") as saved:
+            np.testing.assert_array_equal(saved["alpha"], clients[k][0])
+
+
+@pytest.mark.parametrize("late", [2, 3, 4, 5])
+def test_a_late_party_is_absent_for_the_round_then_takes_part_again(tmp_path, problem, keys,
+                                                                   late):
+    # Message ``late`` of party 0 (2: the first round's configure, 3: its steps,
+    # 4: its duals, 5: the verdict, party 0 being the judge) is handled, but the
+    # reply comes too late: the round is restarted without party 0, whose
+    # half-done round is undone when it takes part again.
+    partition = _hybrid3(problem.n_samples, problem.n_features)
+    results, weights, protocol, history, clients, transport = _in_process(
+        tmp_path, problem, partition, keys, cipher="paillier", hyper="local_steps=3",
+        participation="full", iterations=5, late={0: {late}})
+    absent = [r["iteration"] for r in results["rounds"] if 0 in r["absent"]]
+    assert absent and absent[0] == 1 and results["rounds"][0]["attempts"] == 2
+    assert 0 in results["rounds"][-1]["active"]  # back
+    assert (0, "ping") in transport.kinds
+    np.testing.assert_array_equal(weights[1:], np.stack(history))
+    for k in range(3):
+        with np.load(tmp_path / "parties" / f"party-{k}.npz") as saved:
+            np.testing.assert_array_equal(saved["alpha"], clients[k][0])
+
+
+def test_a_round_whose_only_participant_dies_runs_empty(tmp_path, problem, keys):
+    partition = _hybrid3(problem.n_samples, problem.n_features)
+    trace = tmp_path / "trace.txt"
+    trace.write_text("0 1 2\n1\n0 1 2\n")
+    results, weights, protocol, history, _, _ = _in_process(
+        tmp_path, problem, partition, keys, hyper="local_steps=3",
+        participation=f"trace:{trace}", iterations=3, dies={1: 6})
+    assert results["rounds"][1]["active"] == [] and results["rounds"][1]["absent"] == [1]
+    np.testing.assert_array_equal(weights[1:], np.stack(history))
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def _text(result) -> str:
+    return " ".join(result.output.split())  # rich wraps long lines
+
+
+def test_cli_keys_split_and_local_errors(tmp_path):
+    result = runner.invoke(app, ["deploy", "keys", "--out", str(tmp_path / "k"), "--key-bits",
+                                 "256"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "k" / "private-key.json").exists()
+    result = runner.invoke(app, ["deploy", "split", "--data", "breast_cancer", "--partition",
+                                 "grid:2x2", "--out", str(tmp_path / "p")])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (tmp_path / "p").iterdir()) == [
+        f"party-{k}.npz" for k in range(4)]
+    assert read_block(tmp_path / "p" / "party-3.npz", 3).lam_default == default_lambda(
+        "breast_cancer")
+    result = runner.invoke(app, ["deploy", "local", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "--partition is not set" in _text(result)
+    result = runner.invoke(app, ["deploy", "local", "--partition", "grid:2x2", "--parties", "3",
+                                 "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "the data have 4 parties" in _text(result)
+    result = runner.invoke(app, ["deploy", "party", "--party", "0", "--superlink", "x:1",
+                                 "--key", str(tmp_path / "missing.json"), "--insecure"])
+    assert result.exit_code == 2 and "does not exist" in _text(result)
+    result = runner.invoke(app, ["deploy", "superlink"])
+    assert result.exit_code == 2 and "TLS is not configured" in _text(result)
+
+
+# ----------------------------------------------------------------------------- loopback
+
+
+def _no_flower_processes_of(workdir: Path) -> list[str]:
+    """Live processes of a deployment: every Flower process has its FLWR_HOME inside it."""
+    left = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        home = [v for v in environ if v.startswith(b"FLWR_HOME=")]
+        if home and str(workdir).encode() in home[0] and state != "Z":
+            left.append(cmdline)
+    return left
+
+
+@pytest.fixture(scope="module")
+def breast_cancer_blocks(tmp_path_factory):
+    """breast_cancer split into three hybrid parties, as block files."""
+    folder = tmp_path_factory.mktemp("blocks")
+    problem = make_problem(load_data("breast_cancer"), "hinge", default_lambda("breast_cancer"))
+    partition = _hybrid3(problem.n_samples, problem.n_features)
+    files = write_blocks(problem, partition, folder, name="breast_cancer")
+    return problem, partition, files
+
+
+@pytest.mark.slow
+def test_loopback_deployment_reproduces_run_protocol(tmp_path, breast_cancer_blocks):
+    """``hyfl deploy local``: 3 parties, real Paillier, a returning party, same iterates."""
+    problem, partition, files = breast_cancer_blocks
+    trace = tmp_path / "trace.txt"
+    trace.write_text("0 1 2\n0 2\n0 1 2\n")  # party 1 misses round 2 and comes back in round 3
+    out = tmp_path / "out"
+    started = time.perf_counter()
+    result = runner.invoke(app, [
+        "deploy", "local", "--party-data", str(files[0].parent), "--iterations", "3",
+        "--participation", f"trace:{trace}", "--param", "local_steps=5", "--seed", "3",
+        "--cipher", "paillier", "--key-bits", str(FLOWER_KEY_BITS), "--out", str(out),
+        "--compare", "--timeout", "900",
+    ])
+    elapsed = time.perf_counter() - started
+    assert result.exit_code == 0, result.output
+    results = json.loads((out / "deploy.json").read_text())
+    assert results["status"] == "completed" and results["cipher"]["name"] == "paillier"
+    assert [r["active"] for r in results["rounds"]] == [[0, 1, 2], [0, 2], [0, 1, 2]]
+    assert results["rounds"][2]["messages"] > results["rounds"][0]["messages"]  # the refresh
+    # The reference, computed here: run_protocol with the same seed and key pair.
+    config = DeployConfig.from_run_config(run_config_for(
+        parties=3, cipher="paillier", public_key=str(out / "keys" / "public-key.json"),
+        hyper="local_steps=5"))
+    history, clients = [], []
+    protocol = run_protocol(
+        make_algorithm("hyfdca", config.hyper), problem, partition,
+        parse_participation(f"trace:{trace}", 3), 3,
+        party_cipher("paillier", out / "keys" / "private-key.json"), seed=3,
+        on_round=lambda s, c: (history.append(s.w.copy()),
+                               clients.__setitem__(slice(None), [x.alpha.copy() for x in c])))
+    with np.load(out / "weights.npz") as f:
+        weights = f["w"]
+    np.testing.assert_array_equal(weights[1:], np.stack(history))
+    assert np.abs(weights[-1]).max() > 0
+    assert [r["accepted"] for r in results["rounds"]] == list(
+        protocol.column("accepted")[1:].astype(bool))
+    for k in range(3):
+        with np.load(out / "parties" / f"party-{k}.npz") as saved:
+            np.testing.assert_array_equal(saved["alpha"], clients[k])
+    np.testing.assert_array_equal(np.cumsum([r["bytes_up"] for r in results["rounds"]]),
+                                  protocol.column("bytes_up")[1:])
+    comparison = json.loads((out / "comparison.json").read_text())
+    assert comparison["max_abs_weight_difference"] == 0.0 and comparison["bytes_equal"]
+    metrics = (out / "metrics.csv").read_text().splitlines()
+    assert len(metrics) == 5 and metrics[0].startswith("iteration,primal,relative_loss")
+    assert _no_flower_processes_of(out) == []
+    print(f"\nloopback: {elapsed:.0f} s in all; seconds per round "
+          f"{comparison['deploy_round_seconds']} (run_protocol: "
+          f"{comparison['protocol_round_seconds']})")
+
+
+@pytest.mark.slow
+def test_loopback_party_killed_mid_run_is_treated_as_absent(tmp_path, breast_cancer_blocks):
+    from hyfl.deploy.local import LocalDeployment, wait_for_results
+
+    problem, partition, files = breast_cancer_blocks
+    private, public = generate_keys(tmp_path / "keys", FLOWER_KEY_BITS)
+    nodes = [{"party": k, "key": str(private), "data": str(f), "out": str(tmp_path / "parties")}
+             for k, f in enumerate(files)]
+    work = tmp_path / "flower"
+    with LocalDeployment(nodes, work) as local:
+        # A server with another key is refused at once, naming the problem.
+        _, other = generate_keys(tmp_path / "other", FLOWER_KEY_BITS)
+        wrong = run_config_for(parties=3, iterations=1, public_key=str(other),
+                               out=str(tmp_path / "wrong"), connect_timeout=120.0)
+        with pytest.raises(HyflError, match="different key than the server's public key"):
+            local.run(wrong, timeout=300)
+
+        run = run_config_for(parties=3, iterations=3, public_key=str(public),
+                             hyper="local_steps=5", seed=3, out=str(tmp_path / "out"),
+                             reply_timeout=30.0)
+        process = local.submit(run, name="kill-run")
+        end = time.monotonic() + 300
+        while time.monotonic() < end:  # kill party 2 as soon as round 1 is done
+            results = json.loads((tmp_path / "out" / "deploy.json").read_text()) if (
+                tmp_path / "out" / "deploy.json").exists() else {}
+            if results.get("rounds"):
+                break
+            assert process.poll() is None, "the run ended before round 1"
+            time.sleep(0.2)
+        local.kill_party(2, signal.SIGKILL)
+        killed_at = time.perf_counter()
+        results = wait_for_results(process, tmp_path / "out", work / "logs" / "kill-run.log",
+                                   timeout=600)
+        finished = time.perf_counter()
+    assert _no_flower_processes_of(work) == []
+    assert results["status"] == "completed"
+    rounds = results["rounds"]
+    assert rounds[0]["active"] == [0, 1, 2]
+    for record in rounds[1:]:  # absent in every round after the kill; the others go on
+        assert record["active"] == [0, 1] and record["absent"] == [2]
+    assert rounds[1]["attempts"] == 2 and rounds[2]["attempts"] == 1
+    assert results["final"]["absent"] == [2] and results["final"]["finished"] == [0, 1]
+    # The same iterates as run_protocol with party 2 absent after round 1.
+    history = []
+    run_protocol(make_algorithm("hyfdca", {"local_steps": 5}), problem, partition,
+                 Trace(np.array([[1, 1, 1], [1, 1, 0], [1, 1, 0]], dtype=bool)), 3,
+                 party_cipher("paillier", private), seed=3,
+                 on_round=lambda s, c: history.append(s.w.copy()))
+    with np.load(tmp_path / "out" / "weights.npz") as f:
+        np.testing.assert_array_equal(f["w"][1:], np.stack(history))
+    print(f"\nkill run: {finished - killed_at:.0f} s from the kill to the end "
+          f"(reply timeout 30 s); rounds {[round(r['round_seconds'], 1) for r in rounds]}")
+    shutil.rmtree(work / "flwr_home", ignore_errors=True)
