@@ -195,6 +195,41 @@ def _stop_group(process: subprocess.Popen, grace: float = 10.0) -> None:
     process.poll()
 
 
+def _with_home(home: str) -> list[int]:
+    """Live processes whose environment has ``FLWR_HOME=home`` (this deployment's)."""
+    found, marker = [], f"FLWR_HOME={home}".encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
+                zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            continue
+        if marker in environ and not zombie:
+            found.append(int(entry))
+    return found
+
+
+def _stop_stragglers(home: str, grace: float = 10.0) -> None:
+    """Terminate, then kill, what is left of a deployment (see :func:`_with_home`)."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        left = _with_home(home)
+        for pid in left:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        end = time.monotonic() + wait
+        while left and time.monotonic() < end:
+            time.sleep(0.2)
+            left = _with_home(home)
+        if not left:
+            return
+
+
 class LocalDeployment:
     """SuperLink and SuperNodes on loopback, one per party, in their own process groups.
 
@@ -283,6 +318,10 @@ class LocalDeployment:
             _stop_group(process)
         if self.superlink is not None:
             _stop_group(self.superlink)
+        # Some of Flower's helpers (the SuperLink's SuperExec, a ServerApp) start in
+        # process groups of their own; they all carry this deployment's FLWR_HOME.
+        if hasattr(self, "home"):
+            _stop_stragglers(str(self.home.resolve()))
 
     def __enter__(self) -> LocalDeployment:
         return self.start()
