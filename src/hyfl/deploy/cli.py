@@ -7,6 +7,7 @@ in :mod:`hyfl.deploy`. See ``docs/deployment.md`` for a multi-machine recipe.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -256,6 +257,7 @@ def run(
         _toml_value,
         flower_command,
         flower_env,
+        read_results,
         write_app,
         write_connection,
     )
@@ -282,9 +284,18 @@ def run(
                    "--run-config", str(overrides)]
     except HyflError as err:
         _fail(err)
-    code = subprocess.call(command, env=env)
-    if code != 0:
-        raise typer.Exit(code=code)
+    try:
+        code = subprocess.call(command, env=env)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    results = read_results(out, missing_ok=True)  # readable when run on the SuperLink's machine
+    if results is not None:
+        console.print(f"status: {results.get('status')}, {len(results.get('rounds', []))} rounds; "
+                      f"results in {out}")
+        if results.get("error"):
+            console.print(f"[bold red]error:[/] {escape(results['error'])}")
+    if code != 0 or (results is not None and results.get("status") != "completed"):
+        raise typer.Exit(code=code or 1)
 
 
 # ----------------------------------------------------------------------------- local
@@ -326,10 +337,12 @@ def local(
     (deploy.json, weights.npz, metrics.csv) and stop every process again."""
     from hyfl.deploy.local import run_local
 
-    def interrupted(signum, frame):  # SIGTERM: leave through the same clean-up as Ctrl-C
+    def interrupted(signum, frame):  # leave through the clean-up below, whatever the signal
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupted)
+    # Flower's processes run in sessions of their own (a Ctrl-C reaches only this
+    # process), so this process must stop them: on SIGINT and SIGTERM alike.
+    previous = {sig: signal.signal(sig, interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         summary = run_local(
             out=out, parties=parties, data=data, partition=partition, party_data=party_data,
@@ -345,6 +358,7 @@ def local(
         console.print("[bold red]interrupted[/]: every Flower process was stopped")
         raise typer.Exit(code=130) from None
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     for line in summary:
         console.print(escape(line))

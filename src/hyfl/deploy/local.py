@@ -324,7 +324,11 @@ class LocalDeployment:
             _stop_stragglers(str(self.home.resolve()))
 
     def __enter__(self) -> LocalDeployment:
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:  # Ctrl-C or an error while starting: nothing may stay behind
+            self.stop()
+            raise
 
     def __exit__(self, *exc) -> None:
         self.stop()
