@@ -52,8 +52,6 @@ from hyfl.runtime.protocol import run_protocol
 from hyfl.runtime.simulation import simulate
 from synthetic_data import synthetic
 
-flwr = pytest.importorskip("flwr", reason="the flower extra is not installed")
-
 runner = CliRunner()
 UNIT_KEY_BITS = 256  # in-process tests: the scheme is the same at any size
 FLOWER_KEY_BITS = 1024  # the loopback deployments
