@@ -465,6 +465,10 @@ def test_cli_keys_split_and_local_errors(tmp_path):
         "breast_cancer")
     result = runner.invoke(app, ["deploy", "local", "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and "--partition is not set" in _text(result)
+    from hyfl.deploy.local import default_partition
+
+    assert [default_partition(n) for n in (1, 3, 4, 6)] == [
+        "vertical:1", "vertical:3", "grid:2x2", "grid:3x2"]
     result = runner.invoke(app, ["deploy", "local", "--partition", "grid:2x2", "--parties", "3",
                                  "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and "the data have 4 parties" in _text(result)

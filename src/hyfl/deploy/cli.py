@@ -308,7 +308,9 @@ def local(
     data: Annotated[str, typer.Option(help="Dataset every party cuts its block from.")] =
     "breast_cancer",
     partition: Annotated[str | None, typer.Option(help="Partition spec (K*Q = parties), "
-                                                  "e.g. grid:2x2.")] = None,
+                                                  "e.g. grid:2x2 [default: grid:(N/2)x2 "
+                                                  "for an even N >= 4, else vertical:N].",
+                                                  show_default=False)] = None,
     party_data: Annotated[Path | None, typer.Option(help="Folder of block files party-K.npz "
                                                     "(from hyfl deploy split) instead of "
                                                     "--data/--partition.")] = None,

@@ -565,6 +565,13 @@ def compare_with_protocol(results: dict, weights: np.ndarray, problem, partition
     }
 
 
+def default_partition(parties: int) -> str:
+    """A hybrid split for an even number of parties (two feature groups), else vertical."""
+    if parties >= 4 and parties % 2 == 0:
+        return f"grid:{parties // 2}x2"
+    return f"vertical:{parties}"
+
+
 def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str = "",
               partition: str | None = None, party_data: str | os.PathLike | None = None,
               iterations: int = 3, participation: str = "full", seed: int = 0,
@@ -609,8 +616,11 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
         run_data = {}
     else:
         if partition is None:
-            raise fail("--partition", "is not set",
-                       "Pass a partition spec (grid:KxQ: K*Q parties), or --party-data.")
+            if parties is None:
+                raise fail("--partition", "is not set",
+                           "Pass --parties N, a partition spec (grid:KxQ: K*Q parties) or "
+                           "--party-data.")
+            partition = default_partition(parties)
         dataset = load_data(data)
         lam_default = default_lambda(data) or FALLBACK_LAMBDA
         problem = make_problem(dataset, loss, lam or lam_default)
