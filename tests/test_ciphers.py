@@ -433,3 +433,20 @@ def test_calibrate(ciphers):
     server = calibrate(ciphers["packed"].public(), n_values=3)
     assert server["decrypt"] is None and server["decrypt_per_value"] is None
     assert server["encrypt"] > 0 and server["add"] > 0
+
+
+@pytest.mark.parametrize("name", ["paillier", "packed"])
+def test_public_key_alone_gives_the_public_view(keypair, name):
+    # A deployment's server holds only the public key: (public, None) must equal .public().
+    public_key, private_key = keypair
+    full = make_cipher(name, keypair=keypair)
+    server = make_cipher(name, keypair=(public_key, None))
+    assert (server.slots, server.ciphertext_bytes) == (full.slots, full.ciphertext_bytes)
+    assert server._key.n == full._key.n and not server._key.has_private_key
+    values = np.arange(2 * full.slots, dtype=float).reshape(2, full.slots) / 7
+    summed = server.add(server.encrypt(values), server.encrypt(values))  # public operations
+    with pytest.raises(HyflError):
+        server.decrypt(summed)
+    wrong = make_cipher(name, key_bits=1024)._key.private_key
+    with pytest.raises(HyflError, match="does not match"):
+        make_cipher(name, keypair=(public_key, wrong))

@@ -30,17 +30,11 @@ from phe import paillier as _phe
 
 from hyfl.errors import fail
 from hyfl.privacy.ciphers import (
-    DEFAULT_BOUND,
     DEFAULT_GUARD_BITS,
-    DEFAULT_PRECISION_BITS,
     Cipher,
-    PackedPaillierCipher,
-    PaillierCipher,
-    _PaillierKey,
     check_keybits,
     make_cipher,
 )
-from hyfl.privacy.encoding import FixedPoint
 
 __all__ = [
     "KEY_FORMAT",
@@ -160,9 +154,14 @@ def load_key(path: str | os.PathLike, *, private: bool) -> tuple:
     return public_key, _phe.PaillierPrivateKey(public_key, p, q)
 
 
-def _fixed_point(precision_bits: int | None, bound: float | None) -> FixedPoint:
-    return FixedPoint(DEFAULT_PRECISION_BITS if precision_bits is None else precision_bits,
-                      DEFAULT_BOUND if bound is None else bound)
+def _paillier_cipher(name: str, keypair, precision_bits, bound, guard_bits) -> Cipher:
+    """Cipher ``name`` over a key pair (``(public, None)``: the public view)."""
+    options = {"precision_bits": precision_bits}
+    if bound is not None:
+        options["bound"] = bound
+    if name == "packed":
+        options["guard_bits"] = DEFAULT_GUARD_BITS if guard_bits is None else guard_bits
+    return make_cipher(name, keypair=keypair, **options)
 
 
 def party_cipher(name: str, key_file: str | os.PathLike | None, *,
@@ -176,12 +175,8 @@ def party_cipher(name: str, key_file: str | os.PathLike | None, *,
     """
     if name == "none":
         return make_cipher("none")
-    options = {"precision_bits": precision_bits}
-    if bound is not None:
-        options["bound"] = bound
-    if name == "packed":
-        options["guard_bits"] = DEFAULT_GUARD_BITS if guard_bits is None else guard_bits
-    return make_cipher(name, keypair=load_key(key_file, private=True), **options)
+    keypair = load_key(key_file, private=True)
+    return _paillier_cipher(name, keypair, precision_bits, bound, guard_bits)
 
 
 def server_cipher(name: str, key_file: str | os.PathLike | None, *,
@@ -190,17 +185,8 @@ def server_cipher(name: str, key_file: str | os.PathLike | None, *,
     """The server's public view of the cipher from the public key file (no private key)."""
     if name == "none":
         return make_cipher("none").public()
-    public_key, _ = load_key(key_file, private=False)
-    fp = _fixed_point(precision_bits, bound)
-    # The classes' own constructors: make_cipher always wants a private key, and
-    # the server must be able to start from the public key alone.
-    if name == "paillier":
-        return PaillierCipher(_PaillierKey(public_key), fp)
-    if name == "packed":
-        return PackedPaillierCipher(
-            _PaillierKey(public_key), fp, DEFAULT_GUARD_BITS if guard_bits is None else guard_bits
-        )
-    raise fail("cipher", f"is {name!r}, which is not known", "Choose paillier, packed or none.")
+    keypair = load_key(key_file, private=False)
+    return _paillier_cipher(name, keypair, precision_bits, bound, guard_bits)
 
 
 def cipher_fingerprint(cipher: Cipher) -> str:

@@ -472,6 +472,18 @@ class _Validator:
                 )
 
     # -- scalars ---------------------------------------------------------------
+    def choice(self, section, table, key, default, options) -> str:
+        """A text value that must be one of ``options`` (a registry)."""
+        value = self.text(section, table, key, default)
+        if value not in options:
+            raise self.error(
+                section,
+                key,
+                f"is {value!r}, which is not known",
+                f"Choose one of: {', '.join(options)}.",
+            )
+        return value
+
     def text(self, section, table, key, default=None, *, required=False) -> str | None:
         if key not in table:
             if required:
@@ -658,14 +670,7 @@ class _Validator:
                     f"is {dataset!r}, neither a registered dataset nor a file",
                     f"Use one of: {', '.join(names)}; or give the path of a data file.",
                 )
-        loss = self.text(s, table, "loss", "hinge")
-        if loss not in LOSSES:
-            raise self.error(
-                s,
-                "loss",
-                f"is {loss!r}, which is not known",
-                f"Choose one of: {', '.join(LOSSES)}.",
-            )
+        loss = self.choice(s, table, "loss", "hinge", LOSSES)
         lam = self.number(
             s,
             table,
@@ -798,14 +803,7 @@ class _Validator:
 
         s = "costs"
         self.known_keys(s, table, COSTS_KEYS)
-        cipher = self.text(s, table, "cipher", "none")
-        if cipher not in CIPHERS:
-            raise self.error(
-                s,
-                "cipher",
-                f"is {cipher!r}, which is not known",
-                f"Choose one of: {', '.join(CIPHERS)}.",
-            )
+        cipher = self.choice(s, table, "cipher", "none", CIPHERS)
         key_bits = self.integer(s, table, "key_bits", None, minimum=1)
         if key_bits is not None:
             try:

@@ -349,7 +349,9 @@ def _keypair(key_bits: int | None, keypair) -> tuple:
                 f"is {type(keypair).__name__}, not a python-paillier (public, private) pair",
                 "Pass the pair returned by phe.paillier.generate_paillier_keypair().",
             ) from None
-        if private_key is None or int(private_key.p) * int(private_key.q) != n:
+        # (public, None) builds the public view directly: a server that only has the
+        # public key (a deployment) never holds a private one, even briefly.
+        if private_key is not None and int(private_key.p) * int(private_key.q) != n:
             raise fail(
                 "keypair",
                 "has a private key that does not match its public key",
@@ -694,7 +696,8 @@ def make_cipher(
     (largest value magnitude, default 2**16; ``paillier``, ``packed``),
     ``guard_bits`` (log2 of the most ciphertexts one sum may hold, default 24;
     ``packed``) and ``keypair`` (a python-paillier ``(public, private)`` pair
-    to use instead of generating one).
+    to use instead of generating one; ``(public, None)`` gives the public view
+    directly, as ``.public()`` would).
     """
     check_choice("cipher", name, CIPHERS)
     factory = CIPHERS[name][0]
