@@ -184,3 +184,217 @@ class ReferenceHyFDCA:
                     self.ip[(k, int(i))] = c.inner_product(int(i))
         self.prev_active = set(active)
         return accepted
+
+
+class ReferenceCocoa:
+    """The ``cocoa`` rule (hyfl.algorithms.hyfdca_local) in plain loops, one object per client.
+
+    Every client keeps its own list of (round, inner products of its samples);
+    the server keeps the model ``w`` of every round. Local subproblems are
+    solved sample by sample with ``loss.dual_step`` on 1-element arrays, the
+    aggregates are recomputed from scratch, and the running averages are dense.
+    """
+
+    SHORT, FULL, SHRINK = 0.5, 0.95, 0.8
+
+    def __init__(self, problem: Problem, partition: Partition, hyfdca):
+        self.problem, self.cfg = problem, hyfdca
+        N, C = problem.Y.shape
+        blocks = stack(partition, problem.X)
+        self.clients = []
+        for k in range(partition.n_clients):
+            samples, features, Xk = client_block(blocks, k)
+            self.clients.append(Client(k, samples, features, Xk, C))
+        self.holders = {i: [] for i in range(N)}
+        for c in self.clients:
+            for i in c.samples:
+                self.holders[int(i)].append(c.k)
+        self.sq_norm = np.asarray(problem.X.multiply(problem.X).sum(axis=1)).ravel()
+        H = hyfdca.steps_per_client(N, len(self.clients))
+        self.counts = np.array([len(c.samples) if H is None else min(H, len(c.samples))
+                                for c in self.clients])
+        self.depth = hyfdca.history_depth(problem.n_features)
+        self.window = 2 * self.depth
+        self.alpha = np.zeros((N, C))
+        self.ip = {}
+        self.hat_w = {c.k: np.zeros((len(c.features), C)) for c in self.clients}
+        self.w = np.zeros((problem.n_features, C))
+        self.w_of_round = {}
+        self.history = {c.k: [] for c in self.clients}  # [(round, {sample: z})], newest first
+        self.prev_active = set()
+        counts = np.zeros(problem.n_features, dtype=int)
+        for c in self.clients:
+            counts[c.features] += 1
+        self.sigma = float(counts.max())
+        self.ceiling = self.sigma * max(len(c.samples) for c in self.clients)
+        self.previous_step = np.zeros((N, C))
+        self.previous_dw = np.zeros_like(self.w)
+        self.avg_alpha = np.zeros((N, C))
+        self.avg_w = np.zeros_like(self.w)
+        self.t = 0
+
+    def aggregate_primal(self):
+        total = np.zeros_like(self.w)
+        for c in self.clients:
+            for local, m in enumerate(c.features):
+                total[m] += self.hat_w[c.k][local]
+        return total / (self.problem.lam * self.problem.n_samples)
+
+    def transform(self, k, c):
+        """(directions as round pairs, T) of client k's model for output c."""
+        rounds = [r for r, _ in self.history[k]][: self.depth]
+        pairs = [(rounds[0], None)] + [(rounds[j - 1], rounds[j]) for j in range(1, len(rounds))]
+        D = np.column_stack([
+            self.w_of_round[p][:, c] - (self.w_of_round[b][:, c] if b is not None else 0.0)
+            for p, b in pairs
+        ])
+        values, vectors = np.linalg.eigh(D.T @ D)
+        keep = values > 1e-10 * max(values.max(), 1e-300)
+        T = np.zeros((len(pairs), len(pairs)))
+        T[:, keep] = vectors[:, keep] / np.sqrt(values[keep])
+        return pairs, T
+
+    def phi(self, k, i, c, pairs, T):
+        z = {r: values for r, values in self.history[k]}
+        m = np.array([z[p][i][c] - (z[b][i][c] if b is not None else 0.0) for p, b in pairs])
+        return T.T @ m
+
+    def round(self, active_mask, rng):
+        p = self.problem
+        lam, N, loss, C = p.lam, p.n_samples, p.loss, p.n_outputs
+        self.t += 1
+        t = self.t
+        active = [k for k in range(len(self.clients)) if active_mask[k]]
+        newcomers = [k for k in active if k not in self.prev_active]
+        for k in newcomers:
+            c = self.clients[k]
+            c.alpha = self.alpha[c.samples].copy()
+            self.hat_w[k] = c.primal_part()
+        self.w = self.aggregate_primal()
+        rho = max(2.0 / (t + 1.0), 0.1)
+        if not active:  # an empty round: only the running averages move on
+            self.avg_alpha = (1 - rho) * self.avg_alpha + rho * self.alpha
+            self.avg_w = (1 - rho) * self.avg_w + rho * self.w
+            self.prev_active = set()
+            return np.zeros(C)
+        for k in active:  # every active client gets the refreshed weights
+            self.clients[k].w = self.w[self.clients[k].features].copy()
+
+        sizes = np.array([len(self.clients[k].samples) for k in active], dtype=np.int64)
+        positions = draw_local_samples(rng, sizes, self.counts[active])
+        drawn, offset = {}, 0
+        for k in active:
+            n = self.counts[k]
+            drawn[k] = [int(self.clients[k].samples[q]) for q in positions[offset: offset + n]]
+            offset += n
+
+        for k in active:
+            c = self.clients[k]
+            for i in c.samples:
+                self.ip[(k, int(i))] = c.inner_product(int(i))
+        z = {i: sum((self.ip.get((k, i), np.zeros(C)) for k in self.holders[i]), np.zeros(C))
+             for i in range(N)}
+        self.w_of_round[t] = self.w.copy()
+        for k in active:
+            h = [(r, v) for r, v in self.history[k] if r > t - self.window]
+            h.insert(0, (t, {int(i): z[int(i)].copy() for i in self.clients[k].samples}))
+            self.history[k] = h[: self.depth]
+        for k in self.history:  # rounds older than the window are forgotten
+            self.history[k] = [(r, v) for r, v in self.history[k] if r > t - self.window]
+
+        # Local subproblems, sample by sample.
+        coef = self.sigma / (lam * N)
+        proposals = {}  # sample -> list of proposals
+        for k in active:
+            delta = {i: np.zeros(C) for i in drawn[k]}
+            for c in range(C):
+                pairs, T = self.transform(k, c)
+                S = np.zeros(T.shape[1])
+                for i in drawn[k]:
+                    phi = self.phi(k, i, c, pairs, T)
+                    resid = max(self.sq_norm[i] - phi @ phi, 0.0)
+                    q = max(coef * (phi @ phi + resid), 1e-300)
+                    margin = z[i][c] + coef * (phi @ S + resid * delta[i][c])
+                    d = loss.dual_step(np.array([self.alpha[i, c] + delta[i][c]]),
+                                       np.array([margin]), np.array([q]), p.Y[i:i + 1, c])[0]
+                    delta[i][c] += d
+                    S += d * phi
+            for i in drawn[k]:
+                proposals.setdefault(i, []).append(delta[i])
+        U = sorted(proposals)
+        average = {i: np.sum(proposals[i], axis=0) / len(self.holders[i]) for i in U}
+
+        def image(change):  # w change when the active holders re-send their parts
+            dw = np.zeros_like(self.w)
+            for i in U:
+                for k in self.holders[i]:
+                    if k in active:
+                        cl = self.clients[k]
+                        dw[cl.features] += np.outer(cl.X[cl.position[i]], change[i])
+            return dw / (lam * N)
+
+        dw_prop = image(average)
+        norm = np.sum(self.previous_dw ** 2, axis=0)
+        mu = np.where(norm > 0, -np.sum(dw_prop * self.previous_dw, axis=0)
+                      / np.where(norm > 0, norm, 1.0), 0.0)
+        mu = np.clip(mu, 0.0, self.cfg.momentum)
+        direction = {}
+        for i in U:
+            lo, hi = loss.dual_bounds(p.Y[i])
+            direction[i] = np.clip(self.alpha[i] + average[i] + mu * self.previous_step[i],
+                                   lo, hi) - self.alpha[i]
+            direction[i][np.abs(direction[i]) < 1e-9] = 0.0  # rounding, not a step
+        dw = image(direction)
+
+        # Line search on the estimated dual change phi(t), per output.
+        full = sum(self.sq_norm[i] * direction[i] ** 2 for i in U)
+        act = np.zeros(C)
+        for i in U:
+            for k in self.holders[i]:
+                if k in active:
+                    cl = self.clients[k]
+                    part = cl.X[cl.position[i]]
+                    act += (part @ part) * direction[i] ** 2
+        missing = np.where(act > 0, full / np.where(act > 0, act, 1.0), 1.0)
+
+        def phi_t(s):
+            conj = sum(loss.conjugate(self.alpha[i], p.Y[i])
+                       - loss.conjugate(self.alpha[i] + s * direction[i], p.Y[i]) for i in U)
+            margin = sum(z[i] * direction[i] for i in U)
+            return (conj - s * margin) / N - s * s * 0.5 * lam * missing * np.sum(dw * dw, 0)
+
+        if loss.quadratic_conjugate:  # phi is the quadratic through phi(0)=0, phi(1/2), phi(1)
+            f_half, f_one = phi_t(0.5), phi_t(1.0)
+            b = 2.0 * (f_one - 2.0 * f_half)
+            a = f_one - b
+            step = np.where(b < 0, -a / (2 * np.where(b < 0, b, -1.0)), np.where(a > 0, 1.0, 0.0))
+            step = np.clip(step, 0.0, 1.0)
+        else:
+            grid = np.arange(1, 9) / 8.0
+            values = np.array([phi_t(s) for s in grid])
+            best = np.argmax(values, axis=0)
+            step = np.where(values[best, np.arange(C)] > 0, grid[best], 0.0)
+
+        self.previous_step = np.zeros_like(self.previous_step)
+        for i in U:
+            self.previous_step[i] = direction[i] * step
+            self.alpha[i] = self.alpha[i] + direction[i] * step
+        for k in active:
+            cl = self.clients[k]
+            cl.alpha = self.alpha[cl.samples].copy()
+            self.hat_w[k] = cl.primal_part()
+        self.w = self.aggregate_primal()
+        self.previous_dw = dw * step
+        mean = float(np.mean(step))
+        if mean < self.SHORT:
+            self.sigma /= max(mean, 0.25)
+        elif mean >= self.FULL:
+            self.sigma *= self.SHRINK
+        self.sigma = min(max(self.sigma, 1.0), self.ceiling)
+        rho = max(2.0 / (t + 1.0), 0.1)
+        self.avg_alpha = (1 - rho) * self.avg_alpha + rho * self.alpha
+        self.avg_w = (1 - rho) * self.avg_w + rho * self.w
+        for k in active:
+            self.clients[k].w = self.w[self.clients[k].features].copy()
+        self.prev_active = set(active)
+        return step

@@ -53,7 +53,7 @@ CASES = {
         "hinge",
         lambda n, m, X: grid(n, m, 3, 3, seed=1),
         lambda K: RandomFraction(K, 0.5),
-        HyFDCA(local_steps=4),
+        HyFDCA(local_steps=4, step_rule="safe"),
     ),
     "grid-half-theory-logistic": (
         "logistic",
@@ -71,13 +71,13 @@ CASES = {
         "squared",
         lambda n, m, X: nonzero_balanced(X, 3, 3, seed=0),
         lambda K: RandomFraction(K, 0.7),
-        HyFDCA(local_steps=5),
+        HyFDCA(local_steps=5, step_rule="safe"),
     ),
     "vertical-cyclic-smoothed": (
         "smoothed_hinge",
         lambda n, m, X: vertical(n, m, 4),
         lambda K: Cyclic(K, 2),
-        HyFDCA(local_steps=8),
+        HyFDCA(local_steps=8, step_rule="safe"),
     ),
     "horizontal-full-logistic": (
         "logistic",
@@ -120,7 +120,8 @@ def test_engine_reproduces_reference_on_multiclass():
     problem = make_problem(data, "hinge", 0.05)
     assert problem.Y.shape == (90, 3)
     partition = grid(90, 8, 3, 2, seed=0)
-    run_both(problem, partition, RandomFraction(6, 0.5), HyFDCA(local_steps=5), rounds=20)
+    run_both(problem, partition, RandomFraction(6, 0.5), HyFDCA(local_steps=5, step_rule="safe"),
+             rounds=20)
 
 
 def test_safe_rule_rejects_and_recovers_on_a_step_that_overshoots():
@@ -132,7 +133,8 @@ def test_safe_rule_rejects_and_recovers_on_a_step_that_overshoots():
     data = Dataset(sp.csr_matrix(X), rng.normal(size=200), "aligned", task="regression")
     problem = make_problem(data, "squared", 1e-3)
     _, _, accepted = run_both(
-        problem, horizontal(200, 8, 4, seed=0), Full(4), HyFDCA(local_steps=20), rounds=15
+        problem, horizontal(200, 8, 4, seed=0), Full(4), HyFDCA(local_steps=20,
+                                                                step_rule="safe"), rounds=15
     )
     assert not all(accepted)
 
@@ -156,7 +158,8 @@ def relative_loss_after(problem, partition, participation, cfg, rounds, seed=0):
 def test_safe_reaches_the_central_optimum_on_a_hybrid_grid(loss):
     problem = make_problem(synthetic(n=400, m=12, seed=1), loss, 1e-2)
     final = relative_loss_after(
-        problem, grid(400, 12, 3, 3, seed=0), RandomFraction(9, 0.5), HyFDCA(local_steps=20), 1500
+        problem, grid(400, 12, 3, 3, seed=0), RandomFraction(9, 0.5), HyFDCA(local_steps=20,
+                                                                             step_rule="safe"), 1500
     )
     assert final["relative_loss"] <= 1e-3
     assert 0 <= final["gap"] <= 1e-2 * final["primal"]
@@ -169,7 +172,7 @@ def test_safe_reaches_the_optimum_horizontal_random_half(loss):
         problem,
         horizontal(400, 12, 4, seed=0),
         RandomFraction(4, 0.5),
-        HyFDCA(local_steps=20),
+        HyFDCA(local_steps=20, step_rule="safe"),
         1500,
     )
     assert final["relative_loss"] <= 1e-3
@@ -179,7 +182,7 @@ def test_safe_reaches_the_optimum_horizontal_random_half(loss):
 def test_safe_reaches_the_optimum_vertical_cyclic(loss):
     problem = make_problem(synthetic(n=400, m=12, seed=1), loss, 1e-2)
     final = relative_loss_after(
-        problem, vertical(400, 12, 4), Cyclic(4, 2), HyFDCA(local_steps=40), 1500
+        problem, vertical(400, 12, 4), Cyclic(4, 2), HyFDCA(local_steps=40, step_rule="safe"), 1500
     )
     assert final["relative_loss"] <= 1e-3
 
@@ -197,11 +200,13 @@ def test_iterates_are_reproducible_for_a_seed():
     problem = make_problem(synthetic(), "hinge", 0.05)
     part = grid(problem.n_samples, problem.n_features, 3, 3, seed=0)
     runs = [
-        simulate(HyFDCA(local_steps=3), problem, part, RandomFraction(9, 0.5), 30, seed=7)
+        simulate(HyFDCA(local_steps=3, step_rule="safe"), problem, part, RandomFraction(9, 0.5),
+                 30, seed=7)
         for _ in range(2)
     ]
     np.testing.assert_array_equal(runs[0].weights, runs[1].weights)
-    other = simulate(HyFDCA(local_steps=3), problem, part, RandomFraction(9, 0.5), 30, seed=8)
+    other = simulate(HyFDCA(local_steps=3, step_rule="safe"), problem, part,
+                     RandomFraction(9, 0.5), 30, seed=8)
     assert not np.array_equal(runs[0].weights, other.weights)
 
 

@@ -52,7 +52,8 @@ def test_weak_duality_and_optimality_of_the_reference(loss):
         assert opt.info["gradient_norm"] < 1e-7
     # A long HyFDCA run gives a dual certificate: D(alpha) <= P* <= P(w).
     result = simulate(
-        HyFDCA(local_steps=40), p, horizontal(150, 8, 3, seed=0), Full(3), 2000, eval_every=2000
+        HyFDCA(local_steps=40, step_rule="safe"), p, horizontal(150, 8, 3, seed=0), Full(3),
+        2000, eval_every=2000
     )
     dual = p.dual(result.duals)
     assert dual <= opt.primal + 1e-9

@@ -232,7 +232,16 @@ def count_he_operations(traffic: dict, layout) -> dict[str, int]:
         The new duals sent back; decrypted.
     ``totals`` (n_senders, n_values)
         A few encrypted scalars per client summed by the server and
-        decrypted by one client (the safe rule's acceptance test).
+        decrypted by one client (the safe rule's acceptance test, the
+        ``cocoa`` rule's line search).
+    ``proposals_up`` (clients, samples)
+        ``cocoa``: the drawn samples' proposed dual changes; encrypted and summed
+        per sample by the server (not into the stored duals).
+    ``momentum_down`` (clients, samples)
+        ``cocoa``: the previous dual steps sent to returning clients; decrypted.
+    ``dual_commit`` (samples)
+        ``cocoa``: the applied dual changes, encrypted by one active holder per
+        sample and added into the stored duals.
     """
     enc = dec = add = up = down = 0
     if "refresh_down" in traffic:
@@ -267,6 +276,22 @@ def count_he_operations(traffic: dict, layout) -> dict[str, int]:
         n = layout.count_chunks(*traffic["dual_down"])
         down += n
         dec += n
+    if "proposals_up" in traffic:
+        clients, samples = traffic["proposals_up"]
+        n = layout.count_chunks(clients, samples)
+        up += n
+        enc += n
+        # The server sums each chunk's proposals: the first is kept, the others added.
+        add += n - (int(layout.chunks_of(samples).size) if len(samples) else 0)
+    if "momentum_down" in traffic:
+        n = layout.count_chunks(*traffic["momentum_down"])
+        down += n
+        dec += n
+    if "dual_commit" in traffic:
+        n = int(layout.chunks_of(traffic["dual_commit"]).size) if len(traffic["dual_commit"]) else 0
+        up += n
+        enc += n
+        add += n
     if "totals" in traffic:
         senders, values = traffic["totals"]
         per_sender = -(-values // layout.slots)

@@ -54,11 +54,16 @@ class Loss:
         True when the loss is differentiable with Lipschitz gradient.
     classification : bool
         True when labels must be in {-1, +1}.
+    quadratic_conjugate : bool
+        True when ``l*(-alpha)`` is a polynomial of degree at most 2 on the dual
+        domain, so that the dual objective along a segment is an exact quadratic
+        (HyFDCA's line search then has a closed form).
     """
 
     name: str = "loss"
     smooth: bool = False
     classification: bool = True
+    quadratic_conjugate: bool = True
 
     # -- primal -----------------------------------------------------------
     def value(self, z: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -220,6 +225,7 @@ class Logistic(Loss):
 
     name: str = "logistic"
     smooth: bool = True
+    quadratic_conjugate: bool = False
     newton_iterations: int = 100
     newton_tolerance: float = 1e-13
 

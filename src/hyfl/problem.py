@@ -11,8 +11,10 @@ The objective of a one-vs-rest problem is the sum over classes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -232,9 +234,15 @@ def solve_centralized(problem: Problem, tol: float = 1e-10, cache: bool = True) 
     opt = Optimum(w=w, primal=problem.primal(w), method=method, info=info)
     if use_cache:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp.npz")
-        np.savez(tmp, w=w, method=np.array(method))
-        os.replace(tmp, path)
+        # A temporary name of this process's own: parallel runs may solve the same problem.
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".tmp.npz")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, w=w, method=np.array(method))
+            os.replace(tmp, path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
     return opt
 
 

@@ -45,6 +45,10 @@ class Algorithm(Protocol):
     def config(self) -> dict[str, Any]:
         """The resolved hyperparameters, for run records."""
 
+    # Optional: ``divergence_hint: str``, what to change when the objective turns
+    # non-finite (the engine's error repeats it), and ``models(state)``, candidate
+    # ``(name, weights, duals)`` models of which the engine reports the best certified.
+
 
 def draw_local_samples(
     rng: np.random.Generator, sizes: np.ndarray, counts: np.ndarray

@@ -269,6 +269,8 @@ class FedHybrid:
     cg_tolerance: float = 1e-10
     name: str = "fedhybrid"
 
+    divergence_hint = "Reduce a or b, or raise mu"
+
     def __post_init__(self) -> None:
         # Frozen and hashable: lists and arrays given by callers become tuples.
         for attr in ("newton_clients", "a", "b"):

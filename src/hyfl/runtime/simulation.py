@@ -140,10 +140,14 @@ def evaluate(
     optimum: Optimum | None,
     validation: Validation | None,
     train_labels: np.ndarray | None = None,
+    *,
+    primal: float | None = None,
+    dual: float | None = None,
 ) -> dict[str, float]:
-    """Objective values and accuracies of the server's model."""
-    primal = problem.primal(w)
-    dual = problem.dual(alpha) if alpha is not None else np.nan
+    """Objective values and accuracies of the server's model (objectives may be given)."""
+    primal = problem.primal(w) if primal is None else primal
+    if dual is None:
+        dual = problem.dual(alpha) if alpha is not None else np.nan
     row = {
         "primal": primal,
         "dual": dual,
@@ -252,47 +256,141 @@ def simulate(
     stop_sim_time = check_sim_time_budget(stop_sim_time)
     if checkpoint_every is not None:
         checkpoint_every = check_int("checkpoint_every", checkpoint_every, minimum=1)
-    checkpoint_seconds = float(checkpoint_seconds)
     blocks = stack(partition, problem.X)
     participation_rng, algorithm_rng = random_streams(seed)
     state = algorithm.setup(problem, blocks)
     if cipher is None:
         cipher = make_cipher("none")
-    meter = CostMeter((cost_model or CostModel()).validated(), int(cipher.ciphertext_bytes))
+    metering = _Metering(
+        CostMeter((cost_model or CostModel()).validated(), int(cipher.ciphertext_bytes)),
+        blocks, cipher, problem.Y.shape[1],
+    )
     run = _RunProgress(totals=dict.fromkeys((*COST_COLUMNS, *TIME_COMPONENTS), 0.0))
     rngs = {"participation": participation_rng, "algorithm": algorithm_rng}
-
-    store = None
+    evaluator = Evaluator(problem, optimum, validation, train_labels, on_evaluate)
+    checkpoints = None
     if checkpoint is not None:
         fingerprint = run_fingerprint(
-            problem,
-            blocks,
-            algorithm,
-            seed=seed,
-            eval_every=eval_every,
-            cipher=cipher,
-            cost_model=meter.model,
-            participation=participation,
-            run_key=run_key,
+            problem, blocks, algorithm, seed=seed, eval_every=eval_every, cipher=cipher,
+            cost_model=metering.meter.model, participation=participation, run_key=run_key,
         )
-        store = _Checkpointer(Path(checkpoint), fingerprint, state, problem, blocks)
-        if resume and store.path.exists():
-            state = store.load(run, rngs, participation)
-        elif store.path.exists():
-            store.path.unlink()
+        checkpoints = _Checkpoints(
+            _Checkpointer(Path(checkpoint), fingerprint, state, problem, blocks),
+            checkpoint_every, float(checkpoint_seconds), rngs, participation,
+        )
+        state = checkpoints.start(state, run, resume)
 
-    def record(t: int) -> None:
-        row = {"iteration": float(t)}
-        row.update(
-            evaluate(
-                problem,
-                algorithm.weights(state),
-                algorithm.duals(state),
-                optimum,
-                validation,
-                train_labels,
-            )
+    def result() -> RunResult:
+        weights, duals = evaluator.model(algorithm, state, run)
+        return RunResult(
+            metrics=run.metrics,
+            weights=np.array(weights, copy=True),
+            duals=None if duals is None else np.array(duals, copy=True),
+            round_times=np.array(run.round_times, dtype=float),
+            config={
+                "algorithm": algorithm.config(),
+                "seed": seed,
+                "iterations": iterations,
+                "rounds": run.t,
+                "budget": budget_record(iterations, stop_sim_time),
+                "stopped_by": run.stopped_by,
+                "resumed_from": list(run.resumed_from),
+                "optimum_primal": optimum.primal if optimum else None,
+                "engine": "simulation",
+                "cipher": cipher.describe(),
+                "costs": metering.meter.model.describe(),
+            },
         )
+
+    done = False
+    if run.t == 0:
+        evaluator.record(0, algorithm, state, run)
+    else:
+        done = _resumed_budget_check(run, iterations, stop_sim_time, eval_every,
+                                     checkpoints.store.path)
+    bar_total, bar_unit = (
+        (iterations, "rounds") if stop_sim_time is None else (stop_sim_time, "sim_time")
+    )
+    with _progress_bar(progress and not done, bar_total, algorithm.name, unit=bar_unit) as advance:
+        t = run.t
+        advance(t, None, run.totals["sim_time"])
+        while not done and t < iterations:
+            t += 1
+            active = participation.active(t, participation_rng)
+            start = time.perf_counter()
+            state = algorithm.round(state, active, algorithm_rng)
+            seconds = time.perf_counter() - start
+            metering.charge(run, algorithm.round_stats(state), getattr(state, "traffic", None),
+                            seconds)
+            run.t = t
+            crossed = stop_sim_time is not None and run.totals["sim_time"] >= stop_sim_time
+            if t % eval_every == 0 or t == iterations or crossed:
+                try:
+                    evaluator.record(t, algorithm, state, run)
+                except HyflError as err:
+                    run.stopped_by = "diverged"
+                    err.result = result()
+                    raise
+                advance(t, run.metrics[-1], run.totals["sim_time"])
+            elif progress:
+                advance(t, None, run.totals["sim_time"])
+            if crossed:
+                run.stopped_by = "sim_time"
+                done = True
+            elif t == iterations:
+                run.stopped_by = "iterations"
+            if checkpoints is not None and not done and t < iterations:
+                checkpoints.maybe_save(state, run)
+    if checkpoints is not None:
+        checkpoints.finish(state, run)
+    return result()
+
+
+class Evaluator:
+    """Evaluates the server's model for the loop and keeps the model a run returns.
+
+    An algorithm may offer several candidate models (``models(state)`` giving
+    ``(name, weights, duals)``; HyFDCA's default rule offers its last iterate
+    and its running average). The evaluator reports, and the run returns, the
+    candidate with the smallest duality gap -- the best certified one. A model
+    whose objective is NaN or infinite stops the run with an error naming the
+    algorithm and its settings.
+    """
+
+    def __init__(self, problem, optimum, validation, train_labels, on_evaluate=None):
+        self.problem, self.optimum = problem, optimum
+        self.validation, self.train_labels = validation, train_labels
+        self.on_evaluate = on_evaluate
+        self.chosen: int | None = None  # index of the candidate chosen last
+
+    def candidates(self, algorithm, state) -> list[tuple[str, np.ndarray, np.ndarray | None]]:
+        models = getattr(algorithm, "models", None)
+        if callable(models):
+            return list(models(state))
+        return [("last", algorithm.weights(state), algorithm.duals(state))]
+
+    def model(self, algorithm, state, run: _RunProgress) -> tuple[np.ndarray, np.ndarray | None]:
+        """The weights and duals of the candidate chosen at the last evaluation.
+
+        (A resumed run that had nothing left to do reads the choice from its metrics.)
+        """
+        candidates = self.candidates(algorithm, state)
+        index = self.chosen
+        if index is None:
+            index = int(run.metrics[-1].get("model", 0)) if run.metrics else 0
+        _, w, alpha = candidates[min(index, len(candidates) - 1)]
+        return w, alpha
+
+    def record(self, t: int, algorithm, state, run: _RunProgress) -> dict[str, float]:
+        problem = self.problem
+        index, _, w, alpha, primal, dual = best_certified(
+            problem, algorithm, t, self.candidates(algorithm, state)
+        )
+        self.chosen = index
+        row = {"iteration": float(t)}
+        row.update(evaluate(problem, w, alpha, self.optimum, self.validation,
+                            self.train_labels, primal=primal, dual=dual))
+        row["model"] = float(index)  # which candidate: 0 the last iterate, 1 the average
         row["round_trips"] = run.trips
         row["round_seconds"] = run.seconds
         row.update(run.totals)
@@ -301,83 +399,89 @@ def simulate(
                 {k: v for k, v in algorithm.round_stats(state).items() if k != "round_trips"}
             )
         run.metrics.append(row)
-        if on_evaluate is not None:
-            on_evaluate(row)
+        if self.on_evaluate is not None:
+            self.on_evaluate(row)
+        return row
 
-    done = False
-    if run.t == 0:
-        record(0)
-    else:
-        done = _resumed_budget_check(run, iterations, stop_sim_time, eval_every, store.path)
-    totals = run.totals
-    last_saved = time.monotonic()
-    bar_total, bar_unit = (
-        (iterations, "rounds") if stop_sim_time is None else (stop_sim_time, "sim_time")
-    )
-    label = algorithm.name
-    with _progress_bar(progress and not done, bar_total, label, unit=bar_unit) as advance:
-        t = run.t
-        advance(t, None, totals["sim_time"])
-        while not done and t < iterations:
-            t += 1
-            active = participation.active(t, participation_rng)
-            start = time.perf_counter()
-            state = algorithm.round(state, active, algorithm_rng)
-            seconds = time.perf_counter() - start
-            run.round_times.append(seconds)
-            run.seconds += seconds
-            stats = algorithm.round_stats(state)
-            run.trips += stats.get("round_trips", 0.0)
-            traffic = getattr(state, "traffic", None)
-            if traffic and meter.layout is None:
-                meter.layout = SlotLayout.build(blocks, cipher.slots, problem.Y.shape[1])
-            run.sim_time_before = totals["sim_time"]
-            for key, value in meter.round_costs(stats, traffic, seconds).items():
-                totals[key] += value
-            run.t = t
-            crossed = stop_sim_time is not None and totals["sim_time"] >= stop_sim_time
-            if t % eval_every == 0 or t == iterations or crossed:
-                record(t)
-                advance(t, run.metrics[-1], totals["sim_time"])
-            elif progress:
-                advance(t, None, totals["sim_time"])
-            if crossed:
-                run.stopped_by = "sim_time"
-                done = True
-            elif t == iterations:
-                run.stopped_by = "iterations"
-            if store is not None and not done and t < iterations:
-                due = (
-                    t % checkpoint_every == 0
-                    if checkpoint_every is not None
-                    else time.monotonic() - last_saved >= checkpoint_seconds
-                )
-                if due:
-                    store.save(state, run, rngs, participation)
-                    last_saved = time.monotonic()
-    if store is not None and store.saved_at != run.t:
-        store.save(state, run, rngs, participation)
 
-    duals = algorithm.duals(state)
-    return RunResult(
-        metrics=run.metrics,
-        weights=np.array(algorithm.weights(state), copy=True),
-        duals=None if duals is None else np.array(duals, copy=True),
-        round_times=np.array(run.round_times, dtype=float),
-        config={
-            "algorithm": algorithm.config(),
-            "seed": seed,
-            "iterations": iterations,
-            "rounds": run.t,
-            "budget": budget_record(iterations, stop_sim_time),
-            "stopped_by": run.stopped_by,
-            "resumed_from": list(run.resumed_from),
-            "optimum_primal": optimum.primal if optimum else None,
-            "engine": "simulation",
-            "cipher": cipher.describe(),
-            "costs": meter.model.describe(),
-        },
+def best_certified(problem: Problem, algorithm, t: int, candidates):
+    """The candidate model with the smallest duality gap (the primal alone without duals).
+
+    ``candidates`` are ``(name, weights, duals)``; returns ``(index, name, weights,
+    duals, primal, dual)``. Raises the divergence error if an objective is not finite.
+    """
+    best = None
+    for index, (name, w, alpha) in enumerate(candidates):
+        primal = problem.primal(w)
+        dual = problem.dual(alpha) if alpha is not None else np.nan
+        _check_finite_objective(algorithm, t, name, primal, dual)
+        gap = primal - dual if alpha is not None else primal
+        if best is None or gap < best[0]:
+            best = (gap, index, name, w, alpha, primal, dual)
+    return best[1:]
+
+
+def _check_finite_objective(algorithm, t: int, model: str, primal: float, dual: float) -> None:
+    bad = [f"{what} {value!r}" for what, value in (("primal", primal), ("dual", dual))
+           if not np.isfinite(value) and not (what == "dual" and np.isnan(value))]
+    if not bad:
+        return
+    settings = ", ".join(f"{k}={v!r}" for k, v in algorithm.config().items()
+                         if k in ("step_rule", "local_steps", "iic", "a", "b", "eta0", "mu")
+                         and v is not None)
+    raise fail(
+        f"{algorithm.name} ({settings})" if settings else algorithm.name,
+        f"diverged: at round {t} the {model} model's objective is {' and '.join(bad)}",
+        getattr(algorithm, "divergence_hint", "Use smaller step sizes"),
     )
+
+
+class _Metering:
+    """Charges each round's bytes, HE operations and simulated time to the run's totals."""
+
+    def __init__(self, meter: CostMeter, blocks: StackedBlocks, cipher, n_outputs: int):
+        self.meter, self.blocks, self.cipher, self.n_outputs = meter, blocks, cipher, n_outputs
+
+    def charge(self, run: _RunProgress, stats: dict, traffic, seconds: float) -> None:
+        run.round_times.append(seconds)
+        run.seconds += seconds
+        run.trips += stats.get("round_trips", 0.0)
+        if traffic and self.meter.layout is None:
+            self.meter.layout = SlotLayout.build(self.blocks, self.cipher.slots, self.n_outputs)
+        run.sim_time_before = run.totals["sim_time"]
+        for key, value in self.meter.round_costs(stats, traffic, seconds).items():
+            run.totals[key] += value
+
+
+class _Checkpoints:
+    """When to write checkpoints (every N rounds or every so many seconds, and at the end)."""
+
+    def __init__(self, store, every, seconds, rngs, participation):
+        self.store, self.every, self.seconds = store, every, seconds
+        self.rngs, self.participation = rngs, participation
+        self.last_saved = time.monotonic()
+
+    def start(self, state, run: _RunProgress, resume: bool):
+        if resume and self.store.path.exists():
+            state = self.store.load(run, self.rngs, self.participation)
+        elif self.store.path.exists():
+            self.store.path.unlink()
+        self.last_saved = time.monotonic()
+        return state
+
+    def maybe_save(self, state, run: _RunProgress) -> None:
+        due = (
+            run.t % self.every == 0
+            if self.every is not None
+            else time.monotonic() - self.last_saved >= self.seconds
+        )
+        if due:
+            self.store.save(state, run, self.rngs, self.participation)
+            self.last_saved = time.monotonic()
+
+    def finish(self, state, run: _RunProgress) -> None:
+        if self.store.saved_at != run.t:
+            self.store.save(state, run, self.rngs, self.participation)
 
 
 def check_sim_time_budget(stop_sim_time: float | None) -> float | None:

@@ -1,0 +1,660 @@
+"""HyFDCA's default local method: CoCoA+-style subproblems on a learned model of the data.
+
+The per-sample step rules of :mod:`hyfl.algorithms.hyfdca` take every dual
+step from the same inner products, so a round is one Jacobi sweep over the
+drawn samples. On data whose rows share a few directions (ijcnn1, adult,
+covtype) such sweeps must be damped by a factor close to ``N / M`` and
+HyFDCA needs thousands of rounds. The rule ``"cocoa"`` here lets each client
+solve a *subproblem* instead, sequentially over its drawn samples, as CoCoA+
+does in horizontal federated learning:
+
+    max_d  sum_i -l*(-(a_i + d_i)) - z_i d_i  -  sigma / (2 lam N) * d^T G d
+
+where ``G`` models the Gram matrix ``X_D X_D^T`` of the drawn samples. In
+hybrid FL no client sees whole samples, so ``G`` cannot be formed locally.
+It is learned from what HyFDCA already exchanges: in every round a client
+receives the global inner products ``z_i = x_i^T w`` of its samples, so over
+its last ``R`` active rounds it knows the projections of its (whole) samples
+onto the directions ``w_s - w_s'`` along which the model moved, and the server
+knows those directions' Gram matrix. With an orthonormal basis ``Q`` of their
+span, ``phi_i = Q^T x_i`` is computable by the client, and
+
+    G ~= Phi Phi^T + diag(r),   r_i = ||x_i||^2 - ||phi_i||^2
+
+is exact inside the span and treats the rest of each sample as orthogonal to
+the others. On low-dimensional data the span soon covers every direction the
+iterates use and the subproblem becomes exact; on sparse text it keeps the
+dominant, shared directions. ``||x_i||^2`` is summed securely once at set-up.
+
+Around the local solves, one outer iteration
+
+1. adds each sample's proposals divided by its number of holders ``|B_i|``, as
+   Algorithm 1 aggregates dual steps: a sample with absent holders, whose
+   inner product is partly stale, moves less (measured: on ijcnn1 with half
+   the clients per round this halves the rounds to settle, see
+   ``docs/convergence.md``);
+2. adds momentum along the previous step with the coefficient that makes the
+   new direction conjugate to it (``mu = -<A p, A m> / ||A m||^2``, as in
+   nonlinear conjugate gradients, clipped to ``[0, mu_max]``) and projects
+   onto the dual domain;
+3. takes the best step ``t`` in ``[0, 1]`` along that direction by an exact
+   line search on the dual (closed form when ``l*`` is quadratic on its
+   domain, a grid otherwise), which keeps the dual feasible and -- when no
+   holder is stale -- non-decreasing;
+4. adapts ``sigma`` (the CoCoA+ scaling of the subproblem's quadratic) from
+   ``t``: a short step means the subproblems overshoot.
+
+For the non-smooth hinge the last iterate oscillates around the optimum; the
+run also keeps an exponential moving average of the iterates (an average of
+feasible duals is feasible, and its dual value is at least the average's),
+and the model a run reports and returns is, at every evaluation, the one of
+the two whose duality gap certifies it best.
+
+Everything here is a pure function of arrays, shared by the stacked engine
+(:mod:`hyfl.algorithms.hyfdca`), the message-level parties
+(:mod:`hyfl.algorithms.hyfdca_parties`) and the reference in the tests. The
+sequential local solver is compiled with Numba: its steps depend on each
+other, so NumPy cannot vectorize it, and a Python loop would cost a
+microsecond per sample.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from hyfl.losses import Loss
+
+# A short step means the subproblems were too optimistic: raise sigma by 1/t
+# (at most 4x a round); a full step means they may have been too cautious:
+# lower it by 20%. sigma >= 1: below it the model would under-count even the
+# (exact) curvature of each sample alone.
+SIGMA_FLOOR = 1.0
+_SIGMA_SHRINK = 0.8
+_SHORT_STEP = 0.5
+_FULL_STEP = 0.95
+# Directions whose Gram eigenvalue is below this fraction of the largest (about
+# ||w||^2) are dropped: see span_transforms.
+_EIGEN_CUTOFF = 1e-10
+# Line-search grid for losses whose conjugate is not quadratic (logistic).
+GRID = np.arange(1, 9) / 8.0
+# Exponential moving average of the iterates: weight 2/(t+1) (a plain
+# average of the second half) until it reaches this floor (about the last
+# ten rounds).
+AVERAGE_FLOOR = 0.1
+
+
+# ---------------------------------------------------------------------------
+# Scalar dual steps (compiled): the maximizer of -l*(-(a+d)) - m d - q d^2 / 2
+# ---------------------------------------------------------------------------
+
+
+def _numba():
+    import numba
+
+    return numba
+
+
+@functools.cache
+def _kernels():
+    """Compile (or load from Numba's cache) the step functions and the solver."""
+    nb = _numba()
+    njit = functools.partial(nb.njit, cache=True, nogil=True)
+
+    @njit
+    def hinge_step(a, m, q, y, params):
+        s = y * a + (1.0 - y * m) / q
+        s = min(max(s, 0.0), 1.0)
+        return y * s - a
+
+    @njit
+    def smoothed_hinge_step(a, m, q, y, params):
+        smoothing = params[0]
+        s = (1.0 - y * m + q * y * a) / (smoothing + q)
+        s = min(max(s, 0.0), 1.0)
+        return y * s - a
+
+    @njit
+    def squared_step(a, m, q, y, params):
+        return (y - m - a) / (1.0 + q)
+
+    @njit
+    def logistic_step(a, m, q, y, params):
+        # Same bracketed Newton method as hyfl.losses.Logistic.dual_step on
+        # t = logit(s): g(t) = t + y m + q (sigmoid(t) - s0) = 0.
+        iterations, tolerance = int(params[0]), params[1]
+        s0 = y * a
+        ym = y * m
+        lo = -ym - q * (1.0 - s0)
+        hi = -ym + q * s0
+        if s0 <= 0.0:
+            t_stay = lo
+        elif s0 >= 1.0:
+            t_stay = hi
+        else:
+            t_stay = min(max(np.log(s0) - np.log1p(-s0), lo), hi)
+        t_free = min(max(-ym, lo), hi)
+        g_stay = t_stay + ym + q * (1.0 / (1.0 + np.exp(-t_stay)) - s0)
+        g_free = t_free + ym + q * (1.0 / (1.0 + np.exp(-t_free)) - s0)
+        t = t_stay if abs(g_stay) < abs(g_free) else t_free
+        for _ in range(iterations):
+            s = 1.0 / (1.0 + np.exp(-t))
+            g = t + ym + q * (s - s0)
+            if g < 0:
+                lo = t
+            if g > 0:
+                hi = t
+            t_new = t - g / (1.0 + q * s * (1.0 - s))
+            if t_new <= lo or t_new >= hi:
+                t_new = 0.5 * (lo + hi)
+            done = abs(t_new - t) <= tolerance * (1.0 + abs(t))
+            t = t_new
+            if done:
+                break
+        return y / (1.0 + np.exp(-t)) - a
+
+    @njit(fastmath=True)
+    def coordinates(ring, pairs, transforms, seg, row_sample, c):
+        # phi = T^T m: each row's coordinates in its client's span, from the
+        # inner products m of its sample with the client's directions.
+        n, R = row_sample.size, pairs.shape[1]
+        phi = np.zeros((n, R))
+        m = np.zeros(R)
+        for a in range(seg.size - 1):
+            T = transforms[a, c]
+            for j in range(seg[a], seg[a + 1]):
+                i = row_sample[j]
+                for r in range(R):
+                    p, b = pairs[a, r, 0], pairs[a, r, 1]
+                    if p < 0:
+                        m[r] = 0.0
+                    elif b < 0:
+                        m[r] = ring[i, p, c]
+                    else:
+                        m[r] = ring[i, p, c] - ring[i, b, c]
+                for r in range(R):
+                    if m[r] != 0.0:
+                        for col in range(R):
+                            phi[j, col] += m[r] * T[r, col]
+        return phi
+
+    @njit
+    def solve(step, params, seg, row_sample, alpha, margins, Y, sq_norms, phi, coef, passes):
+        # One output: alpha, Y (N,), margins (n,) current inner products of the
+        # rows, phi (n, R) the rows' coordinates in their client's span.
+        n, R = phi.shape
+        delta = np.zeros(n)
+        S = np.zeros(R)
+        for a in range(seg.size - 1):
+            S[:] = 0.0
+            for _ in range(passes):
+                for j in range(seg[a], seg[a + 1]):
+                    i = row_sample[j]
+                    pn = 0.0
+                    ps = 0.0
+                    for col in range(R):
+                        pn += phi[j, col] * phi[j, col]
+                        ps += phi[j, col] * S[col]
+                    resid = max(sq_norms[i] - pn, 0.0)
+                    q = max(coef * (pn + resid), 1e-300)
+                    margin = margins[j] + coef * (ps + resid * delta[j])
+                    d = step(alpha[i] + delta[j], margin, q, Y[i], params)
+                    if d != 0.0:
+                        delta[j] += d
+                        for col in range(R):
+                            S[col] += d * phi[j, col]
+        return delta
+
+    return {
+        "hinge": hinge_step,
+        "smoothed_hinge": smoothed_hinge_step,
+        "squared": squared_step,
+        "logistic": logistic_step,
+        "solve": solve,
+        "coordinates": coordinates,
+    }
+
+
+def step_parameters(loss: Loss) -> np.ndarray:
+    """The loss's constants the compiled step needs (smoothing, Newton settings)."""
+    if loss.name == "smoothed_hinge":
+        return np.array([loss.smoothing])
+    if loss.name == "logistic":
+        return np.array([float(loss.newton_iterations), loss.newton_tolerance])
+    return np.zeros(1)
+
+
+def solve_subproblems(
+    loss: Loss,
+    *,
+    segments: np.ndarray,
+    row_sample: np.ndarray,
+    alpha: np.ndarray,
+    z_ring: np.ndarray,
+    pairs: np.ndarray,
+    transforms: np.ndarray,
+    Y: np.ndarray,
+    sq_norms: np.ndarray,
+    coef: float,
+    passes: int = 1,
+) -> np.ndarray:
+    """Every active client's local subproblem, solved by sequential dual coordinate ascent.
+
+    Parameters
+    ----------
+    loss : Loss
+    segments : ndarray of int, shape (A + 1,)
+        Client ``a`` processes rows ``segments[a]:segments[a + 1]``, in order.
+    row_sample : ndarray of int, shape (n,)
+        Sample id of each drawn row (index into ``alpha``, ``z_ring``, ``Y``, ``sq_norms``).
+    alpha : ndarray, shape (N, C)
+        Current duals (the active clients hold these after the refresh).
+    z_ring : ndarray, shape (N, W, C)
+        Inner products ``x_i^T w_s`` received in recent rounds (by slot).
+    pairs : ndarray of int, shape (A, R, 2)
+        Per client, its history directions ``w_p - w_b`` as slot pairs ``(p, b)``
+        (``b = -1``: ``w_p`` itself; ``p = -1``: unused), see
+        :func:`direction_pairs`; ``pairs[a, 0, 0]`` is the current round's slot.
+    transforms : ndarray, shape (A, C, R, R)
+        Per client and output, ``phi = T^T (margins on the directions)``; see
+        :func:`span_transforms`.
+    Y : ndarray, shape (N, C)
+    sq_norms : ndarray, shape (N,)
+        ``||x_i||^2`` of the whole samples.
+    coef : float
+        ``sigma / (lam N)``.
+    passes : int, default 1
+        Passes over each client's drawn rows.
+
+    Returns
+    -------
+    ndarray, shape (n, C)
+        Each drawn row's proposed dual change.
+    """
+    kernels = _kernels()
+    segments = np.asarray(segments, dtype=np.int64)
+    row_sample = np.ascontiguousarray(row_sample, dtype=np.int64)
+    pairs = np.ascontiguousarray(pairs, dtype=np.int64)
+    n, C = row_sample.size, alpha.shape[1]
+    out = np.zeros((n, C))
+    transforms = np.ascontiguousarray(transforms, dtype=np.float64)
+    current = z_ring[row_sample, pairs[np.repeat(np.arange(segments.size - 1),
+                                                 np.diff(segments)), 0, 0]]  # (n, C)
+    for c in range(C):
+        phi = kernels["coordinates"](z_ring, pairs, transforms, segments, row_sample, c)
+        out[:, c] = kernels["solve"](
+            kernels[loss.name],
+            step_parameters(loss),
+            segments,
+            row_sample,
+            np.ascontiguousarray(alpha[:, c]),
+            np.ascontiguousarray(current[:, c]),
+            np.ascontiguousarray(Y[:, c], dtype=np.float64),
+            np.ascontiguousarray(sq_norms, dtype=np.float64),
+            phi,
+            float(coef),
+            int(passes),
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------
+# The learned model: history directions and their orthonormal coordinates
+# ---------------------------------------------------------------------------
+
+
+def direction_pairs(slots: np.ndarray) -> np.ndarray:
+    """History directions of clients from their recent slots (most recent first).
+
+    Parameters
+    ----------
+    slots : ndarray of int, shape (A, R)
+        Per client, the ring slots of its last active rounds, most recent first,
+        ``-1`` padded. ``slots[:, 0]`` is the current round.
+
+    Returns
+    -------
+    ndarray of int, shape (A, R, 2)
+        ``(p, b)`` per direction: ``w_{s0}`` itself, then ``w_{s_{j-1}} - w_{s_j}``.
+    """
+    slots = np.asarray(slots, dtype=np.int64)
+    pairs = np.full((*slots.shape, 2), -1, dtype=np.int64)
+    pairs[:, 0, 0] = slots[:, 0]
+    valid = (slots[:, 1:] >= 0) & (slots[:, :-1] >= 0)
+    pairs[:, 1:, 0] = np.where(valid, slots[:, :-1], -1)
+    pairs[:, 1:, 1] = np.where(valid, slots[:, 1:], -1)
+    return pairs
+
+
+def span_transforms(grams: np.ndarray) -> np.ndarray:
+    """``T`` with ``phi = T^T margins`` orthonormal coordinates in the directions' span.
+
+    For directions ``D`` with Gram ``G = D^T D = V L V^T``, ``Q = D V L^{-1/2}``
+    is orthonormal and ``Q^T x = L^{-1/2} V^T D^T x``, so ``T = V L^{-1/2}``.
+    Eigenvalues below :data:`_EIGEN_CUTOFF` times the largest are dropped (their
+    columns are zero): the largest is about ``||w||^2`` and the small ones belong
+    to tiny moves of the model, whose inner products -- differences of nearly
+    equal numbers, and with absent holders partly stale -- carry more error
+    than information.
+
+    Parameters
+    ----------
+    grams : ndarray, shape (..., R, R)
+
+    Returns
+    -------
+    ndarray, shape (..., R, R)
+    """
+    values, vectors = np.linalg.eigh(grams)
+    top = np.max(values, axis=-1, keepdims=True)
+    keep = values > _EIGEN_CUTOFF * np.maximum(top, 1e-300)
+    inv_sqrt = np.where(keep, 1.0 / np.sqrt(np.where(keep, values, 1.0)), 0.0)
+    return vectors * inv_sqrt[..., None, :]
+
+
+# ---------------------------------------------------------------------------
+# Aggregation: momentum, line search, sigma, averaging
+# ---------------------------------------------------------------------------
+
+
+def momentum_coefficient(dw_proposal: np.ndarray, dw_previous: np.ndarray, mu_max: float):
+    """Per output, ``mu`` making ``A(p + mu m)`` orthogonal to ``A m`` (clipped to [0, mu_max]).
+
+    ``dw_proposal`` and ``dw_previous`` are the primal images ``A p`` of the
+    averaged proposal and ``A m`` of the previous step, shape (M, C).
+    """
+    norm = np.sum(dw_previous * dw_previous, axis=0)
+    inner = np.sum(dw_proposal * dw_previous, axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mu = np.where(norm > 0, -inner / np.where(norm > 0, norm, 1.0), 0.0)
+    return np.clip(mu, 0.0, mu_max)
+
+
+DIRECTION_FLOOR = 1e-9
+"""Smallest dual move a direction keeps (the encoding's resolution is 2**-32)."""
+
+
+def momentum_direction(loss: Loss, alpha, proposal, previous, mu, y) -> np.ndarray:
+    """``proj(alpha + proposal + mu * previous) - alpha``: the round's feasible direction."""
+    lo, hi = loss.dual_bounds(y)
+    direction = np.clip(alpha + proposal + mu[None, :] * previous, lo, hi) - alpha
+    # Moves below the fixed-point resolution of an encrypted dual are rounding, not
+    # steps (a dual at its bound pushed outward): zero them, so that every engine and
+    # cipher agrees on which duals changed and need sending.
+    direction[np.abs(direction) < DIRECTION_FLOOR] = 0.0
+    return direction
+
+
+def conjugate_gains(loss: Loss, alpha, direction, y) -> np.ndarray:
+    """``sum_i l*(-alpha_i) - l*(-(alpha_i + t d_i))`` at the line search's points.
+
+    The points are ``(1/2, 1)`` when the conjugate is quadratic (enough to know
+    the dual along the segment exactly) and :data:`GRID` otherwise.
+
+    Returns
+    -------
+    ndarray, shape (P, C)
+    """
+    points = line_search_points(loss)
+    base = loss.conjugate(alpha, y)
+    return np.stack([np.sum(base - loss.conjugate(alpha + t * direction, y), axis=0)
+                     for t in points])
+
+
+def line_search_points(loss: Loss) -> np.ndarray:
+    return np.array([0.5, 1.0]) if loss.quadratic_conjugate else GRID
+
+
+def line_search(loss: Loss, gains, margin_term, quadratic, n_samples: int) -> np.ndarray:
+    """Best step in ``[0, 1]`` along the round's direction, per output.
+
+    The dual changes by ``phi(t) = (g(t) - t * margin_term) / N - t^2 * quadratic``
+    where ``g`` is given by ``gains`` at :func:`line_search_points`,
+    ``margin_term = sum_i z_i d_i`` and ``quadratic = lam/2 ||A d||^2``.
+
+    Returns
+    -------
+    ndarray, shape (C,)
+    """
+    gains = np.asarray(gains, dtype=float)
+    margin_term = np.asarray(margin_term, dtype=float)
+    quadratic = np.asarray(quadratic, dtype=float)
+    N = float(n_samples)
+    if loss.quadratic_conjugate:
+        half, full = gains
+        curvature = 2.0 * (full - 2.0 * half)  # g(t) = slope t + curvature t^2
+        slope = full - curvature
+        a = (slope - margin_term) / N
+        b = curvature / N - quadratic  # <= 0: the dual is concave
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = np.where(b < 0, -a / (2.0 * np.where(b < 0, b, -1.0)), np.where(a > 0, 1.0, 0.0))
+        return np.clip(np.nan_to_num(t, nan=0.0), 0.0, 1.0)
+    points = GRID[:, None]
+    values = (gains - points * margin_term[None, :]) / N - points**2 * quadratic[None, :]
+    best = np.argmax(values, axis=0)
+    t = GRID[best]
+    return np.where(values[best, np.arange(values.shape[1])] > 0, t, 0.0)
+
+
+def next_sigma(sigma: float, steps: np.ndarray, ceiling: float) -> float:
+    """Adapt the subproblems' scaling from the line search's step(s).
+
+    ``ceiling`` is a value at which every subproblem is safe whatever the data
+    (:func:`sigma_ceiling`); at the optimum no step helps (t = 0), and sigma
+    must not grow without bound there.
+    """
+    t = float(np.mean(steps))
+    if t < _SHORT_STEP:
+        sigma = sigma / max(t, 0.25)
+    elif t >= _FULL_STEP:
+        sigma = sigma * _SIGMA_SHRINK
+    return float(min(max(sigma, SIGMA_FLOOR), ceiling))
+
+
+def average_weight(t: int) -> float:
+    """Weight of round ``t``'s iterate in the running average."""
+    return max(2.0 / (t + 1.0), AVERAGE_FLOOR)
+
+
+def sigma_ceiling(client_features, n_features: int, client_sizes) -> float:
+    """A scaling that makes any subproblem a lower bound on the dual's change.
+
+    By Cauchy-Schwarz, ``||sum_{j <= n} v_j||^2 <= n sum ||v_j||^2``: with
+    ``n`` the most samples a client updates times the most clients adding on a
+    feature, the model's curvature ``sigma ||x_i||^2`` dominates whatever the
+    coupling between samples.
+    """
+    return initial_sigma(client_features, n_features) * float(max(np.max(client_sizes), 1))
+
+
+def initial_sigma(client_features, n_features: int) -> float:
+    """CoCoA+'s safe scaling: the most clients whose updates add up on one feature."""
+    counts = np.bincount(np.concatenate([np.asarray(f, dtype=np.int64) for f in client_features]),
+                         minlength=n_features)
+    return float(max(int(counts.max(initial=1)), 1))
+
+
+# ---------------------------------------------------------------------------
+# State kept between rounds
+# ---------------------------------------------------------------------------
+
+
+class SpanHistory:
+    """The recent rounds the clients' models are built from, for all clients at once.
+
+    A client remembers the inner products of its samples from its last ``depth``
+    active rounds, and forgets rounds older than ``2 * depth`` server rounds
+    (directions that old say little about the current iterates). Every holder
+    active in a round receives the same inner products, so one ring of
+    ``2 * depth`` slots indexed by (sample, slot) holds every client's history
+    exactly; ``slots[k]`` lists client ``k``'s slots, most recent first.
+
+    The server keeps, per slot, the model's move in that round ``u_r = w_r - w_{r-1}``
+    and their Gram matrix. A client's directions -- the current ``w`` and the
+    moves between its consecutive active rounds, sums of consecutive ``u`` --
+    get their Gram matrix from range sums of those, never as differences of
+    nearly equal products of whole models (which would lose the small moves'
+    digits to cancellation).
+
+    Attributes
+    ----------
+    z : ndarray, shape (N, W, C)
+        Inner products sent to the clients in each slot's round (only the
+        entries of that round's active clients' samples are meaningful); a
+        sample's slots are contiguous, which is how the local solver reads them.
+    moves : ndarray, shape (W, M, C)
+    move_gram : ndarray, shape (C, W, W)
+    w : ndarray, shape (M, C)
+        The model of the latest round.
+    slots : ndarray of int, shape (K, depth)
+    slot_round : ndarray of int, shape (W,)
+    """
+
+    def __init__(self, z, moves, move_gram, w, slots, slot_round):
+        self.z, self.moves, self.move_gram, self.w = z, moves, move_gram, w
+        self.slots, self.slot_round = slots, slot_round
+
+    @classmethod
+    def empty(cls, n_clients: int, n_samples: int | None, n_features: int, n_outputs: int,
+              depth: int) -> SpanHistory:
+        """An empty history (``n_samples=None``: the server's part, without inner products)."""
+        size = 2 * depth
+        return cls(
+            z=None if n_samples is None else np.zeros((n_samples, size, n_outputs)),
+            moves=np.zeros((size, n_features, n_outputs)),
+            move_gram=np.zeros((n_outputs, size, size)),
+            w=np.zeros((n_features, n_outputs)),
+            slots=np.full((n_clients, depth), -1, dtype=np.int64),
+            slot_round=np.full(size, -1, dtype=np.int64),
+        )
+
+    @property
+    def size(self) -> int:
+        return self.moves.shape[0]
+
+    def record(self, t: int, w: np.ndarray, clients: np.ndarray, samples: np.ndarray = None,
+               z: np.ndarray = None) -> None:
+        """Round ``t``: the flagged clients got ``z`` (rows ``samples``) computed with ``w``."""
+        slot = t % self.size
+        self.slots[self.slots == slot] = -1  # that slot's round is now too old
+        move = w - self.w
+        self.moves[slot] = move
+        self.w = np.array(w, dtype=float)
+        self.slot_round[slot] = t
+        row = np.einsum("mc,smc->cs", move, self.moves)
+        self.move_gram[:, slot, :] = row
+        self.move_gram[:, :, slot] = row
+        if self.z is not None:
+            self.z[samples, slot] = z
+        self.slots[clients, 1:] = self.slots[clients, :-1]
+        self.slots[clients, 0] = slot
+
+    def directions(self, clients: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """History directions and their Gram matrices of clients active in the latest round.
+
+        Returns
+        -------
+        pairs : ndarray of int, shape (A, R, 2)
+            See :func:`direction_pairs`.
+        grams : ndarray, shape (A, C, R, R)
+        """
+        pairs = direction_pairs(self.slots[clients])
+        t = int(self.slot_round.max())
+        return pairs, self.direction_grams(pairs, t)
+
+    def direction_grams(self, pairs: np.ndarray, t: int) -> np.ndarray:
+        """Gram matrices of the directions ``pairs`` (see :func:`direction_pairs`) at round t."""
+        W, C = self.size, self.w.shape[1]
+        # Chronological position of every slot (oldest first); unused slots sort first.
+        position = np.where(self.slot_round >= 0, self.slot_round - (t - W + 1), 0)
+        chrono = np.argsort(position)
+        gram = self.move_gram[:, chrono][:, :, chrono]
+        box = np.zeros((C, W + 1, W + 1))  # box[a, b] = sum of gram[:a, :b]
+        box[:, 1:, 1:] = gram.cumsum(axis=1).cumsum(axis=2)
+        with_w = np.einsum("mc,smc->cs", self.w, self.moves)[:, chrono]
+        line = np.zeros((C, W + 1))
+        line[:, 1:] = with_w.cumsum(axis=1)
+        # Direction j > 0 sums the moves of the rounds after its older slot up to its newer.
+        p, b = pairs[..., 0], pairs[..., 1]
+        hi = np.where(p >= 0, position[np.maximum(p, 0)] + 1, 0)
+        lo = np.where(b >= 0, position[np.maximum(b, 0)] + 1, 0)
+        is_move = (b >= 0)[..., :, None] & (b >= 0)[..., None, :]
+        hi_i, lo_i = hi[..., :, None], lo[..., :, None]
+        hi_j, lo_j = hi[..., None, :], lo[..., None, :]
+        moves = (box[:, hi_i, hi_j] - box[:, lo_i, hi_j] - box[:, hi_i, lo_j]
+                 + box[:, lo_i, lo_j])  # (C, A, R, R)
+        w_with = line[:, hi] - line[:, lo]  # (C, A, R): <w, direction>
+        grams = np.where(is_move[None], moves, 0.0)
+        first = (p >= 0) & (b < 0)  # the current w itself (column 0)
+        grams[:, :, 0, :] = np.where((b >= 0)[None], w_with, 0.0)
+        grams[:, :, :, 0] = grams[:, :, 0, :]
+        norm_w = np.sum(self.w * self.w, axis=0)  # (C,)
+        grams[:, :, 0, 0] = np.where(first[None, :, 0], norm_w[:, None], 0.0)
+        return np.moveaxis(grams, 0, 1)
+
+
+class ClientMemory:
+    """One client's side of :class:`SpanHistory`: its samples' inner products, by slot.
+
+    The slots follow the same ring as the server's (slot ``t mod W``), so the
+    server can name the directions and send their Gram matrix.
+    """
+
+    def __init__(self, n_samples: int, n_outputs: int, depth: int):
+        size = 2 * depth
+        self.z = np.zeros((n_samples, size, n_outputs))
+        self.slots = np.full(depth, -1, dtype=np.int64)
+
+    def record(self, t: int, z: np.ndarray) -> None:
+        slot = t % self.z.shape[1]
+        self.slots[self.slots == slot] = -1
+        self.slots[1:] = self.slots[:-1].copy()
+        self.slots[0] = slot
+        self.z[:, slot] = z
+
+    def pairs(self) -> np.ndarray:
+        return direction_pairs(self.slots[None, :])
+
+
+class RunningAverage:
+    """Exponential moving average of the rows of an iterate, paid only for rows that change.
+
+    ``avg_t = (1 - rho_t) avg_{t-1} + rho_t x_t`` with ``rho_t`` from
+    :func:`average_weight`. A row of ``x`` that has not changed since round
+    ``u`` needs no work until it changes or is read: its average follows from
+    the product of the ``(1 - rho)`` factors in between, kept as a running sum
+    of logarithms (``rho_1 = 1`` forgets the start; its logarithm is stood in
+    for by a number whose exponential is 0 in float64, so differences stay
+    finite).
+    """
+
+    _FORGET = -800.0
+
+    def __init__(self, value: np.ndarray):
+        self.avg = np.array(value, dtype=float)
+        self.since = np.zeros(self.avg.shape[0], dtype=np.int64)  # round of the last update
+        self.log_keep = np.zeros(1)  # log prod_{r <= t} (1 - rho_r), by round t
+        self.t = 0
+
+    def advance(self, t: int) -> None:
+        """Round ``t`` begins."""
+        rho = average_weight(t)
+        step = np.log1p(-rho) if rho < 1 else self._FORGET
+        self.log_keep = np.append(self.log_keep, self.log_keep[-1] + step)
+        self.t = t
+
+    def _keep(self, rows, until: int) -> np.ndarray:
+        keep = np.exp(self.log_keep[until] - self.log_keep[self.since[rows]])
+        return keep.reshape((-1,) + (1,) * (self.avg.ndim - 1))
+
+    def update(self, rows: np.ndarray, before: np.ndarray, after: np.ndarray) -> None:
+        """``rows`` changed in the current round from ``before`` to ``after``."""
+        previous = before + self._keep(rows, self.t - 1) * (self.avg[rows] - before)
+        rho = average_weight(self.t)
+        self.avg[rows] = (1.0 - rho) * previous + rho * after
+        self.since[rows] = self.t
+
+    def value(self, current: np.ndarray) -> np.ndarray:
+        """The average at the current round for an iterate now equal to ``current``."""
+        return current + self._keep(slice(None), self.t) * (self.avg - current)
