@@ -171,6 +171,7 @@ def test_run_config_errors():
         ({"bogus": 1}, "not known"),
         ({"algorithm": "fedavg"}, "cannot be deployed"),
         ({"hyper": "sip_scope=paper"}, "accounting convention"),
+        ({"hyper": "step_rule=cocoa"}, "cannot run yet"),
         ({"hyper": "local_steps"}, "KEY=VALUE"),
         ({"cipher": "rsa"}, "cipher"),
         ({"cipher": "paillier"}, "public-key"),
@@ -250,8 +251,10 @@ def test_block_files_hold_exactly_each_partys_block(tmp_path, problem):
     pooled, parts = assemble(files, "hinge", problem.lam)
     assert abs(pooled.X - problem.X).max() == 0
     np.testing.assert_array_equal(pooled.Y, problem.Y)
-    a = simulate(HyFDCA(local_steps=2), problem, partition, parse_participation(0.7, 4), 3, seed=2)
-    b = simulate(HyFDCA(local_steps=2), pooled, parts, parse_participation(0.7, 4), 3, seed=2)
+    a = simulate(HyFDCA(local_steps=2, step_rule="safe"), problem, partition,
+                 parse_participation(0.7, 4), 3, seed=2)
+    b = simulate(HyFDCA(local_steps=2, step_rule="safe"), pooled, parts,
+                 parse_participation(0.7, 4), 3, seed=2)
     np.testing.assert_array_equal(a.weights, b.weights)
 
 
@@ -259,8 +262,9 @@ def test_rounds_without_participants_match_the_stacked_engine(problem):
     # Needed when every scheduled party is absent: the server runs an empty round.
     trace = Trace(np.array([[1, 1, 1, 1], [0, 0, 0, 0], [1, 0, 1, 0]], dtype=bool))
     partition = grid(problem.n_samples, problem.n_features, 2, 2)
-    stacked = simulate(HyFDCA(local_steps=3), problem, partition, trace, 3, seed=1)
-    secure = run_protocol(HyFDCA(local_steps=3), problem, partition, trace, 3,
+    stacked = simulate(HyFDCA(local_steps=3, step_rule="safe"), problem, partition, trace, 3,
+                       seed=1)
+    secure = run_protocol(HyFDCA(local_steps=3, step_rule="safe"), problem, partition, trace, 3,
                           make_cipher("none"), seed=1)
     np.testing.assert_allclose(secure.weights, stacked.weights, atol=1e-12)
     np.testing.assert_allclose(secure.column("beta"), stacked.column("beta"))
@@ -604,7 +608,8 @@ def test_loopback_party_killed_mid_run_is_treated_as_absent(tmp_path, breast_can
     assert results["final"]["absent"] == [2] and results["final"]["finished"] == [0, 1]
     # The same iterates as run_protocol with party 2 absent after round 1.
     history = []
-    run_protocol(make_algorithm("hyfdca", {"local_steps": 5}), problem, partition,
+    run_protocol(make_algorithm("hyfdca", {"local_steps": 5, "step_rule": "safe"}), problem,
+                 partition,
                  Trace(np.array([[1, 1, 1], [1, 1, 0], [1, 1, 0]], dtype=bool)), 3,
                  party_cipher("paillier", private), seed=3,
                  on_round=lambda s, c: history.append(s.w.copy()))

@@ -134,7 +134,8 @@ def test_hyfdca_runs_on_party_data(hybrid):
     problem = make_problem(data, "hinge", 1e-2)
     optimum = solve_centralized(problem, cache=False)
     result = simulate(
-        HyFDCA(local_steps=10), problem, partition, Full(partition.n_clients), 30, optimum=optimum
+        HyFDCA(local_steps=10,
+               step_rule="safe"), problem, partition, Full(partition.n_clients), 30, optimum=optimum
     )
     gap = result.column("gap")
     assert np.all(np.isfinite(gap)) and gap[-1] < gap[0]

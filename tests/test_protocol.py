@@ -40,14 +40,20 @@ def ciphers():
 def _settings(problem):
     n, m = problem.n_samples, problem.n_features
     return {
-        "hybrid, partial, safe": (HyFDCA(local_steps=2), grid(n, m, 3, 3), RandomFraction(9, 0.5)),
+        "hybrid, partial, safe": (HyFDCA(local_steps=2, step_rule="safe"), grid(n, m, 3, 3),
+                                  RandomFraction(9, 0.5)),
         "hybrid, partial, paper": (
             HyFDCA(local_steps=2, step_rule="paper"), grid(n, m, 3, 3), RandomFraction(9, 0.5)
         ),
         "hybrid, full, drawn scope": (
-            HyFDCA(local_steps=3, sip_scope="drawn"), grid(n, m, 2, 3), Full(6)
+            HyFDCA(local_steps=3, sip_scope="drawn", step_rule="safe"), grid(n, m, 2, 3), Full(6)
         ),
-        "horizontal": (HyFDCA(local_steps=3), horizontal(n, m, 3), Full(3)),
+        "horizontal": (HyFDCA(local_steps=3, step_rule="safe"), horizontal(n, m, 3), Full(3)),
+        "cocoa, hybrid, partial": (HyFDCA(), grid(n, m, 3, 3), RandomFraction(9, 0.5)),
+        "cocoa, horizontal": (HyFDCA(), horizontal(n, m, 3), Full(3)),
+        "cocoa, vertical, history 2": (
+            HyFDCA(history=2), grid(n, m, 1, 3), RandomFraction(3, 0.7)
+        ),
         "theory, refresh": (
             HyFDCA(local_steps=2, step_rule="theory", refresh_inner_products=True),
             grid(n, m, 2, 2),
@@ -62,6 +68,9 @@ SETTINGS = [
     "hybrid, full, drawn scope",
     "horizontal",
     "theory, refresh",
+    "cocoa, hybrid, partial",
+    "cocoa, horizontal",
+    "cocoa, vertical, history 2",
 ]
 
 
@@ -91,7 +100,7 @@ def test_plaintext_and_paillier_iterates_agree_on_a_nonzero_balanced_split(probl
     # Holder sets differ from sample to sample here, so packing falls back to
     # small chunks; the iterates must still agree.
     partition = nonzero_balanced(problem.X, 2, 2, seed=1)
-    hyfdca = HyFDCA(local_steps=2)
+    hyfdca = HyFDCA(local_steps=2, step_rule="safe")
     runs = {
         name: run_protocol(hyfdca, problem, partition, RandomFraction(4, 0.75), 5, ciphers[name],
                            seed=1)
@@ -155,13 +164,15 @@ def _walk(obj, seen=None):
         yield obj
 
 
-ALLOWED_PLAINTEXT = ("w", "primal_parts", "primal_sum", "saved", "beta", "beta_min", "public")
-"""Server attributes that are meant to be plaintext: the model and its parts (not secret
-in HyFDCA, which encrypts the duals instead), the safe rule's step multiplier, and public
-facts (sizes, the layout, who holds which sample)."""
+ALLOWED_PLAINTEXT = ("w", "primal_parts", "primal_sum", "saved", "beta", "beta_min", "public",
+                     "average_w", "sigma", "sigma_ceiling")
+"""Server attributes that are meant to be plaintext: the model, its parts and its running
+average (not secret in HyFDCA, which encrypts the duals instead), the safe rule's and the
+cocoa rule's step scalings, and public facts (sizes, the layout, who holds which sample)."""
 
 
-def test_server_never_holds_or_receives_a_dual_or_inner_product_in_plaintext(problem):
+@pytest.mark.parametrize("step_rule", ["safe", "cocoa"])
+def test_server_never_holds_or_receives_a_dual_or_inner_product_in_plaintext(problem, step_rule):
     n, m = problem.n_samples, problem.n_features
     spy = _Spy(make_cipher("paillier", key_bits=KEY_BITS))
     wire = Wire(spy.ciphertext_bytes, record=True)
@@ -176,7 +187,8 @@ def test_server_never_holds_or_receives_a_dual_or_inner_product_in_plaintext(pro
             leaves.extend(_walk(value))
         held.append(leaves)
 
-    run_protocol(HyFDCA(local_steps=3), problem, grid(n, m, 3, 3), RandomFraction(9, 0.6), 6,
+    hyfdca = HyFDCA(local_steps=3, step_rule="safe") if step_rule == "safe" else HyFDCA()
+    run_protocol(hyfdca, problem, grid(n, m, 3, 3), RandomFraction(9, 0.6), 6,
                  spy, seed=0, wire=wire, on_round=snapshot)
 
     secrets = np.concatenate(spy.secrets)
@@ -204,12 +216,14 @@ def test_server_never_holds_or_receives_a_dual_or_inner_product_in_plaintext(pro
     # 2. What the server receives: ciphertexts, plaintext primal parts (|M_k| x C), flags.
     for client, kind, payload in wire.received:
         for leaf in _walk(payload):
-            if isinstance(leaf, np.ndarray) and leaf.dtype.kind == "f":
-                assert kind == "primal_part"
+            if isinstance(leaf, np.ndarray) and leaf.dtype.kind == "f" and kind == "step":
+                assert leaf.shape == (1,)  # the line search's step size, public like w
+            elif isinstance(leaf, np.ndarray) and leaf.dtype.kind == "f":
+                assert kind in ("primal_part", "direction")  # primal images (cocoa: direction)
                 assert leaf.shape[0] == len(_features(grid(n, m, 3, 3), client))
             elif isinstance(leaf, (float, np.floating)):
                 raise AssertionError(f"plaintext scalar {leaf} from client {client} ({kind})")
-        if kind in ("inner_products", "dual_steps", "setup"):
+        if kind in ("inner_products", "dual_steps", "setup", "proposals", "direction"):
             assert any(isinstance(leaf, EncryptedVector) for leaf in _walk(payload))
 
 
@@ -219,7 +233,8 @@ def _features(partition, k):
     return stack(partition, synthetic().X).client_features[k]
 
 
-def test_each_client_receives_only_its_own_duals_and_weights(problem):
+@pytest.mark.parametrize("step_rule", ["safe", "cocoa"])
+def test_each_client_receives_only_its_own_duals_and_weights(problem, step_rule):
     n, m = problem.n_samples, problem.n_features
     partition = grid(n, m, 3, 3)
     wire = Wire(0, record=True)
@@ -228,7 +243,8 @@ def test_each_client_receives_only_its_own_duals_and_weights(problem):
     def keep(server, clients):
         parties["server"], parties["clients"] = server, clients
 
-    run_protocol(HyFDCA(local_steps=3), problem, partition, RandomFraction(9, 0.6), 6,
+    hyfdca = HyFDCA(local_steps=3, step_rule="safe") if step_rule == "safe" else HyFDCA()
+    run_protocol(hyfdca, problem, partition, RandomFraction(9, 0.6), 6,
                  make_cipher("packed", key_bits=KEY_BITS), seed=0, wire=wire, on_round=keep)
     server, clients = parties["server"], parties["clients"]
     layout = server.public.layout
@@ -242,9 +258,14 @@ def test_each_client_receives_only_its_own_duals_and_weights(problem):
                 assert np.isin(leaf.chunks, own_chunks).all(), (k, kind)
                 holders = layout.chunk_holders[leaf.chunks]
                 assert (holders == k).any(axis=1).all()
-            elif isinstance(leaf, np.ndarray) and leaf.dtype.kind == "f":
-                assert kind == "weights"
+            elif isinstance(leaf, np.ndarray) and leaf.dtype.kind == "f" and leaf.ndim == 2 \
+                    and kind in ("weights", "commit"):
                 assert leaf.shape == (client.features.size, server.w.shape[1])
+            elif isinstance(leaf, np.ndarray) and leaf.dtype.kind == "f":
+                # cocoa: public scalars per output (step, momentum, ||dw||^2) and the Gram
+                # matrices of the client's own model moves -- functions of w alone.
+                assert kind in ("commit", "momentum", "totals", "inner_products"), kind
+                assert leaf.shape[0] == server.w.shape[1]
             elif isinstance(leaf, np.ndarray) and leaf.dtype.kind in "iu":
                 assert leaf.size == 0 or (leaf.min() >= 0 and leaf.max() < client.samples.size)
 
@@ -254,7 +275,8 @@ def test_counts_follow_what_really_travels(problem, ciphers):
     # exactly: inner products of the updated samples' holders, one step per draw,
     # and 3 gain terms per client; one client decrypts the 3 totals.
     n, m = problem.n_samples, problem.n_features
-    result = simulate(HyFDCA(local_steps=2, sip_scope="drawn"), problem, grid(n, m, 1, 2),
+    result = simulate(HyFDCA(local_steps=2, sip_scope="drawn", step_rule="safe"), problem,
+                      grid(n, m, 1, 2),
                       Full(2), 1, cipher=ciphers["none"])
     row = result.final
     updated = row["updated_samples"]
@@ -266,9 +288,10 @@ def test_counts_follow_what_really_travels(problem, ciphers):
 def test_drawn_scope_refuses_partial_participation(problem, ciphers):
     n, m = problem.n_samples, problem.n_features
     with pytest.raises(HyflError, match="sip_scope"):
-        simulate(HyFDCA(sip_scope="drawn"), problem, grid(n, m, 2, 2), RandomFraction(4, 0.5), 5)
+        simulate(HyFDCA(sip_scope="drawn", step_rule="safe"), problem, grid(n, m, 2, 2),
+                 RandomFraction(4, 0.5), 5)
     with pytest.raises(HyflError, match="sip_scope"):
-        run_protocol(HyFDCA(sip_scope="drawn"), problem, grid(n, m, 2, 2),
+        run_protocol(HyFDCA(sip_scope="drawn", step_rule="safe"), problem, grid(n, m, 2, 2),
                      RandomFraction(4, 0.5), 5, ciphers["none"])
 
 
@@ -277,7 +300,8 @@ def test_paper_scope_computes_like_all_and_charges_like_drawn(problem, ciphers):
     # while charging only the drawn samples' parts, as the paper's section 7.1 count did.
     n, m = problem.n_samples, problem.n_features
     runs = {
-        scope: simulate(HyFDCA(local_steps=3, sip_scope=scope), problem, grid(n, m, 2, 2),
+        scope: simulate(HyFDCA(local_steps=3, sip_scope=scope, step_rule="safe"), problem,
+                        grid(n, m, 2, 2),
                         RandomFraction(4, 0.5), 8, cipher=ciphers["none"], seed=3)
         for scope in ("all", "paper")
     }
@@ -286,7 +310,8 @@ def test_paper_scope_computes_like_all_and_charges_like_drawn(problem, ciphers):
     paper_enc = runs["paper"].column("encryptions")[1:]
     assert np.all(paper_enc < all_enc)
     with pytest.raises(HyflError, match="paper"):
-        run_protocol(HyFDCA(sip_scope="paper"), problem, grid(n, m, 2, 2), Full(4), 2,
+        run_protocol(HyFDCA(sip_scope="paper", step_rule="safe"), problem, grid(n, m, 2, 2),
+                     Full(4), 2,
                      ciphers["none"])
 
 

@@ -32,6 +32,7 @@ latency = 0.2575
 [algorithms.hyfdca]
 local_steps = 5
 sip_scope = "paper"
+step_rule = "safe"
 
 [algorithms.fedavg]
 local_steps = 5

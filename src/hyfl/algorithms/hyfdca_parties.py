@@ -55,6 +55,21 @@ from hyfl.algorithms.hyfdca import (
     next_beta,
     step_verdict,
 )
+from hyfl.algorithms.hyfdca_local import (
+    ClientMemory,
+    SpanHistory,
+    average_weight,
+    conjugate_gains,
+    initial_sigma,
+    line_search,
+    line_search_points,
+    momentum_coefficient,
+    momentum_direction,
+    next_sigma,
+    sigma_ceiling,
+    solve_subproblems,
+    span_transforms,
+)
 from hyfl.partition import StackedBlocks, client_block
 from hyfl.privacy.layout import (
     EncryptedVector,
@@ -99,10 +114,14 @@ class Client:
         self.own_sq = _row_squared_norms(self.X)
         self.sq_norms = np.zeros(self.samples.size)  # full ||x_i||^2, learned at set-up
         self.round: dict = {}
+        if public.hyfdca.step_rule == "cocoa":
+            depth = public.hyfdca.history_depth(public.n_features)
+            self.memory = ClientMemory(self.samples.size, C, depth)
+            self.previous_step = np.zeros((self.samples.size, C))
 
     #: What changes between messages: a transport that cannot keep the object
     #: alive (Flower starts a new process per message) saves and restores these.
-    STATE = ("alpha", "w", "sq_norms", "round", "z", "previous")
+    STATE = ("alpha", "w", "sq_norms", "round", "z", "previous", "memory", "previous_step")
 
     def get_state(self) -> dict:
         """The client's changing state (see :attr:`STATE`), by attribute name."""
@@ -236,6 +255,104 @@ class Client:
             self.alpha[self.round["updated_local"]] = self.previous[0]
         self.w = np.array(w_local, dtype=float)
 
+    # -- the cocoa rule (see hyfl.algorithms.hyfdca_local) ---------------------------------
+    def cocoa_proposals(self, message: dict) -> EncryptedVector:
+        """Remember the round's inner products, solve the subproblem, send the proposals.
+
+        ``message`` has the encrypted ``z`` of all the client's samples, the
+        Gram matrices of its directions and the subproblem's ``coef``.
+        """
+        pub = self.public
+        if pub.horizontal:  # whole samples: the inner products are local
+            self.z = np.asarray(self.X @ self.w)
+        else:
+            self.z = decrypt_samples(self.cipher, pub.layout, message["z"], self.samples)
+        self.memory.record(self.round["t"], self.z)
+        order = self.round["order_local"]  # the drawn samples, in the order to visit them
+        proposals = solve_subproblems(
+            self.loss,
+            segments=np.array([0, order.size]),
+            row_sample=order,
+            alpha=self.alpha,
+            z_ring=self.memory.z,
+            pairs=self.memory.pairs(),
+            transforms=span_transforms(_symmetric(message["grams"])[None]),
+            Y=self.Y,
+            sq_norms=self.sq_norms,
+            coef=float(message["coef"]),
+        )
+        scale = 1.0 / pub.n_holders[self.samples[order]]
+        return encrypt_samples(self.cipher, pub.layout, self.samples[order],
+                               proposals * scale[:, None])
+
+    def cocoa_image(self, message: dict) -> np.ndarray:
+        """Adopt the aggregated proposal of the round's samples; send its primal image."""
+        updated = self.round["updated_local"]
+        layout = self.public.layout
+        self.proposal = decrypt_samples(self.cipher, layout, message["proposal"],
+                                        self.samples[updated])
+        if message.get("previous") is not None:  # returning: the last steps, made by others
+            self.previous_step = np.zeros_like(self.previous_step)
+            vec = message["previous"]
+            chunk = layout.positions(self.samples[updated]) // layout.slots
+            sent = np.isin(chunk, vec.chunks).reshape(updated.size, -1).all(axis=1)
+            moved = updated[sent]
+            if moved.size:
+                self.previous_step[moved] = decrypt_samples(self.cipher, layout, vec,
+                                                            self.samples[moved])
+        return np.asarray(self.X[updated].T @ self.proposal)
+
+    def cocoa_direction(self, mu: np.ndarray) -> dict:
+        """The round's feasible direction; its primal image and encrypted line-search sums."""
+        updated = self.round["updated_local"]
+        y = self.Y[updated]
+        alpha = self.alpha[updated]
+        self.direction = momentum_direction(self.loss, alpha, self.proposal,
+                                            self.previous_step[updated], np.asarray(mu), y)
+        d = self.direction
+        reports = self.round["reports_local"]  # samples this client is first active holder of
+        gains = conjugate_gains(self.loss, alpha[reports], d[reports], y[reports])
+        margin = np.sum((self.z[updated] * d)[reports], axis=0)
+        full = np.sum((self.sq_norms[updated][:, None] * d * d)[reports], axis=0)
+        own = np.sum(self.own_sq[updated][:, None] * d * d, axis=0)
+        totals = np.concatenate([gains, margin[None], full[None], own[None]]).T  # (C, P + 3)
+        return {
+            "primal_part": np.asarray(self.X[updated].T @ d),
+            "totals": encrypt_samples(self.cipher, _totals_layout(self.cipher, totals.size),
+                                      np.array([0]), totals.reshape(1, -1)),
+        }
+
+    def cocoa_step(self, totals: EncryptedVector, dw_sq: np.ndarray) -> np.ndarray:
+        """(One client, for all) decrypt the summed sums and take the line search's step."""
+        pub = self.public
+        C = pub.n_outputs
+        points = line_search_points(self.loss).size
+        values = decrypt_samples(self.cipher, _totals_layout(self.cipher, C * (points + 3)),
+                                 totals, np.array([0])).reshape(C, points + 3)
+        gains, margin, full, own = (values[:, :points].T, values[:, points],
+                                    values[:, points + 1], values[:, points + 2])
+        missing = np.where(own > 0, full / np.where(own > 0, own, 1.0), 1.0)
+        return line_search(self.loss, gains, margin, 0.5 * pub.lam * missing * dw_sq,
+                           pub.n_samples)
+
+    def cocoa_commit(self, step: np.ndarray, w_local: np.ndarray) -> EncryptedVector:
+        """Take the step; send the encrypted changes of the samples this client reports."""
+        updated = self.round["updated_local"]
+        change = self.direction * np.asarray(step)[None, :]
+        before = self.alpha[updated]
+        self.alpha[updated] = self._feasible(before + change, updated)
+        reports = self.round["reports_local"]
+        # The client's own record of the duals it reported (monitoring reads it to keep
+        # the running average of the duals; it never leaves the client in the protocol).
+        self.reported = (self.samples[updated[reports]], before[reports],
+                         self.alpha[updated[reports]])
+        self.previous_step = np.zeros_like(self.previous_step)
+        self.previous_step[updated] = change
+        self.w = np.array(w_local, dtype=float)
+        send = reports & np.any(change != 0.0, axis=1)  # a zero step changes nothing
+        return encrypt_samples(self.cipher, self.public.layout, self.samples[updated[send]],
+                               change[send])
+
     def _feasible(self, values: np.ndarray, local: np.ndarray) -> np.ndarray:
         """Project decrypted duals into the dual domain (fixed-point rounding may step out)."""
         lo, hi = self.loss.dual_bounds(self.Y[local])
@@ -262,10 +379,19 @@ class Server:
         self.w = np.zeros((public.n_features, C))
         N = public.n_samples
         H = public.hyfdca.steps_per_client(N, K)
-        self.counts = np.minimum(H, [s.size for s in self.client_samples])
+        sizes = np.array([s.size for s in self.client_samples])
+        self.counts = sizes.copy() if H is None else np.minimum(H, sizes)
         self.beta = 1.0
         self.beta_min = 1.0 / float(public.n_holders.max())
         self.t = 0
+        if public.hyfdca.step_rule == "cocoa":
+            M = public.n_features
+            self.history = SpanHistory.empty(K, None, M, C, public.hyfdca.history_depth(M))
+            self.sigma = initial_sigma(self.client_features, M)
+            self.sigma_ceiling = sigma_ceiling(self.client_features, M, sizes)
+            self.previous_dw = np.zeros((M, C))
+            self.enc_previous: dict[int, object] = {}  # chunk -> ciphertext of the last step
+            self.average_w = np.zeros((M, C))  # the running average of the model (plaintext)
 
     # -- set-up ----------------------------------------------------------------
     def setup(self, messages: list[dict]) -> list[EncryptedVector]:
@@ -307,13 +433,16 @@ class Server:
             mine = np.isin(samples, self.updated)
             updated_local = np.flatnonzero(mine)
             message = {
-                "drawn_local": np.sort(drawn[k]),
                 "updated_local": updated_local,
                 "reports_local": first_active[np.searchsorted(self.updated, samples[mine])] == k,
                 "t": t,
                 "n_draws": self.n_draws,
                 "stale": None,
             }
+            if hy.step_rule == "cocoa":  # the drawn samples in the order to visit them
+                message["order_local"] = np.asarray(drawn[k])
+            else:
+                message["drawn_local"] = np.sort(drawn[k])
             if hy.step_rule == "safe":
                 message["beta"] = self.beta
             if not was_active[k] and t > 1:
@@ -330,6 +459,8 @@ class Server:
         for k, reply in replies.items():
             self._set_primal_part(k, reply["primal_part"])
         self._update_w()
+        if self.public.hyfdca.step_rule == "cocoa":  # every active client needs the new w
+            return {int(k): self.w[self.client_features[k]] for k in self.active}
         return {k: self.w[self.client_features[k]] for k in replies}
 
     # -- 2. SecureInnerProduct ---------------------------------------------------------
@@ -389,6 +520,119 @@ class Server:
             self.primal_parts, self.primal_sum, self.w = self.saved
         return {int(k): self.w[self.client_features[k]] for k in self.active}
 
+    # -- the cocoa rule (see hyfl.algorithms.hyfdca_local) ---------------------------------
+    def cocoa_inner_products(self, parts: dict[int, EncryptedVector | None]) -> dict[int, dict]:
+        """Sums of the inner products of every sample of the active clients, each client's
+        directions' Gram matrix and the subproblem's scaling."""
+        layout, pub = self.public.layout, self.public
+        active = self.active
+        self.history.record(self.t, self.w, active)
+        _, grams = self.history.directions(active)
+        upper = np.triu_indices(grams.shape[-1])
+        coef = self.sigma / (pub.lam * pub.n_samples)
+        if pub.horizontal:
+            z = None
+        else:
+            for k, vec in parts.items():
+                self.enc_ip[k, vec.chunks] = vec.ciphertexts
+            chunks = np.unique(np.concatenate([layout.chunks_of(self.client_samples[k])
+                                               for k in active]))
+            z = np.empty(layout.n_chunks, dtype=object)
+            z[chunks] = self._sum_over_holders(self.enc_ip, chunks, layout)
+        return {
+            int(k): {
+                "z": None if z is None else self._select(z, layout, self.client_samples[k]),
+                "grams": grams[a][:, upper[0], upper[1]],  # symmetric: the upper triangles
+                "coef": coef,
+            }
+            for a, k in enumerate(active)
+        }
+
+    def cocoa_aggregate(self, proposals: dict[int, EncryptedVector],
+                        newcomers: np.ndarray) -> dict[int, dict]:
+        """Sum the scaled proposals; each active client gets its updated samples' sums
+        (returning clients also the last steps of their samples)."""
+        layout = self.public.layout
+        total = np.empty(layout.n_chunks, dtype=object)
+        have = np.zeros(layout.n_chunks, dtype=bool)
+        for vec in proposals.values():
+            old = have[vec.chunks]
+            fresh_chunks, added_chunks = vec.chunks[~old], vec.chunks[old]
+            total[fresh_chunks] = vec.ciphertexts[~old]
+            if added_chunks.size:
+                total[added_chunks] = self.cipher.add(total[added_chunks], vec.ciphertexts[old])
+            have[vec.chunks] = True
+        out = {}
+        for k in self.active.tolist():
+            message = {"proposal": self._select(total, layout, self._updated_of(k)),
+                       "previous": None}
+            if newcomers[k] and self.enc_previous:
+                # Only the chunks that moved last round travel; the rest were zero steps.
+                known = np.fromiter(self.enc_previous, dtype=np.int64, count=len(self.enc_previous))
+                chunks = np.intersect1d(layout.chunks_of(self._updated_of(k)), known)
+                message["previous"] = EncryptedVector(
+                    chunks, np.array([self.enc_previous[int(c)] for c in chunks], dtype=object)
+                )
+            out[k] = message
+        return out
+
+    def cocoa_momentum(self, images: dict[int, np.ndarray]) -> np.ndarray:
+        """The proposal's primal image -> the momentum coefficient, per output."""
+        dw = self._image(images)
+        return momentum_coefficient(dw, self.previous_dw, self.public.hyfdca.momentum)
+
+    def cocoa_totals(self, replies: dict[int, dict]):
+        """The direction's primal image; the summed line-search sums for one client."""
+        self.direction_dw = self._image({k: r["primal_part"] for k, r in replies.items()})
+        self.direction_parts = {k: r["primal_part"] for k, r in replies.items()}
+        totals = [reply["totals"] for reply in replies.values()]
+        acc = totals[0].ciphertexts
+        for vec in totals[1:]:
+            acc = self.cipher.add(acc, vec.ciphertexts)
+        judge = int(self.active[0])
+        dw_sq = np.sum(self.direction_dw * self.direction_dw, axis=0)
+        return judge, EncryptedVector(totals[0].chunks, acc), dw_sq
+
+    def cocoa_commit(self, step: np.ndarray) -> dict[int, np.ndarray]:
+        """Apply the step to ``w``; every active client gets its weights (and the step)."""
+        step = np.asarray(step, dtype=float)
+        for k, part in self.direction_parts.items():
+            features = self.client_features[k]
+            self.primal_parts[k] = self.primal_parts[k] + part * step[None, :]
+            self.primal_sum[features] += part * step[None, :]
+        self._update_w()
+        self.previous_dw = self.direction_dw * step[None, :]
+        self.sigma = next_sigma(self.sigma, step, self.sigma_ceiling)
+        self.cocoa_average()
+        return {int(k): self.w[self.client_features[k]] for k in self.active}
+
+    def cocoa_idle(self) -> None:
+        """A round nobody takes part in: the history and the running average move on."""
+        self.history.record(self.t, self.w, np.empty(0, dtype=np.int64))
+        self.cocoa_average()
+
+    def cocoa_average(self) -> None:
+        """Move the running average of the model on by one round."""
+        rho = average_weight(self.t)
+        self.average_w = (1.0 - rho) * self.average_w + rho * self.w
+
+    def cocoa_store(self, changes: dict[int, EncryptedVector]) -> None:
+        """Add the reported dual changes into the encrypted duals; keep them as the last step."""
+        self.enc_previous = {}
+        for vec in changes.values():
+            if len(vec):
+                self.enc_alpha[vec.chunks] = self.cipher.add(self.enc_alpha[vec.chunks],
+                                                             vec.ciphertexts)
+                self.enc_previous.update(zip(vec.chunks.tolist(), vec.ciphertexts))
+                self.chunk_updated[vec.chunks] = self.t
+
+    def _image(self, parts: dict[int, np.ndarray]) -> np.ndarray:
+        """``sum_k`` (per-feature) of the clients' primal parts, divided by lam N."""
+        total = np.zeros_like(self.w)
+        for k, part in parts.items():
+            total[self.client_features[k]] += part
+        return total / (self.public.lam * self.public.n_samples)
+
     # -- helpers -----------------------------------------------------------------------
     def _updated_of(self, k: int) -> np.ndarray:
         samples = self.client_samples[k]
@@ -425,13 +669,24 @@ def _first_active_holder(holders: np.ndarray, active: np.ndarray) -> np.ndarray:
     return np.where(found, holders[np.arange(holders.shape[0]), first], -1)
 
 
-def _totals_layout(cipher) -> SlotLayout:
-    """One pseudo-sample carrying the gain terms (packs into ceil(3 / slots) ciphertexts)."""
+def _symmetric(upper: np.ndarray) -> np.ndarray:
+    """(C, R(R+1)/2) upper triangles (row-major) -> (C, R, R) symmetric matrices."""
+    C, n = upper.shape
+    R = int(round((np.sqrt(8 * n + 1) - 1) / 2))
+    out = np.zeros((C, R, R))
+    i, j = np.triu_indices(R)
+    out[:, i, j] = upper
+    out[:, j, i] = upper
+    return out
+
+
+def _totals_layout(cipher, n_values: int = GAIN_TERMS) -> SlotLayout:
+    """One pseudo-sample carrying ``n_values`` summed terms (ceil(n / slots) ciphertexts)."""
     slots = cipher.slots
-    n_chunks = -(-GAIN_TERMS // slots)
+    n_chunks = -(-n_values // slots)
     return SlotLayout(
         slots=slots,
-        n_outputs=GAIN_TERMS,
+        n_outputs=n_values,
         base=np.zeros(1, dtype=np.int64),
         n_chunks=n_chunks,
         chunk_holders=np.zeros((n_chunks, 1), dtype=np.int64),

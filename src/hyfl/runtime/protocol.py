@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from hyfl.algorithms.hyfdca import HyFDCA
+from hyfl.algorithms.hyfdca_local import RunningAverage
 from hyfl.algorithms.hyfdca_parties import build_parties
 from hyfl.costs import COST_COLUMNS, FLOAT_BYTES, ID_BYTES, TIME_COMPONENTS, CostModel
 from hyfl.errors import check_int, fail
@@ -36,6 +37,7 @@ from hyfl.runtime.simulation import (
     RunResult,
     Validation,
     _progress_bar,
+    best_certified,
     budget_record,
     check_sim_time_budget,
     evaluate,
@@ -239,11 +241,27 @@ def run_protocol(
     trips = 0.0
     last_stats: dict[str, float] = {}
 
+    # The cocoa rule's second candidate model: the running average of the iterates.
+    # The server averages w itself; the duals' average is kept by the monitor from
+    # the clients' own records of what they reported (monitoring, not protocol).
+    average_duals = (
+        RunningAverage(np.zeros((problem.n_samples, server.w.shape[1])))
+        if hyfdca.step_rule == "cocoa" and monitor_duals else None
+    )
+    chosen = {"weights": server.w, "duals": None}
+
     def record(t: int) -> None:
         row = {"iteration": float(t)}
         # Monitoring only: a client decrypts the server's duals to report the gap.
         duals = _monitor_duals(server, cipher, problem) if monitor_duals else None
-        row.update(evaluate(problem, server.w, duals, optimum, validation, train_labels))
+        candidates = [("last", server.w, duals)]
+        if average_duals is not None and t > 0:
+            candidates.append(("average", server.average_w, average_duals.value(duals)))
+        index, _, w, alpha, primal, dual = best_certified(problem, hyfdca, t, candidates)
+        chosen.update(weights=w, duals=alpha)
+        row.update(evaluate(problem, w, alpha, optimum, validation, train_labels,
+                            primal=primal, dual=dual))
+        row["model"] = float(index)  # which candidate: 0 the last iterate, 1 the average
         row["round_trips"] = trips
         row["round_seconds"] = float(np.sum(round_times))
         row.update(totals)
@@ -271,6 +289,10 @@ def run_protocol(
             start = time.perf_counter()
             accepted = _one_round(server, clients, active, was_active, wire, clock)
             round_times.append(time.perf_counter() - start)
+            if average_duals is not None:
+                average_duals.advance(t)
+                for k in np.flatnonzero(active):
+                    average_duals.update(*clients[k].reported)
             newcomers = active & ~was_active
             was_active = active.copy()
             ops = _ops_since(counters, before)
@@ -309,8 +331,8 @@ def run_protocol(
 
     return RunResult(
         metrics=metrics,
-        weights=np.array(server.w, copy=True),
-        duals=_monitor_duals(server, cipher, problem) if monitor_duals else None,
+        weights=np.array(chosen["weights"], copy=True),
+        duals=None if chosen["duals"] is None else np.array(chosen["duals"], copy=True),
         round_times=np.array(round_times, dtype=float),
         config={
             "algorithm": hyfdca.config(),
@@ -355,16 +377,9 @@ class _Clock:
 
 def _one_round(server, clients, active, was_active, wire: Wire, clock: _Clock) -> bool:
     """One outer iteration, message by message. Returns the verdict."""
-    configure = clock.run("server", server.configure, active, was_active)
-    refresh = {}
-    for k, message in configure.items():
-        reply = clock.run(k, clients[k].configure, wire.down(k, "configure", message))
-        if reply is not None:
-            refresh[k] = wire.up(k, "primal_part", reply)
-    if refresh:
-        for k, w_local in clock.run("server", server.refresh, refresh).items():
-            clock.run(k, clients[k].receive_weights, wire.down(k, "weights", w_local))
-
+    if server.public.hyfdca.step_rule == "cocoa":
+        return _cocoa_round(server, clients, active, was_active, wire, clock)
+    configure = _configure_and_refresh(server, clients, active, was_active, wire, clock)
     parts = {}
     for k in configure:
         vec = clock.run(k, clients[k].inner_products)
@@ -397,6 +412,58 @@ def _one_round(server, clients, active, was_active, wire: Wire, clock: _Clock) -
     return accepted
 
 
+def _cocoa_round(server, clients, active, was_active, wire: Wire, clock: _Clock) -> bool:
+    """One outer iteration of the ``cocoa`` rule (see :meth:`HyFDCA.round_trips`)."""
+    configure = _configure_and_refresh(server, clients, active, was_active, wire, clock)
+    if not configure:  # nobody takes part
+        clock.run("server", server.cocoa_idle)
+        return False
+    parts = {}
+    for k in configure:
+        vec = clock.run(k, clients[k].inner_products)
+        parts[k] = wire.up(k, "inner_products", vec) if vec is not None else None
+    models = clock.run("server", server.cocoa_inner_products, parts)
+    proposals = {}
+    for k in configure:
+        message = wire.down(k, "inner_products", models[k])
+        proposals[k] = wire.up(k, "proposals", clock.run(k, clients[k].cocoa_proposals, message))
+    newcomers = active & ~was_active
+    sums = clock.run("server", server.cocoa_aggregate, proposals, newcomers)
+    images = {}
+    for k in configure:
+        message = wire.down(k, "proposal", sums[k])
+        images[k] = wire.up(k, "primal_part", clock.run(k, clients[k].cocoa_image, message))
+    mu = clock.run("server", server.cocoa_momentum, images)
+    replies = {}
+    for k in configure:
+        wire.down(k, "momentum", mu)
+        replies[k] = wire.up(k, "direction", clock.run(k, clients[k].cocoa_direction, mu))
+    judge, totals, dw_sq = clock.run("server", server.cocoa_totals, replies)
+    wire.down(judge, "totals", {"totals": totals, "dw_sq": dw_sq})
+    step = wire.up(judge, "step", clock.run(judge, clients[judge].cocoa_step, totals, dw_sq))
+    changes = {}
+    for k, w_local in clock.run("server", server.cocoa_commit, step).items():
+        message = wire.down(k, "commit", {"step": step, "weights": w_local})
+        changes[k] = wire.up(k, "dual_changes", clock.run(k, clients[k].cocoa_commit,
+                                                           message["step"], message["weights"]))
+    clock.run("server", server.cocoa_store, changes)
+    return bool(np.any(np.asarray(step) > 0))
+
+
+def _configure_and_refresh(server, clients, active, was_active, wire: Wire, clock: _Clock):
+    """Round instructions; returning clients refresh their duals and primal parts."""
+    configure = clock.run("server", server.configure, active, was_active)
+    refresh = {}
+    for k, message in configure.items():
+        reply = clock.run(k, clients[k].configure, wire.down(k, "configure", message))
+        if reply is not None:
+            refresh[k] = wire.up(k, "primal_part", reply)
+    weights = clock.run("server", server.refresh, refresh) if refresh else {}
+    for k, w_local in weights.items():
+        clock.run(k, clients[k].receive_weights, wire.down(k, "weights", w_local))
+    return configure
+
+
 def _round_stats(hyfdca: HyFDCA, server, active, newcomers, t, accepted) -> dict[str, float]:
     stats = {
         "round_trips": hyfdca.round_trips(
@@ -408,6 +475,8 @@ def _round_stats(hyfdca: HyFDCA, server, active, newcomers, t, accepted) -> dict
     }
     if hyfdca.step_rule == "safe":
         stats["beta"] = server.beta
+    if hyfdca.step_rule == "cocoa":
+        stats["sigma"] = server.sigma
     return stats
 
 
@@ -433,5 +502,9 @@ def _monitor_duals(server, cipher, problem: Problem) -> np.ndarray:
     """Decrypt the server's duals with a client's key (monitoring, not protocol)."""
     layout = server.public.layout
     every = np.arange(problem.n_samples)
-    return decrypt_samples(cipher, layout, EncryptedVector(np.arange(layout.n_chunks),
-                                                          server.enc_alpha), every)
+    duals = decrypt_samples(cipher, layout, EncryptedVector(np.arange(layout.n_chunks),
+                                                           server.enc_alpha), every)
+    # Fixed-point sums of dual changes can leave the dual domain by a rounding unit;
+    # the clients project what they decrypt, and so does the monitor.
+    lo, hi = problem.loss.dual_bounds(problem.Y)
+    return np.clip(duals, lo, hi)
