@@ -390,7 +390,7 @@ class ReferenceCocoa:
             self.sigma /= max(mean, 0.25)
         elif mean >= self.FULL:
             self.sigma *= self.SHRINK
-        self.sigma = min(max(self.sigma, 1.0), self.ceiling)
+        self.sigma = min(max(self.sigma, 0.1), self.ceiling)
         rho = max(2.0 / (t + 1.0), 0.1)
         self.avg_alpha = (1 - rho) * self.avg_alpha + rho * self.alpha
         self.avg_w = (1 - rho) * self.avg_w + rho * self.w

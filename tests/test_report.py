@@ -340,6 +340,7 @@ def test_win_counts_by_hand(results):
     assert rows["hyfdca"]["rounds_to_1e-1"] == 10.0  # 1/11 <= 0.1
     assert rows["hyfdca"]["rounds_to_1e-2"] == 100.0  # 1/101 <= 0.01
     assert rows["hyfdca"]["rounds_to_1e-3"] is None
+    assert rows["hyfdca"]["settled_1e-1"] == 10.0  # monotone: first touch = settled
     assert rows["hyfdca"]["bytes"] == pytest.approx(15_000.0)
     assert rows["hyfdca"]["he_ops"] == pytest.approx(600.0)
     assert rows["hyfdca"]["seconds_per_iteration"] == pytest.approx(2.0)
@@ -406,3 +407,15 @@ def test_plot_functions_accept_runs_and_summary_rows(results, tmp_path):
     assert path.read_bytes().startswith(PNG)
     with pytest.raises(HyflError):
         plot_setting(settings["A"], ax_loss, x="round")
+
+
+def test_settled_is_the_round_from_which_every_evaluation_stays_below():
+    from hyfl.runtime.simulation import first_round_below, settled_round_below
+
+    iterations = np.array([0.0, 10, 20, 30, 40, 50])
+    values = np.array([1.0, 5e-4, 2e-2, 8e-4, np.nan, 9e-4])
+    assert first_round_below(iterations, values, 1e-3) == 10.0
+    assert settled_round_below(iterations, values, 1e-3) == 50.0  # NaN is not below
+    assert settled_round_below(iterations[:4], values[:4], 1e-3) == 30.0
+    assert settled_round_below(iterations[:3], values[:3], 1e-3) is None  # ends above
+    assert settled_round_below(iterations, np.full(6, 1e-5), 1e-3) == 0.0

@@ -340,7 +340,7 @@ def _print_experiment(result) -> None:
     columns = [
         ("final_relative_loss", "rel. loss"),
         ("best_val_accuracy", "best val. acc."),
-        ("rounds_to_1e-2", "to 1e-2"),
+        ("settled_1e-2", "settled 1e-2"),
         ("round_trips", "round trips"),
         ("sim_time", "sim_time"),
     ]
@@ -635,9 +635,11 @@ def _hyper(iic, local_steps, step_rule, a, b, mu, eta0, batch_size, param) -> di
 _HEADERS = {
     "final_relative_loss": "rel. loss",
     "best_val_accuracy": "best val. acc.",
-    "rounds_to_1e-1": "to 1e-1",
-    "rounds_to_1e-2": "to 1e-2",
-    "rounds_to_1e-3": "to 1e-3",
+    "rounds_to_1e-1": "first 1e-1",
+    "rounds_to_1e-2": "first 1e-2",
+    "rounds_to_1e-3": "first 1e-3",
+    "settled_1e-2": "settled 1e-2",
+    "settled_1e-3": "settled 1e-3",
     "round_trips": "round trips",
     "median_round_ms": "ms/round",
     "bytes_up": "up",

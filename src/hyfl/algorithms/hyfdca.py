@@ -275,6 +275,8 @@ class HyFDCA:
             feature_counts=np.array([f.size for f in blocks.client_features], dtype=np.int64),
             updated_at=np.zeros(N, dtype=np.int64),
             last_active=np.zeros(blocks.n_clients, dtype=np.int64),
+            changes=DualChangeLog.empty(N),
+            copy_residue=np.empty(0, dtype=np.int64),
             t=0,
             horizontal=bool(np.all(blocks.n_holders == 1)),
             local=local,
@@ -322,13 +324,19 @@ class HyFDCA:
         # still hold the weights sent at the end of last round.
         # With the cocoa rule every active client receives the refreshed
         # weights (its model needs inner products with the w it records).
+        # The server logs last round's dual changes first: a newcomer's stale
+        # copies are found from the changes made while it was away, so the
+        # refresh costs those rows, not the newcomer's whole block.
         receivers = active if self.step_rule == "cocoa" else newcomers
         state.snapshots.record(state.w, active & ~receivers)
+        log_last_round(state)
+        refreshed = None
         if newcomers.any() and state.t > 0:
-            io.traffic["refresh_down"] = _stale_copies(state, newcomers)
+            stale = _stale_rows(state, newcomers)
+            io.traffic["refresh_down"] = _stale_copies(state.blocks, stale)
             io.floats_up += n_features[newcomers].sum()
             io.floats_down += n_features[receivers].sum()
-        refreshed = server_refresh_newcomers(state, newcomers)
+            refreshed = server_refresh_newcomers(state, newcomers, stale)
         if refreshed:
             state.w += primal_aggregation(state, state.blocks.X[refreshed[0]], refreshed[1])
         state.snapshots.record(state.w, receivers)
@@ -897,6 +905,8 @@ class HyFDCAState:
     feature_counts: np.ndarray  # (K,) |M_k|, for counting the weights that travel
     updated_at: np.ndarray  # (N,) last round that changed each dual (0: never)
     last_active: np.ndarray  # (K,) last round each client took part in (0: never)
+    changes: DualChangeLog  # which duals changed in which recent round (for refreshes)
+    copy_residue: np.ndarray  # (S,) ascending rows a refresh left unequal to the server's dual
     t: int
     horizontal: bool = False
     local: LocalState | None = None
@@ -909,23 +919,162 @@ class HyFDCAState:
 # ---------------------------------------------------------------------------
 
 
-def server_refresh_newcomers(state: HyFDCAState, newcomers: np.ndarray):
+class DualChangeLog:
+    """The server's record of which duals changed in which recent round.
+
+    A returning client must receive the duals of its samples that changed
+    while it was away (``updated_at > last_active``). Looking for them among
+    all its rows costs the size of its block; the log lists the changes
+    themselves, in round order, so the changes after any round are a suffix
+    of it. A dual changed in several rounds has one entry per round; only the
+    entry whose round equals the sample's ``updated_at`` is live, and readers
+    skip the others.
+
+    The log holds every change of the rounds after ``start``. It forgets the
+    rounds nobody can need (up to the earliest last active round of any
+    client) and, to keep at most ``limit`` entries (memory O(N)), its oldest
+    rounds; a client absent since before ``start`` is then refreshed by
+    scanning its rows (see :func:`_stale_rows`).
+
+    Attributes
+    ----------
+    samples, rounds : ndarray of int32, shape (capacity,)
+        Entries ``head:tail`` are the log: changed sample and the round that
+        changed it, rounds non-decreasing.
+    head, tail : int
+    start : int
+        Every change made after this round is logged.
+    limit : int
+        Most entries kept (the number of samples: one round changes each dual once).
+    """
+
+    def __init__(self, samples, rounds, head: int, tail: int, start: int, limit: int):
+        self.samples, self.rounds = samples, rounds
+        self.head, self.tail, self.start, self.limit = head, tail, start, limit
+
+    @classmethod
+    def empty(cls, n_samples: int) -> DualChangeLog:
+        nothing = np.empty(0, dtype=np.int32)
+        return cls(nothing, nothing.copy(), 0, 0, 0, int(n_samples))
+
+    def __len__(self) -> int:
+        return self.tail - self.head
+
+    def since(self, round_: int) -> tuple[np.ndarray, np.ndarray]:
+        """Entries (samples, rounds), shape (E,) each, of the rounds after ``round_``.
+
+        ``round_`` must not precede ``start`` (earlier changes may be forgotten).
+        """
+        rounds = self.rounds[self.head : self.tail]
+        first = self.head + int(np.searchsorted(rounds, round_, side="right"))
+        return self.samples[first : self.tail], self.rounds[first : self.tail]
+
+    def append(self, round_: int, samples: np.ndarray, forget_through: int) -> None:
+        """Log the distinct ``samples`` (shape (n,)) changed in ``round_``.
+
+        Rounds up to ``forget_through`` (nobody's last active round precedes
+        it) are forgotten first; then whole oldest rounds while the log would
+        exceed ``limit`` entries (whole rounds: the log stays complete after
+        ``start``).
+        """
+        n = samples.size
+        self._forget_through(forget_through)
+        excess = len(self) + n - self.limit
+        if excess > len(self):  # the round alone exceeds the limit: log nothing until it
+            self._forget_through(round_)
+            return
+        if excess > 0:
+            self._forget_through(int(self.rounds[self.head + excess - 1]))
+        if self.tail + n > self.samples.size:  # compact, growing by doubling up to the limit
+            size = len(self)
+            capacity = max(min(2 * (size + n), self.limit), size + n, self.samples.size)
+            for name in ("samples", "rounds"):
+                old = getattr(self, name)
+                buffer = np.empty(capacity, dtype=np.int32) if capacity > old.size else old
+                buffer[:size] = old[self.head : self.tail].copy()
+                setattr(self, name, buffer)
+            self.head, self.tail = 0, size
+        self.samples[self.tail : self.tail + n] = samples
+        self.rounds[self.tail : self.tail + n] = round_
+        self.tail += n
+
+    def _forget_through(self, round_: int) -> None:
+        rounds = self.rounds[self.head : self.tail]
+        self.head += int(np.searchsorted(rounds, round_, side="right"))
+        self.start = max(self.start, round_)
+
+
+def _changed_last_round(state: HyFDCAState) -> np.ndarray:
+    """Distinct samples whose duals round ``state.t`` changed, shape (n,), ascending.
+
+    The server knows which duals it may have changed last round: those it
+    committed (``dual_commit``, the cocoa rule) or aggregated the drawn steps
+    of (``dual_up``, the per-sample rules; applied only if accepted), named by
+    the round's traffic record. ``updated_at`` says which of those did change,
+    without a pass over all N samples. A round whose record names neither
+    (nobody took part) falls back to that pass.
+    """
+    traffic = state.traffic
+    if "dual_commit" in traffic:
+        candidates = np.asarray(traffic["dual_commit"])
+    elif "dual_up" in traffic:
+        candidates = np.asarray(traffic["dual_up"][1])
+    else:
+        return np.flatnonzero(state.updated_at == state.t)
+    return np.unique(candidates[state.updated_at[candidates] == state.t])
+
+
+def log_last_round(state: HyFDCAState) -> None:
+    """Log the duals the previous round changed (:class:`DualChangeLog`; at round start)."""
+    if state.t > 0:
+        state.changes.append(state.t, _changed_last_round(state), int(state.last_active.min()))
+
+
+def server_refresh_newcomers(
+    state: HyFDCAState, newcomers: np.ndarray, stale_rows: np.ndarray | None = None
+):
     """Send newcomers the duals that changed while they were away.
 
-    Returns ``(rows, change)`` of the refreshed client rows (``None`` if
-    nothing changed); updates the clients' dual copies in place.
+    Parameters
+    ----------
+    state : HyFDCAState
+        Its clients' dual copies (``alpha_local``) and ``copy_residue`` are updated in place.
+    newcomers : ndarray of bool, shape (K,)
+    stale_rows : ndarray of int, shape (S,), optional
+        Ascending rows of the newcomers whose dual changed since their client
+        last took part (:func:`_stale_rows`, computed when not given).
+
+    Returns
+    -------
+    tuple (rows, change) or None
+        The refreshed rows, shape (S',) ascending, and the change of their
+        copies, shape (S', C); ``None`` if no copy changed.
+
+    Notes
+    -----
+    A copy is refreshed by adding the difference, and ``a + (b - a)`` need not
+    round to ``b``: such copies (rare) are kept in ``copy_residue`` and
+    compared again when their client next returns, so exactly the copies that
+    differ from the server's duals are refreshed -- the same rows as
+    comparing every row of every newcomer, at the cost of the stale ones.
     """
     if not newcomers.any() or state.t == 0:
         return None  # in the first round every copy already equals the (zero) duals
     blocks = state.blocks
-    k = np.flatnonzero(newcomers)
-    rows = concat_ranges(blocks.client_rowptr[k], np.diff(blocks.client_rowptr)[k])
+    if stale_rows is None:
+        stale_rows = _stale_rows(state, newcomers)
+    residue = state.copy_residue
+    returning = newcomers[blocks.clients_of(residue)]
+    rows = np.union1d(stale_rows, residue[returning]) if returning.any() else stale_rows
     change = state.alpha[blocks.row_sample[rows]] - state.alpha_local[rows]
     moved = np.any(change != 0.0, axis=1)
-    if not moved.any():
-        return None
     rows, change = rows[moved], change[moved]
     state.alpha_local[rows] += change
+    inexact = np.any(state.alpha_local[rows] != state.alpha[blocks.row_sample[rows]], axis=1)
+    if returning.any() or inexact.any():
+        state.copy_residue = np.union1d(residue[~returning], rows[inexact]).astype(np.int64)
+    if rows.size == 0:
+        return None
     return rows, change
 
 
@@ -1020,26 +1169,67 @@ def _dual_gain_estimate(
     )
 
 
-def _stale_copies(state: HyFDCAState, newcomers: np.ndarray):
+def _stale_rows(state: HyFDCAState, newcomers: np.ndarray) -> np.ndarray:
+    """Rows of the newcomers whose sample's dual changed since their client last took part.
+
+    Parameters
+    ----------
+    state : HyFDCAState
+    newcomers : ndarray of bool, shape (K,)
+
+    Returns
+    -------
+    ndarray of int64, shape (S,)
+        Ascending stacked rows (so in client, then sample, order).
+
+    Notes
+    -----
+    Two ways give the same rows. From the log (:class:`DualChangeLog`): the
+    holders' rows of every dual changed since the longest-absent newcomer
+    left, kept where the holder is a newcomer absent at that change; this
+    costs the changes, times the holders per sample. Or every row of every
+    newcomer, compared against ``updated_at``. The cheaper one is taken:
+    the log when the changes are few next to the newcomers' blocks (a round
+    with a handful of draws per client), the scan when most samples change
+    every round (full local passes) or a newcomer left before the log starts.
+    """
+    blocks, log = state.blocks, state.changes
+    k = np.flatnonzero(newcomers)
+    first = blocks.client_rowptr[k]
+    sizes = blocks.client_rowptr[k + 1] - first
+    oldest = int(state.last_active[k].min())
+    if oldest >= log.start:
+        samples, rounds = log.since(oldest)
+        holders_per_sample = blocks.X.shape[0] / max(blocks.n_samples, 1)
+        if samples.size * holders_per_sample < sizes.sum():
+            live = state.updated_at[samples] == rounds  # superseded entries are skipped
+            rows, slot = _holder_rows(blocks, samples[live])
+            rows = rows.astype(np.int64)  # (int32 keys would be cast on every search)
+            # A holder missed a change if it is a newcomer absent at that round.
+            missed_after = np.where(newcomers, state.last_active, np.iinfo(np.int64).max)
+            stale = rounds[live][slot] > missed_after[blocks.clients_of(rows)]
+            return np.sort(rows[stale])
+    rows = concat_ranges(first, sizes)
+    clients = np.repeat(k, sizes)
+    return rows[state.updated_at[blocks.row_sample[rows]] > state.last_active[clients]]
+
+
+def _stale_copies(blocks: StackedBlocks, stale_rows: np.ndarray):
     """(clients, samples) of returning clients' dual copies changed while they were away.
 
     The server cannot see dual values, only which it updated and when, so
-    it re-sends every dual updated after the client's last active round.
+    it re-sends every dual updated after the client's last active round:
+    the rows :func:`_stale_rows` finds.
     """
-    blocks = state.blocks
-    k = np.flatnonzero(newcomers)
-    rows = concat_ranges(blocks.client_rowptr[k], np.diff(blocks.client_rowptr)[k])
-    clients = np.repeat(k, np.diff(blocks.client_rowptr)[k])
-    samples = blocks.row_sample[rows]
-    stale = state.updated_at[samples] > state.last_active[clients]
-    return clients[stale], samples[stale]
+    return blocks.clients_of(stale_rows), blocks.row_sample[stale_rows]
 
 
 def _busiest_share(blocks: StackedBlocks, rows: np.ndarray, n_active: int) -> float:
     """Busiest client's share of the non-zeros its rows contribute to the round."""
     if n_active == 0:
         return 0.0
-    nnz = np.diff(blocks.X.indptr)[rows]
+    indptr = blocks.X.indptr
+    nnz = indptr[rows + 1] - indptr[rows]  # of these rows only (not a diff of all R rows)
     work = np.bincount(blocks.clients_of(rows), weights=nnz, minlength=blocks.n_clients)
     total = work.sum()
     return float(work.max() / total) if total > 0 else 1.0 / n_active

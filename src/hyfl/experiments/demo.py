@@ -10,8 +10,8 @@ DEMO_SPEC = RunSpec(
     lam=1e-3,
     partition="grid:3x3",
     participation="0.5",
-    hyper={"iic": 1.0},
-    iterations=1500,
+    hyper={},  # HyFDCA's defaults
+    iterations=500,
     eval_every=5,
     seed=0,
 )

@@ -733,7 +733,7 @@ def plot_runs(
         ax.set_xlabel("outer iteration" if x_name == "iteration" else "simulated time (s)")
         if what == "loss":
             ax.set_yscale("log")
-            ax.set_ylabel("relative loss (P - P*) / P*")
+            ax.set_ylabel("relative loss (P(w) - P*) / P*, w the server's model")
             ax.set_ylim(bottom=max(ax.get_ylim()[0], 1e-12))
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize="small")
@@ -743,6 +743,11 @@ def plot_runs(
     if title:
         fig.suptitle(title)
     fig.tight_layout()
+    if any(_has_values(r, "model") and np.nanmax(r.column("model")) > 0 for r in runs.values()):
+        fig.text(0.01, 0.005, "w is the model the run returns: HyFDCA's default reports the "
+                 "better certified of its last iterate and its running average.",
+                 fontsize="x-small", alpha=0.8)
+        fig.subplots_adjust(bottom=max(fig.subplotpars.bottom, 0.12))
     return _save(fig, path)
 
 

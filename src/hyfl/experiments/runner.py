@@ -53,6 +53,8 @@ from hyfl.runtime.simulation import (
     Validation,
     budget_record,
     check_sim_time_budget,
+    first_round_below,
+    settled_round_below,
     simulate,
 )
 
@@ -339,7 +341,11 @@ def run_prepared(
         if validation
         else None,
         "rounds_to_relative_loss": {
-            f"{tol:g}": _first_reach(result.column("iteration"), rel, tol)
+            f"{tol:g}": first_round_below(result.column("iteration"), rel, tol)
+            for tol in (1e-1, 1e-2, 1e-3)
+        },
+        "settled_at_relative_loss": {
+            f"{tol:g}": settled_round_below(result.column("iteration"), rel, tol)
             for tol in (1e-1, 1e-2, 1e-3)
         },
         "median_round_seconds": float(np.median(result.round_times))
@@ -438,6 +444,8 @@ CONVERGENCE_COLUMNS = (
     "rounds_to_1e-1",
     "rounds_to_1e-2",
     "rounds_to_1e-3",
+    "settled_1e-2",
+    "settled_1e-3",
     "round_trips",
     "median_round_ms",
 )
@@ -468,6 +476,8 @@ def summary_rows(outcomes: list[RunOutcome]) -> list[dict[str, Any]]:
                 "rounds_to_1e-1": reach["0.1"],
                 "rounds_to_1e-2": reach["0.01"],
                 "rounds_to_1e-3": reach["0.001"],
+                "settled_1e-2": s["settled_at_relative_loss"]["0.01"],
+                "settled_1e-3": s["settled_at_relative_loss"]["0.001"],
                 "round_trips": s["final"]["round_trips"],
                 "median_round_ms": 1e3 * s["median_round_seconds"],
                 "engine": s["engine"],
@@ -886,11 +896,6 @@ def calibrate_ciphers(
         record["platform"] = platform.platform()
         records[name] = record
     return records, save_calibration(records, None if output is None else Path(output))
-
-
-def _first_reach(iterations: np.ndarray, values: np.ndarray, tol: float) -> float | None:
-    hit = np.flatnonzero(values <= tol)
-    return float(iterations[hit[0]]) if hit.size else None
 
 
 def metric_columns(rows: list[dict[str, float]]) -> list[str]:

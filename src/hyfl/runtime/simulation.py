@@ -133,6 +133,20 @@ def random_streams(seed: int) -> tuple[np.random.Generator, np.random.Generator]
     return np.random.default_rng(participation_seq), np.random.default_rng(algorithm_seq)
 
 
+def first_round_below(iterations: np.ndarray, values: np.ndarray, level: float) -> float | None:
+    """The first evaluated round whose value is at or below ``level`` (None if none)."""
+    hit = np.flatnonzero(np.asarray(values) <= level)
+    return float(iterations[hit[0]]) if hit.size else None
+
+
+def settled_round_below(iterations: np.ndarray, values: np.ndarray, level: float) -> float | None:
+    """The round from which every evaluation stays at or below ``level`` (None if the last
+    one is above it, or NaN): an honest "rounds to reach", unlike the first touch."""
+    above = np.flatnonzero(~(np.asarray(values) <= level))
+    start = above[-1] + 1 if above.size else 0
+    return float(iterations[start]) if start < len(iterations) else None
+
+
 def evaluate(
     problem: Problem,
     w: np.ndarray,
