@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from hyfl.algorithms.hyfdca import STEP_RULES
 from hyfl.costs import HE_COST_SOURCES
 from hyfl.errors import HyflError, fail
 from hyfl.privacy.ciphers import CIPHERS
@@ -44,7 +45,10 @@ ParticipationOpt = Annotated[
 ]
 Iic = Annotated[float | None, typer.Option(help="Inner iterations constant: H = ceil(IIC N / K).")]
 LocalSteps = Annotated[int | None, typer.Option(help="H (or Q for FedBCD): local steps.")]
-StepRule = Annotated[str | None, typer.Option(help="HyFDCA step rule: safe | theory | paper.")]
+StepRule = Annotated[
+    str | None,
+    typer.Option(help=f"HyFDCA step rule: {' | '.join(STEP_RULES)} (default {STEP_RULES[0]})."),
+]
 RateA = Annotated[float | None, typer.Option("--a", help="FedAvg/HyFEM rate a/(b + sqrt t).")]
 RateB = Annotated[float | None, typer.Option("--b", help="FedAvg/HyFEM rate a/(b + sqrt t).")]
 Mu = Annotated[float | None, typer.Option(help="Proximal weight (HyFEM, FedPBCD, FedHybrid).")]
