@@ -980,7 +980,7 @@ class DualChangeLog:
         n = samples.size
         self._forget_through(forget_through)
         excess = len(self) + n - self.limit
-        if excess > len(self):  # the round alone exceeds the limit: log nothing until it
+        if excess > len(self):  # the round alone exceeds the limit: forget all through it
             self._forget_through(round_)
             return
         if excess > 0:
@@ -1021,7 +1021,19 @@ def _changed_last_round(state: HyFDCAState) -> np.ndarray:
         candidates = np.asarray(traffic["dual_up"][1])
     else:
         return np.flatnonzero(state.updated_at == state.t)
-    return np.unique(candidates[state.updated_at[candidates] == state.t])
+    return _distinct(candidates[state.updated_at[candidates] == state.t])
+
+
+def _distinct(values: np.ndarray) -> np.ndarray:
+    """Ascending distinct values of an int array, shape (n',).
+
+    ``np.unique`` costs about a microsecond per value in NumPy 2.4 (a hash
+    table), 30x a sort: a full local pass changes most duals every round.
+    """
+    if values.size > 1 and not np.all(values[1:] > values[:-1]):
+        values = np.sort(values)
+        values = values[np.concatenate(([True], values[1:] != values[:-1]))]
+    return values
 
 
 def log_last_round(state: HyFDCAState) -> None:
@@ -1065,14 +1077,14 @@ def server_refresh_newcomers(
         stale_rows = _stale_rows(state, newcomers)
     residue = state.copy_residue
     returning = newcomers[blocks.clients_of(residue)]
-    rows = np.union1d(stale_rows, residue[returning]) if returning.any() else stale_rows
+    rows = _distinct(np.concatenate((stale_rows, residue[returning])))
     change = state.alpha[blocks.row_sample[rows]] - state.alpha_local[rows]
     moved = np.any(change != 0.0, axis=1)
     rows, change = rows[moved], change[moved]
     state.alpha_local[rows] += change
     inexact = np.any(state.alpha_local[rows] != state.alpha[blocks.row_sample[rows]], axis=1)
     if returning.any() or inexact.any():
-        state.copy_residue = np.union1d(residue[~returning], rows[inexact]).astype(np.int64)
+        state.copy_residue = _distinct(np.concatenate((residue[~returning], rows[inexact])))
     if rows.size == 0:
         return None
     return rows, change
