@@ -926,9 +926,10 @@ class DualChangeLog:
     while it was away (``updated_at > last_active``). Looking for them among
     all its rows costs the size of its block; the log lists the changes
     themselves, in round order, so the changes after any round are a suffix
-    of it. A dual changed in several rounds has one entry per round; only the
-    entry whose round equals the sample's ``updated_at`` is live, and readers
-    skip the others.
+    of it. A round logs the samples the server may have updated (see
+    :func:`_candidates_last_round`), repeats included, as they come; only an
+    entry whose round equals its sample's ``updated_at`` is live (the sample's
+    latest change), and readers skip the others and drop repeated rows.
 
     The log holds every change of the rounds after ``start``. It forgets the
     rounds nobody can need (up to the earliest last active round of any
@@ -945,7 +946,7 @@ class DualChangeLog:
     start : int
         Every change made after this round is logged.
     limit : int
-        Most entries kept (the number of samples: one round changes each dual once).
+        Most entries kept (the number of samples).
     """
 
     def __init__(self, samples, rounds, head: int, tail: int, start: int, limit: int):
@@ -970,7 +971,7 @@ class DualChangeLog:
         return self.samples[first : self.tail], self.rounds[first : self.tail]
 
     def append(self, round_: int, samples: np.ndarray, forget_through: int) -> None:
-        """Log the distinct ``samples`` (shape (n,)) changed in ``round_``.
+        """Log ``samples`` (shape (n,)) as changed in ``round_``.
 
         Rounds up to ``forget_through`` (nobody's last active round precedes
         it) are forgotten first; then whole oldest rounds while the log would
@@ -1004,31 +1005,30 @@ class DualChangeLog:
         self.start = max(self.start, round_)
 
 
-def _changed_last_round(state: HyFDCAState) -> np.ndarray:
-    """Distinct samples whose duals round ``state.t`` changed, shape (n,), ascending.
+def _candidates_last_round(state: HyFDCAState) -> np.ndarray:
+    """Samples whose duals round ``state.t`` may have changed, shape (n,), repeats allowed.
 
-    The server knows which duals it may have changed last round: those it
+    The server knows which duals it may have updated last round: those it
     committed (``dual_commit``, the cocoa rule) or aggregated the drawn steps
     of (``dual_up``, the per-sample rules; applied only if accepted), named by
-    the round's traffic record. ``updated_at`` says which of those did change,
-    without a pass over all N samples. A round whose record names neither
-    (nobody took part) falls back to that pass.
+    the round's traffic record. Which of them did change, ``updated_at``
+    tells when the log is read. A round whose record names neither (nobody
+    took part) falls back to a pass over all N samples.
     """
     traffic = state.traffic
     if "dual_commit" in traffic:
-        candidates = np.asarray(traffic["dual_commit"])
-    elif "dual_up" in traffic:
-        candidates = np.asarray(traffic["dual_up"][1])
-    else:
-        return np.flatnonzero(state.updated_at == state.t)
-    return _distinct(candidates[state.updated_at[candidates] == state.t])
+        return np.asarray(traffic["dual_commit"])
+    if "dual_up" in traffic:
+        return np.asarray(traffic["dual_up"][1])
+    return np.flatnonzero(state.updated_at == state.t)
 
 
 def _distinct(values: np.ndarray) -> np.ndarray:
     """Ascending distinct values of an int array, shape (n',).
 
     ``np.unique`` costs about a microsecond per value in NumPy 2.4 (a hash
-    table), 30x a sort: a full local pass changes most duals every round.
+    table), 30x a sort, and after a full local pass the refresh merges most
+    rows of the returning clients.
     """
     if values.size > 1 and not np.all(values[1:] > values[:-1]):
         values = np.sort(values)
@@ -1039,7 +1039,7 @@ def _distinct(values: np.ndarray) -> np.ndarray:
 def log_last_round(state: HyFDCAState) -> None:
     """Log the duals the previous round changed (:class:`DualChangeLog`; at round start)."""
     if state.t > 0:
-        state.changes.append(state.t, _changed_last_round(state), int(state.last_active.min()))
+        state.changes.append(state.t, _candidates_last_round(state), int(state.last_active.min()))
 
 
 def server_refresh_newcomers(
@@ -1220,7 +1220,7 @@ def _stale_rows(state: HyFDCAState, newcomers: np.ndarray) -> np.ndarray:
             # A holder missed a change if it is a newcomer absent at that round.
             missed_after = np.where(newcomers, state.last_active, np.iinfo(np.int64).max)
             stale = rounds[live][slot] > missed_after[blocks.clients_of(rows)]
-            return np.sort(rows[stale])
+            return _distinct(rows[stale])  # a sample logged twice in a round: its rows twice
     rows = concat_ranges(first, sizes)
     clients = np.repeat(k, sizes)
     return rows[state.updated_at[blocks.row_sample[rows]] > state.last_active[clients]]
