@@ -380,10 +380,7 @@ def _one_round(server, clients, active, was_active, wire: Wire, clock: _Clock) -
     if server.public.hyfdca.step_rule == "cocoa":
         return _cocoa_round(server, clients, active, was_active, wire, clock)
     configure = _configure_and_refresh(server, clients, active, was_active, wire, clock)
-    parts = {}
-    for k in configure:
-        vec = clock.run(k, clients[k].inner_products)
-        parts[k] = wire.up(k, "inner_products", vec) if vec is not None else None
+    parts = _inner_product_parts(clients, configure, wire, clock)
     sums = clock.run("server", server.sum_inner_products, parts)
 
     steps = {}
@@ -418,10 +415,7 @@ def _cocoa_round(server, clients, active, was_active, wire: Wire, clock: _Clock)
     if not configure:  # nobody takes part
         clock.run("server", server.cocoa_idle)
         return False
-    parts = {}
-    for k in configure:
-        vec = clock.run(k, clients[k].inner_products)
-        parts[k] = wire.up(k, "inner_products", vec) if vec is not None else None
+    parts = _inner_product_parts(clients, configure, wire, clock)
     models = clock.run("server", server.cocoa_inner_products, parts)
     proposals = {}
     for k in configure:
@@ -448,6 +442,15 @@ def _cocoa_round(server, clients, active, was_active, wire: Wire, clock: _Clock)
                                                            message["step"], message["weights"]))
     clock.run("server", server.cocoa_store, changes)
     return bool(np.any(np.asarray(step) > 0))
+
+
+def _inner_product_parts(clients, configure, wire: Wire, clock: _Clock) -> dict:
+    """SecureInnerProduct, clients' half: each configured client's encrypted parts."""
+    parts = {}
+    for k in configure:
+        vec = clock.run(k, clients[k].inner_products)
+        parts[k] = wire.up(k, "inner_products", vec) if vec is not None else None
+    return parts
 
 
 def _configure_and_refresh(server, clients, active, was_active, wire: Wire, clock: _Clock):
