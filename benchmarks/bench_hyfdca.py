@@ -1,18 +1,23 @@
 """Performance benchmark of HyFDCA on the stacked-block simulation engine.
 
-For each case (a real dataset in the paper's setting) it measures
+For each case (a real dataset in the paper's setting, and HyFDCA's
+hyperparameters: the safe step rule with the paper's tuned IIC or one local
+step, or the default cocoa rule) it measures
 
 * the wall time of ``HyFDCA.round`` alone per outer iteration (median, p10,
-  p90) over ``--rounds`` rounds after ``--warmup`` rounds, with participation
-  and the algorithm's draws taken from ``random_streams(seed)`` exactly as
-  :func:`hyfl.runtime.simulation.simulate` does;
+  p90) over ``--rounds`` rounds after ``--warmup`` rounds (fewer for the
+  slow cases that cap them), with participation and the algorithm's draws
+  taken from ``random_streams(seed)`` exactly as
+  :func:`hyfl.runtime.simulation.simulate` does, beside its process CPU time
+  (on a busy machine wall > CPU) and the time per local draw;
 * the time of one evaluation (``evaluate``: primal, dual, gap), separately;
 * the time per round of the slow per-client reference implementation
   (``tests/reference_hyfdca.py``) on the same problem, partition and
   participation, and the speed-up of the engine over it;
 * Python's ``tracemalloc`` peak during ``stack`` + ``setup`` + all rounds (a
   separate pass, so tracing does not slow the timed pass) against the size
-  of the training matrix, and the process's max RSS;
+  of the training matrix (and, for the cocoa rule, the share of its ring of
+  remembered inner products, ``SpanHistory.z``), and the process's max RSS;
 * the set-up time of ``stack`` (and of ``setup``).
 
 Every case runs in fresh subprocesses (one for the engine, one for the
@@ -20,7 +25,8 @@ reference) so that max RSS and memory figures do not leak between cases.
 
 Usage::
 
-    python benchmarks/bench_hyfdca.py                      # all three cases
+    python benchmarks/bench_hyfdca.py                      # every case
+    python benchmarks/bench_hyfdca.py --cases covtype,covtype-half --no-reference
     python benchmarks/bench_hyfdca.py --markdown results.md
     python benchmarks/bench_hyfdca.py --quick              # smoke run, seconds
 """
@@ -41,6 +47,7 @@ import time
 import tracemalloc
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -49,18 +56,35 @@ REPO = Path(__file__).resolve().parents[1]
 
 @dataclass(frozen=True)
 class Case:
-    """One benchmark setting (the paper's setting it stands for in ``paper``)."""
+    """One benchmark setting (the paper's setting it stands for in ``paper``).
+
+    ``algorithm`` holds the ``HyFDCA`` keyword arguments. ``max_rounds`` and
+    ``max_warmup`` cap ``--rounds`` and ``--warmup`` for cases whose rounds
+    take seconds; ``reference`` says whether the slow per-client reference
+    runs (it would need minutes per round on full Covtype).
+    """
 
     name: str
     dataset: str
     lam: float
     partition: str
     participation: float
-    iic: float
-    target_ms: float
-    paper: str
-    paper_seconds: float
+    algorithm: dict[str, Any]
+    target_ms: float = math.nan  # NaN: no target
+    paper: str = ""
+    paper_seconds: float = math.nan
+    reference: bool = True
+    max_rounds: int | None = None
+    max_warmup: int | None = None
 
+    def rounds(self, args) -> tuple[int, int]:
+        """(warm-up, timed) rounds of this case under the command line's ``args``."""
+        warmup = args.warmup if self.max_warmup is None else min(args.warmup, self.max_warmup)
+        rounds = args.rounds if self.max_rounds is None else min(args.rounds, self.max_rounds)
+        return warmup, rounds
+
+
+SAFE = {"step_rule": "safe"}  # the per-sample rule of the first measurements (then the default)
 
 CASES = {
     "ijcnn1": Case(
@@ -69,7 +93,7 @@ CASES = {
         lam=5e-5,
         partition="grid:12x12",
         participation=0.9,
-        iic=7.434e-4,
+        algorithm={**SAFE, "iic": 7.434e-4},
         target_ms=5.0,
         paper="Covtype (12,12,0.9), T8",
         paper_seconds=0.5341,
@@ -80,7 +104,7 @@ CASES = {
         lam=1e-3,
         partition="quadrant:5000",
         participation=0.9,
-        iic=0.02195,
+        algorithm={**SAFE, "iic": 0.02195},
         target_ms=50.0,
         paper="MNIST (5000,0.9), T6",
         paper_seconds=13.62,
@@ -91,10 +115,68 @@ CASES = {
         lam=1e-5,
         partition="grid:12x12",
         participation=0.9,
-        iic=0.07564,
+        algorithm={**SAFE, "iic": 0.07564},
         target_ms=5.0,
         paper="News20 (12,12,0.9), T7",
         paper_seconds=0.4683,
+    ),
+    # Full Covtype (581,012 x 54, 7.0 million stacked rows): a round must cost the rows it
+    # touches (about 130 draws), not the size of the data.
+    "covtype": Case(
+        name="covtype",
+        dataset="covtype",
+        lam=5e-5,
+        partition="grid:12x12",
+        participation=0.9,
+        algorithm={**SAFE, "local_steps": 1},
+        target_ms=4.0,
+        paper="Covtype (12,12,0.9), T8",
+        paper_seconds=0.5341,
+        reference=False,
+    ),
+    "covtype-half": Case(
+        name="covtype-half",
+        dataset="covtype",
+        lam=5e-5,
+        partition="grid:12x12",
+        participation=0.5,
+        algorithm={**SAFE, "local_steps": 1},
+        target_ms=4.0,
+        reference=False,
+    ),
+    # The default cocoa rule: SecureInnerProduct for every sample of every active client
+    # (its model remembers them), so a round costs the active clients' blocks.
+    "ijcnn1-cocoa": Case(
+        name="ijcnn1-cocoa",
+        dataset="ijcnn1",
+        lam=5e-5,
+        partition="grid:12x12",
+        participation=0.9,
+        algorithm={"iic": 7.434e-4},
+        max_rounds=100,
+        max_warmup=10,
+    ),
+    "covtype-cocoa1": Case(
+        name="covtype-cocoa1",
+        dataset="covtype",
+        lam=5e-5,
+        partition="grid:12x12",
+        participation=0.9,
+        algorithm={"local_steps": 1},
+        reference=False,
+        max_rounds=10,
+        max_warmup=2,
+    ),
+    "covtype-cocoa": Case(  # HyFDCA(): one pass over each active client's samples
+        name="covtype-cocoa",
+        dataset="covtype",
+        lam=5e-5,
+        partition="grid:12x12",
+        participation=0.9,
+        algorithm={},
+        reference=False,
+        max_rounds=4,
+        max_warmup=1,
     ),
 }
 
@@ -122,19 +204,23 @@ def _build(case: Case, seed: int):
     problem = make_problem(data, "hinge", case.lam)
     partition = parse_partition(case.partition, problem.X, seed=seed, meta=data.meta)
     participation = RandomFraction(partition.n_clients, case.participation)
-    return problem, partition, participation, HyFDCA(iic=case.iic)
+    return problem, partition, participation, HyFDCA(**case.algorithm)
 
 
 def _run_rounds(
-    alg, state, participation, rounds, part_rng, alg_rng, start=1, times=None, cpu_times=None
+    alg, state, participation, rounds, part_rng, alg_rng, start=1, times=None, cpu_times=None,
+    draws=None,
 ):
     """Run rounds ``start .. start + rounds - 1`` as ``simulate`` does.
 
     ``times`` collects the wall time of each ``alg.round``; ``cpu_times`` its
-    process CPU time (a contention check: on a busy machine wall > CPU).
+    process CPU time (a contention check: on a busy machine wall > CPU);
+    ``draws`` its number of local draws (samples drawn by the active clients).
     """
     for t in range(start, start + rounds):
         active = participation.active(t, part_rng)
+        if draws is not None:
+            draws.append(int(state.counts[active].sum()))
         cpu = time.process_time()
         tic = time.perf_counter()
         state = alg.round(state, active, alg_rng)
@@ -157,6 +243,7 @@ def engine_worker(case: Case, args) -> dict:
     problem, partition, participation, alg = _build(case, args.seed)
     X = problem.X
     data_bytes = int(X.data.nbytes + X.indices.nbytes + X.indptr.nbytes)
+    warmup, rounds = case.rounds(args)
 
     # Timed pass.
     tic = time.perf_counter()
@@ -168,18 +255,24 @@ def engine_worker(case: Case, args) -> dict:
     part_rng, alg_rng = random_streams(args.seed)
     times: list[float] = []  # warm-up rounds are timed too, but not in the statistics
     cpu_times: list[float] = []
-    total = args.warmup + args.rounds
-    state = _run_rounds(alg, state, participation, total, part_rng, alg_rng, 1, times, cpu_times)
+    draws: list[int] = []
+    total = warmup + rounds
+    state = _run_rounds(
+        alg, state, participation, total, part_rng, alg_rng, 1, times, cpu_times, draws
+    )
     all_ms = np.array(times) * 1e3
-    ms = all_ms[args.warmup :]
-    cpu_ms = np.array(cpu_times[args.warmup :]) * 1e3
+    ms = all_ms[warmup:]
+    cpu_ms = np.array(cpu_times[warmup:]) * 1e3
+    mean_draws = float(np.mean(draws[warmup:]))
+    local = getattr(state, "local", None)  # the cocoa rule's ring of inner products
+    ring_bytes = int(local.history.z.nbytes) if local is not None else 0
     eval_times = []
     for _ in range(5):
         tic = time.perf_counter()
         metrics = evaluate(problem, alg.weights(state), alg.duals(state), None, None)
         eval_times.append(time.perf_counter() - tic)
     n_clients = blocks.n_clients
-    H = int(alg.steps_per_client(problem.n_samples, n_clients))
+    H = alg.steps_per_client(problem.n_samples, n_clients)  # None: every local sample
     accepted = state.stats.get("accepted", math.nan)
     del blocks, state
     gc.collect()
@@ -204,7 +297,7 @@ def engine_worker(case: Case, args) -> dict:
 
     profile = None
     if args.profile:
-        profile = _profile_rounds(case, args, problem, partition, participation, alg)
+        profile = _profile_rounds(problem, partition, participation, alg, warmup, rounds, args)
 
     return {
         "case": case.name,
@@ -213,14 +306,17 @@ def engine_worker(case: Case, args) -> dict:
         "n_outputs": int(problem.n_outputs),
         "nnz": int(X.nnz),
         "clients": int(n_clients),
-        "H": H,
-        "rounds": int(args.rounds),
-        "warmup": int(args.warmup),
+        "H": None if H is None else int(H),
+        "rounds": int(rounds),
+        "warmup": int(warmup),
+        "draws_per_round": mean_draws,
         "median_ms": float(np.median(ms)),
         "p10_ms": float(np.percentile(ms, 10)),
         "p90_ms": float(np.percentile(ms, 90)),
         "mean_ms": float(np.mean(ms)),
         "cpu_median_ms": float(np.median(cpu_ms)),
+        "us_per_draw": float(np.median(ms)) * 1e3 / mean_draws,
+        "cpu_us_per_draw": float(np.median(cpu_ms)) * 1e3 / mean_draws,
         # Engine over rounds 1..reference_rounds, the rounds the reference is timed on.
         "same_rounds_median_ms": float(np.median(all_ms[: args.reference_rounds])),
         "eval_ms": float(np.median(eval_times) * 1e3),
@@ -232,6 +328,8 @@ def engine_worker(case: Case, args) -> dict:
         "phase_peak_bytes": {k: int(v) for k, v in phase_peaks.items()},
         "retained_bytes": int(retained),
         "retained_ratio": retained / data_bytes,
+        "ring_bytes": ring_bytes,
+        "ring_ratio": ring_bytes / data_bytes,
         "max_rss_mb": _max_rss_mb(),
         "final_gap": float(metrics["gap"]),
         "last_accepted": float(accepted),
@@ -239,7 +337,7 @@ def engine_worker(case: Case, args) -> dict:
     }
 
 
-def _profile_rounds(case, args, problem, partition, participation, alg) -> str:
+def _profile_rounds(problem, partition, participation, alg, warmup, rounds, args) -> str:
     """cProfile of the timed rounds (after warm-up); top functions by cumulative time."""
     import cProfile
     import io
@@ -250,10 +348,10 @@ def _profile_rounds(case, args, problem, partition, participation, alg) -> str:
 
     state = alg.setup(problem, stack(partition, problem.X))
     part_rng, alg_rng = random_streams(args.seed)
-    state = _run_rounds(alg, state, participation, args.warmup, part_rng, alg_rng)
+    state = _run_rounds(alg, state, participation, warmup, part_rng, alg_rng)
     profiler = cProfile.Profile()
     profiler.enable()
-    _run_rounds(alg, state, participation, args.rounds, part_rng, alg_rng, args.warmup + 1)
+    _run_rounds(alg, state, participation, rounds, part_rng, alg_rng, warmup + 1)
     profiler.disable()
     out = io.StringIO()
     pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(args.profile)
@@ -334,13 +432,27 @@ def _fmt_ms(v: float) -> str:
     return f"{v:.3g}" if v < 100 else f"{v:,.0f}"
 
 
+def _rule(case: Case) -> str:
+    """The step rule and the draws of a case, e.g. ``safe, IIC 0.07564`` or ``cocoa, H=1``."""
+    params = case.algorithm
+    rule = params.get("step_rule", "cocoa")
+    if "local_steps" in params:
+        return f"{rule}, H={params['local_steps']}"
+    if "iic" in params:
+        return f"{rule}, IIC {params['iic']:g}"
+    return f"{rule} (default)"
+
+
 def table_rows(results: list[dict]) -> tuple[list[str], list[list[str]]]:
     header = [
         "case",
+        "step rule",
         "clients",
         "H",
-        "median ms/round",
+        "rounds (warm-up)",
+        "median ms/round (CPU)",
         "p10-p90 ms",
+        "us/draw (CPU)",
         "target ms",
         "paper per-iteration",
         "reference ms/round",
@@ -359,24 +471,37 @@ def table_rows(results: list[dict]) -> tuple[list[str], list[list[str]]]:
             else "-"
         )
         speedup = f"{r['ref_median_ms'] / r['median_ms']:,.0f}x" if "ref_median_ms" in r else "-"
-        met = "met" if r["median_ms"] <= case.target_ms else "MISSED"
+        target = "-"
+        if not math.isnan(case.target_ms):
+            met = "met" if r["median_ms"] <= case.target_ms else "MISSED"
+            target = f"<= {case.target_ms:g} ({met})"
+        paper = f"{case.paper_seconds:g} s ({case.paper})" if case.paper else "-"
+        memory = (
+            f"{r['peak_ratio']:.2f}x ({'met' if r['peak_ratio'] <= PEAK_TARGET else 'MISSED'}; "
+            f"{r['peak_bytes'] / 2**20:.1f} / {r['data_bytes'] / 2**20:.1f} MiB; "
+            f"retained {r['retained_ratio']:.2f}x"
+        )
+        if r.get("ring_bytes"):
+            memory += f"; inner-product ring {r['ring_ratio']:.2f}x"
         rows.append(
             [
                 f"{case.name} ({r['n_samples']:,} x {r['n_features']:,}"
                 + (f", {r['n_outputs']} classes" if r["n_outputs"] > 1 else "")
                 + f"), {case.partition}, p={case.participation:g}",
+                _rule(case),
                 f"{r['clients']:,}",
-                str(r["H"]),
-                _fmt_ms(r["median_ms"]),
+                "all" if r["H"] is None else str(r["H"]),
+                f"{r['rounds']} ({r['warmup']})",
+                f"{_fmt_ms(r['median_ms'])} ({_fmt_ms(r['cpu_median_ms'])})",
                 f"{_fmt_ms(r['p10_ms'])}-{_fmt_ms(r['p90_ms'])}",
-                f"<= {case.target_ms:g} ({met})",
-                f"{case.paper_seconds:g} s ({case.paper})",
+                f"{r['us_per_draw']:,.1f} ({r['cpu_us_per_draw']:,.1f})",
+                target,
+                paper,
                 ref,
                 speedup,
                 _fmt_ms(r["eval_ms"]),
                 f"{r['stack_s']:.3f}",
-                f"{r['peak_ratio']:.2f}x ({r['peak_bytes'] / 2**20:.1f} / "
-                f"{r['data_bytes'] / 2**20:.1f} MiB; retained {r['retained_ratio']:.2f}x)",
+                memory + ")",
                 f"{r['max_rss_mb']:.0f}",
             ]
         )
@@ -465,7 +590,9 @@ def _git(*args) -> str:
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", default=None, help="comma-separated: ijcnn1,mnist,reuters")
+    parser.add_argument(
+        "--cases", default=None, help=f"comma-separated, from {','.join(CASES)} (default: all)"
+    )
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds (>= 200)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed rounds first")
     parser.add_argument("--reference-rounds", type=int, default=None)
@@ -489,7 +616,7 @@ def parse_args(argv=None):
     parser.add_argument("--worker", choices=("engine", "reference"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     quick = {"cases": "ijcnn1", "rounds": 10, "warmup": 2, "reference_rounds": 1}
-    full = {"cases": "ijcnn1,mnist,reuters", "rounds": 300, "warmup": 30, "reference_rounds": 20}
+    full = {"cases": ",".join(CASES), "rounds": 300, "warmup": 30, "reference_rounds": 20}
     for key, value in (quick if args.quick else full).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -516,11 +643,12 @@ def main(argv=None) -> list[dict]:
     results = []
     load_before = os.getloadavg()
     for name in args.case_names:
-        print(f"[{name}] engine: {args.warmup} warm-up + {args.rounds} timed rounds", flush=True)
+        warmup, rounds = CASES[name].rounds(args)
+        print(f"[{name}] engine: {warmup} warm-up + {rounds} timed rounds", flush=True)
         result = _spawn("engine", name, args)
         if result.get("profile"):
             print(result["profile"])
-        if not args.no_reference:
+        if not args.no_reference and CASES[name].reference:
             print(f"[{name}] reference: {args.reference_rounds} rounds ...", flush=True)
             result.update(_spawn("reference", name, args))
             if result["ref_rounds"] < result["ref_rounds_requested"]:
