@@ -372,7 +372,8 @@ class HyFDCA:
         positions = draw_local_samples(rng, sizes, state.counts[clients])
         drawn_rows = np.repeat(blocks.client_rowptr[clients], state.counts[clients]) + positions
         drawn_samples = blocks.row_sample[drawn_rows]
-        samples, drawn_slot = np.unique(drawn_samples, return_inverse=True)
+        samples = _distinct(drawn_samples)
+        drawn_slot = np.searchsorted(samples, drawn_samples)
         client_of_drawn = np.repeat(clients, state.counts[clients])
 
         # 3. SecureInnerProduct: active clients' parts with their current weights,
@@ -495,7 +496,7 @@ class HyFDCA:
         # 3. SecureInnerProduct for every sample of the active clients: the
         # clients remember these inner products to model their data.
         own_rows = concat_ranges(rowptr[clients], sizes)
-        sip_samples = np.unique(blocks.row_sample[own_rows])
+        sip_samples = _distinct(blocks.row_sample[own_rows])
         holder_rows, holder_slot = _holder_rows(blocks, sip_samples)
         holder_clients = blocks.clients_of(holder_rows)
         parts = state.snapshots.inner_products(blocks.X[holder_rows], holder_clients)
@@ -537,7 +538,8 @@ class HyFDCA:
         # partly stale -- moves less. It sends the result to the sample's
         # active holders, who send back its primal image.
         tic = time.perf_counter()
-        samples, slot = np.unique(drawn_samples, return_inverse=True)
+        samples = _distinct(drawn_samples)
+        slot = np.searchsorted(samples, drawn_samples)
         proposal = server_aggregate_duals(proposals, slot, samples, blocks.n_holders, 1.0)
         io.server_seconds += time.perf_counter() - tic
         rows, rows_slot = _holder_rows(blocks, samples)
