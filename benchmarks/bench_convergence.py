@@ -56,6 +56,8 @@ from pathlib import Path
 
 import numpy as np
 
+from machine import cpu_model
+
 REPO = Path(__file__).resolve().parents[1]
 
 LEVELS = (1e-2, 1e-3, 1e-4)
@@ -642,14 +644,7 @@ def environment() -> dict:
     import scipy
     import sklearn
 
-    cpu = platform.processor() or "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_model()
     try:
         import numba
 

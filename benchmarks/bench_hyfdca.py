@@ -51,6 +51,8 @@ from typing import Any
 
 import numpy as np
 
+from machine import cpu_model
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -541,14 +543,7 @@ def environment() -> dict:
     import numpy
     import scipy
 
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_model()
     ram = None
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
