@@ -307,18 +307,30 @@ class ReferenceCocoa:
         proposals = {}  # sample -> list of proposals
         for k in active:
             delta = {i: np.zeros(C) for i in drawn[k]}
+            cl = self.clients[k]
             for c in range(C):
                 pairs, T = self.transform(k, c)
+                # Q: orthonormal basis of the directions' span; the client knows it on
+                # its own features (its blocks of the weights it received).
+                D = np.column_stack([
+                    self.w_of_round[p][:, c] - (self.w_of_round[b][:, c] if b is not None else 0.0)
+                    for p, b in pairs
+                ])
+                Q_own = (D @ T)[cl.features]
                 S = np.zeros(T.shape[1])
+                S_own = np.zeros(len(cl.features))  # sum d r_own
                 for i in drawn[k]:
                     phi = self.phi(k, i, c, pairs, T)
+                    r_own = cl.X[cl.position[i]] - Q_own @ phi  # residual on own features
                     resid = max(self.sq_norm[i] - phi @ phi, 0.0)
+                    rest = resid - min(r_own @ r_own, resid)  # other holders' part: diagonal
                     q = max(coef * (phi @ phi + resid), 1e-300)
-                    margin = z[i][c] + coef * (phi @ S + resid * delta[i][c])
+                    margin = z[i][c] + coef * (phi @ S + r_own @ S_own + rest * delta[i][c])
                     d = loss.dual_step(np.array([self.alpha[i, c] + delta[i][c]]),
                                        np.array([margin]), np.array([q]), p.Y[i:i + 1, c])[0]
                     delta[i][c] += d
                     S += d * phi
+                    S_own += d * r_own
             for i in drawn[k]:
                 proposals.setdefault(i, []).append(delta[i])
         U = sorted(proposals)

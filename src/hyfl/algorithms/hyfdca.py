@@ -517,7 +517,11 @@ class HyFDCA:
         # Each client gets its Gram matrices (upper triangles) and the subproblem's scaling.
         io.floats_down += clients.size * (C * R * (R + 1) / 2 + 1)
 
-        # 4. LocalDualMethod: every active client solves its subproblem.
+        # 4. LocalDualMethod: every active client solves its subproblem, with its
+        # block of the history directions (it received those weights).
+        own_features = [blocks.client_features[k] for k in clients]
+        directions = np.concatenate([local.history.direction_vectors(pairs[a], f)
+                                     for a, f in enumerate(own_features)])
         proposals = solve_subproblems(
             loss,
             segments=np.concatenate(([0], np.cumsum(counts))),
@@ -529,6 +533,11 @@ class HyFDCA:
             Y=problem.Y,
             sq_norms=state.sq_norms,
             coef=local.sigma / (lam * N),
+            X=blocks.X,
+            rows=drawn_rows,
+            feature_ptr=np.concatenate(([0], np.cumsum([f.size for f in own_features]))),
+            features=np.concatenate(own_features),
+            directions=directions,
         )
         traffic["proposals_up"] = (np.repeat(clients, counts), drawn_samples)
 

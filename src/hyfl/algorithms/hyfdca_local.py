@@ -184,30 +184,67 @@ def _kernels():
         return phi
 
     @njit
-    def solve(step, params, seg, row_sample, alpha, margins, Y, sq_norms, phi, coef, passes):
-        # One output: alpha, Y (N,), margins (n,) current inner products of the
-        # rows, phi (n, R) the rows' coordinates in their client's span.
+    def solve(step, params, seg, row_sample, rows, indptr, indices, data, alpha, margins, Y,
+              sq_norms, phi, coef, passes, feature_ptr, features, directions, transforms, inverse):
+        # Per client a: rows seg[a]:seg[a + 1] (sample row_sample[j], data row rows[j] of
+        # the CSR arrays), phi (n, R) their coordinates in the span of the directions,
+        # directions[feature_ptr[a]:feature_ptr[a + 1]] the directions on the client's
+        # own features, transforms[a] = T. inverse (M,) is scratch, -1 filled.
+        # The model: <x_i, x_j> ~ phi_i.phi_j + r_i.r_j (own features) + diagonal rest.
         n, R = phi.shape
         delta = np.zeros(n)
-        S = np.zeros(R)
+        S = np.zeros(R)  # sum d phi
+        V = np.zeros(R)  # sum d u, u = Q_own^T x_own
+        u = np.zeros(R)
         for a in range(seg.size - 1):
+            lo, hi = seg[a], seg[a + 1]
+            f0, f1 = feature_ptr[a], feature_ptr[a + 1]
+            for f in range(f0, f1):
+                inverse[features[f]] = f - f0
+            Q = np.ascontiguousarray(directions[f0:f1]) @ np.ascontiguousarray(transforms[a])
+            G = Q.T @ Q  # Gram of the span's basis restricted to the own features
+            psi = np.ascontiguousarray(phi[lo:hi]) @ G
+            Sx = np.zeros(f1 - f0)  # sum d x_own, on the own features
             S[:] = 0.0
+            V[:] = 0.0
             for _ in range(passes):
-                for j in range(seg[a], seg[a + 1]):
+                for j in range(lo, hi):
                     i = row_sample[j]
+                    row = rows[j]
+                    u[:] = 0.0
+                    xs = 0.0
+                    xx = 0.0
+                    for k in range(indptr[row], indptr[row + 1]):
+                        f = inverse[indices[k]]
+                        v = data[k]
+                        xs += v * Sx[f]
+                        xx += v * v
+                        for col in range(R):
+                            u[col] += v * Q[f, col]
                     pn = 0.0
                     ps = 0.0
+                    own = xs
+                    own_sq = xx
                     for col in range(R):
-                        pn += phi[j, col] * phi[j, col]
-                        ps += phi[j, col] * S[col]
+                        p = phi[j, col]
+                        pn += p * p
+                        ps += p * S[col]
+                        own += psi[j - lo, col] * S[col] - u[col] * S[col] - p * V[col]
+                        own_sq += p * psi[j - lo, col] - 2.0 * u[col] * p
                     resid = max(sq_norms[i] - pn, 0.0)
+                    own_sq = min(max(own_sq, 0.0), resid)
                     q = max(coef * (pn + resid), 1e-300)
-                    margin = margins[j] + coef * (ps + resid * delta[j])
+                    margin = margins[j] + coef * (ps + own + (resid - own_sq) * delta[j])
                     d = step(alpha[i] + delta[j], margin, q, Y[i], params)
                     if d != 0.0:
                         delta[j] += d
                         for col in range(R):
                             S[col] += d * phi[j, col]
+                            V[col] += d * u[col]
+                        for k in range(indptr[row], indptr[row + 1]):
+                            Sx[inverse[indices[k]]] += d * data[k]
+            for f in range(f0, f1):
+                inverse[features[f]] = -1
         return delta
 
     return {
@@ -241,9 +278,26 @@ def solve_subproblems(
     Y: np.ndarray,
     sq_norms: np.ndarray,
     coef: float,
+    X,
+    rows: np.ndarray,
+    feature_ptr: np.ndarray,
+    features: np.ndarray,
+    directions: np.ndarray,
     passes: int = 1,
 ) -> np.ndarray:
     """Every active client's local subproblem, solved by sequential dual coordinate ascent.
+
+    A client's model of the Gram matrix of its samples is exact in the span of
+    its history directions (coordinates ``phi``) and, outside that span, on its
+    own features: with ``Q`` an orthonormal basis of the span, the residual
+    ``r_i = x_i - Q phi_i`` restricted to the client's features is known to it
+    (it holds ``x_i`` there and its block of every ``w`` it received), so
+
+        <x_i, x_j> ~ phi_i . phi_j + r_i[own] . r_j[own] + [i = j] ||r_i[others]||^2.
+
+    With a single client or whole samples (horizontal FL) the model is exact
+    and the subproblem is CoCoA+'s; on the other holders' features only the
+    norm of the rest is known, and it is kept on the diagonal.
 
     Parameters
     ----------
@@ -268,6 +322,17 @@ def solve_subproblems(
         ``||x_i||^2`` of the whole samples.
     coef : float
         ``sigma / (lam N)``.
+    X : scipy.sparse.csr_matrix
+        Rows holding each client's own part of its samples.
+    rows : ndarray of int, shape (n,)
+        Row of ``X`` of each drawn row.
+    feature_ptr : ndarray of int, shape (A + 1,)
+        Client ``a``'s own features are ``features[feature_ptr[a]:feature_ptr[a + 1]]``.
+    features : ndarray of int
+        Columns of ``X`` (the clients' own features, client after client).
+    directions : ndarray, shape (len(features), R, C)
+        The history directions ``w_p - w_b`` on each client's own features
+        (:meth:`SpanHistory.direction_vectors`, :meth:`ClientMemory.direction_vectors`).
     passes : int, default 1
         Passes over each client's drawn rows.
 
@@ -285,6 +350,7 @@ def solve_subproblems(
     transforms = np.ascontiguousarray(transforms, dtype=np.float64)
     current = z_ring[row_sample, pairs[np.repeat(np.arange(segments.size - 1),
                                                  np.diff(segments)), 0, 0]]  # (n, C)
+    inverse = np.full(X.shape[1], -1, dtype=np.int64)
     for c in range(C):
         phi = kernels["coordinates"](z_ring, pairs, transforms, segments, row_sample, c)
         out[:, c] = kernels["solve"](
@@ -292,6 +358,10 @@ def solve_subproblems(
             step_parameters(loss),
             segments,
             row_sample,
+            np.ascontiguousarray(rows, dtype=np.int64),
+            X.indptr,
+            X.indices,
+            X.data,
             np.ascontiguousarray(alpha[:, c]),
             np.ascontiguousarray(current[:, c]),
             np.ascontiguousarray(Y[:, c], dtype=np.float64),
@@ -299,6 +369,11 @@ def solve_subproblems(
             phi,
             float(coef),
             int(passes),
+            np.asarray(feature_ptr, dtype=np.int64),
+            np.asarray(features, dtype=np.int64),
+            np.ascontiguousarray(directions[:, :, c], dtype=np.float64),
+            np.ascontiguousarray(transforms[:, c]),
+            inverse,
         )
     return out
 
@@ -582,12 +657,43 @@ class SpanHistory:
         t = int(self.slot_round.max())
         return pairs, self.direction_grams(pairs, t)
 
+    def _chronology(self, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """Position of every slot in time (oldest first; unused slots first) and the order."""
+        position = np.where(self.slot_round >= 0, self.slot_round - (t - self.size + 1), 0)
+        return position, np.argsort(position)
+
+    def direction_vectors(self, pairs: np.ndarray, features: np.ndarray) -> np.ndarray:
+        """One client's directions (see :func:`direction_pairs`) on the given features.
+
+        As for the Gram matrices, a move between two rounds is the sum of the
+        moves of the rounds in between, not a difference of two whole models.
+
+        Parameters
+        ----------
+        pairs : ndarray of int, shape (R, 2)
+        features : ndarray of int, shape (F,)
+
+        Returns
+        -------
+        ndarray, shape (F, R, C)
+        """
+        W = self.size
+        position, chrono = self._chronology(int(self.slot_round.max()))
+        cumulative = np.zeros((W + 1, features.size, self.w.shape[1]))
+        np.cumsum(self.moves[:, features][chrono], axis=0, out=cumulative[1:])
+        p, b = pairs[:, 0], pairs[:, 1]
+        hi = np.where(p >= 0, position[np.maximum(p, 0)] + 1, 0)
+        lo = np.where(b >= 0, position[np.maximum(b, 0)] + 1, 0)
+        vectors = cumulative[hi] - cumulative[lo]  # (R, F, C)
+        first = (p >= 0) & (b < 0)  # w itself
+        vectors[first] = self.w[features] - (cumulative[W] - cumulative[hi[first]])
+        vectors[p < 0] = 0.0
+        return np.moveaxis(vectors, 0, 1)
+
     def direction_grams(self, pairs: np.ndarray, t: int) -> np.ndarray:
         """Gram matrices of the directions ``pairs`` (see :func:`direction_pairs`) at round t."""
         W, C = self.size, self.w.shape[1]
-        # Chronological position of every slot (oldest first); unused slots sort first.
-        position = np.where(self.slot_round >= 0, self.slot_round - (t - W + 1), 0)
-        chrono = np.argsort(position)
+        position, chrono = self._chronology(t)
         gram = self.move_gram[:, chrono][:, :, chrono]
         box = np.zeros((C, W + 1, W + 1))  # box[a, b] = sum of gram[:a, :b]
         box[:, 1:, 1:] = gram.cumsum(axis=1).cumsum(axis=2)
@@ -614,26 +720,36 @@ class SpanHistory:
 
 
 class ClientMemory:
-    """One client's side of :class:`SpanHistory`: its samples' inner products, by slot.
+    """One client's side of :class:`SpanHistory`: its samples' inner products and its
+    block of the weights, by slot.
 
     The slots follow the same ring as the server's (slot ``t mod W``), so the
     server can name the directions and send their Gram matrix.
     """
 
-    def __init__(self, n_samples: int, n_outputs: int, depth: int):
+    def __init__(self, n_samples: int, n_features: int, n_outputs: int, depth: int):
         size = 2 * depth
         self.z = np.zeros((n_samples, size, n_outputs))
+        self.w = np.zeros((size, n_features, n_outputs))
         self.slots = np.full(depth, -1, dtype=np.int64)
 
-    def record(self, t: int, z: np.ndarray) -> None:
+    def record(self, t: int, z: np.ndarray, w: np.ndarray) -> None:
         slot = t % self.z.shape[1]
         self.slots[self.slots == slot] = -1
         self.slots[1:] = self.slots[:-1].copy()
         self.slots[0] = slot
         self.z[:, slot] = z
+        self.w[slot] = w
 
     def pairs(self) -> np.ndarray:
         return direction_pairs(self.slots[None, :])
+
+    def direction_vectors(self) -> np.ndarray:
+        """The directions on the client's features, shape (F, R, C)."""
+        p, b = self.pairs()[0].T
+        vectors = (np.where((p >= 0)[:, None, None], self.w[np.maximum(p, 0)], 0.0)
+                   - np.where((b >= 0)[:, None, None], self.w[np.maximum(b, 0)], 0.0))
+        return np.moveaxis(vectors, 0, 1)
 
 
 class RunningAverage:

@@ -116,7 +116,7 @@ class Client:
         self.round: dict = {}
         if public.hyfdca.step_rule == "cocoa":
             depth = public.hyfdca.history_depth(public.n_features)
-            self.memory = ClientMemory(self.samples.size, C, depth)
+            self.memory = ClientMemory(self.samples.size, self.features.size, C, depth)
             self.previous_step = np.zeros((self.samples.size, C))
 
     #: What changes between messages: a transport that cannot keep the object
@@ -267,7 +267,7 @@ class Client:
             self.z = np.asarray(self.X @ self.w)
         else:
             self.z = decrypt_samples(self.cipher, pub.layout, message["z"], self.samples)
-        self.memory.record(self.round["t"], self.z)
+        self.memory.record(self.round["t"], self.z, self.w)
         order = self.round["order_local"]  # the drawn samples, in the order to visit them
         proposals = solve_subproblems(
             self.loss,
@@ -280,6 +280,11 @@ class Client:
             Y=self.Y,
             sq_norms=self.sq_norms,
             coef=float(message["coef"]),
+            X=self.X,
+            rows=order,
+            feature_ptr=np.array([0, self.features.size]),
+            features=np.arange(self.features.size),
+            directions=self.memory.direction_vectors(),
         )
         scale = 1.0 / pub.n_holders[self.samples[order]]
         return encrypt_samples(self.cipher, pub.layout, self.samples[order],
