@@ -25,8 +25,12 @@ only the first use on a machine pays Numba's compile time.
 from __future__ import annotations
 
 import functools
+import weakref
 
 import numpy as np
+
+# Rows per bucket of the row -> client table (see :func:`client_table`).
+_BUCKET_SHIFT = 12
 
 
 @functools.cache
@@ -37,34 +41,32 @@ def _kernels():
     njit = functools.partial(nb.njit, cache=True, nogil=True)
 
     @njit
-    def client_of(client_rowptr, row):
-        # np.searchsorted(client_rowptr, row, side="right") - 1
-        lo, hi = 0, client_rowptr.size
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if client_rowptr[mid] <= row:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo - 1
+    def client_of(client_rowptr, table, row):
+        # np.searchsorted(client_rowptr, row, side="right") - 1: start at the
+        # client of the bucket's first row and step past the ends <= row.
+        k = table[row >> _BUCKET_SHIFT]
+        while client_rowptr[k + 1] <= row:
+            k += 1
+        return k
 
     @njit
-    def holder_rows(samples, sample_rowptr, n_holders, sample_rows, client_rowptr):
+    def holder_rows(samples, sample_rowptr, sample_rows, client_rowptr, table):
+        # |B_s| is read as sample_rowptr[s + 1] - sample_rowptr[s] (the same cache
+        # line; the stacked arrays are far larger than the caches).
         total = 0
         for s in samples:
-            total += n_holders[s]
+            total += sample_rowptr[s + 1] - sample_rowptr[s]
         rows = np.empty(total, dtype=np.int64)
         slot = np.empty(total, dtype=np.int64)
         clients = np.empty(total, dtype=np.int64)
         n = 0
         for j in range(samples.size):
             s = samples[j]
-            start = sample_rowptr[s]
-            for h in range(n_holders[s]):
-                row = sample_rows[start + h]
+            for h in range(sample_rowptr[s], sample_rowptr[s + 1]):
+                row = sample_rows[h]
                 rows[n] = row
                 slot[n] = j
-                clients[n] = client_of(client_rowptr, row)
+                clients[n] = client_of(client_rowptr, table, row)
                 n += 1
         return rows, slot, clients
 
@@ -100,41 +102,79 @@ def _kernels():
         return out
 
     @njit
-    def stale_rows_from_log(samples, rounds, updated_at, sample_rowptr, n_holders, sample_rows,
-                            client_rowptr, missed_after):
+    def distinct(values):
+        # np.unique of an int array: ascending distinct values.
+        out = np.sort(values)
+        n = 0
+        for j in range(out.size):
+            if n == 0 or out[j] != out[n - 1]:
+                out[n] = out[j]
+                n += 1
+        return out[:n]
+
+    @njit
+    def stale_rows_from_log(samples, rounds, updated_at, sample_rowptr, sample_rows,
+                            client_rowptr, table, missed_after):
         total = 0
         for e in range(samples.size):
-            if updated_at[samples[e]] == rounds[e]:
-                total += n_holders[samples[e]]
+            s = samples[e]
+            if updated_at[s] == rounds[e]:
+                total += sample_rowptr[s + 1] - sample_rowptr[s]
         out = np.empty(total, dtype=np.int64)
         n = 0
         for e in range(samples.size):
             s, r = samples[e], rounds[e]
             if updated_at[s] != r:  # superseded: a later entry logs the sample's last change
                 continue
-            start = sample_rowptr[s]
-            for h in range(n_holders[s]):
-                row = sample_rows[start + h]
-                if r > missed_after[client_of(client_rowptr, row)]:
+            for h in range(sample_rowptr[s], sample_rowptr[s + 1]):
+                row = sample_rows[h]
+                if r > missed_after[client_of(client_rowptr, table, row)]:
                     out[n] = row
                     n += 1
-        out = np.sort(out[:n])
-        if n == 0:
-            return out
-        keep = np.empty(n, dtype=np.bool_)
-        keep[0] = True
-        for j in range(1, n):
-            keep[j] = out[j] != out[j - 1]
-        return out[keep]
+        return distinct(out[:n])
 
     @njit
-    def client_nonzeros(indptr, client_rowptr, rows, n_clients):
+    def client_nonzeros(indptr, client_rowptr, table, rows, n_clients):
         work = np.zeros(n_clients)
         for row in rows:
-            work[client_of(client_rowptr, row)] += indptr[row + 1] - indptr[row]
+            work[client_of(client_rowptr, table, row)] += indptr[row + 1] - indptr[row]
         return work
 
+    @njit
+    def sum_by_slot(values, slot, n_slots):
+        # np.add.at(zeros, slot, values): the values in order, added into their slot.
+        out = np.zeros((n_slots, values.shape[1]))
+        for j in range(slot.size):
+            for c in range(values.shape[1]):
+                out[slot[j], c] += values[j, c]
+        return out
+
+    @njit
+    def refresh_copies(rows, row_sample, alpha, alpha_local):
+        # For ascending distinct rows: change = alpha[sample] - copy; the rows
+        # whose change is not all zero get copy += change; those then still
+        # unequal to alpha are reported too (see server_refresh_newcomers).
+        C = alpha.shape[1]
+        moved = np.zeros(rows.size, dtype=np.bool_)
+        inexact = np.zeros(rows.size, dtype=np.bool_)
+        change = np.empty((rows.size, C))
+        for j in range(rows.size):
+            r, i = rows[j], row_sample[rows[j]]
+            for c in range(C):
+                change[j, c] = alpha[i, c] - alpha_local[r, c]
+                if change[j, c] != 0.0:
+                    moved[j] = True
+            if moved[j]:
+                for c in range(C):
+                    alpha_local[r, c] += change[j, c]
+                    if alpha_local[r, c] != alpha[i, c]:
+                        inexact[j] = True
+        return moved, change, inexact
+
     return {
+        "distinct": distinct,
+        "sum_by_slot": sum_by_slot,
+        "refresh_copies": refresh_copies,
         "holder_rows": holder_rows,
         "gather_inner_products": gather_inner_products,
         "rows_transpose_product": rows_transpose_product,
@@ -158,8 +198,8 @@ def holder_rows(blocks, samples: np.ndarray):
         is the position in ``samples``, ``clients`` the client of each row.
     """
     return _kernels()["holder_rows"](
-        np.ascontiguousarray(samples), blocks.sample_rowptr, blocks.n_holders,
-        blocks.sample_rows, blocks.client_rowptr,
+        np.ascontiguousarray(samples), blocks.sample_rowptr,
+        blocks.sample_rows, blocks.client_rowptr, client_table(blocks.client_rowptr),
     )
 
 
@@ -208,13 +248,82 @@ def stale_rows_from_log(blocks, samples, rounds, updated_at, missed_after) -> np
     ``rounds[e] > missed_after[k]``. Returns int64 rows, shape (S,).
     """
     return _kernels()["stale_rows_from_log"](
-        samples, rounds, updated_at, blocks.sample_rowptr, blocks.n_holders,
-        blocks.sample_rows, blocks.client_rowptr, missed_after,
+        samples, rounds, updated_at, blocks.sample_rowptr,
+        blocks.sample_rows, blocks.client_rowptr, client_table(blocks.client_rowptr), missed_after,
     )
 
 
 def client_nonzeros(blocks, rows: np.ndarray) -> np.ndarray:
     """Stored entries of the given rows summed per client, float64 shape (K,)."""
     return _kernels()["client_nonzeros"](
-        blocks.X.indptr, blocks.client_rowptr, np.ascontiguousarray(rows), blocks.n_clients
+        blocks.X.indptr, blocks.client_rowptr, client_table(blocks.client_rowptr),
+        np.ascontiguousarray(rows), blocks.n_clients,
     )
+
+
+def distinct(values: np.ndarray) -> np.ndarray:
+    """Ascending distinct values of a small int array (one compiled call), shape (n',).
+
+    Same values and dtype as ``np.unique``; for the few hundred draws of a
+    round, where NumPy's sort-and-compare costs half a dozen calls.
+    """
+    return _kernels()["distinct"](np.ascontiguousarray(values))
+
+
+def sum_by_slot(values: np.ndarray, slot: np.ndarray, n_slots: int) -> np.ndarray:
+    """``out[slot[j]] += values[j]`` in order of ``j``, shape (n_slots, C).
+
+    Bitwise equal to ``np.add.at(np.zeros((n_slots, C)), slot, values)``,
+    which costs about 100 us for a thousand rows of one column.
+    """
+    return _kernels()["sum_by_slot"](
+        np.ascontiguousarray(values, dtype=np.float64), np.ascontiguousarray(slot), int(n_slots)
+    )
+
+
+def refresh_copies(rows, row_sample, alpha, alpha_local):
+    """Bring the dual copies of ``rows`` to the server's duals, in place.
+
+    Parameters
+    ----------
+    rows : ndarray of int, shape (S,)
+        Ascending distinct stacked rows.
+    row_sample : ndarray of int, shape (R,)
+    alpha : ndarray, shape (N, C)
+    alpha_local : ndarray, shape (R, C)
+        Updated in place: ``alpha_local[r] += alpha[row_sample[r]] - alpha_local[r]``
+        for the rows whose difference is not all zero.
+
+    Returns
+    -------
+    moved : ndarray of bool, shape (S,)
+        Rows whose difference was not all zero (the updated ones).
+    change : ndarray, shape (S, C)
+        The difference of each row (before the update).
+    inexact : ndarray of bool, shape (S,)
+        Updated rows whose copy still differs from the dual (rounding).
+    """
+    return _kernels()["refresh_copies"](np.ascontiguousarray(rows), row_sample, alpha, alpha_local)
+
+
+_TABLES: dict[int, tuple[weakref.ref, np.ndarray]] = {}
+
+
+def client_table(client_rowptr: np.ndarray) -> np.ndarray:
+    """Client of the first row of every bucket of ``2**_BUCKET_SHIFT`` stacked rows.
+
+    The kernels find a row's client from its bucket's entry and a step or
+    two along ``client_rowptr`` (a binary search per row cost about 40 ns,
+    most of the stale-row search). The table (R / 4096 entries) is built once
+    per stacked matrix and kept while ``client_rowptr`` lives.
+    """
+    key = id(client_rowptr)
+    hit = _TABLES.get(key)
+    if hit is not None and hit[0]() is client_rowptr:
+        return hit[1]
+    for stale in [k for k, (ref, _) in _TABLES.items() if ref() is None]:
+        del _TABLES[stale]
+    starts = np.arange(0, int(client_rowptr[-1]) + 1, 1 << _BUCKET_SHIFT, dtype=np.int64)
+    table = np.searchsorted(client_rowptr, starts, side="right").astype(np.int64) - 1
+    _TABLES[key] = (weakref.ref(client_rowptr), table)
+    return table
