@@ -87,8 +87,13 @@ def draw_local_samples(
             # already chosen take j instead. Rows with step >= h_k are ignored.
             j = np.maximum(sizes - counts + step, 0)
             t = rng.integers(0, j + 1)
+            if step == 0:  # nothing taken yet (saves calls in a one-step round)
+                chosen[:, 0] = t
+                continue
             taken = (chosen[:, :step] == t[:, None]).any(axis=1)
             chosen[:, step] = np.where(taken, j, t)
+        if np.all(counts == h):  # every row full: all of them, row by row
+            return chosen.reshape(-1)
         valid = np.arange(h)[None, :] < counts[:, None]
         return chosen[valid]
     # Many draws per client: take the first `count` distinct values of an iid

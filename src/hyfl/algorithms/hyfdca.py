@@ -68,6 +68,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from hyfl._ragged import concat_ranges
+from hyfl.algorithms import hyfdca_kernels
 from hyfl.algorithms.base import draw_local_samples
 from hyfl.algorithms.hyfdca_local import (
     RunningAverage,
@@ -338,7 +339,7 @@ class HyFDCA:
             io.floats_down += n_features[receivers].sum()
             refreshed = server_refresh_newcomers(state, newcomers, stale)
         if refreshed:
-            state.w += primal_aggregation(state, state.blocks.X[refreshed[0]], refreshed[1])
+            state.w += primal_aggregation_rows(state, refreshed[0], refreshed[1])
         state.snapshots.record(state.w, receivers)
 
         if self.step_rule == "cocoa":
@@ -372,19 +373,19 @@ class HyFDCA:
         positions = draw_local_samples(rng, sizes, state.counts[clients])
         drawn_rows = np.repeat(blocks.client_rowptr[clients], state.counts[clients]) + positions
         drawn_samples = blocks.row_sample[drawn_rows]
-        samples = _distinct(drawn_samples)
+        samples = hyfdca_kernels.distinct(drawn_samples)
         drawn_slot = np.searchsorted(samples, drawn_samples)
         client_of_drawn = np.repeat(clients, state.counts[clients])
 
         # 3. SecureInnerProduct: active clients' parts with their current weights,
         # absent holders' parts as last sent (with the weights of their last round).
-        # The holders' rows are gathered once and serve every step below.
-        holder_rows, holder_slot = _holder_rows(blocks, samples)
-        holder_clients = blocks.clients_of(holder_rows)
+        # The holders' rows are read in place (compiled kernels: SciPy's X[rows]
+        # alone cost more than the rest of a one-step round), and their squared
+        # norms come along for the safe rule's test.
+        holder_rows, holder_slot, holder_clients = hyfdca_kernels.holder_rows(blocks, samples)
         fresh = active[holder_clients]
         active_rows = holder_rows[fresh]
-        gathered = blocks.X[holder_rows]
-        parts = state.snapshots.inner_products(gathered, holder_clients)
+        parts, holder_sq = state.snapshots.row_inner_products(blocks.X, holder_rows, holder_clients)
         tic = time.perf_counter()
         z = server_sum_over_holders(parts, holder_slot, samples.size)
         io.server_seconds += time.perf_counter() - tic
@@ -413,10 +414,9 @@ class HyFDCA:
         traffic["dual_down"] = updated_pairs
         update_rows = active_rows  # active holders of the updated samples
         row_step = step[holder_slot[fresh]]
-        # Absent holders do not re-send: their rows contribute a zero change.
-        holder_step = np.zeros((holder_rows.size, step.shape[1]))
-        holder_step[fresh] = row_step
-        dw = primal_aggregation(state, gathered, holder_step)
+        # Absent holders do not re-send. Their rows would add exact zeros to
+        # sums that start at +0.0, which changes no bit, so they are left out.
+        dw = primal_aggregation_rows(state, active_rows, row_step)
         io.floats_up += n_features[active].sum()
         io.floats_down += n_features[active].sum()
 
@@ -424,9 +424,7 @@ class HyFDCA:
         if self.step_rule == "safe":
             tic = time.perf_counter()
             fresh_sq = np.bincount(
-                holder_slot[fresh],
-                weights=_row_squared_norms(gathered)[fresh],
-                minlength=samples.size,
+                holder_slot[fresh], weights=holder_sq[fresh], minlength=samples.size
             )
             gain, scale = _dual_gain_estimate(state, samples, step, z, dw, fresh_sq)
             # beta >= number of draws makes every step provably safe when nobody
@@ -848,6 +846,26 @@ class WeightSnapshots:
         self.store[free[0]] = w
         self.slot[clients] = free[0]
 
+    def row_inner_products(self, X: sp.csr_matrix, rows: np.ndarray, clients: np.ndarray):
+        """:meth:`inner_products` of ``X[rows]`` without building it, and the rows' norms.
+
+        Parameters
+        ----------
+        X : scipy.sparse.csr_matrix, shape (R, M)
+            The stacked blocks.
+        rows : ndarray of int, shape (n,)
+        clients : ndarray of int, shape (n,)
+            Client of each row.
+
+        Returns
+        -------
+        parts : ndarray, shape (n, C)
+            Bitwise equal to ``inner_products(X[rows], clients)``.
+        sq_norms : ndarray, shape (n,)
+            ``||x_r||^2`` of each row, as :func:`_row_squared_norms` of ``X[rows]``.
+        """
+        return hyfdca_kernels.gather_inner_products(X, rows, self.slot[clients], self.store)
+
     def inner_products(self, rows: sp.csr_matrix, clients: np.ndarray) -> np.ndarray:
         """``x_{k,i}^T w_k`` for gathered stacked rows, each with its client's version.
 
@@ -1088,12 +1106,15 @@ def server_refresh_newcomers(
         stale_rows = _stale_rows(state, newcomers)
     residue = state.copy_residue
     returning = newcomers[blocks.clients_of(residue)]
-    rows = _distinct(np.concatenate((stale_rows, residue[returning])))
-    change = state.alpha[blocks.row_sample[rows]] - state.alpha_local[rows]
-    moved = np.any(change != 0.0, axis=1)
-    rows, change = rows[moved], change[moved]
-    state.alpha_local[rows] += change
-    inexact = np.any(state.alpha_local[rows] != state.alpha[blocks.row_sample[rows]], axis=1)
+    if residue.size:
+        stale_rows = np.concatenate((stale_rows, residue[returning]))
+    rows = _distinct(stale_rows)
+    # One compiled pass compares, updates and re-checks each row (the same
+    # element-wise operations as NumPy's, without a call per step).
+    moved, change, inexact = hyfdca_kernels.refresh_copies(
+        rows, blocks.row_sample, state.alpha, state.alpha_local
+    )
+    rows, change, inexact = rows[moved], change[moved], inexact[moved]
     if returning.any() or inexact.any():
         state.copy_residue = _distinct(np.concatenate((residue[~returning], rows[inexact])))
     if rows.size == 0:
@@ -1114,11 +1135,22 @@ def primal_aggregation(state: HyFDCAState, X_rows: sp.csr_matrix, dual_change: n
     return np.asarray(X_rows.T @ dual_change) / (problem.lam * problem.n_samples)
 
 
+def primal_aggregation_rows(state: HyFDCAState, rows: np.ndarray, dual_change: np.ndarray):
+    """:func:`primal_aggregation` for the stacked rows ``rows``, read in place.
+
+    Bitwise equal to ``primal_aggregation(state, state.blocks.X[rows], dual_change)``
+    (a compiled kernel adds in the order of SciPy's product), without SciPy's
+    fixed cost of gathering the rows.
+    """
+    problem = state.problem
+    change = hyfdca_kernels.rows_transpose_product(state.blocks.X, rows, dual_change)
+    return change / (problem.lam * problem.n_samples)
+
+
 def server_sum_over_holders(values: np.ndarray, slot: np.ndarray, n_slots: int) -> np.ndarray:
     """Sum per-(client, sample) values over the holders of each sample."""
-    out = np.zeros((n_slots, values.shape[1]))
-    np.add.at(out, slot, values)
-    return out
+    # Compiled, in np.add.at's order (np.add.at costs ~100 us on a thousand rows).
+    return hyfdca_kernels.sum_by_slot(values, slot, n_slots)
 
 
 def server_aggregate_duals(
@@ -1129,8 +1161,7 @@ def server_aggregate_duals(
     gamma_t: float,
 ) -> np.ndarray:
     """``gamma_t / |B_i| * sum of the steps for i`` for each updated sample."""
-    total = np.zeros((samples.size, delta.shape[1]))
-    np.add.at(total, slot, delta)
+    total = hyfdca_kernels.sum_by_slot(delta, slot, samples.size)  # np.add.at's order
     return total * (gamma_t / n_holders[samples])[:, None]
 
 
@@ -1225,13 +1256,14 @@ def _stale_rows(state: HyFDCAState, newcomers: np.ndarray) -> np.ndarray:
         samples, rounds = log.since(oldest)
         holders_per_sample = blocks.X.shape[0] / max(blocks.n_samples, 1)
         if samples.size * holders_per_sample < sizes.sum():
-            live = state.updated_at[samples] == rounds  # superseded entries are skipped
-            rows, slot = _holder_rows(blocks, samples[live])
-            rows = rows.astype(np.int64)  # (int32 keys would be cast on every search)
             # A holder missed a change if it is a newcomer absent at that round.
+            # Superseded entries are skipped; a sample logged twice in a round
+            # gives its rows twice, so the rows are made distinct (one compiled
+            # pass: the NumPy version cost a dozen calls on a few rows).
             missed_after = np.where(newcomers, state.last_active, np.iinfo(np.int64).max)
-            stale = rounds[live][slot] > missed_after[blocks.clients_of(rows)]
-            return _distinct(rows[stale])  # a sample logged twice in a round: its rows twice
+            return hyfdca_kernels.stale_rows_from_log(
+                blocks, samples, rounds, state.updated_at, missed_after
+            )
     rows = concat_ranges(first, sizes)
     clients = np.repeat(k, sizes)
     return rows[state.updated_at[blocks.row_sample[rows]] > state.last_active[clients]]
@@ -1276,8 +1308,7 @@ def _busiest_share(blocks: StackedBlocks, rows: np.ndarray, n_active: int) -> fl
         if np.array_equal(last - first, ends[some + 1] - 1 - ends[some]):  # consecutive rows
             work = np.zeros(blocks.n_clients)
             work[some] = indptr[last + 1] - indptr[first]
-    if work is None:
-        nnz = indptr[rows + 1] - indptr[rows]
-        work = np.bincount(blocks.clients_of(rows), weights=nnz, minlength=blocks.n_clients)
+    if work is None:  # (integer sums in float64, exact in any order)
+        work = hyfdca_kernels.client_nonzeros(blocks, rows)
     total = work.sum()
     return float(work.max() / total) if total > 0 else 1.0 / n_active
