@@ -130,11 +130,18 @@ def _first_distinct(rng, sizes, counts):
 
 def _random_keys(rng, sizes, counts):
     """(owner, position) of ``counts[k]`` positions per client by sorting random keys."""
-    owner = np.repeat(np.arange(sizes.size), np.where(counts > 0, sizes, 0))
+    lengths = np.where(counts > 0, sizes, 0)
+    owner = np.repeat(np.arange(sizes.size), lengths)
     keys = rng.random(owner.size)
-    order = np.lexsort((keys, owner))
-    lengths = np.bincount(owner, minlength=sizes.size)
     starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    # The order of np.lexsort((keys, owner)): owners are already grouped in
+    # ascending runs, so a stable sort of each run's keys gives the same
+    # permutation, at a fraction of lexsort's cost (5.7 s of a 21 s full-pass
+    # round on Covtype 12x12).
+    order = np.empty(owner.size, dtype=np.int64)
+    for k in np.flatnonzero(lengths):
+        run = slice(starts[k], starts[k] + lengths[k])
+        order[run] = np.argsort(keys[run], kind="stable") + starts[k]
     rank = np.arange(owner.size) - starts[owner[order]]
     chosen = order[rank < counts[owner[order]]]
     return owner[chosen], chosen - starts[owner[chosen]]
