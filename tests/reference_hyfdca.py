@@ -191,8 +191,10 @@ class ReferenceCocoa:
 
     Every client keeps its own list of (round, inner products of its samples);
     the server keeps the model ``w`` of every round. Local subproblems are
-    solved sample by sample with ``loss.dual_step`` on 1-element arrays, the
-    aggregates are recomputed from scratch, and the running averages are dense.
+    solved sample by sample with ``loss.dual_step`` on 1-element arrays, with the
+    model's residual on the client's own features formed explicitly as
+    ``x_i[own] - Q[own] phi_i``; the aggregates are recomputed from scratch, and the
+    running averages are dense.
     """
 
     SHORT, FULL, SHRINK = 0.5, 0.95, 0.8

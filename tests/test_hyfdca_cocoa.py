@@ -161,3 +161,48 @@ def test_running_average_equals_the_dense_recursion():
         rho = max(2.0 / (t + 1.0), 0.1)
         dense = (1 - rho) * dense + rho * x
         np.testing.assert_allclose(lazy.value(x), dense, atol=1e-12)
+
+
+@pytest.mark.parametrize("loss_name", ["hinge", "logistic", "squared"])
+def test_a_client_holding_whole_samples_solves_the_exact_cocoa_subproblem(loss_name):
+    """One client with every feature: the model is the true Gram matrix, so the local
+    solve is plain sequential SDCA on CoCoA+'s subproblem
+    ``max -sum l*(-(a+d)) - z.d - coef/2 d^T X X^T d``, whatever the history spans."""
+    from hyfl.algorithms.hyfdca_local import solve_subproblems, span_transforms
+    from hyfl.losses import get_loss
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(4)
+    n, m = 40, 6
+    X = sp.random(n, m, density=0.6, random_state=5, format="csr")
+    X.data = rng.standard_normal(X.data.size)
+    y = np.where(rng.random(n) < 0.5, -1.0, 1.0)[:, None]
+    if loss_name == "squared":
+        y = rng.standard_normal((n, 1))
+    loss = get_loss(loss_name)
+    lo, hi = loss.dual_bounds(y)
+    alpha = np.clip(0.3 * rng.standard_normal((n, 1)), lo, hi)
+    # A history of two rounds: w_1 and w_2; directions w_2 and w_2 - w_1 (slots 1, 0).
+    w1, w2 = rng.standard_normal((m, 1)), rng.standard_normal((m, 1))
+    z_ring = np.zeros((n, 4, 1))
+    z_ring[:, 0], z_ring[:, 1] = X @ w1, X @ w2
+    pairs = np.array([[[1, -1], [1, 0]]])
+    D = np.column_stack([w2[:, 0], (w2 - w1)[:, 0]])
+    transforms = span_transforms((D.T @ D)[None, None])
+    order = rng.permutation(n)
+    coef = 0.7
+    sq_norms = np.asarray(X.multiply(X).sum(axis=1)).ravel()
+    got = solve_subproblems(
+        loss, segments=np.array([0, n]), row_sample=order, alpha=alpha, z_ring=z_ring,
+        pairs=pairs, transforms=transforms, Y=y, sq_norms=sq_norms, coef=coef, X=X,
+        rows=order, feature_ptr=np.array([0, m]), features=np.arange(m),
+        directions=D[:, :, None],
+    )
+    # Reference: sequential dual coordinate ascent with the true Gram matrix.
+    G = (X @ X.T).toarray()
+    delta = np.zeros(n)
+    for i in order:
+        margin = float((X[i] @ w2)[0, 0]) + coef * float(G[i] @ delta)
+        delta[i] += loss.dual_step(alpha[i] + delta[i], np.array([margin]),
+                                   np.array([coef * G[i, i]]), y[i])[0]
+    np.testing.assert_allclose(got[:, 0], delta[order], rtol=1e-9, atol=1e-12)

@@ -19,12 +19,20 @@ onto the directions ``w_s - w_s'`` along which the model moved, and the server
 knows those directions' Gram matrix. With an orthonormal basis ``Q`` of their
 span, ``phi_i = Q^T x_i`` is computable by the client, and
 
-    G ~= Phi Phi^T + diag(r),   r_i = ||x_i||^2 - ||phi_i||^2
+    G ~= Phi Phi^T + R_own R_own^T + diag(rest),
 
-is exact inside the span and treats the rest of each sample as orthogonal to
-the others. On low-dimensional data the span soon covers every direction the
-iterates use and the subproblem becomes exact; on sparse text it keeps the
-dominant, shared directions. ``||x_i||^2`` is summed securely once at set-up.
+exact inside the span. Outside it, the residual ``r_i = x_i - Q phi_i`` is
+known to the client on its own features -- it holds ``x_i`` there and its
+block of every ``w`` it received, hence ``Q`` there -- so ``R_own`` couples
+its samples exactly on its features; only the other holders' part of the
+residual (``rest_i = ||r_i||^2 - ||r_i[own]||^2``) is treated as orthogonal
+to the other samples. A client that holds whole samples (one client, or
+horizontal FL) therefore solves CoCoA+'s exact subproblem; in hybrid and
+vertical splits the span supplies the coupling through the other holders'
+features. ``||x_i||^2`` is summed securely once at set-up. (Measured: on a
+50,000-row Covtype sample with one client, 60 rounds reach relative loss
+3.5e-4 with the own-feature term and 0.2 without; 3x3 at half participation
+settles at 1e-3 in 140 rounds, not within 150 without.)
 
 Around the local solves, one outer iteration
 
