@@ -193,11 +193,12 @@ def _kernels():
 
     @njit
     def solve(step, params, seg, row_sample, rows, indptr, indices, data, alpha, margins, Y,
-              sq_norms, phi, coef, passes, feature_ptr, features, directions, transforms, inverse):
+              sq_norms, phi, coef, passes, feature_ptr, features, basis, basis_grams, inverse):
         # Per client a: rows seg[a]:seg[a + 1] (sample row_sample[j], data row rows[j] of
         # the CSR arrays), phi (n, R) their coordinates in the span of the directions,
-        # directions[feature_ptr[a]:feature_ptr[a + 1]] the directions on the client's
-        # own features, transforms[a] = T. inverse (M,) is scratch, -1 filled.
+        # basis[feature_ptr[a]:feature_ptr[a + 1]] the span's orthonormal basis Q on the
+        # client's own features and basis_grams[a] = Q^T Q there. inverse (M,) is
+        # scratch, -1 filled.
         # The model: <x_i, x_j> ~ phi_i.phi_j + r_i.r_j (own features) + diagonal rest.
         n, R = phi.shape
         delta = np.zeros(n)
@@ -209,9 +210,15 @@ def _kernels():
             f0, f1 = feature_ptr[a], feature_ptr[a + 1]
             for f in range(f0, f1):
                 inverse[features[f]] = f - f0
-            Q = np.ascontiguousarray(directions[f0:f1]) @ np.ascontiguousarray(transforms[a])
-            G = Q.T @ Q  # Gram of the span's basis restricted to the own features
-            psi = np.ascontiguousarray(phi[lo:hi]) @ G
+            Q = basis[f0:f1]
+            G = basis_grams[a]
+            psi = np.zeros((hi - lo, R))  # G phi
+            for j in range(lo, hi):
+                for r in range(R):
+                    p = phi[j, r]
+                    if p != 0.0:
+                        for col in range(R):
+                            psi[j - lo, col] += p * G[r, col]
             Sx = np.zeros(f1 - f0)  # sum d x_own, on the own features
             S[:] = 0.0
             V[:] = 0.0
@@ -359,8 +366,18 @@ def solve_subproblems(
     current = z_ring[row_sample, pairs[np.repeat(np.arange(segments.size - 1),
                                                  np.diff(segments)), 0, 0]]  # (n, C)
     inverse = np.full(X.shape[1], -1, dtype=np.int64)
+    feature_ptr = np.asarray(feature_ptr, dtype=np.int64)
     for c in range(C):
         phi = kernels["coordinates"](z_ring, pairs, transforms, segments, row_sample, c)
+        # Q = D T on each client's own features and its Gram (BLAS, one thread: many
+        # small products, see _single_threaded_blas).
+        basis = np.empty((feature_ptr[-1], pairs.shape[1]))
+        basis_grams = np.empty((segments.size - 1, pairs.shape[1], pairs.shape[1]))
+        with _single_threaded_blas():
+            for a in range(segments.size - 1):
+                own = slice(feature_ptr[a], feature_ptr[a + 1])
+                basis[own] = directions[own, :, c] @ transforms[a, c]
+                basis_grams[a] = basis[own].T @ basis[own]
         out[:, c] = kernels["solve"](
             kernels[loss.name],
             step_parameters(loss),
@@ -377,10 +394,10 @@ def solve_subproblems(
             phi,
             float(coef),
             int(passes),
-            np.asarray(feature_ptr, dtype=np.int64),
+            feature_ptr,
             np.asarray(features, dtype=np.int64),
-            np.ascontiguousarray(directions[:, :, c], dtype=np.float64),
-            np.ascontiguousarray(transforms[:, c]),
+            basis,
+            basis_grams,
             inverse,
         )
     return out
