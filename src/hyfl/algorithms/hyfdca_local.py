@@ -167,40 +167,41 @@ def _kernels():
         return y / (1.0 + np.exp(-t)) - a
 
     @njit(fastmath=True)
-    def coordinates(ring, pairs, transforms, seg, row_sample, c):
-        # phi = T^T m: each row's coordinates in its client's span, from the
-        # inner products m of its sample with the client's directions.
-        n, R = row_sample.size, pairs.shape[1]
-        phi = np.zeros((n, R))
+    def coordinates(ring, pairs, T, row_sample, c, phi):
+        # phi = T^T m for one client's rows: their coordinates in its span, from the
+        # inner products m of their samples with the client's directions (pairs).
+        R = pairs.shape[0]
         m = np.zeros(R)
-        for a in range(seg.size - 1):
-            T = transforms[a, c]
-            for j in range(seg[a], seg[a + 1]):
-                i = row_sample[j]
-                for r in range(R):
-                    p, b = pairs[a, r, 0], pairs[a, r, 1]
-                    if p < 0:
-                        m[r] = 0.0
-                    elif b < 0:
-                        m[r] = ring[i, p, c]
-                    else:
-                        m[r] = ring[i, p, c] - ring[i, b, c]
-                for r in range(R):
-                    if m[r] != 0.0:
-                        for col in range(R):
-                            phi[j, col] += m[r] * T[r, col]
-        return phi
+        for j in range(row_sample.size):
+            i = row_sample[j]
+            for r in range(R):
+                p, b = pairs[r, 0], pairs[r, 1]
+                if p < 0:
+                    m[r] = 0.0
+                elif b < 0:
+                    m[r] = ring[i, p, c]
+                else:
+                    m[r] = ring[i, p, c] - ring[i, b, c]
+            for col in range(R):
+                phi[j, col] = 0.0
+            for r in range(R):
+                if m[r] != 0.0:
+                    for col in range(R):
+                        phi[j, col] += m[r] * T[r, col]
 
     @njit
-    def solve(step, params, seg, row_sample, rows, indptr, indices, data, alpha, margins, Y,
-              sq_norms, phi, coef, passes, feature_ptr, features, basis, basis_grams, inverse):
+    def solve(step, params, seg, row_sample, rows, indptr, indices, data, alpha, Y, sq_norms,
+              ring, pairs, transforms, c, coef, passes, feature_ptr, features, basis,
+              basis_grams, inverse):
         # Per client a: rows seg[a]:seg[a + 1] (sample row_sample[j], data row rows[j] of
-        # the CSR arrays), phi (n, R) their coordinates in the span of the directions,
-        # basis[feature_ptr[a]:feature_ptr[a + 1]] the span's orthonormal basis Q on the
-        # client's own features and basis_grams[a] = Q^T Q there. inverse (M,) is
-        # scratch, -1 filled.
+        # the CSR arrays); its directions pairs[a] into the ring of inner products (the
+        # current round's slot first) and transforms[a] = T give the rows' coordinates
+        # phi in the span, computed client by client (an (n, R) array for all draws
+        # would be 20x the data on Covtype); basis[feature_ptr[a]:feature_ptr[a + 1]] is
+        # the span's orthonormal basis Q on the client's own features and
+        # basis_grams[a] = Q^T Q there. inverse (M,) is scratch, -1 filled.
         # The model: <x_i, x_j> ~ phi_i.phi_j + r_i.r_j (own features) + diagonal rest.
-        n, R = phi.shape
+        n, R = row_sample.size, pairs.shape[1]
         delta = np.zeros(n)
         S = np.zeros(R)  # sum d phi
         V = np.zeros(R)  # sum d u, u = Q_own^T x_own
@@ -212,13 +213,16 @@ def _kernels():
                 inverse[features[f]] = f - f0
             Q = basis[f0:f1]
             G = basis_grams[a]
+            phi = np.empty((hi - lo, R))
+            coordinates(ring, pairs[a], transforms[a], row_sample[lo:hi], c, phi)
             psi = np.zeros((hi - lo, R))  # G phi
-            for j in range(lo, hi):
+            for j in range(hi - lo):
                 for r in range(R):
                     p = phi[j, r]
                     if p != 0.0:
                         for col in range(R):
-                            psi[j - lo, col] += p * G[r, col]
+                            psi[j, col] += p * G[r, col]
+            now = pairs[a, 0, 0]  # the current round's slot: the margins x_i^T w
             Sx = np.zeros(f1 - f0)  # sum d x_own, on the own features
             S[:] = 0.0
             V[:] = 0.0
@@ -241,7 +245,7 @@ def _kernels():
                     own = xs
                     own_sq = xx
                     for col in range(R):
-                        p = phi[j, col]
+                        p = phi[j - lo, col]
                         pn += p * p
                         ps += p * S[col]
                         own += psi[j - lo, col] * S[col] - u[col] * S[col] - p * V[col]
@@ -249,12 +253,12 @@ def _kernels():
                     resid = max(sq_norms[i] - pn, 0.0)
                     own_sq = min(max(own_sq, 0.0), resid)
                     q = max(coef * (pn + resid), 1e-300)
-                    margin = margins[j] + coef * (ps + own + (resid - own_sq) * delta[j])
+                    margin = ring[i, now, c] + coef * (ps + own + (resid - own_sq) * delta[j])
                     d = step(alpha[i] + delta[j], margin, q, Y[i], params)
                     if d != 0.0:
                         delta[j] += d
                         for col in range(R):
-                            S[col] += d * phi[j, col]
+                            S[col] += d * phi[j - lo, col]
                             V[col] += d * u[col]
                         for k in range(indptr[row], indptr[row + 1]):
                             Sx[inverse[indices[k]]] += d * data[k]
@@ -268,7 +272,6 @@ def _kernels():
         "squared": squared_step,
         "logistic": logistic_step,
         "solve": solve,
-        "coordinates": coordinates,
     }
 
 
@@ -363,12 +366,9 @@ def solve_subproblems(
     n, C = row_sample.size, alpha.shape[1]
     out = np.zeros((n, C))
     transforms = np.ascontiguousarray(transforms, dtype=np.float64)
-    current = z_ring[row_sample, pairs[np.repeat(np.arange(segments.size - 1),
-                                                 np.diff(segments)), 0, 0]]  # (n, C)
     inverse = np.full(X.shape[1], -1, dtype=np.int64)
     feature_ptr = np.asarray(feature_ptr, dtype=np.int64)
     for c in range(C):
-        phi = kernels["coordinates"](z_ring, pairs, transforms, segments, row_sample, c)
         # Q = D T on each client's own features and its Gram (BLAS, one thread: many
         # small products, see _single_threaded_blas).
         basis = np.empty((feature_ptr[-1], pairs.shape[1]))
@@ -388,10 +388,12 @@ def solve_subproblems(
             X.indices,
             X.data,
             np.ascontiguousarray(alpha[:, c]),
-            np.ascontiguousarray(current[:, c]),
             np.ascontiguousarray(Y[:, c], dtype=np.float64),
             np.ascontiguousarray(sq_norms, dtype=np.float64),
-            phi,
+            z_ring,
+            pairs,
+            np.ascontiguousarray(transforms[:, c]),
+            c,
             float(coef),
             int(passes),
             feature_ptr,
