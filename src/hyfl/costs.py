@@ -223,20 +223,23 @@ def count_he_operations(traffic: dict, layout) -> dict[str, int]:
         The optional second SecureInnerProduct (stored, not summed).
     ``sip_sum`` (samples)
         Samples whose inner product the server sums over all holders.
-    ``sip_down`` (clients, samples)
-        Summed inner products sent back; decrypted by the clients.
+    ``sip_down`` (clients, samples) or ``sip_down_all`` (bool mask over clients)
+        Summed inner products sent back (all samples of the flagged clients with
+        ``sip_down_all``, the ``cocoa`` rule); decrypted by the clients.
     ``dual_up`` (clients, samples)
         Encrypted dual steps of the drawn samples; the server adds every
         received ciphertext into the stored encrypted duals.
-    ``dual_down`` (clients, samples)
+    ``dual_down`` (clients, samples) or ``dual_down_all`` (bool mask over clients)
         The new duals sent back; decrypted.
     ``totals`` (n_senders, n_values)
         A few encrypted scalars per client summed by the server and
         decrypted by one client (the safe rule's acceptance test, the
         ``cocoa`` rule's line search).
-    ``proposals_up`` (clients, samples)
+    ``proposals_up`` (clients, samples) or ``proposals_up_all`` (mask, samples)
         ``cocoa``: the drawn samples' proposed dual changes; encrypted and summed
-        per sample by the server (not into the stored duals).
+        per sample by the server (not into the stored duals). ``proposals_up_all``:
+        the flagged clients send every sample they hold (a full local pass);
+        ``samples`` are the distinct samples.
     ``momentum_down`` (clients, samples)
         ``cocoa``: the previous dual steps sent to returning clients; decrypted.
     ``dual_commit`` (samples)
@@ -267,6 +270,11 @@ def count_he_operations(traffic: dict, layout) -> dict[str, int]:
         n = layout.count_chunks(*traffic["sip_down"])
         down += n
         dec += n
+    if "sip_down_all" in traffic:  # every sample of the flagged clients (a chunk covers one
+        # holder group, each of whose samples the client holds: its chunks are all of them)
+        n = int(layout.client_chunks[np.asarray(traffic["sip_down_all"], dtype=bool)].sum())
+        down += n
+        dec += n
     if "dual_up" in traffic:
         n = layout.count_chunks(*traffic["dual_up"])
         up += n
@@ -276,12 +284,22 @@ def count_he_operations(traffic: dict, layout) -> dict[str, int]:
         n = layout.count_chunks(*traffic["dual_down"])
         down += n
         dec += n
+    if "dual_down_all" in traffic:  # every sample of the flagged clients
+        n = int(layout.client_chunks[np.asarray(traffic["dual_down_all"], dtype=bool)].sum())
+        down += n
+        dec += n
     if "proposals_up" in traffic:
         clients, samples = traffic["proposals_up"]
         n = layout.count_chunks(clients, samples)
         up += n
         enc += n
         # The server sums each chunk's proposals: the first is kept, the others added.
+        add += n - (int(layout.chunks_of(samples).size) if len(samples) else 0)
+    if "proposals_up_all" in traffic:  # every flagged client sends all of its samples
+        clients, samples = traffic["proposals_up_all"]
+        n = int(layout.client_chunks[np.asarray(clients, dtype=bool)].sum())
+        up += n
+        enc += n
         add += n - (int(layout.chunks_of(samples).size) if len(samples) else 0)
     if "momentum_down" in traffic:
         n = layout.count_chunks(*traffic["momentum_down"])

@@ -501,11 +501,10 @@ class HyFDCA:
         tic = time.perf_counter()
         z = server_sum_over_holders(parts, holder_slot, sip_samples.size)
         io.server_seconds += time.perf_counter() - tic
-        fresh = active[holder_clients]
         if not state.horizontal:
             traffic["sip_up_all"] = active.copy()
             traffic["sip_sum"] = sip_samples
-            traffic["sip_down"] = (holder_clients[fresh], sip_samples[holder_slot[fresh]])
+            traffic["sip_down_all"] = active.copy()  # every sample of every active client
         tic = time.perf_counter()
         local.history.record(t, state.w, clients, sip_samples, z)
         # The server sends each active client the Gram matrix of its directions.
@@ -537,7 +536,13 @@ class HyFDCA:
             features=np.concatenate(own_features),
             directions=directions,
         )
-        traffic["proposals_up"] = (np.repeat(clients, counts), drawn_samples)
+        # With a full local pass every active client sends (and below receives) a
+        # value for each of its samples: the record names the clients, not the 6.3
+        # million (client, sample) pairs on Covtype, which would stay allocated
+        # until the next round (the counts are the same, see hyfl.costs).
+        full_pass = bool(np.array_equal(counts, sizes))
+        if not full_pass:
+            traffic["proposals_up"] = (np.repeat(clients, counts), drawn_samples)
 
         # 5. Aggregation as in Algorithm 1: the server adds each sample's
         # proposals scaled by 1/|B_i| (the clients scale before encrypting), so
@@ -553,7 +558,11 @@ class HyFDCA:
         rows_fresh = active[blocks.clients_of(rows)]
         updated_rows, updated_slot = rows[rows_fresh], rows_slot[rows_fresh]
         gathered = blocks.X[updated_rows]
-        traffic["dual_down"] = (blocks.clients_of(updated_rows), samples[updated_slot])
+        if full_pass:  # the active holders of every sample of the active clients: all their rows
+            traffic["proposals_up_all"] = (active.copy(), samples)
+            traffic["dual_down_all"] = active.copy()
+        else:
+            traffic["dual_down"] = (blocks.clients_of(updated_rows), samples[updated_slot])
         io.ids_down += updated_rows.size  # which of its samples each holder updates
 
         def image(change):  # the server's w change when the active holders re-send
