@@ -488,6 +488,7 @@ class HyFDCA:
         counts = state.counts[clients]
         positions = draw_local_samples(rng, sizes, counts)
         drawn_rows = np.repeat(rowptr[clients], counts) + positions
+        del positions
         drawn_samples = blocks.row_sample[drawn_rows]
         io.ids_down += drawn_rows.size
 
@@ -495,9 +496,13 @@ class HyFDCA:
         # clients remember these inner products to model their data.
         own_rows = concat_ranges(rowptr[clients], sizes)
         sip_samples = _distinct(blocks.row_sample[own_rows])
-        holder_rows, holder_slot = _holder_rows(blocks, sip_samples)
-        holder_clients = blocks.clients_of(holder_rows)
-        parts = state.snapshots.inner_products(blocks.X[holder_rows], holder_clients)
+        busiest_share = _busiest_share(blocks, own_rows, clients.size)
+        del own_rows
+        # The holders' rows are read in place (compiled kernels, as in the per-sample
+        # rules): no gathered copy of the active clients' data.
+        holder_rows, holder_slot, holder_clients = hyfdca_kernels.holder_rows(blocks, sip_samples)
+        parts, _ = state.snapshots.row_inner_products(blocks.X, holder_rows, holder_clients)
+        del holder_rows, holder_clients
         tic = time.perf_counter()
         z = server_sum_over_holders(parts, holder_slot, sip_samples.size)
         io.server_seconds += time.perf_counter() - tic
@@ -536,6 +541,7 @@ class HyFDCA:
             features=np.concatenate(own_features),
             directions=directions,
         )
+        del drawn_rows
         # With a full local pass every active client sends (and below receives) a
         # value for each of its samples: the record names the clients, not the 6.3
         # million (client, sample) pairs on Covtype, which would stay allocated
@@ -554,19 +560,20 @@ class HyFDCA:
         slot = np.searchsorted(samples, drawn_samples)
         proposal = server_aggregate_duals(proposals, slot, samples, blocks.n_holders, 1.0)
         io.server_seconds += time.perf_counter() - tic
-        rows, rows_slot = _holder_rows(blocks, samples)
-        rows_fresh = active[blocks.clients_of(rows)]
+        rows, rows_slot, rows_client = hyfdca_kernels.holder_rows(blocks, samples)
+        rows_fresh = active[rows_client]
         updated_rows, updated_slot = rows[rows_fresh], rows_slot[rows_fresh]
-        gathered = blocks.X[updated_rows]
+        updated_clients = rows_client[rows_fresh]
+        del rows, rows_slot, rows_client, rows_fresh
         if full_pass:  # the active holders of every sample of the active clients: all their rows
             traffic["proposals_up_all"] = (active.copy(), samples)
             traffic["dual_down_all"] = active.copy()
         else:
-            traffic["dual_down"] = (blocks.clients_of(updated_rows), samples[updated_slot])
+            traffic["dual_down"] = (updated_clients, samples[updated_slot])
         io.ids_down += updated_rows.size  # which of its samples each holder updates
 
         def image(change):  # the server's w change when the active holders re-send
-            return primal_aggregation(state, gathered, change[updated_slot])
+            return primal_aggregation_rows(state, updated_rows, change[updated_slot])
 
         dw_proposal = image(proposal)
         io.floats_up += n_features[active].sum()
@@ -581,9 +588,8 @@ class HyFDCA:
         previous = local.previous_step[samples]
         if newcomers.any() and state.t > 0:
             moved_before = np.any(previous != 0.0, axis=1)[updated_slot]
-            got = newcomers[blocks.clients_of(updated_rows)] & moved_before
-            traffic["momentum_down"] = (blocks.clients_of(updated_rows[got]),
-                                        samples[updated_slot[got]])
+            got = newcomers[updated_clients] & moved_before
+            traffic["momentum_down"] = (updated_clients[got], samples[updated_slot[got]])
         y = problem.Y[samples]
         alpha_before = state.alpha[samples]
         direction = momentum_direction(loss, alpha_before, proposal, previous, mu, y)
@@ -596,8 +602,9 @@ class HyFDCA:
         tic = time.perf_counter()
         weight = direction * direction
         full = np.sum(state.sq_norms[samples][:, None] * weight, axis=0)
-        fresh_sq = np.bincount(updated_slot, weights=_row_squared_norms(gathered),
-                               minlength=samples.size)
+        _, updated_sq = state.snapshots.row_inner_products(blocks.X, updated_rows,
+                                                           updated_clients)
+        fresh_sq = np.bincount(updated_slot, weights=updated_sq, minlength=samples.size)
         active_part = np.sum(fresh_sq[:, None] * weight, axis=0)
         missing = np.where(active_part > 0, full / np.where(active_part > 0, active_part, 1.0),
                            1.0)
@@ -641,7 +648,7 @@ class HyFDCA:
             "step": float(np.mean(step)),
             "sigma": float(local.sigma),
             "momentum": float(np.mean(mu)),
-            "client_share_max": _busiest_share(blocks, own_rows, clients.size),
+            "client_share_max": busiest_share,
         }
         return state, stats
 
