@@ -168,9 +168,10 @@ def test_a_client_holding_whole_samples_solves_the_exact_cocoa_subproblem(loss_n
     """One client with every feature: the model is the true Gram matrix, so the local
     solve is plain sequential SDCA on CoCoA+'s subproblem
     ``max -sum l*(-(a+d)) - z.d - coef/2 d^T X X^T d``, whatever the history spans."""
+    import scipy.sparse as sp
+
     from hyfl.algorithms.hyfdca_local import solve_subproblems, span_transforms
     from hyfl.losses import get_loss
-    import scipy.sparse as sp
 
     rng = np.random.default_rng(4)
     n, m = 40, 6
