@@ -233,6 +233,7 @@ class ReferenceCocoa:
         self.previous_dw = np.zeros_like(self.w)
         self.avg_alpha = np.zeros((N, C))
         self.avg_w = np.zeros_like(self.w)
+        self.coherence = np.zeros(C)
         self.t = 0
 
     def aggregate_primal(self):
@@ -369,13 +370,20 @@ class ReferenceCocoa:
                     cl = self.clients[k]
                     part = cl.X[cl.position[i]]
                     act += (part @ part) * direction[i] ** 2
-        missing = np.where(act > 0, full / np.where(act > 0, act, 1.0), 1.0)
+        # ||A d||^2: the active holders' part, plus the absent holders' squared norms
+        # times the largest coherence (||A d||^2 per sum ||x_i||^2 d_i^2, per sample)
+        # seen, remembered with decay 0.9.
+        per_sample = (lam * N) ** 2 / len(U)
+        dw_sq = np.sum(dw * dw, 0)
+        seen = np.where(act > 0, dw_sq * per_sample / np.where(act > 0, act, 1.0), 0.0)
+        self.coherence = np.maximum(seen, 0.9 * self.coherence)
+        curvature = 0.5 * lam * (dw_sq + self.coherence * np.maximum(full - act, 0) / per_sample)
 
         def phi_t(s):
             conj = sum(loss.conjugate(self.alpha[i], p.Y[i])
                        - loss.conjugate(self.alpha[i] + s * direction[i], p.Y[i]) for i in U)
             margin = sum(z[i] * direction[i] for i in U)
-            return (conj - s * margin) / N - s * s * 0.5 * lam * missing * np.sum(dw * dw, 0)
+            return (conj - s * margin) / N - s * s * curvature
 
         if loss.quadratic_conjugate:  # phi is the quadratic through phi(0)=0, phi(1/2), phi(1)
             f_half, f_one = phi_t(0.5), phi_t(1.0)

@@ -77,6 +77,7 @@ from hyfl.algorithms.hyfdca_local import (
     conjugate_gains,
     initial_sigma,
     line_search,
+    line_search_curvature,
     line_search_points,
     momentum_coefficient,
     momentum_direction,
@@ -260,6 +261,7 @@ class HyFDCA:
                 previous_dw=np.zeros((problem.n_features, C)),
                 average_alpha=RunningAverage(np.zeros((N, C))),
                 average_w=np.zeros((problem.n_features, C)),
+                coherence=np.zeros(C),
             )
         return HyFDCAState(
             problem=problem,
@@ -606,19 +608,20 @@ class HyFDCA:
                                                            updated_clients)
         fresh_sq = np.bincount(updated_slot, weights=updated_sq, minlength=samples.size)
         active_part = np.sum(fresh_sq[:, None] * weight, axis=0)
-        missing = np.where(active_part > 0, full / np.where(active_part > 0, active_part, 1.0),
-                           1.0)
+        quadratic, local.coherence = line_search_curvature(
+            np.sum(dw * dw, axis=0), full, active_part, samples.size, local.coherence, lam, N
+        )
         step = line_search(
             loss,
             conjugate_gains(loss, alpha_before, direction, y),
             np.sum(z[np.searchsorted(sip_samples, samples)] * direction, axis=0),
-            0.5 * lam * missing * np.sum(dw * dw, axis=0),
+            quadratic,
             N,
         )
         io.server_seconds += time.perf_counter() - tic
         traffic["totals"] = (int(clients.size), C * (line_search_points(loss).size + 3))
-        io.floats_down += C  # ||dw||^2 to the judging client
-        io.floats_up += C  # the judge's step
+        io.floats_down += 2 * C  # ||dw||^2 and the remembered coherence to the judging client
+        io.floats_up += 2 * C  # the judge's step and the coherence to remember
 
         # 8. Commit: every active client learns t and its new weights; for each
         # updated sample one active holder sends the encrypted change of its dual.
@@ -924,6 +927,7 @@ class LocalState:
     average_alpha: RunningAverage
     average_w: np.ndarray
     previous_samples: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    coherence: np.ndarray = field(default_factory=lambda: np.zeros(1))  # see line_search_curvature
 
 
 @dataclass

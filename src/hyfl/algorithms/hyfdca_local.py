@@ -558,6 +558,58 @@ def line_search(loss: Loss, gains, margin_term, quadratic, n_samples: int) -> np
     return np.where(values[best, np.arange(values.shape[1])] > 0, t, 0.0)
 
 
+COHERENCE_MEMORY = 0.9
+"""Per round factor by which the remembered coherence of the unobserved part decays
+(it forgets a large value within about 20 rounds: 0.9**20 = 0.12)."""
+
+
+def line_search_curvature(dw_sq, full, observed, n_updated: int, reference, lam: float,
+                          n_samples: int):
+    """``lam/2 ||A d||^2`` of the round's direction as the line search estimates it.
+
+    Only the active holders' part of the direction's primal image is known
+    (``dw_sq = ||A_active d||^2 / (lam N)^2``): absent holders add theirs when
+    they return. The rest is estimated from the squared norms it involves,
+    ``full - observed`` (``sum_i ||x_i||^2 d_i^2`` over all and over the active
+    parts), times a *coherence*: how much larger ``||A d||^2`` is than
+    ``sum_i ||x_i||^2 d_i^2``, per updated sample. The active part shows this
+    round's value; the estimate uses the largest of it and the remembered one
+    (decaying by :data:`COHERENCE_MEMORY` a round). Using this round's value
+    alone -- what scaling the active part by ``full / observed`` does -- was
+    measured to under-estimate the curvature by up to 500x in early rounds at
+    partial participation, where one block's sums cancel and the absent
+    blocks' do not: the dual then fell. With the memory, ijcnn1 3x3 at half
+    participation settles at relative loss 1e-3 in 115 rounds instead of 285
+    and reuters 3x3 in 280 instead of 410 (docs/convergence.md). With every
+    holder active ``full == observed`` and the value is exact.
+
+    Parameters
+    ----------
+    dw_sq, full, observed : ndarray, shape (C,)
+    n_updated : int
+        Samples the direction moves.
+    reference : ndarray, shape (C,)
+        The remembered coherence (zeros at the start).
+    lam : float
+    n_samples : int
+
+    Returns
+    -------
+    quadratic : ndarray, shape (C,)
+    reference : ndarray, shape (C,)
+        The coherence to remember.
+    """
+    dw_sq, full, observed = (np.asarray(v, dtype=float) for v in (dw_sq, full, observed))
+    scale = (lam * n_samples) ** 2
+    per_sample = scale / max(int(n_updated), 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        now = np.where(observed > 0, dw_sq * per_sample / np.where(observed > 0, observed, 1.0),
+                       0.0)
+    reference = np.maximum(now, COHERENCE_MEMORY * np.asarray(reference, dtype=float))
+    unobserved = np.maximum(full - observed, 0.0)
+    return 0.5 * lam * (dw_sq + reference * unobserved / per_sample), reference
+
+
 def next_sigma(sigma: float, steps: np.ndarray, ceiling: float) -> float:
     """Adapt the subproblems' scaling from the line search's step(s).
 

@@ -62,6 +62,7 @@ from hyfl.algorithms.hyfdca_local import (
     conjugate_gains,
     initial_sigma,
     line_search,
+    line_search_curvature,
     line_search_points,
     momentum_coefficient,
     momentum_direction,
@@ -327,18 +328,26 @@ class Client:
                                       np.array([0]), totals.reshape(1, -1)),
         }
 
-    def cocoa_step(self, totals: EncryptedVector, dw_sq: np.ndarray) -> np.ndarray:
-        """(One client, for all) decrypt the summed sums and take the line search's step."""
+    def cocoa_step(self, message: dict) -> dict:
+        """(One client, for all) decrypt the summed sums and take the line search's step.
+
+        ``message`` has the summed ``totals``, the server's ``dw_sq``, the remembered
+        ``coherence`` and the number of ``updated`` samples; the reply the step and
+        the coherence to remember (see :func:`line_search_curvature`).
+        """
         pub = self.public
         C = pub.n_outputs
         points = line_search_points(self.loss).size
         values = decrypt_samples(self.cipher, _totals_layout(self.cipher, C * (points + 3)),
-                                 totals, np.array([0])).reshape(C, points + 3)
+                                 message["totals"], np.array([0])).reshape(C, points + 3)
         gains, margin, full, own = (values[:, :points].T, values[:, points],
                                     values[:, points + 1], values[:, points + 2])
-        missing = np.where(own > 0, full / np.where(own > 0, own, 1.0), 1.0)
-        return line_search(self.loss, gains, margin, 0.5 * pub.lam * missing * dw_sq,
-                           pub.n_samples)
+        quadratic, coherence = line_search_curvature(
+            message["dw_sq"], full, own, message["updated"], message["coherence"], pub.lam,
+            pub.n_samples,
+        )
+        step = line_search(self.loss, gains, margin, quadratic, pub.n_samples)
+        return {"step": step, "coherence": coherence}
 
     def cocoa_commit(self, step: np.ndarray, w_local: np.ndarray) -> EncryptedVector:
         """Take the step; send the encrypted changes of the samples this client reports."""
@@ -397,6 +406,7 @@ class Server:
             self.previous_dw = np.zeros((M, C))
             self.enc_previous: dict[int, object] = {}  # chunk -> ciphertext of the last step
             self.average_w = np.zeros((M, C))  # the running average of the model (plaintext)
+            self.coherence = np.zeros(C)  # the line search's remembered coherence
 
     # -- set-up ----------------------------------------------------------------
     def setup(self, messages: list[dict]) -> list[EncryptedVector]:
@@ -596,11 +606,13 @@ class Server:
             acc = self.cipher.add(acc, vec.ciphertexts)
         judge = int(self.active[0])
         dw_sq = np.sum(self.direction_dw * self.direction_dw, axis=0)
-        return judge, EncryptedVector(totals[0].chunks, acc), dw_sq
+        return judge, {"totals": EncryptedVector(totals[0].chunks, acc), "dw_sq": dw_sq,
+                       "coherence": self.coherence, "updated": int(self.updated.size)}
 
-    def cocoa_commit(self, step: np.ndarray) -> dict[int, np.ndarray]:
-        """Apply the step to ``w``; every active client gets its weights (and the step)."""
-        step = np.asarray(step, dtype=float)
+    def cocoa_commit(self, verdict: dict) -> dict[int, np.ndarray]:
+        """Apply the judge's step to ``w``; every active client gets its weights (and the step)."""
+        step = np.asarray(verdict["step"], dtype=float)
+        self.coherence = np.asarray(verdict["coherence"], dtype=float)
         for k, part in self.direction_parts.items():
             features = self.client_features[k]
             self.primal_parts[k] = self.primal_parts[k] + part * step[None, :]

@@ -432,11 +432,12 @@ def _cocoa_round(server, clients, active, was_active, wire: Wire, clock: _Clock)
     for k in configure:
         wire.down(k, "momentum", mu)
         replies[k] = wire.up(k, "direction", clock.run(k, clients[k].cocoa_direction, mu))
-    judge, totals, dw_sq = clock.run("server", server.cocoa_totals, replies)
-    wire.down(judge, "totals", {"totals": totals, "dw_sq": dw_sq})
-    step = wire.up(judge, "step", clock.run(judge, clients[judge].cocoa_step, totals, dw_sq))
+    judge, check = clock.run("server", server.cocoa_totals, replies)
+    check = wire.down(judge, "totals", check)
+    verdict = wire.up(judge, "step", clock.run(judge, clients[judge].cocoa_step, check))
+    step = verdict["step"]
     changes = {}
-    for k, w_local in clock.run("server", server.cocoa_commit, step).items():
+    for k, w_local in clock.run("server", server.cocoa_commit, verdict).items():
         message = wire.down(k, "commit", {"step": step, "weights": w_local})
         changes[k] = wire.up(k, "dual_changes", clock.run(k, clients[k].cocoa_commit,
                                                            message["step"], message["weights"]))
