@@ -48,7 +48,6 @@ import math
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -56,9 +55,7 @@ from pathlib import Path
 
 import numpy as np
 
-from machine import cpu_model
-
-REPO = Path(__file__).resolve().parents[1]
+from machine import cpu_model, git
 
 LEVELS = (1e-2, 1e-3, 1e-4)
 DATASETS = ("ijcnn1", "reuters", "adult", "covtype", "mnist")
@@ -661,8 +658,8 @@ def environment() -> dict:
         "sklearn": sklearn.__version__,
         "numba": numba_version,
         "load_average": os.getloadavg(),
-        "commit": _git("rev-parse", "--short", "HEAD"),
-        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no", "--", "src")),
+        "commit": git("rev-parse", "--short", "HEAD"),
+        "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", "src")),
     }
 
 
@@ -674,14 +671,6 @@ def machine_line(env: dict) -> str:
         f"Numba {env['numba']}; load average at start {load}; hyfl at {env['commit']}"
         + (" with uncommitted changes under src/" if env["dirty"] else "")
     )
-
-
-def _git(*args) -> str:
-    try:
-        done = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
-    except OSError:
-        return "?"
-    return done.stdout.strip() if done.returncode == 0 else "?"
 
 
 # --------------------------------------------------------------------------- main

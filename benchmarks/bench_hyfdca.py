@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from machine import cpu_model
+from machine import cpu_model, git
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -559,9 +559,9 @@ def environment() -> dict:
         "numpy": numpy.__version__,
         "scipy": scipy.__version__,
         "load_average": os.getloadavg(),
-        "commit": _git("rev-parse", "--short", "HEAD"),
+        "commit": git("rev-parse", "--short", "HEAD"),
         # Uncommitted changes to the measured code, if any.
-        "dirty": _git(
+        "dirty": git(
             "status",
             "--porcelain",
             "--untracked-files=no",
@@ -570,14 +570,6 @@ def environment() -> dict:
             "tests/reference_hyfdca.py",
         ),
     }
-
-
-def _git(*args) -> str:
-    try:
-        done = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
-    except OSError:
-        return "?"
-    return done.stdout.strip() if done.returncode == 0 else "?"
 
 
 # --------------------------------------------------------------------------- main

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import platform
+import subprocess
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def cpu_model() -> str:
@@ -15,3 +18,12 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "?"
+
+
+def git(*args) -> str:
+    """Output of ``git -C REPO args`` (e.g. the commit a run measured), or "?"."""
+    try:
+        done = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
+    except OSError:
+        return "?"
+    return done.stdout.strip() if done.returncode == 0 else "?"
