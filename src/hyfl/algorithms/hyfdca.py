@@ -497,7 +497,7 @@ class HyFDCA:
         # 3. SecureInnerProduct for every sample of the active clients: the
         # clients remember these inner products to model their data.
         own_rows = concat_ranges(rowptr[clients], sizes)
-        sip_samples = _distinct(blocks.row_sample[own_rows])
+        sip_samples = hyfdca_kernels.distinct(blocks.row_sample[own_rows])
         busiest_share = _busiest_share(blocks, own_rows, clients.size)
         del own_rows
         # The holders' rows are read in place (compiled kernels, as in the per-sample
@@ -558,7 +558,7 @@ class HyFDCA:
         # partly stale -- moves less. It sends the result to the sample's
         # active holders, who send back its primal image.
         tic = time.perf_counter()
-        samples = _distinct(drawn_samples)
+        samples = hyfdca_kernels.distinct(drawn_samples)
         slot = np.searchsorted(samples, drawn_samples)
         proposal = server_aggregate_duals(proposals, slot, samples, blocks.n_holders, 1.0)
         io.server_seconds += time.perf_counter() - tic
@@ -866,7 +866,8 @@ class WeightSnapshots:
         self.slot[clients] = free[0]
 
     def row_inner_products(self, X: sp.csr_matrix, rows: np.ndarray, clients: np.ndarray):
-        """:meth:`inner_products` of ``X[rows]`` without building it, and the rows' norms.
+        """``x_{k,i}^T w_k`` of the stacked ``rows``, each with its client's weights, and
+        the rows' squared norms, read in place.
 
         Parameters
         ----------
@@ -879,29 +880,11 @@ class WeightSnapshots:
         Returns
         -------
         parts : ndarray, shape (n, C)
-            Bitwise equal to ``inner_products(X[rows], clients)``.
+            Bitwise equal to the sparse product ``X[rows] @ w_k`` row by row.
         sq_norms : ndarray, shape (n,)
             ``||x_r||^2`` of each row, as :func:`_row_squared_norms` of ``X[rows]``.
         """
         return hyfdca_kernels.gather_inner_products(X, rows, self.slot[clients], self.store)
-
-    def inner_products(self, rows: sp.csr_matrix, clients: np.ndarray) -> np.ndarray:
-        """``x_{k,i}^T w_k`` for gathered stacked rows, each with its client's version.
-
-        ``rows`` are the gathered rows and ``clients`` their clients. Each
-        entry is redirected to column ``version * M + feature`` of the stacked
-        versions, so one sparse product serves every version present.
-        """
-        versions = self.slot[clients]
-        n_versions, M, C = self.store.shape
-        if rows.shape[0] == 0 or np.all(versions == versions[0]):
-            return np.asarray(rows @ self.store[versions[0] if rows.shape[0] else 0])
-        per_entry = np.repeat(versions, np.diff(rows.indptr))
-        redirected = sp.csr_matrix(
-            (rows.data, per_entry * M + rows.indices, rows.indptr),
-            shape=(rows.shape[0], n_versions * M),
-        )
-        return np.asarray(redirected @ self.store.reshape(n_versions * M, C))
 
 
 @dataclass
@@ -1072,19 +1055,6 @@ def _candidates_last_round(state: HyFDCAState) -> np.ndarray:
     return np.flatnonzero(state.updated_at == state.t)
 
 
-def _distinct(values: np.ndarray) -> np.ndarray:
-    """Ascending distinct values of an int array, shape (n',).
-
-    ``np.unique`` costs about a microsecond per value in NumPy 2.4 (a hash
-    table), 30x a sort, and after a full local pass the refresh merges most
-    rows of the returning clients.
-    """
-    if values.size > 1 and not np.all(values[1:] > values[:-1]):
-        values = np.sort(values)
-        values = values[np.concatenate(([True], values[1:] != values[:-1]))]
-    return values
-
-
 def log_last_round(state: HyFDCAState) -> None:
     """Log the duals the previous round changed (:class:`DualChangeLog`; at round start)."""
     if state.t > 0:
@@ -1128,7 +1098,7 @@ def server_refresh_newcomers(
     returning = newcomers[blocks.clients_of(residue)]
     if residue.size:
         stale_rows = np.concatenate((stale_rows, residue[returning]))
-    rows = _distinct(stale_rows)
+    rows = hyfdca_kernels.distinct(stale_rows)
     # One compiled pass compares, updates and re-checks each row (the same
     # element-wise operations as NumPy's, without a call per step).
     moved, change, inexact = hyfdca_kernels.refresh_copies(
@@ -1136,31 +1106,22 @@ def server_refresh_newcomers(
     )
     rows, change, inexact = rows[moved], change[moved], inexact[moved]
     if returning.any() or inexact.any():
-        state.copy_residue = _distinct(np.concatenate((residue[~returning], rows[inexact])))
+        state.copy_residue = hyfdca_kernels.distinct(
+            np.concatenate((residue[~returning], rows[inexact]))
+        )
     if rows.size == 0:
         return None
     return rows, change
 
 
-def primal_aggregation(state: HyFDCAState, X_rows: sp.csr_matrix, dual_change: np.ndarray):
-    """Change of ``w`` when the clients owning the given rows re-send their primal part.
+def primal_aggregation_rows(state: HyFDCAState, rows: np.ndarray, dual_change: np.ndarray):
+    """Change of ``w`` when the clients owning the stacked ``rows`` re-send their primal part.
 
     Each client's part is ``sum_i alpha_{k,i} x_{k,i}`` over its samples, so a
     change of its dual copy on some rows changes the server's sum over ``K_m``
-    by ``X_rows^T dual_change``; ``w`` is that sum over ``lam N``.
-    """
-    problem = state.problem
-    if X_rows.shape[0] == 0:
-        return np.zeros_like(state.w)
-    return np.asarray(X_rows.T @ dual_change) / (problem.lam * problem.n_samples)
-
-
-def primal_aggregation_rows(state: HyFDCAState, rows: np.ndarray, dual_change: np.ndarray):
-    """:func:`primal_aggregation` for the stacked rows ``rows``, read in place.
-
-    Bitwise equal to ``primal_aggregation(state, state.blocks.X[rows], dual_change)``
-    (a compiled kernel adds in the order of SciPy's product), without SciPy's
-    fixed cost of gathering the rows.
+    by ``X[rows]^T dual_change``; ``w`` is that sum over ``lam N``. The rows are
+    read in place (a compiled kernel adds in the order of SciPy's product),
+    without SciPy's fixed cost of gathering them.
     """
     problem = state.problem
     change = hyfdca_kernels.rows_transpose_product(state.blocks.X, rows, dual_change)
@@ -1200,14 +1161,6 @@ def _row_squared_norms(X: sp.csr_matrix, chunk: int = 8192) -> np.ndarray:
         local_rows = np.repeat(np.arange(stop - start), np.diff(X.indptr[start : stop + 1]))
         out[start:stop] = np.bincount(local_rows, weights=values * values, minlength=stop - start)
     return out
-
-
-def _holder_rows(blocks: StackedBlocks, samples: np.ndarray):
-    """All stacked rows that hold the given samples, and the sample slot of each."""
-    lengths = blocks.n_holders[samples]
-    rows = blocks.sample_rows[concat_ranges(blocks.sample_rowptr[samples], lengths)]
-    slot = np.repeat(np.arange(samples.size), lengths)
-    return rows, slot
 
 
 def _dual_gain_estimate(

@@ -103,7 +103,15 @@ def _kernels():
 
     @njit
     def distinct(values):
-        # np.unique of an int array: ascending distinct values.
+        # np.unique of an int array: ascending distinct values (no sort when they
+        # already are: the draws of a full pass over one client often are).
+        ascending = True
+        for j in range(1, values.size):
+            if values[j] <= values[j - 1]:
+                ascending = False
+                break
+        if ascending:
+            return values.copy()
         out = np.sort(values)
         n = 0
         for j in range(out.size):
@@ -219,7 +227,7 @@ def gather_inner_products(X, rows: np.ndarray, versions: np.ndarray, store: np.n
     parts : ndarray, shape (n, C)
     sq_norms : ndarray, shape (n,)
         Bitwise equal to ``X[rows] @ store[v]`` (or the redirected product of
-        :meth:`hyfl.algorithms.hyfdca.WeightSnapshots.inner_products`) and to
+        :meth:`hyfl.algorithms.hyfdca.WeightSnapshots.row_inner_products`) and to
         the row norms of :func:`hyfl.algorithms.hyfdca._row_squared_norms`.
     """
     V, M, C = store.shape
@@ -262,10 +270,11 @@ def client_nonzeros(blocks, rows: np.ndarray) -> np.ndarray:
 
 
 def distinct(values: np.ndarray) -> np.ndarray:
-    """Ascending distinct values of a small int array (one compiled call), shape (n',).
+    """Ascending distinct values of an int array (one compiled call), shape (n',).
 
-    Same values and dtype as ``np.unique``; for the few hundred draws of a
-    round, where NumPy's sort-and-compare costs half a dozen calls.
+    Same values and dtype as ``np.unique``, which in NumPy 2.4 costs about a
+    microsecond per value (a hash table, 30x a sort) on large arrays and half a
+    dozen calls on the few hundred draws of a one-step round.
     """
     return _kernels()["distinct"](np.ascontiguousarray(values))
 
