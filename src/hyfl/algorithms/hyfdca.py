@@ -503,8 +503,13 @@ class HyFDCA:
         # The holders' rows are read in place (compiled kernels, as in the per-sample
         # rules): no gathered copy of the active clients' data.
         holder_rows, holder_slot, holder_clients = hyfdca_kernels.holder_rows(blocks, sip_samples)
-        parts, _ = state.snapshots.row_inner_products(blocks.X, holder_rows, holder_clients)
-        del holder_rows, holder_clients
+        parts, holder_sq = state.snapshots.row_inner_products(blocks.X, holder_rows,
+                                                              holder_clients)
+        # The active holders' squared norms per sample, for the line search (step 7).
+        fresh = active[holder_clients]
+        fresh_sq_sip = np.bincount(holder_slot[fresh], weights=holder_sq[fresh],
+                                   minlength=sip_samples.size)
+        del holder_rows, holder_clients, holder_sq, fresh
         tic = time.perf_counter()
         z = server_sum_over_holders(parts, holder_slot, sip_samples.size)
         io.server_seconds += time.perf_counter() - tic
@@ -604,9 +609,8 @@ class HyFDCA:
         tic = time.perf_counter()
         weight = direction * direction
         full = np.sum(state.sq_norms[samples][:, None] * weight, axis=0)
-        _, updated_sq = state.snapshots.row_inner_products(blocks.X, updated_rows,
-                                                           updated_clients)
-        fresh_sq = np.bincount(updated_slot, weights=updated_sq, minlength=samples.size)
+        at_sip = np.searchsorted(sip_samples, samples)  # the updated samples among the SIP's
+        fresh_sq = fresh_sq_sip[at_sip]
         active_part = np.sum(fresh_sq[:, None] * weight, axis=0)
         quadratic, local.coherence = line_search_curvature(
             np.sum(dw * dw, axis=0), full, active_part, samples.size, local.coherence, lam, N
@@ -614,7 +618,7 @@ class HyFDCA:
         step = line_search(
             loss,
             conjugate_gains(loss, alpha_before, direction, y),
-            np.sum(z[np.searchsorted(sip_samples, samples)] * direction, axis=0),
+            np.sum(z[at_sip] * direction, axis=0),
             quadratic,
             N,
         )
