@@ -247,47 +247,27 @@ def count_he_operations(traffic: dict, layout) -> dict[str, int]:
         sample and added into the stored duals.
     """
     enc = dec = add = up = down = 0
-    if "refresh_down" in traffic:
-        n = layout.count_chunks(*traffic["refresh_down"])
-        down += n
-        dec += n
-    if "sip_up_all" in traffic:
-        n = int(layout.client_chunks[np.asarray(traffic["sip_up_all"], dtype=bool)].sum())
-        up += n
-        enc += n
-    if "sip_up" in traffic:
-        n = layout.count_chunks(*traffic["sip_up"])
-        up += n
-        enc += n
-    if "sip_again_all" in traffic:  # the optional second SecureInnerProduct
-        n = int(layout.client_chunks[np.asarray(traffic["sip_again_all"], dtype=bool)].sum())
-        up += n
-        enc += n
+    n = _chunks(layout, traffic, "refresh_down")
+    down += n
+    dec += n
+    # sip_again_all: the optional second SecureInnerProduct
+    n = _chunks(layout, traffic, "sip_up") + _chunks(layout, traffic, "sip_again")
+    up += n
+    enc += n
     if "sip_sum" in traffic:
         chunks = layout.chunks_of(traffic["sip_sum"])
         add += int(np.sum(layout.holders_per_chunk(chunks) - 1))
-    if "sip_down" in traffic:
-        n = layout.count_chunks(*traffic["sip_down"])
-        down += n
-        dec += n
-    if "sip_down_all" in traffic:  # every sample of the flagged clients (a chunk covers one
-        # holder group, each of whose samples the client holds: its chunks are all of them)
-        n = int(layout.client_chunks[np.asarray(traffic["sip_down_all"], dtype=bool)].sum())
-        down += n
-        dec += n
+    n = _chunks(layout, traffic, "sip_down")
+    down += n
+    dec += n
     if "dual_up" in traffic:
         n = layout.count_chunks(*traffic["dual_up"])
         up += n
         enc += n
         add += n  # each received ciphertext is added into the stored duals
-    if "dual_down" in traffic:
-        n = layout.count_chunks(*traffic["dual_down"])
-        down += n
-        dec += n
-    if "dual_down_all" in traffic:  # every sample of the flagged clients
-        n = int(layout.client_chunks[np.asarray(traffic["dual_down_all"], dtype=bool)].sum())
-        down += n
-        dec += n
+    n = _chunks(layout, traffic, "dual_down")
+    down += n
+    dec += n
     if "proposals_up" in traffic:
         clients, samples = traffic["proposals_up"]
         n = layout.count_chunks(clients, samples)
@@ -297,14 +277,13 @@ def count_he_operations(traffic: dict, layout) -> dict[str, int]:
         add += n - (int(layout.chunks_of(samples).size) if len(samples) else 0)
     if "proposals_up_all" in traffic:  # every flagged client sends all of its samples
         clients, samples = traffic["proposals_up_all"]
-        n = int(layout.client_chunks[np.asarray(clients, dtype=bool)].sum())
+        n = _flagged_chunks(layout, clients)
         up += n
         enc += n
         add += n - (int(layout.chunks_of(samples).size) if len(samples) else 0)
-    if "momentum_down" in traffic:
-        n = layout.count_chunks(*traffic["momentum_down"])
-        down += n
-        dec += n
+    n = _chunks(layout, traffic, "momentum_down")
+    down += n
+    dec += n
     if "dual_commit" in traffic:
         n = int(layout.chunks_of(traffic["dual_commit"]).size) if len(traffic["dual_commit"]) else 0
         up += n
@@ -325,3 +304,18 @@ def count_he_operations(traffic: dict, layout) -> dict[str, int]:
         "ciphertexts_up": up,
         "ciphertexts_down": down,
     }
+
+
+def _chunks(layout, traffic: dict, key: str) -> int:
+    """Ciphertext chunks of a message: the (clients, samples) pairs recorded under
+    ``key``, plus every sample of the clients flagged under ``key + "_all"`` (a chunk
+    covers one holder group, each of whose samples the client holds)."""
+    n = layout.count_chunks(*traffic[key]) if key in traffic else 0
+    if f"{key}_all" in traffic:
+        n += _flagged_chunks(layout, traffic[f"{key}_all"])
+    return n
+
+
+def _flagged_chunks(layout, flags) -> int:
+    """All the chunks of the clients flagged in ``flags`` (bool, shape (K,))."""
+    return int(layout.client_chunks[np.asarray(flags, dtype=bool)].sum())
