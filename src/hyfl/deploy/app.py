@@ -153,7 +153,7 @@ class FlowerTransport:
         self.received_bytes += encoded_bytes(arrays, spec)
         return decode(arrays, spec, self.cipher)
 
-    def connect(self, n_parties: int, timeout: float) -> dict[int, dict]:
+    def connect(self, n_parties: int, timeout: float, hello: dict) -> dict[int, dict]:
         deadline = time.monotonic() + timeout
         asked: dict[str, int] = {}  # hello message id -> node id
         answered: set[int] = set()
@@ -162,7 +162,7 @@ class FlowerTransport:
             new = [n for n in self.grid.get_node_ids() if n not in asked.values()
                    and n not in answered]
             if new:
-                ids = self._push([self._message(n, "hello", {}) for n in new])
+                ids = self._push([self._message(n, "hello", hello) for n in new])
                 asked.update(zip(ids, new))
             if asked:
                 for reply in self.grid.pull_messages(list(asked)):
@@ -232,7 +232,9 @@ def run_server(grid: Grid, run_config: dict) -> dict:
 
     try:
         config = DeployConfig.from_run_config(run_config)
-        cipher = server_cipher(config.cipher, config.public_key, **config.cipher_options())
+        cipher = server_cipher(config.cipher, config.public_key,
+                               insecure_test_keys=config.insecure_test_keys,
+                               **config.cipher_options())
     except Exception as err:
         write_failure(run_config.get("out", ""), err)
         raise

@@ -80,8 +80,9 @@ class Transport(Protocol):
     sent_bytes: int
     received_bytes: int
 
-    def connect(self, n_parties: int, timeout: float) -> dict[int, dict]:
-        """Find the parties; their ``hello`` replies by party index."""
+    def connect(self, n_parties: int, timeout: float, hello: dict) -> dict[int, dict]:
+        """Send ``hello`` (the server's cipher and key fingerprint) to the parties as they
+        appear; their replies by party index."""
 
     def exchange(self, messages: dict[int, tuple[str, dict]], timeout: float
                  ) -> tuple[dict[int, dict], set[int]]:
@@ -119,8 +120,11 @@ class Coordinator:
         self.results: dict[str, Any] = {
             "status": "running", "error": None, "engine": "flower",
             "config": _config_record(self.config), "cipher": self.cipher.describe(),
-            "parties": {}, "setup": {}, "rounds": [], "seconds": {},
+            "warnings": self._warnings(), "parties": {}, "setup": {}, "rounds": [],
+            "seconds": {},
         }
+        for line in self.results["warnings"]:
+            self.log(line)
         self.weights: list[np.ndarray] = []
         try:
             tic = time.perf_counter()
@@ -149,20 +153,36 @@ class Coordinator:
             self._write(final=True)
         return self.results
 
+    def _warnings(self) -> list[str]:
+        """Lines every output of this run repeats (insecure test keys)."""
+        from hyfl.deploy.keys import SECURE_KEY_BITS, insecure_warning
+
+        bits = int(getattr(self.cipher, "key_bits", 0))
+        if self.cipher.name != "none" and bits < SECURE_KEY_BITS:
+            return [insecure_warning(bits)]
+        return []
+
     # -- connect and set up ----------------------------------------------------------
     def _connect(self) -> None:
         from hyfl.deploy.keys import cipher_fingerprint
 
         K = self.config.parties
         self.log(f"waiting for {K} parties (at most {self.config.connect_timeout:g} s)")
-        hellos = self.transport.connect(K, self.config.connect_timeout)
+        own = cipher_fingerprint(self.cipher)
+        hellos = self.transport.connect(K, self.config.connect_timeout,
+                                        {"cipher": self.cipher.name, "fingerprint": own})
         first = hellos[0]
         for k, hello in sorted(hellos.items()):
             for key in ("n_samples", "n_features", "n_outputs"):
                 if hello[key] != first[key]:
                     raise fail(f"party {k}", f"has {key} = {hello[key]}, party 0 {first[key]}",
                                "Give every party a block of the same data set and partition.")
-            if hello["fingerprint"] != cipher_fingerprint(self.cipher):
+            if hello["cipher"] != self.cipher.name:
+                raise fail(f"party {k}", f"runs cipher {hello['cipher']!r} (its node config), "
+                           f"but the job asks for {self.cipher.name!r}",
+                           f"Submit the job with cipher={hello['cipher']}; a party's cipher is "
+                           "its own policy.")
+            if hello["fingerprint"] != own:
                 raise fail(f"party {k}", "holds a different key than the server's public key",
                            "Give every party the private-key.json and the server the "
                            "public-key.json written together by `hyfl deploy keys`.")

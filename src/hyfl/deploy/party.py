@@ -26,6 +26,12 @@ State (a tree for :mod:`hyfl.deploy.codec`):
     answer in time -- it sends the same round again, or a later one, and the
     party first restores the snapshot: the abandoned round leaves no trace.
 
+Security policy. The party's cipher, key and minimum key size come from its
+node config (:class:`~hyfl.deploy.config.NodeSettings`), never from the job:
+a job whose run config asks for another cipher -- ``none`` included -- is
+refused before anything is decoded, and so is a ``hello`` announcing a
+public key with another fingerprint (see :func:`own_cipher`).
+
 The private key is read from the key file for every message; it is never
 part of the state. Commits and the set-up's row norms travel as
 ``deliveries``: piggybacked on the party's next message instead of a round
@@ -47,7 +53,7 @@ from hyfl.deploy.codec import decode, encode
 from hyfl.deploy.config import DeployConfig, NodeSettings, structure_blocks
 from hyfl.errors import fail
 
-__all__ = ["KINDS", "QUERY_KINDS", "handle_message"]
+__all__ = ["KINDS", "QUERY_KINDS", "handle_message", "own_cipher"]
 
 #: Message kinds a party handles (Flower message types ``train.<kind>`` or ``query.<kind>``).
 KINDS = ("hello", "setup", "round", "weights", "steps", "duals", "verdict", "commit", "ping",
@@ -81,14 +87,12 @@ def handle_message(kind: str, message: tuple[dict, str], state: tuple[dict, str]
         Both encoded. The reply carries ``ops``: the homomorphic operations
         this message cost the party (``delivery_ops`` for the deliveries).
     """
-    from hyfl.deploy.keys import party_cipher
-
     if kind not in KINDS:
         raise fail(f"message kind {kind!r}", "is not known", f"Known kinds: {', '.join(KINDS)}.")
     config = DeployConfig.from_run_config(run_config)
-    node = NodeSettings.from_node_config(node_config, config.parties,
-                                         needs_key=config.cipher != "none")
-    cipher = party_cipher(config.cipher, node.key, **config.cipher_options())
+    node = NodeSettings.from_node_config(node_config, config.parties)
+    node.check_job(config)  # before the key is even read: the job cannot choose the cipher
+    cipher = own_cipher(node, config)
     payload = decode(*message, cipher)
     tree = decode(*state, cipher) if state is not None else {}
     party = _Party(config, node, cipher, tree)
@@ -96,6 +100,24 @@ def handle_message(kind: str, message: tuple[dict, str], state: tuple[dict, str]
     if timing is not None:
         reply["timing"] = dict(timing)
     return encode(reply), encode(party.state)
+
+
+def own_cipher(node: NodeSettings, config: DeployConfig):
+    """The party's cipher, built from its own node config (the job gives only the encoding).
+
+    The key must be at least 2048 bits unless the node config admits insecure
+    test keys, and must have the pinned fingerprint if the node config pins one.
+    """
+    from hyfl.deploy.keys import cipher_fingerprint, party_cipher
+
+    cipher = party_cipher(node.cipher, node.key, insecure_test_keys=node.insecure_test_keys,
+                          **config.cipher_options())
+    own = cipher_fingerprint(cipher)
+    if node.fingerprint and own != node.fingerprint:
+        raise fail(f"party {node.party}", f"has key {node.key} with fingerprint {own}, but its "
+                   f"node config pins fingerprint {node.fingerprint}",
+                   "Install the private key the pin names, or update the pin.")
+    return cipher
 
 
 class _Party:
@@ -106,7 +128,7 @@ class _Party:
 
     def handle(self, kind: str, payload: dict) -> dict:
         if kind == "hello":
-            return self.hello()
+            return self.hello(payload)
         if "block" not in self.state:
             raise fail(f"party {self.node.party}", f"got a {kind!r} message before 'hello'",
                        "The server starts every run with hello; restart the run.")
@@ -131,11 +153,13 @@ class _Party:
         return reply
 
     # -- hello and set-up --------------------------------------------------------
-    def hello(self) -> dict:
-        """Load the block; report the party's ids, sizes and key fingerprint."""
+    def hello(self, payload: dict) -> dict:
+        """Check the server's key; load the block; report ids, sizes, cipher and key."""
         from hyfl.deploy.blocks import load_block
         from hyfl.deploy.keys import cipher_fingerprint
 
+        own = cipher_fingerprint(self.cipher)
+        self.node.check_key(own, payload.get("fingerprint"))
         block = load_block(self.node.party, self.node.data, self.config)
         X = block.X.tocsr()
         self.state = {
@@ -147,7 +171,8 @@ class _Party:
         return {"party": self.node.party, "n_samples": block.n_samples,
                 "n_features": block.n_features, "n_outputs": int(block.Y.shape[1]),
                 "samples": block.samples, "features": block.features,
-                "lam_default": block.lam_default, "fingerprint": cipher_fingerprint(self.cipher),
+                "lam_default": block.lam_default, "fingerprint": own,
+                "cipher": self.node.cipher, "key_bits": int(self.cipher.key_bits),
                 "slots": int(self.cipher.slots), "name": block.name}
 
     def setup(self, payload: dict) -> dict:
