@@ -269,8 +269,10 @@ def test_a_job_cannot_switch_a_keyed_partys_encryption_off(tmp_path, keys):
         sent_bytes = received_bytes = 0
 
         def connect(self, n, timeout, hello):
-            return {k: {"n_samples": 5, "n_features": 4, "n_outputs": 1, "cipher": "paillier",
-                        "fingerprint": "", "slots": 1} for k in range(n)}
+            return {k: {"party": k, "n_samples": 5, "n_features": 4, "n_outputs": 1,
+                        "samples": np.arange(5), "features": np.arange(4), "lam_default": 0.1,
+                        "cipher": "paillier", "key_bits": 2048, "fingerprint": "", "slots": 1}
+                    for k in range(n)}
 
     coordinator = Coordinator(config, Hellos(), server_cipher("none", None),
                               log=lambda line: None)

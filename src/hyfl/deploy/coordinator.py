@@ -58,12 +58,32 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from hyfl.deploy.codec import check_fields
 from hyfl.deploy.config import DeployConfig, structure_blocks
 from hyfl.errors import HyflError, fail
 
-__all__ = ["Coordinator", "PartyMissing", "Transport", "write_failure"]
+__all__ = ["REPLY_FIELDS", "Coordinator", "PartyMissing", "Transport", "write_failure"]
 
-_META = ("seconds", "ops", "delivery_ops", "timing")  # replies' metadata besides the payload
+#: Replies' metadata besides the payload, and its types (see check_fields).
+_META_FIELDS = {"seconds": "number?", "ops": "counts?", "delivery_ops": "counts?",
+                "timing": "numbers?"}
+_META = tuple(_META_FIELDS)
+#: The fields of each kind of reply the coordinator reads (besides the metadata).
+REPLY_FIELDS: dict[str, dict[str, str]] = {
+    "hello": {"party": "int", "n_samples": "int", "n_features": "int", "n_outputs": "int",
+              "samples": "ids", "features": "ids", "lam_default": "number",
+              "fingerprint": "str", "cipher": "str", "key_bits": "int", "slots": "int",
+              "name": "str?", "node": "int?"},
+    "setup": {"norms": "vector"},
+    "round": {"inner_products": "vector?", "primal_part": "matrix?"},
+    "weights": {"inner_products": "vector?"},
+    "steps": {"steps": "vector"},
+    "duals": {"primal_part": "matrix", "totals": "vector?"},
+    "verdict": {"accepted": "bool"},
+    "commit": {"inner_products": "vector?"},
+    "ping": {},
+    "finish": {"written": "bool"},
+}
 
 
 class PartyMissing(Exception):
@@ -171,6 +191,14 @@ class Coordinator:
         own = cipher_fingerprint(self.cipher)
         hellos = self.transport.connect(K, self.config.connect_timeout,
                                         {"cipher": self.cipher.name, "fingerprint": own})
+        for k, hello in hellos.items():
+            self._check_reply(k, "hello", hello)
+            if hello["party"] != k:
+                raise fail(f"party {k}", f"says in its hello that it is party {hello['party']}",
+                           "Run every party with the same hyfl version.")
+        if sorted(hellos) != list(range(K)):
+            raise fail(f"the {K} parties' hellos", f"came from parties {sorted(hellos)}",
+                       f"Number the parties 0 to {K - 1} (node config party=K).")
         first = hellos[0]
         for k, hello in sorted(hellos.items()):
             for key in ("n_samples", "n_features", "n_outputs"):
@@ -369,7 +397,7 @@ class Coordinator:
         """The optional second SecureInnerProduct (and the commit, delivered at once)."""
         messages = {k: ("commit", {"deliveries": self.mail[k], "inner_products": True})
                     for k in parties}
-        replies, missing = self.transport.exchange(messages, self.config.reply_timeout)
+        replies, missing = self._send(messages)
         tally.count(messages, replies)
         self._count_deliveries(replies)
         for k in sorted(replies):
@@ -397,12 +425,47 @@ class Coordinator:
     def _exchange(self, messages: dict[int, tuple[str, dict]], tally: _Tally) -> dict[int, dict]:
         if not messages:
             return {}
-        replies, missing = self.transport.exchange(messages, self.config.reply_timeout)
+        replies, missing = self._send(messages)
         tally.count(messages, replies)
         self._count_deliveries(replies)
         if missing:
             raise PartyMissing(missing, next(iter(messages.values()))[0])
         return {k: tally.strip(replies[k]) for k in sorted(replies)}
+
+    def _send(self, messages: dict[int, tuple[str, dict]]) -> tuple[dict[int, dict], set[int]]:
+        """The transport's exchange, every reply checked (:meth:`_check_reply`)."""
+        replies, missing = self.transport.exchange(messages, self.config.reply_timeout)
+        for k, reply in replies.items():
+            if k not in messages:
+                raise fail(f"party {k}", "replied to a message it was not sent",
+                           "Check the transport; every reply must answer one message.")
+            self._check_reply(k, messages[k][0], reply)
+        return replies, missing
+
+    def _check_reply(self, k: int, kind: str, reply: Any) -> None:
+        """A party's reply is untrusted input: its fields, types, chunk ids and shapes.
+
+        Raises a HyflError naming the party, the message kind and the field
+        rather than letting a malformed reply reach the server's arithmetic.
+        """
+        where = f"party {k}'s reply to {kind!r}"
+        check_fields(reply, {**REPLY_FIELDS[kind], **_META_FIELDS}, where)
+        public = getattr(self, "public", None)
+        if public is None:  # hello: nothing to compare with yet
+            return
+        layout = public.norm_layout if kind == "setup" else public.layout
+        for name in ("norms", "inner_products", "steps"):
+            chunks = getattr(reply.get(name), "chunks", None)
+            if chunks is not None and chunks.size and (chunks.max() >= layout.n_chunks
+                                                       or np.unique(chunks).size < chunks.size):
+                raise fail(where, f"field {name!r} names chunk ids outside 0..."
+                           f"{layout.n_chunks - 1} or twice", "Run every party with the same "
+                           "hyfl version; the reply may be garbled or forged.")
+        part = reply.get("primal_part")
+        expected = (self.server.client_features[k].size, public.n_outputs)
+        if part is not None and part.shape != expected:
+            raise fail(where, f"field 'primal_part' has shape {part.shape}, not {expected}",
+                       "Run every party with the same hyfl version; the reply may be garbled.")
 
     def _count_deliveries(self, replies: dict[int, dict]) -> None:
         """Decrypting the delivered row norms is set-up work (as in run_protocol)."""
@@ -414,7 +477,7 @@ class Coordinator:
     def _finish(self) -> None:
         present = [k for k in range(self.config.parties) if k not in self.absent]
         messages = {k: ("finish", {"deliveries": self.mail[k]}) for k in present}
-        replies, missing = self.transport.exchange(messages, self.config.reply_timeout)
+        replies, missing = self._send(messages)
         self._count_deliveries(replies)
         for k in replies:
             self.mail[k] = {}

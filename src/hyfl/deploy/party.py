@@ -49,9 +49,9 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from hyfl.deploy.codec import decode, encode
+from hyfl.deploy.codec import check_fields, decode, encode
 from hyfl.deploy.config import DeployConfig, NodeSettings, structure_blocks
-from hyfl.errors import fail
+from hyfl.errors import HyflError, fail
 
 __all__ = ["KINDS", "QUERY_KINDS", "handle_message", "own_cipher"]
 
@@ -60,6 +60,27 @@ KINDS = ("hello", "setup", "round", "weights", "steps", "duals", "verdict", "com
          "finish")
 #: Kinds sent as ``query.*`` (they change no model state); the rest are ``train.*``.
 QUERY_KINDS = ("hello", "ping", "verdict", "finish")
+
+#: The fields of each message kind a party reads (types of :func:`~hyfl.deploy.codec.check_fields`).
+MESSAGE_FIELDS: dict[str, dict[str, str]] = {
+    "hello": {"cipher": "str?", "fingerprint": "str?"},
+    "setup": {"n_samples": "int", "n_features": "int", "n_outputs": "int", "lam": "number",
+              "samples": "ids", "sample_counts": "ids", "features": "ids",
+              "feature_counts": "ids"},
+    "round": {"deliveries": "dict?", "configure": "dict"},
+    "weights": {"w": "matrix"},
+    "steps": {"z": "vector?"},
+    "duals": {"duals": "vector"},
+    "verdict": {"totals": "vector", "dw_sq": "number"},
+    "commit": {"deliveries": "dict?", "inner_products": "bool?"},
+    "ping": {},
+    "finish": {"deliveries": "dict?"},
+}
+_CONFIGURE_FIELDS = {"t": "int", "updated_local": "ids", "reports_local": "mask",
+                     "n_draws": "int", "stale": "vector?", "drawn_local": "ids?",
+                     "order_local": "ids?", "beta": "number?"}
+_DELIVERY_FIELDS = {"norms": "vector?", "commit": "dict?"}
+_COMMIT_FIELDS = {"round": "int", "accepted": "bool", "w": "matrix"}
 
 
 def handle_message(kind: str, message: tuple[dict, str], state: tuple[dict, str] | None,
@@ -93,10 +114,20 @@ def handle_message(kind: str, message: tuple[dict, str], state: tuple[dict, str]
     node = NodeSettings.from_node_config(node_config, config.parties)
     node.check_job(config)  # before the key is even read: the job cannot choose the cipher
     cipher = own_cipher(node, config)
-    payload = decode(*message, cipher)
-    tree = decode(*state, cipher) if state is not None else {}
+    payload = decode(*message, cipher, sender="the server")
+    tree = decode(*state, cipher, sender="the party's own saved state") if state else {}
     party = _Party(config, node, cipher, tree)
-    reply = party.handle(kind, payload)
+    try:
+        reply = party.handle(kind, payload)
+    except HyflError:
+        raise
+    except Exception as err:  # noqa: BLE001 (what the server sent is untrusted input)
+        # The fields were checked, but their values may still not fit together (an index
+        # beyond the party's samples, counts that do not add up): name message and cause.
+        raise fail(f"party {node.party}", f"could not handle the server's {kind!r} message "
+                   f"({type(err).__name__}: {err})",
+                   "The message is malformed (garbled, forged, or from another hyfl "
+                   "version); restart the run with matching versions.") from err
     if timing is not None:
         reply["timing"] = dict(timing)
     return encode(reply), encode(party.state)
@@ -127,6 +158,7 @@ class _Party:
         self.config, self.node, self.cipher, self.state = config, node, cipher, dict(state)
 
     def handle(self, kind: str, payload: dict) -> dict:
+        check_fields(payload, MESSAGE_FIELDS[kind], self._from_server(kind))
         if kind == "hello":
             return self.hello(payload)
         if "block" not in self.state:
@@ -204,7 +236,8 @@ class _Party:
     # -- rounds ------------------------------------------------------------------
     def _round(self, client, payload: dict) -> dict:
         """Configure (and, unless returning, send the inner products at once)."""
-        configure = payload["configure"]
+        configure = check_fields(payload["configure"], _CONFIGURE_FIELDS,
+                                 self._from_server("round") + " field configure")
         self._close_abandoned(client)
         self.state["open"] = int(configure["t"])
         self.state["snapshot"] = {"alpha": client.alpha.copy(), "w": client.w.copy()}
@@ -242,12 +275,19 @@ class _Party:
                      features=block["features"], alpha=client.alpha, w=client.w)
         return {"written": bool(self.node.out)}
 
-    # -- helpers -------------------------------------------------------------------
+    # -- helpers -------------------------------------------------------------------------
+    def _from_server(self, kind: str) -> str:
+        return f"the server's {kind!r} message to party {self.node.party}"
+
     def _deliver(self, client, deliveries: dict) -> None:
         """Apply what the server piggybacked: the row norms, the last round's commit."""
+        where = self._from_server("delivery") + " field deliveries"
+        check_fields(deliveries, _DELIVERY_FIELDS, where)
         if deliveries.get("norms") is not None:
             client.learn_norms(deliveries["norms"])
         commit = deliveries.get("commit")
+        if commit is not None:
+            check_fields(commit, _COMMIT_FIELDS, where + ".commit")
         # Only the round still open may be committed; a repeated commit is ignored.
         if commit is not None and int(commit["round"]) == self.state.get("open"):
             client.commit(bool(commit["accepted"]), commit["w"])
