@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 from gmpy2 import mpz
 
-from hyfl.errors import fail
+from hyfl.errors import HyflError, fail
 from hyfl.privacy.ciphers import Cipher, PaillierCiphertext
 from hyfl.privacy.layout import EncryptedVector
 
@@ -187,7 +187,10 @@ def _decode(spec: Any, arrays: dict[str, np.ndarray], cipher: Cipher | None, whe
         return tuple(items) if tag == "t" else items
     if tag == "e":
         _check_vector(spec, arrays, where, field)
-        return _decode_vector(spec, arrays, cipher)
+        try:
+            return _decode_vector(spec, arrays, cipher)
+        except HyflError as err:  # its checks of the ciphertexts: say whose and where
+            raise HyflError(f"{where} {field}: {err}") from None
     raise fail(where, f"{field} has a malformed description {_short(spec)}", _GARBLED)
 
 
@@ -235,11 +238,18 @@ def _check_vector(spec: dict, arrays: dict[str, np.ndarray], where: str, field: 
                    f"of dtype {addends.dtype} (expected 1-D uint8 and integers)", _GARBLED)
 
 
+def _finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond float range
+        return False
+
+
 #: Field types :func:`check_fields` knows; a trailing ``?`` allows None or absence.
 _TYPES = {
     "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
     "number": lambda v: (isinstance(v, (int, float)) and not isinstance(v, bool)
-                         and math.isfinite(v)),
+                         and _finite(v)),
     "bool": lambda v: isinstance(v, bool),
     "str": lambda v: isinstance(v, str),
     "dict": lambda v: isinstance(v, dict),
@@ -250,7 +260,8 @@ _TYPES = {
     "counts": lambda v: isinstance(v, dict) and all(_TYPES["int"](x) for x in v.values()),
     "numbers": lambda v: isinstance(v, dict) and all(_TYPES["number"](x) for x in v.values()),
 }
-_DESCRIBED = {"ids": "a 1-D integer array", "mask": "a 1-D bool array",
+_DESCRIBED = {"int": "an integer", "bool": "true or false", "str": "a string",
+              "dict": "a mapping", "ids": "a 1-D integer array", "mask": "a 1-D bool array",
               "matrix": "a 2-D numeric array", "vector": "an encrypted vector",
               "counts": "a mapping to integers", "numbers": "a mapping to numbers",
               "number": "a finite number"}
@@ -291,7 +302,7 @@ def check_fields(tree: Any, schema: Mapping[str, str], where: str) -> dict:
             raise fail(where, f"has no field {name!r}", _GARBLED)
         if not _TYPES[kind](value):
             raise fail(where, f"field {name!r} is {_short(value)}, not "
-                       f"{_DESCRIBED.get(kind, 'a ' + kind)}", _GARBLED)
+                       f"{_DESCRIBED[kind]}", _GARBLED)
     return tree
 
 

@@ -199,6 +199,7 @@ class Coordinator:
         if sorted(hellos) != list(range(K)):
             raise fail(f"the {K} parties' hellos", f"came from parties {sorted(hellos)}",
                        f"Number the parties 0 to {K - 1} (node config party=K).")
+        _check_sizes(hellos)
         first = hellos[0]
         for k, hello in sorted(hellos.items()):
             for key in ("n_samples", "n_features", "n_outputs"):
@@ -536,6 +537,28 @@ class _Tally:
             **{f"{key}_mean": float(np.mean(values)) for key, values in self.timing.items()},
             **self.ops,
         }
+
+
+def _check_sizes(hellos: dict[int, dict]) -> None:
+    """The parties' ids fit their sizes, and the sizes are no larger than the ids held.
+
+    A size is allocated for (the server's arrays are ``n_samples`` long), so a
+    forged ``n_samples`` of 10**12 must not get that far.
+    """
+    for axis, ids in (("n_samples", "samples"), ("n_features", "features")):
+        held = sum(h[ids].size for h in hellos.values())
+        for k, hello in sorted(hellos.items()):
+            size, values = hello[axis], hello[ids]
+            if not 1 <= size <= held or (values.size and (values.min() < 0
+                                                          or values.max() >= size)):
+                raise fail(f"party {k}'s hello", f"reports {axis} = {size} with {ids} ids "
+                           f"outside 0...{size - 1} (or more {ids} than the parties hold, "
+                           f"{held})", "Run every party with the same hyfl version and a "
+                           "block of the same partition.")
+    for k, hello in sorted(hellos.items()):
+        if not 1 <= hello["n_outputs"] <= hello["n_samples"]:
+            raise fail(f"party {k}'s hello", f"reports n_outputs = {hello['n_outputs']}",
+                       "Run every party with the same hyfl version.")
 
 
 def write_failure(out: str, err: BaseException) -> None:

@@ -236,8 +236,9 @@ class _Party:
     # -- rounds ------------------------------------------------------------------
     def _round(self, client, payload: dict) -> dict:
         """Configure (and, unless returning, send the inner products at once)."""
-        configure = check_fields(payload["configure"], _CONFIGURE_FIELDS,
-                                 self._from_server("round") + " field configure")
+        where = self._from_server("round") + " field configure"
+        configure = check_fields(payload["configure"], _CONFIGURE_FIELDS, where)
+        _check_local_ids(configure, client.samples.size, where)
         self._close_abandoned(client)
         self.state["open"] = int(configure["t"])
         self.state["snapshot"] = {"alpha": client.alpha.copy(), "w": client.w.copy()}
@@ -247,7 +248,7 @@ class _Party:
         return {"inner_products": client.inner_products()}
 
     def _weights(self, client, payload: dict) -> dict:
-        client.receive_weights(payload["w"])
+        client.receive_weights(self._checked_weights(client, payload["w"], "weights", "w"))
         return {"inner_products": client.inner_products()}
 
     def _steps(self, client, payload: dict) -> dict:
@@ -288,10 +289,19 @@ class _Party:
         commit = deliveries.get("commit")
         if commit is not None:
             check_fields(commit, _COMMIT_FIELDS, where + ".commit")
+            self._checked_weights(client, commit["w"], "delivery", "deliveries.commit.w")
         # Only the round still open may be committed; a repeated commit is ignored.
         if commit is not None and int(commit["round"]) == self.state.get("open"):
             client.commit(bool(commit["accepted"]), commit["w"])
             self.state["open"], self.state["snapshot"] = 0, None
+
+    def _checked_weights(self, client, w: np.ndarray, kind: str, field: str) -> np.ndarray:
+        """Weights for this party's features: shape (|M_k|, C), finite."""
+        if w.shape != client.w.shape or not np.all(np.isfinite(w)):
+            raise fail(self._from_server(kind), f"field {field} has shape {w.shape} (or "
+                       f"non-finite values), not this party's weights {client.w.shape}",
+                       "Both sides must run the same hyfl version; the message may be garbled.")
+        return w
 
     def _close_abandoned(self, client) -> None:
         """An open round without commit was abandoned by the server: undo it."""
@@ -313,6 +323,23 @@ class _Party:
         if "client" in self.state:
             client.set_state(self.state["client"])
         return client
+
+
+def _check_local_ids(configure: dict, n_local: int, where: str) -> None:
+    """The round's local sample indices must index this party's samples (ascending, once)."""
+    for name in ("updated_local", "drawn_local", "order_local"):
+        ids = configure.get(name)
+        if ids is None:
+            continue
+        if ids.size and (ids.min() < 0 or ids.max() >= n_local
+                         or (name == "updated_local" and np.any(np.diff(ids) <= 0))):
+            raise fail(where, f"field {name} holds indices outside 0...{n_local - 1} (or not "
+                       "ascending)", "Both sides must run the same hyfl version; the message "
+                       "may be garbled or forged.")
+    if configure["reports_local"].size != configure["updated_local"].size:
+        raise fail(where, f"field reports_local has {configure['reports_local'].size} flags for "
+                   f"{configure['updated_local'].size} updated samples",
+                   "Both sides must run the same hyfl version; the message may be garbled.")
 
 
 def _ops(counts) -> dict[str, int]:
