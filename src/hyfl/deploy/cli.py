@@ -321,6 +321,8 @@ def run(
         shutil.rmtree(work, ignore_errors=True)
     results = read_results(out, missing_ok=True)  # readable when run on the SuperLink's machine
     if results is not None:
+        for line in results.get("warnings", []):
+            _warn(line)
         console.print(f"status: {results.get('status')}, {len(results.get('rounds', []))} rounds; "
                       f"results in {out}")
         if results.get("error"):
