@@ -391,6 +391,7 @@ def test_coordinator_hand_written_garbled_replies(deployment):
         ("duals", lambda r: {**r, "primal_part": np.zeros((99, 1))}, "has shape (99, 1)"),
         ("steps", lambda r: {**r, "seconds": "soon"}, "field 'seconds'"),
         ("verdict", lambda r: {"accepted": "yes"}, "field 'accepted'"),
+        ("round", lambda r: {}, "has no field 'inner_products' or 'primal_part'"),
     ]
     for kind, garble, needle in cases:
         run = _coordinate(d, kind, garble)

@@ -84,6 +84,9 @@ REPLY_FIELDS: dict[str, dict[str, str]] = {
     "ping": {},
     "finish": {"written": "bool"},
 }
+#: Replies that must hold at least one of these fields (each may be null: horizontal data).
+_ONE_OF = {"round": ("inner_products", "primal_part"), "weights": ("inner_products",),
+           "commit": ("inner_products",)}
 
 
 class PartyMissing(Exception):
@@ -451,6 +454,9 @@ class Coordinator:
         """
         where = f"party {k}'s reply to {kind!r}"
         check_fields(reply, {**REPLY_FIELDS[kind], **_META_FIELDS}, where)
+        if kind in _ONE_OF and not any(name in reply for name in _ONE_OF[kind]):
+            raise fail(where, f"has no field {' or '.join(map(repr, _ONE_OF[kind]))}",
+                       "Run every party with the same hyfl version; the reply may be garbled.")
         public = getattr(self, "public", None)
         if public is None:  # hello: nothing to compare with yet
             return

@@ -122,6 +122,8 @@ def handle_message(kind: str, message: tuple[dict, str], state: tuple[dict, str]
     except HyflError:
         raise
     except Exception as err:  # noqa: BLE001 (what the server sent is untrusted input)
+        if kind == "hello":  # it reads only the checked fingerprint: a failure is the party's
+            raise
         # The fields were checked, but their values may still not fit together (an index
         # beyond the party's samples, counts that do not add up): name message and cause.
         raise fail(f"party {node.party}", f"could not handle the server's {kind!r} message "
