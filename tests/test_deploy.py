@@ -688,13 +688,21 @@ def test_loopback_party_killed_mid_run_is_treated_as_absent(tmp_path, breast_can
              for k, f in enumerate(files)]
     work = tmp_path / "flower"
     with LocalDeployment(nodes, work) as local:
-        # A server with another key is refused at once, naming the problem.
+        # The attack: a job switching encryption off is refused by the keyed parties.
+        attack = run_config_for(parties=3, iterations=1, cipher="none",
+                                out=str(tmp_path / "attack"), connect_timeout=120.0)
+        with pytest.raises(HyflError, match="party on node .* failed on 'hello': .*party [0-2] "
+                           "refuses the job: the job asks for cipher 'none'"):
+            local.run(attack, timeout=300)
+        # A server with another key is refused at once by the parties, naming the problem.
         _, other = generate_keys(tmp_path / "other", FLOWER_KEY_BITS, **TEST_KEYS)
         wrong = run_config_for(parties=3, iterations=1, public_key=str(other),
                                insecure_test_keys=True,
                                out=str(tmp_path / "wrong"), connect_timeout=120.0)
-        with pytest.raises(HyflError, match="different key than the server's public key"):
+        with pytest.raises(HyflError, match="refuses the job: the server's public key has "
+                           "fingerprint"):
             local.run(wrong, timeout=300)
+        assert "WARNING: insecure test keys" in (tmp_path / "wrong" / "deploy.json").read_text()
 
         run = run_config_for(parties=3, iterations=3, public_key=str(public),
                              insecure_test_keys=True,

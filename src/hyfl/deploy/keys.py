@@ -128,7 +128,7 @@ def generate_keys(out_dir: str | os.PathLike, key_bits: int = DEFAULT_DEPLOY_KEY
     (private_path, public_path)
     """
     bits = check_key_size(check_keybits(key_bits), insecure_test_keys=insecure_test_keys,
-                          culprit=f"key size {key_bits}")
+                          culprit="key_bits (--key-bits)")
     out = Path(out_dir)
     private_path, public_path = out / PRIVATE_KEY_FILE, out / PUBLIC_KEY_FILE
     for path in (private_path, public_path):
