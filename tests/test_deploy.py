@@ -55,11 +55,21 @@ from synthetic_data import synthetic
 runner = CliRunner()
 UNIT_KEY_BITS = 256  # in-process tests: the scheme is the same at any size
 FLOWER_KEY_BITS = 1024  # the loopback deployments
+# Keys below 2048 bits are refused unless explicitly admitted (tests only).
+TEST_KEYS = {"insecure_test_keys": True}
+
+
+def node_for(k: int, cipher: str, private, **more) -> dict:
+    """A party's node config with the run's cipher as its own policy (and test keys admitted)."""
+    if cipher == "none":
+        return {"party": k, "cipher": "none", **more}
+    return {"party": k, "key": str(private), "cipher": cipher, "insecure-test-keys": True,
+            **more}
 
 
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory):
-    return generate_keys(tmp_path_factory.mktemp("keys"), UNIT_KEY_BITS)
+    return generate_keys(tmp_path_factory.mktemp("keys"), UNIT_KEY_BITS, **TEST_KEYS)
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +92,8 @@ def _hybrid3(n_samples: int, n_features: int, seed: int = 0):
 @pytest.mark.parametrize("name", ["none", "paillier", "packed"])
 def test_codec_round_trips_messages_and_ciphertexts(keys, name):
     private, public = keys
-    party, server = party_cipher(name, private), server_cipher(name, public)
+    party, server = party_cipher(name, private, **TEST_KEYS), server_cipher(name, public,
+                                                                            **TEST_KEYS)
     values = np.array([[0.5, -1.25], [3.0, 0.0], [-2.5, 1e-3]])
     from hyfl.privacy.layout import SlotLayout
 
@@ -117,7 +128,7 @@ def test_codec_rejects_what_it_cannot_send(keys):
         encode({"x": np.array([object()])})
     with pytest.raises(HyflError, match="cannot be sent"):
         encode({"x": {1, 2}})
-    paillier = party_cipher("paillier", keys[0])
+    paillier = party_cipher("paillier", keys[0], **TEST_KEYS)
     vector = EncryptedVector(np.array([0]), paillier.encrypt(np.ones((1, 1))))
     with pytest.raises(HyflError, match="not Paillier"):
         decode(*encode(vector), make_cipher("none"))
@@ -127,14 +138,14 @@ def test_codec_rejects_what_it_cannot_send(keys):
 
 
 def test_key_files(tmp_path):
-    private, public = generate_keys(tmp_path, 256)
+    private, public = generate_keys(tmp_path, 256, **TEST_KEYS)
     assert stat.S_IMODE(os.stat(private).st_mode) == 0o600
     assert "p" not in json.loads(public.read_text())
-    pub, priv = load_key(private, private=True)
+    pub, priv = load_key(private, private=True, **TEST_KEYS)
     assert priv is not None and int(priv.p) * int(priv.q) == int(pub.n)
-    assert load_key(public, private=False)[1] is None
+    assert load_key(public, private=False, **TEST_KEYS)[1] is None
     with pytest.raises(HyflError, match="already exists"):
-        generate_keys(tmp_path, 256)
+        generate_keys(tmp_path, 256, **TEST_KEYS)
     with pytest.raises(HyflError, match="only the public key"):
         load_key(public, private=True)
     with pytest.raises(HyflError, match="does not exist"):
@@ -149,7 +160,8 @@ def test_key_files(tmp_path):
         load_key(tmp_path / "junk.json", private=False)
     # The server's cipher adds what a party encrypted (received through the
     # codec, as in a deployment); only a party decrypts.
-    party, server = party_cipher("paillier", private), server_cipher("paillier", public)
+    party = party_cipher("paillier", private, **TEST_KEYS)
+    server = server_cipher("paillier", public, **TEST_KEYS)
 
     def send(ciphertexts, to):
         return decode(*encode(EncryptedVector(np.array([0]), ciphertexts)), to).ciphertexts
@@ -195,6 +207,10 @@ def test_node_config_errors_are_clear(tmp_path, keys):
         ({"party": 0}, "node config key is not set"),
         ({"party": 0, "key": str(tmp_path / "missing.json")}, "does not exist on this machine"),
         ({"party": 0, "key": str(private), "colour": "red"}, "not known"),
+        ({"party": 0, "key": str(private), "cipher": "none"}, "'none', but a private key"),
+        ({"party": 0, "cipher": "rot13"}, "node config cipher"),
+        ({"party": 0, "cipher": "paillier"}, "needs the private key"),
+        ({"party": 0, "key": str(private), "insecure-test-keys": "maybe"}, "not true or false"),
     ]
     for node, match in cases:
         with pytest.raises(HyflError, match=match):
@@ -202,12 +218,66 @@ def test_node_config_errors_are_clear(tmp_path, keys):
     # What the server hears when a party starts with a bad node config: the
     # party's hello fails with the same message (Flower returns it as an error reply).
     run = run_config_for(parties=3, cipher="paillier", public_key=str(keys[1]), data="syn",
-                         partition="grid:3x1")
+                         partition="grid:3x1", insecure_test_keys=True)
+    hello = encode(_announcement(keys))
     with pytest.raises(HyflError, match="does not exist on this machine"):
-        handle_message("hello", encode({}), None, {"party": 0, "key": str(tmp_path / "x")}, run)
+        handle_message("hello", hello, None, {"party": 0, "key": str(tmp_path / "x")}, run)
+    node = node_for(0, "paillier", private)
     with pytest.raises(HyflError, match="has no data"):
-        handle_message("hello", encode({}), None, {"party": 0, "key": str(private)},
-                       {**run, "data": ""})
+        handle_message("hello", hello, None, node, {**run, "data": ""})
+    with pytest.raises(HyflError, match="fewer than the 2048"):  # small keys must be admitted
+        handle_message("hello", hello, None, {"party": 0, "key": str(private)}, run)
+
+
+def _announcement(keys) -> dict:
+    """The server's hello: its cipher and key fingerprint."""
+    from hyfl.deploy.keys import cipher_fingerprint
+
+    server = server_cipher("paillier", keys[1], **TEST_KEYS)
+    return {"cipher": "paillier", "fingerprint": cipher_fingerprint(server)}
+
+
+def test_a_job_cannot_switch_a_keyed_partys_encryption_off(tmp_path, keys):
+    """The attack: a job with cipher=none sent to a party that holds the private key."""
+    private, public = keys
+    node = node_for(0, "paillier", private, data="syn")
+    attack = run_config_for(parties=3, cipher="none", data="syn", partition="grid:3x1")
+    for kind, payload in [("hello", {"cipher": "none", "fingerprint": ""}),
+                          ("round", {"configure": {"t": 1}}), ("duals", {"duals": None})]:
+        with pytest.raises(HyflError, match="party 0 refuses the job: the job asks for cipher "
+                           "'none', but this party's policy .* is cipher 'paillier'"):
+            handle_message(kind, encode(payload), None, node, attack)
+    # Another encrypted cipher than the party's is refused just the same.
+    packed = run_config_for(parties=3, cipher="packed", public_key=str(public), data="syn",
+                            partition="grid:3x1", insecure_test_keys=True)
+    with pytest.raises(HyflError, match="asks for cipher 'packed'"):
+        handle_message("hello", encode(_announcement(keys)), None, node, packed)
+    # A server announcing another key (or none) is refused at hello.
+    job = {**packed, "cipher": "paillier"}
+    for announced, match in [({"fingerprint": "0" * 32}, "fingerprint 0{32}, this party's key"),
+                             ({}, "did not say which public key")]:
+        with pytest.raises(HyflError, match=match):
+            handle_message("hello", encode(announced), None, node, job)
+    # A pinned fingerprint the key does not have: the party refuses to start.
+    with pytest.raises(HyflError, match="pins fingerprint"):
+        handle_message("hello", encode(_announcement(keys)), None,
+                       {**node, "fingerprint": "f" * 32}, job)
+    # The coordinator's side: a party reporting another cipher stops the run, naming it.
+    config = DeployConfig.from_run_config(attack)
+
+    class Hellos:
+        sent_bytes = received_bytes = 0
+
+        def connect(self, n, timeout, hello):
+            return {k: {"party": k, "n_samples": 5, "n_features": 4, "n_outputs": 1,
+                        "samples": np.arange(5), "features": np.arange(4), "lam_default": 0.1,
+                        "cipher": "paillier", "key_bits": 2048, "fingerprint": "", "slots": 1}
+                    for k in range(n)}
+
+    coordinator = Coordinator(config, Hellos(), server_cipher("none", None),
+                              log=lambda line: None)
+    with pytest.raises(HyflError, match="party 0 runs cipher 'paillier'"):
+        coordinator.run()
 
 
 def test_flower_error_replies_stop_the_run_or_mark_absence(keys):
@@ -303,8 +373,8 @@ class InProcessTransport:
             return None
         return decode(*reply, self.cipher)
 
-    def connect(self, n_parties, timeout):
-        return {k: self._deliver(k, "hello", {}) for k in range(n_parties)}
+    def connect(self, n_parties, timeout, hello):
+        return {k: self._deliver(k, "hello", hello) for k in range(n_parties)}
 
     def exchange(self, messages, timeout):
         replies, missing = {}, set()
@@ -330,11 +400,11 @@ def _in_process(tmp_path, problem, partition, keys, *, cipher="none", hyper="",
     files = write_blocks(problem, partition, tmp_path / "blocks", lam_default=problem.lam)
     run = run_config_for(parties=partition.n_clients, iterations=iterations, cipher=cipher,
                          public_key=str(public), hyper=hyper, participation=participation,
-                         seed=seed)
-    nodes = [{"party": k, "key": str(private), "data": str(f), "out": str(tmp_path / "parties")}
+                         seed=seed, insecure_test_keys=True)
+    nodes = [node_for(k, cipher, private, data=str(f), out=str(tmp_path / "parties"))
              for k, f in enumerate(files)]
     config = DeployConfig.from_run_config(run)
-    server = server_cipher(cipher, public, **config.cipher_options())
+    server = server_cipher(cipher, public, **config.cipher_options(), **TEST_KEYS)
     transport = InProcessTransport(nodes, run, server, dies, late)
     coordinator = Coordinator(config, transport, server, log=lambda line: None)
     results = coordinator.run()
@@ -352,7 +422,8 @@ def _in_process(tmp_path, problem, partition, keys, *, cipher="none", hyper="",
 
     protocol = run_protocol(make_algorithm("hyfdca", config.hyper), problem, partition,
                             reference, iterations, party_cipher(cipher, private,
-                                                                **config.cipher_options()),
+                                                                **config.cipher_options(),
+                                                                **TEST_KEYS),
                             seed=seed, on_round=on_round)
     return results, np.stack(coordinator.weights), protocol, history, clients_at_end, transport
 
@@ -457,9 +528,23 @@ def _text(result) -> str:
 
 def test_cli_keys_split_and_local_errors(tmp_path):
     result = runner.invoke(app, ["deploy", "keys", "--out", str(tmp_path / "k"), "--key-bits",
-                                 "256"])
+                                 "256", "--insecure-test-keys"])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "k" / "private-key.json").exists()
+    assert "WARNING: insecure test keys: the Paillier modulus has 256 bits" in _text(result)
+    # Without the explicit flag a small key is refused, and nothing is written.
+    result = runner.invoke(app, ["deploy", "keys", "--out", str(tmp_path / "k2"), "--key-bits",
+                                 "1024"])
+    assert result.exit_code == 2 and "fewer than the 2048" in _text(result)
+    assert "--insecure-test-keys" in _text(result) and not (tmp_path / "k2").exists()
+    result = runner.invoke(app, ["deploy", "party", "--party", "0", "--superlink", "x:1",
+                                 "--key", str(tmp_path / "k" / "public-key.json"), "--insecure",
+                                 "--insecure-test-keys"])
+    assert result.exit_code == 2 and "holds only the public key" in _text(result)
+    result = runner.invoke(app, ["deploy", "party", "--party", "0", "--superlink", "x:1",
+                                 "--key", str(tmp_path / "k" / "private-key.json"), "--insecure",
+                                 "--cipher", "none"])
+    assert result.exit_code == 2 and "fewer than the 2048" in _text(result)
     result = runner.invoke(app, ["deploy", "split", "--data", "breast_cancer", "--partition",
                                  "grid:2x2", "--out", str(tmp_path / "p")])
     assert result.exit_code == 0, result.output
@@ -481,6 +566,34 @@ def test_cli_keys_split_and_local_errors(tmp_path):
     assert result.exit_code == 2 and "does not exist" in _text(result)
     result = runner.invoke(app, ["deploy", "superlink"])
     assert result.exit_code == 2 and "TLS is not configured" in _text(result)
+
+
+def test_local_keeps_keys_and_results(tmp_path):
+    """``hyfl deploy local`` never deletes results nor replaces a key pair."""
+    from hyfl.deploy.local import _local_keys, _prepare_out
+
+    out = tmp_path / "o"
+    (out / "keys").mkdir(parents=True)
+    _prepare_out(out, overwrite=False)  # only keys/: fine
+    (out / "deploy.json").write_text("{}")
+    (out / "notes.txt").write_text("mine")
+    result = runner.invoke(app, ["deploy", "local", "--partition", "grid:2x2", "--out", str(out)])
+    assert result.exit_code == 2
+    assert "exists and is not empty" in _text(result) and "pass --overwrite" in _text(result)
+    assert (out / "deploy.json").exists()
+    _prepare_out(out, overwrite=True)
+    assert not (out / "deploy.json").exists() and (out / "notes.txt").exists()
+    lines: list[str] = []
+    with pytest.raises(HyflError, match="does not exist"):  # an empty keys/ is not replaced
+        _local_keys(out, None, 1024, True, lines.append)
+    private, public = generate_keys(out / "keys", UNIT_KEY_BITS, **TEST_KEYS)
+    before = private.read_bytes()
+    with pytest.raises(HyflError, match="fewer than the 2048"):
+        _local_keys(out, None, 2048, False, lines.append)
+    assert _local_keys(out, None, 2048, True, lines.append)[:2] == (private, public)
+    assert private.read_bytes() == before
+    assert any("reusing the key pair" in line and "--overwrite" in line for line in lines)
+    assert any(line.startswith("WARNING: insecure test keys") for line in lines)
 
 
 # ----------------------------------------------------------------------------- loopback
@@ -523,7 +636,8 @@ def test_loopback_deployment_reproduces_run_protocol(tmp_path, breast_cancer_blo
     result = runner.invoke(app, [
         "deploy", "local", "--party-data", str(files[0].parent), "--iterations", "3",
         "--participation", f"trace:{trace}", "--param", "local_steps=5", "--seed", "3",
-        "--cipher", "paillier", "--key-bits", str(FLOWER_KEY_BITS), "--out", str(out),
+        "--cipher", "paillier", "--key-bits", str(FLOWER_KEY_BITS), "--insecure-test-keys",
+        "--out", str(out),
         "--compare", "--timeout", "900",
     ])
     elapsed = time.perf_counter() - started
@@ -540,7 +654,7 @@ def test_loopback_deployment_reproduces_run_protocol(tmp_path, breast_cancer_blo
     protocol = run_protocol(
         make_algorithm("hyfdca", config.hyper), problem, partition,
         parse_participation(f"trace:{trace}", 3), 3,
-        party_cipher("paillier", out / "keys" / "private-key.json"), seed=3,
+        party_cipher("paillier", out / "keys" / "private-key.json", **TEST_KEYS), seed=3,
         on_round=lambda s, c: (history.append(s.w.copy()),
                                clients.__setitem__(slice(None), [x.alpha.copy() for x in c])))
     with np.load(out / "weights.npz") as f:
@@ -569,19 +683,29 @@ def test_loopback_party_killed_mid_run_is_treated_as_absent(tmp_path, breast_can
     from hyfl.deploy.local import LocalDeployment, wait_for_results
 
     problem, partition, files = breast_cancer_blocks
-    private, public = generate_keys(tmp_path / "keys", FLOWER_KEY_BITS)
-    nodes = [{"party": k, "key": str(private), "data": str(f), "out": str(tmp_path / "parties")}
+    private, public = generate_keys(tmp_path / "keys", FLOWER_KEY_BITS, **TEST_KEYS)
+    nodes = [node_for(k, "paillier", private, data=str(f), out=str(tmp_path / "parties"))
              for k, f in enumerate(files)]
     work = tmp_path / "flower"
     with LocalDeployment(nodes, work) as local:
-        # A server with another key is refused at once, naming the problem.
-        _, other = generate_keys(tmp_path / "other", FLOWER_KEY_BITS)
+        # The attack: a job switching encryption off is refused by the keyed parties.
+        attack = run_config_for(parties=3, iterations=1, cipher="none",
+                                out=str(tmp_path / "attack"), connect_timeout=120.0)
+        with pytest.raises(HyflError, match="party on node .* failed on 'hello': .*party [0-2] "
+                           "refuses the job: the job asks for cipher 'none'"):
+            local.run(attack, timeout=300)
+        # A server with another key is refused at once by the parties, naming the problem.
+        _, other = generate_keys(tmp_path / "other", FLOWER_KEY_BITS, **TEST_KEYS)
         wrong = run_config_for(parties=3, iterations=1, public_key=str(other),
+                               insecure_test_keys=True,
                                out=str(tmp_path / "wrong"), connect_timeout=120.0)
-        with pytest.raises(HyflError, match="different key than the server's public key"):
+        with pytest.raises(HyflError, match="refuses the job: the server's public key has "
+                           "fingerprint"):
             local.run(wrong, timeout=300)
+        assert "WARNING: insecure test keys" in (tmp_path / "wrong" / "deploy.json").read_text()
 
         run = run_config_for(parties=3, iterations=3, public_key=str(public),
+                             insecure_test_keys=True,
                              hyper="local_steps=5", seed=3, out=str(tmp_path / "out"),
                              reply_timeout=30.0)
         process = local.submit(run, name="kill-run")
@@ -611,7 +735,7 @@ def test_loopback_party_killed_mid_run_is_treated_as_absent(tmp_path, breast_can
     run_protocol(make_algorithm("hyfdca", {"local_steps": 5, "step_rule": "safe"}), problem,
                  partition,
                  Trace(np.array([[1, 1, 1], [1, 1, 0], [1, 1, 0]], dtype=bool)), 3,
-                 party_cipher("paillier", private), seed=3,
+                 party_cipher("paillier", private, **TEST_KEYS), seed=3,
                  on_round=lambda s, c: history.append(s.w.copy()))
     with np.load(tmp_path / "out" / "weights.npz") as f:
         np.testing.assert_array_equal(f["w"][1:], np.stack(history))

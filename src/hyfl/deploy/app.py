@@ -54,9 +54,15 @@ def _pack(arrays: dict, spec: str) -> RecordDict:
                        "tree": ConfigRecord({"spec": spec})})
 
 
-def _unpack(content: RecordDict) -> tuple[dict, str]:
-    arrays = {name: array.numpy() for name, array in content["arrays"].items()}
-    return arrays, str(content["tree"]["spec"])
+def _unpack(content: RecordDict, sender: str) -> tuple[dict, str]:
+    """The ``(arrays, spec)`` of a message's content; a clear error if it is not hyfl's."""
+    try:
+        arrays = {name: array.numpy() for name, array in content["arrays"].items()}
+        return arrays, str(content["tree"]["spec"])
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise fail(f"message from {sender}", f"is not a hyfl message ({type(err).__name__}: "
+                   f"{err})", "Run the server and every party with the same hyfl version.") \
+            from None
 
 
 # ----------------------------------------------------------------------------- client
@@ -86,7 +92,7 @@ def _handler(kind: str):
         # pull it and SuperExec to start a process, then starting Python, Flower and hyfl.
         timing = {"until_process": process - msg.metadata.created_at,
                   "process_start": started - process}
-        reply, new_state = handle_message(kind, _unpack(msg.content), state,
+        reply, new_state = handle_message(kind, _unpack(msg.content, "the server"), state,
                                           context.node_config, context.run_config, timing)
         # Only a successful handler replaces the state (an exception leaves it as it was).
         context.state[_STATE_ARRAYS] = ArrayRecord(
@@ -149,11 +155,11 @@ class FlowerTransport:
                            "Fix the party's configuration (see its SuperNode log) and start "
                            "the run again.")
             return None
-        arrays, spec = _unpack(reply.content)
+        arrays, spec = _unpack(reply.content, f"party {party}")
         self.received_bytes += encoded_bytes(arrays, spec)
-        return decode(arrays, spec, self.cipher)
+        return decode(arrays, spec, self.cipher, sender=f"party {party}")
 
-    def connect(self, n_parties: int, timeout: float) -> dict[int, dict]:
+    def connect(self, n_parties: int, timeout: float, hello: dict) -> dict[int, dict]:
         deadline = time.monotonic() + timeout
         asked: dict[str, int] = {}  # hello message id -> node id
         answered: set[int] = set()
@@ -162,7 +168,7 @@ class FlowerTransport:
             new = [n for n in self.grid.get_node_ids() if n not in asked.values()
                    and n not in answered]
             if new:
-                ids = self._push([self._message(n, "hello", {}) for n in new])
+                ids = self._push([self._message(n, "hello", hello) for n in new])
                 asked.update(zip(ids, new))
             if asked:
                 for reply in self.grid.pull_messages(list(asked)):
@@ -232,7 +238,9 @@ def run_server(grid: Grid, run_config: dict) -> dict:
 
     try:
         config = DeployConfig.from_run_config(run_config)
-        cipher = server_cipher(config.cipher, config.public_key, **config.cipher_options())
+        cipher = server_cipher(config.cipher, config.public_key,
+                               insecure_test_keys=config.insecure_test_keys,
+                               **config.cipher_options())
     except Exception as err:
         write_failure(run_config.get("out", ""), err)
         raise

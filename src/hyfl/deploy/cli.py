@@ -48,11 +48,19 @@ Insecure = Annotated[bool, typer.Option("--insecure", help="No TLS (loopback and
 RootCerts = Annotated[
     Path | None, typer.Option(help="CA certificate that signed the SuperLink's TLS certificate.")
 ]
+InsecureKeys = Annotated[
+    bool, typer.Option("--insecure-test-keys", help="Admit Paillier keys below 2048 bits (tests "
+                       "only; every output then carries a warning).")
+]
 
 
 def _fail(err: HyflError) -> None:
     console.print(f"[bold red]error:[/] {escape(str(err))}")
     raise typer.Exit(code=2)
+
+
+def _warn(line: str) -> None:
+    console.print(f"[bold yellow]{escape(line)}[/]")
 
 
 def _hyper(params: list[str] | None) -> str:
@@ -83,18 +91,22 @@ def _exec(command: list[str], env: dict[str, str]) -> None:
 def keys(
     out: Annotated[Path, typer.Option(help="Folder for private-key.json and public-key.json.")] =
     Path("hyfl-keys"),
-    key_bits: Annotated[int, typer.Option(help="Paillier modulus size (2048; 1024 for tests).")] =
-    2048,
+    key_bits: Annotated[int, typer.Option(help="Paillier modulus size (>= 2048; smaller only "
+                                          "with --insecure-test-keys).")] = 2048,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace existing keys.")] = False,
+    insecure_test_keys: InsecureKeys = False,
 ):
     """Generate a Paillier key pair: private-key.json for every party, public-key.json for the
     server."""
-    from hyfl.deploy.keys import generate_keys
+    from hyfl.deploy.keys import SECURE_KEY_BITS, generate_keys, insecure_warning
 
     try:
-        private, public = generate_keys(out, key_bits, overwrite=overwrite)
+        private, public = generate_keys(out, key_bits, overwrite=overwrite,
+                                        insecure_test_keys=insecure_test_keys)
     except HyflError as err:
         _fail(err)
+    if key_bits < SECURE_KEY_BITS:
+        _warn(insecure_warning(key_bits))
     console.print(f"private key (give to every party, never to the server): {private}")
     console.print(f"public key (give to the server): {public}")
 
@@ -181,6 +193,13 @@ def party(
     superlink: Annotated[str, typer.Option(help="The SuperLink's HOST:PORT.")],
     key: Annotated[Path | None, typer.Option(help="private-key.json (from hyfl deploy keys).")] =
     None,
+    cipher: Annotated[str | None, typer.Option(help="This party's cipher policy: paillier "
+                                               "(default with --key) | packed | none (no key; "
+                                               "tests). Jobs asking for another are refused.")] =
+    None,
+    fingerprint: Annotated[str | None, typer.Option(help="Pin the key fingerprint this party "
+                                                    "accepts (from public-key.json).")] = None,
+    insecure_test_keys: InsecureKeys = False,
     data: Annotated[str | None, typer.Option(help="This party's block file (party-K.npz), or a "
                                              "dataset name; default: the run's data.")] = None,
     out: Annotated[Path | None, typer.Option(help="Folder for the party's final duals and "
@@ -193,6 +212,8 @@ def party(
                                                "(Flower: 3; patched, Flower 1.41.0 only).")] = None,
 ):
     """Start one party: a Flower SuperNode with this party's node config."""
+    from hyfl.deploy.config import NodeSettings
+    from hyfl.deploy.keys import load_key
     from hyfl.deploy.local import flower_command, flower_env
 
     try:
@@ -202,7 +223,15 @@ def party(
             if not key.is_file():
                 raise fail(f"--key {key}", "does not exist",
                            "Pass the private-key.json from `hyfl deploy keys`.")
+            load_key(key, private=True, insecure_test_keys=insecure_test_keys)  # fail here
             node.append(f"key={_quoted(key.resolve())}")
+        policy = {"cipher": cipher, "fingerprint": fingerprint}
+        node += [f"{name}={_quoted(value)}" for name, value in policy.items() if value]
+        if insecure_test_keys:
+            node.append("insecure-test-keys=true")
+            _warn("this party admits insecure test keys (< 2048 bits): tests only")
+        NodeSettings.from_node_config({"party": party, "key": str(key or ""),
+                                       "cipher": cipher or "", "fingerprint": fingerprint or ""})
         if data is not None:
             resolved = Path(data)
             node.append(f"data={_quoted(resolved.resolve() if resolved.exists() else data)}")
@@ -247,6 +276,7 @@ def run(
     reply_timeout: ReplyTimeout = 120.0,
     insecure: Insecure = False,
     root_certificates: RootCerts = None,
+    insecure_test_keys: InsecureKeys = False,
 ):
     """Submit a HyFDCA job to a running SuperLink and follow it (flwr run --stream)."""
     import subprocess
@@ -271,6 +301,7 @@ def run(
             loss=loss, lam=lam, hyper=_hyper(param), cipher=cipher, data=data,
             partition=partition, reply_timeout=reply_timeout, out=str(out.resolve()),
             public_key=str(public_key.resolve()) if public_key is not None else "",
+            insecure_test_keys=insecure_test_keys,
         )
         DeployConfig.from_run_config(config)  # fail here rather than on the SuperLink
         work = Path(tempfile.mkdtemp(prefix="hyfl-deploy-run-"))
@@ -290,6 +321,8 @@ def run(
         shutil.rmtree(work, ignore_errors=True)
     results = read_results(out, missing_ok=True)  # readable when run on the SuperLink's machine
     if results is not None:
+        for line in results.get("warnings", []):
+            _warn(line)
         console.print(f"status: {results.get('status')}, {len(results.get('rounds', []))} rounds; "
                       f"results in {out}")
         if results.get("error"):
@@ -321,12 +354,16 @@ def local(
     lam: Lam = 0.0,
     param: Param = None,
     cipher: Cipher = "paillier",
-    key_bits: Annotated[int, typer.Option(help="Key size of the generated key pair.")] = 1024,
+    key_bits: Annotated[int, typer.Option(help="Key size of a generated key pair (>= 2048; "
+                                          "smaller only with --insecure-test-keys).")] = 2048,
     keys_dir: Annotated[Path | None, typer.Option("--keys", help="Use this key folder instead "
-                                                  "of generating one.")] = None,
+                                                  "of OUT/keys.")] = None,
+    insecure_test_keys: InsecureKeys = False,
     reply_timeout: ReplyTimeout = 120.0,
-    out: Annotated[Path, typer.Option(help="Folder for results, logs and keys.")] =
-    Path("hyfl-deploy"),
+    out: Annotated[Path, typer.Option(help="Folder for results, logs and keys (OUT/keys is "
+                                      "reused if it exists).")] = Path("hyfl-deploy"),
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the results of an "
+                                            "earlier run in OUT (its keys are kept).")] = False,
     compare: Annotated[bool, typer.Option("--compare", help="Also run the in-process protocol "
                                           "engine with the same seed and compare iterates and "
                                           "time per round.")] = False,
@@ -350,6 +387,7 @@ def local(
             out=out, parties=parties, data=data, partition=partition, party_data=party_data,
             iterations=iterations, participation=participation, seed=seed, loss=loss, lam=lam,
             hyper=_hyper(param), cipher=cipher, key_bits=key_bits, keys_dir=keys_dir,
+            insecure_test_keys=insecure_test_keys, overwrite=overwrite,
             reply_timeout=reply_timeout, compare=compare,
             node_poll=node_poll if node_poll > 0 else None, timeout=timeout,
             log=lambda line: console.print(escape(line)),

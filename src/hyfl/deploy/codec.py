@@ -19,21 +19,38 @@ receiver's cipher on the ciphertexts (its in-process tag), so a ciphertext
 from another key is caught when it is added or decrypted.
 
 No pickle: arrays are numeric or bool, and the description is JSON.
+
+Everything received is untrusted. :func:`decode` checks the description
+against the arrays -- nesting depth (:data:`MAX_DEPTH`), known tags only,
+array references that exist, numeric dtypes, one-dimensional id and
+ciphertext arrays of matching sizes -- and :func:`check_fields` checks the
+fields a receiver reads (present, no unknown ones, of the expected type and
+shape). Each problem is a :class:`~hyfl.errors.HyflError` naming the sender
+and the field, never a ``KeyError`` or a ``RecursionError``.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 from gmpy2 import mpz
 
-from hyfl.errors import fail
+from hyfl.errors import HyflError, fail
 from hyfl.privacy.ciphers import Cipher, PaillierCiphertext
 from hyfl.privacy.layout import EncryptedVector
 
-__all__ = ["decode", "encode", "encoded_bytes"]
+__all__ = ["MAX_DEPTH", "check_fields", "decode", "encode", "encoded_bytes"]
+
+#: Deepest nesting of a received description (messages and states nest < 10 deep).
+MAX_DEPTH = 32
+_GARBLED = ("Both sides must run the same hyfl version; if they do, the message was garbled "
+            "or forged.")
+_VECTOR_KEYS = {"paillier": {"e", "kind", "width", "ct", "addends"}, "float": {"e", "kind", "ct"},
+                "empty": {"e", "kind"}}
 
 
 def encode(tree: Any) -> tuple[dict[str, np.ndarray], str]:
@@ -43,14 +60,41 @@ def encode(tree: Any) -> tuple[dict[str, np.ndarray], str]:
     return arrays, json.dumps(spec, separators=(",", ":"))
 
 
-def decode(arrays: dict[str, np.ndarray], spec: str, cipher: Cipher | None = None) -> Any:
-    """Rebuild the tree :func:`encode` described; ``cipher`` receives any ciphertexts."""
+def decode(arrays: dict[str, np.ndarray], spec: str, cipher: Cipher | None = None, *,
+           sender: str = "") -> Any:
+    """Rebuild the tree :func:`encode` described; ``cipher`` receives any ciphertexts.
+
+    Parameters
+    ----------
+    arrays : dict of str to ndarray
+    spec : str
+        The JSON description.
+    cipher : Cipher, optional
+        The receiver's cipher (stamped on received ciphertexts).
+    sender : str, optional
+        Who sent it (``"party 2"``, ``"the server"``), named in every error.
+
+    Raises
+    ------
+    HyflError
+        For any malformed message: unreadable or too deeply nested
+        description, unknown tags, missing arrays, wrong dtypes or sizes.
+    """
+    where = f"message from {sender}" if sender else "message"
+    if not isinstance(spec, str):
+        raise fail(where, f"has a description of type {type(spec).__name__}, not JSON text",
+                   _GARBLED)
+    if not isinstance(arrays, Mapping):
+        raise fail(where, f"has arrays of type {type(arrays).__name__}, not a mapping", _GARBLED)
+    for name, array in arrays.items():
+        if not isinstance(array, np.ndarray) or array.dtype.kind not in "biuf":
+            raise fail(where, f"has array {name!r} of type "
+                       f"{getattr(array, 'dtype', type(array).__name__)}, not numeric", _GARBLED)
     try:
         description = json.loads(spec)
-    except (TypeError, ValueError):
-        raise fail("message", "has no readable description",
-                   "Both sides must run the same hyfl version.") from None
-    return _decode(description, arrays, cipher)
+    except (ValueError, RecursionError):  # RecursionError: JSON nested thousands deep
+        raise fail(where, "has no readable description (not JSON)", _GARBLED) from None
+    return _decode(description, arrays, cipher, where, "", 0)
 
 
 def encoded_bytes(arrays: dict[str, np.ndarray], spec: str) -> int:
@@ -115,22 +159,151 @@ def _encode_vector(vector: EncryptedVector, arrays: dict[str, np.ndarray]) -> di
     return out
 
 
-def _decode(spec: Any, arrays: dict[str, np.ndarray], cipher: Cipher | None) -> Any:
-    if not isinstance(spec, dict) or len(spec) == 0:
-        raise fail("message", "has a malformed description", "Both sides must run the same hyfl.")
-    if "v" in spec:
-        return spec["v"]
-    if "a" in spec:
-        return np.array(arrays[spec["a"]])  # a writable copy: parties update arrays in place
-    if "d" in spec:
-        return {key: _decode(item, arrays, cipher) for key, item in spec["d"].items()}
-    if "l" in spec:
-        return [_decode(item, arrays, cipher) for item in spec["l"]]
-    if "t" in spec:
-        return tuple(_decode(item, arrays, cipher) for item in spec["t"])
-    if "e" in spec:
-        return _decode_vector(spec, arrays, cipher)
-    raise fail("message", "has a malformed description", "Both sides must run the same hyfl.")
+def _decode(spec: Any, arrays: dict[str, np.ndarray], cipher: Cipher | None, where: str,
+            path: str, depth: int) -> Any:
+    """One node of the description; ``path`` names it in errors (``configure.stale``)."""
+    field = f"field {path or '(top)'}"
+    if depth > MAX_DEPTH:
+        raise fail(where, f"{field} is nested deeper than {MAX_DEPTH} levels", _GARBLED)
+    if not isinstance(spec, dict) or not spec:
+        raise fail(where, f"{field} has a malformed description {_short(spec)}", _GARBLED)
+    tag = "e" if "e" in spec else next(iter(spec))
+    if tag != "e" and len(spec) != 1:
+        raise fail(where, f"{field} has extra keys {sorted(spec)} in its description", _GARBLED)
+    value = spec[tag]
+    if tag == "v":
+        if value is not None and not isinstance(value, (str, bool, int, float)):
+            raise fail(where, f"{field} has a value of type {type(value).__name__}, not a "
+                       "number, string, bool or null", _GARBLED)
+        return value
+    if tag == "a":
+        return np.array(_array(arrays, value, where, field))  # a writable copy: updated in place
+    if tag == "d" and isinstance(value, dict):
+        return {key: _decode(item, arrays, cipher, where, f"{path}.{key}" if path else key,
+                             depth + 1) for key, item in value.items()}
+    if tag in ("l", "t") and isinstance(value, list):
+        items = [_decode(item, arrays, cipher, where, f"{path}[{i}]", depth + 1)
+                 for i, item in enumerate(value)]
+        return tuple(items) if tag == "t" else items
+    if tag == "e":
+        _check_vector(spec, arrays, where, field)
+        try:
+            return _decode_vector(spec, arrays, cipher)
+        except HyflError as err:  # its checks of the ciphertexts: say whose and where
+            raise HyflError(f"{where} {field}: {err}") from None
+    raise fail(where, f"{field} has a malformed description {_short(spec)}", _GARBLED)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _array(arrays: dict[str, np.ndarray], ref: Any, where: str, field: str) -> np.ndarray:
+    """The array a description refers to, or an error naming the field."""
+    if not isinstance(ref, str) or ref not in arrays:
+        raise fail(where, f"{field} refers to array {_short(ref)}, which the message does not "
+                   "hold", _GARBLED)
+    return arrays[ref]
+
+
+def _check_vector(spec: dict, arrays: dict[str, np.ndarray], where: str, field: str) -> None:
+    """The structure of an encrypted vector: known kind and keys, 1-D arrays of one size."""
+    kind = spec.get("kind")
+    if kind not in _VECTOR_KEYS or set(spec) != _VECTOR_KEYS[kind]:
+        raise fail(where, f"{field} is an encrypted vector with kind {_short(kind)} and keys "
+                   f"{sorted(spec)}", _GARBLED)
+    chunks = _array(arrays, spec["e"], where, field)
+    if chunks.ndim != 1 or chunks.dtype.kind not in "iu" or (chunks.size and chunks.min() < 0):
+        raise fail(where, f"{field} has chunk ids that are not a 1-D array of non-negative "
+                   f"integers (dtype {chunks.dtype}, shape {chunks.shape})", _GARBLED)
+    if kind == "empty":
+        if chunks.size:
+            raise fail(where, f"{field} names {chunks.size} chunks but holds no ciphertexts",
+                       _GARBLED)
+        return
+    ct = _array(arrays, spec["ct"], where, field)
+    if kind == "float":
+        if ct.ndim != 1 or ct.size != chunks.size:
+            raise fail(where, f"{field} has {ct.size} values of shape {ct.shape} for "
+                       f"{chunks.size} chunks", _GARBLED)
+        return
+    width, addends = spec["width"], _array(arrays, spec["addends"], where, field)
+    if isinstance(width, bool) or not isinstance(width, int) or not 0 < width <= 1 << 16:
+        raise fail(where, f"{field} has ciphertext width {_short(width)}, not a byte count",
+                   _GARBLED)
+    if ct.dtype != np.uint8 or ct.ndim != 1 or addends.ndim != 1 \
+            or addends.dtype.kind not in "iu":
+        raise fail(where, f"{field} has ciphertext bytes of dtype {ct.dtype} or addend counts "
+                   f"of dtype {addends.dtype} (expected 1-D uint8 and integers)", _GARBLED)
+
+
+def _finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond float range
+        return False
+
+
+#: Field types :func:`check_fields` knows; a trailing ``?`` allows None or absence.
+_TYPES = {
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: (isinstance(v, (int, float)) and not isinstance(v, bool)
+                         and _finite(v)),
+    "bool": lambda v: isinstance(v, bool),
+    "str": lambda v: isinstance(v, str),
+    "dict": lambda v: isinstance(v, dict),
+    "ids": lambda v: isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind in "iu",
+    "mask": lambda v: isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind == "b",
+    "matrix": lambda v: isinstance(v, np.ndarray) and v.ndim == 2 and v.dtype.kind in "iuf",
+    "vector": lambda v: isinstance(v, EncryptedVector),
+    "counts": lambda v: isinstance(v, dict) and all(_TYPES["int"](x) for x in v.values()),
+    "numbers": lambda v: isinstance(v, dict) and all(_TYPES["number"](x) for x in v.values()),
+}
+_DESCRIBED = {"int": "an integer", "bool": "true or false", "str": "a string",
+              "dict": "a mapping", "ids": "a 1-D integer array", "mask": "a 1-D bool array",
+              "matrix": "a 2-D numeric array", "vector": "an encrypted vector",
+              "counts": "a mapping to integers", "numbers": "a mapping to numbers",
+              "number": "a finite number"}
+
+
+def check_fields(tree: Any, schema: Mapping[str, str], where: str) -> dict:
+    """Check the fields a receiver reads: present, of their type, and no unknown ones.
+
+    Parameters
+    ----------
+    tree : any
+        A decoded message (must be a dict).
+    schema : mapping of str to str
+        Field name -> type (keys of ``_TYPES``: ``int``, ``number``, ``bool``,
+        ``str``, ``dict``, ``ids``, ``mask``, ``matrix``, ``vector``,
+        ``counts``, ``numbers``); a trailing ``?`` makes the field optional
+        (absent or None).
+    where : str
+        Names the message in errors (``"party 2's reply to 'steps'"``).
+
+    Returns
+    -------
+    dict
+        ``tree`` itself.
+    """
+    if not isinstance(tree, dict):
+        raise fail(where, f"is a {type(tree).__name__}, not a mapping of fields", _GARBLED)
+    unknown = sorted(set(tree) - set(schema))
+    if unknown:
+        raise fail(where, f"has unknown field {unknown[0]!r}", f"Expected fields: "
+                   f"{', '.join(schema) or 'none'}. {_GARBLED}")
+    for name, kind in schema.items():
+        optional, kind = kind.endswith("?"), kind.rstrip("?")
+        value = tree.get(name)
+        if value is None and optional:
+            continue
+        if name not in tree:
+            raise fail(where, f"has no field {name!r}", _GARBLED)
+        if not _TYPES[kind](value):
+            raise fail(where, f"field {name!r} is {_short(value)}, not "
+                       f"{_DESCRIBED[kind]}", _GARBLED)
+    return tree
 
 
 def _decode_vector(spec: dict, arrays: dict[str, np.ndarray], cipher: Cipher | None):

@@ -8,8 +8,11 @@ Flower hands every ServerApp and ClientApp two flat mappings:
   participation, cipher and its encoding, timeouts, and for parties that load
   a block of a named dataset the dataset and partition spec;
 * the **node config** (``flower-supernode --node-config``; see
-  :data:`NODE_KEYS`): the party -- its index, its private key file, its data
-  and where it may write its final state. It stays with the machine.
+  :data:`NODE_KEYS`): the party -- its index, its private key file, its data,
+  where it may write its final state, and its security policy: the cipher it
+  runs, optionally the key fingerprint it insists on, and whether it admits
+  insecure test keys. It stays with the machine, and no job can change it: a
+  job asking for another cipher (``none`` included) or another key is refused.
 
 :class:`DeployConfig` and :class:`NodeSettings` validate them; every problem
 is a :class:`~hyfl.errors.HyflError` naming the key and the fix.
@@ -53,6 +56,7 @@ RUN_DEFAULTS: dict[str, Any] = {
     "precision-bits": 32,
     "guard-bits": 24,
     "public-key": "",  # the server's public key file
+    "insecure-test-keys": False,  # admit a public key < 2048 bits (tests; warned in the output)
     "out": "",  # results folder on the server's machine ("" = none)
     "reply-timeout": 120.0,
     "connect-timeout": 300.0,
@@ -60,7 +64,8 @@ RUN_DEFAULTS: dict[str, Any] = {
 }
 
 #: Node config keys a party understands.
-NODE_KEYS = ("party", "key", "data", "data-dir", "out")
+NODE_KEYS = ("party", "key", "cipher", "fingerprint", "insecure-test-keys", "data", "data-dir",
+             "out")
 
 CIPHER_NAMES = ("paillier", "packed", "none")
 
@@ -77,6 +82,16 @@ def _number(config: Mapping[str, Any], key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise fail(f"run config {key}", f"is {value!r}, not a number", f"Write {key}=<number>.")
     return float(value)
+
+
+def _flag(value: Any, culprit: str) -> bool:
+    """A true/false config value (TOML booleans, or the words from a command line)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise fail(culprit, f"is {value!r}, not true or false", f"Write {culprit.split()[-1]}=true "
+               "or leave it out (false).")
 
 
 def _parse_hyper(text: str) -> dict[str, Any]:
@@ -130,6 +145,7 @@ class DeployConfig:
     precision_bits: int = 32
     guard_bits: int = 24
     public_key: str = ""
+    insecure_test_keys: bool = False
     out: str = ""
     reply_timeout: float = 120.0
     connect_timeout: float = 300.0
@@ -196,6 +212,8 @@ class DeployConfig:
             data=_text(config, "data"), data_dir=_text(config, "data-dir"),
             partition=_text(config, "partition"), cipher=cipher,
             precision_bits=precision_bits, guard_bits=guard_bits, public_key=public_key,
+            insecure_test_keys=_flag(config.get("insecure-test-keys", False),
+                                     "run config insecure-test-keys"),
             out=_text(config, "out"), reply_timeout=timeouts["reply-timeout"],
             connect_timeout=timeouts["connect-timeout"], poll=timeouts["poll"],
         )
@@ -227,48 +245,120 @@ def run_config_for(**values: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class NodeSettings:
-    """A party's node config: ``party`` (index), ``key`` (private key file),
-    ``data`` (block file, dataset name or LIBSVM file; optional), ``data-dir``
-    and ``out`` (folder for the party's final state; optional)."""
+    """A party's node config: who it is, its data, and its own security policy.
+
+    Keys (:data:`NODE_KEYS`): ``party`` (index), ``key`` (private key file),
+    ``cipher`` (``paillier`` -- the default with a key --, ``packed``, or
+    ``none``, which a party without a key must state explicitly),
+    ``fingerprint`` (optional: the key fingerprint this party insists on),
+    ``insecure-test-keys`` (admit a key below 2048 bits; tests only),
+    ``data`` (block file, dataset name or LIBSVM file; optional),
+    ``data-dir`` and ``out`` (folder for the party's final state; optional).
+
+    The policy comes only from here: :meth:`check_job` refuses a job whose
+    run config asks for another cipher, :meth:`check_key` a server announcing
+    another key.
+    """
 
     party: int
     key: str = ""
+    cipher: str = "paillier"
+    fingerprint: str = ""
+    insecure_test_keys: bool = False
     data: str = ""
     data_dir: str = ""
     out: str = ""
 
     @classmethod
-    def from_node_config(cls, config: Mapping[str, Any], n_parties: int | None = None,
-                         needs_key: bool = True) -> NodeSettings:
+    def from_node_config(cls, config: Mapping[str, Any], n_parties: int | None = None
+                         ) -> NodeSettings:
+        """Validate a Flower node config (a flat mapping); ``n_parties`` bounds the index."""
         unknown = sorted(set(config) - set(NODE_KEYS))
         if unknown:
             raise fail(f"node config key {unknown[0]!r}", "is not known",
                        f"A party's node config takes: {', '.join(NODE_KEYS)}.")
-        if "party" not in config:
-            raise fail("node config party", "is not set",
-                       'Start the SuperNode with --node-config "party=K key=\'...\'" '
-                       "(K = 0, 1, ... the party's index in the partition).")
-        party = config["party"]
-        if isinstance(party, bool) or not isinstance(party, int) or party < 0:
-            raise fail("node config party", f"is {party!r}, not a party index",
-                       "Pass party=K with K = 0, 1, ... (an integer).")
-        if n_parties is not None and party >= n_parties:
-            raise fail("node config party", f"is {party}, but the run has {n_parties} parties",
-                       f"Number the parties 0 to {n_parties - 1}.")
+        party = _node_party(config, n_parties)
         values = {}
-        for key in ("key", "data", "data-dir", "out"):
+        for key in ("key", "cipher", "fingerprint", "data", "data-dir", "out"):
             value = config.get(key, "")
             if not isinstance(value, str):
-                raise fail(f"node config {key}", f"is {value!r}, not a path",
+                raise fail(f"node config {key}", f"is {value!r}, not a string",
                            f"Quote it: --node-config \"{key}='...'\".")
             values[key.replace("-", "_")] = value.strip()
-        if needs_key and not values["key"]:
+        cipher = _node_cipher(values.pop("cipher"), values["key"])
+        insecure = _flag(config.get("insecure-test-keys", False), "node config insecure-test-keys")
+        return cls(party=party, cipher=cipher, insecure_test_keys=insecure, **values)
+
+    def check_job(self, config: DeployConfig) -> None:
+        """Refuse a job whose cipher is not this party's (the job cannot switch encryption off)."""
+        if config.cipher != self.cipher:
+            plain = (" (a party with a private key never sends its values in plaintext)"
+                     if config.cipher == "none" else "")
+            raise fail(f"party {self.party}",
+                       f"refuses the job: the job asks for cipher {config.cipher!r}, but this "
+                       f"party's policy (its node config) is cipher {self.cipher!r}{plain}",
+                       f"Submit the job with cipher={self.cipher}; only the party's own node "
+                       "config (hyfl deploy party --cipher) can change its cipher.")
+
+    def check_key(self, own: str, announced: Any) -> None:
+        """Refuse a server that announces another key than this party's own (or pinned) one.
+
+        Parameters
+        ----------
+        own : str
+            Fingerprint of the party's key ("" for the ``none`` cipher).
+        announced : str
+            The fingerprint the server's ``hello`` names.
+        """
+        if not own:
+            return
+        if not isinstance(announced, str) or not announced:
+            raise fail(f"party {self.party}", "refuses the job: the server did not say which "
+                       f"public key it uses (this party's key is {own})",
+                       "Run the server with the same hyfl version as the parties.")
+        if announced != own:
+            raise fail(f"party {self.party}", f"refuses the job: the server's public key has "
+                       f"fingerprint {announced}, this party's key {own}",
+                       "Give the server the public-key.json written together with this party's "
+                       "private-key.json by `hyfl deploy keys`.")
+
+
+def _node_party(config: Mapping[str, Any], n_parties: int | None) -> int:
+    """The node config's party index, checked against the run's number of parties."""
+    if "party" not in config:
+        raise fail("node config party", "is not set",
+                   'Start the SuperNode with --node-config "party=K key=\'...\'" '
+                   "(K = 0, 1, ... the party's index in the partition).")
+    party = config["party"]
+    if isinstance(party, bool) or not isinstance(party, int) or party < 0:
+        raise fail("node config party", f"is {party!r}, not a party index",
+                   "Pass party=K with K = 0, 1, ... (an integer).")
+    if n_parties is not None and party >= n_parties:
+        raise fail("node config party", f"is {party}, but the run has {n_parties} parties",
+                   f"Number the parties 0 to {n_parties - 1}.")
+    return party
+
+
+def _node_cipher(cipher: str, key: str) -> str:
+    """The party's cipher: ``paillier`` by default with a key; ``none`` only if stated."""
+    if not cipher:
+        if not key:
             raise fail("node config key", "is not set: a party needs the private key",
-                       "Pass key='/path/private-key.json' (written by `hyfl deploy keys`).")
-        if needs_key and not os.path.isfile(values["key"]):
-            raise fail(f"node config key {values['key']!r}", "does not exist on this machine",
-                       "Copy private-key.json (from `hyfl deploy keys`) here and pass its path.")
-        return cls(party=party, **values)
+                       "Pass key='/path/private-key.json' (written by `hyfl deploy keys`); a "
+                       "party without encryption (tests only) must say cipher='none'.")
+        cipher = "paillier"
+    check_choice("node config cipher", cipher, CIPHER_NAMES)
+    if cipher == "none" and key:
+        raise fail("node config cipher", "is 'none', but a private key is set",
+                   "A party with a key encrypts: drop cipher='none', or drop key for an "
+                   "unencrypted test party.")
+    if cipher != "none" and not key:
+        raise fail("node config key", f"is not set: a party with cipher {cipher!r} needs the "
+                   "private key", "Pass key='/path/private-key.json' (from `hyfl deploy keys`).")
+    if cipher != "none" and not os.path.isfile(key):
+        raise fail(f"node config key {key!r}", "does not exist on this machine",
+                   "Copy private-key.json (from `hyfl deploy keys`) here and pass its path.")
+    return cipher
 
 
 def structure_blocks(n_samples: int, n_features: int, samples, features):

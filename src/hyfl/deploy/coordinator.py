@@ -58,12 +58,35 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from hyfl.deploy.codec import check_fields
 from hyfl.deploy.config import DeployConfig, structure_blocks
 from hyfl.errors import HyflError, fail
 
-__all__ = ["Coordinator", "PartyMissing", "Transport", "write_failure"]
+__all__ = ["REPLY_FIELDS", "Coordinator", "PartyMissing", "Transport", "write_failure"]
 
-_META = ("seconds", "ops", "delivery_ops", "timing")  # replies' metadata besides the payload
+#: Replies' metadata besides the payload, and its types (see check_fields).
+_META_FIELDS = {"seconds": "number?", "ops": "counts?", "delivery_ops": "counts?",
+                "timing": "numbers?"}
+_META = tuple(_META_FIELDS)
+#: The fields of each kind of reply the coordinator reads (besides the metadata).
+REPLY_FIELDS: dict[str, dict[str, str]] = {
+    "hello": {"party": "int", "n_samples": "int", "n_features": "int", "n_outputs": "int",
+              "samples": "ids", "features": "ids", "lam_default": "number",
+              "fingerprint": "str", "cipher": "str", "key_bits": "int", "slots": "int",
+              "name": "str?", "node": "int?"},
+    "setup": {"norms": "vector"},
+    "round": {"inner_products": "vector?", "primal_part": "matrix?"},
+    "weights": {"inner_products": "vector?"},
+    "steps": {"steps": "vector"},
+    "duals": {"primal_part": "matrix", "totals": "vector?"},
+    "verdict": {"accepted": "bool"},
+    "commit": {"inner_products": "vector?"},
+    "ping": {},
+    "finish": {"written": "bool"},
+}
+#: Replies that must hold at least one of these fields (each may be null: horizontal data).
+_ONE_OF = {"round": ("inner_products", "primal_part"), "weights": ("inner_products",),
+           "commit": ("inner_products",)}
 
 
 class PartyMissing(Exception):
@@ -80,8 +103,9 @@ class Transport(Protocol):
     sent_bytes: int
     received_bytes: int
 
-    def connect(self, n_parties: int, timeout: float) -> dict[int, dict]:
-        """Find the parties; their ``hello`` replies by party index."""
+    def connect(self, n_parties: int, timeout: float, hello: dict) -> dict[int, dict]:
+        """Send ``hello`` (the server's cipher and key fingerprint) to the parties as they
+        appear; their replies by party index."""
 
     def exchange(self, messages: dict[int, tuple[str, dict]], timeout: float
                  ) -> tuple[dict[int, dict], set[int]]:
@@ -119,8 +143,11 @@ class Coordinator:
         self.results: dict[str, Any] = {
             "status": "running", "error": None, "engine": "flower",
             "config": _config_record(self.config), "cipher": self.cipher.describe(),
-            "parties": {}, "setup": {}, "rounds": [], "seconds": {},
+            "warnings": self._warnings(), "parties": {}, "setup": {}, "rounds": [],
+            "seconds": {},
         }
+        for line in self.results["warnings"]:
+            self.log(line)
         self.weights: list[np.ndarray] = []
         try:
             tic = time.perf_counter()
@@ -149,20 +176,45 @@ class Coordinator:
             self._write(final=True)
         return self.results
 
+    def _warnings(self) -> list[str]:
+        """Lines every output of this run repeats (insecure test keys)."""
+        from hyfl.deploy.keys import SECURE_KEY_BITS, insecure_warning
+
+        bits = int(getattr(self.cipher, "key_bits", 0))
+        if self.cipher.name != "none" and bits < SECURE_KEY_BITS:
+            return [insecure_warning(bits)]
+        return []
+
     # -- connect and set up ----------------------------------------------------------
     def _connect(self) -> None:
         from hyfl.deploy.keys import cipher_fingerprint
 
         K = self.config.parties
         self.log(f"waiting for {K} parties (at most {self.config.connect_timeout:g} s)")
-        hellos = self.transport.connect(K, self.config.connect_timeout)
+        own = cipher_fingerprint(self.cipher)
+        hellos = self.transport.connect(K, self.config.connect_timeout,
+                                        {"cipher": self.cipher.name, "fingerprint": own})
+        for k, hello in hellos.items():
+            self._check_reply(k, "hello", hello)
+            if hello["party"] != k:
+                raise fail(f"party {k}", f"says in its hello that it is party {hello['party']}",
+                           "Run every party with the same hyfl version.")
+        if sorted(hellos) != list(range(K)):
+            raise fail(f"the {K} parties' hellos", f"came from parties {sorted(hellos)}",
+                       f"Number the parties 0 to {K - 1} (node config party=K).")
+        _check_sizes(hellos)
         first = hellos[0]
         for k, hello in sorted(hellos.items()):
             for key in ("n_samples", "n_features", "n_outputs"):
                 if hello[key] != first[key]:
                     raise fail(f"party {k}", f"has {key} = {hello[key]}, party 0 {first[key]}",
                                "Give every party a block of the same data set and partition.")
-            if hello["fingerprint"] != cipher_fingerprint(self.cipher):
+            if hello["cipher"] != self.cipher.name:
+                raise fail(f"party {k}", f"runs cipher {hello['cipher']!r} (its node config), "
+                           f"but the job asks for {self.cipher.name!r}",
+                           f"Submit the job with cipher={hello['cipher']}; a party's cipher is "
+                           "its own policy.")
+            if hello["fingerprint"] != own:
                 raise fail(f"party {k}", "holds a different key than the server's public key",
                            "Give every party the private-key.json and the server the "
                            "public-key.json written together by `hyfl deploy keys`.")
@@ -349,7 +401,7 @@ class Coordinator:
         """The optional second SecureInnerProduct (and the commit, delivered at once)."""
         messages = {k: ("commit", {"deliveries": self.mail[k], "inner_products": True})
                     for k in parties}
-        replies, missing = self.transport.exchange(messages, self.config.reply_timeout)
+        replies, missing = self._send(messages)
         tally.count(messages, replies)
         self._count_deliveries(replies)
         for k in sorted(replies):
@@ -377,12 +429,50 @@ class Coordinator:
     def _exchange(self, messages: dict[int, tuple[str, dict]], tally: _Tally) -> dict[int, dict]:
         if not messages:
             return {}
-        replies, missing = self.transport.exchange(messages, self.config.reply_timeout)
+        replies, missing = self._send(messages)
         tally.count(messages, replies)
         self._count_deliveries(replies)
         if missing:
             raise PartyMissing(missing, next(iter(messages.values()))[0])
         return {k: tally.strip(replies[k]) for k in sorted(replies)}
+
+    def _send(self, messages: dict[int, tuple[str, dict]]) -> tuple[dict[int, dict], set[int]]:
+        """The transport's exchange, every reply checked (:meth:`_check_reply`)."""
+        replies, missing = self.transport.exchange(messages, self.config.reply_timeout)
+        for k, reply in replies.items():
+            if k not in messages:
+                raise fail(f"party {k}", "replied to a message it was not sent",
+                           "Check the transport; every reply must answer one message.")
+            self._check_reply(k, messages[k][0], reply)
+        return replies, missing
+
+    def _check_reply(self, k: int, kind: str, reply: Any) -> None:
+        """A party's reply is untrusted input: its fields, types, chunk ids and shapes.
+
+        Raises a HyflError naming the party, the message kind and the field
+        rather than letting a malformed reply reach the server's arithmetic.
+        """
+        where = f"party {k}'s reply to {kind!r}"
+        check_fields(reply, {**REPLY_FIELDS[kind], **_META_FIELDS}, where)
+        if kind in _ONE_OF and not any(name in reply for name in _ONE_OF[kind]):
+            raise fail(where, f"has no field {' or '.join(map(repr, _ONE_OF[kind]))}",
+                       "Run every party with the same hyfl version; the reply may be garbled.")
+        public = getattr(self, "public", None)
+        if public is None:  # hello: nothing to compare with yet
+            return
+        layout = public.norm_layout if kind == "setup" else public.layout
+        for name in ("norms", "inner_products", "steps"):
+            chunks = getattr(reply.get(name), "chunks", None)
+            if chunks is not None and chunks.size and (chunks.max() >= layout.n_chunks
+                                                       or np.unique(chunks).size < chunks.size):
+                raise fail(where, f"field {name!r} names chunk ids outside 0..."
+                           f"{layout.n_chunks - 1} or twice", "Run every party with the same "
+                           "hyfl version; the reply may be garbled or forged.")
+        part = reply.get("primal_part")
+        expected = (self.server.client_features[k].size, public.n_outputs)
+        if part is not None and part.shape != expected:
+            raise fail(where, f"field 'primal_part' has shape {part.shape}, not {expected}",
+                       "Run every party with the same hyfl version; the reply may be garbled.")
 
     def _count_deliveries(self, replies: dict[int, dict]) -> None:
         """Decrypting the delivered row norms is set-up work (as in run_protocol)."""
@@ -394,7 +484,7 @@ class Coordinator:
     def _finish(self) -> None:
         present = [k for k in range(self.config.parties) if k not in self.absent]
         messages = {k: ("finish", {"deliveries": self.mail[k]}) for k in present}
-        replies, missing = self.transport.exchange(messages, self.config.reply_timeout)
+        replies, missing = self._send(messages)
         self._count_deliveries(replies)
         for k in replies:
             self.mail[k] = {}
@@ -453,6 +543,28 @@ class _Tally:
             **{f"{key}_mean": float(np.mean(values)) for key, values in self.timing.items()},
             **self.ops,
         }
+
+
+def _check_sizes(hellos: dict[int, dict]) -> None:
+    """The parties' ids fit their sizes, and the sizes are no larger than the ids held.
+
+    A size is allocated for (the server's arrays are ``n_samples`` long), so a
+    forged ``n_samples`` of 10**12 must not get that far.
+    """
+    for axis, ids in (("n_samples", "samples"), ("n_features", "features")):
+        held = sum(h[ids].size for h in hellos.values())
+        for k, hello in sorted(hellos.items()):
+            size, values = hello[axis], hello[ids]
+            if not 1 <= size <= held or (values.size and (values.min() < 0
+                                                          or values.max() >= size)):
+                raise fail(f"party {k}'s hello", f"reports {axis} = {size} with {ids} ids "
+                           f"outside 0...{size - 1} (or more {ids} than the parties hold, "
+                           f"{held})", "Run every party with the same hyfl version and a "
+                           "block of the same partition.")
+    for k, hello in sorted(hellos.items()):
+        if not 1 <= hello["n_outputs"] <= hello["n_samples"]:
+            raise fail(f"party {k}'s hello", f"reports n_outputs = {hello['n_outputs']}",
+                       "Run every party with the same hyfl version.")
 
 
 def write_failure(out: str, err: BaseException) -> None:

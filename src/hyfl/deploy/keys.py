@@ -12,11 +12,16 @@ files written by :func:`generate_keys` (``hyfl deploy keys``):
 
 Both carry a fingerprint of ``n`` (SHA-256) so that parties and server can
 check at start-up that they use the same key without sending the key.
+:func:`load_key` checks a file before using it (structure, ``p * q == n``,
+fingerprint, at least :data:`SECURE_KEY_BITS` bits unless insecure test keys
+are allowed) and refuses the wrong kind: a public file where the private key
+is needed, a private file where the server expects the public one.
 
-The cipher scheme and its encoding (``paillier`` or ``packed``, precision
-bits, value bound, guard bits) are run parameters, not key material:
-:func:`party_cipher` and :func:`server_cipher` build the clients' cipher and
-the server's public view from a key file and those parameters.
+The cipher scheme (``paillier``, ``packed``, ``none``) of a party is its own
+policy (node config); the encoding (precision bits, value bound, guard bits)
+is a run parameter, not key material: :func:`party_cipher` and
+:func:`server_cipher` build the clients' cipher and the server's public view
+from a key file and those parameters.
 """
 
 from __future__ import annotations
@@ -37,11 +42,15 @@ from hyfl.privacy.ciphers import (
 )
 
 __all__ = [
+    "INSECURE_FLAG",
     "KEY_FORMAT",
     "PRIVATE_KEY_FILE",
     "PUBLIC_KEY_FILE",
+    "SECURE_KEY_BITS",
+    "check_key_size",
     "fingerprint",
     "generate_keys",
+    "insecure_warning",
     "load_key",
     "party_cipher",
     "server_cipher",
@@ -51,6 +60,13 @@ KEY_FORMAT = "hyfl-paillier-key"
 PRIVATE_KEY_FILE = "private-key.json"
 PUBLIC_KEY_FILE = "public-key.json"
 DEFAULT_DEPLOY_KEY_BITS = 2048
+#: The smallest Paillier modulus a deployment accepts without the insecure flag:
+#: 1024-bit moduli are within reach of factoring, and factoring n is decrypting.
+SECURE_KEY_BITS = 2048
+#: The command-line flag (node config and run config: ``insecure-test-keys=true``)
+#: that admits smaller keys, for tests only.
+INSECURE_FLAG = "--insecure-test-keys"
+_STALE_FIX = "The file was altered; copy it again from where `hyfl deploy keys` wrote it."
 
 
 def fingerprint(n: int) -> str:
@@ -59,8 +75,39 @@ def fingerprint(n: int) -> str:
     return hashlib.sha256(data).hexdigest()[:32]
 
 
+def check_key_size(bits: int, *, insecure_test_keys: bool = False,
+                   culprit: str = "the Paillier key") -> int:
+    """Refuse a modulus below :data:`SECURE_KEY_BITS` unless test keys are explicitly allowed.
+
+    Parameters
+    ----------
+    bits : int
+        The modulus size.
+    insecure_test_keys : bool, default False
+        Admit smaller keys (tests; the caller must then show :func:`insecure_warning`).
+    culprit : str
+        Names the key in the error.
+    """
+    if bits < SECURE_KEY_BITS and not insecure_test_keys:
+        raise fail(
+            culprit,
+            f"has {bits} bits, fewer than the {SECURE_KEY_BITS} a deployment needs "
+            "(a smaller modulus can be factored, which decrypts everything)",
+            f"Generate a {SECURE_KEY_BITS}-bit key pair with `hyfl deploy keys`; for tests only, "
+            f"pass {INSECURE_FLAG} (node and run config: insecure-test-keys=true).",
+        )
+    return bits
+
+
+def insecure_warning(bits: int) -> str:
+    """The line every output of a run with small test keys repeats."""
+    return (f"WARNING: insecure test keys: the Paillier modulus has {bits} bits (< "
+            f"{SECURE_KEY_BITS}); never use such a run for real data")
+
+
 def generate_keys(out_dir: str | os.PathLike, key_bits: int = DEFAULT_DEPLOY_KEY_BITS,
-                  *, overwrite: bool = False) -> tuple[Path, Path]:
+                  *, overwrite: bool = False, insecure_test_keys: bool = False
+                  ) -> tuple[Path, Path]:
     """Generate a Paillier key pair into ``out_dir``.
 
     Parameters
@@ -69,16 +116,19 @@ def generate_keys(out_dir: str | os.PathLike, key_bits: int = DEFAULT_DEPLOY_KEY
         Folder for ``private-key.json`` (mode 0600) and ``public-key.json``;
         created if missing.
     key_bits : int, default 2048
-        Modulus size (even, >= 128; 1024 or less only for tests).
+        Modulus size (even, >= 2048; smaller only with ``insecure_test_keys``).
     overwrite : bool, default False
         Replace existing key files (otherwise an error: a new key would lock
         out parties that still hold the old one).
+    insecure_test_keys : bool, default False
+        Allow a modulus below :data:`SECURE_KEY_BITS` (tests only).
 
     Returns
     -------
     (private_path, public_path)
     """
-    bits = check_keybits(key_bits)
+    bits = check_key_size(check_keybits(key_bits), insecure_test_keys=insecure_test_keys,
+                          culprit="key_bits (--key-bits)")
     out = Path(out_dir)
     private_path, public_path = out / PRIVATE_KEY_FILE, out / PUBLIC_KEY_FILE
     for path in (private_path, public_path):
@@ -104,15 +154,23 @@ def generate_keys(out_dir: str | os.PathLike, key_bits: int = DEFAULT_DEPLOY_KEY
     return private_path, public_path
 
 
-def load_key(path: str | os.PathLike, *, private: bool) -> tuple:
-    """Read a key file: ``(public_key, private_key or None)`` as python-paillier objects.
+def load_key(path: str | os.PathLike, *, private: bool, insecure_test_keys: bool = False
+             ) -> tuple:
+    """Read and check a key file: ``(public_key, private_key or None)`` (python-paillier).
 
     Parameters
     ----------
     path : path-like
     private : bool
-        Whether the private key is required (parties) or must not be used
-        (server: a private key file is accepted, but only its public part is read).
+        Whether the private key is required (parties: a public key file is
+        refused) or must not be there (server: a private key file is refused,
+        the server must never hold it).
+    insecure_test_keys : bool, default False
+        Admit a modulus below :data:`SECURE_KEY_BITS`.
+
+    Every problem -- not JSON, missing or mistyped fields, ``n <= 0``, a
+    ``key_bits`` or fingerprint that does not match ``n``, ``p * q != n``, a
+    small key -- is a :class:`~hyfl.errors.HyflError` naming the file.
     """
     where = Path(path)
     role = "private key (node config key=...)" if private else "public key (run config public-key)"
@@ -123,35 +181,73 @@ def load_key(path: str | os.PathLike, *, private: bool) -> tuple:
             "Generate a key pair with `hyfl deploy keys --out DIR` and give each party "
             f"DIR/{PRIVATE_KEY_FILE}, the server DIR/{PUBLIC_KEY_FILE}.",
         )
-    try:
-        record = json.loads(where.read_text())
-        ok = isinstance(record, dict) and record.get("format") == KEY_FORMAT
-        n = int(record["n"], 16) if ok else 0
-    except (OSError, ValueError, KeyError, TypeError):
-        ok = False
-    if not ok:
-        raise fail(
-            f"key file {where}",
-            f"is not a {KEY_FORMAT} file",
-            "Pass a file written by `hyfl deploy keys`.",
-        )
-    if fingerprint(n) != record.get("fingerprint"):
-        raise fail(f"key file {where}", "has a fingerprint that does not match its modulus",
-                   "The file was altered; copy it again from where `hyfl deploy keys` wrote it.")
-    public_key = _phe.PaillierPublicKey(n)
-    if not private:
-        return public_key, None
-    if record.get("kind") != "private":
+    record = _read_record(where)
+    kind = record.get("kind")
+    if kind not in ("private", "public"):
+        raise fail(f"key file {where}", f"has kind {kind!r}, neither 'private' nor 'public'",
+                   "Pass a file written by `hyfl deploy keys`.")
+    if private and kind != "private":
         raise fail(
             f"key file {where}",
             "holds only the public key, but a party needs the private key",
             f"Give the party {PRIVATE_KEY_FILE} (keep it off the server).",
         )
-    p, q = int(record["p"], 16), int(record["q"], 16)
-    if p * q != n:
+    if not private and kind == "private":
+        raise fail(
+            f"key file {where}",
+            "holds the private key, but the server must only ever hold the public key",
+            f"Give the server {PUBLIC_KEY_FILE} (from the same `hyfl deploy keys` folder) and "
+            f"keep {PRIVATE_KEY_FILE} on the parties' machines only.",
+        )
+    n = _hex_field(record, "n", where)
+    if record.get("key_bits") != n.bit_length():
+        raise fail(f"key file {where}", f"says key_bits {record.get('key_bits')!r}, but its "
+                   f"modulus has {n.bit_length()} bits", _STALE_FIX)
+    if fingerprint(n) != record.get("fingerprint"):
+        raise fail(f"key file {where}", "has a fingerprint that does not match its modulus",
+                   _STALE_FIX)
+    check_key_size(n.bit_length(), insecure_test_keys=insecure_test_keys,
+                   culprit=f"key file {where}")
+    public_key = _phe.PaillierPublicKey(n)
+    if not private:
+        return public_key, None
+    p, q = _hex_field(record, "p", where), _hex_field(record, "q", where)
+    if p == 1 or q == 1 or p * q != n:
         raise fail(f"key file {where}", "has factors that do not multiply to its modulus",
-                   "The file was altered; copy it again from where `hyfl deploy keys` wrote it.")
-    return public_key, _phe.PaillierPrivateKey(public_key, p, q)
+                   _STALE_FIX)
+    try:
+        return public_key, _phe.PaillierPrivateKey(public_key, p, q)
+    except (ArithmeticError, ValueError):  # p == q, or factors without inverses: not primes
+        raise fail(f"key file {where}", "has factors p and q that are not two distinct primes",
+                   _STALE_FIX) from None
+
+
+def _read_record(where: Path) -> dict:
+    """The JSON object of a key file, or a clear error."""
+    try:
+        record = json.loads(where.read_text())
+    except OSError as err:
+        raise fail(f"key file {where}", f"cannot be read ({err.strerror})",
+                   "Check the path and its permissions.") from None
+    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError included
+        record = None
+    if not isinstance(record, dict) or record.get("format") != KEY_FORMAT:
+        raise fail(f"key file {where}", f"is not a {KEY_FORMAT} file",
+                   "Pass a file written by `hyfl deploy keys`.")
+    return record
+
+
+def _hex_field(record: dict, name: str, where: Path) -> int:
+    """A positive integer written as hex (``"0x..."``), or a clear error."""
+    text = record.get(name)
+    try:
+        value = int(text, 16) if isinstance(text, str) and len(text) <= 4096 else 0
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise fail(f"key file {where}", f"has no valid {name!r} (a positive hex integer)",
+                   _STALE_FIX)
+    return value
 
 
 def _paillier_cipher(name: str, keypair, precision_bits, bound, guard_bits) -> Cipher:
@@ -166,26 +262,30 @@ def _paillier_cipher(name: str, keypair, precision_bits, bound, guard_bits) -> C
 
 def party_cipher(name: str, key_file: str | os.PathLike | None, *,
                  precision_bits: int | None = None, bound: float | None = None,
-                 guard_bits: int | None = None) -> Cipher:
+                 guard_bits: int | None = None, insecure_test_keys: bool = False) -> Cipher:
     """A party's cipher (with the private key) from its key file.
 
     ``name`` is ``paillier``, ``packed`` or ``none`` (no key file needed: the
-    plaintext pass-through, for tests only). The encoding parameters must be
-    the same for every party and the server (they come from the run config).
+    plaintext pass-through, for tests only). In a deployment the name comes
+    from the party's own node config, never from the job. The encoding
+    parameters must be the same for every party and the server (they come
+    from the run config). ``insecure_test_keys`` admits keys below
+    :data:`SECURE_KEY_BITS`.
     """
     if name == "none":
         return make_cipher("none")
-    keypair = load_key(key_file, private=True)
+    keypair = load_key(key_file, private=True, insecure_test_keys=insecure_test_keys)
     return _paillier_cipher(name, keypair, precision_bits, bound, guard_bits)
 
 
 def server_cipher(name: str, key_file: str | os.PathLike | None, *,
                   precision_bits: int | None = None, bound: float | None = None,
-                  guard_bits: int | None = None) -> Cipher:
-    """The server's public view of the cipher from the public key file (no private key)."""
+                  guard_bits: int | None = None, insecure_test_keys: bool = False) -> Cipher:
+    """The server's public view of the cipher from the public key file (a private key file
+    is refused)."""
     if name == "none":
         return make_cipher("none").public()
-    keypair = load_key(key_file, private=False)
+    keypair = load_key(key_file, private=False, insecure_test_keys=insecure_test_keys)
     return _paillier_cipher(name, keypair, precision_bits, bound, guard_bits)
 
 

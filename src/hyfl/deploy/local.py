@@ -572,34 +572,103 @@ def default_partition(parties: int) -> str:
     return f"vertical:{parties}"
 
 
+#: What ``hyfl deploy local`` writes into its ``out`` folder (besides ``keys/``).
+LOCAL_OUTPUTS = ("deploy.json", "weights.npz", "metrics.csv", "comparison.json", "parties",
+                 "flower")
+
+
+def _prepare_out(out: Path, overwrite: bool) -> None:
+    """Refuse an ``out`` with anything but ``keys/`` in it, unless ``overwrite``.
+
+    With ``overwrite`` only the outputs of an earlier local run
+    (:data:`LOCAL_OUTPUTS`) are removed; keys and unknown files stay.
+    """
+    if out.exists() and not out.is_dir():
+        raise fail(f"--out {out}", "is a file", "Pass a folder.")
+    existing = sorted(p.name for p in out.iterdir() if p.name != "keys") if out.is_dir() else []
+    if existing and not overwrite:
+        raise fail(f"--out {out}", f"exists and is not empty ({', '.join(existing[:4])}"
+                   f"{', ...' if len(existing) > 4 else ''})",
+                   "Pass another folder, or pass --overwrite to replace it (the key pair in "
+                   "its keys/ folder is kept and reused).")
+    for name in LOCAL_OUTPUTS:
+        path = out / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def _local_keys(out: Path, keys_dir, key_bits: int, insecure_test_keys: bool,
+                log: Callable[[str], None]) -> tuple[Path, Path, list[str]]:
+    """The key pair of a local run: ``keys_dir`` or ``OUT/keys``, reused and checked if it
+    exists (never regenerated: it may have been handed out), else generated.
+
+    Returns ``(private, public, warnings)``.
+    """
+    from hyfl.deploy.keys import (
+        PRIVATE_KEY_FILE,
+        PUBLIC_KEY_FILE,
+        SECURE_KEY_BITS,
+        fingerprint,
+        generate_keys,
+        insecure_warning,
+        load_key,
+    )
+
+    keys = Path(keys_dir) if keys_dir is not None else out / "keys"
+    private, public = keys / PRIVATE_KEY_FILE, keys / PUBLIC_KEY_FILE
+    if keys_dir is None and not keys.exists():
+        generate_keys(keys, key_bits, insecure_test_keys=insecure_test_keys)
+        log(f"new {key_bits}-bit key pair in {keys}")
+    else:
+        n = int(load_key(private, private=True, insecure_test_keys=insecure_test_keys)[0].n)
+        if int(load_key(public, private=False, insecure_test_keys=insecure_test_keys)[0].n) != n:
+            raise fail(f"key folder {keys}", "holds a public key of another key pair than its "
+                       "private key", f"Run `hyfl deploy keys --out {keys} --overwrite` (or "
+                       "delete the folder) for a new pair.")
+        log(f"reusing the key pair in {keys} ({n.bit_length()} bits, fingerprint "
+            f"{fingerprint(n)}); to make new ones run `hyfl deploy keys --out {keys} "
+            "--overwrite` or delete the folder")
+    bits = int(load_key(public, private=False, insecure_test_keys=True)[0].n.bit_length())
+    warnings = [insecure_warning(bits)] if bits < SECURE_KEY_BITS else []
+    for line in warnings:
+        log(line)
+    return private, public, warnings
+
+
 def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str = "",
               partition: str | None = None, party_data: str | os.PathLike | None = None,
               iterations: int = 3, participation: str = "full", seed: int = 0,
               loss: str = "hinge", lam: float = 0.0, hyper: str = "", cipher: str = "paillier",
-              key_bits: int = 1024, keys_dir: str | os.PathLike | None = None,
+              key_bits: int = 2048, keys_dir: str | os.PathLike | None = None,
+              insecure_test_keys: bool = False, overwrite: bool = False,
               reply_timeout: float = 120.0, compare: bool = False,
               node_poll: float | None = 0.2, timeout: float | None = None,
               log: Callable[[str], None] | None = None) -> list[str]:
     """``hyfl deploy local``: keys, SuperLink and SuperNodes on loopback, one job, results.
 
-    Writes into ``out``: ``keys/`` (unless ``keys_dir``), ``deploy.json`` and
+    Writes into ``out``: ``keys/`` (unless ``keys_dir``; an existing one is
+    checked and reused, never regenerated), ``deploy.json`` and
     ``weights.npz`` (the ServerApp's), ``metrics.csv`` (objective of each
     round's weights, costs), ``parties/party-K.npz`` (each party's final
     duals and weights), ``flower/`` (logs, app, FLWR_HOME) and, with
-    ``compare``, ``comparison.json``. Returns summary lines.
+    ``compare``, ``comparison.json``. An ``out`` holding anything besides
+    ``keys/`` is refused unless ``overwrite``. Keys below 2048 bits need
+    ``insecure_test_keys`` (then the parties' node configs and the run config
+    admit them too, and the output warns). Returns summary lines.
     """
     from hyfl.data import default_lambda, load_data
     from hyfl.deploy.config import DeployConfig, run_config_for
-    from hyfl.deploy.keys import PRIVATE_KEY_FILE, PUBLIC_KEY_FILE, generate_keys, party_cipher
+    from hyfl.deploy.keys import party_cipher
     from hyfl.experiments.runner import FALLBACK_LAMBDA
     from hyfl.partition import parse_partition
     from hyfl.problem import make_problem, solve_centralized
 
     log = log or (lambda line: None)
     out = Path(out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in ("deploy.json", "weights.npz", "metrics.csv", "comparison.json"):
-        (out / stale).unlink(missing_ok=True)
+    _prepare_out(out, overwrite)
     # The pooled data (everything is on this machine): for the partition's size,
     # the objective of each round's weights and the comparison.
     if party_data is not None:
@@ -631,21 +700,22 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
     if K != parts.n_clients:
         raise fail("--parties", f"is {K}, but the data have {parts.n_clients} parties",
                    "Leave --parties out or make it match the partition.")
+    private = public = None
+    warnings: list[str] = []
     if cipher != "none":
-        keys = Path(keys_dir) if keys_dir is not None else out / "keys"
-        if keys_dir is None:
-            generate_keys(keys, key_bits, overwrite=True)
-        private, public = keys / PRIVATE_KEY_FILE, keys / PUBLIC_KEY_FILE
-    else:
-        private = public = None
+        private, public, warnings = _local_keys(out, keys_dir, key_bits, insecure_test_keys, log)
     run_config = run_config_for(
         parties=K, iterations=iterations, participation=participation, seed=seed, loss=loss,
         lam=float(lam), hyper=hyper, cipher=cipher, reply_timeout=reply_timeout, out=str(out),
-        public_key=str(public) if public else "", **run_data,
+        public_key=str(public) if public else "", insecure_test_keys=insecure_test_keys,
+        **run_data,
     )
     DeployConfig.from_run_config(run_config)  # fail before starting anything
-    nodes = [{"party": k, **({"key": str(private)} if private else {}), **data_keys[k],
-              "out": str(out / "parties")} for k in range(K)]
+    # Each party's own policy: the cipher of this run, with the key of this run.
+    policy = ({"cipher": "none"} if private is None else
+              {"key": str(private), "cipher": cipher, "insecure-test-keys": insecure_test_keys})
+    nodes = [{"party": k, **policy, **data_keys[k], "out": str(out / "parties")}
+             for k in range(K)]
 
     def progress(record: dict) -> None:
         absent = f", absent {record['absent']}" if record["absent"] else ""
@@ -664,13 +734,14 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
     write_metrics(rows, out / "metrics.csv")
     seconds = [r["round_seconds"] for r in results["rounds"]]
     summary = [
+        *warnings,
         f"{len(results['rounds'])} rounds with {K} parties, cipher {cipher}: relative loss "
         f"{rows[-1]['relative_loss']:.3g}, median {np.median(seconds):.1f} s per round",
         f"results in {out} (deploy.json, weights.npz, metrics.csv, parties/)",
     ]
     if compare:
-        own = party_cipher(cipher, private, **DeployConfig.from_run_config(run_config)
-                           .cipher_options())
+        own = party_cipher(cipher, private, insecure_test_keys=insecure_test_keys,
+                           **DeployConfig.from_run_config(run_config).cipher_options())
         comparison = compare_with_protocol(results, weights, problem, parts, own)
         (out / "comparison.json").write_text(json.dumps(comparison, indent=1))
         summary.append(

@@ -26,6 +26,12 @@ State (a tree for :mod:`hyfl.deploy.codec`):
     answer in time -- it sends the same round again, or a later one, and the
     party first restores the snapshot: the abandoned round leaves no trace.
 
+Security policy. The party's cipher, key and minimum key size come from its
+node config (:class:`~hyfl.deploy.config.NodeSettings`), never from the job:
+a job whose run config asks for another cipher -- ``none`` included -- is
+refused before anything is decoded, and so is a ``hello`` announcing a
+public key with another fingerprint (see :func:`own_cipher`).
+
 The private key is read from the key file for every message; it is never
 part of the state. Commits and the set-up's row norms travel as
 ``deliveries``: piggybacked on the party's next message instead of a round
@@ -43,17 +49,38 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from hyfl.deploy.codec import decode, encode
+from hyfl.deploy.codec import check_fields, decode, encode
 from hyfl.deploy.config import DeployConfig, NodeSettings, structure_blocks
-from hyfl.errors import fail
+from hyfl.errors import HyflError, fail
 
-__all__ = ["KINDS", "QUERY_KINDS", "handle_message"]
+__all__ = ["KINDS", "QUERY_KINDS", "handle_message", "own_cipher"]
 
 #: Message kinds a party handles (Flower message types ``train.<kind>`` or ``query.<kind>``).
 KINDS = ("hello", "setup", "round", "weights", "steps", "duals", "verdict", "commit", "ping",
          "finish")
 #: Kinds sent as ``query.*`` (they change no model state); the rest are ``train.*``.
 QUERY_KINDS = ("hello", "ping", "verdict", "finish")
+
+#: The fields of each message kind a party reads (types of :func:`~hyfl.deploy.codec.check_fields`).
+MESSAGE_FIELDS: dict[str, dict[str, str]] = {
+    "hello": {"cipher": "str?", "fingerprint": "str?"},
+    "setup": {"n_samples": "int", "n_features": "int", "n_outputs": "int", "lam": "number",
+              "samples": "ids", "sample_counts": "ids", "features": "ids",
+              "feature_counts": "ids"},
+    "round": {"deliveries": "dict?", "configure": "dict"},
+    "weights": {"w": "matrix"},
+    "steps": {"z": "vector?"},
+    "duals": {"duals": "vector"},
+    "verdict": {"totals": "vector", "dw_sq": "number"},
+    "commit": {"deliveries": "dict?", "inner_products": "bool?"},
+    "ping": {},
+    "finish": {"deliveries": "dict?"},
+}
+_CONFIGURE_FIELDS = {"t": "int", "updated_local": "ids", "reports_local": "mask",
+                     "n_draws": "int", "stale": "vector?", "drawn_local": "ids?",
+                     "order_local": "ids?", "beta": "number?"}
+_DELIVERY_FIELDS = {"norms": "vector?", "commit": "dict?"}
+_COMMIT_FIELDS = {"round": "int", "accepted": "bool", "w": "matrix"}
 
 
 def handle_message(kind: str, message: tuple[dict, str], state: tuple[dict, str] | None,
@@ -81,21 +108,49 @@ def handle_message(kind: str, message: tuple[dict, str], state: tuple[dict, str]
         Both encoded. The reply carries ``ops``: the homomorphic operations
         this message cost the party (``delivery_ops`` for the deliveries).
     """
-    from hyfl.deploy.keys import party_cipher
-
     if kind not in KINDS:
         raise fail(f"message kind {kind!r}", "is not known", f"Known kinds: {', '.join(KINDS)}.")
     config = DeployConfig.from_run_config(run_config)
-    node = NodeSettings.from_node_config(node_config, config.parties,
-                                         needs_key=config.cipher != "none")
-    cipher = party_cipher(config.cipher, node.key, **config.cipher_options())
-    payload = decode(*message, cipher)
-    tree = decode(*state, cipher) if state is not None else {}
+    node = NodeSettings.from_node_config(node_config, config.parties)
+    node.check_job(config)  # before the key is even read: the job cannot choose the cipher
+    cipher = own_cipher(node, config)
+    payload = decode(*message, cipher, sender="the server")
+    tree = decode(*state, cipher, sender="the party's own saved state") if state else {}
     party = _Party(config, node, cipher, tree)
-    reply = party.handle(kind, payload)
+    try:
+        reply = party.handle(kind, payload)
+    except HyflError:
+        raise
+    except Exception as err:  # noqa: BLE001 (what the server sent is untrusted input)
+        if kind == "hello":  # it reads only the checked fingerprint: a failure is the party's
+            raise
+        # The fields were checked, but their values may still not fit together (an index
+        # beyond the party's samples, counts that do not add up): name message and cause.
+        raise fail(f"party {node.party}", f"could not handle the server's {kind!r} message "
+                   f"({type(err).__name__}: {err})",
+                   "The message is malformed (garbled, forged, or from another hyfl "
+                   "version); restart the run with matching versions.") from err
     if timing is not None:
         reply["timing"] = dict(timing)
     return encode(reply), encode(party.state)
+
+
+def own_cipher(node: NodeSettings, config: DeployConfig):
+    """The party's cipher, built from its own node config (the job gives only the encoding).
+
+    The key must be at least 2048 bits unless the node config admits insecure
+    test keys, and must have the pinned fingerprint if the node config pins one.
+    """
+    from hyfl.deploy.keys import cipher_fingerprint, party_cipher
+
+    cipher = party_cipher(node.cipher, node.key, insecure_test_keys=node.insecure_test_keys,
+                          **config.cipher_options())
+    own = cipher_fingerprint(cipher)
+    if node.fingerprint and own != node.fingerprint:
+        raise fail(f"party {node.party}", f"has key {node.key} with fingerprint {own}, but its "
+                   f"node config pins fingerprint {node.fingerprint}",
+                   "Install the private key the pin names, or update the pin.")
+    return cipher
 
 
 class _Party:
@@ -105,8 +160,9 @@ class _Party:
         self.config, self.node, self.cipher, self.state = config, node, cipher, dict(state)
 
     def handle(self, kind: str, payload: dict) -> dict:
+        check_fields(payload, MESSAGE_FIELDS[kind], self._from_server(kind))
         if kind == "hello":
-            return self.hello()
+            return self.hello(payload)
         if "block" not in self.state:
             raise fail(f"party {self.node.party}", f"got a {kind!r} message before 'hello'",
                        "The server starts every run with hello; restart the run.")
@@ -131,11 +187,13 @@ class _Party:
         return reply
 
     # -- hello and set-up --------------------------------------------------------
-    def hello(self) -> dict:
-        """Load the block; report the party's ids, sizes and key fingerprint."""
+    def hello(self, payload: dict) -> dict:
+        """Check the server's key; load the block; report ids, sizes, cipher and key."""
         from hyfl.deploy.blocks import load_block
         from hyfl.deploy.keys import cipher_fingerprint
 
+        own = cipher_fingerprint(self.cipher)
+        self.node.check_key(own, payload.get("fingerprint"))
         block = load_block(self.node.party, self.node.data, self.config)
         X = block.X.tocsr()
         self.state = {
@@ -147,7 +205,8 @@ class _Party:
         return {"party": self.node.party, "n_samples": block.n_samples,
                 "n_features": block.n_features, "n_outputs": int(block.Y.shape[1]),
                 "samples": block.samples, "features": block.features,
-                "lam_default": block.lam_default, "fingerprint": cipher_fingerprint(self.cipher),
+                "lam_default": block.lam_default, "fingerprint": own,
+                "cipher": self.node.cipher, "key_bits": int(self.cipher.key_bits),
                 "slots": int(self.cipher.slots), "name": block.name}
 
     def setup(self, payload: dict) -> dict:
@@ -179,7 +238,9 @@ class _Party:
     # -- rounds ------------------------------------------------------------------
     def _round(self, client, payload: dict) -> dict:
         """Configure (and, unless returning, send the inner products at once)."""
-        configure = payload["configure"]
+        where = self._from_server("round") + " field configure"
+        configure = check_fields(payload["configure"], _CONFIGURE_FIELDS, where)
+        _check_local_ids(configure, client.samples.size, where)
         self._close_abandoned(client)
         self.state["open"] = int(configure["t"])
         self.state["snapshot"] = {"alpha": client.alpha.copy(), "w": client.w.copy()}
@@ -189,7 +250,7 @@ class _Party:
         return {"inner_products": client.inner_products()}
 
     def _weights(self, client, payload: dict) -> dict:
-        client.receive_weights(payload["w"])
+        client.receive_weights(self._checked_weights(client, payload["w"], "weights", "w"))
         return {"inner_products": client.inner_products()}
 
     def _steps(self, client, payload: dict) -> dict:
@@ -217,16 +278,32 @@ class _Party:
                      features=block["features"], alpha=client.alpha, w=client.w)
         return {"written": bool(self.node.out)}
 
-    # -- helpers -------------------------------------------------------------------
+    # -- helpers -------------------------------------------------------------------------
+    def _from_server(self, kind: str) -> str:
+        return f"the server's {kind!r} message to party {self.node.party}"
+
     def _deliver(self, client, deliveries: dict) -> None:
         """Apply what the server piggybacked: the row norms, the last round's commit."""
+        where = self._from_server("delivery") + " field deliveries"
+        check_fields(deliveries, _DELIVERY_FIELDS, where)
         if deliveries.get("norms") is not None:
             client.learn_norms(deliveries["norms"])
         commit = deliveries.get("commit")
+        if commit is not None:
+            check_fields(commit, _COMMIT_FIELDS, where + ".commit")
+            self._checked_weights(client, commit["w"], "delivery", "deliveries.commit.w")
         # Only the round still open may be committed; a repeated commit is ignored.
         if commit is not None and int(commit["round"]) == self.state.get("open"):
             client.commit(bool(commit["accepted"]), commit["w"])
             self.state["open"], self.state["snapshot"] = 0, None
+
+    def _checked_weights(self, client, w: np.ndarray, kind: str, field: str) -> np.ndarray:
+        """Weights for this party's features: shape (|M_k|, C), finite."""
+        if w.shape != client.w.shape or not np.all(np.isfinite(w)):
+            raise fail(self._from_server(kind), f"field {field} has shape {w.shape} (or "
+                       f"non-finite values), not this party's weights {client.w.shape}",
+                       "Both sides must run the same hyfl version; the message may be garbled.")
+        return w
 
     def _close_abandoned(self, client) -> None:
         """An open round without commit was abandoned by the server: undo it."""
@@ -248,6 +325,23 @@ class _Party:
         if "client" in self.state:
             client.set_state(self.state["client"])
         return client
+
+
+def _check_local_ids(configure: dict, n_local: int, where: str) -> None:
+    """The round's local sample indices must index this party's samples (ascending, once)."""
+    for name in ("updated_local", "drawn_local", "order_local"):
+        ids = configure.get(name)
+        if ids is None:
+            continue
+        if ids.size and (ids.min() < 0 or ids.max() >= n_local
+                         or (name == "updated_local" and np.any(np.diff(ids) <= 0))):
+            raise fail(where, f"field {name} holds indices outside 0...{n_local - 1} (or not "
+                       "ascending)", "Both sides must run the same hyfl version; the message "
+                       "may be garbled or forged.")
+    if configure["reports_local"].size != configure["updated_local"].size:
+        raise fail(where, f"field reports_local has {configure['reports_local'].size} flags for "
+                   f"{configure['updated_local'].size} updated samples",
+                   "Both sides must run the same hyfl version; the message may be garbled.")
 
 
 def _ops(counts) -> dict[str, int]:
