@@ -486,20 +486,26 @@ def test_cli_keys_split_and_local_errors(tmp_path):
 # ----------------------------------------------------------------------------- loopback
 
 
-def _no_flower_processes_of(workdir: Path) -> list[str]:
-    """Live processes of a deployment: every Flower process has its FLWR_HOME inside it."""
-    left = []
+def _processes_of(workdir: Path) -> dict[int, tuple[int, str]]:
+    """Live processes of a deployment, ``{pid: (parent pid, command line)}``: every
+    process a deployment starts (Flower's, the reapers) has its FLWR_HOME inside it."""
+    found = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
         home = [v for v in environ if v.startswith(b"FLWR_HOME=")]
-        if home and str(workdir).encode() in home[0] and state != "Z":
-            left.append(cmdline)
-    return left
+        if home and str(workdir).encode() in home[0] and fields[0] != "Z":
+            found[int(pid)] = (int(fields[1]), cmdline)
+    return found
+
+
+def _no_flower_processes_of(workdir: Path) -> list[str]:
+    """Command lines of a deployment's live processes (see :func:`_processes_of`)."""
+    return [cmdline for _, cmdline in _processes_of(workdir).values()]
 
 
 @pytest.fixture(scope="module")
@@ -618,3 +624,78 @@ def test_loopback_party_killed_mid_run_is_treated_as_absent(tmp_path, breast_can
     print(f"\nkill run: {finished - killed_at:.0f} s from the kill to the end "
           f"(reply timeout 30 s); rounds {[round(r['round_seconds'], 1) for r in rounds]}")
     shutil.rmtree(work / "flwr_home", ignore_errors=True)
+
+
+_DRIVER = """
+import sys, time
+from hyfl.deploy.config import run_config_for
+from hyfl.deploy.local import LocalDeployment
+
+work, data, out = sys.argv[1:4]
+local = LocalDeployment([{"party": 0, "data": data}], work).start()
+# Two parties expected, one started: the ServerApp waits for the second one.
+local.submit(run_config_for(parties=2, iterations=1, cipher="none", out=out,
+                            connect_timeout=600.0))
+time.sleep(600)
+"""
+
+
+def _wait_for(condition, timeout: float, what: str):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_every_process_dies_with_the_deployment_even_on_sigkill(tmp_path,
+                                                                 breast_cancer_blocks):
+    """A SuperNode killed on its own takes its SuperExec along; ``LocalDeployment``'s
+    process killed with SIGKILL takes every process it started along (the SuperLink,
+    its detached SuperExec and ServerApp, the SuperNodes, ``flwr run``, the reapers)."""
+    import subprocess
+    import sys
+
+    from hyfl.deploy.local import _stop_stragglers
+
+    _, _, files = breast_cancer_blocks
+    work = tmp_path / "flower"
+    driver = tmp_path / "driver.py"
+    driver.write_text(_DRIVER)
+    process = subprocess.Popen([sys.executable, str(driver), str(work), str(files[0]),
+                                str(tmp_path / "out")])
+    try:
+        def up():
+            found = _processes_of(work)
+            lines = [c for _, c in found.values()]
+            ready = (sum("flower-superexec" in c for c in lines) >= 2
+                     and any("flwr-serverapp" in c for c in lines))
+            return found if ready else None
+
+        found = _wait_for(up, 120, "the SuperLink, a SuperNode, both SuperExecs and the "
+                                   "ServerApp")
+        # 1. The SuperNode alone, with SIGKILL: its SuperExec and its reaper follow it.
+        node = next(pid for pid, (_, c) in found.items()
+                    if "-m hyfl.deploy.supernode" in c and "_reaper.py" not in c)
+        helpers = {pid for pid, (parent, _) in found.items() if parent == node}
+        assert helpers, "the SuperNode has no SuperExec"
+        reaper = found[node][0]
+        assert "_reaper.py" in found[reaper][1]
+        os.kill(node, signal.SIGKILL)
+        _wait_for(lambda: not ({node, reaper, *helpers} & set(_processes_of(work))), 10,
+                  "the killed SuperNode's processes to end")
+        assert any("flower-superlink" in c for _, c in _processes_of(work).values())
+        # 2. The deployment's own process, with SIGKILL: nothing it started survives.
+        process.kill()
+        process.wait(timeout=10)
+        _wait_for(lambda: not _processes_of(work), 10, "every process to end")
+    finally:
+        process.kill()
+        process.wait(timeout=10)
+        left = _no_flower_processes_of(work)
+        _stop_stragglers(str((work / "flwr_home").resolve()), grace=1.0)
+    assert left == []
