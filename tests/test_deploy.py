@@ -699,3 +699,54 @@ def test_every_process_dies_with_the_deployment_even_on_sigkill(tmp_path,
         left = _no_flower_processes_of(work)
         _stop_stragglers(str((work / "flwr_home").resolve()), grace=1.0)
     assert left == []
+
+
+_TREE = """
+import subprocess, sys, time
+# A detached grandchild (as Flower starts its SuperExec), then wait.
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                         start_new_session=True)
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in "ZX"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+@pytest.mark.parametrize("victim", ["command", "parent"])
+def test_reaper_kills_the_whole_tree_when_the_command_or_the_parent_dies(tmp_path, victim):
+    """The watchdog alone, without Flower: a detached grandchild dies when the command
+    it descends from is killed (SIGKILL), or when the reaper's parent is."""
+    import subprocess
+    import sys
+
+    from hyfl.deploy.local import reaped
+
+    script = tmp_path / "tree.py"
+    script.write_text(_TREE)
+    # The parent: a shell that starts the reaper in the background and waits.
+    parent = subprocess.Popen(
+        [sys.executable, "-c",
+         "import subprocess, sys; from hyfl.deploy.local import reaped; "
+         f"subprocess.Popen(reaped([sys.executable, {str(script)!r}])).wait()"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        grandchild = int(parent.stdout.readline())
+        _wait_for(lambda: _alive(grandchild), 10, "the grandchild")
+        command = int(Path(f"/proc/{grandchild}/stat").read_text().rsplit(")", 1)[1]
+                      .split()[1])
+        assert "tree.py" in Path(f"/proc/{command}/cmdline").read_text()
+        os.kill(command if victim == "command" else parent.pid, signal.SIGKILL)
+        _wait_for(lambda: not _alive(grandchild) and not _alive(command), 5,
+                  "the tree to end")
+    finally:
+        parent.kill()
+        parent.wait(timeout=10)
+    assert reaped(["x"])[-2:] == ["--", "x"]

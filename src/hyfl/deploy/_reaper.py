@@ -35,6 +35,10 @@ the reaper itself being killed with SIGKILL on its own: then its command
 dies (parent-death signal), but what that command started does not. Kill
 the reaper's process group instead (``LocalDeployment`` does).
 
+``PARENT_PID`` 0 watches no parent (``hyfl deploy party``, which replaces
+itself by the reaper: the party runs until it is stopped, and a SuperNode
+that dies still takes its helpers along).
+
 Only the standard library is imported, and the file runs as a script
 (``-I -S``: no site packages), so each reaper is a small process.
 """
@@ -131,7 +135,7 @@ class Reaper:
         pass  # the loop checks getppid(): the parent *thread* may have ended, not the process
 
     def parent_gone(self) -> bool:
-        return os.getppid() != self.parent
+        return self.parent != 0 and os.getppid() != self.parent
 
     # -- the tree -----------------------------------------------------------------------
     def reap(self) -> None:
@@ -182,8 +186,9 @@ class Reaper:
     # -- the run ------------------------------------------------------------------------
     def run(self) -> int:
         prctl(PR_SET_CHILD_SUBREAPER, 1)
-        signal.signal(signal.SIGHUP, self._on_hangup)
-        prctl(PR_SET_PDEATHSIG, signal.SIGHUP)
+        if self.parent != 0:
+            signal.signal(signal.SIGHUP, self._on_hangup)
+            prctl(PR_SET_PDEATHSIG, signal.SIGHUP)
         signal.signal(signal.SIGTERM, self._on_stop)
         signal.signal(signal.SIGINT, self._on_stop)
         if self.parent_gone():  # the parent died before the death signal was armed

@@ -183,18 +183,20 @@ def _group_members(pgid: int) -> list[int]:
 REAPER = Path(__file__).with_name("_reaper.py")
 
 
-def reaped(command: list[str]) -> list[str]:
+def reaped(command: list[str], watch_parent: bool = True) -> list[str]:
     """``command`` run under :mod:`hyfl.deploy._reaper`: it and all it starts die with us.
 
     The reaper is a small stdlib-only script watching this process; when this
-    process dies (SIGKILL included), when the command exits, or when the
-    reaper is told to stop, it kills everything the command started (Linux:
-    the whole process tree, also what Flower detaches; elsewhere: the
-    process group). On Windows the command is returned unchanged.
+    process dies (SIGKILL included; not with ``watch_parent=False``), when
+    the command exits, or when the reaper is told to stop, it kills
+    everything the command started (Linux: the whole process tree, also what
+    Flower detaches; elsewhere: the process group). On Windows the command is
+    returned unchanged.
     """
     if os.name != "posix":
         return list(command)
-    return [sys.executable, "-I", "-S", str(REAPER), str(os.getpid()), "--", *command]
+    parent = str(os.getpid()) if watch_parent else "0"
+    return [sys.executable, "-I", "-S", str(REAPER), parent, "--", *command]
 
 
 def _stop_group(process: subprocess.Popen, grace: float = 10.0) -> None:
