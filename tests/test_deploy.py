@@ -45,6 +45,7 @@ from hyfl.partition import (
     nonzero_balanced,
     parse_participation,
 )
+from hyfl.privacy.audit import RecordingCipher, audit, private_values
 from hyfl.privacy.ciphers import make_cipher
 from hyfl.privacy.layout import EncryptedVector
 from hyfl.problem import make_problem
@@ -519,9 +520,15 @@ def breast_cancer_blocks(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_loopback_deployment_reproduces_run_protocol(tmp_path, breast_cancer_blocks):
-    """``hyfl deploy local``: 3 parties, real Paillier, a returning party, same iterates."""
+def test_loopback_deployment_reproduces_run_protocol(tmp_path, breast_cancer_blocks,
+                                                    monkeypatch):
+    """``hyfl deploy local``: 3 parties, real Paillier, a returning party, same iterates;
+    nothing the coordinator received is a private value in disguise."""
+    from hyfl.deploy.app import AUDIT_DIR_VARIABLE, read_received
+
     problem, partition, files = breast_cancer_blocks
+    # The ServerApp keeps every reply as it arrived (inherited by Flower's processes).
+    monkeypatch.setenv(AUDIT_DIR_VARIABLE, str(tmp_path / "received"))
     trace = tmp_path / "trace.txt"
     trace.write_text("0 1 2\n0 2\n0 1 2\n")  # party 1 misses round 2 and comes back in round 3
     out = tmp_path / "out"
@@ -542,13 +549,14 @@ def test_loopback_deployment_reproduces_run_protocol(tmp_path, breast_cancer_blo
     config = DeployConfig.from_run_config(run_config_for(
         parties=3, cipher="paillier", public_key=str(out / "keys" / "public-key.json"),
         hyper="local_steps=5"))
-    history, clients = [], []
+    history, clients, duals = [], [], []
+    spy = RecordingCipher(party_cipher("paillier", out / "keys" / "private-key.json"))
     protocol = run_protocol(
         make_algorithm("hyfdca", config.hyper), problem, partition,
-        parse_participation(f"trace:{trace}", 3), 3,
-        party_cipher("paillier", out / "keys" / "private-key.json"), seed=3,
+        parse_participation(f"trace:{trace}", 3), 3, spy, seed=3,
         on_round=lambda s, c: (history.append(s.w.copy()),
-                               clients.__setitem__(slice(None), [x.alpha.copy() for x in c])))
+                               clients.__setitem__(slice(None), [x.alpha.copy() for x in c]),
+                               duals.extend(x.alpha.copy() for x in c)))
     with np.load(out / "weights.npz") as f:
         weights = f["w"]
     np.testing.assert_array_equal(weights[1:], np.stack(history))
@@ -565,6 +573,17 @@ def test_loopback_deployment_reproduces_run_protocol(tmp_path, breast_cancer_blo
     metrics = (out / "metrics.csv").read_text().splitlines()
     assert len(metrics) == 5 and metrics[0].startswith("iteration,primal,relative_loss")
     assert _no_flower_processes_of(out) == []
+    # The Flower path's privacy audit: the same iterates, so the same private values as
+    # the reference run's parties encrypted and decrypted, plus their duals and data.
+    received = read_received(tmp_path / "received", server_cipher(
+        "paillier", out / "keys" / "public-key.json", **config.cipher_options()))
+    assert {"hello", "setup", "round", "steps", "duals", "verdict", "finish"} <= {
+        kind for _, kind, _ in received}
+    private = private_values(spy.secrets, duals, problem.X, problem.Y)
+    assert private.size > 1000
+    findings = audit([(f"party {p}, {kind}", payload) for p, kind, payload in received],
+                     private, skip=("primal_part", "seconds", "timing", "lam_default"))
+    assert findings == []
     print(f"\nloopback: {elapsed:.0f} s in all; seconds per round "
           f"{comparison['deploy_round_seconds']} (run_protocol: "
           f"{comparison['protocol_round_seconds']})")

@@ -20,7 +20,7 @@ import pytest
 from hyfl.algorithms.hyfdca import HyFDCA
 from hyfl.errors import HyflError
 from hyfl.partition import Full, RandomFraction, grid, horizontal, nonzero_balanced
-from hyfl.privacy.audit import audit, private_values
+from hyfl.privacy.audit import RecordingCipher, audit, private_values
 from hyfl.privacy.ciphers import PaillierCiphertext, make_cipher
 from hyfl.privacy.layout import EncryptedVector
 from hyfl.problem import make_problem
@@ -121,29 +121,6 @@ def test_plaintext_and_paillier_iterates_agree_on_a_nonzero_balanced_split(probl
 # ---------------------------------------------------------------------------
 
 
-class _Spy:
-    """Wraps the clients' cipher to log every plaintext they encrypt or decrypt."""
-
-    def __init__(self, cipher):
-        self._cipher = cipher
-        self.secrets: list[np.ndarray] = []
-
-    def __getattr__(self, name):
-        return getattr(self._cipher, name)
-
-    def encrypt(self, chunks):
-        self.secrets.append(np.array(chunks, dtype=float).ravel())
-        return self._cipher.encrypt(chunks)
-
-    def decrypt(self, ciphertexts):
-        out = self._cipher.decrypt(ciphertexts)
-        self.secrets.append(np.asarray(out, dtype=float).ravel())
-        return out
-
-    def public(self):
-        return self._cipher.public()
-
-
 def _walk(obj, seen=None):
     """Every leaf the object holds (through attributes, containers and arrays)."""
     seen = set() if seen is None else seen
@@ -180,7 +157,7 @@ cocoa rule's step scalings, and public facts (sizes, the layout, who holds which
 @pytest.mark.parametrize("step_rule", ["safe", "cocoa"])
 def test_server_never_holds_or_receives_a_dual_or_inner_product_in_plaintext(problem, step_rule):
     n, m = problem.n_samples, problem.n_features
-    spy = _Spy(make_cipher("paillier", key_bits=KEY_BITS))
+    spy = RecordingCipher(make_cipher("paillier", key_bits=KEY_BITS))
     wire = Wire(spy.ciphertext_bytes, record=True)
     held = []
 
@@ -271,7 +248,7 @@ def test_the_audit_flags_a_client_that_leaks(problem, monkeypatch, leak):
     from hyfl.algorithms.hyfdca_parties import Client
 
     n, m = problem.n_samples, problem.n_features
-    spy = _Spy(make_cipher("paillier", key_bits=KEY_BITS))
+    spy = RecordingCipher(make_cipher("paillier", key_bits=KEY_BITS))
     wire = Wire(spy.ciphertext_bytes, record=True)
     honest = Client.new_duals
 

@@ -34,7 +34,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["OFFSET_SCALES", "audit", "explain", "numeric_leaves", "private_values"]
+__all__ = ["OFFSET_SCALES", "RecordingCipher", "audit", "explain", "numeric_leaves",
+           "private_values"]
 
 REL = 1e-12  # relative precision of a float copy (float64 rounding is ~1e-16)
 TINY = 1e-9  # private values smaller than this are not told apart from zero
@@ -43,6 +44,29 @@ FIXED_SCALES = np.array([1.0, *(2.0 ** np.arange(1, 65)), *(10.0 ** np.arange(1,
 OFFSET_SCALES = np.array([1.0, 2.0**16, 2.0**20, 2.0**24, 2.0**30, 2.0**31, 2.0**32, 2.0**40,
                           2.0**48, 2.0**52, 2.0**53, 2.0**62, 2.0**63, 2.0**64, 1e3, 1e6, 1e9])
 _SEEDS, _FIRST, _SAMPLE = 3, 6, 64
+
+
+class RecordingCipher:
+    """A client cipher that keeps every plaintext it encrypts or decrypts (``secrets``)."""
+
+    def __init__(self, cipher):
+        self._cipher = cipher
+        self.secrets: list[np.ndarray] = []
+
+    def __getattr__(self, name):
+        return getattr(self._cipher, name)
+
+    def encrypt(self, chunks):
+        self.secrets.append(np.array(chunks, dtype=float).ravel())
+        return self._cipher.encrypt(chunks)
+
+    def decrypt(self, ciphertexts):
+        out = self._cipher.decrypt(ciphertexts)
+        self.secrets.append(np.asarray(out, dtype=float).ravel())
+        return out
+
+    def public(self):
+        return self._cipher.public()
 
 
 def private_values(*sources: Any) -> np.ndarray:
