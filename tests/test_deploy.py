@@ -484,6 +484,31 @@ def test_cli_keys_split_and_local_errors(tmp_path):
     assert result.exit_code == 2 and "TLS is not configured" in _text(result)
 
 
+def test_the_servers_record_of_replies_reads_back_and_is_audited(tmp_path, keys,
+                                                                   monkeypatch):
+    """``$HYFL_AUDIT_DIR``: the ServerApp's transport keeps replies as they arrived; read
+    back and decoded, an honest reply passes the audit and a disguised dual does not."""
+    from hyfl.deploy.app import AUDIT_DIR_VARIABLE, FlowerTransport, read_received
+
+    private_key, public_key = keys
+    party, server = party_cipher("paillier", private_key), server_cipher("paillier", public_key)
+    monkeypatch.setenv(AUDIT_DIR_VARIABLE, str(tmp_path / "received"))
+    transport = FlowerTransport(None, server)
+    alpha = np.random.default_rng(0).uniform(0.1, 1, size=(12, 1))
+    honest = {"steps": EncryptedVector(np.arange(12), party.encrypt(alpha)),
+              "primal_part": np.ones((3, 1)), "seconds": 0.25}
+    leaky = {**honest, "n": np.round(alpha * 2**32).astype(np.int64)}
+    transport._record(1, "steps", *encode(honest))
+    transport._record(2, "steps", *encode(leaky))
+    received = read_received(tmp_path / "received", server)
+    assert [(p, kind) for p, kind, _ in received] == [("1", "steps"), ("2", "steps")]
+    assert isinstance(received[0][2]["steps"], EncryptedVector)
+    private = private_values(alpha)
+    findings = audit([(f"party {p}", payload) for p, _, payload in received], private,
+                     skip=("primal_part", "seconds"))
+    assert len(findings) == 1 and findings[0].startswith("party 2: n (int64")
+
+
 # ----------------------------------------------------------------------------- loopback
 
 
