@@ -290,6 +290,7 @@ class InProcessTransport:
         self.dies, self.late = dies or {}, late or {}
         self.sent_bytes = self.received_bytes = 0
         self.kinds: list[tuple[int, str]] = []
+        self.received: list[tuple[int, str, dict]] = []  # what the coordinator got
 
     def _deliver(self, k, kind, payload):
         n = self.count[k]
@@ -302,7 +303,9 @@ class InProcessTransport:
         self.kinds.append((k, kind))
         if n in self.late.get(k, ()):
             return None
-        return decode(*reply, self.cipher)
+        decoded = decode(*reply, self.cipher)
+        self.received.append((k, kind, decoded))
+        return decoded
 
     def connect(self, n_parties, timeout):
         return {k: self._deliver(k, "hello", {}) for k in range(n_parties)}
@@ -346,15 +349,17 @@ def _in_process(tmp_path, problem, partition, keys, *, cipher="none", hyper="",
     scheduled = parse_participation(participation, K)
     reference = taken if dies or late else scheduled
     history, clients_at_end = [], []
+    # The reference's parties' plaintexts (the same as the deployed parties'), for audits.
+    spy = RecordingCipher(party_cipher(cipher, private, **config.cipher_options()))
+    transport.spy, transport.duals, transport.server = spy, [], coordinator.server
 
     def on_round(server_, clients):
         history.append(server_.w.copy())
         clients_at_end[:] = [(c.alpha.copy(), c.w.copy()) for c in clients]
+        transport.duals.extend(c.alpha.copy() for c in clients)
 
     protocol = run_protocol(make_algorithm("hyfdca", config.hyper), problem, partition,
-                            reference, iterations, party_cipher(cipher, private,
-                                                                **config.cipher_options()),
-                            seed=seed, on_round=on_round)
+                            reference, iterations, spy, seed=seed, on_round=on_round)
     return results, np.stack(coordinator.weights), protocol, history, clients_at_end, transport
 
 
@@ -376,7 +381,7 @@ SETTINGS = {
 def test_in_process_deployment_reproduces_run_protocol(tmp_path, problem, keys, setting):
     cipher, hyper, participation, make_partition = SETTINGS[setting]
     partition = make_partition(problem)
-    results, weights, protocol, history, clients, _ = _in_process(
+    results, weights, protocol, history, clients, transport = _in_process(
         tmp_path, problem, partition, keys, cipher=cipher, hyper=hyper,
         participation=participation)
     assert results["status"] == "completed"
@@ -394,6 +399,16 @@ def test_in_process_deployment_reproduces_run_protocol(tmp_path, problem, keys, 
         np.testing.assert_array_equal([r[column] for r in results["rounds"]], per_round, column)
     for key, value in protocol.config["setup"].items():
         assert results["setup"][key] == value, key
+    if cipher != "none":  # real encryption: no private value in disguise reaches the server
+        private = private_values(transport.spy.secrets, transport.duals, problem.X, problem.Y)
+        assert private.size > 1000 and len(transport.received) > 20
+        received = [(f"party {k}, {kind}", reply) for k, kind, reply in transport.received]
+        assert audit(received, private, skip=("primal_part", "seconds", "timing",
+                                              "lam_default")) == []
+        held = {k: v for k, v in vars(transport.server).items()
+                if k not in ("w", "primal_parts", "primal_sum", "saved", "beta", "beta_min",
+                             "public", "average_w", "sigma", "sigma_ceiling", "cipher", "rng")}
+        assert audit([("server state", held)], private) == []
 
 
 @pytest.mark.parametrize("dies_after", [4, 5, 6, 7, 9, 12])
