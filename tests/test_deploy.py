@@ -45,6 +45,7 @@ from hyfl.partition import (
     nonzero_balanced,
     parse_participation,
 )
+from hyfl.privacy.audit import RecordingCipher, audit, private_values
 from hyfl.privacy.ciphers import make_cipher
 from hyfl.privacy.layout import EncryptedVector
 from hyfl.problem import make_problem
@@ -359,6 +360,7 @@ class InProcessTransport:
         self.dies, self.late = dies or {}, late or {}
         self.sent_bytes = self.received_bytes = 0
         self.kinds: list[tuple[int, str]] = []
+        self.received: list[tuple[int, str, dict]] = []  # what the coordinator got
 
     def _deliver(self, k, kind, payload):
         n = self.count[k]
@@ -371,7 +373,9 @@ class InProcessTransport:
         self.kinds.append((k, kind))
         if n in self.late.get(k, ()):
             return None
-        return decode(*reply, self.cipher)
+        decoded = decode(*reply, self.cipher)
+        self.received.append((k, kind, decoded))
+        return decoded
 
     def connect(self, n_parties, timeout, hello):
         return {k: self._deliver(k, "hello", hello) for k in range(n_parties)}
@@ -415,16 +419,18 @@ def _in_process(tmp_path, problem, partition, keys, *, cipher="none", hyper="",
     scheduled = parse_participation(participation, K)
     reference = taken if dies or late else scheduled
     history, clients_at_end = [], []
+    # The reference's parties' plaintexts (the same as the deployed parties'), for audits.
+    spy = RecordingCipher(party_cipher(cipher, private, **config.cipher_options(),
+                                       **TEST_KEYS))
+    transport.spy, transport.duals, transport.server = spy, [], coordinator.server
 
     def on_round(server_, clients):
         history.append(server_.w.copy())
         clients_at_end[:] = [(c.alpha.copy(), c.w.copy()) for c in clients]
+        transport.duals.extend(c.alpha.copy() for c in clients)
 
     protocol = run_protocol(make_algorithm("hyfdca", config.hyper), problem, partition,
-                            reference, iterations, party_cipher(cipher, private,
-                                                                **config.cipher_options(),
-                                                                **TEST_KEYS),
-                            seed=seed, on_round=on_round)
+                            reference, iterations, spy, seed=seed, on_round=on_round)
     return results, np.stack(coordinator.weights), protocol, history, clients_at_end, transport
 
 
@@ -446,7 +452,7 @@ SETTINGS = {
 def test_in_process_deployment_reproduces_run_protocol(tmp_path, problem, keys, setting):
     cipher, hyper, participation, make_partition = SETTINGS[setting]
     partition = make_partition(problem)
-    results, weights, protocol, history, clients, _ = _in_process(
+    results, weights, protocol, history, clients, transport = _in_process(
         tmp_path, problem, partition, keys, cipher=cipher, hyper=hyper,
         participation=participation)
     assert results["status"] == "completed"
@@ -464,6 +470,16 @@ def test_in_process_deployment_reproduces_run_protocol(tmp_path, problem, keys, 
         np.testing.assert_array_equal([r[column] for r in results["rounds"]], per_round, column)
     for key, value in protocol.config["setup"].items():
         assert results["setup"][key] == value, key
+    if cipher != "none":  # real encryption: no private value in disguise reaches the server
+        private = private_values(transport.spy.secrets, transport.duals, problem.X, problem.Y)
+        assert private.size > 1000 and len(transport.received) > 20
+        received = [(f"party {k}, {kind}", reply) for k, kind, reply in transport.received]
+        assert audit(received, private, skip=("primal_part", "seconds", "timing",
+                                              "lam_default")) == []
+        held = {k: v for k, v in vars(transport.server).items()
+                if k not in ("w", "primal_parts", "primal_sum", "saved", "beta", "beta_min",
+                             "public", "average_w", "sigma", "sigma_ceiling", "cipher", "rng")}
+        assert audit([("server state", held)], private) == []
 
 
 @pytest.mark.parametrize("dies_after", [4, 5, 6, 7, 9, 12])
@@ -596,23 +612,54 @@ def test_local_keeps_keys_and_results(tmp_path):
     assert any(line.startswith("WARNING: insecure test keys") for line in lines)
 
 
+def test_the_servers_record_of_replies_reads_back_and_is_audited(tmp_path, keys,
+                                                                   monkeypatch):
+    """``$HYFL_AUDIT_DIR``: the ServerApp's transport keeps replies as they arrived; read
+    back and decoded, an honest reply passes the audit and a disguised dual does not."""
+    from hyfl.deploy.app import AUDIT_DIR_VARIABLE, FlowerTransport, read_received
+
+    private_key, public_key = keys
+    party, server = party_cipher("paillier", private_key), server_cipher("paillier", public_key)
+    monkeypatch.setenv(AUDIT_DIR_VARIABLE, str(tmp_path / "received"))
+    transport = FlowerTransport(None, server)
+    alpha = np.random.default_rng(0).uniform(0.1, 1, size=(12, 1))
+    honest = {"steps": EncryptedVector(np.arange(12), party.encrypt(alpha)),
+              "primal_part": np.ones((3, 1)), "seconds": 0.25}
+    leaky = {**honest, "n": np.round(alpha * 2**32).astype(np.int64)}
+    transport._record(1, "steps", *encode(honest))
+    transport._record(2, "steps", *encode(leaky))
+    received = read_received(tmp_path / "received", server)
+    assert [(p, kind) for p, kind, _ in received] == [("1", "steps"), ("2", "steps")]
+    assert isinstance(received[0][2]["steps"], EncryptedVector)
+    private = private_values(alpha)
+    findings = audit([(f"party {p}", payload) for p, _, payload in received], private,
+                     skip=("primal_part", "seconds"))
+    assert len(findings) == 1 and findings[0].startswith("party 2: n (int64")
+
+
 # ----------------------------------------------------------------------------- loopback
 
 
-def _no_flower_processes_of(workdir: Path) -> list[str]:
-    """Live processes of a deployment: every Flower process has its FLWR_HOME inside it."""
-    left = []
+def _processes_of(workdir: Path) -> dict[int, tuple[int, str]]:
+    """Live processes of a deployment, ``{pid: (parent pid, command line)}``: every
+    process a deployment starts (Flower's, the reapers) has its FLWR_HOME inside it."""
+    found = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
         home = [v for v in environ if v.startswith(b"FLWR_HOME=")]
-        if home and str(workdir).encode() in home[0] and state != "Z":
-            left.append(cmdline)
-    return left
+        if home and str(workdir).encode() in home[0] and fields[0] != "Z":
+            found[int(pid)] = (int(fields[1]), cmdline)
+    return found
+
+
+def _no_flower_processes_of(workdir: Path) -> list[str]:
+    """Command lines of a deployment's live processes (see :func:`_processes_of`)."""
+    return [cmdline for _, cmdline in _processes_of(workdir).values()]
 
 
 @pytest.fixture(scope="module")
@@ -626,9 +673,15 @@ def breast_cancer_blocks(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_loopback_deployment_reproduces_run_protocol(tmp_path, breast_cancer_blocks):
-    """``hyfl deploy local``: 3 parties, real Paillier, a returning party, same iterates."""
+def test_loopback_deployment_reproduces_run_protocol(tmp_path, breast_cancer_blocks,
+                                                    monkeypatch):
+    """``hyfl deploy local``: 3 parties, real Paillier, a returning party, same iterates;
+    nothing the coordinator received is a private value in disguise."""
+    from hyfl.deploy.app import AUDIT_DIR_VARIABLE, read_received
+
     problem, partition, files = breast_cancer_blocks
+    # The ServerApp keeps every reply as it arrived (inherited by Flower's processes).
+    monkeypatch.setenv(AUDIT_DIR_VARIABLE, str(tmp_path / "received"))
     trace = tmp_path / "trace.txt"
     trace.write_text("0 1 2\n0 2\n0 1 2\n")  # party 1 misses round 2 and comes back in round 3
     out = tmp_path / "out"
@@ -650,13 +703,15 @@ def test_loopback_deployment_reproduces_run_protocol(tmp_path, breast_cancer_blo
     config = DeployConfig.from_run_config(run_config_for(
         parties=3, cipher="paillier", public_key=str(out / "keys" / "public-key.json"),
         hyper="local_steps=5"))
-    history, clients = [], []
+    history, clients, duals = [], [], []
+    spy = RecordingCipher(party_cipher("paillier", out / "keys" / "private-key.json",
+                                       **TEST_KEYS))
     protocol = run_protocol(
         make_algorithm("hyfdca", config.hyper), problem, partition,
-        parse_participation(f"trace:{trace}", 3), 3,
-        party_cipher("paillier", out / "keys" / "private-key.json", **TEST_KEYS), seed=3,
+        parse_participation(f"trace:{trace}", 3), 3, spy, seed=3,
         on_round=lambda s, c: (history.append(s.w.copy()),
-                               clients.__setitem__(slice(None), [x.alpha.copy() for x in c])))
+                               clients.__setitem__(slice(None), [x.alpha.copy() for x in c]),
+                               duals.extend(x.alpha.copy() for x in c)))
     with np.load(out / "weights.npz") as f:
         weights = f["w"]
     np.testing.assert_array_equal(weights[1:], np.stack(history))
@@ -673,6 +728,17 @@ def test_loopback_deployment_reproduces_run_protocol(tmp_path, breast_cancer_blo
     metrics = (out / "metrics.csv").read_text().splitlines()
     assert len(metrics) == 5 and metrics[0].startswith("iteration,primal,relative_loss")
     assert _no_flower_processes_of(out) == []
+    # The Flower path's privacy audit: the same iterates, so the same private values as
+    # the reference run's parties encrypted and decrypted, plus their duals and data.
+    received = read_received(tmp_path / "received", server_cipher(
+        "paillier", out / "keys" / "public-key.json", **config.cipher_options()))
+    assert {"hello", "setup", "round", "steps", "duals", "verdict", "finish"} <= {
+        kind for _, kind, _ in received}
+    private = private_values(spy.secrets, duals, problem.X, problem.Y)
+    assert private.size > 1000
+    findings = audit([(f"party {p}, {kind}", payload) for p, kind, payload in received],
+                     private, skip=("primal_part", "seconds", "timing", "lam_default"))
+    assert findings == []
     print(f"\nloopback: {elapsed:.0f} s in all; seconds per round "
           f"{comparison['deploy_round_seconds']} (run_protocol: "
           f"{comparison['protocol_round_seconds']})")
@@ -742,3 +808,129 @@ def test_loopback_party_killed_mid_run_is_treated_as_absent(tmp_path, breast_can
     print(f"\nkill run: {finished - killed_at:.0f} s from the kill to the end "
           f"(reply timeout 30 s); rounds {[round(r['round_seconds'], 1) for r in rounds]}")
     shutil.rmtree(work / "flwr_home", ignore_errors=True)
+
+
+_DRIVER = """
+import sys, time
+from hyfl.deploy.config import run_config_for
+from hyfl.deploy.local import LocalDeployment
+
+work, data, out = sys.argv[1:4]
+local = LocalDeployment([{"party": 0, "data": data}], work).start()
+# Two parties expected, one started: the ServerApp waits for the second one.
+local.submit(run_config_for(parties=2, iterations=1, cipher="none", out=out,
+                            connect_timeout=600.0))
+time.sleep(600)
+"""
+
+
+def _wait_for(condition, timeout: float, what: str):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_every_process_dies_with_the_deployment_even_on_sigkill(tmp_path,
+                                                                 breast_cancer_blocks):
+    """A SuperNode killed on its own takes its SuperExec along; ``LocalDeployment``'s
+    process killed with SIGKILL takes every process it started along (the SuperLink,
+    its detached SuperExec and ServerApp, the SuperNodes, ``flwr run``, the reapers)."""
+    import subprocess
+    import sys
+
+    from hyfl.deploy.local import _stop_stragglers
+
+    _, _, files = breast_cancer_blocks
+    work = tmp_path / "flower"
+    driver = tmp_path / "driver.py"
+    driver.write_text(_DRIVER)
+    process = subprocess.Popen([sys.executable, str(driver), str(work), str(files[0]),
+                                str(tmp_path / "out")])
+    try:
+        def up():
+            found = _processes_of(work)
+            lines = [c for _, c in found.values()]
+            ready = (sum("flower-superexec" in c for c in lines) >= 2
+                     and any("flwr-serverapp" in c for c in lines))
+            return found if ready else None
+
+        found = _wait_for(up, 120, "the SuperLink, a SuperNode, both SuperExecs and the "
+                                   "ServerApp")
+        # 1. The SuperNode alone, with SIGKILL: its SuperExec and its reaper follow it.
+        node = next(pid for pid, (_, c) in found.items()
+                    if "-m hyfl.deploy.supernode" in c and "_reaper.py" not in c)
+        helpers = {pid for pid, (parent, _) in found.items() if parent == node}
+        assert helpers, "the SuperNode has no SuperExec"
+        reaper = found[node][0]
+        assert "_reaper.py" in found[reaper][1]
+        os.kill(node, signal.SIGKILL)
+        _wait_for(lambda: not ({node, reaper, *helpers} & set(_processes_of(work))), 10,
+                  "the killed SuperNode's processes to end")
+        assert any("flower-superlink" in c for _, c in _processes_of(work).values())
+        # 2. The deployment's own process, with SIGKILL: nothing it started survives.
+        process.kill()
+        process.wait(timeout=10)
+        _wait_for(lambda: not _processes_of(work), 10, "every process to end")
+    finally:
+        process.kill()
+        process.wait(timeout=10)
+        left = _no_flower_processes_of(work)
+        _stop_stragglers(str((work / "flwr_home").resolve()), grace=1.0)
+    assert left == []
+
+
+_TREE = """
+import subprocess, sys, time
+# A detached grandchild (as Flower starts its SuperExec), then wait.
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                         start_new_session=True)
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in "ZX"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+@pytest.mark.parametrize("victim", ["command", "parent"])
+def test_reaper_kills_the_whole_tree_when_the_command_or_the_parent_dies(tmp_path, victim):
+    """The watchdog alone, without Flower: a detached grandchild dies when the command
+    it descends from is killed (SIGKILL), or when the reaper's parent is."""
+    import subprocess
+    import sys
+
+    from hyfl.deploy.local import reaped
+
+    script = tmp_path / "tree.py"
+    script.write_text(_TREE)
+    # The parent: a shell that starts the reaper in the background and waits.
+    parent = subprocess.Popen(
+        [sys.executable, "-c",
+         "import subprocess, sys; from hyfl.deploy.local import reaped; "
+         f"subprocess.Popen(reaped([sys.executable, {str(script)!r}])).wait()"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        grandchild = int(parent.stdout.readline())
+        _wait_for(lambda: _alive(grandchild), 10, "the grandchild")
+        command = int(Path(f"/proc/{grandchild}/stat").read_text().rsplit(")", 1)[1]
+                      .split()[1])
+        assert "tree.py" in Path(f"/proc/{command}/cmdline").read_text()
+        os.kill(command if victim == "command" else parent.pid, signal.SIGKILL)
+        _wait_for(lambda: not _alive(grandchild) and not _alive(command), 5,
+                  "the tree to end")
+    finally:
+        parent.kill()
+        parent.wait(timeout=10)
+    assert reaped(["x"])[-2:] == ["--", "x"]

@@ -5,7 +5,10 @@
   Paillier), and its real operation counts and bytes equal the stacked
   engine's accounting.
 * Everything the server receives and holds is recorded: no dual variable,
-  dual update or partial inner product is ever in plaintext there, and each
+  dual update or partial inner product is ever in plaintext there -- nor any
+  array derived from one, or from the clients' data, by a copy, a scale, a
+  negation, an offset or fixed-point rounding (:mod:`hyfl.privacy.audit`;
+  a client made to leak in each of these ways is caught) -- and each
   client receives only its own samples' duals and its own features' weights.
 """
 
@@ -17,6 +20,7 @@ import pytest
 from hyfl.algorithms.hyfdca import HyFDCA
 from hyfl.errors import HyflError
 from hyfl.partition import Full, RandomFraction, grid, horizontal, nonzero_balanced
+from hyfl.privacy.audit import RecordingCipher, audit, private_values
 from hyfl.privacy.ciphers import PaillierCiphertext, make_cipher
 from hyfl.privacy.layout import EncryptedVector
 from hyfl.problem import make_problem
@@ -117,29 +121,6 @@ def test_plaintext_and_paillier_iterates_agree_on_a_nonzero_balanced_split(probl
 # ---------------------------------------------------------------------------
 
 
-class _Spy:
-    """Wraps the clients' cipher to log every plaintext they encrypt or decrypt."""
-
-    def __init__(self, cipher):
-        self._cipher = cipher
-        self.secrets: list[np.ndarray] = []
-
-    def __getattr__(self, name):
-        return getattr(self._cipher, name)
-
-    def encrypt(self, chunks):
-        self.secrets.append(np.array(chunks, dtype=float).ravel())
-        return self._cipher.encrypt(chunks)
-
-    def decrypt(self, ciphertexts):
-        out = self._cipher.decrypt(ciphertexts)
-        self.secrets.append(np.asarray(out, dtype=float).ravel())
-        return out
-
-    def public(self):
-        return self._cipher.public()
-
-
 def _walk(obj, seen=None):
     """Every leaf the object holds (through attributes, containers and arrays)."""
     seen = set() if seen is None else seen
@@ -176,7 +157,7 @@ cocoa rule's step scalings, and public facts (sizes, the layout, who holds which
 @pytest.mark.parametrize("step_rule", ["safe", "cocoa"])
 def test_server_never_holds_or_receives_a_dual_or_inner_product_in_plaintext(problem, step_rule):
     n, m = problem.n_samples, problem.n_features
-    spy = _Spy(make_cipher("paillier", key_bits=KEY_BITS))
+    spy = RecordingCipher(make_cipher("paillier", key_bits=KEY_BITS))
     wire = Wire(spy.ciphertext_bytes, record=True)
     held = []
 
@@ -190,8 +171,17 @@ def test_server_never_holds_or_receives_a_dual_or_inner_product_in_plaintext(pro
         held.append(leaves)
 
     hyfdca = HyFDCA(local_steps=3, step_rule="safe") if step_rule == "safe" else HyFDCA()
+    duals = []
     run_protocol(hyfdca, problem, grid(n, m, 3, 3), RandomFraction(9, 0.6), 6,
-                 spy, seed=0, wire=wire, on_round=snapshot)
+                 spy, seed=0, wire=wire,
+                 on_round=lambda s, c: (snapshot(s, c), duals.extend(x.alpha.copy() for x in c)))
+
+    # 0. Nothing the server receives or holds is a private value in disguise: copied,
+    # scaled, negated, offset, in fixed point (see hyfl.privacy.audit).
+    private = private_values(spy.secrets, duals, problem.X, problem.Y)
+    assert audit(_received(wire), private, skip=ALLOWED_RECEIVED) == []
+    assert audit([(f"server state, round {t + 1}", leaves) for t, leaves in enumerate(held)],
+                 private) == []
 
     secrets = np.concatenate(spy.secrets)
     secrets = np.unique(np.round(secrets[np.abs(secrets) > 1e-9], 12))
@@ -227,6 +217,62 @@ def test_server_never_holds_or_receives_a_dual_or_inner_product_in_plaintext(pro
                 raise AssertionError(f"plaintext scalar {leaf} from client {client} ({kind})")
         if kind in ("inner_products", "dual_steps", "setup", "proposals", "direction"):
             assert any(isinstance(leaf, EncryptedVector) for leaf in _walk(payload))
+
+
+ALLOWED_RECEIVED = ("primal_part", "step")
+"""Plaintext a client sends on purpose: its primal part (``|M_k| x C``, a function of the
+model) and the cocoa line search's public step."""
+
+
+def _received(wire):
+    """What the server received, as (label, payload) pairs for :func:`audit` (the allowed
+    primal parts of the cocoa rule's replies, sent bare, left out)."""
+    return [(f"client {k}, {kind}", payload) for k, kind, payload in wire.received
+            if not (kind in ALLOWED_RECEIVED and isinstance(payload, np.ndarray))]
+
+
+LEAKS = {
+    "duals in fixed point (int64)": lambda c: np.round(c.alpha * 2**32).astype(np.int64),
+    "a float copy of the duals": lambda c: c.alpha.copy(),
+    "duals negated and scaled": lambda c: -3.7 * c.alpha,
+    "duals offset, in fixed point": lambda c: np.round((c.alpha + 0.5) * 2**20).astype(np.int64),
+    "inner products, scaled": lambda c: 1e3 * c.z,
+    "data entries in fixed point": lambda c: np.round(c.X.data * 2**32).astype(np.int64),
+    "one dual as a Python int": lambda c: int(round(float(c.alpha.max()) * 2**40)),
+}
+
+
+@pytest.mark.parametrize("leak", list(LEAKS))
+def test_the_audit_flags_a_client_that_leaks(problem, monkeypatch, leak):
+    """A client that also sends a disguised private value is caught, whatever the disguise."""
+    from hyfl.algorithms.hyfdca_parties import Client
+
+    n, m = problem.n_samples, problem.n_features
+    spy = RecordingCipher(make_cipher("paillier", key_bits=KEY_BITS))
+    wire = Wire(spy.ciphertext_bytes, record=True)
+    honest = Client.new_duals
+
+    def new_duals(self, vec):
+        return {**honest(self, vec), "extra": LEAKS[leak](self)}
+
+    monkeypatch.setattr(Client, "new_duals", new_duals)
+    duals = []
+    run_protocol(HyFDCA(local_steps=3, step_rule="safe"), problem, grid(n, m, 2, 2), Full(4), 2,
+                 spy, seed=0, wire=wire,
+                 on_round=lambda s, c: duals.extend(x.alpha.copy() for x in c))
+    private = private_values(spy.secrets, duals, problem.X, problem.Y)
+    findings = audit(_received(wire), private, skip=ALLOWED_RECEIVED)
+    assert findings and all("extra" in f for f in findings), findings
+
+
+def test_the_audit_ignores_public_values_and_noise():
+    private = private_values(np.random.default_rng(0).normal(size=5000))
+    rng = np.random.default_rng(1)
+    public = {"samples": np.arange(5000), "counts": np.array([3, 7, 11]), "beta": 0.37,
+              "w": rng.normal(size=(30, 1)), "big": rng.integers(2**40, 2**62, size=50),
+              "flags": np.array([True, False])}
+    assert audit([("public", public)], private) == []
+    assert audit([("leak", {"x": private[:3] * -7.25})], private) != []
 
 
 def _features(partition, k):

@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
@@ -39,7 +41,8 @@ from hyfl.deploy.codec import decode, encode, encoded_bytes
 from hyfl.deploy.party import KINDS, QUERY_KINDS, handle_message
 from hyfl.errors import fail
 
-__all__ = ["FlowerTransport", "client_app", "run_server", "server_app"]
+__all__ = ["AUDIT_DIR_VARIABLE", "FlowerTransport", "client_app", "read_received", "run_server",
+           "server_app"]
 
 # A party's app raised (a configuration error or a bug): stop the run and say so.
 # Every other error reply (node unavailable, app crashed, message lost) means
@@ -47,6 +50,10 @@ __all__ = ["FlowerTransport", "client_app", "run_server", "server_app"]
 _FATAL_CODES = (ErrorCode.LOAD_CLIENT_APP_EXCEPTION, ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
                 ErrorCode.INVALID_FAB)
 _STATE_ARRAYS, _STATE_TREE = "hyfl.arrays", "hyfl.tree"
+#: With this environment variable set to a folder, the ServerApp keeps every reply it
+#: receives there as it arrived (``PID-SEQ-PARTY-KIND.npz``: the encoded arrays plus the
+#: description under ``__spec__``); :func:`read_received` reads them back. For audits.
+AUDIT_DIR_VARIABLE = "HYFL_AUDIT_DIR"
 
 
 def _pack(arrays: dict, spec: str) -> RecordDict:
@@ -132,6 +139,8 @@ class FlowerTransport:
         self.nodes: dict[int, int] = {}
         self.sent_bytes = 0
         self.received_bytes = 0
+        self.audit_dir = os.environ.get(AUDIT_DIR_VARIABLE, "")
+        self.recorded = 0
 
     def _message(self, node: int, kind: str, payload: dict) -> Message:
         arrays, spec = encode(payload)
@@ -157,7 +166,18 @@ class FlowerTransport:
             return None
         arrays, spec = _unpack(reply.content, f"party {party}")
         self.received_bytes += encoded_bytes(arrays, spec)
+        if self.audit_dir:
+            self._record(party, kind, arrays, spec)
         return decode(arrays, spec, self.cipher, sender=f"party {party}")
+
+    def _record(self, party: Any, kind: str, arrays: dict, spec: str) -> None:
+        """Keep a reply as it arrived (for the privacy audit of the tests; ``$HYFL_AUDIT_DIR``)."""
+        folder = Path(self.audit_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.recorded += 1
+        name = str(party).replace(" ", "-")
+        np.savez(folder / f"{os.getpid()}-{self.recorded:06d}-{name}-{kind}.npz",
+                 __spec__=np.array(spec), **arrays)
 
     def connect(self, n_parties: int, timeout: float, hello: dict) -> dict[int, dict]:
         deadline = time.monotonic() + timeout
@@ -228,6 +248,22 @@ class FlowerTransport:
             if reply.metadata.reply_to_message_id == handle:
                 return "failed" if reply.has_error() else "replied"
         return "pending"
+
+
+def read_received(folder: str | os.PathLike, cipher=None) -> list[tuple[str, str, Any]]:
+    """The replies a ServerApp kept in ``$HYFL_AUDIT_DIR``: ``(party, kind, payload)``.
+
+    Payloads are decoded with ``cipher`` (the server's public one) as the
+    coordinator decoded them.
+    """
+    out = []
+    for path in sorted(Path(folder).glob("*.npz")):
+        _, _, *party, kind = path.stem.split("-")
+        with np.load(path) as f:
+            spec = str(f["__spec__"])
+            arrays = {name: f[name] for name in f.files if name != "__spec__"}
+        out.append(("-".join(party), kind, decode(arrays, spec, cipher)))
+    return out
 
 
 def run_server(grid: Grid, run_config: dict) -> dict:

@@ -253,7 +253,10 @@ def party(
                        "or --insecure on loopback.")
     except HyflError as err:
         _fail(err)
-    _exec(command, env)
+    from hyfl.deploy.local import reaped
+
+    # Under the reaper: a SuperNode that dies takes its SuperExec and ClientApps along.
+    _exec(reaped(command, watch_parent=False), env)
 
 
 @app.command()

@@ -4,7 +4,10 @@
 each in its own process group, submits the job with ``flwr run`` and stops
 everything again -- also when the job fails or the user presses Ctrl-C (the
 process groups are terminated, then killed, until none of their processes is
-left). ``hyfl deploy local`` and the tests use it; the same pieces
+left). Each Flower command runs under a watchdog (:func:`reaped`,
+:mod:`hyfl.deploy._reaper`), so its processes die with this one even when
+it is killed with SIGKILL, and a SuperNode's helpers die with the SuperNode.
+``hyfl deploy local`` and the tests use it; the same pieces
 (:func:`write_app`, :func:`write_connection`, :func:`flower_env`) serve
 ``hyfl deploy run`` against a remote SuperLink.
 
@@ -44,6 +47,7 @@ __all__ = [
     "APP_COMPONENTS",
     "LocalDeployment",
     "assemble",
+    "reaped",
     "compare_with_protocol",
     "run_local",
     "deployment_metrics",
@@ -174,6 +178,25 @@ def _group_members(pgid: int) -> list[int]:
         if fields[0] != "Z" and int(fields[2]) == pgid:
             members.append(int(entry))
     return members
+
+
+REAPER = Path(__file__).with_name("_reaper.py")
+
+
+def reaped(command: list[str], watch_parent: bool = True) -> list[str]:
+    """``command`` run under :mod:`hyfl.deploy._reaper`: it and all it starts die with us.
+
+    The reaper is a small stdlib-only script watching this process; when this
+    process dies (SIGKILL included; not with ``watch_parent=False``), when
+    the command exits, or when the reaper is told to stop, it kills
+    everything the command started (Linux: the whole process tree, also what
+    Flower detaches; elsewhere: the process group). On Windows the command is
+    returned unchanged.
+    """
+    if os.name != "posix":
+        return list(command)
+    parent = str(os.getpid()) if watch_parent else "0"
+    return [sys.executable, "-I", "-S", str(REAPER), parent, "--", *command]
 
 
 def _stop_group(process: subprocess.Popen, grace: float = 10.0) -> None:
@@ -356,7 +379,7 @@ class LocalDeployment:
     def _spawn(self, name: str, command: list[str]) -> subprocess.Popen:
         log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 (kept by the child)
         try:
-            return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+            return subprocess.Popen(reaped(command), stdout=log, stderr=subprocess.STDOUT,
                                     env=self.env, cwd=self.workdir, start_new_session=True)
         finally:
             log.close()
