@@ -619,7 +619,8 @@ def test_the_servers_record_of_replies_reads_back_and_is_audited(tmp_path, keys,
     from hyfl.deploy.app import AUDIT_DIR_VARIABLE, FlowerTransport, read_received
 
     private_key, public_key = keys
-    party, server = party_cipher("paillier", private_key), server_cipher("paillier", public_key)
+    party = party_cipher("paillier", private_key, **TEST_KEYS)
+    server = server_cipher("paillier", public_key, **TEST_KEYS)
     monkeypatch.setenv(AUDIT_DIR_VARIABLE, str(tmp_path / "received"))
     transport = FlowerTransport(None, server)
     alpha = np.random.default_rng(0).uniform(0.1, 1, size=(12, 1))
@@ -731,7 +732,7 @@ def test_loopback_deployment_reproduces_run_protocol(tmp_path, breast_cancer_blo
     # The Flower path's privacy audit: the same iterates, so the same private values as
     # the reference run's parties encrypted and decrypted, plus their duals and data.
     received = read_received(tmp_path / "received", server_cipher(
-        "paillier", out / "keys" / "public-key.json", **config.cipher_options()))
+        "paillier", out / "keys" / "public-key.json", **config.cipher_options(), **TEST_KEYS))
     assert {"hello", "setup", "round", "steps", "duals", "verdict", "finish"} <= {
         kind for _, kind, _ in received}
     private = private_values(spy.secrets, duals, problem.X, problem.Y)
