@@ -134,8 +134,12 @@ def test_hyfdca_runs_on_party_data(hybrid):
     problem = make_problem(data, "hinge", 1e-2)
     optimum = solve_centralized(problem, cache=False)
     result = simulate(
-        HyFDCA(local_steps=10,
-               step_rule="safe"), problem, partition, Full(partition.n_clients), 30, optimum=optimum
+        HyFDCA(local_steps=10, step_rule="safe"),
+        problem,
+        partition,
+        Full(partition.n_clients),
+        30,
+        optimum=optimum,
     )
     gap = result.column("gap")
     assert np.all(np.isfinite(gap)) and gap[-1] < gap[0]
@@ -325,7 +329,11 @@ def test_missing_id_column_names_file_and_hint(tmp_path):
             "id,x,label\n1,2,1\n2,NaN,1\n",
             r"feature column 'x' is empty \(or NaN\) at line 3",
         ),
-        ("inf.csv", "id,x,label\n1,inf,1\n", r"inf\.csv.*feature column 'x' holds inf at line 2"),
+        (
+            "inf.csv",
+            "id,x,label\n1,inf,1\n",
+            r"inf\.csv.*infinite feature value in feature column 'x' at line 2",
+        ),
         (
             "text.csv",
             "id,x,label\n1,2,1\n2,abc,-1\n",
@@ -351,7 +359,11 @@ def test_missing_id_column_names_file_and_hint(tmp_path):
             "id\n1\n2\n",
             r"idonly\.csv.*only the ID column 'id'.*Add the party's feature columns",
         ),
-        ("infl.csv", "id,x,label\n1,2,inf\n", r"infl\.csv.*label inf in column 'label' at line 2"),
+        (
+            "infl.csv",
+            "id,x,label\n1,2,inf\n",
+            r"infl\.csv.*infinite label in column 'label' at line 2",
+        ),
     ],
 )
 def test_malformed_csv_party_file(tmp_path, name, text, match):
@@ -554,8 +566,13 @@ def test_run_on_party_spec_with_held_out_rows(hybrid, tmp_path):
     assert (train.n_samples, val.n_samples) == (120, 30)
     assert partition.n_samples == 120 and partition.n_clients == 3
     spec = RunSpec(
-        data=spec_text, val_fraction=0.2, seed=4, iterations=30, lam=1e-2,
-        participation="full", hyper={"local_steps": 10},
+        data=spec_text,
+        val_fraction=0.2,
+        seed=4,
+        iterations=30,
+        lam=1e-2,
+        participation="full",
+        hyper={"local_steps": 10},
     )
     outcome = execute(spec, tmp_path / "run")
     assert outcome.summary["n_clients"] == 3
@@ -575,9 +592,7 @@ def test_party_validation_files_use_training_columns_and_classes(hybrid, tmp_pat
     val_a.to_csv(tmp_path / "va.csv", index=False)
     val_b.to_csv(tmp_path / "vb.csv", index=False)
     val_spec = f"parties:{tmp_path / 'va.csv'},{tmp_path / 'vb.csv'};psi=no"
-    train, val, _ = load_party_data(
-        party_spec(files) + ";unlabeled=drop;psi=no", val=val_spec
-    )
+    train, val, _ = load_party_data(party_spec(files) + ";unlabeled=drop;psi=no", val=val_spec)
     np.testing.assert_array_equal(val.X.toarray(), X[:10])
     np.testing.assert_array_equal(val.y, np.where(y[:10] == 1, 1.0, -1.0))
 
@@ -607,7 +622,7 @@ lam = 0.01
 val_fraction = 0.25
 
 [data.parties]
-files = {{ A = "{files['A'].name}", B = "{files['B'].name}", C = "{files['C'].name}" }}
+files = {{ A = "{files["A"].name}", B = "{files["B"].name}", C = "{files["C"].name}" }}
 unlabeled = "drop"
 psi = false
 

@@ -82,7 +82,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from hyfl.data.dataset import Dataset
-from hyfl.data.loaders import clean_csr, map_labels
+from hyfl.data.loaders import check_values, clean_csr, map_labels
 from hyfl.errors import check_choice, fail
 from hyfl.partition import Partition, from_blocks
 
@@ -262,14 +262,12 @@ def _read_labels(column, parquet: bool, culprit: str, label_column: str):
     known = ~column.isna().to_numpy()
     if pd.api.types.is_bool_dtype(column) or pd.api.types.is_numeric_dtype(column):
         labels = column.to_numpy(dtype=np.float64, na_value=np.nan)
-        infinite = np.flatnonzero(np.isinf(labels))
-        if infinite.size:
-            row = int(infinite[0])
-            raise fail(
-                culprit,
-                f"has label {labels[row]} in column {label_column!r} at {_where(parquet, row)}",
-                "Labels must be finite numbers or text classes.",
-            )
+        check_values(
+            np.where(known, labels, 0.0),
+            culprit,
+            lambda row: f"in column {label_column!r} at {_where(parquet, row)}",
+            "label",
+        )
         return labels, known
     labels = np.empty(len(column), dtype=object)
     for row, value in enumerate(column.tolist()):
@@ -314,17 +312,23 @@ def _read_features(frame, names: list[str], parquet: bool, culprit: str) -> np.n
                 "label_column (spec options id=, label=).",
             )
         values[:, position] = parsed.to_numpy(dtype=np.float64, na_value=np.nan)
-    finite = np.isfinite(values)
-    if not finite.all():
-        row, position = (int(v) for v in np.argwhere(~finite)[0])
-        value = values[row, position]
-        what = "is empty (or NaN)" if np.isnan(value) else f"holds {value}"
+    nan = np.isnan(values)
+    if nan.any():
+        row, position = (int(v) for v in np.argwhere(nan)[0])
         raise fail(
             culprit,
-            f"feature column {names[position]!r} {what} at {_where(parquet, row)}",
+            f"feature column {names[position]!r} is empty (or NaN) at {_where(parquet, row)}",
             "Every feature value must be a finite number: fill it in (0 for absent) or "
             "remove the row or the column.",
         )
+    width = max(len(names), 1)
+    check_values(
+        values,
+        culprit,
+        lambda flat: f"in feature column {names[flat % width]!r} at "
+        f"{_where(parquet, flat // width)}",
+        "feature value",
+    )
     return values
 
 
