@@ -36,6 +36,13 @@ number samples the same way): the first party's rows become samples
 file order. Party order is the order of the mapping (or list) of files, and it
 is also the client order of the :class:`~hyfl.partition.Partition`.
 
+When the parties do not all hold the same feature columns (a vertical or
+hybrid split, or a labels-only party), at least ``min_common`` sample IDs
+(default 1; spec option ``min_common=``) must occur in two or more files:
+files that share no ID would otherwise train on a block-diagonal ``X``. The
+error names every party with its number of IDs and of shared IDs;
+``meta["shared_ids"]`` records the shared count per party.
+
 Entry (sample i, feature m) of the global CSR matrix is owned by the party
 whose file holds it. Where several parties hold the same cell (they share the
 sample and the feature), their values must agree (up to a relative 1e-12);
@@ -62,6 +69,7 @@ and line.
                task=binary|multiclass|regression  classes=<c1>|<c2>|...
                features=<text file, one feature name per line> | <f1>|<f2>|... | <count>
                unlabeled=error|drop  psi=yes|no  name=<data set name>
+               min_common=<minimum number of shared sample IDs, default 1>
 
 e.g. ``parties:hospital=a.csv,lab=b.parquet;id=patient;label=outcome``. A
 bare folder holding party files, or a single ``.csv``/``.parquet`` path, is a
@@ -83,7 +91,7 @@ import scipy.sparse as sp
 
 from hyfl.data.dataset import Dataset
 from hyfl.data.loaders import check_values, clean_csr, map_labels
-from hyfl.errors import check_choice, fail
+from hyfl.errors import check_choice, check_int, fail
 from hyfl.partition import Partition, from_blocks
 
 __all__ = [
@@ -429,6 +437,32 @@ def _align(tables: list[_Table], psi: bool) -> tuple[list[np.ndarray], int, int 
     return result, len(index), None
 
 
+def _check_common_ids(
+    tables: list[_Table], rows: list[np.ndarray], n_aligned: int, min_common: int, id_column: str
+) -> dict[str, int]:
+    """Per party, how many of its IDs occur in another file; raise if too few overall."""
+    holders = np.zeros(n_aligned, dtype=np.int64)
+    for g in rows:
+        holders[g] += 1
+    shared = {t.party: int(np.count_nonzero(holders[g] > 1)) for t, g in zip(tables, rows)}
+    n_common = int(np.count_nonzero(holders > 1))
+    same_columns = len({tuple(sorted(t.features)) for t in tables}) == 1
+    if len(tables) > 1 and not same_columns and n_common < min_common:
+        counts = ", ".join(
+            f"{t.party!r} ({len(t.ids)} IDs, {shared[t.party]} shared)" for t in tables
+        )
+        raise fail(
+            f"party files {counts}",
+            f"share {n_common} sample ID{'' if n_common == 1 else 's'} in column "
+            f"{id_column!r}, fewer than min_common={min_common}, although they "
+            "hold different columns",
+            "Check that every file uses the same ID column and spelling of the IDs; "
+            "lower min_common (spec option min_common=, 0 disables the check) only if "
+            "the files are meant to share so few samples.",
+        )
+    return shared
+
+
 # --------------------------------------------------------------------------- labels
 
 
@@ -753,6 +787,7 @@ def load_parties(
     classes: Sequence | None = None,
     unlabeled: str = "error",
     name: str = "parties",
+    min_common: int = 1,
 ) -> tuple[Dataset, Partition]:
     """Read one CSV/Parquet file per party and build the data set and its partition.
 
@@ -791,6 +826,9 @@ def load_parties(
         raise, or leave those samples out.
     name : str, default "parties"
         The data set's name.
+    min_common : int, default 1
+        Fewest sample IDs that must occur in two or more files when the
+        parties hold different feature columns (0 turns the check off).
 
     Returns
     -------
@@ -811,6 +849,7 @@ def load_parties(
         files).
     """
     check_choice("unlabeled", unlabeled, _UNLABELED)
+    min_common = check_int("min_common", min_common, minimum=0)
     if task is not None:
         check_choice("task", task, _TASKS)
     if not isinstance(id_column, str) or not id_column:
@@ -844,6 +883,7 @@ def load_parties(
     ]
     feature_names = _global_features(tables, features, id_column, label_column)
     rows, n_aligned, psi_bytes = _align(tables, psi)
+    shared_ids = _check_common_ids(tables, rows, n_aligned, min_common, id_column)
 
     sample_ids = np.empty(n_aligned, dtype=object)
     for t, g in zip(reversed(tables), reversed(rows)):
@@ -1006,6 +1046,7 @@ def load_parties(
             "psi_bytes": psi_bytes,
             "dropped_unlabeled": int(n_aligned - n_samples),
             "shared_cells": bool(overlap),
+            "shared_ids": shared_ids,
         },
     )
     return dataset, partition
@@ -1013,7 +1054,17 @@ def load_parties(
 
 # --------------------------------------------------------------------------- specs
 
-_OPTION_KEYS = ("id", "label", "task", "classes", "features", "unlabeled", "psi", "name")
+_OPTION_KEYS = (
+    "id",
+    "label",
+    "task",
+    "classes",
+    "features",
+    "unlabeled",
+    "psi",
+    "name",
+    "min_common",
+)
 _ENTRY_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
@@ -1112,6 +1163,7 @@ def parse_party_spec(value: str | os.PathLike) -> tuple[dict[str, Path], dict[st
         "unlabeled": "unlabeled",
         "psi": "psi",
         "name": "name",
+        "min_common": "min_common",
     }
     for part in option_parts:
         if not part.strip():
@@ -1127,6 +1179,13 @@ def parse_party_spec(value: str | os.PathLike) -> tuple[dict[str, Path], dict[st
         raw = raw.strip()
         if key == "psi":
             options["psi"] = _parse_bool(key, raw)
+        elif key == "min_common":
+            try:
+                options["min_common"] = int(raw)
+            except ValueError:
+                raise fail(
+                    "party spec option min_common", f"is {raw!r}", "Use a whole number >= 0."
+                ) from None
         elif key == "classes":
             options["classes"] = [c.strip() for c in raw.split("|") if c.strip()]
         elif key == "features":
