@@ -432,6 +432,59 @@ def parse_config(
     return config
 
 
+_KIND_NAMES = {
+    "bool": "true or false",
+    "int": "an integer",
+    "float": "a number",
+    "str": "a string",
+    "list": "a list of numbers",
+}
+
+
+def hyperparameter_kinds(name: str) -> dict[str, tuple[str, ...]]:
+    """The TOML value kinds each hyperparameter of algorithm ``name`` takes.
+
+    The schema is the algorithm dataclass's own annotations (``int``,
+    ``float | str``, ``tuple[float, ...]`` ...), so it cannot drift from the
+    code: each annotated type maps to a kind among ``bool``, ``int``,
+    ``float`` (also accepts integers), ``str`` and ``list`` (of numbers).
+    """
+    import dataclasses
+
+    from hyfl.algorithms import ALGORITHMS
+
+    out: dict[str, tuple[str, ...]] = {}
+    for f in dataclasses.fields(ALGORITHMS[name].cls):
+        kinds = []
+        for part in str(f.type).split("|"):
+            part = part.strip().strip("'\"")
+            kind = "list" if part.startswith(("tuple", "list")) else part
+            if kind in _KIND_NAMES:
+                kinds.append(kind)
+        out[f.name] = tuple(kinds) or ("bool", "int", "float", "str", "list")
+    return out
+
+
+def _matches(value: Any, kinds: tuple[str, ...]) -> bool:
+    if isinstance(value, bool):
+        return "bool" in kinds
+    if isinstance(value, int):
+        return "int" in kinds or "float" in kinds
+    if isinstance(value, float):
+        return "float" in kinds or ("int" in kinds and value.is_integer())
+    if isinstance(value, str):
+        return "str" in kinds
+    if isinstance(value, list):
+        return "list" in kinds and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
+        )
+    return False
+
+
+def _describe(kinds: tuple[str, ...]) -> str:
+    return " or ".join(_KIND_NAMES[k] for k in kinds)
+
+
 class _Validator:
     """Typed reads of raw TOML values with errors naming table, key and file."""
 
@@ -866,6 +919,15 @@ class _Validator:
                         key,
                         f"is not a hyperparameter of {name}",
                         f"{name} accepts: {', '.join(sorted(accepted))}.",
+                    )
+            kinds = hyperparameter_kinds(name)
+            for key, value in hyper.items():
+                if not _matches(value, kinds[key]):
+                    raise self.error(
+                        s,
+                        key,
+                        f"must be {_describe(kinds[key])}, got {value!r}",
+                        f"Write {key} = <{_describe(kinds[key])}>.",
                     )
             if "iic" in hyper and "local_steps" in hyper:
                 raise self.error(s, "iic, local_steps", "are both given", "Give only one of them.")
