@@ -37,8 +37,10 @@ _COMPRESSED_SUFFIXES = (".gz", ".bz2")
 #: Default upper bound on the number of features (largest feature index) a
 #: file may use: 2**24 = 16,777,216. Every client keeps dense float64 vectors
 #: of this width, so a stray index of 2e9 would need ~16 GB per vector.
-#: Override with ``load_libsvm(..., max_features=...)`` / ``--max-features``.
+#: Override with ``load_libsvm(..., max_features=...)``, or for every load
+#: (the CLI included) with the environment variable ``HYFL_MAX_FEATURES``.
 MAX_FEATURES = 2**24
+MAX_FEATURES_ENV = "HYFL_MAX_FEATURES"
 
 #: Largest accepted absolute feature value or label. Squares and sums of up
 #: to 2**24 squares of values below 1e150 stay finite in float64 (max ~1.8e308);
@@ -288,7 +290,7 @@ def load_libsvm(
     zero_based: bool | str = "auto",
     classes: tuple | None = None,
     task: str | None = None,
-    max_features: int = MAX_FEATURES,
+    max_features: int | None = None,
 ) -> Dataset:
     """Load a LIBSVM/SVMlight file (plain, ``.gz`` or ``.bz2``).
 
@@ -311,9 +313,10 @@ def load_libsvm(
         this file's labels are mapped the same way.
     task : {"binary", "multiclass", "regression"}, optional
         Force the task instead of inferring it from the labels.
-    max_features : int, default MAX_FEATURES (2**24)
+    max_features : int, optional
         Largest feature index accepted; a larger one is refused before any
-        wide array is allocated.
+        wide array is allocated. Default: ``$HYFL_MAX_FEATURES`` if set, else
+        ``MAX_FEATURES`` (2**24).
 
     Returns
     -------
@@ -329,6 +332,16 @@ def load_libsvm(
         Missing, malformed, undecodable, empty or non-finite files, values
         beyond ``MAX_ABS_VALUE``, or feature indices beyond ``max_features``.
     """
+    if max_features is None:
+        max_features = os.environ.get(MAX_FEATURES_ENV, MAX_FEATURES)
+        try:
+            max_features = int(max_features)
+        except ValueError:
+            raise fail(
+                f"environment variable {MAX_FEATURES_ENV}",
+                f"is {max_features!r}, not an integer",
+                "Set it to a whole number of features, e.g. 50000000, or unset it.",
+            ) from None
     check_int("max_features", max_features)
     path = Path(path)
     source = f"LIBSVM file {path}"
@@ -381,14 +394,14 @@ def load_libsvm(
         )
     if X_raw.shape[1] > max_features + 1:  # +1: a 1-based file's largest index is width
         where = _first_bad_line(path, max_features)
-        at = f" at line {where[0]} ({where[1]})" if where else ""
+        at = f" at line {where[0]}" if where else ""
         gib = 8 * X_raw.shape[1] / 2**30
         raise fail(
             source,
             f"uses feature index {X_raw.shape[1] - 1}{at}, above the limit of {max_features} "
             f"features (each dense weight vector would need {gib:.1f} GiB)",
             "Fix the index if it is a typo; for genuinely wider data pass a larger "
-            "max_features (CLI: --max-features).",
+            "max_features (or set the environment variable HYFL_MAX_FEATURES).",
         )
 
     has_index_zero = X_raw.nnz > 0 and int(X_raw.indices.min()) == 0
