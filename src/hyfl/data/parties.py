@@ -178,6 +178,15 @@ def _read_frame(path: Path, parquet: bool, id_column: str, culprit: str):
             ) from error
         names = [str(c).strip() for c in frame.columns]
     else:
+        if path.name.lower().endswith(".csv"):
+            with open(path, "rb") as f:
+                head = f.read(4096)
+            if head[:2] in (b"\xff\xfe", b"\xfe\xff") or b"\x00" in head:
+                raise fail(
+                    culprit,
+                    "is not UTF-8 text (it looks UTF-16 encoded or binary)",
+                    "Save it as a UTF-8 CSV (e.g. 'CSV UTF-8' in a spreadsheet program).",
+                )
         try:
             header = pd.read_csv(path, header=None, nrows=1, dtype=str, keep_default_na=False)
             frame = pd.read_csv(path, dtype={id_column: str})
@@ -187,7 +196,14 @@ def _read_frame(path: Path, parquet: bool, id_column: str, culprit: str):
                 "is empty (no header line)",
                 "Write a header line and one row per sample, or leave the party out.",
             ) from error
-        except (ValueError, OSError, UnicodeDecodeError, pd.errors.ParserError) as error:
+        except UnicodeDecodeError as error:
+            raise fail(
+                culprit,
+                f"is not UTF-8 text (it holds byte {error.object[error.start]:#04x}, "
+                "which UTF-8 cannot decode; Latin-1 or Windows-1252 perhaps)",
+                "Save it as a UTF-8 CSV (e.g. 'CSV UTF-8' in a spreadsheet program).",
+            ) from error
+        except (ValueError, OSError, pd.errors.ParserError) as error:
             raise fail(
                 culprit,
                 f"is not a valid CSV: {' '.join(str(error).split())}",
