@@ -323,7 +323,13 @@ def read_toml(path: str | os.PathLike) -> dict[str, Any]:
     """The raw tables of a TOML file (errors name the file and the line)."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_bytes().decode("utf-8-sig")  # tolerate a UTF-8 byte order mark
+    except UnicodeDecodeError as err:
+        raise fail(
+            f"config file {str(p)!r}",
+            f"is not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start})",
+            "TOML files must be UTF-8; save it as UTF-8 (not UTF-16 or Latin-1).",
+        ) from None
     except FileNotFoundError:
         raise fail(f"config file {str(p)!r}", "does not exist", "Check the path.") from None
     except OSError as err:
