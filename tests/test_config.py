@@ -2,6 +2,7 @@
 
 import copy
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -388,3 +389,24 @@ def test_hyperparameter_of_wrong_type_names_key_type_and_value(algorithm, key, v
     message = str(error.value)
     assert f"[algorithms.{algorithm}] {key}:" in message
     assert expected in message and "bad.toml" in message
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("psi", "yes", "parties.psi: must be true or false, got 'yes'"),
+        ("min_common", True, "parties.min_common: must be an integer, got True"),
+        ("min_common", "1", "parties.min_common: must be an integer, got '1'"),
+        ("id_column", 3, "parties.id_column: must be a string, got 3"),
+    ],
+)
+def test_party_options_of_wrong_type(key, value, expected):
+    from hyfl.experiments.config import parse_config
+
+    raw = {
+        "experiment": {"name": "x", "budget": {"iterations": 5}},
+        "data": {"parties": {"files": ["a.csv", "b.csv"], key: value}},
+        "algorithms": {"hyfdca": {}},
+    }
+    with pytest.raises(HyflError, match=re.escape(expected)):
+        parse_config(raw, source="bad.toml")

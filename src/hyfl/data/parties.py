@@ -1285,6 +1285,7 @@ PARTY_OPTIONS = (
     "classes",
     "unlabeled",
     "name",
+    "min_common",
 )
 
 

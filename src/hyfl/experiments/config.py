@@ -786,6 +786,19 @@ class _Validator:
         if not isinstance(value, Mapping):
             raise self.error(s, "parties", f"must be a table, got {value!r}", fix)
         self.known_keys("data.parties", value, ("files", *PARTY_OPTIONS))
+        kinds = {"psi": bool, "min_common": int, "id_column": str, "unlabeled": str}
+        kinds.update(task=str, name=str)
+        for key, kind in kinds.items():
+            if key in value and (
+                not isinstance(value[key], kind) or (kind is int and isinstance(value[key], bool))
+            ):
+                expected = {bool: "true or false", int: "an integer", str: "a string"}[kind]
+                raise self.error(
+                    s,
+                    f"parties.{key}",
+                    f"must be {expected}, got {value[key]!r}",
+                    f"Write {key} = <{expected}>.",
+                )
         files = value.get("files")
         if isinstance(files, Mapping) and files and all(isinstance(f, str) for f in files.values()):
             files = {name: self.path(f) for name, f in files.items()}
