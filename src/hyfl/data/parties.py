@@ -8,6 +8,8 @@ File format
 -----------
 * **Formats**, chosen by extension: ``.csv`` (also ``.csv.gz``, ``.csv.bz2``,
   ``.csv.xz``, ``.csv.zip``) with one header line, or ``.parquet``/``.pq``.
+  CSVs are UTF-8 (a byte order mark is fine; UTF-16 and Latin-1 are refused).
+  Empty files and files with a header but no rows are errors.
 * **ID column** (default ``"id"``): the sample key shared across parties
   (a patient number, a user id, ...). Every row needs one and it must be
   unique within the file. IDs are compared as text after stripping
@@ -21,7 +23,9 @@ File format
   labels and no features (a label-only party: it is aligned like the others
   but is not a client, since it holds no block of X).
 * **Feature columns**: every other column. Values must be numbers (booleans
-  count as 0/1); an empty cell, NaN or inf is an error (write 0 for "absent").
+  count as 0/1); an empty cell, NaN or inf is an error (write 0 for "absent"),
+  and so is a value beyond ``|v| <= MAX_ABS_VALUE`` (1e150, whose square
+  still fits float64; :func:`hyfl.data.loaders.check_values`, as for labels).
   A feature column name used by several parties means the *same* feature
   (one column of the global matrix): the parties then hold the same feature
   for their own samples. Feature order in X: a declared feature list's order,
