@@ -2,6 +2,7 @@
 
 import copy
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -360,3 +361,52 @@ def test_resume_refusals(tmp_path):
     bad = write(tmp_path, mutate(_set("data", "lam", 0)), "bad.toml")
     result = runner.invoke(app, ["run", str(bad), "-q"])
     assert result.exit_code == 2 and "[data] lam: must be > 0" in result.output
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "key", "value", "expected"),
+    [
+        ("hyfdca", "local_steps", "five", "must be an integer, got 'five'"),
+        ("hyfdca", "local_steps", True, "must be an integer, got True"),
+        ("hyfdca", "iic", [0.1], "must be a number, got [0.1]"),
+        ("hyfdca", "refresh_inner_products", "yes", "must be true or false, got 'yes'"),
+        ("fedavg", "a", True, "must be a number, got True"),
+        ("fedh-g", "a", ["x"], "must be a number or a list of numbers, got ['x']"),
+        ("fedsgd", "batch_size", 2.5, "must be an integer, got 2.5"),
+    ],
+)
+def test_hyperparameter_of_wrong_type_names_key_type_and_value(algorithm, key, value, expected):
+    from hyfl.experiments.config import parse_config
+
+    raw = {
+        "experiment": {"name": "x", "budget": {"iterations": 5}},
+        "data": {"dataset": "breast_cancer"},
+        "partition": {"spec": "grid:2x2"},
+        "algorithms": {algorithm: {key: value}},
+    }
+    with pytest.raises(HyflError) as error:
+        parse_config(raw, source="bad.toml")
+    message = str(error.value)
+    assert f"[algorithms.{algorithm}] {key}:" in message
+    assert expected in message and "bad.toml" in message
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("psi", "yes", "parties.psi: must be true or false, got 'yes'"),
+        ("min_common", True, "parties.min_common: must be an integer, got True"),
+        ("min_common", "1", "parties.min_common: must be an integer, got '1'"),
+        ("id_column", 3, "parties.id_column: must be a string, got 3"),
+    ],
+)
+def test_party_options_of_wrong_type(key, value, expected):
+    from hyfl.experiments.config import parse_config
+
+    raw = {
+        "experiment": {"name": "x", "budget": {"iterations": 5}},
+        "data": {"parties": {"files": ["a.csv", "b.csv"], key: value}},
+        "algorithms": {"hyfdca": {}},
+    }
+    with pytest.raises(HyflError, match=re.escape(expected)):
+        parse_config(raw, source="bad.toml")

@@ -799,3 +799,52 @@ def test_libsvm_bad_lines_name_line_and_fix(tmp_path, content, match):
     with pytest.raises(HyflError, match=rf"bad\.svm is not valid LIBSVM format at {match}") as e:
         load_libsvm(path)
     assert "fix or remove the bad line" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (
+            b"1 1:1 2000000000:1\n",
+            r"feature index 2000000000 at line 1, above the limit of 16777216",
+        ),
+        (b"1 1:1 100000000000000000000:1\n", r"feature index too large to represent at line 1"),
+        (b"1 1:1e308\n", r"feature value 1e\+308 in sample 1.*limit \|v\| <= 1e\+150"),
+        (b"1e300 1:1\n", r"label 1e\+300 in sample 1"),
+        (b"1 1.5:1\n", r"line 1 .*not integer_index:number"),
+        (b"1 -3:1\n", r"line 1 \(feature index -3 is negative\)"),
+        (b"# only\n# comments\n", r"holds no samples \(it is empty or only has comments\)"),
+        (b"", r"holds no samples"),
+        ("1 1:1\n".encode("utf-16"), r"not ASCII/UTF-8 text"),
+        (b"\x00\x01\x02\xff binary\n", r"not ASCII/UTF-8 text"),
+    ],
+)
+def test_hostile_libsvm_files_are_refused_before_allocating(tmp_path, content, expected):
+    path = tmp_path / "bad.svm"
+    path.write_bytes(content)
+    with pytest.raises(HyflError, match=expected):
+        load_libsvm(path)
+
+
+def test_max_features_keyword_and_environment(tmp_path, monkeypatch):
+    path = tmp_path / "wide.svm"
+    path.write_text("1 1:1 50:2\n-1 3:1\n")
+    with pytest.raises(HyflError, match=r"above the limit of 10 features.*max_features"):
+        load_libsvm(path, max_features=10)
+    assert load_libsvm(path, max_features=50).X.shape == (2, 50)
+    monkeypatch.setenv("HYFL_MAX_FEATURES", "10")
+    with pytest.raises(HyflError, match=r"above the limit of 10 features"):
+        load_libsvm(path)
+    monkeypatch.setenv("HYFL_MAX_FEATURES", "many")
+    with pytest.raises(HyflError, match=r"HYFL_MAX_FEATURES is 'many'"):
+        load_libsvm(path)
+
+
+def test_check_values_is_the_one_finiteness_rule():
+    from hyfl.data.loaders import MAX_ABS_VALUE, check_values
+
+    check_values(np.array([[MAX_ABS_VALUE, -MAX_ABS_VALUE]]), "x")
+    with pytest.raises(HyflError, match=r"x has value 1e\+151 at item 1, beyond"):
+        check_values([0.0, 1e151], "x", lambda i: f"at item {i}")
+    with pytest.raises(HyflError, match=r"NaN or infinite"):
+        check_values([np.nan], "x")

@@ -134,8 +134,12 @@ def test_hyfdca_runs_on_party_data(hybrid):
     problem = make_problem(data, "hinge", 1e-2)
     optimum = solve_centralized(problem, cache=False)
     result = simulate(
-        HyFDCA(local_steps=10,
-               step_rule="safe"), problem, partition, Full(partition.n_clients), 30, optimum=optimum
+        HyFDCA(local_steps=10, step_rule="safe"),
+        problem,
+        partition,
+        Full(partition.n_clients),
+        30,
+        optimum=optimum,
     )
     gap = result.column("gap")
     assert np.all(np.isfinite(gap)) and gap[-1] < gap[0]
@@ -325,7 +329,11 @@ def test_missing_id_column_names_file_and_hint(tmp_path):
             "id,x,label\n1,2,1\n2,NaN,1\n",
             r"feature column 'x' is empty \(or NaN\) at line 3",
         ),
-        ("inf.csv", "id,x,label\n1,inf,1\n", r"inf\.csv.*feature column 'x' holds inf at line 2"),
+        (
+            "inf.csv",
+            "id,x,label\n1,inf,1\n",
+            r"inf\.csv.*infinite feature value in feature column 'x' at line 2",
+        ),
         (
             "text.csv",
             "id,x,label\n1,2,1\n2,abc,-1\n",
@@ -351,7 +359,11 @@ def test_missing_id_column_names_file_and_hint(tmp_path):
             "id\n1\n2\n",
             r"idonly\.csv.*only the ID column 'id'.*Add the party's feature columns",
         ),
-        ("infl.csv", "id,x,label\n1,2,inf\n", r"infl\.csv.*label inf in column 'label' at line 2"),
+        (
+            "infl.csv",
+            "id,x,label\n1,2,inf\n",
+            r"infl\.csv.*infinite label in column 'label' at line 2",
+        ),
     ],
 )
 def test_malformed_csv_party_file(tmp_path, name, text, match):
@@ -402,13 +414,13 @@ def test_third_class_in_binary_problem(tmp_path):
     a = write(tmp_path, "a.csv", "id,x,label\n1,1,0\n2,2,1\n3,3,0\n4,4,1\n")
     b = write(tmp_path, "b.csv", "id,z,label\n5,1,1\n6,2,2\n")
     with pytest.raises(HyflError) as error:
-        load_parties([a, b], task="binary", psi=False)
+        load_parties([a, b], task="binary", psi=False, min_common=0)
     message = str(error.value)
     assert "take 3 values but a binary task needs 2" in message
     assert "e.g. 2 in party file" in message and "b.csv" in message and "line 3 (ID '6')" in message
     with pytest.raises(HyflError, match=r"include 2, which is not among the declared classes"):
-        load_parties([a, b], classes=[0, 1], psi=False)
-    data, _ = load_parties([a, b], psi=False)  # three integer classes: multiclass
+        load_parties([a, b], classes=[0, 1], psi=False, min_common=0)
+    data, _ = load_parties([a, b], psi=False, min_common=0)  # three integer classes: multiclass
     assert data.task == "multiclass"
 
 
@@ -416,14 +428,14 @@ def test_text_and_number_labels_do_not_mix(tmp_path):
     a = write(tmp_path, "a.csv", "id,x,label\n1,1,0\n2,2,1\n")
     b = write(tmp_path, "b.csv", "id,z,label\n3,1,spam\n")
     with pytest.raises(HyflError) as error:
-        load_parties([a, b], psi=False)
+        load_parties([a, b], psi=False, min_common=0)
     message = str(error.value)
     assert "b.csv" in message and "text labels (e.g. 'spam')" in message
     assert "a.csv" in message and "number labels" in message and "one kind of label" in message
     # Text that reads as numbers is fine.
     c = tmp_path / "c.parquet"
     pd.DataFrame({"id": ["4"], "z": [2.0], "label": ["1"]}).to_parquet(c)
-    data, _ = load_parties([a, c], psi=False)
+    data, _ = load_parties([a, c], psi=False, min_common=0)
     np.testing.assert_array_equal(data.y, [-1.0, 1.0, 1.0])
 
 
@@ -554,8 +566,13 @@ def test_run_on_party_spec_with_held_out_rows(hybrid, tmp_path):
     assert (train.n_samples, val.n_samples) == (120, 30)
     assert partition.n_samples == 120 and partition.n_clients == 3
     spec = RunSpec(
-        data=spec_text, val_fraction=0.2, seed=4, iterations=30, lam=1e-2,
-        participation="full", hyper={"local_steps": 10},
+        data=spec_text,
+        val_fraction=0.2,
+        seed=4,
+        iterations=30,
+        lam=1e-2,
+        participation="full",
+        hyper={"local_steps": 10},
     )
     outcome = execute(spec, tmp_path / "run")
     assert outcome.summary["n_clients"] == 3
@@ -575,9 +592,7 @@ def test_party_validation_files_use_training_columns_and_classes(hybrid, tmp_pat
     val_a.to_csv(tmp_path / "va.csv", index=False)
     val_b.to_csv(tmp_path / "vb.csv", index=False)
     val_spec = f"parties:{tmp_path / 'va.csv'},{tmp_path / 'vb.csv'};psi=no"
-    train, val, _ = load_party_data(
-        party_spec(files) + ";unlabeled=drop;psi=no", val=val_spec
-    )
+    train, val, _ = load_party_data(party_spec(files) + ";unlabeled=drop;psi=no", val=val_spec)
     np.testing.assert_array_equal(val.X.toarray(), X[:10])
     np.testing.assert_array_equal(val.y, np.where(y[:10] == 1, 1.0, -1.0))
 
@@ -607,7 +622,7 @@ lam = 0.01
 val_fraction = 0.25
 
 [data.parties]
-files = {{ A = "{files['A'].name}", B = "{files['B'].name}", C = "{files['C'].name}" }}
+files = {{ A = "{files["A"].name}", B = "{files["B"].name}", C = "{files["C"].name}" }}
 unlabeled = "drop"
 psi = false
 
@@ -642,3 +657,24 @@ def test_config_party_errors(hybrid):
         parse_config({**base, "data": {"parties": {**table, "id_colum": "x"}}})
     with pytest.raises(HyflError, match="must name party files"):
         parse_config({**base, "data": {"parties": {"files": 3}}})
+
+
+def test_files_sharing_no_id_blame_the_overlap(tmp_path):
+    a = write(tmp_path, "a.csv", "id,x,label\n1,1,0\n2,2,1\n")
+    b = write(tmp_path, "b.csv", "id,z\n7,1\n8,2\n9,3\n")
+    with pytest.raises(HyflError) as error:
+        load_parties({"hospital": a, "lab": b}, psi=False)
+    message = str(error.value)
+    assert "'hospital' (2 IDs, 0 shared)" in message and "'lab' (3 IDs, 0 shared)" in message
+    assert "min_common=1" in message and "label" not in message.split(".")[0]
+    c = write(tmp_path, "c.csv", "id,z\n1,1\n8,2\n9,3\n")
+    with pytest.raises(HyflError, match=r"share 1 sample ID .* fewer than min_common=2"):
+        load_parties({"hospital": a, "lab": c}, psi=False, min_common=2)
+    data, _ = load_parties({"hospital": a, "lab": c}, psi=False, unlabeled="drop")
+    assert data.meta["shared_ids"] == {"hospital": 1, "lab": 1}
+    # Same columns everywhere (horizontal split): disjoint IDs are expected.
+    d = write(tmp_path, "d.csv", "id,x,label\n5,1,0\n6,2,1\n")
+    data, _ = load_parties([a, d], psi=False)
+    assert data.meta["shared_ids"] == {"a": 0, "d": 0}
+    spec_files, options = parse_party_spec(f"parties:{a},{b};min_common=0")
+    assert options["min_common"] == 0

@@ -52,8 +52,12 @@ def test_weak_duality_and_optimality_of_the_reference(loss):
         assert opt.info["gradient_norm"] < 1e-7
     # A long HyFDCA run gives a dual certificate: D(alpha) <= P* <= P(w).
     result = simulate(
-        HyFDCA(local_steps=40, step_rule="safe"), p, horizontal(150, 8, 3, seed=0), Full(3),
-        2000, eval_every=2000
+        HyFDCA(local_steps=40, step_rule="safe"),
+        p,
+        horizontal(150, 8, 3, seed=0),
+        Full(3),
+        2000,
+        eval_every=2000,
     )
     dual = p.dual(result.duals)
     assert dual <= opt.primal + 1e-9
@@ -122,3 +126,17 @@ def test_bad_inputs_are_named():
     reg = Dataset(d.X, np.linspace(0, 1, 150), "reg", task="regression")
     with pytest.raises(HyflError, match="squared"):
         make_problem(reg, "hinge", 1.0)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (np.nan, r"NaN or infinite feature value in row 2"),
+        (1e200, r"feature value 1e\+200 in row 2"),
+    ],
+)
+def test_in_memory_arrays_get_the_loaders_value_check(value, expected):
+    X = np.array([[1.0, 0.0], [value, 2.0]])
+    data = Dataset(X=sp.csr_matrix(X), y=np.array([1.0, -1.0]), name="mem", task="binary")
+    with pytest.raises(HyflError, match=expected):
+        make_problem(data)

@@ -316,3 +316,9 @@ def test_single_string_is_not_a_list_of_ids():
         align({"A": 42})
     with pytest.raises(HyflError, match="not valid Unicode"):
         intersect(["\ud800"], ["a"])
+
+
+def test_alignment_reports_shared_counts():
+    alignment = align({"a": ["1", "2", "3"], "b": ["3", "4"], "c": ["9"]})
+    assert alignment.shared_counts == {"a": 1, "b": 1, "c": 0}
+    assert alignment.n_common == 1

@@ -698,6 +698,9 @@ def _print_summary(outcome) -> None:
     table.add_row("median time per round", f"{1e3 * s['median_round_seconds']:.3f} ms", "")
     table.add_row("solver", "", outcome.optimum_method)
     console.print(table)
+    if s.get("shared_ids"):
+        shared = ", ".join(f"{party} {n}" for party, n in s["shared_ids"].items())
+        console.print(f"sample IDs shared with another party: {shared}")
     if outcome.out_dir is not None:
         console.print(
             f"wrote {outcome.out_dir}/metrics.csv, metrics.parquet, run.json and loss.png"

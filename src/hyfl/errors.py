@@ -25,8 +25,10 @@ def fail(culprit: str, problem: str, fix: str) -> HyflError:
 def check_positive(name: str, value: float, *, fix: str = "") -> float:
     """Return ``value`` as float if it is finite and > 0, else raise."""
     try:
+        if isinstance(value, bool):  # True would silently read as 1.0
+            raise TypeError
         v = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise fail(
             name, f"must be a number, got {value!r}", fix or "Pass a positive number."
         ) from None
@@ -37,7 +39,11 @@ def check_positive(name: str, value: float, *, fix: str = "") -> float:
 
 def check_int(name: str, value: int, *, minimum: int = 1, fix: str = "") -> int:
     """Return ``value`` as int if it is an integer >= ``minimum``, else raise."""
-    if isinstance(value, bool) or not float(value).is_integer():
+    try:
+        whole = not isinstance(value, bool) and float(value).is_integer()
+    except (TypeError, ValueError, OverflowError):
+        whole = False
+    if not whole:
         raise fail(
             name, f"must be an integer, got {value!r}", fix or f"Pass an integer >= {minimum}."
         )

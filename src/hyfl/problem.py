@@ -131,10 +131,18 @@ def make_problem(data: Dataset, loss: str | Loss = "hinge", lam: float = 1e-4, *
     lam = check_positive("lam", lam, fix="Pass a positive regularization strength, e.g. 1e-4.")
     if data.n_samples == 0:
         raise fail(f"dataset {data.name!r}", "has no samples", "Check the input file.")
+    from hyfl.data.loaders import check_values  # the loaders' one finiteness rule
+
     X = sp.csr_matrix(data.X, dtype=np.float64)
-    if not np.all(np.isfinite(X.data)):
-        raise fail(f"dataset {data.name!r}", "contains NaN or inf values", "Clean the features.")
+    source = f"dataset {data.name!r}"
+    check_values(
+        X.data,
+        source,
+        lambda e: f"in row {int(np.searchsorted(X.indptr, e, side='right'))} (1-based)",
+        "feature value",
+    )
     y = np.asarray(data.y, dtype=np.float64)
+    check_values(y, source, lambda r: f"in row {r + 1} (1-based)", "label")
     classes = None
     if data.task == "multiclass":
         classes = np.unique(data.y)

@@ -19,11 +19,72 @@ import scipy.sparse as sp
 from sklearn.datasets import load_svmlight_file
 
 from hyfl.data.dataset import Dataset
-from hyfl.errors import fail
+from hyfl.errors import check_int, fail
 
-__all__ = ["load_libsvm", "load_idx", "clean_csr", "widen", "map_labels"]
+__all__ = [
+    "load_libsvm",
+    "load_idx",
+    "clean_csr",
+    "widen",
+    "map_labels",
+    "check_values",
+    "MAX_FEATURES",
+    "MAX_ABS_VALUE",
+]
 
 _COMPRESSED_SUFFIXES = (".gz", ".bz2")
+
+#: Default upper bound on the number of features (largest feature index) a
+#: file may use: 2**24 = 16,777,216. Every client keeps dense float64 vectors
+#: of this width, so a stray index of 2e9 would need ~16 GB per vector.
+#: Override with ``load_libsvm(..., max_features=...)``, or for every load
+#: (the CLI included) with the environment variable ``HYFL_MAX_FEATURES``.
+MAX_FEATURES = 2**24
+MAX_FEATURES_ENV = "HYFL_MAX_FEATURES"
+
+#: Largest accepted absolute feature value or label. Squares and sums of up
+#: to 2**24 squares of values below 1e150 stay finite in float64 (max ~1.8e308);
+#: larger values make row norms and losses overflow to inf.
+MAX_ABS_VALUE = 1e150
+
+
+def check_values(values, source: str, where=None, what: str = "value") -> None:
+    """Refuse NaN, infinite and too large (``|v| > MAX_ABS_VALUE``) values.
+
+    The one validation every loader (LIBSVM, CSV, Parquet, in-memory arrays)
+    uses for feature values and numeric labels.
+
+    Parameters
+    ----------
+    values : array_like
+        Numbers to check (any shape).
+    source : str
+        What to name in the error (the file).
+    where : callable, optional
+        Maps the flat position of the first bad value to a location text
+        such as ``"at line 7"``.
+    what : str
+        What the values are ("feature value", "label", ...).
+
+    Raises
+    ------
+    HyflError
+        Naming the source, the location and the value.
+    """
+    values = np.asarray(values, dtype=np.float64)
+    bad = ~(np.abs(values) <= MAX_ABS_VALUE)  # NaN compares False
+    if not bad.any():
+        return
+    position = int(np.flatnonzero(bad.ravel())[0])
+    value = float(values.ravel()[position])
+    at = f" {where(position)}" if where is not None else ""
+    if np.isfinite(value):
+        problem = f"has {what} {value!r}{at}, beyond the limit |v| <= {MAX_ABS_VALUE:g}"
+        fix = "Rescale the data (its squares would overflow float64), or remove the value."
+    else:
+        problem = f"has a NaN or infinite {what}{at} ({value!r})"
+        fix = "Remove or impute non-finite values before loading."
+    raise fail(source, problem, fix)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -176,7 +237,7 @@ def map_labels(
     return position_clipped.astype(np.int64), "multiclass", tuple(classes)
 
 
-def _first_bad_line(path: Path) -> tuple[int, str] | None:
+def _first_bad_line(path: Path, max_features: int = MAX_FEATURES) -> tuple[int, str] | None:
     """Find the first line sklearn would choke on and say why (error path only).
 
     sklearn's parser reports *what* is wrong but not *where*; scanning again
@@ -208,6 +269,8 @@ def _first_bad_line(path: Path) -> tuple[int, str] | None:
                         return lineno, f"token {text!r} is not integer_index:number"
                     if index < 0:
                         return lineno, f"feature index {index} is negative"
+                    if index > max_features:
+                        return lineno, f"feature index {index} is above {max_features}"
                     if index <= previous:
                         return lineno, f"feature index {index} is not above the previous one"
                     previous = index
@@ -227,6 +290,7 @@ def load_libsvm(
     zero_based: bool | str = "auto",
     classes: tuple | None = None,
     task: str | None = None,
+    max_features: int | None = None,
 ) -> Dataset:
     """Load a LIBSVM/SVMlight file (plain, ``.gz`` or ``.bz2``).
 
@@ -249,6 +313,10 @@ def load_libsvm(
         this file's labels are mapped the same way.
     task : {"binary", "multiclass", "regression"}, optional
         Force the task instead of inferring it from the labels.
+    max_features : int, optional
+        Largest feature index accepted; a larger one is refused before any
+        wide array is allocated. Default: ``$HYFL_MAX_FEATURES`` if set, else
+        ``MAX_FEATURES`` (2**24).
 
     Returns
     -------
@@ -261,8 +329,20 @@ def load_libsvm(
     Raises
     ------
     HyflError
-        Missing, malformed, empty or non-finite files, or too many features.
+        Missing, malformed, undecodable, empty or non-finite files, values
+        beyond ``MAX_ABS_VALUE``, or feature indices beyond ``max_features``.
     """
+    if max_features is None:
+        max_features = os.environ.get(MAX_FEATURES_ENV, MAX_FEATURES)
+        try:
+            max_features = int(max_features)
+        except ValueError:
+            raise fail(
+                f"environment variable {MAX_FEATURES_ENV}",
+                f"is {max_features!r}, not an integer",
+                "Set it to a whole number of features, e.g. 50000000, or unset it.",
+            ) from None
+    check_int("max_features", max_features)
     path = Path(path)
     source = f"LIBSVM file {path}"
     _check_file(path, "LIBSVM file")
@@ -271,13 +351,33 @@ def load_libsvm(
         # the decision can be recorded and reused for the matching test file.
         X_raw, y = load_svmlight_file(str(path), dtype=np.float64, zero_based=True)
     except ValueError as error:
-        where = _first_bad_line(path)
+        where = _first_bad_line(path, max_features)
         at = f" at line {where[0]} ({where[1]})" if where else ""
+        try:
+            with _open_by_suffix(path) as f:
+                head = f.read(4)
+        except (OSError, EOFError):
+            head = b""
+        if head[:2] in (b"\xff\xfe", b"\xfe\xff") or b"\x00" in head:
+            raise fail(
+                source,
+                "is not ASCII/UTF-8 text (it looks UTF-16 encoded or binary)",
+                "Save it as plain ASCII or UTF-8 text, one '<label> <index>:<value> ...' "
+                "line per sample.",
+            ) from error
         raise fail(
             source,
             f"is not valid LIBSVM format{at}: {error}",
             "Each line must read '<label> <index>:<value> ...' with increasing integer "
             "indices; fix or remove the bad line.",
+        ) from error
+    except OverflowError as error:
+        where = _first_bad_line(path, max_features)
+        at = f" at line {where[0]} ({where[1]})" if where else ""
+        raise fail(
+            source,
+            f"has a feature index too large to represent{at}",
+            f"Feature indices must be integers from 1 to {max_features}; fix the bad line.",
         ) from error
     except (OSError, EOFError) as error:
         raise fail(
@@ -287,7 +387,22 @@ def load_libsvm(
             "matches its compression.",
         ) from error
     if X_raw.shape[0] == 0:
-        raise fail(source, "holds no samples", "Pass a file with at least one data line.")
+        raise fail(
+            source,
+            "holds no samples (it is empty or only has comments)",
+            "Pass a file with at least one data line.",
+        )
+    if X_raw.shape[1] > max_features + 1:  # +1: a 1-based file's largest index is width
+        where = _first_bad_line(path, max_features)
+        at = f" at line {where[0]}" if where else ""
+        gib = 8 * X_raw.shape[1] / 2**30
+        raise fail(
+            source,
+            f"uses feature index {X_raw.shape[1] - 1}{at}, above the limit of {max_features} "
+            f"features (each dense weight vector would need {gib:.1f} GiB)",
+            "Fix the index if it is a typo; for genuinely wider data pass a larger "
+            "max_features (or set the environment variable HYFL_MAX_FEATURES).",
+        )
 
     has_index_zero = X_raw.nnz > 0 and int(X_raw.indices.min()) == 0
     if zero_based == "auto":
@@ -305,17 +420,14 @@ def load_libsvm(
         )
     file_features = int(X_raw.indices.max()) + 1 if X_raw.nnz else 0
 
-    bad_label_rows = np.flatnonzero(~np.isfinite(y))
-    bad_entries = np.flatnonzero(~np.isfinite(X_raw.data))
-    bad_value_rows = np.searchsorted(X_raw.indptr, bad_entries[:1], side="right") - 1
-    if bad_label_rows.size or bad_value_rows.size:
-        row = int(min(np.concatenate([bad_label_rows[:1], bad_value_rows])))
-        where = "label" if row in bad_label_rows[:1] else "feature value"
-        raise fail(
-            source,
-            f"has a NaN or infinite {where} in sample {row + 1} (1-based, counting data lines)",
-            "Remove or impute non-finite values before loading.",
-        )
+    check_values(y, source, lambda r: f"in sample {r + 1} (1-based, counting data lines)", "label")
+    check_values(
+        X_raw.data,
+        source,
+        lambda e: "in sample "
+        f"{int(np.searchsorted(X_raw.indptr, e, side='right'))} (1-based, counting data lines)",
+        "feature value",
+    )
 
     if n_features is None:
         n_features = file_features

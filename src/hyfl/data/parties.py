@@ -8,6 +8,8 @@ File format
 -----------
 * **Formats**, chosen by extension: ``.csv`` (also ``.csv.gz``, ``.csv.bz2``,
   ``.csv.xz``, ``.csv.zip``) with one header line, or ``.parquet``/``.pq``.
+  CSVs are UTF-8 (a byte order mark is fine; UTF-16 and Latin-1 are refused).
+  Empty files and files with a header but no rows are errors.
 * **ID column** (default ``"id"``): the sample key shared across parties
   (a patient number, a user id, ...). Every row needs one and it must be
   unique within the file. IDs are compared as text after stripping
@@ -21,7 +23,9 @@ File format
   labels and no features (a label-only party: it is aligned like the others
   but is not a client, since it holds no block of X).
 * **Feature columns**: every other column. Values must be numbers (booleans
-  count as 0/1); an empty cell, NaN or inf is an error (write 0 for "absent").
+  count as 0/1); an empty cell, NaN or inf is an error (write 0 for "absent"),
+  and so is a value beyond ``|v| <= MAX_ABS_VALUE`` (1e150, whose square
+  still fits float64; :func:`hyfl.data.loaders.check_values`, as for labels).
   A feature column name used by several parties means the *same* feature
   (one column of the global matrix): the parties then hold the same feature
   for their own samples. Feature order in X: a declared feature list's order,
@@ -35,6 +39,13 @@ number samples the same way): the first party's rows become samples
 ``0 .. n_0 - 1`` in file order, then each later party's new IDs follow in its
 file order. Party order is the order of the mapping (or list) of files, and it
 is also the client order of the :class:`~hyfl.partition.Partition`.
+
+When the parties do not all hold the same feature columns (a vertical or
+hybrid split, or a labels-only party), at least ``min_common`` sample IDs
+(default 1; spec option ``min_common=``) must occur in two or more files:
+files that share no ID would otherwise train on a block-diagonal ``X``. The
+error names every party with its number of IDs and of shared IDs;
+``meta["shared_ids"]`` records the shared count per party.
 
 Entry (sample i, feature m) of the global CSR matrix is owned by the party
 whose file holds it. Where several parties hold the same cell (they share the
@@ -62,6 +73,7 @@ and line.
                task=binary|multiclass|regression  classes=<c1>|<c2>|...
                features=<text file, one feature name per line> | <f1>|<f2>|... | <count>
                unlabeled=error|drop  psi=yes|no  name=<data set name>
+               min_common=<minimum number of shared sample IDs, default 1>
 
 e.g. ``parties:hospital=a.csv,lab=b.parquet;id=patient;label=outcome``. A
 bare folder holding party files, or a single ``.csv``/``.parquet`` path, is a
@@ -82,8 +94,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from hyfl.data.dataset import Dataset
-from hyfl.data.loaders import clean_csr, map_labels
-from hyfl.errors import check_choice, fail
+from hyfl.data.loaders import check_values, clean_csr, map_labels
+from hyfl.errors import check_choice, check_int, fail
 from hyfl.partition import Partition, from_blocks
 
 __all__ = [
@@ -170,6 +182,15 @@ def _read_frame(path: Path, parquet: bool, id_column: str, culprit: str):
             ) from error
         names = [str(c).strip() for c in frame.columns]
     else:
+        if path.name.lower().endswith(".csv"):
+            with open(path, "rb") as f:
+                head = f.read(4096)
+            if head[:2] in (b"\xff\xfe", b"\xfe\xff") or b"\x00" in head:
+                raise fail(
+                    culprit,
+                    "is not UTF-8 text (it looks UTF-16 encoded or binary)",
+                    "Save it as a UTF-8 CSV (e.g. 'CSV UTF-8' in a spreadsheet program).",
+                )
         try:
             header = pd.read_csv(path, header=None, nrows=1, dtype=str, keep_default_na=False)
             frame = pd.read_csv(path, dtype={id_column: str})
@@ -179,7 +200,14 @@ def _read_frame(path: Path, parquet: bool, id_column: str, culprit: str):
                 "is empty (no header line)",
                 "Write a header line and one row per sample, or leave the party out.",
             ) from error
-        except (ValueError, OSError, UnicodeDecodeError, pd.errors.ParserError) as error:
+        except UnicodeDecodeError as error:
+            raise fail(
+                culprit,
+                f"is not UTF-8 text (it holds byte {error.object[error.start]:#04x}, "
+                "which UTF-8 cannot decode; Latin-1 or Windows-1252 perhaps)",
+                "Save it as a UTF-8 CSV (e.g. 'CSV UTF-8' in a spreadsheet program).",
+            ) from error
+        except (ValueError, OSError, pd.errors.ParserError) as error:
             raise fail(
                 culprit,
                 f"is not a valid CSV: {' '.join(str(error).split())}",
@@ -262,14 +290,12 @@ def _read_labels(column, parquet: bool, culprit: str, label_column: str):
     known = ~column.isna().to_numpy()
     if pd.api.types.is_bool_dtype(column) or pd.api.types.is_numeric_dtype(column):
         labels = column.to_numpy(dtype=np.float64, na_value=np.nan)
-        infinite = np.flatnonzero(np.isinf(labels))
-        if infinite.size:
-            row = int(infinite[0])
-            raise fail(
-                culprit,
-                f"has label {labels[row]} in column {label_column!r} at {_where(parquet, row)}",
-                "Labels must be finite numbers or text classes.",
-            )
+        check_values(
+            np.where(known, labels, 0.0),
+            culprit,
+            lambda row: f"in column {label_column!r} at {_where(parquet, row)}",
+            "label",
+        )
         return labels, known
     labels = np.empty(len(column), dtype=object)
     for row, value in enumerate(column.tolist()):
@@ -314,17 +340,23 @@ def _read_features(frame, names: list[str], parquet: bool, culprit: str) -> np.n
                 "label_column (spec options id=, label=).",
             )
         values[:, position] = parsed.to_numpy(dtype=np.float64, na_value=np.nan)
-    finite = np.isfinite(values)
-    if not finite.all():
-        row, position = (int(v) for v in np.argwhere(~finite)[0])
-        value = values[row, position]
-        what = "is empty (or NaN)" if np.isnan(value) else f"holds {value}"
+    nan = np.isnan(values)
+    if nan.any():
+        row, position = (int(v) for v in np.argwhere(nan)[0])
         raise fail(
             culprit,
-            f"feature column {names[position]!r} {what} at {_where(parquet, row)}",
+            f"feature column {names[position]!r} is empty (or NaN) at {_where(parquet, row)}",
             "Every feature value must be a finite number: fill it in (0 for absent) or "
             "remove the row or the column.",
         )
+    width = max(len(names), 1)
+    check_values(
+        values,
+        culprit,
+        lambda flat: f"in feature column {names[flat % width]!r} at "
+        f"{_where(parquet, flat // width)}",
+        "feature value",
+    )
     return values
 
 
@@ -423,6 +455,32 @@ def _align(tables: list[_Table], psi: bool) -> tuple[list[np.ndarray], int, int 
     for t in tables:
         result.append(np.fromiter((index.setdefault(i, len(index)) for i in t.ids), np.int64))
     return result, len(index), None
+
+
+def _check_common_ids(
+    tables: list[_Table], rows: list[np.ndarray], n_aligned: int, min_common: int, id_column: str
+) -> dict[str, int]:
+    """Per party, how many of its IDs occur in another file; raise if too few overall."""
+    holders = np.zeros(n_aligned, dtype=np.int64)
+    for g in rows:
+        holders[g] += 1
+    shared = {t.party: int(np.count_nonzero(holders[g] > 1)) for t, g in zip(tables, rows)}
+    n_common = int(np.count_nonzero(holders > 1))
+    same_columns = len({tuple(sorted(t.features)) for t in tables}) == 1
+    if len(tables) > 1 and not same_columns and n_common < min_common:
+        counts = ", ".join(
+            f"{t.party!r} ({len(t.ids)} IDs, {shared[t.party]} shared)" for t in tables
+        )
+        raise fail(
+            f"party files {counts}",
+            f"share {n_common} sample ID{'' if n_common == 1 else 's'} in column "
+            f"{id_column!r}, fewer than min_common={min_common}, although they "
+            "hold different columns",
+            "Check that every file uses the same ID column and spelling of the IDs; "
+            "lower min_common (spec option min_common=, 0 disables the check) only if "
+            "the files are meant to share so few samples.",
+        )
+    return shared
 
 
 # --------------------------------------------------------------------------- labels
@@ -749,6 +807,7 @@ def load_parties(
     classes: Sequence | None = None,
     unlabeled: str = "error",
     name: str = "parties",
+    min_common: int = 1,
 ) -> tuple[Dataset, Partition]:
     """Read one CSV/Parquet file per party and build the data set and its partition.
 
@@ -787,6 +846,9 @@ def load_parties(
         raise, or leave those samples out.
     name : str, default "parties"
         The data set's name.
+    min_common : int, default 1
+        Fewest sample IDs that must occur in two or more files when the
+        parties hold different feature columns (0 turns the check off).
 
     Returns
     -------
@@ -807,6 +869,7 @@ def load_parties(
         files).
     """
     check_choice("unlabeled", unlabeled, _UNLABELED)
+    min_common = check_int("min_common", min_common, minimum=0)
     if task is not None:
         check_choice("task", task, _TASKS)
     if not isinstance(id_column, str) or not id_column:
@@ -840,6 +903,7 @@ def load_parties(
     ]
     feature_names = _global_features(tables, features, id_column, label_column)
     rows, n_aligned, psi_bytes = _align(tables, psi)
+    shared_ids = _check_common_ids(tables, rows, n_aligned, min_common, id_column)
 
     sample_ids = np.empty(n_aligned, dtype=object)
     for t, g in zip(reversed(tables), reversed(rows)):
@@ -1002,6 +1066,7 @@ def load_parties(
             "psi_bytes": psi_bytes,
             "dropped_unlabeled": int(n_aligned - n_samples),
             "shared_cells": bool(overlap),
+            "shared_ids": shared_ids,
         },
     )
     return dataset, partition
@@ -1009,7 +1074,17 @@ def load_parties(
 
 # --------------------------------------------------------------------------- specs
 
-_OPTION_KEYS = ("id", "label", "task", "classes", "features", "unlabeled", "psi", "name")
+_OPTION_KEYS = (
+    "id",
+    "label",
+    "task",
+    "classes",
+    "features",
+    "unlabeled",
+    "psi",
+    "name",
+    "min_common",
+)
 _ENTRY_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
@@ -1108,6 +1183,7 @@ def parse_party_spec(value: str | os.PathLike) -> tuple[dict[str, Path], dict[st
         "unlabeled": "unlabeled",
         "psi": "psi",
         "name": "name",
+        "min_common": "min_common",
     }
     for part in option_parts:
         if not part.strip():
@@ -1123,6 +1199,13 @@ def parse_party_spec(value: str | os.PathLike) -> tuple[dict[str, Path], dict[st
         raw = raw.strip()
         if key == "psi":
             options["psi"] = _parse_bool(key, raw)
+        elif key == "min_common":
+            try:
+                options["min_common"] = int(raw)
+            except ValueError:
+                raise fail(
+                    "party spec option min_common", f"is {raw!r}", "Use a whole number >= 0."
+                ) from None
         elif key == "classes":
             options["classes"] = [c.strip() for c in raw.split("|") if c.strip()]
         elif key == "features":
@@ -1206,6 +1289,7 @@ PARTY_OPTIONS = (
     "classes",
     "unlabeled",
     "name",
+    "min_common",
 )
 
 

@@ -323,7 +323,13 @@ def read_toml(path: str | os.PathLike) -> dict[str, Any]:
     """The raw tables of a TOML file (errors name the file and the line)."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_bytes().decode("utf-8-sig")  # tolerate a UTF-8 byte order mark
+    except UnicodeDecodeError as err:
+        raise fail(
+            f"config file {str(p)!r}",
+            f"is not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start})",
+            "TOML files must be UTF-8; save it as UTF-8 (not UTF-16 or Latin-1).",
+        ) from None
     except FileNotFoundError:
         raise fail(f"config file {str(p)!r}", "does not exist", "Check the path.") from None
     except OSError as err:
@@ -430,6 +436,59 @@ def parse_config(
         except HyflError as err:
             raise v.error(f"algorithms.{job.label}", "", str(err).rstrip("."), "") from None
     return config
+
+
+_KIND_NAMES = {
+    "bool": "true or false",
+    "int": "an integer",
+    "float": "a number",
+    "str": "a string",
+    "list": "a list of numbers",
+}
+
+
+def hyperparameter_kinds(name: str) -> dict[str, tuple[str, ...]]:
+    """The TOML value kinds each hyperparameter of algorithm ``name`` takes.
+
+    The schema is the algorithm dataclass's own annotations (``int``,
+    ``float | str``, ``tuple[float, ...]`` ...), so it cannot drift from the
+    code: each annotated type maps to a kind among ``bool``, ``int``,
+    ``float`` (also accepts integers), ``str`` and ``list`` (of numbers).
+    """
+    import dataclasses
+
+    from hyfl.algorithms import ALGORITHMS
+
+    out: dict[str, tuple[str, ...]] = {}
+    for f in dataclasses.fields(ALGORITHMS[name].cls):
+        kinds = []
+        for part in str(f.type).split("|"):
+            part = part.strip().strip("'\"")
+            kind = "list" if part.startswith(("tuple", "list")) else part
+            if kind in _KIND_NAMES:
+                kinds.append(kind)
+        out[f.name] = tuple(kinds) or ("bool", "int", "float", "str", "list")
+    return out
+
+
+def _matches(value: Any, kinds: tuple[str, ...]) -> bool:
+    if isinstance(value, bool):
+        return "bool" in kinds
+    if isinstance(value, int):
+        return "int" in kinds or "float" in kinds
+    if isinstance(value, float):
+        return "float" in kinds or ("int" in kinds and value.is_integer())
+    if isinstance(value, str):
+        return "str" in kinds
+    if isinstance(value, list):
+        return "list" in kinds and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
+        )
+    return False
+
+
+def _describe(kinds: tuple[str, ...]) -> str:
+    return " or ".join(_KIND_NAMES[k] for k in kinds)
 
 
 class _Validator:
@@ -727,6 +786,19 @@ class _Validator:
         if not isinstance(value, Mapping):
             raise self.error(s, "parties", f"must be a table, got {value!r}", fix)
         self.known_keys("data.parties", value, ("files", *PARTY_OPTIONS))
+        kinds = {"psi": bool, "min_common": int, "id_column": str, "unlabeled": str}
+        kinds.update(task=str, name=str)
+        for key, kind in kinds.items():
+            if key in value and (
+                not isinstance(value[key], kind) or (kind is int and isinstance(value[key], bool))
+            ):
+                expected = {bool: "true or false", int: "an integer", str: "a string"}[kind]
+                raise self.error(
+                    s,
+                    f"parties.{key}",
+                    f"must be {expected}, got {value[key]!r}",
+                    f"Write {key} = <{expected}>.",
+                )
         files = value.get("files")
         if isinstance(files, Mapping) and files and all(isinstance(f, str) for f in files.values()):
             files = {name: self.path(f) for name, f in files.items()}
@@ -866,6 +938,15 @@ class _Validator:
                         key,
                         f"is not a hyperparameter of {name}",
                         f"{name} accepts: {', '.join(sorted(accepted))}.",
+                    )
+            kinds = hyperparameter_kinds(name)
+            for key, value in hyper.items():
+                if not _matches(value, kinds[key]):
+                    raise self.error(
+                        s,
+                        key,
+                        f"must be {_describe(kinds[key])}, got {value!r}",
+                        f"Write {key} = <{_describe(kinds[key])}>.",
                     )
             if "iic" in hyper and "local_steps" in hyper:
                 raise self.error(s, "iic, local_steps", "are both given", "Give only one of them.")

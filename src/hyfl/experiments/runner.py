@@ -369,6 +369,9 @@ def run_prepared(
         "lam": problem.lam,
         "wall_seconds": time.time() - started,
     }
+    shared_ids = getattr(setup.train, "meta", {}).get("shared_ids")
+    if shared_ids is not None:  # party files: sample IDs each party shares with another
+        summary["shared_ids"] = dict(shared_ids)
     if hasattr(algorithm, "steps_per_client"):
         summary["local_steps"] = algorithm.steps_per_client(
             problem.n_samples, setup.partition.n_clients

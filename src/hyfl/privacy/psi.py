@@ -558,6 +558,19 @@ class Alignment:
         """Party names in alignment order."""
         return tuple(self.global_index)
 
+    @property
+    def shared_counts(self) -> dict[str, int]:
+        """Per party, how many of its ids at least one other party also holds."""
+        return {
+            party: int(np.count_nonzero(self.holders[np.asarray(rows, dtype=np.int64)] > 1))
+            for party, rows in self.global_index.items()
+        }
+
+    @property
+    def n_common(self) -> int:
+        """Number of samples held by two or more parties."""
+        return int(np.count_nonzero(self.holders > 1))
+
     def learned(self, party: str) -> dict[str, PairwiseView]:
         """What ``party`` learned, keyed by peer.
 
