@@ -450,3 +450,33 @@ def test_public_key_alone_gives_the_public_view(keypair, name):
     wrong = make_cipher(name, key_bits=1024)._key.private_key
     with pytest.raises(HyflError, match="does not match"):
         make_cipher(name, keypair=(public_key, wrong))
+
+
+@pytest.mark.parametrize("name", ["paillier", "packed"])
+@pytest.mark.parametrize("tampered", [-5, 2**40, 2**70, 0.5, True])
+def test_a_tampered_addend_count_is_refused(ciphers, name, tampered):
+    """The addend count travels with a ciphertext; a forged one must not shift the value.
+
+    (Before the check, -5 decrypted 0.5 as 393216.5 and 2**40 as -7.2e16.)
+    """
+    cipher = ciphers[name]
+    width = cipher.slots if name == "packed" else 1
+    ct = cipher.encrypt(np.full((1, width), 0.5))
+    forged = PaillierCiphertext(ct[0].c, tampered, ct[0].tag)
+    if name == "paillier" and tampered in (2**40, 2**70):  # per-value Paillier ignores it
+        np.testing.assert_allclose(cipher.decrypt(np.array([forged], dtype=object)), 0.5)
+        return
+    with pytest.raises(HyflError, match="addend count"):
+        cipher.decrypt(np.array([forged], dtype=object))
+    with pytest.raises(HyflError, match="addend count"):
+        cipher.add(np.array([forged], dtype=object), ct)
+
+
+@pytest.mark.parametrize("name", ["paillier", "packed"])
+def test_a_ciphertext_outside_the_key_range_is_refused(ciphers, name):
+    cipher = ciphers[name]
+    ct = cipher.encrypt(np.zeros((1, cipher.slots if name == "packed" else 1)))
+    for c in (gmpy2.mpz(0), cipher._key.nsq, cipher._key.nsq + 5):
+        forged = PaillierCiphertext(c, 1, ct[0].tag)
+        with pytest.raises(HyflError, match=r"\[1, n\^2\)"):
+            cipher.decrypt(np.array([forged], dtype=object))

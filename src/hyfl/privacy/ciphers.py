@@ -381,18 +381,45 @@ def check_keybits(key_bits: int) -> int:
     return bits
 
 
-def _check_tags(a: np.ndarray, tag: int, cipher: str, what: str) -> None:
-    for x in a:
+def _check_tags(a: np.ndarray, tag: int, cipher: str, what: str, nsq,
+                max_addends: int | None) -> None:
+    """Refuse ciphertexts of another cipher, and metadata that cannot be genuine.
+
+    The addend count travels with a ciphertext (the packed cipher subtracts that many
+    offsets on decryption), so a tampered count would silently shift every slot: it
+    must be an integer in ``0..max_addends`` (``None``: no upper bound). The ciphertext itself must lie in ``[1, n^2)``.
+    """
+    for i, x in enumerate(a):
         if type(x) is not PaillierCiphertext or x.tag != tag:
             raise fail(
                 what,
                 f"hold {x!r}, which was not made by this {cipher!r} cipher or its public view",
                 "Only combine ciphertexts made under the same cipher and key pair.",
             )
+        k = x.addends
+        if type(k) is not int or k < 0 or (max_addends is not None and k > max_addends):
+            raise fail(
+                f"{what}[{i}]",
+                f"carries an addend count of {k!r}; a genuine one is an integer in "
+                f"0..{'any' if max_addends is None else max_addends}",
+                "The ciphertext's metadata was altered or corrupted in transit: discard the "
+                "message and have the sender send it again.",
+            )
+        if not 0 < x.c < nsq:
+            raise fail(
+                f"{what}[{i}]",
+                "is not an integer in [1, n^2) of this key",
+                "The ciphertext was altered or corrupted in transit: discard the message.",
+            )
 
 
 class _PaillierBase(Cipher):
     """Shared state of the two Paillier ciphers."""
+
+    #: Largest genuine addend count: unbounded for per-value Paillier (decryption does not
+    #: use it), 2**guard_bits for the packed cipher (it subtracts that many offsets).
+    _max_count: int | None = None
+
 
     def _init_key(self, key: _PaillierKey, tag: int | None) -> None:
         self._key = key
@@ -410,7 +437,7 @@ class _PaillierBase(Cipher):
         if not self.has_private_key:
             raise self._no_private_key()
         a = self._ciphertexts(ciphertexts)
-        _check_tags(a, self._tag, self.name, "ciphertexts")
+        _check_tags(a, self._tag, self.name, "ciphertexts", self._key.nsq, self._max_count)
         plain = self._key.decrypt_ints([x.c for x in a])
         self.counts.decryptions += a.size
         return a, plain, [x.addends for x in a]
@@ -474,8 +501,8 @@ class PaillierCipher(_PaillierBase):
 
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         a, b = self._pair(a, b)
-        _check_tags(a, self._tag, self.name, "a")
-        _check_tags(b, self._tag, self.name, "b")
+        _check_tags(a, self._tag, self.name, "a", self._key.nsq, self._max_count)
+        _check_tags(b, self._tag, self.name, "b", self._key.nsq, self._max_count)
         nsq, tag = self._key.nsq, self._tag
         out = [
             PaillierCiphertext(x.c * y.c % nsq, x.addends + y.addends, tag) for x, y in zip(a, b)
@@ -547,6 +574,7 @@ class PackedPaillierCipher(_PaillierBase):
             fix="Pass log2 of the number of ciphertexts a sum may contain, e.g. guard_bits=24.",
         )
         self.max_addends = 2**self.guard_bits
+        self._max_count = self.max_addends
         self._offset = fixed_point.max_int
         self.slot_bits = (2 * self.max_addends * self._offset).bit_length()
         self.slots = (self.key_bits - 3) // self.slot_bits
@@ -600,8 +628,8 @@ class PackedPaillierCipher(_PaillierBase):
 
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         a, b = self._pair(a, b)
-        _check_tags(a, self._tag, self.name, "a")
-        _check_tags(b, self._tag, self.name, "b")
+        _check_tags(a, self._tag, self.name, "a", self._key.nsq, self._max_count)
+        _check_tags(b, self._tag, self.name, "b", self._key.nsq, self._max_count)
         nsq, tag, limit = self._key.nsq, self._tag, self.max_addends
         out = []
         for x, y in zip(a, b):
