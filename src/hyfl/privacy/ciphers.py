@@ -387,7 +387,8 @@ def _check_tags(a: np.ndarray, tag: int, cipher: str, what: str, nsq,
 
     The addend count travels with a ciphertext (the packed cipher subtracts that many
     offsets on decryption), so a tampered count would silently shift every slot: it
-    must be an integer in ``0..max_addends`` (``None``: no upper bound). The ciphertext itself must lie in ``[1, n^2)``.
+    must be an integer in ``0..max_addends`` (``None``: no upper bound). The ciphertext
+    itself must lie in ``[1, n^2)``.
     """
     for i, x in enumerate(a):
         if type(x) is not PaillierCiphertext or x.tag != tag:
