@@ -289,7 +289,7 @@ def test_run_config_writes_the_results_folder(tmp_path):
         record = json.loads((run_dir / "run.json").read_text())
         assert record["budget"] == {"iterations": 10} and record["stopped_by"] == "iterations"
         assert record["label"] == name and record["seed"] == 0
-        assert (run_dir / "checkpoint.pkl").exists()
+        assert (run_dir / "checkpoint.npz").exists()
         assert not (run_dir / "started.json").exists()
 
 

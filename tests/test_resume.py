@@ -1,6 +1,9 @@
 """Budgets, checkpoints and resume of the stacked engine (and the protocol engine's budget)."""
 
-import pickle
+
+import io
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,6 +13,7 @@ from hyfl.costs import CostModel, HECosts
 from hyfl.errors import HyflError
 from hyfl.experiments.runner import RunSpec, prepare
 from hyfl.privacy.ciphers import make_cipher
+from hyfl.runtime import simulation
 from hyfl.runtime.protocol import run_protocol
 from hyfl.runtime.simulation import WALL_TIME_COLUMNS, simulate
 
@@ -78,7 +82,7 @@ def assert_same_run(a, b):
 @pytest.mark.parametrize("case", list(CASES))
 def test_resume_to_a_larger_budget_equals_an_uninterrupted_run(case, tmp_path):
     full = run(case, 20)
-    path = tmp_path / "checkpoint.pkl"
+    path = tmp_path / "checkpoint.npz"
     first = run(case, 7, checkpoint=path)
     assert first.config["stopped_by"] == "iterations" and path.exists()
     # The first part evaluated round 7 only because it ended there.
@@ -92,7 +96,7 @@ def test_resume_to_a_larger_budget_equals_an_uninterrupted_run(case, tmp_path):
 @pytest.mark.parametrize("case", ["hyfdca", "fedh-g"])
 def test_resume_after_a_crash_mid_run(case, tmp_path):
     full = run(case, 15)
-    path = tmp_path / "checkpoint.pkl"
+    path = tmp_path / "checkpoint.npz"
 
     def crash(row):
         if row["iteration"] == 9:
@@ -100,15 +104,15 @@ def test_resume_after_a_crash_mid_run(case, tmp_path):
 
     with pytest.raises(KeyboardInterrupt):
         run(case, 15, checkpoint=path, checkpoint_every=2, on_evaluate=crash)
-    with open(path, "rb") as f:
-        assert pickle.load(f)["round"] == 8  # the last checkpoint before the crash
+    with np.load(path, allow_pickle=False) as f:
+        assert json.loads(f["__header__"].tobytes())["round"] == 8  # the last before the crash
     resumed = run(case, 15, checkpoint=path, checkpoint_every=2, resume=True)
     assert_same_run(full, resumed)
     assert resumed.config["resumed_from"] == [8]
 
 
 def test_checkpoints_leave_out_the_data(tmp_path):
-    path = tmp_path / "checkpoint.pkl"
+    path = tmp_path / "checkpoint.npz"
     run("fedavg", 5, checkpoint=path, checkpoint_seconds=0.0)
     X = setup_for("fedavg").problem.X
     # FedAvg's state holds an index of every non-zero (as large as X.data): a token too.
@@ -116,7 +120,7 @@ def test_checkpoints_leave_out_the_data(tmp_path):
 
 
 def test_resume_without_a_checkpoint_starts_afresh_and_a_finished_run_is_kept(tmp_path):
-    path = tmp_path / "checkpoint.pkl"
+    path = tmp_path / "checkpoint.npz"
     full = run("hyfdca", 6)
     fresh = run("hyfdca", 6, checkpoint=path, resume=True)
     assert_same_run(full, fresh) and fresh.config["resumed_from"] == []
@@ -127,7 +131,7 @@ def test_resume_without_a_checkpoint_starts_afresh_and_a_finished_run_is_kept(tm
 
 
 def test_a_checkpoint_of_another_run_is_refused(tmp_path):
-    path = tmp_path / "checkpoint.pkl"
+    path = tmp_path / "checkpoint.npz"
     run("hyfdca", 4, checkpoint=path)
     s = setup_for("hyfdca")
     common = dict(seed=3, eval_every=3, checkpoint=path, resume=True)
@@ -203,3 +207,58 @@ def test_protocol_engine_sim_time_budget():
     assert 1 < rounds < 50 and result.final["iteration"] == rounds
     assert result.final["sim_time"] >= 10.0
     assert result.final["sim_time"] - result.final["time_latency"] < 1.0
+
+
+class _RunsCode:
+    """A pickle payload that would create a marker file when unpickled."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _crafted_checkpoints(tmp_path, path):
+    """Files an attacker could leave in a results folder under the checkpoint's name."""
+    import pickle
+
+    marker = tmp_path / "pwned"
+    yield "a pickle", pickle.dumps({"format": 2, "x": _RunsCode(marker)}), marker
+    valid = np.load(path, allow_pickle=False)
+    arrays = {name: valid[name] for name in valid.files}
+    for label, body in [
+        ("os.system", {"o": "os:system", "f": {}}),
+        ("builtins.eval", {"o": "builtins:eval", "f": {}}),
+        ("subprocess.Popen", {"o": "subprocess:Popen", "f": {}}),
+        ("a hyfl function", {"o": "hyfl.cli:main", "f": {}}),
+    ]:
+        forged = dict(arrays, __body__=np.frombuffer(json.dumps(
+            {"d": [[{"v": "state"}, body]]}).encode(), dtype=np.uint8))
+        buffer = io.BytesIO()
+        np.savez(buffer, **forged)
+        yield label, buffer.getvalue(), marker
+    buffer = io.BytesIO()
+    np.savez(buffer, __header__=arrays["__header__"],
+             x=np.array([_RunsCode(marker)], dtype=object))
+    yield "an object array", buffer.getvalue(), marker
+
+
+def test_a_crafted_checkpoint_runs_no_code(tmp_path):
+    """Resuming reads the checkpoint without pickle: crafted files are refused, and nothing
+    they name is imported, called or unpickled."""
+    case = "hyfdca"
+    path = tmp_path / "checkpoint.npz"
+    run(case, 4, checkpoint=path, checkpoint_every=2)
+    for label, content, marker in list(_crafted_checkpoints(tmp_path, path)):
+        crafted = tmp_path / label.replace(" ", "-") / "checkpoint.npz"
+        crafted.parent.mkdir()
+        crafted.write_bytes(content)
+        with pytest.raises(HyflError, match="checkpoint"):
+            run(case, 6, checkpoint=crafted, checkpoint_every=2, resume=True)
+        assert not marker.exists(), label
+
+
+def test_the_checkpoint_code_uses_no_pickle():
+    source = Path(simulation.__file__).read_text()
+    assert "import pickle" not in source and "pickle.load" not in source

@@ -206,7 +206,7 @@ def run(
 
     With CONFIG.toml: every (algorithm, seed) of the config; writes DIR/config.toml
     (resolved), environment.json, summary.csv, summary.md, compare.png, costs.png and
-    DIR/<algorithm>/seed-<s>/ (metrics.parquet, metrics.csv, run.json, checkpoint.pkl).
+    DIR/<algorithm>/seed-<s>/ (metrics.parquet, metrics.csv, run.json, checkpoint.npz).
     """
     from hyfl.experiments.runner import RunSpec, execute
 

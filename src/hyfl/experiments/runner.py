@@ -531,7 +531,10 @@ def _cost_title(spec: RunSpec, title: str) -> str:
 # Experiments from config files
 # ---------------------------------------------------------------------------
 
-CHECKPOINT_FILE = "checkpoint.pkl"
+CHECKPOINT_FILE = "checkpoint.npz"
+#: The pickle checkpoints of earlier versions: refused on --resume, never read (unpickling a
+#: file from a results folder could run code).
+OLD_CHECKPOINT_FILE = "checkpoint.pkl"
 STARTED_FILE = "started.json"
 """Marks a run folder whose run has started and not finished (removed when it finishes)."""
 
@@ -575,7 +578,7 @@ def run_experiment(
                                summary_seeds.csv with every run's row
         compare.png, costs.png the first seed's runs
         <label>/seed-<s>/      metrics.parquet, metrics.csv, run.json,
-                               checkpoint.pkl (stacked engine: the last state)
+                               checkpoint.npz (stacked engine: the last state)
 
     Runs of one seed share one prepared set-up (data, split, partition,
     participation). With ``resume``, a run whose ``run.json`` records the same
@@ -624,6 +627,14 @@ def run_experiment(
             setup = None  # free the previous seed's data first
             setup, setup_seed = prepare(job.spec), job.seed
         checkpoint = run_dir / CHECKPOINT_FILE
+        if resume and not checkpoint.exists() and (run_dir / OLD_CHECKPOINT_FILE).exists():
+            raise fail(
+                f"checkpoint {run_dir / OLD_CHECKPOINT_FILE}",
+                "is a pickle from an earlier hyfl version; it is not read, because unpickling "
+                "a file can run code",
+                f"Delete it (and --resume starts {job.label} over), or finish the run with the "
+                "hyfl version that wrote it.",
+            )
         continuing = resume and not encrypted and checkpoint.exists()
         say(f"{where}: {'continuing from its checkpoint' if continuing else 'running'}")
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ participation schedule's state (hyfl's schedules keep none; a schedule with
 ``checkpoint_state()`` / ``restore_state(s)`` is saved and restored), the
 metrics so far, the cumulative cost totals and round times. The problem, the
 stacked blocks and the sparse matrices an algorithm builds at set-up are not
-written: the pickler replaces them by tokens, which are re-attached on load to
+written: they are stored as tokens, which are re-attached on load to
 a fresh ``algorithm.setup`` of the freshly prepared run. A fingerprint (data
 shape, non-zeros and hash, partition, algorithm, seed, ``eval_every``,
 cipher, cost model, participation, and the caller's ``run_key``) guards
@@ -38,7 +38,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import pickle
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -82,7 +81,7 @@ WALL_TIME_COLUMNS = (
 between an interrupted-and-resumed run and an uninterrupted one); all others are reproducible.
 (``client_share_max`` is a ratio of measured times for FedHybrid, exact for the others.)"""
 
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2
 DEFAULT_CHECKPOINT_SECONDS = 60.0
 
 
@@ -694,61 +693,136 @@ def _static_objects(state: Any, problem: Problem, blocks: StackedBlocks) -> dict
     return found
 
 
-class _StatePickler(pickle.Pickler):
-    """Writes set-up data (problem, blocks, sparse matrices, unchanged arrays) as tokens."""
+class _StateCodec:
+    """Algorithm state <-> numeric arrays plus a JSON description; nothing in it runs code.
 
-    def __init__(self, file, tokens: dict[int, tuple], hashes: dict[int, str]):
-        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self._tokens, self._hashes = tokens, hashes
+    Checkpoints live in results folders that users copy and share, so loading one must
+    not be able to execute anything (pickle would). The description names, for each
+    object of the state, its class as ``module:qualname``; a class is rebuilt only if it
+    is defined in the ``hyfl`` package, with ``object.__new__`` and its attributes set
+    one by one (no ``__init__``, ``__reduce__`` or ``__setstate__``). Arrays are stored
+    as numeric or bool arrays of an ``.npz`` read with ``allow_pickle=False``. Set-up
+    data (see :func:`_static_objects`) are written as their path, and large arrays as
+    their path and hash while their content is still that of set-up.
+    """
 
-    def persistent_id(self, obj):
-        path = self._tokens.get(id(obj))
-        if path is None:
-            return None
-        if isinstance(obj, np.ndarray):
-            digest = _hash_arrays(obj)
-            return ("array", path, digest) if digest == self._hashes[id(obj)] else None
-        return path
+    def __init__(self, objects: dict[tuple, Any], hashes: dict[int, str]):
+        self.objects = objects
+        self.tokens = {id(obj): path for path, obj in objects.items()}
+        self.hashes = hashes
+
+    # -- writing -------------------------------------------------------------------
+    def encode(self, value: Any, arrays: dict[str, np.ndarray]) -> Any:
+        path = self.tokens.get(id(value))
+        if path is not None:
+            if not isinstance(value, np.ndarray):
+                return {"ref": list(path)}
+            digest = _hash_arrays(value)
+            if digest == self.hashes[id(value)]:
+                return {"ref": list(path), "hash": digest}
+        if isinstance(value, (np.generic, np.ndarray)):  # first: np.float64 is a float
+            array = np.asarray(value)
+            if array.dtype.kind not in "biufc":
+                raise fail("checkpoint", f"cannot hold an array of dtype {array.dtype}",
+                           "Keep algorithm state numeric (or leave checkpoint unset).")
+            name = f"a{len(arrays)}"
+            arrays[name] = array
+            return {"a": name, "scalar": isinstance(value, np.generic)}
+        if value is None or isinstance(value, (bool, str, int)):
+            return {"v": value}
+        if isinstance(value, float):
+            return {"v": value} if np.isfinite(value) else {"float": repr(value)}
+        if sp.issparse(value):
+            csr = value.tocsr()
+            return {"csr": [self.encode(x, arrays) for x in (csr.data, csr.indices, csr.indptr)],
+                    "shape": list(csr.shape)}
+        if isinstance(value, dict):
+            return {"d": [[self.encode(k, arrays), self.encode(v, arrays)]
+                          for k, v in value.items()]}
+        if isinstance(value, (list, tuple)):
+            return {"t" if isinstance(value, tuple) else "l":
+                    [self.encode(item, arrays) for item in value]}
+        cls = type(value)
+        if cls.__module__.startswith("hyfl.") and hasattr(value, "__dict__"):
+            return {"o": f"{cls.__module__}:{cls.__qualname__}",
+                    "f": {k: self.encode(v, arrays) for k, v in vars(value).items()}}
+        raise fail("checkpoint", f"cannot hold a {cls.__module__}.{cls.__qualname__}",
+                   "Algorithm state must be hyfl objects, arrays, numbers, strings, "
+                   "lists, tuples and dicts.")
+
+    # -- reading -------------------------------------------------------------------
+    def decode(self, spec: Any, arrays: dict[str, np.ndarray]) -> Any:
+        if not isinstance(spec, dict):
+            raise ValueError("a malformed entry")
+        if "ref" in spec:
+            path = tuple(spec["ref"])
+            obj = self.objects.get(path)
+            if obj is None or ("hash" in spec and _hash_arrays(obj) != spec["hash"]):
+                raise ValueError(f"the set-up data at {path!r} differ from this run's "
+                                 "(set-up is not reproducible?)")
+            return obj
+        if "v" in spec:
+            return spec["v"]
+        if "float" in spec:
+            return float(spec["float"])
+        if "a" in spec:
+            array = arrays[spec["a"]]
+            return array[()] if spec.get("scalar") else np.array(array)
+        if "csr" in spec:
+            data, indices, indptr = (self.decode(x, arrays) for x in spec["csr"])
+            return sp.csr_matrix((data, indices, indptr), shape=tuple(spec["shape"]))
+        if "d" in spec:
+            return {_hashable(self.decode(k, arrays)): self.decode(v, arrays)
+                    for k, v in spec["d"]}
+        if "l" in spec:
+            return [self.decode(item, arrays) for item in spec["l"]]
+        if "t" in spec:
+            return tuple(self.decode(item, arrays) for item in spec["t"])
+        if "o" in spec:
+            obj = object.__new__(_state_class(spec["o"]))
+            for name, item in spec["f"].items():
+                object.__setattr__(obj, name, self.decode(item, arrays))
+            return obj
+        raise ValueError("a malformed entry")
 
 
-class _StateUnpickler(pickle.Unpickler):
-    """Re-attaches the set-up data of the freshly prepared run to the tokens."""
+def _hashable(key: Any) -> Any:
+    return tuple(_hashable(k) for k in key) if isinstance(key, list) else key
 
-    def __init__(self, file, objects: dict[tuple, Any]):
-        super().__init__(file)
-        self._objects = objects
 
-    def persistent_load(self, pid):
-        kind = pid[0] if isinstance(pid, tuple) and pid else None
-        path, digest = (pid[1], pid[2]) if kind == "array" else (pid, None)
-        obj = self._objects.get(path) if isinstance(path, tuple) else None
-        if obj is None or (digest is not None and _hash_arrays(obj) != digest):
-            raise pickle.UnpicklingError(
-                f"the set-up data at {path!r} differ from this run's (set-up is not reproducible?)"
-            )
-        return obj
+def _state_class(name: str) -> type:
+    """The hyfl class ``module:qualname`` names; anything outside hyfl is refused."""
+    import importlib
+
+    module_name, _, qualname = str(name).partition(":")
+    if not module_name.startswith("hyfl.") or not qualname:
+        raise ValueError(f"it names {name!r}, which is not a hyfl state class")
+    obj: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    if not isinstance(obj, type) or not obj.__module__.startswith("hyfl."):
+        raise ValueError(f"it names {name!r}, which is not a hyfl state class")
+    return obj
 
 
 class _Checkpointer:
     """Writes and reads one run's checkpoint file.
 
-    The file holds two pickles: a header (format, hyfl version, round, the
-    run's fingerprint), read and checked first, then the body (algorithm
-    state, generator states, counters, metrics), with the set-up data as
-    tokens (see :func:`_static_objects`). ``setup_state`` must be the state
-    as ``algorithm.setup`` returned it, before any round.
+    The file is an ``.npz`` (read with ``allow_pickle=False``): the state's arrays
+    plus ``__header__`` (format, hyfl version, round, the run's fingerprint; read and
+    checked first) and ``__body__`` (the description of the algorithm state, generator
+    states, counters and metrics), both JSON (see :class:`_StateCodec`).
+    ``setup_state`` must be the state as ``algorithm.setup`` returned it, before any
+    round.
     """
 
     def __init__(self, path: Path, fingerprint: dict, setup_state: Any, problem, blocks):
         self.path = path
         self.fingerprint = fingerprint
-        self.objects = _static_objects(setup_state, problem, blocks)
-        self.tokens = {id(obj): path for path, obj in self.objects.items()}
-        self.hashes = {
-            id(obj): _hash_arrays(obj)
-            for obj in self.objects.values()
-            if isinstance(obj, np.ndarray)
-        }
+        objects = _static_objects(setup_state, problem, blocks)
+        hashes = {id(obj): _hash_arrays(obj) for obj in objects.values()
+                  if isinstance(obj, np.ndarray)}
+        self.codec = _StateCodec(objects, hashes)
         self.saved_at: int | None = None
 
     def save(self, state: Any, run: _RunProgress, rngs: dict, participation) -> None:
@@ -759,18 +833,20 @@ class _Checkpointer:
             "written": time.time(),
             "fingerprint": self.fingerprint,
         }
-        body = {
+        arrays: dict[str, np.ndarray] = {}
+        body = self.codec.encode({
             "state": state,
             "rngs": {name: rng.bit_generator.state for name, rng in rngs.items()},
             "participation": _schedule_state(participation),
             "progress": dataclasses.asdict(run),
-        }
+        }, arrays)
+        arrays["__header__"] = _json_array(header)
+        arrays["__body__"] = _json_array(body)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
             with open(tmp, "wb") as f:
-                pickle.dump(header, f, protocol=pickle.HIGHEST_PROTOCOL)
-                _StatePickler(f, self.tokens, self.hashes).dump(body)
+                np.savez(f, **arrays)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, self.path)
@@ -782,31 +858,33 @@ class _Checkpointer:
 
     def load(self, run: _RunProgress, rngs: dict, participation) -> Any:
         """Restore ``run``, the generators and the schedule; return the algorithm state."""
+        start_over = "Delete it (or run without --resume) to start over."
         try:
-            with open(self.path, "rb") as f:
-                header = pickle.load(f)
-                if not isinstance(header, dict) or header.get("format") != CHECKPOINT_FORMAT:
-                    raise fail(
-                        f"checkpoint {self.path}",
-                        "is not a hyfl checkpoint of this version",
-                        "Delete it (or run without --resume) to start over.",
-                    )
-                self._check(header.get("fingerprint"))
-                body = _StateUnpickler(f, self.objects).load()
+            with np.load(self.path, allow_pickle=False) as f:
+                arrays = {name: f[name] for name in f.files}
+            header = json.loads(arrays.pop("__header__").tobytes())
+        except Exception as err:  # not an npz, truncated, pickled objects, bad JSON
+            raise fail(f"checkpoint {self.path}",
+                       f"cannot be read as a hyfl checkpoint ({type(err).__name__}: {err})",
+                       start_over) from None
+        if not isinstance(header, dict) or header.get("format") != CHECKPOINT_FORMAT:
+            raise fail(f"checkpoint {self.path}", "is not a hyfl checkpoint of this version",
+                       start_over)
+        self._check(header.get("fingerprint"))
+        try:
+            body = self.codec.decode(json.loads(arrays.pop("__body__").tobytes()), arrays)
+            rng_states = body["rngs"]
+            for name, rng in rngs.items():
+                rng.bit_generator.state = rng_states[name]
+            if body["participation"] is not None:
+                participation.restore_state(body["participation"])
+            for key, value in body["progress"].items():
+                setattr(run, key, value)
         except HyflError:
             raise
-        except Exception as err:  # truncated or corrupt file
-            raise fail(
-                f"checkpoint {self.path}",
-                f"cannot be read ({type(err).__name__}: {err})",
-                "Delete it (or run without --resume) to start over.",
-            ) from err
-        for name, rng in rngs.items():
-            rng.bit_generator.state = body["rngs"][name]
-        if body["participation"] is not None:
-            participation.restore_state(body["participation"])
-        for key, value in body["progress"].items():
-            setattr(run, key, value)
+        except Exception as err:
+            raise fail(f"checkpoint {self.path}", f"cannot be restored ({err})",
+                       start_over) from None
         run.resumed_from.append(run.t)
         self.saved_at = run.t
         return body["state"]
@@ -842,6 +920,11 @@ class _Checkpointer:
             "Resume with the configuration that wrote it, or delete the checkpoint "
             "(or run without --resume) to start over.",
         )
+
+
+def _json_array(tree: Any) -> np.ndarray:
+    """A JSON document as a uint8 array (an ``.npz`` entry that needs no pickle)."""
+    return np.frombuffer(json.dumps(tree, allow_nan=False).encode(), dtype=np.uint8)
 
 
 def _short(value: Any, limit: int = 200) -> str:
