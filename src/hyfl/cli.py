@@ -134,7 +134,9 @@ def demo(
         f"partition {spec.partition_spec()}, participation {spec.participation}"
     )
     try:
-        outcome = execute(spec, out, progress=True)
+        # The demo may replace its own default folder (run it twice and it just works);
+        # a folder the user names is protected like any other results folder.
+        outcome = execute(spec, out, progress=True, overwrite=out == Path("hyfl-demo"))
     except HyflError as err:
         _fail(err)
     _print_summary(outcome)
@@ -194,6 +196,10 @@ def run(
             "continue interrupted ones from their checkpoints.",
         ),
     ] = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option("--overwrite", help="Replace the results in an existing output folder."),
+    ] = False,
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="No progress bars or tables.")
     ] = False,
@@ -214,7 +220,8 @@ def run(
     try:
         hyper = _hyper(iic, local_steps, step_rule, a, b, mu, eta0, batch_size, param)
         if config is not None:
-            _run_config(ctx, config, out, hyper, resume=resume, progress=show, quiet=quiet)
+            _run_config(ctx, config, out, hyper, resume=resume, overwrite=overwrite,
+                        progress=show, quiet=quiet)
             return
         if resume:
             raise fail(
@@ -241,7 +248,8 @@ def run(
             latency=latency,
             he_costs=he_costs,
         )
-        outcome = execute(spec, out if out is not None else Path("hyfl-run"), progress=show)
+        outcome = execute(spec, out if out is not None else Path("hyfl-run"), progress=show,
+                          overwrite=overwrite)
     except HyflError as err:
         _fail(err)
     if quiet:
@@ -278,7 +286,8 @@ def _from_command_line(ctx, name: str) -> bool:
     return getattr(source, "name", None) == "COMMANDLINE"
 
 
-def _run_config(ctx, path: Path, out, hyper, *, resume: bool, progress: bool, quiet: bool):
+def _run_config(ctx, path: Path, out, hyper, *, resume: bool, overwrite: bool, progress: bool,
+                quiet: bool):
     """``hyfl run CONFIG``: explicit flags fill what the config leaves out."""
     from hyfl.experiments.config import fill_missing, parse_config, read_toml
     from hyfl.experiments.runner import run_experiment
@@ -324,6 +333,7 @@ def _run_config(ctx, path: Path, out, hyper, *, resume: bool, progress: bool, qu
         config,
         out_dir,
         resume=resume,
+        overwrite=overwrite,
         progress=progress,
         log=None if quiet else console.print,
     )
@@ -414,6 +424,10 @@ def compare(
     he_costs: HeCosts = "paper",
     out: Annotated[Path, typer.Option(help="Output folder.")] = Path("hyfl-compare"),
     progress: Progress = True,
+    overwrite: Annotated[
+        bool,
+        typer.Option("--overwrite", help="Replace the results in an existing output folder."),
+    ] = False,
 ):
     """Run several algorithms on one partition and participation trace; write a summary and plot.
 
@@ -447,7 +461,7 @@ def compare(
             latency=latency,
             he_costs=he_costs,
         )
-        outcomes = run_compare(spec, names, out, progress=progress)
+        outcomes = run_compare(spec, names, out, progress=progress, overwrite=overwrite)
     except HyflError as err:
         _fail(err)
     rows = summary_rows(outcomes)

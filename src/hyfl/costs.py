@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hyfl._io import dumps_json, write_text
 from hyfl.errors import check_positive, fail
 
 FLOAT_BYTES = 8  # float64 on the wire
@@ -86,7 +87,7 @@ def save_calibration(measurements: dict[str, dict], path: Path | None = None) ->
     existing = json.loads(path.read_text()) if path.exists() else {}
     existing.update(measurements)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(existing, indent=2, sort_keys=True))
+    write_text(path, dumps_json(existing, indent=2, sort_keys=True))
     return path
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
+from hyfl._io import atomic_write
 from hyfl.errors import fail
 
 __all__ = ["BLOCK_FORMAT", "Block", "load_block", "read_block", "write_blocks"]
@@ -79,16 +80,17 @@ def write_blocks(problem, partition, out_dir: str | os.PathLike, *, name: str = 
     for k in range(blocks.n_clients):
         samples, features, X = client_block(blocks, k)
         path = out / f"party-{k}.npz"
-        np.savez(
-            path,
-            format=np.array(BLOCK_FORMAT), version=np.array(1), party=np.array(k),
-            n_parties=np.array(blocks.n_clients), n_samples=np.array(blocks.n_samples),
-            n_features=np.array(blocks.n_features), samples=samples.astype(np.int64),
-            features=features.astype(np.int64), X_data=X.data, X_indices=X.indices,
-            X_indptr=X.indptr, X_shape=np.array(X.shape), Y=problem.Y[samples],
-            lam_default=np.array(lam), name=np.array(name or "data"),
-            partition=np.array(getattr(partition, "name", "") or "blocks"),
-        )
+        with atomic_write(path, "wb") as f:
+            np.savez(
+                f,
+                format=np.array(BLOCK_FORMAT), version=np.array(1), party=np.array(k),
+                n_parties=np.array(blocks.n_clients), n_samples=np.array(blocks.n_samples),
+                n_features=np.array(blocks.n_features), samples=samples.astype(np.int64),
+                features=features.astype(np.int64), X_data=X.data, X_indices=X.indices,
+                X_indptr=X.indptr, X_shape=np.array(X.shape), Y=problem.Y[samples],
+                lam_default=np.array(lam), name=np.array(name or "data"),
+                partition=np.array(getattr(partition, "name", "") or "blocks"),
+            )
         paths.append(path)
     return paths
 

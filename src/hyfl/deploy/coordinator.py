@@ -49,8 +49,6 @@ round trip per absence and is exact.
 from __future__ import annotations
 
 import copy
-import json
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -58,6 +56,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from hyfl._io import atomic_write, write_json
 from hyfl.deploy.codec import check_fields
 from hyfl.deploy.config import DeployConfig, structure_blocks
 from hyfl.errors import HyflError, fail
@@ -502,7 +501,8 @@ class Coordinator:
         out = Path(self.config.out)
         out.mkdir(parents=True, exist_ok=True)
         if final and self.weights:
-            np.savez(out / "weights.npz", w=np.stack(self.weights))
+            with atomic_write(out / "weights.npz", "wb") as f:
+                np.savez(f, w=np.stack(self.weights))
         _atomic_json(out / "deploy.json", self.results)
 
 
@@ -590,9 +590,7 @@ def _config_record(config: DeployConfig) -> dict:
 
 
 def _atomic_json(path: Path, value: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(value, indent=1, default=_json_default))
-    os.replace(tmp, path)
+    write_json(path, value, indent=1)
 
 
 def _json_default(obj):

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from phe import paillier as _phe
 
+from hyfl._io import write_json
 from hyfl.errors import fail
 from hyfl.privacy.ciphers import (
     DEFAULT_GUARD_BITS,
@@ -147,10 +148,8 @@ def generate_keys(out_dir: str | os.PathLike, key_bits: int = DEFAULT_DEPLOY_KEY
     private = {**common, "kind": "private", "p": hex(int(private_key.p)),
                "q": hex(int(private_key.q))}
     # The private key is created 0600 from the start, never world-readable.
-    fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(private, f, indent=1)
-    public_path.write_text(json.dumps({**common, "kind": "public"}, indent=1))
+    write_json(private_path, private, indent=1, permissions=0o600)
+    write_json(public_path, {**common, "kind": "public"}, indent=1)
     return private_path, public_path
 
 

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from hyfl._io import write_json
 from hyfl.deploy.config import RUN_DEFAULTS
 from hyfl.errors import HyflError, fail
 
@@ -766,7 +767,7 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
         own = party_cipher(cipher, private, insecure_test_keys=insecure_test_keys,
                            **DeployConfig.from_run_config(run_config).cipher_options())
         comparison = compare_with_protocol(results, weights, problem, parts, own)
-        (out / "comparison.json").write_text(json.dumps(comparison, indent=1))
+        write_json(out / "comparison.json", comparison, indent=1)
         summary.append(
             f"in-process engine, same seed: max |w difference| "
             f"{comparison['max_abs_weight_difference']:.3g}; median seconds per round "

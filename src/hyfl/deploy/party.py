@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from hyfl._io import atomic_write
 from hyfl.deploy.codec import check_fields, decode, encode
 from hyfl.deploy.config import DeployConfig, NodeSettings, structure_blocks
 from hyfl.errors import HyflError, fail
@@ -274,8 +275,9 @@ class _Party:
             out = Path(self.node.out)
             out.mkdir(parents=True, exist_ok=True)
             block = self.state["block"]
-            np.savez(out / f"party-{self.node.party}.npz", samples=block["samples"],
-                     features=block["features"], alpha=client.alpha, w=client.w)
+            with atomic_write(out / f"party-{self.node.party}.npz", "wb") as f:
+                np.savez(f, samples=block["samples"], features=block["features"],
+                         alpha=client.alpha, w=client.w)
         return {"written": bool(self.node.out)}
 
     # -- helpers -------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from hyfl import __version__
+from hyfl._io import atomic_write, check_results_folder, dumps_json, write_json, write_text
 from hyfl.algorithms import algorithm_names, make_algorithm
 from hyfl.algorithms.hyfdca import HyFDCA
 from hyfl.costs import (
@@ -395,8 +396,14 @@ def cost_summary(result: RunResult) -> dict[str, Any]:
     return out
 
 
-def execute(spec: RunSpec, out_dir: str | Path | None = None, progress: bool = False) -> RunOutcome:
-    """Run ``spec`` and, when ``out_dir`` is given, write its files there."""
+def execute(spec: RunSpec, out_dir: str | Path | None = None, progress: bool = False,
+            overwrite: bool = False) -> RunOutcome:
+    """Run ``spec`` and, when ``out_dir`` is given, write its files there.
+
+    An existing non-empty ``out_dir`` is refused before anything runs unless ``overwrite``.
+    """
+    if out_dir is not None:
+        check_results_folder(out_dir, overwrite=overwrite)
     setup = prepare(spec)
     outcome = run_prepared(setup, spec, spec.algorithm, spec.hyper_for(spec.algorithm), progress)
     if out_dir is not None:
@@ -405,7 +412,8 @@ def execute(spec: RunSpec, out_dir: str | Path | None = None, progress: bool = F
 
 
 def compare(
-    spec: RunSpec, names: list[str], out_dir: str | Path, progress: bool = False
+    spec: RunSpec, names: list[str], out_dir: str | Path, progress: bool = False,
+    overwrite: bool = False,
 ) -> list[RunOutcome]:
     """Run several algorithms on one partition and one participation trace.
 
@@ -422,8 +430,8 @@ def compare(
         raise fail("--algorithms", "is empty", "Give a comma-separated list, e.g. hyfdca,fedavg.")
     for name in names:
         check_choice("algorithm", name, algorithm_names())
+    out = check_results_folder(out_dir, overwrite=overwrite)
     setup = prepare(spec)
-    out = Path(out_dir)
     outcomes = []
     for name in names:
         outcome = run_prepared(
@@ -496,14 +504,14 @@ def summary_rows(outcomes: list[RunOutcome]) -> list[dict[str, Any]]:
 
 def write_comparison(outcomes: list[RunOutcome], out: Path) -> None:
     rows = summary_rows(outcomes)
-    with open(out / "summary.csv", "w", newline="") as f:
+    with atomic_write(out / "summary.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=SUMMARY_COLUMNS)
         writer.writeheader()
         writer.writerows({k: "" if v is None else v for k, v in r.items()} for r in rows)
     lines = ["| " + " | ".join(SUMMARY_COLUMNS) + " |", "|" + "---|" * len(SUMMARY_COLUMNS)]
     for r in rows:
         lines.append("| " + " | ".join(_fmt(r[c]) for c in SUMMARY_COLUMNS) + " |")
-    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    write_text(out / "summary.md", "\n".join(lines) + "\n")
 
 
 def _fmt(v: Any) -> str:
@@ -562,6 +570,7 @@ def run_experiment(
     out_dir: str | Path | None = None,
     *,
     resume: bool = False,
+    overwrite: bool = False,
     progress: bool = False,
     log=None,
 ) -> ExperimentOutcome:
@@ -591,11 +600,12 @@ def run_experiment(
     from hyfl.algorithms import make_algorithm
 
     say = log or (lambda message: None)
-    out = Path(out_dir) if out_dir is not None else config.default_out()
+    out = check_results_folder(out_dir if out_dir is not None else config.default_out(),
+                               overwrite=overwrite, resume=resume)
     out.mkdir(parents=True, exist_ok=True)
     _atomic_text(out / "config.toml", config.to_toml())
     _atomic_text(
-        out / "environment.json", json.dumps(environment(), indent=2, default=json_default) + "\n"
+        out / "environment.json", dumps_json(environment(), indent=2) + "\n"
     )
     jobs = config.jobs()
     outcomes: list[RunOutcome] = []
@@ -641,7 +651,7 @@ def run_experiment(
         (run_dir / "run.json").unlink(missing_ok=True)
         _atomic_text(
             started,
-            json.dumps({"started": _now(), "spec": asdict(job.spec)}, default=json_default),
+            dumps_json({"started": _now(), "spec": asdict(job.spec)}),
         )
         outcome = run_prepared(
             setup,
@@ -760,7 +770,8 @@ def write_experiment_summary(config, outcomes: list[RunOutcome], out: Path) -> l
                 mean, std = r[f"{c}_mean"], r[f"{c}_std"]
                 cells.append("-" if mean is None else f"{_fmt(mean)} ± {_fmt(std)}")
             lines.append("| " + " | ".join(cells) + " |")
-        (out / "summary.md").write_text(
+        write_text(
+            out / "summary.md",
             f"Mean ± sample standard deviation over seeds {seeds}.\n\n" + "\n".join(lines) + "\n"
         )
     first = [o for o in outcomes if o.spec.seed == seeds[0]]
@@ -800,7 +811,7 @@ def aggregate_seeds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _write_csv(path: Path, columns: list[str], rows: list[dict[str, Any]]) -> None:
-    with open(path, "w", newline="") as f:
+    with atomic_write(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows({k: "" if r.get(k) is None else r.get(k) for k in columns} for r in rows)
@@ -880,9 +891,7 @@ def _git_revision() -> dict[str, Any] | None:
 
 
 def _atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_text(path, text)
 
 
 def calibrate_ciphers(
@@ -937,7 +946,7 @@ def write_outputs(outcome: RunOutcome, out_dir: Path, plot: bool = True) -> Path
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = outcome.result.metrics
     columns = metric_columns(rows)
-    with open(out_dir / "metrics.csv", "w", newline="") as f:
+    with atomic_write(out_dir / "metrics.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         for row in rows:
@@ -971,7 +980,7 @@ def write_outputs(outcome: RunOutcome, out_dir: Path, plot: bool = True) -> Path
     }
     if "setup" in outcome.result.config:
         record["setup"] = outcome.result.config["setup"]
-    (out_dir / "run.json").write_text(json.dumps(record, indent=2, default=json_default) + "\n")
+    write_json(out_dir / "run.json", record)
     if plot:
         plot_runs(
             {outcome.spec.algorithm: outcome.result},

@@ -50,7 +50,6 @@ stay. ``lo == hi`` fixes a hyperparameter at that value.
 from __future__ import annotations
 
 import csv
-import json
 import math
 import re
 import time
@@ -62,6 +61,7 @@ from typing import Any
 
 import numpy as np
 
+from hyfl._io import write_json
 from hyfl.algorithms import accepted_hyperparameters, algorithm_names, make_algorithm
 from hyfl.errors import HyflError, check_choice, check_int, fail
 
@@ -991,9 +991,7 @@ def _csv(v: Any) -> str:
 
 def _write_json(path: Path, record: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    from hyfl.experiments.runner import json_default
-
-    path.write_text(json.dumps(record, indent=2, default=json_default) + "\n")
+    write_json(path, record)
 
 
 def _write_best(path: Path, result: TuneResult, spec) -> None:
