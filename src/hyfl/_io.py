@@ -84,10 +84,13 @@ def write_json(path: str | os.PathLike, value: Any, *, indent: int | None = 2,
 
 
 def check_results_folder(out: str | os.PathLike, *, overwrite: bool = False,
-                         resume: bool = False, allow: tuple[str, ...] = ()) -> Path:
+                         resume: bool = False, allow: tuple[str, ...] = (),
+                         resumable: bool = True, kept: str = "") -> Path:
     """Refuse to write into an existing, non-empty results folder unless asked to.
 
-    ``allow`` names entries that may already be there (e.g. ``keys`` for a deployment).
+    ``allow`` names entries that may already be there (e.g. ``keys`` for a deployment);
+    ``resumable`` says whether the command has ``--resume``; ``kept`` adds what
+    ``--overwrite`` keeps to the message.
     """
     out = Path(out)
     if overwrite or resume or not out.exists():
@@ -95,8 +98,11 @@ def check_results_folder(out: str | os.PathLike, *, overwrite: bool = False,
     if not out.is_dir():
         raise fail(f"results folder {out}", "exists and is not a folder",
                    "Pass another --out.")
-    if any(entry.name not in allow for entry in out.iterdir()):
-        raise fail(f"results folder {out}", "exists and is not empty",
-                   "Pass another --out, or pass --overwrite to replace it (or --resume to "
-                   "continue it).")
+    existing = sorted(entry.name for entry in out.iterdir() if entry.name not in allow)
+    if existing:
+        listed = ", ".join(existing[:4]) + (", ..." if len(existing) > 4 else "")
+        raise fail(f"results folder {out}", f"exists and is not empty ({listed})",
+                   "Pass another --out, or pass --overwrite to replace it"
+                   + (f" ({kept})" if kept else "")
+                   + (" (or --resume to continue it)." if resumable else "."))
     return out

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from hyfl._io import write_json
+from hyfl._io import check_results_folder, write_json
 from hyfl.deploy.config import RUN_DEFAULTS
 from hyfl.errors import HyflError, fail
 
@@ -607,14 +607,10 @@ def _prepare_out(out: Path, overwrite: bool) -> None:
     With ``overwrite`` only the outputs of an earlier local run
     (:data:`LOCAL_OUTPUTS`) are removed; keys and unknown files stay.
     """
+    check_results_folder(out, overwrite=overwrite, allow=("keys",), resumable=False,
+                         kept="the key pair in its keys/ folder is kept and reused")
     if out.exists() and not out.is_dir():
         raise fail(f"--out {out}", "is a file", "Pass a folder.")
-    existing = sorted(p.name for p in out.iterdir() if p.name != "keys") if out.is_dir() else []
-    if existing and not overwrite:
-        raise fail(f"--out {out}", f"exists and is not empty ({', '.join(existing[:4])}"
-                   f"{', ...' if len(existing) > 4 else ''})",
-                   "Pass another folder, or pass --overwrite to replace it (the key pair in "
-                   "its keys/ folder is kept and reused).")
     for name in LOCAL_OUTPUTS:
         path = out / name
         if path.is_dir():
