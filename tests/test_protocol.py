@@ -161,8 +161,8 @@ def test_compact_layouts_reproduce_the_stacked_engine_in_plaintext(problem, sett
 
 def test_a_drawn_round_fills_its_compact_ciphertexts(problem):
     # Draws spread over the holder groups: in the fixed layout the messages that carry
-    # them are mostly empty; compact, every message of the round is at least 80% full
-    # (only each group's last ciphertext can be partly empty).
+    # them are mostly empty; in the round's compact layout every message of the round is
+    # at least 80% full (only a group's and a drawer's last ciphertexts can have gaps).
     from hyfl.algorithms.base import draw_local_samples
     from hyfl.partition import stack
     from hyfl.privacy.layout import SlotLayout
@@ -170,18 +170,32 @@ def test_a_drawn_round_fills_its_compact_ciphertexts(problem):
     n, m = problem.n_samples, problem.n_features
     blocks = stack(grid(n, m, 2, 2), problem.X)
     layout = SlotLayout.build(blocks, 6)
-    rng = np.random.default_rng(0)
     sizes = np.diff(blocks.client_rowptr)
     counts = np.minimum(sizes // 3, 30)
-    rows = np.repeat(blocks.client_rowptr[:-1], counts) + draw_local_samples(rng, sizes, counts)
+    rows = (np.repeat(blocks.client_rowptr[:-1], counts)
+            + draw_local_samples(np.random.default_rng(0), sizes, counts))
     clients, samples = blocks.clients_of(rows), blocks.row_sample[rows]
     updated = np.unique(samples)
-    holders = np.isin(blocks.row_sample, updated)
-    receivers = (blocks.clients_of(np.flatnonzero(holders)), blocks.row_sample[holders])
-    compact = layout.compact(updated)
-    assert layout.fill(*receivers) < 0.6
-    assert compact.fill(*receivers) >= 0.8  # inner products and duals of the updated samples
-    assert compact.fill(clients, samples) > 1.5 * layout.fill(clients, samples)  # the steps
+    held = np.isin(blocks.row_sample, updated)
+    receivers = (blocks.clients_of(np.flatnonzero(held)), blocks.row_sample[held])
+    compact = layout.round_layout(clients, samples)
+    assert layout.fill(*receivers) < 0.6 and layout.fill(clients, samples) < 0.5
+    assert compact.fill(*receivers) >= 0.8  # inner products, duals of the updated samples
+    assert compact.fill(clients, samples) >= 0.8  # each client's own draws (dual steps)
+
+    # A client knows its own groups only: its updated samples and who drew them. That
+    # places its values exactly where the server and the other holders place them.
+    drawn, drawn_by = layout.drawers(clients, samples)
+    rowptr = blocks.client_rowptr
+    for k in range(blocks.n_clients):
+        mine = np.isin(drawn, blocks.row_sample[rowptr[k]:rowptr[k + 1]])
+        own = layout.compact(drawn[mine][::-1], drawn_by[mine][::-1])  # any order
+        np.testing.assert_array_equal(own.positions(drawn[mine]), compact.positions(drawn[mine]))
+    # Same chunks, groups and holders as the fixed layout: sums stay slot-aligned.
+    pos = compact.positions(updated)
+    assert np.unique(pos).size == pos.size
+    np.testing.assert_array_equal(layout.chunk_holders[pos // 6],
+                                  layout.chunk_holders[layout.positions(updated) // 6])
 
 
 def test_plaintext_and_paillier_iterates_agree_on_a_nonzero_balanced_split(problem, ciphers):
@@ -236,10 +250,13 @@ average (not secret in HyFDCA, which encrypts the duals instead), the safe rule'
 cocoa rule's step scalings, and public facts (sizes, the layout, who holds which sample)."""
 
 
-@pytest.mark.parametrize("step_rule", ["safe", "cocoa"])
-def test_server_never_holds_or_receives_a_dual_or_inner_product_in_plaintext(problem, step_rule):
+@pytest.mark.parametrize("step_rule, cipher_name", [("safe", "paillier"), ("cocoa", "paillier"),
+                                                    ("safe", "packed")])
+def test_server_never_holds_or_receives_a_dual_or_inner_product_in_plaintext(problem, step_rule,
+                                                                              cipher_name):
+    # packed: the compact layouts, with the clients' dual changes among the replies
     n, m = problem.n_samples, problem.n_features
-    spy = RecordingCipher(make_cipher("paillier", key_bits=KEY_BITS))
+    spy = RecordingCipher(make_cipher(cipher_name, key_bits=KEY_BITS))
     wire = Wire(spy.ciphertext_bytes, record=True)
     held = []
 

@@ -250,7 +250,7 @@ def count_he_operations(traffic: dict, layout) -> dict[str, int]:
 
     Layouts (see :mod:`hyfl.privacy.layout`): what the server stores stays in
     ``layout``; values summed within the round travel in the round's compact
-    layout (``layout.compact`` of the round's samples): the inner products
+    layout (``layout.round_layout`` of its draws): the inner products
     of ``sip_up`` (with ``sip_sum``, ``sip_down``), the cocoa rule's
     ``proposals_up`` and ``dual_down``, and the per-sample rules' dual steps
     when :func:`~hyfl.privacy.layout.compact_steps` chooses it -- then the
@@ -259,8 +259,9 @@ def count_he_operations(traffic: dict, layout) -> dict[str, int]:
     ``layout``, added into the stored duals.
     """
     enc = dec = add = up = down = 0
-    updated = _round_samples(traffic)
-    compact = layout.compact(updated) if updated is not None else layout
+    draws = _round_draws(traffic)
+    updated = None if draws is None else np.unique(np.asarray(draws[1], dtype=np.int64))
+    compact = layout if draws is None else layout.round_layout(*draws)
     n = _chunks(layout, traffic, "refresh_down")
     down += n
     dec += n
@@ -336,11 +337,11 @@ def count_he_operations(traffic: dict, layout) -> dict[str, int]:
     }
 
 
-def _round_samples(traffic: dict) -> np.ndarray | None:
-    """The round's drawn samples (those of its compact layout), if it drew any."""
+def _round_draws(traffic: dict) -> tuple | None:
+    """The round's draws, (client, sample) pairs (they define its compact layout)."""
     for key in ("dual_up", "proposals_up"):
         if key in traffic:
-            return np.unique(np.asarray(traffic[key][1], dtype=np.int64))
+            return traffic[key]
     return None
 
 

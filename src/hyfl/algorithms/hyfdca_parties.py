@@ -84,6 +84,7 @@ from hyfl.algorithms.hyfdca_local import (
     solve_subproblems,
     span_transforms,
 )
+from hyfl.errors import fail
 from hyfl.partition import StackedBlocks, client_block
 from hyfl.privacy.layout import (
     EncryptedVector,
@@ -193,7 +194,14 @@ class Client:
         """
         if not self.public.compact:
             return self.public.layout
-        return self.public.layout.compact(self.samples[self.round["updated_local"]])
+        layout, updated = self.public.layout, self.round["updated_local"]
+        drawn_by = self.round["drawn_by_local"]
+        width = layout.chunk_holders.shape[1]
+        if drawn_by.size != updated.size * width:
+            raise fail("the round's instructions", f"name the drawers of {drawn_by.size} "
+                       f"(sample, holder) pairs, not {updated.size} x {width}",
+                       "Run every party with the same hyfl version; the message may be garbled.")
+        return layout.compact(self.samples[updated], drawn_by.reshape(updated.size, width))
 
     def _sip_layout(self) -> SlotLayout | RoundLayout:
         """Where the round's inner products sit: stored (scope all) or summed only."""
@@ -493,16 +501,17 @@ class Server:
             )
         ).astype(np.int64)
         self.n_draws = int(positions.size)
-        self.round_layout = pub.layout.compact(self.updated) if pub.compact else pub.layout
         first_active = _first_active_holder(pub.holders[self.updated], active)
         mine = {k: np.isin(self.client_samples[k], self.updated) for k in self.active.tolist()}
-        self.compact_steps = False
-        if hy.step_rule != "cocoa" and pub.compact:
-            self.compact_steps = compact_steps(
-                pub.layout,
-                _pairs({k: self.client_samples[k][p] for k, p in drawn.items()}),
-                _pairs({k: self.client_samples[k][m] for k, m in mine.items()}),
-            )
+        draws = _pairs({k: self.client_samples[k][p] for k, p in drawn.items()})
+        self.round_layout, self.compact_steps = pub.layout, False
+        if pub.compact:
+            _, drawn_by = pub.layout.drawers(*draws)  # rows: self.updated
+            self.round_layout = pub.layout.compact(self.updated, drawn_by)
+            if hy.step_rule != "cocoa":
+                self.compact_steps = compact_steps(
+                    pub.layout, draws,
+                    _pairs({k: self.client_samples[k][m] for k, m in mine.items()}))
         messages = {}
         for k in self.active.tolist():
             samples = self.client_samples[k]
@@ -515,6 +524,9 @@ class Server:
                 "n_draws": self.n_draws,
                 "stale": None,
             }
+            if pub.compact:  # which holders drew each updated sample: places it compactly
+                rows = np.searchsorted(self.updated, samples[mine[k]])
+                message["drawn_by_local"] = drawn_by[rows].ravel()
             if hy.step_rule == "cocoa":  # the drawn samples in the order to visit them
                 message["order_local"] = np.asarray(drawn[k])
             else:

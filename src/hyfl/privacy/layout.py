@@ -19,10 +19,11 @@ Values that are summed within one round and never stored (the round's
 partial inner products with ``sip_scope="drawn"``, dual steps, the cocoa
 rule's proposals) travel in the round's *compact* layout instead
 (:meth:`SlotLayout.compact`, a :class:`RoundLayout`): inside each holder
-group, the round's samples move to the front of the group's chunks, in id
-order. It keeps the chunk ids, the groups and their holders, so sums stay
-slot-aligned, and every party derives it from public facts (the draws the
-server announces; a client needs only its own groups' updated samples).
+group, the round's samples move to the front of the group's chunks, ordered
+by who drew them, then by id (:meth:`SlotLayout.round_layout`). It keeps the
+chunk ids, the groups and their holders, so sums stay slot-aligned, and
+every party derives it from facts the server announces: a client needs only
+its own groups' updated samples and which of their holders drew each.
 Ciphertexts the server keeps across rounds (the duals, stored inner
 products) stay in the fixed layout: Paillier cannot move a value from one
 slot to another.
@@ -190,38 +191,74 @@ class SlotLayout(_Packing):
         starts[1:] = np.any(h[1:] != h[:-1], axis=1)
         return np.maximum.accumulate(np.where(starts, np.arange(self.n_chunks), 0))
 
-    def compact(self, samples: np.ndarray) -> RoundLayout:
+    def compact(self, samples: np.ndarray, drawn_by: np.ndarray | None = None) -> RoundLayout:
         """The layout of one round's values: ``samples`` packed densely per holder group.
 
-        Inside each group the listed samples take the group's first slots, in
-        id order; chunk ids, groups and holders are those of this layout, so
-        every holder of a group that lists the same samples of the group packs
-        them the same way, whatever it knows about other groups.
+        Inside each group the listed samples take the group's first slots;
+        chunk ids, groups and holders are those of this layout, so every holder
+        of a group that lists the same samples of the group (with the same
+        ``drawn_by``) packs them the same way, whatever it knows about other
+        groups.
 
         Parameters
         ----------
         samples : array of int
-            The round's samples (e.g. its drawn or updated samples), any order,
-            repeats allowed.
+            The round's samples (its updated samples), distinct, any order.
+        drawn_by : bool array, shape (len(samples), max_holders), optional
+            Which of each sample's holders drew it (column ``r``: the group's
+            ``r``-th holder in ``chunk_holders``). Samples with the same drawers
+            are then kept together (else in id order), so each drawer's own
+            values fill whole ciphertexts too.
 
         Returns
         -------
         RoundLayout
             Positions are defined for the listed samples only.
         """
-        samples = np.unique(np.asarray(samples, dtype=np.int64))
+        samples = np.asarray(samples, dtype=np.int64).ravel()
+        given = samples.size
+        samples, index = np.unique(samples, return_index=True)
         pos = self.base[samples]
-        # Groups fill consecutive chunks and keep their samples in id order, so
-        # sorting by the fixed position sorts by (group, id).
-        order = np.argsort(pos, kind="stable")
-        start = self.group_start[pos[order] // self.slots]
-        index = np.arange(samples.size)
+        start = self.group_start[pos // self.slots]
+        if drawn_by is None:
+            # Groups fill consecutive chunks and keep their samples in id order,
+            # so sorting by the fixed position sorts by (group, id).
+            order = np.argsort(pos, kind="stable")
+        else:
+            width = self.chunk_holders.shape[1]
+            drawn_by = np.asarray(drawn_by, dtype=bool).reshape(given, width)[index]
+            order = np.lexsort((pos, *_gray_rank(drawn_by), start))  # group, drawers, id
+        start = start[order]
+        rank = np.arange(samples.size)
         new_group = np.ones(samples.size, dtype=bool)
         new_group[1:] = start[1:] != start[:-1]
-        rank = index - np.maximum.accumulate(np.where(new_group, index, 0))
+        rank -= np.maximum.accumulate(np.where(new_group, rank, 0))
         first = np.empty(samples.size, dtype=np.int64)
         first[order] = start * self.slots + rank * self.n_outputs
         return RoundLayout(fixed=self, samples=samples, first=first)
+
+    def drawers(self, clients: np.ndarray, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The drawn samples and which of their holders drew them, from (client, sample) pairs.
+
+        Returns
+        -------
+        drawn : ndarray of int64
+            Distinct drawn samples, sorted.
+        drawn_by : ndarray of bool, shape (drawn.size, max_holders)
+            Column ``r``: the sample's ``r``-th holder (``chunk_holders``) drew it.
+        """
+        clients = np.asarray(clients, dtype=np.int64)
+        samples = np.asarray(samples, dtype=np.int64)
+        drawn, where = np.unique(samples, return_inverse=True)
+        holders = self.chunk_holders[self.base[samples] // self.slots]
+        pair, rank = np.nonzero(holders == clients[:, None])
+        drawn_by = np.zeros((drawn.size, self.chunk_holders.shape[1]), dtype=bool)
+        drawn_by[where.ravel()[pair], rank] = True
+        return drawn, drawn_by
+
+    def round_layout(self, clients: np.ndarray, samples: np.ndarray) -> RoundLayout:
+        """The compact layout of a round whose draws are these (client, sample) pairs."""
+        return self.compact(*self.drawers(clients, samples))
 
 
 @dataclass(frozen=True)
@@ -304,6 +341,26 @@ def holder_matrix(blocks: StackedBlocks) -> np.ndarray:
     return out
 
 
+def _gray_rank(drawn_by: np.ndarray) -> list[np.ndarray]:
+    """Sort keys (least significant first, for ``np.lexsort``) that order drawer sets
+    as the reflected binary Gray code does.
+
+    Consecutive sets then differ by one drawer, so most drawers' samples form one
+    run (with two holders, both do: {a}, {a, b}, {b}), and a drawer's values fill
+    whole ciphertexts. Bits are taken 62 at a time (a holder set can be larger).
+    """
+    keys = []
+    for lo in range(0, drawn_by.shape[1], 62):
+        bits = drawn_by[:, lo:lo + 62].astype(np.int64)
+        code = (bits << np.arange(bits.shape[1], dtype=np.int64)).sum(axis=1)
+        shift = 1
+        while shift < 64:  # the inverse Gray code: prefix xor of the higher bits
+            code ^= code >> shift
+            shift *= 2
+        keys.append(code)
+    return keys
+
+
 def compact_steps(layout: SlotLayout, draws: tuple, receivers: tuple) -> bool:
     """Whether a per-sample round sends its dual steps in the compact layout.
 
@@ -337,7 +394,7 @@ def compact_steps(layout: SlotLayout, draws: tuple, receivers: tuple) -> bool:
     updated = np.unique(np.asarray(draws[1], dtype=np.int64))
     if updated.size == 0:
         return False
-    compact = layout.compact(updated)
+    compact = layout.round_layout(*draws)
     fixed_cost = layout.count_chunks(*draws) + layout.count_chunks(*receivers)
     compact_cost = (compact.count_chunks(*draws) + compact.count_chunks(*receivers)
                     + layout.chunks_of(updated).size)
