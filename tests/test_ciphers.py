@@ -541,8 +541,12 @@ def test_pooled_obfuscators_are_nth_residues_used_once_and_bounded(keypair):
     assert len(pool) == 0  # the filler starts with the first use, not before
     x = random_chunks(cipher, 3)
     np.testing.assert_allclose(cipher.decrypt(cipher.encrypt(x)), x, atol=tolerance(cipher, 1, x))
+    assert _wait_for(pool, 3) == 3
+    assert _wait_for(pool, 4, seconds=0.5) == 3  # no more than the largest request so far
+    x = random_chunks(cipher, 20)
+    np.testing.assert_allclose(cipher.decrypt(cipher.encrypt(x)), x, atol=tolerance(cipher, 1, x))
     assert _wait_for(pool, 12) == 12
-    assert len(pool) == 12  # bounded: the filler stops at pool_size
+    assert _wait_for(pool, 13, seconds=0.5) == 12  # bounded: the filler stops at pool_size
     pooled = list(pool._items)
     for s in pooled:
         assert pow(int(s), phi, nsq) == 1 and math.gcd(int(s), int(key.n)) == 1
@@ -566,7 +570,7 @@ def test_the_pool_never_leaves_memory(keypair):
     import pickle
 
     cipher = make_cipher("packed", keypair=keypair, pool_size=8)
-    cipher.encrypt(np.zeros((1, cipher.slots)))
+    cipher.encrypt(np.zeros((8, cipher.slots)))
     pool = cipher._key._pool
     assert _wait_for(pool, 8) == 8
     secret = [int(s) for s in pool._items]
@@ -592,7 +596,7 @@ def test_a_forked_child_discards_the_parents_obfuscators(keypair):
     if not hasattr(os, "fork"):
         pytest.skip("no fork on this platform")
     cipher = make_cipher("packed", keypair=keypair, pool_size=6)
-    cipher.encrypt(np.zeros((1, cipher.slots)))
+    cipher.encrypt(np.zeros((6, cipher.slots)))
     pool = cipher._key._pool
     assert _wait_for(pool, 6) == 6
     read, write = os.pipe()
@@ -613,7 +617,7 @@ def test_a_forked_child_discards_the_parents_obfuscators(keypair):
 
 def test_calibrate_ignores_the_pool(keypair):
     cipher = make_cipher("packed", keypair=keypair, pool_size=64)
-    cipher.encrypt(np.zeros((1, cipher.slots)))
+    cipher.encrypt(np.zeros((64, cipher.slots)))
     pool = cipher._key._pool
     _wait_for(pool, 64)
     before = len(pool)

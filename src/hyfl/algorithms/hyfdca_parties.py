@@ -29,8 +29,9 @@ inner products, the cocoa rule's last steps) use the fixed
 and then forgotten -- inner products with ``sip_scope="drawn"``, the
 per-sample rules' dual steps (when :func:`~hyfl.privacy.layout.compact_steps`
 says it pays), the cocoa rule's proposals -- travel in the round's compact
-layout (:meth:`SlotLayout.compact` of the round's updated samples), which
-fills their ciphertexts. With compact dual steps the server sums the steps
+layout (:meth:`SlotLayout.round_layout` of its draws: each client is told
+which holders drew each of its updated samples), which fills their
+ciphertexts. With compact dual steps the server sums the steps
 and the clients add the sum to their own copies; the first active holder of
 each updated sample then sends the encrypted change of its dual in the fixed
 layout (with its primal part), which the server adds into its stored duals

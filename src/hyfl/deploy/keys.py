@@ -256,6 +256,9 @@ def _paillier_cipher(name: str, keypair, precision_bits, bound, guard_bits) -> C
         options["bound"] = bound
     if name == "packed":
         options["guard_bits"] = DEFAULT_GUARD_BITS if guard_bits is None else guard_bits
+        # A party's cipher lives for one message (see hyfl.deploy.party): obfuscators
+        # precomputed in the background would be thrown away with it.
+        options["pool_size"] = 0
     return make_cipher(name, keypair=keypair, **options)
 
 

@@ -99,7 +99,9 @@ class ObfuscatorPool:
         obfuscators. It must not hold the pool (the filler thread holds it
         while computing).
     size : int
-        Most obfuscators kept (memory: ``size`` integers below ``n**2``).
+        Most obfuscators kept (memory: ``size`` integers below ``n**2``). The
+        filler keeps no more than the largest single request seen so far, so
+        a cipher that encrypts a few values does not precompute ``size``.
     batch : int, default 16
         Obfuscators the filler makes between two looks at the pool.
 
@@ -121,6 +123,7 @@ class ObfuscatorPool:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closed = False
+        self._want = 0  # the largest single request so far: what is worth keeping
         self._pid = os.getpid()
         self._thread: threading.Thread | None = None
         # Wake the filler when the pool goes away, so that it ends at once.
@@ -136,6 +139,7 @@ class ObfuscatorPool:
             self._check_process()
             n = min(int(count), len(self._items))
             out = [self._items.popleft() for _ in range(n)]
+            self._want = min(self.size, max(self._want, int(count)))
             if not self._closed and (self._thread is None or not self._thread.is_alive()):
                 self._thread = threading.Thread(
                     target=_fill, args=(weakref.ref(self), self._wake), daemon=True,
@@ -195,7 +199,7 @@ def _fill(ref: weakref.ref, wake: threading.Event) -> None:
             return
         with pool._lock:
             pool._check_process()
-            room = pool.size - len(pool._items)
+            room = pool._want - len(pool._items)
             pid = pool._pid
         if room <= 0:
             del pool
@@ -210,5 +214,5 @@ def _fill(ref: weakref.ref, wake: threading.Event) -> None:
             return
         with pool._lock:
             if not pool._closed and pool._pid == pid == os.getpid():
-                pool._items.extend(fresh[:max(0, pool.size - len(pool._items))])
+                pool._items.extend(fresh[:max(0, pool._want - len(pool._items))])
         del pool, fresh
