@@ -1,6 +1,6 @@
 """Additively homomorphic ciphers behind one small interface.
 
-Three ciphers, chosen by name through :func:`make_cipher` (registry
+Four ciphers, chosen by name through :func:`make_cipher` (registry
 :data:`CIPHERS`):
 
 ``none``
@@ -16,6 +16,9 @@ Three ciphers, chosen by name through :func:`make_cipher` (registry
     Paillier with the same key, several fixed-point values packed into one
     plaintext (see :class:`PackedPaillierCipher`), so one encryption,
     decryption or addition handles ``slots`` values at once.
+``ckks``
+    The CKKS lattice scheme (:mod:`hyfl.privacy.lattice`): 4096 values per
+    ciphertext, decrypted values rounded to the same fixed-point grid.
 
 All ciphers take ``chunks`` of shape ``(n, slots)`` and produce a 1-D object
 array of ``n`` ciphertexts; :class:`OpCounts` counts ciphertexts (one
@@ -698,6 +701,10 @@ def _make_packed(
     return PackedPaillierCipher(_PaillierKey(*_keypair(key_bits, keypair)), fp, guard_bits)
 
 
+# The lattice cipher builds on this module's interface (hyfl.privacy's __init__ imports
+# this module first, so the cycle always resolves in this order).
+from hyfl.privacy.lattice import make_ckks  # noqa: E402
+
 CIPHERS: dict[str, tuple[Callable[..., Cipher], str]] = {
     "none": (_make_none, "no encryption: exact floats, operations still counted"),
     "paillier": (
@@ -707,6 +714,10 @@ CIPHERS: dict[str, tuple[Callable[..., Cipher], str]] = {
     "packed": (
         _make_packed,
         "Paillier with many fixed-point values packed per ciphertext (same key, faster)",
+    ),
+    "ckks": (
+        make_ckks,
+        "CKKS lattice cipher (SEAL via TenSEAL), 4096 values per ciphertext, 128-bit security",
     ),
 }
 
