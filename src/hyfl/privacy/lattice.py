@@ -19,13 +19,16 @@ Parameters (see ``docs/privacy.md``, "The lattice cipher")
     ``2**scale_bits`` (default 2**60).
 
 Precision: the fixed-point contract of the Paillier ciphers
-    A key holder rounds every decrypted value to the grid
-    ``2**-precision_bits`` (default 32 bits, the Paillier default), so the
-    values it uses are the sums of what was encrypted, to that resolution,
-    as with the fixed-point Paillier encoding. This only holds while the
-    accumulated encryption noise stays well below half a grid step; the
-    cipher checks that *budget* (below) and refuses to add or decrypt beyond
-    it rather than return wrong numbers.
+    Values are rounded to the grid ``2**-precision_bits`` (default 32 bits,
+    the Paillier default) before they are encrypted, so every sum of them is
+    on the grid as well, and a key holder rounds every decrypted value back to
+    the grid. While the accumulated encryption noise stays below half a grid
+    step, the rounded decryption is *exactly* the sum of the encoded values,
+    the same number the fixed-point Paillier ciphers decode (the tests check
+    that ``ckks`` and ``packed`` give identical iterates). The cipher checks
+    that *budget* (below) and refuses to add beyond it rather than return
+    wrong numbers. Sums must stay below ``2**(52 - precision_bits)`` in
+    magnitude for float64 to hold the grid exactly (2**20 at the defaults).
 
 Noise budget
     A fresh encryption ``c0 + c1 s = Delta m + e`` carries noise ``e = v e0 +
@@ -47,11 +50,12 @@ Key-recovery risk of CKKS decryptions (Li and Micciancio, EUROCRYPT 2021)
     An approximate decryption reveals ``m + e``; whoever sees that value *and*
     the ciphertext can learn the noise ``e``, and enough such equations give
     the secret key. In HyFDCA only the clients hold the secret key and only
-    they decrypt; what leaves a client is computed from the *rounded* values
-    (the grid is 2**17 times coarser than the noise at the defaults, so a
-    rounded value is a function of the message alone unless the message sits
-    within the noise of a grid boundary), mixed with the client's private
-    features. The server therefore never sees a raw CKKS decryption. See
+    they decrypt; what leaves a client is computed from the *rounded* values,
+    and since the encrypted sums lie exactly on the grid and the noise is
+    within the budget, a rounded value is the exact sum -- a function of the
+    messages alone, which carries no information about the noise or the key
+    (the budget's failure chance, below 1e-15 per value, bounds what could
+    leak). The server therefore never sees a raw CKKS decryption. See
     ``docs/privacy.md`` for the message-by-message argument.
 """
 
@@ -202,8 +206,11 @@ class CKKSCipher(Cipher):
 
     def encrypt(self, chunks: np.ndarray) -> np.ndarray:
         x = self._chunks(chunks)
-        self.fixed_point.check(x)
-        vectors = self._map(self._encrypt_one, list(x))
+        # Encrypt the values on the fixed-point grid: sums are then exactly on the grid too,
+        # and rounding a decryption removes its noise entirely (see the module doc).
+        p = self.fixed_point.precision_bits
+        grid = np.ldexp(self.fixed_point.scaled(x), -p).reshape(x.shape)
+        vectors = self._map(self._encrypt_one, list(grid))
         self.counts.encryptions += len(vectors)
         tag = self._tag
         return _objects([LatticeCiphertext(v, 1, tag) for v in vectors])
@@ -215,7 +222,10 @@ class CKKSCipher(Cipher):
         self._check(a, "ciphertexts")
         out = np.zeros((a.size, self.slots))
         live = [i for i, x in enumerate(a) if x.vector is not None]
-        rows = self._map(lambda i: a[i].vector.decrypt(), live)
+        # With the secret key given: a vector may be bound to another view's context (an
+        # in-process server's sum), and the key is what decrypts.
+        key = self._context.secret_key()
+        rows = self._map(lambda i: a[i].vector.decrypt(secret_key=key), live)
         for i, row in zip(live, rows):
             out[i] = row
         self.counts.decryptions += a.size
