@@ -128,13 +128,17 @@ def test_wire_format_round_trips_and_refuses_tampering(ckks):
 
 def test_ckks_and_packed_paillier_give_identical_iterates():
     # Both decrypt the exact sum of the same fixed-point values: the runs agree to the bit.
+    # The protocol engine's server holds the public context only.
     problem = make_problem(synthetic(), "hinge", 0.05)
     n, m = problem.n_samples, problem.n_features
+    servers = []
     runs = [
         run_protocol(HyFDCA(), problem, grid(n, m, 3, 3), RandomFraction(9, 0.5), 6,
                      make_cipher(name, key_bits=512) if name == "packed" else make_cipher(name),
-                     seed=4)
+                     seed=4, on_round=lambda server, clients: servers.append(server.cipher))
         for name in ("packed", "ckks")
     ]
     np.testing.assert_array_equal(runs[0].weights, runs[1].weights)
     np.testing.assert_array_equal(runs[0].duals, runs[1].duals)
+    lattice = [c for c in servers if c.name == "ckks"]
+    assert lattice and not any(c.has_private_key or c._context.has_secret_key() for c in lattice)
