@@ -29,7 +29,7 @@ from synthetic_data import synthetic
 
 @pytest.fixture(scope="module")
 def ckks():
-    return make_cipher("ckks", workers=2)
+    return make_cipher("ckks")
 
 
 def _grid(x, bits=32):
@@ -59,7 +59,7 @@ def test_security_parameters_are_within_the_standards_table(ckks):
 def test_the_noise_model_bounds_the_measured_noise():
     # Encrypt off-grid values at a scale where the noise is visible, and compare the
     # raw (unrounded) decryption error with the model.
-    cipher = make_cipher("ckks", workers=1)
+    cipher = make_cipher("ckks")
     rng = np.random.default_rng(1)
     x = rng.uniform(-1.0, 1.0, size=(2, cipher.slots))
     raw = np.array([ct.vector.decrypt() for ct in cipher.encrypt(x)])
@@ -79,7 +79,7 @@ def test_a_configuration_beyond_the_noise_budget_is_refused():
 
 
 def test_a_sum_beyond_the_noise_budget_fails_loudly_and_within_it_is_exact():
-    cipher = make_cipher("ckks", precision_bits=40, workers=1)
+    cipher = make_cipher("ckks", precision_bits=40)
     budget = cipher.max_addends
     assert 2 <= budget < 50
     x = np.random.default_rng(2).uniform(-1.0, 1.0, size=(budget + 1, cipher.slots))
@@ -121,7 +121,7 @@ def test_wire_format_round_trips_and_refuses_tampering(ckks):
     forged = LatticeCiphertext(cts[0].vector, 2**62, cts[0].tag)
     with pytest.raises(HyflError, match="addend count"):
         ckks.decrypt(np.array([forged], dtype=object))
-    other = make_cipher("ckks", workers=1)
+    other = make_cipher("ckks")
     with pytest.raises(HyflError, match="not made by this 'ckks' cipher"):
         other.add(cts, cts)
 

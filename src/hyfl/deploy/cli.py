@@ -217,7 +217,7 @@ def party(
 ):
     """Start one party: a Flower SuperNode with this party's node config."""
     from hyfl.deploy.config import NodeSettings
-    from hyfl.deploy.keys import party_cipher
+    from hyfl.deploy.keys import KEY_SCHEMES, party_cipher
     from hyfl.deploy.local import flower_command, flower_env
 
     try:
@@ -227,8 +227,9 @@ def party(
             if not key.is_file():
                 raise fail(f"--key {key}", "does not exist",
                            "Pass the private-key.json from `hyfl deploy keys`.")
-            party_cipher(cipher or "paillier", key,
-                         insecure_test_keys=insecure_test_keys)  # fail here
+            # Check the key file now (its scheme: Paillier unless --cipher ckks).
+            party_cipher(cipher if cipher in KEY_SCHEMES else "paillier", key,
+                         insecure_test_keys=insecure_test_keys)
             node.append(f"key={_quoted(key.resolve())}")
         policy = {"cipher": cipher, "fingerprint": fingerprint}
         node += [f"{name}={_quoted(value)}" for name, value in policy.items() if value]

@@ -256,7 +256,7 @@ def _ckks_records() -> tuple[dict, dict]:
     """A fresh CKKS key pair as the private and the public key file records."""
     from hyfl.privacy.lattice import make_ckks
 
-    cipher = make_ckks(workers=1)
+    cipher = make_ckks()
     common = {"format": CKKS_KEY_FORMAT, "version": 1, "fingerprint": cipher.fingerprint(),
               **{k: cipher.describe()[k] for k in ("poly_modulus_degree", "modulus_bits",
                                                    "security_bits")}}

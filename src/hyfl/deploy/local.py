@@ -642,18 +642,21 @@ def _local_keys(out: Path, keys_dir, key_bits: int, insecure_test_keys: bool,
 
     keys = Path(keys_dir) if keys_dir is not None else out / "keys"
     private, public = keys / PRIVATE_KEY_FILE, keys / PUBLIC_KEY_FILE
-    if keys_dir is None and not keys.exists():
+    generated = keys_dir is None and not keys.exists()
+    if generated:
         generate_keys(keys, key_bits, insecure_test_keys=insecure_test_keys, cipher=cipher)
-        log(f"new {cipher} key pair in {keys}")
     own = party_cipher(cipher, private, insecure_test_keys=insecure_test_keys)
     server = server_cipher(cipher, public, insecure_test_keys=insecure_test_keys)
     if cipher_fingerprint(own) != cipher_fingerprint(server):
         raise fail(f"key folder {keys}", "holds a public key of another key pair than its "
                    "private key", f"Run `hyfl deploy keys --out {keys} --overwrite` (or "
                    "delete the folder) for a new pair.")
-    log(f"using the {cipher} key pair in {keys} (fingerprint {cipher_fingerprint(own)}); to make "
-        f"new ones run `hyfl deploy keys --cipher {cipher} --out {keys} --overwrite` or delete "
-        "the folder")
+    if generated:
+        log(f"new {cipher} key pair in {keys} (fingerprint {cipher_fingerprint(own)})")
+    else:
+        log(f"reusing the key pair in {keys} (fingerprint {cipher_fingerprint(own)}); to make "
+            f"new ones run `hyfl deploy keys --cipher {cipher} --out {keys} --overwrite` or "
+            "delete the folder")
     bits = paillier_bits(server)
     warnings = [insecure_warning(bits)] if bits is not None and bits < SECURE_KEY_BITS else []
     for line in warnings:

@@ -63,9 +63,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import secrets
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -164,7 +162,7 @@ class CKKSCipher(Cipher):
     name = "ckks"
 
     def __init__(self, context, fixed_point: FixedPoint, *, scale_bits: int,
-                 workers: int | None = None, _tag: int | None = None):
+                 _tag: int | None = None):
         self._context = context
         self.fixed_point = fixed_point
         self.scale_bits = scale_bits
@@ -176,7 +174,6 @@ class CKKSCipher(Cipher):
         self.has_private_key = bool(context.is_private())
         self.counts = OpCounts()
         self._tag = secrets.randbits(64) if _tag is None else _tag
-        self.workers = _workers(workers)
         self.max_addends = noise_budget(
             precision_bits=fixed_point.precision_bits, scale_bits=scale_bits,
             bound=fixed_point.bound, poly_modulus_degree=self.poly_modulus_degree,
@@ -210,7 +207,8 @@ class CKKSCipher(Cipher):
         # and rounding a decryption removes its noise entirely (see the module doc).
         p = self.fixed_point.precision_bits
         grid = np.ldexp(self.fixed_point.scaled(x), -p).reshape(x.shape)
-        vectors = self._map(self._encrypt_one, list(grid))
+        # One call at a time: TenSEAL holds the GIL, so threads would not run in parallel.
+        vectors = [self._encrypt_one(row) for row in grid]
         self.counts.encryptions += len(vectors)
         tag = self._tag
         return _objects([LatticeCiphertext(v, 1, tag) for v in vectors])
@@ -225,9 +223,8 @@ class CKKSCipher(Cipher):
         # With the secret key given: a vector may be bound to another view's context (an
         # in-process server's sum), and the key is what decrypts.
         key = self._context.secret_key()
-        rows = self._map(lambda i: a[i].vector.decrypt(secret_key=key), live)
-        for i, row in zip(live, rows):
-            out[i] = row
+        for i in live:
+            out[i] = a[i].vector.decrypt(secret_key=key)
         self.counts.decryptions += a.size
         # Round to the fixed-point grid: what a key holder uses is then the encrypted sum
         # to that resolution, and not the noisy value (see the module doc).
@@ -263,8 +260,7 @@ class CKKSCipher(Cipher):
         context = self._context.copy()
         if context.is_private():
             context.make_context_public()
-        return CKKSCipher(context, self.fixed_point, scale_bits=self.scale_bits,
-                          workers=self.workers, _tag=self._tag)
+        return CKKSCipher(context, self.fixed_point, scale_bits=self.scale_bits, _tag=self._tag)
 
     def zeros(self, n: int) -> np.ndarray:
         # The public zero needs no encryption: an absent vector, added as the identity.
@@ -293,8 +289,8 @@ class CKKSCipher(Cipher):
         """Bytes of each ciphertext (``b""`` for the public zero) and its addend count."""
         a = self._ciphertexts(ciphertexts)
         self._check(a, "ciphertexts")
-        blobs = self._map(lambda x: b"" if x.vector is None else x.vector.serialize(), list(a))
-        return blobs, [x.addends for x in a]
+        return [b"" if x.vector is None else x.vector.serialize() for x in a], [
+            x.addends for x in a]
 
     def deserialize(self, blobs: list[bytes], addends: list[int]) -> np.ndarray:
         """Ciphertexts from :meth:`serialize`'s output, checked and bound to this cipher."""
@@ -345,33 +341,16 @@ class CKKSCipher(Cipher):
                 raise fail(f"{what}[{i}]", f"carries an addend count of {x.addends!r}",
                            "The ciphertext's metadata was altered: discard the message.")
 
-    def _map(self, fn, items: list) -> list:
-        """``fn`` over ``items``, on ``workers`` threads (SEAL releases the GIL)."""
-        if self.workers == 1 or len(items) < 2:
-            return [fn(x) for x in items]
-        with ThreadPoolExecutor(min(self.workers, len(items))) as pool:
-            return list(pool.map(fn, items))
-
-
-def _workers(workers: int | None) -> int:
-    if workers is None:
-        try:
-            return max(1, len(os.sched_getaffinity(0)))
-        except AttributeError:  # pragma: no cover - not Linux
-            return max(1, os.cpu_count() or 1)
-    return check_int("workers", workers, minimum=1, fix="Pass a thread count such as 2.")
-
 
 def make_ckks(*, key_bits: int | None = None, precision_bits: int | None = None,
               bound: float = DEFAULT_BOUND, scale_bits: int = DEFAULT_SCALE_BITS,
-              workers: int | None = None, context: bytes | None = None) -> CKKSCipher:
+              context: bytes | None = None) -> CKKSCipher:
     """A CKKS cipher with a fresh key (or the serialized ``context`` of a key file).
 
     ``key_bits`` is accepted for symmetry with the Paillier ciphers and must be left
     out (the ring and moduli are fixed at 128-bit security); ``precision_bits``
     (default 32) is the fixed-point grid decrypted values are rounded to, ``bound``
-    the largest magnitude of an encrypted value, ``scale_bits`` the CKKS scale,
-    ``workers`` the encryption/decryption threads (default: the usable cores).
+    the largest magnitude of an encrypted value, ``scale_bits`` the CKKS scale.
     """
     ts = _tenseal()
     fp = FixedPoint(DEFAULT_PRECISION_BITS if precision_bits is None else precision_bits, bound)
@@ -394,4 +373,4 @@ def make_ckks(*, key_bits: int | None = None, precision_bits: int | None = None,
                        "Pass a key file written by `hyfl deploy keys --cipher ckks`.") from None
     ctx.global_scale = 2.0**scale_bits
     ctx.auto_relin = ctx.auto_rescale = ctx.auto_mod_switch = False
-    return CKKSCipher(ctx, fp, scale_bits=scale_bits, workers=workers)
+    return CKKSCipher(ctx, fp, scale_bits=scale_bits)
