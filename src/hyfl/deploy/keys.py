@@ -280,7 +280,7 @@ def load_ckks_key(path: str | os.PathLike, *, private: bool, **cipher_options) -
     if not str(path) or not where.is_file():
         raise fail(f"{role} file {str(path)!r}", "does not exist" if str(path) else "is not set",
                    "Generate a key pair with `hyfl deploy keys --cipher ckks --out DIR`.")
-    record = _read_record(where, CKKS_KEY_FORMAT)
+    record = _read_record(where, CKKS_KEY_FORMAT, (CKKS_KEY_FORMAT,))
     _kind(record, where, private)
     try:
         blob = base64.b64decode(record.get("context", ""), validate=True)
@@ -299,7 +299,8 @@ def load_ckks_key(path: str | os.PathLike, *, private: bool, **cipher_options) -
     return cipher
 
 
-def _read_record(where: Path, key_format: str | tuple = (KEY_FORMAT, CKKS_KEY_FORMAT)) -> dict:
+def _read_record(where: Path, expected: str = KEY_FORMAT,
+                 accepted: tuple[str, ...] = (KEY_FORMAT, CKKS_KEY_FORMAT)) -> dict:
     """The JSON object of a key file, or a clear error."""
     try:
         record = json.loads(where.read_text())
@@ -308,9 +309,10 @@ def _read_record(where: Path, key_format: str | tuple = (KEY_FORMAT, CKKS_KEY_FO
                    "Check the path and its permissions.") from None
     except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError included
         record = None
-    formats = (key_format,) if isinstance(key_format, str) else key_format
-    if not isinstance(record, dict) or record.get("format") not in formats:
-        raise fail(f"key file {where}", f"is not a {' or '.join(formats)} file",
+    # A file of the other scheme is read (its reader says which cipher it belongs to);
+    # anything else is not a key file of the expected kind.
+    if not isinstance(record, dict) or record.get("format") not in accepted:
+        raise fail(f"key file {where}", f"is not a {expected} file",
                    "Pass a file written by `hyfl deploy keys`.")
     return record
 
