@@ -44,10 +44,14 @@ defaults)::
                                       # trace:FILE; default full
 
     [costs]                           # the whole table is optional
-    cipher = "none"                   # none | paillier | packed; default none
+    cipher = "none"                   # a name of hyfl.privacy.ciphers.CIPHERS; default none
     key_bits = 2048                   # Paillier modulus; default: the cipher's (2048)
     latency = 0.2575                  # seconds per round trip; default 0
-    he_costs = "paper"                # paper | measured | FILE; default paper
+    he_costs = "auto"                 # auto | paper | measured | a cipher name | FILE;
+                                      # default auto: the running cipher's own costs
+                                      # (none: no HE time), see hyfl.costs
+    he_layout = "cipher"              # which ciphertexts are counted: cipher | sample |
+                                      # a cipher name; default cipher (the running one's)
 
     [algorithms.hyfdca]               # one table per algorithm (at least one)
     iic = 0.001
@@ -114,7 +118,7 @@ EXPERIMENT_KEYS = (
 BUDGET_KEYS = ("iterations", "sim_time", "max_iterations")
 DATA_KEYS = ("dataset", "loss", "lam", "val", "val_fraction", "data_dir", "parties")
 PARTITION_KEYS = ("spec", "participation")
-COSTS_KEYS = ("cipher", "key_bits", "latency", "he_costs")
+COSTS_KEYS = ("cipher", "key_bits", "latency", "he_costs", "he_layout")
 
 
 @dataclass(frozen=True)
@@ -175,7 +179,8 @@ class CostsSection:
     cipher: str = "none"
     key_bits: int | None = None
     latency: float = 0.0
-    he_costs: str = "paper"
+    he_costs: str = "auto"
+    he_layout: str = "cipher"
 
 
 @dataclass(frozen=True)
@@ -251,6 +256,7 @@ class ExperimentConfig:
             key_bits=c.key_bits,
             latency=c.latency,
             he_costs=c.he_costs,
+            he_layout=c.he_layout,
             parties=d.parties,
         )
 
@@ -870,7 +876,13 @@ class _Validator:
         return PartitionSection(spec=spec, participation=participation)
 
     def costs(self, table: Mapping) -> CostsSection:
-        from hyfl.costs import HE_COST_SOURCES, load_he_costs
+        from hyfl.costs import (
+            DEFAULT_HE_COSTS,
+            DEFAULT_HE_LAYOUT,
+            HE_COST_SOURCES,
+            check_he_costs,
+            check_he_layout,
+        )
         from hyfl.privacy.ciphers import CIPHERS, check_keybits
 
         s = "costs"
@@ -890,14 +902,20 @@ class _Validator:
             low=0,
             fix="Write seconds per round trip, e.g. latency = 0.2575.",
         )
-        he_costs = self.text(s, table, "he_costs", "paper")
-        if he_costs not in HE_COST_SOURCES:
+        he_costs = self.text(s, table, "he_costs", DEFAULT_HE_COSTS)
+        if he_costs not in (*HE_COST_SOURCES, *CIPHERS):
             he_costs = self.path(he_costs)
         try:
-            load_he_costs(he_costs, cipher)
+            check_he_costs(he_costs, cipher)
         except HyflError as err:
             raise self.wrap(s, "he_costs", err) from None
-        return CostsSection(cipher=cipher, key_bits=key_bits, latency=latency, he_costs=he_costs)
+        he_layout = self.text(s, table, "he_layout", DEFAULT_HE_LAYOUT)
+        try:
+            check_he_layout(he_layout, cipher)
+        except HyflError as err:
+            raise self.wrap(s, "he_layout", err) from None
+        return CostsSection(cipher=cipher, key_bits=key_bits, latency=latency, he_costs=he_costs,
+                            he_layout=he_layout)
 
     def algorithms(self, table: Any) -> tuple[AlgorithmConfig, ...]:
         from hyfl.algorithms import accepted_hyperparameters, algorithm_names, make_algorithm
