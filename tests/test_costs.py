@@ -15,7 +15,6 @@ import json
 
 import numpy as np
 import pytest
-from synthetic_data import synthetic
 
 from hyfl.costs import (
     NO_HE_COSTS,
@@ -35,6 +34,7 @@ from hyfl.partition import RandomFraction, grid, stack
 from hyfl.privacy.ciphers import CIPHERS, make_cipher
 from hyfl.problem import make_problem
 from hyfl.runtime.simulation import simulate
+from synthetic_data import synthetic
 
 KEY_BITS = 512  # small keys keep the tests fast
 

@@ -595,13 +595,30 @@ def study(
     configs: Annotated[
         Path, typer.Argument(help="A folder of experiment configs (searched recursively).")
     ] = Path("configs/paper"),
-    out: Annotated[Path, typer.Option(help="Results folder.")] = Path("runs/paper"),
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Results folder (default runs/paper, runs/paper-quick with --quick, "
+            "runs/paper-full with --full).",
+            show_default=False,
+        ),
+    ] = None,
     quick: Annotated[
-        bool, typer.Option("--quick", help="Every budget x 0.1 (the paper study in < 10 min).")
+        bool, typer.Option("--quick", help="Every budget x 0.1 (a smoke test of the study).")
+    ] = False,
+    full: Annotated[
+        bool,
+        typer.Option(
+            "--full",
+            help="Run each config's full_budget instead of its budget: the paper's own budgets "
+            "(2,500 / 10,000 / 30,000 outer iterations, 10,800 simulated s) for configs/paper. "
+            "Days of compute on a small machine.",
+        ),
     ] = False,
     scale: Annotated[
         float | None,
-        typer.Option(help="Multiply every budget by this factor in (0, 1] (overrides --quick)."),
+        typer.Option(help="Multiply every budget by this factor in (0, 1] (overrides --quick; "
+                     "with --full, of the full budgets)."),
     ] = None,
     jobs: Annotated[
         int | None, typer.Option(help="Parallel runs (default: the number of CPUs).")
@@ -617,11 +634,17 @@ def study(
     from hyfl.experiments.study import run_study
 
     factor = scale if scale is not None else (QUICK_SCALE if quick else 1.0)
+    if out is None:
+        out = Path("runs/paper-full" if full else "runs/paper-quick" if quick else "runs/paper")
     try:
+        if full and quick and scale is None:
+            raise fail("--full and --quick", "were both given",
+                       "Give one; --full --scale F runs the full budgets x F.")
         run_study(
             configs,
             out,
             scale=factor,
+            full=full,
             jobs=jobs,
             log=None if quiet else console.print,
             progress=not quiet,

@@ -17,6 +17,8 @@ defaults)::
     seeds = [0, 1, 2]                 # one run per seed and algorithm; default [0]
     eval_every = 10                   # evaluate every N outer iterations; default 1
     budget = { iterations = 2500 }    # or { sim_time = 10800.0, max_iterations = 1000000 }
+    # full_budget = { iterations = 30000 }  # the budget `hyfl study --full` runs instead
+    #                                 # (a paper study's full budget when `budget` is scaled)
     # out = "runs/mnist-8-0.1"        # results folder; default runs/<name>; --out overrides
     # checkpoint_every = 100          # rounds between checkpoints; default: by wall time
     # checkpoint_seconds = 60.0       # wall time between checkpoints when checkpoint_every
@@ -111,6 +113,7 @@ EXPERIMENT_KEYS = (
     "seeds",
     "eval_every",
     "budget",
+    "full_budget",
     "out",
     "checkpoint_every",
     "checkpoint_seconds",
@@ -145,6 +148,7 @@ class ExperimentSection:
     name: str
     budget: Budget
     seeds: tuple[int, ...] = (0,)
+    full_budget: Budget | None = None
     eval_every: int = 1
     description: str | None = None
     out: str | None = None
@@ -283,6 +287,8 @@ class ExperimentConfig:
         experiment = {k: v for k, v in asdict(self.experiment).items() if v is not None}
         experiment["seeds"] = list(self.experiment.seeds)
         experiment["budget"] = self.experiment.budget.to_dict()
+        if self.experiment.full_budget is not None:
+            experiment["full_budget"] = self.experiment.full_budget.to_dict()
         out: dict[str, Any] = {
             "experiment": experiment,
             "data": _without_none(
@@ -643,6 +649,7 @@ class _Validator:
         return ExperimentSection(
             name=name,
             budget=self.budget(table),
+            full_budget=self.budget(table, "full_budget") if "full_budget" in table else None,
             seeds=seeds,
             eval_every=self.integer(s, table, "eval_every", 1, minimum=1),
             description=self.text(s, table, "description"),
@@ -651,8 +658,8 @@ class _Validator:
             checkpoint_seconds=checkpoint_seconds,
         )
 
-    def budget(self, table: Mapping) -> Budget:
-        s, key = "experiment", "budget"
+    def budget(self, table: Mapping, key: str = "budget") -> Budget:
+        s = "experiment"
         example = "budget = { iterations = 2000 } or { sim_time = 3600.0, max_iterations = 100000 }"
         if key not in table:
             raise self.error(s, key, "is missing", f"Add {example}.")
@@ -662,7 +669,7 @@ class _Validator:
         for k in b:
             if k not in BUDGET_KEYS:
                 raise self.error(
-                    s, f"budget.{k}", "is not a known key", f"Known keys: {', '.join(BUDGET_KEYS)}."
+                    s, f"{key}.{k}", "is not a known key", f"Known keys: {', '.join(BUDGET_KEYS)}."
                 )
         if ("iterations" in b) == ("sim_time" in b):
             raise self.error(
@@ -675,15 +682,15 @@ class _Validator:
             if "max_iterations" in b:
                 raise self.error(
                     s,
-                    "budget.max_iterations",
+                    f"{key}.max_iterations",
                     "applies only with sim_time",
                     "Remove it, or budget by sim_time.",
                 )
-            return Budget(iterations=self.as_int(s, "budget.iterations", b["iterations"], 1))
+            return Budget(iterations=self.as_int(s, f"{key}.iterations", b["iterations"], 1))
         sim_time = self.number(
             s,
-            {"budget.sim_time": b["sim_time"]},
-            "budget.sim_time",
+            {f"{key}.sim_time": b["sim_time"]},
+            f"{key}.sim_time",
             low=0,
             low_open=True,
             fix="Write simulated seconds, e.g. 10800.0.",
@@ -691,13 +698,13 @@ class _Validator:
         if "max_iterations" not in b:
             raise self.error(
                 s,
-                "budget.max_iterations",
+                f"{key}.max_iterations",
                 "is required with sim_time",
                 "Add a cap on outer iterations, e.g. max_iterations = 1000000.",
             )
         return Budget(
             sim_time=sim_time,
-            max_iterations=self.as_int(s, "budget.max_iterations", b["max_iterations"], 1),
+            max_iterations=self.as_int(s, f"{key}.max_iterations", b["max_iterations"], 1),
         )
 
     def data(self, table: Mapping) -> DataSection:
