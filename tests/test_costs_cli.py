@@ -156,7 +156,7 @@ def test_calibrate_output_file_and_all_ciphers(tmp_path):
     assert result.exit_code == 0, result.output
     stored = json.loads(path.read_text())
     # by name (what --he-costs measured reads) and by name@key_bits (what auto reads)
-    assert set(stored) == {"none", "paillier", "packed", "paillier@512", "packed@512"}
+    assert {"none", "paillier", "packed", "paillier@512", "packed@512"} <= set(stored)
     assert stored["packed"]["slots"] > 1 and stored["packed"]["key_bits"] == 512
     # a file written by calibrate is a valid --he-costs FILE
     result = _run(tmp_path / "run", "--he-costs", str(path), "--iterations", "2")
