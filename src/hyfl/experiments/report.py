@@ -420,7 +420,7 @@ def _describe(info: Mapping[str, Any]) -> str:
     if info.get("cipher"):
         parts.append(f"cipher {info['cipher']}")
     if info.get("he_costs"):
-        parts.append(f"HE costs {info['he_costs']}")
+        parts.append(f"HE operations priced by: {info['he_costs']}")
     return "; ".join(parts) + "." if parts else "No run.json: setting details unknown."
 
 

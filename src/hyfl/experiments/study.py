@@ -381,6 +381,17 @@ def summarize_study(out: str | Path, focus: str = "hyfdca") -> Path:
         title = f"{group.dataset}, {BUDGET_NAMES[group.budget]}"
         slug = f"{group.dataset}-{'time' if group.budget == 'sim_time' else 'iterations'}"
         lines += [f"## {title}", ""]
+        priced = sorted({str(info.get("he_costs")) for info in group.infos.values()
+                         if info.get("he_costs")})
+        latency = sorted({float(info["latency"]) for info in group.infos.values()
+                          if info.get("latency") is not None})
+        if priced or latency:
+            lines += [
+                "Simulated time: "
+                + (f"{', '.join(f'{x:g}' for x in latency)} s per round trip; " if latency else "")
+                + (f"HE operations priced by: {'; '.join(priced)}." if priced else ""),
+                "",
+            ]
         grid = {
             (info["clients"], info["fraction"]): group.settings[name]
             for name, info in group.infos.items()
