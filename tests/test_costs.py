@@ -180,3 +180,13 @@ def test_a_real_cipher_counts_its_own_layout():
         check_he_layout("per-row", "none")
     with pytest.raises(HyflError, match="--he-layout"):
         _tiny(cipher="packed", key_bits=KEY_BITS, he_layout="sample").validated()
+
+
+def test_an_unreadable_cache_is_left_alone(tmp_path):
+    path = tmp_path / "he-costs.json"
+    path.write_text("not json")
+    costs = cipher_he_costs(make_cipher("paillier", key_bits=KEY_BITS), path)
+    assert costs.encrypt > 0 and "not saved" in costs.source
+    assert path.read_text() == "not json"
+    with pytest.raises(HyflError, match="left as it is"):
+        save_calibration({"paillier": {"encrypt": 1.0, "decrypt": 1.0, "add": 1.0}}, path)

@@ -59,7 +59,7 @@ from pathlib import Path
 import numpy as np
 
 from hyfl._io import dumps_json, write_text
-from hyfl.errors import check_positive, fail
+from hyfl.errors import HyflError, check_positive, fail
 
 FLOAT_BYTES = 8  # float64 on the wire
 ID_BYTES = 4  # int32 sample or chunk ids
@@ -137,7 +137,14 @@ def save_calibration(measurements: dict[str, dict], path: Path | None = None) ->
     under ``cipher@key_bits`` (what ``--he-costs auto`` looks up).
     """
     path = Path(path) if path is not None else calibration_path()
-    existing = _read_calibration(path)
+    existing = _read_calibration(path) if path.exists() else {}
+    if path.exists() and not existing and path.read_text().strip() not in ("", "{}"):
+        raise fail(
+            f"calibration file {path}",
+            "is not a JSON object of records; it is left as it is",
+            "Move it away (or delete it) and measure again.",
+        )
+    _MEMO.clear()
     for name, record in measurements.items():
         existing[name] = record
         if isinstance(record, dict) and "@" not in name and record.get("key_bits") is not None:
@@ -173,8 +180,7 @@ _MEMO: dict[tuple[str, str], HECosts] = {}
 def cipher_he_costs(cipher, path: Path | None = None) -> HECosts:
     """The seconds per operation of ``cipher`` (a built cipher) on this machine.
 
-    ``none`` (and any cipher with ``slots`` but no cost, see below) charges
-    nothing. Otherwise the calibration file (default
+    ``none`` charges nothing. Otherwise the calibration file (default
     :func:`calibration_path`) is read for a record of this cipher at its key
     size (``cipher@key_bits``, or the cipher's latest record if it has the
     same ``key_bits``); without one, the cipher is calibrated here on
@@ -210,7 +216,7 @@ def cipher_he_costs(cipher, path: Path | None = None) -> HECosts:
         try:
             save_calibration({key: record}, path)
             where = f"saved to {path}"
-        except OSError:
+        except (OSError, HyflError):
             where = "not saved"
         costs = _costs_of(record, f"{what}: its own quick calibration on this machine ({where})")
     _MEMO[memo] = costs
