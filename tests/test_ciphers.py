@@ -480,3 +480,143 @@ def test_a_ciphertext_outside_the_key_range_is_refused(ciphers, name):
         forged = PaillierCiphertext(c, 1, ct[0].tag)
         with pytest.raises(HyflError, match=r"\[1, n\^2\)"):
             cipher.decrypt(np.array([forged], dtype=object))
+
+
+# --------------------------------------------------------------------------- speed: threads, pool
+
+
+def test_packed_options_workers_and_pool(keypair):
+    from hyfl.privacy._workers import usable_cores
+
+    cipher = make_cipher("packed", keypair=keypair)
+    assert cipher.workers == usable_cores() and cipher.pool_size > 0
+    serial = make_cipher("packed", keypair=keypair, workers=1, pool_size=0)
+    assert (serial.workers, serial.pool_size) == (1, 0) and serial._key._pool is None
+    assert serial.public().workers == 1 and serial.public().pool_size == 0
+    for bad in ({"workers": 0}, {"pool_size": -1}, {"workers": 1.5}):
+        with pytest.raises(HyflError):
+            make_cipher("packed", keypair=keypair, **bad)
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_multi_worker_encryption_decrypts_correctly(keypair, workers):
+    # More chunks than threads and not a multiple of them: every slice of every job
+    # must come back in order.
+    cipher = make_cipher("packed", keypair=keypair, workers=workers, pool_size=0)
+    serial = make_cipher("packed", keypair=keypair, workers=1, pool_size=0)
+    x = random_chunks(cipher, 37, seed=workers)
+    cts = cipher.encrypt(x)
+    np.testing.assert_allclose(cipher.decrypt(cts), x, atol=tolerance(cipher, 1, x), rtol=0)
+    # Same key: threads change nothing in the raw arithmetic.
+    raw = [c.c for c in cts] + [c.c for c in serial.encrypt(x)]
+    assert cipher._key.decrypt_ints(raw) == serial._key.decrypt_ints(raw)
+    assert cipher.counts.encryptions == 37 and cipher.counts.decryptions == 37
+
+
+def test_powmods_splits_and_reassembles_in_order():
+    from hyfl.privacy._workers import powmods
+
+    m = gmpy2.mpz(2**127 - 1)
+    jobs = [(list(range(2, 40)), 65537, m), ([], 3, m), (list(range(5, 16)), 7, m)]
+    expected = [[pow(b, e, int(m)) for b in bases] for bases, e, _ in jobs]
+    for workers in (1, 2, 5):
+        assert [[int(v) for v in out] for out in powmods(jobs, workers)] == expected
+
+
+def _wait_for(pool, n, seconds=30.0):
+    import time
+
+    deadline = time.monotonic() + seconds
+    while len(pool) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return len(pool)
+
+
+def test_pooled_obfuscators_are_nth_residues_used_once_and_bounded(keypair):
+    cipher = make_cipher("packed", keypair=keypair, pool_size=12)
+    key, pool = cipher._key, cipher._key._pool
+    _, private_key = keypair
+    phi = (private_key.p - 1) * (private_key.q - 1)
+    nsq = int(key.nsq)
+    assert len(pool) == 0  # the filler starts with the first use, not before
+    x = random_chunks(cipher, 3)
+    np.testing.assert_allclose(cipher.decrypt(cipher.encrypt(x)), x, atol=tolerance(cipher, 1, x))
+    assert _wait_for(pool, 12) == 12
+    assert len(pool) == 12  # bounded: the filler stops at pool_size
+    pooled = list(pool._items)
+    for s in pooled:
+        assert pow(int(s), phi, nsq) == 1 and math.gcd(int(s), int(key.n)) == 1
+    taken = key.obfuscators(5)
+    assert [int(s) for s in taken] == [int(s) for s in pooled[:5]]
+    assert not {int(s) for s in taken} & {int(s) for s in pool._items}  # gone from the pool
+    seen = {int(s) for s in taken}
+    for _ in range(4):  # the pool refills with fresh values; nothing comes out twice
+        _wait_for(pool, 12)
+        more = [int(s) for s in key.obfuscators(9)]
+        assert len(more) == 9 and not seen & set(more)
+        seen |= set(more)
+    # Ciphertexts of the same plaintext never share their randomness.
+    cts = cipher.encrypt(np.zeros((30, cipher.slots)))
+    assert len({int(c.c) for c in cts}) == 30
+    pool.close()
+
+
+def test_the_pool_never_leaves_memory(keypair):
+    import copy
+    import pickle
+
+    cipher = make_cipher("packed", keypair=keypair, pool_size=8)
+    cipher.encrypt(np.zeros((1, cipher.slots)))
+    pool = cipher._key._pool
+    assert _wait_for(pool, 8) == 8
+    secret = [int(s) for s in pool._items]
+    assert copy.copy(cipher)._key is cipher._key  # a shallow copy shares the one pool
+    for clone in (pickle.loads(pickle.dumps(cipher)), copy.deepcopy(cipher)):
+        assert clone._key._pool is not pool
+        assert clone._key._pool is None or len(clone._key._pool) == 0
+        x = random_chunks(clone, 2)
+        np.testing.assert_allclose(cipher.decrypt(clone.encrypt(x)), x,
+                                   atol=tolerance(cipher, 1, x))
+    blob = pickle.dumps(cipher)
+    for s in secret:  # no pooled value in any encoding a pickle could carry
+        assert s.to_bytes((s.bit_length() + 7) // 8, "little") not in blob
+        assert s.to_bytes((s.bit_length() + 7) // 8, "big") not in blob
+        assert str(s).encode() not in blob
+    assert "pool" not in repr(cipher.describe())
+    pool.close()
+
+
+def test_a_forked_child_discards_the_parents_obfuscators(keypair):
+    import os
+
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork on this platform")
+    cipher = make_cipher("packed", keypair=keypair, pool_size=6)
+    cipher.encrypt(np.zeros((1, cipher.slots)))
+    pool = cipher._key._pool
+    assert _wait_for(pool, 6) == 6
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its copy of the pool must be empty before any use
+        try:
+            os.write(write, str(len(pool._items)).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    answer = os.read(read, 64)
+    os.waitpid(pid, 0)
+    os.close(read)
+    assert answer == b"0"
+    assert len(pool) == 6  # the parent keeps its own
+    pool.close()
+
+
+def test_calibrate_ignores_the_pool(keypair):
+    cipher = make_cipher("packed", keypair=keypair, pool_size=64)
+    cipher.encrypt(np.zeros((1, cipher.slots)))
+    pool = cipher._key._pool
+    _wait_for(pool, 64)
+    before = len(pool)
+    calibrate(cipher, n_values=4)
+    assert cipher._key._pool is pool and len(pool) >= before  # nothing was taken from it
+    pool.close()

@@ -21,7 +21,7 @@ from hyfl.algorithms.hyfdca import HyFDCA
 from hyfl.errors import HyflError
 from hyfl.partition import Full, RandomFraction, grid, horizontal, nonzero_balanced
 from hyfl.privacy.audit import RecordingCipher, audit, private_values
-from hyfl.privacy.ciphers import PaillierCiphertext, make_cipher
+from hyfl.privacy.ciphers import PaillierCiphertext, PlainCipher, make_cipher
 from hyfl.privacy.layout import EncryptedVector
 from hyfl.problem import make_problem
 from hyfl.runtime.protocol import Wire, run_protocol
@@ -105,6 +105,102 @@ def test_protocol_reproduces_the_stacked_engine(problem, ciphers, setting, ciphe
         np.testing.assert_array_equal(secure.column(column), stacked.column(column), column)
 
 
+class SlottedPlain(PlainCipher):
+    """Exact floats, but ``slots`` values per "ciphertext" (a 1-D float array): packing and
+    compact layouts in plaintext, so the protocol can be compared at rounding precision."""
+
+    name = "slotted"
+
+    def __init__(self, slots: int = 6, *, _private: bool = True):
+        super().__init__(_private=_private)
+        self.slots, self.ciphertext_bytes = slots, 8 * slots
+
+    def encrypt(self, chunks):
+        x = self._chunks(chunks)
+        self.counts.encryptions += x.shape[0]
+        out = np.empty(x.shape[0], dtype=object)
+        out[:] = list(x.copy())
+        return out
+
+    def decrypt(self, ciphertexts):
+        a = self._ciphertexts(ciphertexts)
+        self.counts.decryptions += a.size
+        return np.array(list(a), dtype=float).reshape(a.size, self.slots)
+
+    def public(self):
+        return SlottedPlain(self.slots, _private=False)
+
+    def zeros(self, n):
+        out = np.empty(int(n), dtype=object)
+        out[:] = [np.zeros(self.slots) for _ in range(int(n))]
+        return out
+
+
+@pytest.mark.parametrize("setting", ["hybrid, partial, safe", "hybrid, full, drawn scope",
+                                     "horizontal", "theory, refresh"])
+def test_compact_layouts_reproduce_the_stacked_engine_in_plaintext(problem, setting):
+    # Several values per ciphertext and exact arithmetic: the compact layouts (per-round
+    # packing of the summed values, the reported dual changes) give the stacked engine's
+    # iterates to rounding, and the engine's accounting counts what they send.
+    hyfdca, partition, participation = _settings(problem)[setting]
+    cipher = SlottedPlain(6)
+    flags = []
+    stacked = simulate(hyfdca, problem, partition, participation, 10, seed=3, cipher=cipher)
+    secure = run_protocol(hyfdca, problem, partition, participation, 10, cipher, seed=3,
+                          on_round=lambda server, clients: flags.append(server.compact_steps))
+    assert any(flags)  # the compact steps were used (and checked) in this setting
+    np.testing.assert_allclose(secure.weights, stacked.weights, atol=1e-11, rtol=0)
+    np.testing.assert_allclose(secure.duals, stacked.duals, atol=1e-11, rtol=0)
+    for column in ("encryptions", "decryptions", "additions", "bytes_up", "bytes_down"):
+        np.testing.assert_array_equal(secure.column(column), stacked.column(column), column)
+    # The fixed layout everywhere (the protocol before) gives the same iterates, with
+    # at least as many ciphertexts.
+    fixed = run_protocol(hyfdca, problem, partition, participation, 10, cipher, seed=3,
+                         compact=False)
+    np.testing.assert_allclose(fixed.duals, secure.duals, atol=1e-11, rtol=0)
+    assert fixed.final["encryptions"] + fixed.final["decryptions"] >= (
+        secure.final["encryptions"] + secure.final["decryptions"])
+
+
+def test_a_drawn_round_fills_its_compact_ciphertexts(problem):
+    # Draws spread over the holder groups: in the fixed layout the messages that carry
+    # them are mostly empty; in the round's compact layout every message of the round is
+    # at least 80% full (only a group's and a drawer's last ciphertexts can have gaps).
+    from hyfl.algorithms.base import draw_local_samples
+    from hyfl.partition import stack
+    from hyfl.privacy.layout import SlotLayout
+
+    n, m = problem.n_samples, problem.n_features
+    blocks = stack(grid(n, m, 2, 2), problem.X)
+    layout = SlotLayout.build(blocks, 6)
+    sizes = np.diff(blocks.client_rowptr)
+    counts = np.minimum(sizes // 3, 30)
+    rows = (np.repeat(blocks.client_rowptr[:-1], counts)
+            + draw_local_samples(np.random.default_rng(0), sizes, counts))
+    clients, samples = blocks.clients_of(rows), blocks.row_sample[rows]
+    updated = np.unique(samples)
+    held = np.isin(blocks.row_sample, updated)
+    receivers = (blocks.clients_of(np.flatnonzero(held)), blocks.row_sample[held])
+    compact = layout.round_layout(clients, samples)
+    assert layout.fill(*receivers) < 0.6 and layout.fill(clients, samples) < 0.5
+    assert compact.fill(*receivers) >= 0.8  # inner products, duals of the updated samples
+    assert compact.fill(clients, samples) >= 0.8  # each client's own draws (dual steps)
+
+    # A client knows its own groups only: its updated samples and who drew them. That
+    # places its values exactly where the server and the other holders place them.
+    drawn, drawn_by = layout.drawers(clients, samples)
+    rowptr = blocks.client_rowptr
+    for k in range(blocks.n_clients):
+        mine = np.isin(drawn, blocks.row_sample[rowptr[k]:rowptr[k + 1]])
+        own = layout.compact(drawn[mine][::-1], drawn_by[mine][::-1])  # any order
+        np.testing.assert_array_equal(own.positions(drawn[mine]), compact.positions(drawn[mine]))
+    # Same chunks, groups and holders as the fixed layout: sums stay slot-aligned.
+    pos = compact.positions(updated)
+    assert np.unique(pos).size == pos.size
+    np.testing.assert_array_equal(layout.chunk_holders[pos // 6],
+                                  layout.chunk_holders[layout.positions(updated) // 6])
+
+
 def test_plaintext_and_paillier_iterates_agree_on_a_nonzero_balanced_split(problem, ciphers):
     # Holder sets differ from sample to sample here, so packing falls back to
     # small chunks; the iterates must still agree.
@@ -157,10 +253,13 @@ average (not secret in HyFDCA, which encrypts the duals instead), the safe rule'
 cocoa rule's step scalings, and public facts (sizes, the layout, who holds which sample)."""
 
 
-@pytest.mark.parametrize("step_rule", ["safe", "cocoa"])
-def test_server_never_holds_or_receives_a_dual_or_inner_product_in_plaintext(problem, step_rule):
+@pytest.mark.parametrize("step_rule, cipher_name", [("safe", "paillier"), ("cocoa", "paillier"),
+                                                    ("safe", "packed")])
+def test_server_never_holds_or_receives_a_dual_or_inner_product_in_plaintext(problem, step_rule,
+                                                                              cipher_name):
+    # packed: the compact layouts, with the clients' dual changes among the replies
     n, m = problem.n_samples, problem.n_features
-    spy = RecordingCipher(make_cipher("paillier", key_bits=KEY_BITS))
+    spy = RecordingCipher(make_cipher(cipher_name, key_bits=KEY_BITS))
     wire = Wire(spy.ciphertext_bytes, record=True)
     held = []
 

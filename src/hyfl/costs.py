@@ -60,6 +60,7 @@ import numpy as np
 
 from hyfl._io import dumps_json, write_text
 from hyfl.errors import HyflError, check_positive, fail
+from hyfl.privacy.layout import compact_steps
 
 FLOAT_BYTES = 8  # float64 on the wire
 ID_BYTES = 4  # int32 sample or chunk ids
@@ -552,36 +553,65 @@ def count_he_operations(traffic: dict, layout, value_slots: int | None = None) -
     ``dual_commit`` (samples)
         ``cocoa``: the applied dual changes, encrypted by one active holder per
         sample and added into the stored duals.
+
+    Layouts (see :mod:`hyfl.privacy.layout`): what the server stores stays in
+    ``layout``; values summed within the round travel in the round's compact
+    layout (``layout.round_layout`` of its draws): the inner products
+    of ``sip_up`` (with ``sip_sum``, ``sip_down``), the cocoa rule's
+    ``proposals_up`` and ``dual_down``, and the per-sample rules' dual steps
+    when :func:`~hyfl.privacy.layout.compact_steps` chooses it -- then the
+    server sums the steps instead of adding them into the stored duals, and
+    one active holder per updated sample sends its dual's change in
+    ``layout``, added into the stored duals.
     """
     enc = dec = add = up = down = 0
+    draws = _round_draws(traffic)
+    updated = None if draws is None else np.unique(np.asarray(draws[1], dtype=np.int64))
+    compact = layout if draws is None else layout.round_layout(*draws)
     n = _chunks(layout, traffic, "refresh_down")
     down += n
     dec += n
+    # Inner products of the drawn samples only are summed, never stored: compact.
+    sip = compact if "sip_up" in traffic else layout
     # sip_again_all: the optional second SecureInnerProduct
-    n = _chunks(layout, traffic, "sip_up") + _chunks(layout, traffic, "sip_again")
+    n = _chunks(sip, traffic, "sip_up") + _chunks(layout, traffic, "sip_again")
     up += n
     enc += n
     if "sip_sum" in traffic:
-        chunks = layout.chunks_of(traffic["sip_sum"])
-        add += int(np.sum(layout.holders_per_chunk(chunks) - 1))
-    n = _chunks(layout, traffic, "sip_down")
+        chunks = sip.chunks_of(traffic["sip_sum"])
+        add += int(np.sum(sip.holders_per_chunk(chunks) - 1))
+    n = _chunks(sip, traffic, "sip_down")
     down += n
     dec += n
+    duals = layout  # where the new duals (or the step sums) travel down
     if "dual_up" in traffic:
-        n = layout.count_chunks(*traffic["dual_up"])
-        up += n
-        enc += n
-        add += n  # each received ciphertext is added into the stored duals
-    n = _chunks(layout, traffic, "dual_down")
+        clients, samples = traffic["dual_up"]
+        if compact_steps(layout, traffic["dual_up"], traffic["dual_down"]):
+            duals = compact
+            n = compact.count_chunks(clients, samples)
+            changes = int(layout.chunks_of(updated).size)
+            up += n + changes
+            enc += n + changes
+            # The steps are summed (first kept, others added); the changes are
+            # added into the stored duals.
+            add += n - int(compact.chunks_of(updated).size) + changes
+        else:
+            n = layout.count_chunks(clients, samples)
+            up += n
+            enc += n
+            add += n  # each received ciphertext is added into the stored duals
+    if "proposals_up" in traffic:
+        duals = compact
+    n = _chunks(duals, traffic, "dual_down")
     down += n
     dec += n
     if "proposals_up" in traffic:
         clients, samples = traffic["proposals_up"]
-        n = layout.count_chunks(clients, samples)
+        n = compact.count_chunks(clients, samples)
         up += n
         enc += n
         # The server sums each chunk's proposals: the first is kept, the others added.
-        add += n - (int(layout.chunks_of(samples).size) if len(samples) else 0)
+        add += n - (int(compact.chunks_of(samples).size) if len(samples) else 0)
     if "proposals_up_all" in traffic:  # every flagged client sends all of its samples
         clients, samples = traffic["proposals_up_all"]
         n = _flagged_chunks(layout, clients)
@@ -611,6 +641,14 @@ def count_he_operations(traffic: dict, layout, value_slots: int | None = None) -
         "ciphertexts_up": up,
         "ciphertexts_down": down,
     }
+
+
+def _round_draws(traffic: dict) -> tuple | None:
+    """The round's draws, (client, sample) pairs (they define its compact layout)."""
+    for key in ("dual_up", "proposals_up"):
+        if key in traffic:
+            return traffic[key]
+    return None
 
 
 def _chunks(layout, traffic: dict, key: str) -> int:

@@ -23,6 +23,19 @@ public cipher's ``add``, and receivers call ``decrypt_samples``. The
 mathematics (the dual steps, the safe rule's gain and verdict) is the same
 code the stacked engine uses.
 
+Layouts. Ciphertexts the server keeps across rounds (the duals, the stored
+inner products, the cocoa rule's last steps) use the fixed
+:class:`~hyfl.privacy.layout.SlotLayout`. Values summed within one round
+and then forgotten -- inner products with ``sip_scope="drawn"``, the
+per-sample rules' dual steps (when :func:`~hyfl.privacy.layout.compact_steps`
+says it pays), the cocoa rule's proposals -- travel in the round's compact
+layout (:meth:`SlotLayout.compact` of the round's updated samples), which
+fills their ciphertexts. With compact dual steps the server sums the steps
+and the clients add the sum to their own copies; the first active holder of
+each updated sample then sends the encrypted change of its dual in the fixed
+layout (with its primal part), which the server adds into its stored duals
+when the round is accepted.
+
 One outer iteration (see :mod:`hyfl.algorithms.hyfdca` for the algorithm):
 
 1. ``Server.configure`` -> per client: draws, beta, gamma_t, for returning
@@ -71,10 +84,13 @@ from hyfl.algorithms.hyfdca_local import (
     solve_subproblems,
     span_transforms,
 )
+from hyfl.errors import fail
 from hyfl.partition import StackedBlocks, client_block
 from hyfl.privacy.layout import (
     EncryptedVector,
+    RoundLayout,
     SlotLayout,
+    compact_steps,
     decrypt_samples,
     encrypt_samples,
     holder_matrix,
@@ -98,6 +114,9 @@ class Public:
     n_holders: np.ndarray  # (N,)
     holders: np.ndarray  # (N, max |B_i|) sorted, -1 padded
     horizontal: bool
+    # Values summed within a round travel in its compact layout; False sends everything
+    # in the fixed layout (the protocol before compact layouts, kept to measure against).
+    compact: bool = True
 
 
 class Client:
@@ -166,6 +185,30 @@ class Client:
         )
         return {"primal_part": self.primal_part()}
 
+    def _round_layout(self) -> SlotLayout | RoundLayout:
+        """This round's compact layout (the fixed one if compaction is off).
+
+        The client holds every sample of each of its holder groups, so its own
+        updated samples are all it needs to place the round's values exactly as
+        the server and the other holders do.
+        """
+        if not self.public.compact:
+            return self.public.layout
+        layout, updated = self.public.layout, self.round["updated_local"]
+        drawn_by = self.round["drawn_by_local"]
+        width = layout.chunk_holders.shape[1]
+        if drawn_by.size != updated.size * width:
+            raise fail("the round's instructions", f"name the drawers of {drawn_by.size} "
+                       f"(sample, holder) pairs, not {updated.size} x {width}",
+                       "Run every party with the same hyfl version; the message may be garbled.")
+        return layout.compact(self.samples[updated], drawn_by.reshape(updated.size, width))
+
+    def _sip_layout(self) -> SlotLayout | RoundLayout:
+        """Where the round's inner products sit: stored (scope all) or summed only."""
+        if self.public.hyfdca.sip_scope == "all":
+            return self.public.layout
+        return self._round_layout()
+
     def receive_weights(self, w_local: np.ndarray) -> None:
         self.w = np.array(w_local, dtype=float)
 
@@ -179,10 +222,11 @@ class Client:
         if self.public.horizontal:
             return None
         local = self.round["updated_local"]
-        if every or self.public.hyfdca.sip_scope == "all":
-            local = np.arange(self.samples.size)
+        layout = self._sip_layout()
+        if every or self.public.hyfdca.sip_scope == "all":  # stored by the server
+            local, layout = np.arange(self.samples.size), self.public.layout
         values = np.asarray(self.X[local] @ self.w)
-        return encrypt_samples(self.cipher, self.public.layout, self.samples[local], values)
+        return encrypt_samples(self.cipher, layout, self.samples[local], values)
 
     # -- 3. LocalDualMethod ----------------------------------------------------------
     def dual_steps(self, z: EncryptedVector | None) -> EncryptedVector:
@@ -191,7 +235,7 @@ class Client:
         if self.public.horizontal:  # whole samples: the inner product is local
             self.z = np.asarray(self.X[updated] @ self.w)
         else:
-            self.z = decrypt_samples(self.cipher, self.public.layout, z, self.samples[updated])
+            self.z = decrypt_samples(self.cipher, self._sip_layout(), z, self.samples[updated])
         drawn = self.round["drawn_local"]
         z_drawn = self.z[np.searchsorted(updated, drawn)]
         pub, hy = self.public, self.public.hyfdca
@@ -212,22 +256,36 @@ class Client:
             client_weight=weight,
         )
         scale = self.round["gamma_t"] / pub.n_holders[self.samples[drawn]]
-        return encrypt_samples(
-            self.cipher, pub.layout, self.samples[drawn], delta * scale[:, None]
-        )
+        layout = self._round_layout() if self.round.get("compact_steps") else pub.layout
+        return encrypt_samples(self.cipher, layout, self.samples[drawn], delta * scale[:, None])
 
     # -- 4. new duals, primal part, gain terms ----------------------------------------
     def new_duals(self, duals: EncryptedVector) -> dict:
-        """Adopt the new duals tentatively; send the primal part and the gain terms."""
+        """Adopt the new duals tentatively; send the primal part and the gain terms.
+
+        ``duals`` holds the new duals (fixed layout) or, with compact steps, the
+        summed steps (compact layout); then the client also sends the encrypted
+        change of each dual it reports, for the server's stored duals.
+        """
         updated = self.round["updated_local"]
-        new = self._feasible(
-            decrypt_samples(self.cipher, self.public.layout, duals, self.samples[updated]),
-            updated,
-        )
-        self.previous = (self.alpha[updated].copy(), self.w.copy())
-        step = new - self.alpha[updated]
+        old = self.alpha[updated]
+        if self.round.get("compact_steps"):
+            steps = decrypt_samples(self.cipher, self._round_layout(), duals,
+                                    self.samples[updated])
+            new = self._feasible(old + steps, updated)
+        else:
+            new = self._feasible(
+                decrypt_samples(self.cipher, self.public.layout, duals, self.samples[updated]),
+                updated,
+            )
+        self.previous = (old.copy(), self.w.copy())
+        step = new - old
         self.alpha[updated] = new
         reply = {"primal_part": self.primal_part()}
+        if self.round.get("compact_steps"):
+            reports = self.round["reports_local"]
+            reply["changes"] = encrypt_samples(self.cipher, self.public.layout,
+                                               self.samples[updated[reports]], step[reports])
         if self.public.hyfdca.step_rule == "safe":
             old = self.previous[0]
             y = self.Y[updated]
@@ -288,14 +346,14 @@ class Client:
             directions=self.memory.direction_vectors(),
         )
         scale = 1.0 / pub.n_holders[self.samples[order]]
-        return encrypt_samples(self.cipher, pub.layout, self.samples[order],
+        return encrypt_samples(self.cipher, self._round_layout(), self.samples[order],
                                proposals * scale[:, None])
 
     def cocoa_image(self, message: dict) -> np.ndarray:
         """Adopt the aggregated proposal of the round's samples; send its primal image."""
         updated = self.round["updated_local"]
-        layout = self.public.layout
-        self.proposal = decrypt_samples(self.cipher, layout, message["proposal"],
+        layout = self.public.layout  # the last steps are stored: fixed layout
+        self.proposal = decrypt_samples(self.cipher, self._round_layout(), message["proposal"],
                                         self.samples[updated])
         if message.get("previous") is not None:  # returning: the last steps, made by others
             self.previous_step = np.zeros_like(self.previous_step)
@@ -398,6 +456,8 @@ class Server:
         self.beta = 1.0
         self.beta_min = 1.0 / float(public.n_holders.max())
         self.t = 0
+        self.round_layout: SlotLayout | RoundLayout = public.layout  # set each round
+        self.compact_steps = False  # whether this round's dual steps travel compact
         if public.hyfdca.step_rule == "cocoa":
             M = public.n_features
             self.history = SpanHistory.empty(K, None, M, C, public.hyfdca.history_depth(M))
@@ -442,22 +502,36 @@ class Server:
         ).astype(np.int64)
         self.n_draws = int(positions.size)
         first_active = _first_active_holder(pub.holders[self.updated], active)
+        mine = {k: np.isin(self.client_samples[k], self.updated) for k in self.active.tolist()}
+        draws = _pairs({k: self.client_samples[k][p] for k, p in drawn.items()})
+        self.round_layout, self.compact_steps = pub.layout, False
+        if pub.compact:
+            _, drawn_by = pub.layout.drawers(*draws)  # rows: self.updated
+            self.round_layout = pub.layout.compact(self.updated, drawn_by)
+            if hy.step_rule != "cocoa":
+                self.compact_steps = compact_steps(
+                    pub.layout, draws,
+                    _pairs({k: self.client_samples[k][m] for k, m in mine.items()}))
         messages = {}
         for k in self.active.tolist():
             samples = self.client_samples[k]
-            mine = np.isin(samples, self.updated)
-            updated_local = np.flatnonzero(mine)
+            updated_local = np.flatnonzero(mine[k])
             message = {
                 "updated_local": updated_local,
-                "reports_local": first_active[np.searchsorted(self.updated, samples[mine])] == k,
+                "reports_local": (first_active[np.searchsorted(self.updated, samples[mine[k]])]
+                                  == k),
                 "t": t,
                 "n_draws": self.n_draws,
                 "stale": None,
             }
+            if pub.compact:  # which holders drew each updated sample: places it compactly
+                rows = np.searchsorted(self.updated, samples[mine[k]])
+                message["drawn_by_local"] = drawn_by[rows].ravel()
             if hy.step_rule == "cocoa":  # the drawn samples in the order to visit them
                 message["order_local"] = np.asarray(drawn[k])
             else:
                 message["drawn_local"] = np.sort(drawn[k])
+                message["compact_steps"] = self.compact_steps  # a control bit
             if hy.step_rule == "safe":
                 message["beta"] = self.beta
             if not was_active[k] and t > 1:
@@ -483,12 +557,17 @@ class Server:
         """Store each client's encrypted parts; return ``enc(x_i^T w)`` of its updated samples."""
         if self.public.horizontal:
             return dict.fromkeys(parts)
-        layout = self.public.layout
+        layout, store = self.public.layout, self.enc_ip
+        if self.public.hyfdca.sip_scope != "all":
+            # Only this round's parts are summed (every holder is active): they travel
+            # compact and are not kept, so the stored parts stay in the fixed layout.
+            layout = self.round_layout
+            store = np.empty_like(self.enc_ip)
         for k, vec in parts.items():
-            self.enc_ip[k, vec.chunks] = vec.ciphertexts
+            store[k, vec.chunks] = vec.ciphertexts
         chunks = layout.chunks_of(self.updated)
         z = np.empty(layout.n_chunks, dtype=object)
-        z[chunks] = self._sum_over_holders(self.enc_ip, chunks, layout)
+        z[chunks] = self._sum_over_holders(store, chunks, layout)
         return {k: self._select(z, layout, self._updated_of(k)) for k in parts}
 
     def store_inner_products(self, k: int, vec: EncryptedVector | None) -> None:
@@ -498,7 +577,15 @@ class Server:
 
     # -- 3. dual aggregation -------------------------------------------------------------
     def aggregate_duals(self, steps: dict[int, EncryptedVector]) -> dict[int, EncryptedVector]:
-        """Tentative ``enc(alpha) + sum of the scaled steps``; new duals for each client."""
+        """Tentative ``enc(alpha) + sum of the scaled steps``; new duals for each client.
+
+        With compact steps: the sums of the steps instead (compact layout); the
+        stored duals move by the changes the clients report next.
+        """
+        if self.compact_steps:
+            total = self._sum_received(steps, self.round_layout.n_chunks)
+            return {k: self._select(total, self.round_layout, self._updated_of(k))
+                    for k in steps}
         layout = self.public.layout
         self.tentative = self.enc_alpha.copy()
         for vec in steps.values():
@@ -510,6 +597,13 @@ class Server:
     def aggregate_primal(self, replies: dict[int, dict]):
         """New primal parts -> candidate ``w``; the summed gain terms for the verdict."""
         self.saved = (list(self.primal_parts), self.primal_sum.copy(), self.w.copy())
+        if self.compact_steps:  # the reported changes move the stored duals (if accepted)
+            self.tentative = self.enc_alpha.copy()
+            for reply in replies.values():
+                vec = reply["changes"]
+                if len(vec):
+                    self.tentative[vec.chunks] = self.cipher.add(self.tentative[vec.chunks],
+                                                                 vec.ciphertexts)
         for k, reply in replies.items():
             self._set_primal_part(k, reply["primal_part"])
         self._update_w()
@@ -567,19 +661,11 @@ class Server:
                         newcomers: np.ndarray) -> dict[int, dict]:
         """Sum the scaled proposals; each active client gets its updated samples' sums
         (returning clients also the last steps of their samples)."""
-        layout = self.public.layout
-        total = np.empty(layout.n_chunks, dtype=object)
-        have = np.zeros(layout.n_chunks, dtype=bool)
-        for vec in proposals.values():
-            old = have[vec.chunks]
-            fresh_chunks, added_chunks = vec.chunks[~old], vec.chunks[old]
-            total[fresh_chunks] = vec.ciphertexts[~old]
-            if added_chunks.size:
-                total[added_chunks] = self.cipher.add(total[added_chunks], vec.ciphertexts[old])
-            have[vec.chunks] = True
+        layout = self.public.layout  # the stored last steps
+        total = self._sum_received(proposals, layout.n_chunks)
         out = {}
         for k in self.active.tolist():
-            message = {"proposal": self._select(total, layout, self._updated_of(k)),
+            message = {"proposal": self._select(total, self.round_layout, self._updated_of(k)),
                        "previous": None}
             if newcomers[k] and self.enc_previous:
                 # Only the chunks that moved last round travel; the rest were zero steps.
@@ -663,11 +749,27 @@ class Server:
     def _update_w(self) -> None:
         self.w = self.primal_sum / (self.public.lam * self.public.n_samples)
 
-    def _select(self, store: np.ndarray, layout: SlotLayout, samples) -> EncryptedVector:
+    def _sum_received(self, vectors: dict[int, EncryptedVector], n_chunks: int) -> np.ndarray:
+        """Chunk-wise sums of the received vectors: the first ciphertext of a chunk is
+        kept, the others are added to it (summed within the round, not stored)."""
+        total = np.empty(n_chunks, dtype=object)
+        have = np.zeros(n_chunks, dtype=bool)
+        for vec in vectors.values():
+            old = have[vec.chunks]
+            fresh_chunks, added_chunks = vec.chunks[~old], vec.chunks[old]
+            total[fresh_chunks] = vec.ciphertexts[~old]
+            if added_chunks.size:
+                total[added_chunks] = self.cipher.add(total[added_chunks], vec.ciphertexts[old])
+            have[vec.chunks] = True
+        return total
+
+    def _select(self, store: np.ndarray, layout: SlotLayout | RoundLayout,
+                samples) -> EncryptedVector:
         chunks = layout.chunks_of(samples) if len(samples) else np.empty(0, dtype=np.int64)
         return EncryptedVector(chunks, store[chunks])
 
-    def _sum_over_holders(self, store: np.ndarray, chunks: np.ndarray, layout: SlotLayout):
+    def _sum_over_holders(self, store: np.ndarray, chunks: np.ndarray,
+                          layout: SlotLayout | RoundLayout):
         """``sum_{k in B} store[k, c]`` for each chunk, added in holder order."""
         holders = layout.chunk_holders[chunks]
         acc = store[holders[:, 0], chunks]
@@ -684,6 +786,15 @@ def _first_active_holder(holders: np.ndarray, active: np.ndarray) -> np.ndarray:
     first = np.argmax(is_active, axis=1)
     found = is_active[np.arange(holders.shape[0]), first]
     return np.where(found, holders[np.arange(holders.shape[0]), first], -1)
+
+
+def _pairs(samples_of: dict[int, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """``{client: samples}`` -> the (clients, samples) pairs, client by client."""
+    if not samples_of:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    clients = np.repeat(np.fromiter(samples_of, dtype=np.int64, count=len(samples_of)),
+                        [len(v) for v in samples_of.values()])
+    return clients, np.concatenate(list(samples_of.values())).astype(np.int64)
 
 
 def _symmetric(upper: np.ndarray) -> np.ndarray:
@@ -712,12 +823,14 @@ def _totals_layout(cipher, n_values: int = GAIN_TERMS) -> SlotLayout:
 
 
 def public_info(hyfdca: HyFDCA, blocks: StackedBlocks, n_outputs: int, lam: float,
-                slots: int) -> Public:
+                slots: int, compact: bool = True) -> Public:
     """What every party knows, from who holds which sample and feature.
 
     Only the block structure of ``blocks`` is read (sample and feature ids
     per client), never its values, so a deployment's server can build it
     from the ids the parties announce.
+    ``compact=False`` keeps every message in the fixed layout (the protocol
+    before compact layouts; for measuring against).
     """
     return Public(
         n_samples=blocks.n_samples,
@@ -730,13 +843,18 @@ def public_info(hyfdca: HyFDCA, blocks: StackedBlocks, n_outputs: int, lam: floa
         n_holders=blocks.n_holders,
         holders=holder_matrix(blocks),
         horizontal=bool(np.all(blocks.n_holders == 1)),
+        compact=bool(compact),
     )
 
 
 def build_parties(hyfdca: HyFDCA, problem: Problem, blocks: StackedBlocks, private, public_cipher,
-                  rng: np.random.Generator):
-    """The server and every client of one run, each holding only its own data."""
-    public = public_info(hyfdca, blocks, problem.Y.shape[1], problem.lam, private.slots)
+                  rng: np.random.Generator, compact: bool = True):
+    """The server and every client of one run, each holding only its own data.
+
+    ``compact=False`` sends every value in the fixed layout (see :class:`Public`).
+    """
+    public = public_info(hyfdca, blocks, problem.Y.shape[1], problem.lam, private.slots,
+                         compact)
     clients, samples_of, features_of = [], [], []
     for k in range(blocks.n_clients):
         samples, features, X_local = client_block(blocks, k)

@@ -77,7 +77,7 @@ REPLY_FIELDS: dict[str, dict[str, str]] = {
     "round": {"inner_products": "vector?", "primal_part": "matrix?"},
     "weights": {"inner_products": "vector?"},
     "steps": {"steps": "vector"},
-    "duals": {"primal_part": "matrix", "totals": "vector?"},
+    "duals": {"primal_part": "matrix", "totals": "vector?", "changes": "vector?"},
     "verdict": {"accepted": "bool"},
     "commit": {"inner_products": "vector?"},
     "ping": {},
@@ -460,7 +460,7 @@ class Coordinator:
         if public is None:  # hello: nothing to compare with yet
             return
         layout = public.norm_layout if kind == "setup" else public.layout
-        for name in ("norms", "inner_products", "steps"):
+        for name in ("norms", "inner_products", "steps", "changes"):
             chunks = getattr(reply.get(name), "chunks", None)
             if chunks is not None and chunks.size and (chunks.max() >= layout.n_chunks
                                                        or np.unique(chunks).size < chunks.size):

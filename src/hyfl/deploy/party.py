@@ -79,7 +79,8 @@ MESSAGE_FIELDS: dict[str, dict[str, str]] = {
 }
 _CONFIGURE_FIELDS = {"t": "int", "updated_local": "ids", "reports_local": "mask",
                      "n_draws": "int", "stale": "vector?", "drawn_local": "ids?",
-                     "order_local": "ids?", "beta": "number?"}
+                     "order_local": "ids?", "beta": "number?", "compact_steps": "bool?",
+                     "drawn_by_local": "mask?"}
 _DELIVERY_FIELDS = {"norms": "vector?", "commit": "dict?"}
 _COMMIT_FIELDS = {"round": "int", "accepted": "bool", "w": "matrix"}
 

@@ -48,6 +48,7 @@ never from NumPy's generators.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import secrets
 import time
@@ -61,12 +62,14 @@ from gmpy2 import mpz
 from phe import paillier as _phe
 
 from hyfl.errors import HyflError, check_choice, check_int, fail
+from hyfl.privacy._workers import ObfuscatorPool, powmods, usable_cores
 from hyfl.privacy.encoding import FixedPoint, check_finite
 
 DEFAULT_KEY_BITS = 2048
 DEFAULT_PRECISION_BITS = 32
 DEFAULT_BOUND = 2.0**16
 DEFAULT_GUARD_BITS = 24
+DEFAULT_POOL_SIZE = 1024  # precomputed obfuscators per packed cipher (0.5 MB at 2048 bits)
 MIN_KEY_BITS = 128
 
 
@@ -278,15 +281,31 @@ class PaillierCiphertext:
 
 
 class _PaillierKey:
-    """Paillier arithmetic on raw integers with a python-paillier key pair (gmpy2)."""
+    """Paillier arithmetic on raw integers with a python-paillier key pair (gmpy2).
 
-    def __init__(self, public_key, private_key=None):
+    Parameters
+    ----------
+    public_key, private_key
+        A python-paillier key pair (``private_key`` None: the public view).
+    workers : int, default 1
+        Threads for the modular exponentiations of one call (1: none).
+    pool_size : int, default 0
+        Obfuscators kept precomputed by a background thread (0: none); see
+        :class:`~hyfl.privacy._workers.ObfuscatorPool`. The pool never leaves
+        this object's memory: pickling or copying the key drops it.
+    """
+
+    def __init__(self, public_key, private_key=None, *, workers: int = 1, pool_size: int = 0):
         self.public_key = public_key
         self.private_key = private_key
         self.n = mpz(public_key.n)
         self.nsq = self.n * self.n
         self.key_bits = int(self.n.bit_length())
         self.max_int = mpz(public_key.max_int)  # python-paillier's safe signed range
+        self.workers = check_int("workers", workers, minimum=1,
+                                 fix="Pass how many threads may encrypt and decrypt, e.g. 2.")
+        self.pool_size = check_int("pool_size", pool_size, minimum=0,
+                                   fix="Pass how many obfuscators to precompute, or 0 for none.")
         if private_key is not None:
             p, q = mpz(private_key.p), mpz(private_key.q)
             self.p, self.q = p, q
@@ -294,29 +313,64 @@ class _PaillierKey:
             self.p_inverse = mpz(private_key.p_inverse)  # p^-1 mod q
             self.hp, self.hq = mpz(private_key.hp), mpz(private_key.hq)
             self.psq_inverse = gmpy2.invert(self.psq, self.qsq)  # (p^2)^-1 mod q^2
+            self._residue_key = (p, q, self.psq, self.qsq, self.psq_inverse)
+        else:
+            self._residue_key = (self.n, self.nsq)
+        self._pool = self._new_pool()
+
+    def _new_pool(self) -> ObfuscatorPool | None:
+        if not self.pool_size:
+            return None
+        # The filler gets the numbers it needs, not this key (nor, so, the pool itself).
+        make = functools.partial(_PaillierKey._fresh_obfuscators, self._residue_key, 1)
+        return ObfuscatorPool(make, self.pool_size)
+
+    def __getstate__(self) -> dict:
+        # Obfuscators are as secret as the plaintexts they will hide: never pickled or copied.
+        state = dict(self.__dict__)
+        state["_pool"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._pool = self._new_pool()
 
     @property
     def has_private_key(self) -> bool:
         return self.private_key is not None
 
     def public(self) -> _PaillierKey:
-        return _PaillierKey(self.public_key)
+        # The server adds; it has no use for precomputed obfuscators.
+        return _PaillierKey(self.public_key, workers=self.workers)
 
-    def obfuscators(self, count: int) -> list:
-        """``count`` uniformly random ``n``-th residues mod ``n**2`` (see module doc)."""
+    @staticmethod
+    def _fresh_obfuscators(residue_key: tuple, workers: int, count: int) -> list:
+        """``count`` new uniformly random ``n``-th residues mod ``n**2`` (see module doc).
+
+        ``residue_key`` is ``(p, q, p**2, q**2, (p**2)^-1 mod q**2)`` with the
+        private key (CRT), else ``(n, n**2)``.
+        """
         if count == 0:
             return []
-        if self.private_key is None:
-            n = int(self.n)
-            rs = [secrets.randbelow(n - 1) + 1 for _ in range(count)]
-            return gmpy2.powmod_base_list(rs, self.n, self.nsq)
-        p, q = int(self.p), int(self.q)
-        up = [secrets.randbelow(p - 1) + 1 for _ in range(count)]
-        uq = [secrets.randbelow(q - 1) + 1 for _ in range(count)]
-        sp = gmpy2.powmod_base_list(up, self.p, self.psq)
-        sq = gmpy2.powmod_base_list(uq, self.q, self.qsq)
-        psq, qsq, inv = self.psq, self.qsq, self.psq_inverse
+        if len(residue_key) == 2:
+            n, nsq = residue_key
+            rs = [secrets.randbelow(int(n) - 1) + 1 for _ in range(count)]
+            return powmods([(rs, n, nsq)], workers)[0]
+        p, q, psq, qsq, inv = residue_key
+        up = [secrets.randbelow(int(p) - 1) + 1 for _ in range(count)]
+        uq = [secrets.randbelow(int(q) - 1) + 1 for _ in range(count)]
+        sp, sq = powmods([(up, p, psq), (uq, q, qsq)], workers)
         return [a + psq * (((b - a) * inv) % qsq) for a, b in zip(sp, sq)]
+
+    def obfuscators(self, count: int) -> list:
+        """``count`` uniformly random ``n``-th residues mod ``n**2``, each used once.
+
+        Taken from the pool of precomputed ones first (each leaves the pool as
+        it is taken), the rest made now over ``workers`` threads.
+        """
+        pooled = self._pool.take(count) if self._pool is not None and count else []
+        missing = count - len(pooled)
+        return pooled + self._fresh_obfuscators(self._residue_key, self.workers, missing)
 
     def encrypt_ints(self, plaintexts: list) -> list:
         """Ciphertexts ``(1 + n*m) * r**n mod n**2`` of integers ``m`` (taken mod ``n``)."""
@@ -329,8 +383,7 @@ class _PaillierKey:
         if not cs:
             return []
         p, q, psq, qsq = self.p, self.q, self.psq, self.qsq
-        xp = gmpy2.powmod_base_list(cs, p - 1, psq)
-        xq = gmpy2.powmod_base_list(cs, q - 1, qsq)
+        xp, xq = powmods([(cs, p - 1, psq), (cs, q - 1, qsq)], self.workers)
         hp, hq, p_inv = self.hp, self.hq, self.p_inverse
         out = []
         for a, b in zip(xp, xq):
@@ -557,6 +610,14 @@ class PackedPaillierCipher(_PaillierBase):
     includes it); decryption subtracts ``k*M`` per slot, and an addition
     whose result would exceed ``K`` addends raises instead of corrupting the
     neighbouring slot.
+
+    Speed. The key's ``workers`` threads share each call's modular
+    exponentiations (gmpy2 releases the GIL), and with ``pool_size > 0`` a
+    background thread keeps that many obfuscators precomputed, each used
+    once (:class:`~hyfl.privacy._workers.ObfuscatorPool`; the security
+    argument is in docs/privacy.md). ``make_cipher("packed")`` uses every
+    usable core and a pool of :data:`DEFAULT_POOL_SIZE`; ``workers=1,
+    pool_size=0`` is the serial cipher.
     """
 
     name = "packed"
@@ -594,6 +655,16 @@ class PackedPaillierCipher(_PaillierBase):
         # The addend count travels with the ciphertext: it is at most 2**guard_bits.
         self.count_bytes = (self.guard_bits + 1 + 7) // 8
         self.ciphertext_bytes = self._wire_bytes + self.count_bytes
+
+    @property
+    def workers(self) -> int:
+        """Threads that share one call's exponentiations."""
+        return self._key.workers
+
+    @property
+    def pool_size(self) -> int:
+        """Most precomputed obfuscators kept (0: none)."""
+        return self._key.pool_size
 
     def encrypt(self, chunks: np.ndarray) -> np.ndarray:
         x = self._chunks(chunks)
@@ -696,9 +767,13 @@ def _make_packed(
     bound: float = DEFAULT_BOUND,
     guard_bits: int = DEFAULT_GUARD_BITS,
     keypair=None,
+    workers: int | None = None,
+    pool_size: int = DEFAULT_POOL_SIZE,
 ) -> Cipher:
     fp = FixedPoint(DEFAULT_PRECISION_BITS if precision_bits is None else precision_bits, bound)
-    return PackedPaillierCipher(_PaillierKey(*_keypair(key_bits, keypair)), fp, guard_bits)
+    key = _PaillierKey(*_keypair(key_bits, keypair),
+                       workers=usable_cores() if workers is None else workers, pool_size=pool_size)
+    return PackedPaillierCipher(key, fp, guard_bits)
 
 
 # The lattice cipher builds on this module's interface (hyfl.privacy's __init__ imports
@@ -735,9 +810,12 @@ def make_cipher(
     the Paillier ciphers and are ignored by ``none``. Options: ``bound``
     (largest value magnitude, default 2**16; ``paillier``, ``packed``),
     ``guard_bits`` (log2 of the most ciphertexts one sum may hold, default 24;
-    ``packed``) and ``keypair`` (a python-paillier ``(public, private)`` pair
+    ``packed``), ``keypair`` (a python-paillier ``(public, private)`` pair
     to use instead of generating one; ``(public, None)`` gives the public view
-    directly, as ``.public()`` would).
+    directly, as ``.public()`` would), and for ``packed`` ``workers`` (threads
+    per encryption or decryption call, default every usable core) and
+    ``pool_size`` (obfuscators precomputed in the background, default
+    1024; 0 turns the pool off).
     """
     check_choice("cipher", name, CIPHERS)
     factory = CIPHERS[name][0]
@@ -775,12 +853,19 @@ def calibrate(cipher: Cipher, n_values: int = 200, seed: int = 0) -> dict:
     and adds them pairwise, after one warm-up operation each; cheap operations
     are repeated until at least 20 ms have been timed. ``decrypt`` is ``None``
     on a public view. The cipher's :class:`OpCounts` are left as they were.
+    The figures are wall time with the cipher's own ``workers`` threads, and
+    without its pool of precomputed obfuscators (a pooled encryption would
+    look almost free, but the pool is refilled at the full price).
     """
     n = check_int("n_values", n_values, minimum=1)
     rng = np.random.default_rng(seed)
     bound = getattr(getattr(cipher, "fixed_point", None), "bound", 1.0)
     chunks = rng.uniform(-1.0, 1.0, size=(n, cipher.slots)) * min(1.0, bound)
     saved = cipher.counts.snapshot()
+    key = getattr(cipher, "_key", None)
+    pooled = getattr(key, "_pool", None)
+    if pooled is not None:  # set aside while measuring (see above)
+        key._pool = None
     try:
         cipher.add(*([cipher.encrypt(chunks[:1])] * 2))  # warm-up
         ops: dict[str, float | None] = {}
@@ -799,6 +884,8 @@ def calibrate(cipher: Cipher, n_values: int = 200, seed: int = 0) -> dict:
         ops["add"] = _seconds_per_op(lambda: cipher.add(cts, cts), n)
     finally:
         cipher.counts._restore(saved)
+        if pooled is not None:
+            key._pool = pooled
     result = {"cipher": cipher.name, "key_bits": cipher.key_bits, "slots": cipher.slots}
     result.update(ops)
     for op, seconds in ops.items():

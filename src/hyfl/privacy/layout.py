@@ -15,6 +15,19 @@ A message carries only the chunks that hold values it needs to send (the
 rest of a chunk is filled with zeros). With one slot per ciphertext this is
 exactly "one ciphertext per value that travels", the paper's count.
 
+Values that are summed within one round and never stored (the round's
+partial inner products with ``sip_scope="drawn"``, dual steps, the cocoa
+rule's proposals) travel in the round's *compact* layout instead
+(:meth:`SlotLayout.compact`, a :class:`RoundLayout`): inside each holder
+group, the round's samples move to the front of the group's chunks, ordered
+by who drew them, then by id (:meth:`SlotLayout.round_layout`). It keeps the
+chunk ids, the groups and their holders, so sums stay slot-aligned, and
+every party derives it from facts the server announces: a client needs only
+its own groups' updated samples and which of their holders drew each.
+Ciphertexts the server keeps across rounds (the duals, stored inner
+products) stay in the fixed layout: Paillier cannot move a value from one
+slot to another.
+
 The layout is public: the server derives it from the sample ids it learned
 by private set intersection, and it reveals nothing beyond who holds which
 sample. Building it is vectorized; encrypting and decrypting loop over
@@ -24,6 +37,7 @@ ciphertexts inside the cipher (unavoidable for big-integer arithmetic).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -31,8 +45,77 @@ from hyfl._ragged import concat_ranges
 from hyfl.partition import StackedBlocks
 
 
+class _Packing:
+    """What both layouts share; everything follows from :meth:`positions`.
+
+    Subclasses provide ``slots``, ``n_outputs``, ``n_chunks`` and
+    ``chunk_holders`` and the positions of their samples.
+    """
+
+    slots: int
+    n_outputs: int
+    n_chunks: int
+    chunk_holders: np.ndarray
+
+    def positions(self, samples: np.ndarray) -> np.ndarray:  # pragma: no cover - abstract
+        """Flat positions of the given samples' values, shape (n * n_outputs,)."""
+        raise NotImplementedError
+
+    def chunks_of(self, samples: np.ndarray) -> np.ndarray:
+        """Sorted distinct chunks holding any value of the given samples."""
+        return np.unique(self.positions(samples) // self.slots)
+
+    def count_chunks(self, clients: np.ndarray, samples: np.ndarray) -> int:
+        """Ciphertexts needed when each listed client sends its listed samples.
+
+        ``(clients[j], samples[j])`` pairs must be distinct; a client sends one
+        ciphertext per distinct chunk among its samples.
+        """
+        clients = np.asarray(clients, dtype=np.int64)
+        if clients.size == 0:
+            return 0
+        if self.slots == 1:
+            return int(clients.size * self.n_outputs)
+        chunks = self.positions(samples) // self.slots
+        keys = np.repeat(clients, self.n_outputs) * self.n_chunks + chunks
+        return int(np.unique(keys).size)
+
+    def holders_per_chunk(self, chunks: np.ndarray) -> np.ndarray:
+        """|B| of each chunk's group."""
+        return np.count_nonzero(self.chunk_holders[chunks] >= 0, axis=1)
+
+    # -- packing ---------------------------------------------------------------
+    def pack(self, samples: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Chunks covering ``samples`` and their plaintext slots (zeros elsewhere).
+
+        Returns ``(chunks, slots)`` with ``slots`` of shape (len(chunks), self.slots).
+        """
+        values = np.asarray(values, dtype=float).reshape(len(samples), self.n_outputs)
+        pos = self.positions(samples)
+        chunks, where = np.unique(pos // self.slots, return_inverse=True)
+        dense = np.zeros((chunks.size, self.slots))
+        dense[where.ravel(), pos % self.slots] = values.ravel()
+        return chunks, dense
+
+    def unpack(self, chunks: np.ndarray, dense: np.ndarray, samples: np.ndarray) -> np.ndarray:
+        """Values of ``samples`` (n, n_outputs) from decrypted chunks ``dense``."""
+        pos = self.positions(samples)
+        if pos.size == 0:
+            return np.zeros((0, self.n_outputs))
+        where = np.searchsorted(chunks, pos // self.slots)
+        if np.any(where >= chunks.size) or np.any(chunks[np.minimum(where, chunks.size - 1)]
+                                                   != pos // self.slots):
+            raise KeyError("a requested sample is not in the decrypted chunks")
+        return dense[where, pos % self.slots].reshape(len(samples), self.n_outputs)
+
+    def fill(self, clients: np.ndarray, samples: np.ndarray) -> float:
+        """Share of the slots sent that carry a value when each client sends its samples."""
+        n = self.count_chunks(clients, samples)
+        return len(samples) * self.n_outputs / (n * self.slots) if n else 1.0
+
+
 @dataclass(frozen=True)
-class SlotLayout:
+class SlotLayout(_Packing):
     """Chunk positions of every (sample, output) value for one cipher.
 
     Attributes
@@ -94,52 +177,133 @@ class SlotLayout:
         samples = np.asarray(samples, dtype=np.int64)
         return (self.base[samples][:, None] + np.arange(self.n_outputs)).ravel()
 
-    def chunks_of(self, samples: np.ndarray) -> np.ndarray:
-        """Sorted distinct chunks holding any value of the given samples."""
-        return np.unique(self.positions(samples) // self.slots)
+    @cached_property
+    def group_start(self) -> np.ndarray:
+        """First chunk of each chunk's holder group, shape (n_chunks,).
 
-    def count_chunks(self, clients: np.ndarray, samples: np.ndarray) -> int:
-        """Ciphertexts needed when each listed client sends its listed samples.
+        A group fills consecutive chunks and neighbouring groups have different
+        holder sets, so a group starts wherever the holders change.
+        """
+        h = self.chunk_holders
+        if self.n_chunks == 0:
+            return np.zeros(0, dtype=np.int64)
+        starts = np.ones(self.n_chunks, dtype=bool)
+        starts[1:] = np.any(h[1:] != h[:-1], axis=1)
+        return np.maximum.accumulate(np.where(starts, np.arange(self.n_chunks), 0))
 
-        ``(clients[j], samples[j])`` pairs must be distinct; a client sends one
-        ciphertext per distinct chunk among its samples.
+    def compact(self, samples: np.ndarray, drawn_by: np.ndarray | None = None) -> RoundLayout:
+        """The layout of one round's values: ``samples`` packed densely per holder group.
+
+        Inside each group the listed samples take the group's first slots;
+        chunk ids, groups and holders are those of this layout, so every holder
+        of a group that lists the same samples of the group (with the same
+        ``drawn_by``) packs them the same way, whatever it knows about other
+        groups.
+
+        Parameters
+        ----------
+        samples : array of int
+            The round's samples (its updated samples), distinct, any order.
+        drawn_by : bool array, shape (len(samples), max_holders), optional
+            Which of each sample's holders drew it (column ``r``: the group's
+            ``r``-th holder in ``chunk_holders``). Samples with the same drawers
+            are then kept together (else in id order), so each drawer's own
+            values fill whole ciphertexts too.
+
+        Returns
+        -------
+        RoundLayout
+            Positions are defined for the listed samples only.
+        """
+        samples = np.asarray(samples, dtype=np.int64).ravel()
+        given = samples.size
+        samples, index = np.unique(samples, return_index=True)
+        pos = self.base[samples]
+        start = self.group_start[pos // self.slots]
+        if drawn_by is None:
+            # Groups fill consecutive chunks and keep their samples in id order,
+            # so sorting by the fixed position sorts by (group, id).
+            order = np.argsort(pos, kind="stable")
+        else:
+            width = self.chunk_holders.shape[1]
+            drawn_by = np.asarray(drawn_by, dtype=bool).reshape(given, width)[index]
+            order = np.lexsort((pos, *_gray_rank(drawn_by), start))  # group, drawers, id
+        start = start[order]
+        rank = np.arange(samples.size)
+        new_group = np.ones(samples.size, dtype=bool)
+        new_group[1:] = start[1:] != start[:-1]
+        rank -= np.maximum.accumulate(np.where(new_group, rank, 0))
+        first = np.empty(samples.size, dtype=np.int64)
+        first[order] = start * self.slots + rank * self.n_outputs
+        return RoundLayout(fixed=self, samples=samples, first=first)
+
+    def drawers(self, clients: np.ndarray, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The drawn samples and which of their holders drew them, from (client, sample) pairs.
+
+        Returns
+        -------
+        drawn : ndarray of int64
+            Distinct drawn samples, sorted.
+        drawn_by : ndarray of bool, shape (drawn.size, max_holders)
+            Column ``r``: the sample's ``r``-th holder (``chunk_holders``) drew it.
         """
         clients = np.asarray(clients, dtype=np.int64)
-        if clients.size == 0:
-            return 0
-        if self.slots == 1:
-            return int(clients.size * self.n_outputs)
-        chunks = self.positions(samples) // self.slots
-        keys = np.repeat(clients, self.n_outputs) * self.n_chunks + chunks
-        return int(np.unique(keys).size)
+        samples = np.asarray(samples, dtype=np.int64)
+        drawn, where = np.unique(samples, return_inverse=True)
+        holders = self.chunk_holders[self.base[samples] // self.slots]
+        pair, rank = np.nonzero(holders == clients[:, None])
+        drawn_by = np.zeros((drawn.size, self.chunk_holders.shape[1]), dtype=bool)
+        drawn_by[where.ravel()[pair], rank] = True
+        return drawn, drawn_by
 
-    def holders_per_chunk(self, chunks: np.ndarray) -> np.ndarray:
-        """|B| of each chunk's group."""
-        return np.count_nonzero(self.chunk_holders[chunks] >= 0, axis=1)
+    def round_layout(self, clients: np.ndarray, samples: np.ndarray) -> RoundLayout:
+        """The compact layout of a round whose draws are these (client, sample) pairs."""
+        return self.compact(*self.drawers(clients, samples))
 
-    # -- packing ---------------------------------------------------------------
-    def pack(self, samples: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Chunks covering ``samples`` and their plaintext slots (zeros elsewhere).
 
-        Returns ``(chunks, slots)`` with ``slots`` of shape (len(chunks), self.slots).
-        """
-        values = np.asarray(values, dtype=float).reshape(len(samples), self.n_outputs)
-        pos = self.positions(samples)
-        chunks, where = np.unique(pos // self.slots, return_inverse=True)
-        dense = np.zeros((chunks.size, self.slots))
-        dense[where.ravel(), pos % self.slots] = values.ravel()
-        return chunks, dense
+@dataclass(frozen=True)
+class RoundLayout(_Packing):
+    """One round's compact layout (see :meth:`SlotLayout.compact`).
 
-    def unpack(self, chunks: np.ndarray, dense: np.ndarray, samples: np.ndarray) -> np.ndarray:
-        """Values of ``samples`` (n, n_outputs) from decrypted chunks ``dense``."""
-        pos = self.positions(samples)
-        if pos.size == 0:
-            return np.zeros((0, self.n_outputs))
-        where = np.searchsorted(chunks, pos // self.slots)
-        if np.any(where >= chunks.size) or np.any(chunks[np.minimum(where, chunks.size - 1)]
-                                                   != pos // self.slots):
-            raise KeyError("a requested sample is not in the decrypted chunks")
-        return dense[where, pos % self.slots].reshape(len(samples), self.n_outputs)
+    Attributes
+    ----------
+    fixed : SlotLayout
+        The layout it compacts (chunk ids, groups and holders are its own).
+    samples : ndarray of int64
+        The round's samples, sorted.
+    first : ndarray of int64
+        Position of each listed sample's first value.
+    """
+
+    fixed: SlotLayout
+    samples: np.ndarray
+    first: np.ndarray
+
+    @property
+    def slots(self) -> int:
+        return self.fixed.slots
+
+    @property
+    def n_outputs(self) -> int:
+        return self.fixed.n_outputs
+
+    @property
+    def n_chunks(self) -> int:
+        return self.fixed.n_chunks
+
+    @property
+    def chunk_holders(self) -> np.ndarray:
+        return self.fixed.chunk_holders
+
+    def positions(self, samples: np.ndarray) -> np.ndarray:
+        """Flat positions of the given (listed) samples' values; KeyError for others."""
+        samples = np.asarray(samples, dtype=np.int64)
+        at = np.searchsorted(self.samples, samples)
+        if samples.size and (np.any(at >= self.samples.size)
+                             or np.any(self.samples[np.minimum(at, self.samples.size - 1)]
+                                       != samples)):
+            raise KeyError("a sample is not among the round's samples of this compact layout")
+        return (self.first[at][:, None] + np.arange(self.n_outputs)).ravel()
 
 
 @dataclass(frozen=True)
@@ -175,3 +339,63 @@ def holder_matrix(blocks: StackedBlocks) -> np.ndarray:
     rank = np.arange(rows.size) - np.repeat(blocks.sample_rowptr[:-1], counts)
     out[np.repeat(np.arange(blocks.n_samples), counts), rank] = clients
     return out
+
+
+def _gray_rank(drawn_by: np.ndarray) -> list[np.ndarray]:
+    """Sort keys (least significant first, for ``np.lexsort``) that order drawer sets
+    as the reflected binary Gray code does.
+
+    Consecutive sets then differ by one drawer, so most drawers' samples form one
+    run (with two holders, both do: {a}, {a, b}, {b}), and a drawer's values fill
+    whole ciphertexts. Bits are taken 62 at a time (a holder set can be larger).
+    """
+    keys = []
+    for lo in range(0, drawn_by.shape[1], 62):
+        bits = drawn_by[:, lo:lo + 62].astype(np.int64)
+        code = (bits << np.arange(bits.shape[1], dtype=np.int64)).sum(axis=1)
+        shift = 1
+        while shift < 64:  # the inverse Gray code: prefix xor of the higher bits
+            code ^= code >> shift
+            shift *= 2
+        keys.append(code)
+    return keys
+
+
+def compact_steps(layout: SlotLayout, draws: tuple, receivers: tuple) -> bool:
+    """Whether a per-sample round sends its dual steps in the compact layout.
+
+    The two plans of a round of the safe, theory and paper rules:
+
+    * *fixed*: the clients encrypt their steps in the fixed layout, the
+      server adds them into the stored duals and sends each active holder
+      the new duals of its updated samples;
+    * *compact*: steps and their sums travel in the round's compact layout
+      (the server sums, the clients add the sum to their own copies), and
+      one active holder per updated sample then encrypts the change of its
+      dual in the fixed layout for the server's stored duals.
+
+    The compact plan is chosen when it needs fewer encryptions and
+    decryptions (additions cost about 1/500 of either and are ignored).
+    Everything here is public -- the draws and who holds what -- so the
+    server, the cost accounting and anyone checking a run make the same
+    choice. With one value per ciphertext it is never chosen: the extra
+    change ciphertexts would only add to the same counts.
+
+    Parameters
+    ----------
+    layout : SlotLayout
+    draws : (clients, samples)
+        Each drawn (client, sample) pair: the dual steps sent.
+    receivers : (clients, samples)
+        Each active holder of each updated sample: the new duals received.
+    """
+    if layout.slots == 1:
+        return False
+    updated = np.unique(np.asarray(draws[1], dtype=np.int64))
+    if updated.size == 0:
+        return False
+    compact = layout.round_layout(*draws)
+    fixed_cost = layout.count_chunks(*draws) + layout.count_chunks(*receivers)
+    compact_cost = (compact.count_chunks(*draws) + compact.count_chunks(*receivers)
+                    + layout.chunks_of(updated).size)
+    return bool(compact_cost < fixed_cost)

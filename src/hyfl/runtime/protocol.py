@@ -161,6 +161,7 @@ def run_protocol(
     on_round: Callable[[Any, list], None] | None = None,
     monitor_duals: bool = True,
     stop_sim_time: float | None = None,
+    compact: bool = True,
 ) -> RunResult:
     """Run HyFDCA with separate parties and real messages (see the module docstring).
 
@@ -192,6 +193,12 @@ def run_protocol(
         at most ``iterations`` rounds; ``config["stopped_by"]`` says which.
         (This engine has no checkpoints: an interrupted encrypted run starts
         over.)
+    compact : bool, default True
+        Send the values summed within a round in the round's compact layout
+        (:meth:`hyfl.privacy.layout.SlotLayout.compact`). ``False`` keeps the
+        fixed layout for every message, the protocol before compact layouts:
+        for measuring against only, since the stacked engine's accounting
+        counts the compact protocol.
 
     Returns
     -------
@@ -219,7 +226,8 @@ def run_protocol(
     participation_rng, algorithm_rng = random_streams(seed)
     private = _Timed(cipher)
     public_cipher = _Timed(cipher.public())
-    server, clients = build_parties(hyfdca, problem, blocks, private, public_cipher, algorithm_rng)
+    server, clients = build_parties(hyfdca, problem, blocks, private, public_cipher, algorithm_rng,
+                                    compact=compact)
     model = (cost_model or CostModel()).validated()
     wire = wire or Wire(int(cipher.ciphertext_bytes))
     wire.ciphertext_bytes = int(cipher.ciphertext_bytes)
