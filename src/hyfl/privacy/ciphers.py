@@ -437,17 +437,17 @@ def check_keybits(key_bits: int) -> int:
     return bits
 
 
-def _check_tags(a: np.ndarray, tag: int, cipher: str, what: str, nsq,
-                max_addends: int | None) -> None:
-    """Refuse ciphertexts of another cipher, and metadata that cannot be genuine.
+def check_ciphertexts(a: np.ndarray, kind: type, tag: int, cipher: str, what: str,
+                      max_addends: int | None) -> None:
+    """Refuse ciphertexts of another cipher or key, and addend counts that cannot be genuine.
 
     The addend count travels with a ciphertext (the packed cipher subtracts that many
-    offsets on decryption), so a tampered count would silently shift every slot: it
-    must be an integer in ``0..max_addends`` (``None``: no upper bound). The ciphertext
-    itself must lie in ``[1, n^2)``.
+    offsets on decryption, the lattice cipher bounds its noise with it), so a tampered
+    count must not pass: it must be an integer in ``0..max_addends`` (``None``: no
+    upper bound).
     """
     for i, x in enumerate(a):
-        if type(x) is not PaillierCiphertext or x.tag != tag:
+        if type(x) is not kind or x.tag != tag:
             raise fail(
                 what,
                 f"hold {x!r}, which was not made by this {cipher!r} cipher or its public view",
@@ -462,6 +462,13 @@ def _check_tags(a: np.ndarray, tag: int, cipher: str, what: str, nsq,
                 "The ciphertext's metadata was altered or corrupted in transit: discard the "
                 "message and have the sender send it again.",
             )
+
+
+def _check_tags(a: np.ndarray, tag: int, cipher: str, what: str, nsq,
+                max_addends: int | None) -> None:
+    """:func:`check_ciphertexts` for Paillier, and each ciphertext in ``[1, n^2)``."""
+    check_ciphertexts(a, PaillierCiphertext, tag, cipher, what, max_addends)
+    for i, x in enumerate(a):
         if not 0 < x.c < nsq:
             raise fail(
                 f"{what}[{i}]",

@@ -74,6 +74,7 @@ from hyfl.privacy.ciphers import (
     Cipher,
     OpCounts,
     _objects,
+    check_ciphertexts,
 )
 from hyfl.privacy.encoding import FixedPoint
 
@@ -333,13 +334,7 @@ class CKKSCipher(Cipher):
     # ------------------------------------------------------------------ helpers
 
     def _check(self, a: np.ndarray, what: str) -> None:
-        for i, x in enumerate(a):
-            if type(x) is not LatticeCiphertext or x.tag != self._tag:
-                raise fail(what, f"hold {x!r}, which was not made by this 'ckks' cipher or its "
-                           "public view", "Only combine ciphertexts made under the same key.")
-            if type(x.addends) is not int or not 0 <= x.addends <= self.max_addends:
-                raise fail(f"{what}[{i}]", f"carries an addend count of {x.addends!r}",
-                           "The ciphertext's metadata was altered: discard the message.")
+        check_ciphertexts(a, LatticeCiphertext, self._tag, self.name, what, self.max_addends)
 
 
 def make_ckks(*, key_bits: int | None = None, precision_bits: int | None = None,
