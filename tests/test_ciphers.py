@@ -110,7 +110,7 @@ def test_fixed_point_rejects_out_of_bound_and_non_finite():
 
 
 def test_registry_and_make_cipher_validation(keypair):
-    assert set(CIPHERS) == {"none", "paillier", "packed"}
+    assert set(CIPHERS) == {"none", "paillier", "packed", "ckks"}
     for factory, description in CIPHERS.values():
         assert callable(factory) and isinstance(description, str) and description
     with pytest.raises(HyflError, match="Choose one of: none, paillier, packed"):

@@ -59,7 +59,10 @@ def test_run_writes_metrics_and_run_record(tmp_path):
     assert record["summary"]["n_clients"] == 9
     assert record["summary"]["local_steps"] == 36  # ceil(0.2 * 1600 / 9)
     assert record["engine"] == "simulation" and record["cipher"]["name"] == "none"
-    assert record["spec"]["he_costs"] == "paper" and record["costs"]["latency"] == 0.0
+    assert record["spec"]["he_costs"] == "auto" and record["costs"]["latency"] == 0.0
+    # cipher none: no HE time unless a cost model is asked for by name
+    assert record["costs"]["he_costs"]["source"].startswith("none:")
+    assert float(rows[-1]["time_encryption"]) == 0
     assert "sim_time" in result.output  # the cost table
     assert (out / "loss.png").stat().st_size > 1000
 

@@ -82,7 +82,9 @@ def test_packed_cipher_runs_the_encrypted_protocol(packed_and_plain):
     assert record["cipher"]["name"] == "packed" and record["cipher"]["key_bits"] == 512
     assert record["spec"]["cipher"] == "packed" and record["spec"]["key_bits"] == 512
     assert record["costs"]["latency"] == 0.0
-    assert record["costs"]["he_costs"]["source"].startswith("paper")
+    # --he-costs auto: the packed cipher priced with its own costs at its key size
+    assert record["costs"]["he_costs"]["source"].startswith("packed (512-bit key): its own")
+    assert record["costs"]["he_costs"]["encrypt"] > 0
     assert record["setup"]["encryptions"] > 0  # encrypted zero duals before round 1
     output = _flat(packed_and_plain["packed_output"])
     assert "protocol engine" in output and "sim_time" in output and "encryptions" in output
@@ -153,7 +155,8 @@ def test_calibrate_output_file_and_all_ciphers(tmp_path):
     )
     assert result.exit_code == 0, result.output
     stored = json.loads(path.read_text())
-    assert set(stored) == {"none", "paillier", "packed"}
+    # by name (what --he-costs measured reads) and by name@key_bits (what auto reads)
+    assert {"none", "paillier", "packed", "paillier@512", "packed@512"} <= set(stored)
     assert stored["packed"]["slots"] > 1 and stored["packed"]["key_bits"] == 512
     # a file written by calibrate is a valid --he-costs FILE
     result = _run(tmp_path / "run", "--he-costs", str(path), "--iterations", "2")

@@ -74,6 +74,11 @@ def keys(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def ckks_keys(tmp_path_factory):
+    return generate_keys(tmp_path_factory.mktemp("ckks-keys"), cipher="ckks")
+
+
+@pytest.fixture(scope="module")
 def problem():
     return make_problem(synthetic(), "hinge", 0.05)
 
@@ -90,9 +95,9 @@ def _hybrid3(n_samples: int, n_features: int, seed: int = 0):
 # ----------------------------------------------------------------------------- codec
 
 
-@pytest.mark.parametrize("name", ["none", "paillier", "packed"])
-def test_codec_round_trips_messages_and_ciphertexts(keys, name):
-    private, public = keys
+@pytest.mark.parametrize("name", ["none", "paillier", "packed", "ckks"])
+def test_codec_round_trips_messages_and_ciphertexts(keys, ckks_keys, name):
+    private, public = ckks_keys if name == "ckks" else keys
     party, server = party_cipher(name, private, **TEST_KEYS), server_cipher(name, public,
                                                                             **TEST_KEYS)
     values = np.array([[0.5, -1.25], [3.0, 0.0], [-2.5, 1e-3]])
@@ -172,6 +177,38 @@ def test_key_files(tmp_path):
     assert party.decrypt(send(total, party))[0, 0] == pytest.approx(1.25)
     with pytest.raises(HyflError, match="no private key"):
         server.decrypt(total)
+
+
+def test_ckks_key_files(tmp_path, keys):
+    private, public = generate_keys(tmp_path, cipher="ckks")
+    assert stat.S_IMODE(os.stat(private).st_mode) == 0o600
+    party, server = party_cipher("ckks", private), server_cipher("ckks", public)
+    # The server's file and cipher hold the public context only: it adds, never decrypts.
+    assert party.has_private_key and not server.has_private_key
+    assert not server._context.has_secret_key() and not server._context.is_private()
+    assert len(public.read_text()) < len(private.read_text())
+    assert party.fingerprint() == server.fingerprint() == json.loads(public.read_text())[
+        "fingerprint"]
+    with pytest.raises(HyflError, match="only the public key"):
+        party_cipher("ckks", public)
+    with pytest.raises(HyflError, match="holds the private key"):
+        server_cipher("ckks", private)
+    with pytest.raises(HyflError, match="holds a ckks key, but the cipher is Paillier"):
+        party_cipher("paillier", private)
+    with pytest.raises(HyflError, match="not a hyfl-ckks-key"):
+        server_cipher("ckks", keys[1])
+    record = json.loads(public.read_text())
+    other = json.loads(generate_keys(tmp_path / "other", cipher="ckks")[1].read_text())
+    (tmp_path / "swapped.json").write_text(json.dumps({**record, "context": other["context"]}))
+    with pytest.raises(HyflError, match="fingerprint"):
+        server_cipher("ckks", tmp_path / "swapped.json")
+    (tmp_path / "lying.json").write_text(json.dumps({**json.loads(private.read_text()),
+                                                      "kind": "public"}))
+    with pytest.raises(HyflError, match="holds the secret key"):
+        server_cipher("ckks", tmp_path / "lying.json")
+    (tmp_path / "junk.json").write_text(json.dumps({**record, "context": "bm90IGEga2V5"}))
+    with pytest.raises(HyflError, match="not a serialized TenSEAL CKKS context"):
+        server_cipher("ckks", tmp_path / "junk.json")
 
 
 # ----------------------------------------------------------------------------- config errors
@@ -445,17 +482,21 @@ SETTINGS = {
         lambda p: horizontal(p.n_samples, p.n_features, 3)),
     "entry owners, none, partial, safe": (
         "none", "local_steps=2", "0.7", lambda p: nonzero_balanced(p.X, 1, 3, seed=2)),
+    "hybrid, ckks, partial, safe": (
+        "ckks", "local_steps=3", "0.6", lambda p: _hybrid3(p.n_samples, p.n_features)),
 }
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
-def test_in_process_deployment_reproduces_run_protocol(tmp_path, problem, keys, setting):
+def test_in_process_deployment_reproduces_run_protocol(tmp_path, problem, keys, ckks_keys,
+                                                       setting):
     cipher, hyper, participation, make_partition = SETTINGS[setting]
     partition = make_partition(problem)
     results, weights, protocol, history, clients, transport = _in_process(
-        tmp_path, problem, partition, keys, cipher=cipher, hyper=hyper,
-        participation=participation)
+        tmp_path, problem, partition, ckks_keys if cipher == "ckks" else keys, cipher=cipher,
+        hyper=hyper, participation=participation)
     assert results["status"] == "completed"
+    assert not transport.server.cipher.has_private_key  # the server only ever has the public key
     # Same iterates, bit for bit: same draws, same messages, same fixed-point sums.
     np.testing.assert_array_equal(weights[1:], np.stack(history))
     assert np.abs(weights[-1]).max() > 0  # the model moved
@@ -743,6 +784,51 @@ def test_loopback_deployment_reproduces_run_protocol(tmp_path, breast_cancer_blo
     print(f"\nloopback: {elapsed:.0f} s in all; seconds per round "
           f"{comparison['deploy_round_seconds']} (run_protocol: "
           f"{comparison['protocol_round_seconds']})")
+
+
+@pytest.mark.slow
+def test_loopback_deployment_with_the_lattice_cipher(tmp_path, breast_cancer_blocks,
+                                                    monkeypatch):
+    """``hyfl deploy local --cipher ckks``: the deployed iterates are the in-process engine's
+    (and the plaintext ones to the fixed-point precision); the server holds only the public
+    context, and nothing it received is a private value in disguise."""
+    from hyfl.deploy.app import AUDIT_DIR_VARIABLE, read_received
+
+    problem, partition, files = breast_cancer_blocks
+    monkeypatch.setenv(AUDIT_DIR_VARIABLE, str(tmp_path / "received"))
+    out = tmp_path / "out"
+    result = runner.invoke(app, [
+        "deploy", "local", "--party-data", str(files[0].parent), "--iterations", "2",
+        "--param", "local_steps=5", "--seed", "3", "--cipher", "ckks", "--out", str(out),
+        "--compare", "--timeout", "900",
+    ])
+    assert result.exit_code == 0, result.output
+    results = json.loads((out / "deploy.json").read_text())
+    assert results["status"] == "completed" and results["cipher"]["name"] == "ckks"
+    comparison = json.loads((out / "comparison.json").read_text())
+    assert comparison["max_abs_weight_difference"] == 0.0 and comparison["bytes_equal"]
+    # Plaintext iterates, to the fixed-point precision.
+    config = DeployConfig.from_run_config(run_config_for(parties=3, cipher="none",
+                                                         hyper="local_steps=5"))
+    full = parse_participation("full", 3)
+    plain = run_protocol(make_algorithm("hyfdca", config.hyper), problem, partition, full, 2,
+                         make_cipher("none"), seed=3)
+    with np.load(out / "weights.npz") as f:
+        np.testing.assert_allclose(f["w"][-1], plain.weights, atol=1e-8, rtol=0)
+    # The server's key file and cipher: public context only.
+    public = out / "keys" / "public-key.json"
+    server = server_cipher("ckks", public)
+    assert not server.has_private_key and not server._context.has_secret_key()
+    received = read_received(tmp_path / "received", server)  # read with the public context
+    assert {"setup", "steps", "duals", "verdict"} <= {kind for _, kind, _ in received}
+    spy = RecordingCipher(party_cipher("ckks", out / "keys" / "private-key.json"))
+    duals = []
+    run_protocol(make_algorithm("hyfdca", config.hyper), problem, partition, full, 2, spy,
+                 seed=3, on_round=lambda s, c: duals.extend(x.alpha.copy() for x in c))
+    private = private_values(spy.secrets, duals, problem.X, problem.Y)
+    assert audit([(f"party {p}, {kind}", payload) for p, kind, payload in received],
+                 private, skip=("primal_part", "seconds", "timing", "lam_default")) == []
+    assert _no_flower_processes_of(out) == []
 
 
 @pytest.mark.slow

@@ -38,7 +38,10 @@ def problem():
 
 @pytest.fixture(scope="module")
 def ciphers():
-    return {name: make_cipher(name, key_bits=KEY_BITS) for name in ("none", "paillier", "packed")}
+    ciphers = {name: make_cipher(name, key_bits=KEY_BITS) for name in ("none", "paillier",
+                                                                    "packed")}
+    ciphers["ckks"] = make_cipher("ckks")
+    return ciphers
 
 
 def _settings(problem):
@@ -79,7 +82,7 @@ SETTINGS = [
 
 
 @pytest.mark.parametrize("setting", SETTINGS)
-@pytest.mark.parametrize("cipher_name", ["none", "paillier", "packed"])
+@pytest.mark.parametrize("cipher_name", ["none", "paillier", "packed", "ckks"])
 def test_protocol_reproduces_the_stacked_engine(problem, ciphers, setting, cipher_name):
     hyfdca, partition, participation = _settings(problem)[setting]
     cipher = ciphers[cipher_name]

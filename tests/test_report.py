@@ -419,3 +419,37 @@ def test_settled_is_the_round_from_which_every_evaluation_stays_below():
     assert settled_round_below(iterations[:4], values[:4], 1e-3) == 30.0
     assert settled_round_below(iterations[:3], values[:3], 1e-3) is None  # ends above
     assert settled_round_below(iterations, np.full(6, 1e-5), 1e-3) == 0.0
+
+
+class _Run:
+    """A minimal run: columns and a run.json-like config."""
+
+    def __init__(self, sim_time, loss, config):
+        self._columns = {"iteration": np.arange(len(sim_time), dtype=float),
+                         "sim_time": np.asarray(sim_time, dtype=float),
+                         "relative_loss": np.asarray(loss, dtype=float),
+                         "val_accuracy": np.full(len(sim_time), np.nan)}
+        self.config = config
+
+    def column(self, name):
+        return self._columns[name]
+
+
+def test_equal_time_cut_ignores_runs_stopped_by_their_iteration_cap():
+    from hyfl.experiments.report import budget_cutoffs, compare_setting
+
+    budget = {"sim_time": 100.0, "max_iterations": 3}
+    runs = {
+        # capped after 3 rounds at 10 s: it did not use its time up
+        "fast": _Run([0, 5, 8, 10], [1.0, 0.5, 0.4, 0.3], {"budget": budget,
+                                                            "stopped_by": "iterations"}),
+        # crossed the budget in its second round
+        "slow": _Run([0, 60, 101], [1.0, 0.2, 0.1], {"budget": budget, "stopped_by": "sim_time"}),
+    }
+    assert budget_cutoffs(runs)["sim_time"] == 101.0  # not the capped run's 10 s
+    loss = next(c for c in compare_setting("s", runs, budgets=("sim_time",))
+                if c.metric == "final_relative_loss")
+    assert loss.values == {"fast": 0.3, "slow": 0.1} and loss.winners == ("slow",)
+    # every run capped: the smallest total time, as before
+    runs["slow"].config = {"budget": budget, "stopped_by": "iterations"}
+    assert budget_cutoffs(runs)["sim_time"] == 10.0

@@ -137,3 +137,62 @@ def test_study_command(tmp_path):
     assert "iterations = 10" in budget  # 20 x 0.5
     result = CliRunner().invoke(app, ["study", str(tmp_path / "configs"), "--scale", "2"])
     assert result.exit_code != 0 and "--scale" in result.output
+
+
+def test_full_budget_replaces_the_budget(tmp_path):
+    from hyfl.experiments.study import full_budget
+
+    path = tmp_path / "c.toml"
+    path.write_text(CONFIG.format(name="c", budget="{ iterations = 20 }", clients="2x2",
+                                  fraction="0.5").replace(
+        "budget = { iterations = 20 }",
+        "budget = { iterations = 20 }\nfull_budget = { iterations = 200 }"))
+    config = load_config(path)
+    assert config.experiment.full_budget.iterations == 200
+    full = full_budget(config)
+    assert full.budget.iterations == 200 and full.experiment.eval_every == 10  # 1 x 200 / 20
+    assert load_config(path).to_dict()["experiment"]["full_budget"] == {"iterations": 200}
+    plain = tmp_path / "plain.toml"
+    plain.write_text(CONFIG.format(name="p", budget="{ iterations = 20 }", clients="2x2",
+                                   fraction="0.5"))
+    assert full_budget(load_config(plain)) == load_config(plain)  # no full_budget: unchanged
+
+
+def test_study_command_full(tmp_path):
+    from typer.testing import CliRunner
+
+    from hyfl.cli import app
+
+    path = tmp_path / "configs" / "c.toml"
+    path.parent.mkdir()
+    path.write_text(CONFIG.format(name="c", budget="{ iterations = 20 }", clients="2x2",
+                                  fraction="0.5").replace(
+        "budget = { iterations = 20 }",
+        "budget = { iterations = 20 }\nfull_budget = { iterations = 3 }"))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["study", str(path.parent), "--full", "--out", str(out),
+                                      "-q", "--jobs", "1"])
+    assert result.exit_code == 0, result.output
+    assert "iterations = 3" in (out / "c" / "config.toml").read_text()
+    result = CliRunner().invoke(app, ["study", str(path.parent), "--full", "--quick", "-q"])
+    assert result.exit_code != 0 and "--full and --quick" in " ".join(result.output.split())
+
+
+def test_paper_configs_count_and_price_as_the_paper_and_carry_its_budgets():
+    root = Path(__file__).resolve().parents[1] / "configs" / "paper"
+    found = {}
+    for path in sorted(root.rglob("*.toml")):
+        config = load_config(path)
+        dataset, budget = path.parent.parent.name, path.parent.name
+        found.setdefault((dataset, budget), 0)
+        found[(dataset, budget)] += 1
+        assert config.costs.cipher == "none"
+        assert (config.costs.he_costs, config.costs.he_layout) == ("paper", "sample")
+        full = config.experiment.full_budget
+        if budget == "iterations":  # the paper's section 7.1
+            assert full.iterations == {"mnist": 2500, "covtype": 30000, "reuters": 10000}[dataset]
+        else:
+            assert full.sim_time == 10800.0
+    assert set(found) == {(d, b) for d in ("mnist", "covtype", "reuters")
+                          for b in ("iterations", "time")}
+    assert set(found.values()) == {9}

@@ -7,6 +7,15 @@ Layout: ``<dataset>/<budget>/<setting>.toml`` with budget ``iterations``
 round trip plus the paper's per-operation HE costs), nine settings per
 dataset (three client counts x participation 0.1, 0.5, 0.9), each running
 HyFDCA, FedAvg and HyFEM with the paper's tuned hyperparameters (Tables 2-4).
+
+HE operations are counted as the paper's figures assume: one ciphertext per
+sample, all of an MNIST sample's ten one-vs-rest values in it (``he_layout =
+"sample"``; the paper's section 7.1 and Table 6), each priced at the paper's
+per-operation Paillier cost (``he_costs = "paper"``).
+
+``budget`` is the paper's budget scaled down (see ``DATASETS``);
+``full_budget`` is the paper's own (section 7.1: 2,500 / 10,000 / 30,000
+outer iterations, 10,800 s), which ``hyfl study configs/paper --full`` runs.
 ``hyfl study configs/paper`` runs them all; see docs/reproduction.md for the
 scaling of the budgets and every difference from the paper.
 """
@@ -67,20 +76,23 @@ ADJUSTED: dict[tuple[str, str, str, str], dict[str, float]] = {
 }
 
 # dataset -> partition per paper client count, hyperparameter table, budgets, validation.
-# Budgets are the paper's scaled down to fit the whole study in < 3 h on 2 cores:
-# iterations (paper: MNIST 2,500, News20 10,000, Covtype 30,000) and simulated time
-# (paper: 10,800 s) with a cap on outer iterations.
+# Budgets are the paper's scaled down (10x fewer outer iterations, 20x for Covtype, and
+# 10x less simulated time, with a cap on outer iterations); full_iterations and
+# FULL_SIM_TIME are the paper's own (section 7.1), with caps 10x the scaled ones.
 SIM_TIME = 1080.0  # simulated seconds (paper: 10,800)
+FULL_SIM_TIME = 10800.0  # the paper's 3 hours
 NONZERO = {"3x3": "nonzero:3x3", "5x5": "nonzero:5x5", "12x12": "nonzero:12x12"}
 
 
-def nonzero_dataset(table, table_name: str, iterations: int, eval_every: int, **data) -> dict:
+def nonzero_dataset(table, table_name: str, iterations: int, full_iterations: int,
+                    eval_every: int, **data) -> dict:
     """A data set with the paper's non-zero-balanced (K, Q) groups (Covtype, News20)."""
     return dict(
         partitions=NONZERO,
         table=table,
         table_name=table_name,
         iterations=iterations,
+        full_iterations=full_iterations,
         eval_every=eval_every,
         max_iterations=8000,
         data=data,
@@ -93,23 +105,24 @@ DATASETS = {
         table=MNIST_TABLE,
         table_name="Table 2 (MNIST)",
         iterations=250,
+        full_iterations=2500,
         eval_every=5,
         max_iterations=400,
         data={},
     ),
-    # ijcnn1 and reuters stand in for Covtype and News20 (see docs/reproduction.md).
-    "ijcnn1": nonzero_dataset(
-        COVTYPE_TABLE, "Table 4 (Covtype, which ijcnn1 stands in for)", 1500, 10
+    "covtype": nonzero_dataset(
+        COVTYPE_TABLE, "Table 4 (Covtype)", 1500, 30000, 10, val_fraction=0.2
     ),
+    # reuters stands in for News20, which is not available (see docs/reproduction.md).
     "reuters": nonzero_dataset(
-        NEWS20_TABLE, "Table 3 (News20, which reuters stands in for)", 1000, 5
+        NEWS20_TABLE, "Table 3 (News20, which reuters stands in for)", 1000, 10000, 5
     ),
-    "covtype": nonzero_dataset(COVTYPE_TABLE, "Table 4 (Covtype)", 1500, 10, val_fraction=0.2),
-    "news20": nonzero_dataset(NEWS20_TABLE, "Table 3 (News20)", 1000, 5, val_fraction=0.2),
+    "news20": nonzero_dataset(NEWS20_TABLE, "Table 3 (News20)", 1000, 10000, 5,
+                              val_fraction=0.2),
 }
 
 
-STUDY = ("mnist", "ijcnn1", "reuters")  # what `hyfl study configs/paper` runs
+STUDY = ("mnist", "covtype", "reuters")  # what `hyfl study configs/paper` runs
 
 
 def algorithms(dataset: str, clients: str, fraction: str, table) -> dict:
@@ -137,9 +150,11 @@ def config(dataset: str, clients: str, fraction: str, budget: str) -> dict:
     equal = "outer iterations" if budget == "iterations" else "simulated time"
     if budget == "iterations":
         budget_table = {"iterations": d["iterations"]}
+        full_table = {"iterations": d["full_iterations"]}
         eval_every = d["eval_every"]
     else:  # equal simulated time; every round evaluated (round counts differ a lot)
         budget_table = {"sim_time": SIM_TIME, "max_iterations": d["max_iterations"]}
+        full_table = {"sim_time": FULL_SIM_TIME, "max_iterations": 10 * d["max_iterations"]}
         eval_every = 1
     return {
         "experiment": {
@@ -152,10 +167,13 @@ def config(dataset: str, clients: str, fraction: str, budget: str) -> dict:
             "seeds": [0],
             "eval_every": eval_every,
             "budget": budget_table,
+            "full_budget": full_table,
         },
         "data": {"dataset": dataset, "loss": "hinge", **d["data"]},
         "partition": {"spec": partition, "participation": fraction},
-        "costs": {"cipher": "none", "latency": LATENCY, "he_costs": "paper"},
+        # The paper's count (one ciphertext per sample) at its per-operation Paillier costs.
+        "costs": {"cipher": "none", "latency": LATENCY, "he_costs": "paper",
+                  "he_layout": "sample"},
         "algorithms": algorithms(dataset, clients, fraction, d["table"]),
     }
 

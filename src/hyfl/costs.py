@@ -19,6 +19,34 @@ The engine runs every client at once, so the slowest client's compute is
 estimated as the round's client-side time times the busiest client's share of
 the work (non-zeros touched). HE operations are charged serially at the
 per-ciphertext cost, as the paper did (section 7.1).
+
+Which per-operation costs (``--he-costs``, :func:`resolve_he_costs`):
+
+``auto`` (the default)
+    The cipher that runs prices itself: ``none`` charges no HE time (the
+    operations are still counted and reported); a real cipher is charged its
+    own seconds per operation at its key size, from the ``hyfl calibrate``
+    cache when that holds a record for it, else from a quick calibration in
+    this process (offline, well under a second), which is then cached.
+``paper``
+    The paper's per-value Paillier figures (18.882 ms encrypt, 18.865 ms
+    decrypt, 0.054 ms add), per ciphertext counted.
+``measured``
+    The ``hyfl calibrate`` record of the running cipher (it must exist).
+a cipher name (``none``, ``paillier``, ``packed``, ...)
+    That cipher's own costs, as ``auto`` finds them (``none``: zero).
+a JSON file
+    ``{"encrypt": s, "decrypt": s, "add": s}`` or such a record per cipher.
+
+Which ciphertexts are counted (``he_layout``, :func:`counting_layout`): by
+default the layout of the cipher that runs (``cipher``): one ciphertext per
+value for a one-value cipher (``none``, ``paillier``), and for a packing
+cipher (``slots`` > 1) whole samples per ciphertext, all ``C`` one-vs-rest
+outputs of a sample in one ciphertext when they fit. ``sample`` counts one
+ciphertext per sample whatever ``C`` is (the count the paper's figures
+assume, its section 7.1 and Table 6), and a cipher's name counts as that
+cipher would pack. The encrypted protocol engine counts the operations the
+real cipher performs instead.
 """
 
 from __future__ import annotations
@@ -31,7 +59,7 @@ from pathlib import Path
 import numpy as np
 
 from hyfl._io import dumps_json, write_text
-from hyfl.errors import check_positive, fail
+from hyfl.errors import HyflError, check_positive, fail
 from hyfl.privacy.layout import compact_steps
 
 FLOAT_BYTES = 8  # float64 on the wire
@@ -72,8 +100,23 @@ PAPER_HE_COSTS = HECosts(
     source="paper: per-value Paillier (Sidorov, Wei and Ng 2022)",
 )
 
-HE_COST_SOURCES = ("paper", "measured")
-"""Named choices of ``--he-costs`` (anything else is a JSON file path)."""
+NO_HE_COSTS = HECosts(
+    encrypt=0.0,
+    decrypt=0.0,
+    add=0.0,
+    source="none: plaintext run, no HE time charged (operations still counted)",
+)
+
+DEFAULT_HE_COSTS = "auto"
+HE_COST_SOURCES = ("auto", "paper", "measured")
+"""Named choices of ``--he-costs`` besides cipher names (anything else is a JSON file path)."""
+
+DEFAULT_HE_LAYOUT = "cipher"
+HE_LAYOUTS = ("cipher", "sample")
+"""Named choices of ``he_layout`` besides cipher names."""
+
+QUICK_CALIBRATION_VALUES = 16
+"""Ciphertexts timed per operation by the quick calibration of ``--he-costs auto``."""
 
 
 def calibration_path() -> Path:
@@ -82,14 +125,203 @@ def calibration_path() -> Path:
     return root / "he-costs.json"
 
 
+def calibration_key(cipher: str, key_bits: int | None) -> str:
+    """The cache key of one cipher at one key size, e.g. ``packed@2048``."""
+    return f"{cipher}@{key_bits}"
+
+
 def save_calibration(measurements: dict[str, dict], path: Path | None = None) -> Path:
-    """Merge per-cipher measurements (``{cipher: {"encrypt": s, ...}}``) into the file."""
+    """Merge per-cipher measurements (``{cipher: {"encrypt": s, ...}}``) into the file.
+
+    Each record is stored under its cipher name (what ``--he-costs measured``
+    reads: the latest measurement) and, when it names its ``key_bits``, also
+    under ``cipher@key_bits`` (what ``--he-costs auto`` looks up).
+    """
     path = Path(path) if path is not None else calibration_path()
-    existing = json.loads(path.read_text()) if path.exists() else {}
-    existing.update(measurements)
+    existing = _read_calibration(path) if path.exists() else {}
+    if path.exists() and not existing and path.read_text().strip() not in ("", "{}"):
+        raise fail(
+            f"calibration file {path}",
+            "is not a JSON object of records; it is left as it is",
+            "Move it away (or delete it) and measure again.",
+        )
+    _MEMO.clear()
+    for name, record in measurements.items():
+        existing[name] = record
+        if isinstance(record, dict) and "@" not in name and record.get("key_bits") is not None:
+            existing[calibration_key(name, record["key_bits"])] = record
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text(path, dumps_json(existing, indent=2, sort_keys=True))
     return path
+
+
+def _read_calibration(path: Path) -> dict:
+    """The calibration file's records ({} when it is missing or unreadable)."""
+    try:
+        data = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _costs_of(record, source: str) -> HECosts | None:
+    """A calibration record as :class:`HECosts` (None when it lacks a finite figure)."""
+    try:
+        values = {key: float(record[key]) for key in ("encrypt", "decrypt", "add")}
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not all(np.isfinite(v) and v >= 0 for v in values.values()):
+        return None
+    return HECosts(**values, source=source)
+
+
+_MEMO: dict[tuple[str, str], HECosts] = {}
+
+
+def cipher_he_costs(cipher, path: Path | None = None) -> HECosts:
+    """The seconds per operation of ``cipher`` (a built cipher) on this machine.
+
+    ``none`` charges nothing. Otherwise the calibration file (default
+    :func:`calibration_path`) is read for a record of this cipher at its key
+    size (``cipher@key_bits``, or the cipher's latest record if it has the
+    same ``key_bits``); without one, the cipher is calibrated here on
+    :data:`QUICK_CALIBRATION_VALUES` ciphertexts (offline, a fraction of a
+    second) and the record is added to the file (``"quick": true``; a full
+    ``hyfl calibrate`` later replaces it). Results are remembered per process.
+    """
+    from hyfl.privacy.ciphers import calibrate
+
+    name = str(cipher.name)
+    if name == "none":
+        return NO_HE_COSTS
+    path = Path(path) if path is not None else calibration_path()
+    bits = getattr(cipher, "key_bits", None)
+    key = calibration_key(name, bits)
+    memo = (str(path), key)
+    if memo in _MEMO:
+        return _MEMO[memo]
+    data = _read_calibration(path)
+    record = data.get(key)
+    if record is None and isinstance(data.get(name), dict) and data[name].get("key_bits") == bits:
+        record = data[name]
+    what = f"{name} ({bits}-bit key)" if bits is not None else name
+    costs = None
+    if record is not None:
+        kind = "quick calibration" if record.get("quick") else "calibration"
+        costs = _costs_of(record, f"{what}: its own {kind} on this machine ({path})")
+    if costs is None:
+        record = calibrate(cipher, n_values=QUICK_CALIBRATION_VALUES)
+        if record.get("decrypt") is None:  # a public view cannot decrypt: take encrypt's time
+            record["decrypt"] = record["encrypt"]
+        record.update(quick=True, n_values=QUICK_CALIBRATION_VALUES)
+        try:
+            save_calibration({key: record}, path)
+            where = f"saved to {path}"
+        except (OSError, HyflError):
+            where = "not saved"
+        costs = _costs_of(record, f"{what}: its own quick calibration on this machine ({where})")
+    _MEMO[memo] = costs
+    return costs
+
+
+def check_he_costs(spec, cipher: str) -> str:
+    """Validate ``--he-costs`` without measuring anything; returns it.
+
+    Named sources and cipher names are accepted as they are; ``measured`` and
+    files are read (so a missing file fails before any data is loaded).
+    """
+    from hyfl.privacy.ciphers import CIPHERS
+
+    if not isinstance(spec, str) or not spec.strip():
+        raise fail(
+            "--he-costs",
+            f"is {spec!r}",
+            f"Pass {', '.join(HE_COST_SOURCES)}, a cipher name ({', '.join(CIPHERS)}) or a "
+            "JSON file.",
+        )
+    if spec in ("auto", *CIPHERS):
+        return spec
+    load_he_costs(spec, cipher)
+    return spec
+
+
+def resolve_he_costs(spec: str, cipher, *, key_bits: int | None = None) -> HECosts:
+    """``--he-costs`` for a run whose cipher is ``cipher`` (a built cipher object).
+
+    ``auto``: the running cipher's own costs (:func:`cipher_he_costs`; zero for
+    ``none``). A cipher name: that cipher's own costs (built with ``key_bits``
+    when it is not the running one). ``paper``, ``measured`` or a file:
+    :func:`load_he_costs`.
+    """
+    from hyfl.privacy.ciphers import CIPHERS, make_cipher
+
+    check_he_costs(spec, cipher.name)
+    if spec == "auto" or spec == cipher.name:
+        return cipher_he_costs(cipher)
+    if spec in CIPHERS:
+        if spec == "none":
+            return NO_HE_COSTS
+        return cipher_he_costs(make_cipher(spec, key_bits=key_bits))
+    return load_he_costs(spec, cipher.name)
+
+
+def he_label(costs: dict | None, fallback: str = "") -> str:
+    """A short name of what priced a run, from its ``run.json`` ``costs`` record.
+
+    ``costs`` is :meth:`CostModel.describe`'s dict; e.g. "paper's per-value
+    Paillier HE costs", "no HE time (plaintext)", "packed (2048-bit key): its own
+    calibration on this machine", plus the counted layout when it is not the
+    cipher's own ("counted one ciphertext per sample").
+    """
+    costs = costs if isinstance(costs, dict) else {}
+    he = costs.get("he_costs") if isinstance(costs.get("he_costs"), dict) else {}
+    source = str(he.get("source") or fallback or "")
+    if source.startswith("paper"):
+        label = "paper's per-value Paillier HE costs"
+    elif source.startswith("none:"):
+        label = "no HE time (plaintext)"
+    elif " on this machine" in source:
+        label = source[: source.index(" on this machine") + len(" on this machine")]
+    elif source in ("", "custom"):
+        label = "HE costs " + (source or "unknown")
+    else:
+        label = f"HE costs from {Path(source).name}"
+    layout = costs.get("he_layout")
+    if isinstance(layout, dict) and layout.get("name") not in (None, DEFAULT_HE_LAYOUT):
+        if layout["name"] == "sample":
+            label += ", counted one ciphertext per sample"
+        else:
+            label += f", counted as {layout['name']} packs ({layout.get('slots')} slots)"
+    return label
+
+
+def check_he_layout(layout, cipher: str) -> str:
+    """Validate ``he_layout``: ``cipher``, ``sample`` or a cipher name; returns it."""
+    from hyfl.privacy.ciphers import CIPHERS
+
+    if layout not in (*HE_LAYOUTS, *CIPHERS):
+        raise fail(
+            "--he-layout",
+            f"is {layout!r}",
+            f"Pass {', '.join(HE_LAYOUTS)} or a cipher name ({', '.join(CIPHERS)}).",
+        )
+    if cipher != "none" and layout not in ("cipher", cipher):
+        raise fail(
+            "--he-layout",
+            f"is {layout!r}, but cipher {cipher!r} really encrypts: its operations are "
+            "counted as they happen, in its own layout",
+            "Leave --he-layout at 'cipher' with a real cipher, or run with --cipher none.",
+        )
+    return layout
+
+
+def layout_slots(layout: str, *, key_bits: int | None = None) -> int | None:
+    """Values per ciphertext of ``he_layout`` (None for ``cipher`` and ``sample``)."""
+    from hyfl.privacy.ciphers import make_cipher
+
+    if layout in HE_LAYOUTS:
+        return None
+    return int(make_cipher(layout, key_bits=key_bits).slots)
 
 
 def load_he_costs(spec: str, cipher: str) -> HECosts:
@@ -140,18 +372,47 @@ class CostModel:
     latency : float, default 0
         Seconds per round trip (the paper used 0, 0.2575 and 0.8).
     he : HECosts, default PAPER_HE_COSTS
+        Seconds per ciphertext operation. (The runner's default, ``--he-costs
+        auto``, resolves to the running cipher's own costs; this library
+        default keeps the paper's figures for direct callers.)
+    layout : str, default "cipher"
+        Which ciphertexts are counted (:func:`counting_layout`): ``cipher``
+        (the running cipher's slots), ``sample`` (one ciphertext per sample)
+        or a cipher's name, whose ``layout_slots`` values per ciphertext are
+        then counted.
+    layout_slots : int, optional
+        Values per ciphertext of the named layout (see :func:`layout_slots`).
     """
 
     latency: float = 0.0
     he: HECosts = PAPER_HE_COSTS
+    layout: str = DEFAULT_HE_LAYOUT
+    layout_slots: int | None = None
 
     def validated(self) -> CostModel:
         if self.latency != 0:
             check_positive("latency", self.latency, fix="Pass seconds per round trip, >= 0.")
+        if self.layout not in HE_LAYOUTS and self.layout_slots is None:
+            raise fail(
+                "CostModel",
+                f"has layout {self.layout!r} without layout_slots",
+                "Pass layout_slots (see hyfl.costs.layout_slots).",
+            )
         return self
 
+    def slots_for(self, cipher, n_outputs: int) -> int:
+        """Values per counted ciphertext for a run with ``cipher`` and ``n_outputs`` outputs."""
+        if self.layout == "cipher":
+            return int(cipher.slots)
+        if self.layout == "sample":
+            return int(n_outputs)
+        return int(self.layout_slots)
+
     def describe(self) -> dict:
-        return {"latency": self.latency, "he_costs": asdict(self.he)}
+        out = {"latency": self.latency, "he_costs": asdict(self.he)}
+        if self.layout != DEFAULT_HE_LAYOUT:  # the default is left out: old runs stay comparable
+            out["he_layout"] = {"name": self.layout, "slots": self.layout_slots}
+        return out
 
 
 class CostMeter:
@@ -166,13 +427,24 @@ class CostMeter:
         Needed only by algorithms that report encrypted traffic (HyFDCA).
     """
 
-    def __init__(self, model: CostModel, ciphertext_bytes: int, layout=None):
+    def __init__(self, model: CostModel, ciphertext_bytes: int, layout=None,
+                 value_slots: int | None = None):
         self.model, self.ciphertext_bytes, self.layout = model, ciphertext_bytes, layout
+        self.value_slots = value_slots
+
+    def build_layout(self, blocks, cipher, n_outputs: int) -> None:
+        """Set the counted layout for a run with ``cipher`` (see :class:`CostModel`)."""
+        slots = self.model.slots_for(cipher, n_outputs)
+        self.layout = counting_layout(blocks, slots, n_outputs)
+        self.value_slots = slots
 
     def round_costs(self, stats: dict, traffic: dict | None, round_seconds: float) -> dict:
         """Costs of one outer iteration (per round, not cumulative)."""
-        he = count_he_operations(traffic, self.layout) if traffic else dict.fromkeys(
-            ("encryptions", "decryptions", "additions", "ciphertexts_up", "ciphertexts_down"), 0
+        he = count_he_operations(traffic, self.layout, self.value_slots) if traffic else (
+            dict.fromkeys(
+                ("encryptions", "decryptions", "additions", "ciphertexts_up", "ciphertexts_down"),
+                0,
+            )
         )
         ct = self.ciphertext_bytes + ID_BYTES  # each ciphertext travels with its chunk id
         bytes_up = (
@@ -210,8 +482,42 @@ class CostMeter:
         }
 
 
-def count_he_operations(traffic: dict, layout) -> dict[str, int]:
+def counting_layout(blocks, slots: int, n_outputs: int = 1):
+    """The :class:`~hyfl.privacy.layout.SlotLayout` the cost model counts.
+
+    ``slots`` values per ciphertext, ``n_outputs`` (C) values per sample:
+
+    * ``slots == 1``: one ciphertext per value (C per sample), the per-value
+      count of ``none`` and ``paillier``;
+    * ``C <= slots``: ``slots // C`` whole samples per ciphertext, so all C
+      one-vs-rest outputs of a sample travel in one ciphertext (with
+      ``slots == C``: one ciphertext per sample, the paper's count);
+    * ``C > slots``: ``ceil(C / slots)`` ciphertexts per sample.
+
+    Samples are grouped by holder set as in :meth:`SlotLayout.build`. The
+    returned layout counts samples, not values (its ``n_outputs`` is the
+    ciphertexts per sample); :func:`count_he_operations` takes the values per
+    ciphertext separately for the messages that are not per sample.
+    """
+    from hyfl.privacy.layout import SlotLayout
+
+    slots = int(slots)
+    n_outputs = int(n_outputs)
+    if slots < 1 or n_outputs < 1:
+        raise fail("counting_layout", f"slots={slots}, n_outputs={n_outputs}", "Use >= 1.")
+    if slots == 1:
+        return SlotLayout.build(blocks, 1, n_outputs)
+    if n_outputs <= slots:
+        return SlotLayout.build(blocks, slots // n_outputs, 1)
+    return SlotLayout.build(blocks, 1, -(-n_outputs // slots))
+
+
+def count_he_operations(traffic: dict, layout, value_slots: int | None = None) -> dict[str, int]:
     """Ciphertexts and HE operations of one HyFDCA round from its encrypted traffic.
+
+    ``layout`` places the samples' values (see :func:`counting_layout`);
+    ``value_slots`` is the values per ciphertext for the ``totals`` message
+    (default ``layout.slots``).
 
     ``traffic`` maps message names to what travels (see
     :meth:`hyfl.algorithms.hyfdca.HyFDCA.round`):
@@ -322,7 +628,7 @@ def count_he_operations(traffic: dict, layout) -> dict[str, int]:
         add += n
     if "totals" in traffic:
         senders, values = traffic["totals"]
-        per_sender = -(-values // layout.slots)
+        per_sender = -(-values // int(value_slots or layout.slots))
         up += senders * per_sender
         enc += senders * per_sender
         add += max(senders - 1, 0) * per_sender

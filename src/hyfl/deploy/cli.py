@@ -39,7 +39,8 @@ Param = Annotated[
     typer.Option(help="HyFDCA hyperparameter KEY=VALUE (local_steps, iic, step_rule...); "
                  "repeatable."),
 ]
-Cipher = Annotated[str, typer.Option(help="paillier | packed | none (none: no encryption, tests).")]
+Cipher = Annotated[str, typer.Option(help="paillier | packed | ckks | none (none: no encryption, "
+                                     "tests).")]
 ReplyTimeout = Annotated[
     float, typer.Option(help="Seconds a party has to answer a message before it counts as absent "
                         "for the round.")
@@ -95,17 +96,19 @@ def keys(
                                           "with --insecure-test-keys).")] = 2048,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace existing keys.")] = False,
     insecure_test_keys: InsecureKeys = False,
+    cipher: Annotated[str, typer.Option(help="Key scheme: paillier (also for packed) | ckks "
+                                        "(--key-bits does not apply: 128-bit parameters).")] =
+    "paillier",
 ):
-    """Generate a Paillier key pair: private-key.json for every party, public-key.json for the
-    server."""
-    from hyfl.deploy.keys import SECURE_KEY_BITS, generate_keys, insecure_warning
+    """Generate a key pair: private-key.json for every party, public-key.json for the server."""
+    from hyfl.deploy.keys import KEY_SCHEMES, SECURE_KEY_BITS, generate_keys, insecure_warning
 
     try:
         private, public = generate_keys(out, key_bits, overwrite=overwrite,
-                                        insecure_test_keys=insecure_test_keys)
+                                        insecure_test_keys=insecure_test_keys, cipher=cipher)
     except HyflError as err:
         _fail(err)
-    if key_bits < SECURE_KEY_BITS:
+    if KEY_SCHEMES[cipher] == "paillier" and key_bits < SECURE_KEY_BITS:
         _warn(insecure_warning(key_bits))
     console.print(f"private key (give to every party, never to the server): {private}")
     console.print(f"public key (give to the server): {public}")
@@ -194,8 +197,9 @@ def party(
     key: Annotated[Path | None, typer.Option(help="private-key.json (from hyfl deploy keys).")] =
     None,
     cipher: Annotated[str | None, typer.Option(help="This party's cipher policy: paillier "
-                                               "(default with --key) | packed | none (no key; "
-                                               "tests). Jobs asking for another are refused.")] =
+                                               "(default with --key) | packed | ckks | none (no "
+                                               "key; tests). Jobs asking for another are "
+                                               "refused.")] =
     None,
     fingerprint: Annotated[str | None, typer.Option(help="Pin the key fingerprint this party "
                                                     "accepts (from public-key.json).")] = None,
@@ -213,7 +217,7 @@ def party(
 ):
     """Start one party: a Flower SuperNode with this party's node config."""
     from hyfl.deploy.config import NodeSettings
-    from hyfl.deploy.keys import load_key
+    from hyfl.deploy.keys import KEY_SCHEMES, party_cipher
     from hyfl.deploy.local import flower_command, flower_env
 
     try:
@@ -223,7 +227,9 @@ def party(
             if not key.is_file():
                 raise fail(f"--key {key}", "does not exist",
                            "Pass the private-key.json from `hyfl deploy keys`.")
-            load_key(key, private=True, insecure_test_keys=insecure_test_keys)  # fail here
+            # Check the key file now (its scheme: Paillier unless --cipher ckks).
+            party_cipher(cipher if cipher in KEY_SCHEMES else "paillier", key,
+                         insecure_test_keys=insecure_test_keys)
             node.append(f"key={_quoted(key.resolve())}")
         policy = {"cipher": cipher, "fingerprint": fingerprint}
         node += [f"{name}={_quoted(value)}" for name, value in policy.items() if value]

@@ -14,7 +14,9 @@ Ciphertexts travel as bytes. A Paillier ciphertext is an integer modulo
 ciphertexts as fixed-width big-endian bytes back to back (one uint8 array)
 and, for each, the number of fresh encryptions summed into it (int64; the
 packed cipher needs it to decode, and both Paillier ciphers check it). The
-``none`` cipher's "ciphertexts" are float64 values. Decoding stamps the
+``ckks`` ciphertexts are SEAL's serialized vectors back to back (uint8) with
+their byte lengths and addend counts, read back against the receiver's
+context. The ``none`` cipher's "ciphertexts" are float64 values. Decoding stamps the
 receiver's cipher on the ciphertexts (its in-process tag), so a ciphertext
 from another key is caught when it is added or decrypted.
 
@@ -41,6 +43,7 @@ from gmpy2 import mpz
 
 from hyfl.errors import HyflError, fail
 from hyfl.privacy.ciphers import Cipher, PaillierCiphertext
+from hyfl.privacy.lattice import LatticeCiphertext
 from hyfl.privacy.layout import EncryptedVector
 
 __all__ = ["MAX_DEPTH", "check_fields", "decode", "encode", "encoded_bytes"]
@@ -50,7 +53,7 @@ MAX_DEPTH = 32
 _GARBLED = ("Both sides must run the same hyfl version; if they do, the message was garbled "
             "or forged.")
 _VECTOR_KEYS = {"paillier": {"e", "kind", "width", "ct", "addends"}, "float": {"e", "kind", "ct"},
-                "empty": {"e", "kind"}}
+                "lattice": {"e", "kind", "ct", "sizes", "addends"}, "empty": {"e", "kind"}}
 
 
 def encode(tree: Any) -> tuple[dict[str, np.ndarray], str]:
@@ -140,7 +143,14 @@ def _encode_vector(vector: EncryptedVector, arrays: dict[str, np.ndarray]) -> di
     chunks = np.asarray(vector.chunks, dtype=np.int64)
     cts = list(vector.ciphertexts)
     out = {"e": _put(arrays, chunks)}
-    if cts and all(isinstance(c, PaillierCiphertext) for c in cts):
+    if cts and all(isinstance(c, LatticeCiphertext) for c in cts):
+        # Serialized vectors back to back, with their byte lengths (0: the public zero).
+        blobs = [b"" if c.vector is None else c.vector.serialize() for c in cts]
+        out.update(kind="lattice",
+                   ct=_put(arrays, np.frombuffer(b"".join(blobs) or b"\0", dtype=np.uint8)),
+                   sizes=_put(arrays, np.array([len(b) for b in blobs], dtype=np.int64)),
+                   addends=_put(arrays, np.array([c.addends for c in cts], dtype=np.int64)))
+    elif cts and all(isinstance(c, PaillierCiphertext) for c in cts):
         ints = [int(c.c) for c in cts]
         width = max((x.bit_length() + 7) // 8 for x in ints) or 1
         blob = b"".join(x.to_bytes(width, "big") for x in ints)
@@ -152,7 +162,7 @@ def _encode_vector(vector: EncryptedVector, arrays: dict[str, np.ndarray]) -> di
             values = np.array(cts, dtype=np.float64)
         except (TypeError, ValueError):
             raise fail("ciphertexts", f"of type {type(cts[0]).__name__} cannot be sent",
-                       "Send ciphertexts of the paillier, packed or none cipher.") from None
+                       "Send ciphertexts of the paillier, packed, ckks or none cipher.") from None
         out.update(kind="float", ct=_put(arrays, values))
     else:
         out.update(kind="empty")
@@ -227,6 +237,14 @@ def _check_vector(spec: dict, arrays: dict[str, np.ndarray], where: str, field: 
         if ct.ndim != 1 or ct.size != chunks.size:
             raise fail(where, f"{field} has {ct.size} values of shape {ct.shape} for "
                        f"{chunks.size} chunks", _GARBLED)
+        return
+    if kind == "lattice":
+        sizes, addends = (_array(arrays, spec[k], where, field) for k in ("sizes", "addends"))
+        if (ct.dtype != np.uint8 or ct.ndim != 1 or sizes.ndim != 1 or addends.ndim != 1
+                or sizes.dtype.kind not in "iu" or addends.dtype.kind not in "iu"
+                or sizes.size != chunks.size or addends.size != chunks.size):
+            raise fail(where, f"{field} has lattice ciphertext bytes, sizes or addend counts "
+                       "that are not 1-D uint8 and integer arrays, one per chunk", _GARBLED)
         return
     width, addends = spec["width"], _array(arrays, spec["addends"], where, field)
     if isinstance(width, bool) or not isinstance(width, int) or not 0 < width <= 1 << 16:
@@ -326,6 +344,21 @@ def _decode_vector(spec: dict, arrays: dict[str, np.ndarray], cipher: Cipher | N
                                int(addends[i]), tag)
             for i in range(chunks.size)
         ]
+    elif kind == "lattice":
+        if not callable(getattr(cipher, "deserialize", None)):
+            raise fail("received ciphertexts", "are lattice (ckks) ciphertexts, but this party's "
+                       f"cipher is {getattr(cipher, 'name', 'none')!r}",
+                       "Run every party and the server with the same cipher.")
+        blob = np.asarray(arrays[spec["ct"]], dtype=np.uint8).tobytes()
+        sizes = np.asarray(arrays[spec["sizes"]], dtype=np.int64)
+        addends = np.asarray(arrays[spec["addends"]], dtype=np.int64)
+        if (sizes.size != chunks.size or addends.size != chunks.size or np.any(sizes < 0)
+                or int(sizes.sum()) > len(blob)):
+            raise fail("received ciphertexts", "are truncated",
+                       "Both sides must run the same hyfl version.")
+        ends = np.cumsum(sizes)
+        out[:] = cipher.deserialize([blob[e - n:e] for e, n in zip(ends.tolist(), sizes.tolist())],
+                                    addends.tolist())
     elif kind == "float":
         if getattr(cipher, "name", "none") != "none":
             raise fail("received ciphertexts", "are plaintext floats (cipher none), but this "

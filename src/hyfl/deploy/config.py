@@ -67,7 +67,7 @@ RUN_DEFAULTS: dict[str, Any] = {
 NODE_KEYS = ("party", "key", "cipher", "fingerprint", "insecure-test-keys", "data", "data-dir",
              "out")
 
-CIPHER_NAMES = ("paillier", "packed", "none")
+CIPHER_NAMES = ("paillier", "packed", "ckks", "none")
 
 
 def _text(config: Mapping[str, Any], key: str) -> str:

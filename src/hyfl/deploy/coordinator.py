@@ -177,10 +177,10 @@ class Coordinator:
 
     def _warnings(self) -> list[str]:
         """Lines every output of this run repeats (insecure test keys)."""
-        from hyfl.deploy.keys import SECURE_KEY_BITS, insecure_warning
+        from hyfl.deploy.keys import SECURE_KEY_BITS, insecure_warning, paillier_bits
 
-        bits = int(getattr(self.cipher, "key_bits", 0))
-        if self.cipher.name != "none" and bits < SECURE_KEY_BITS:
+        bits = paillier_bits(self.cipher)
+        if bits is not None and bits < SECURE_KEY_BITS:
             return [insecure_warning(bits)]
         return []
 

@@ -1,4 +1,4 @@
-"""Paillier key files for a deployment: the parties' private key, the server's public key.
+"""Key files for a deployment: the parties' private key, the server's public key.
 
 In a deployment every party encrypts and decrypts with one shared key pair
 and the server only adds ciphertexts, so the key material splits into two
@@ -9,6 +9,12 @@ files written by :func:`generate_keys` (``hyfl deploy keys``):
     the server must never see it. Written with permissions 0600.
 ``public-key.json``
     The modulus ``n`` only: what the server needs to add ciphertexts.
+
+A ``ckks`` key pair (``hyfl deploy keys --cipher ckks``) has the same two
+files: the private one holds the TenSEAL/SEAL context with its secret key,
+the public one the same context without it (public key only: enough to add
+and to encrypt, never to decrypt); both as base64 in the JSON record of
+format :data:`CKKS_KEY_FORMAT`.
 
 Both carry a fingerprint of ``n`` (SHA-256) so that parties and server can
 check at start-up that they use the same key without sending the key.
@@ -26,6 +32,7 @@ from a key file and those parameters.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -34,7 +41,7 @@ from pathlib import Path
 from phe import paillier as _phe
 
 from hyfl._io import write_json
-from hyfl.errors import fail
+from hyfl.errors import check_choice, fail
 from hyfl.privacy.ciphers import (
     DEFAULT_GUARD_BITS,
     Cipher,
@@ -52,12 +59,17 @@ __all__ = [
     "fingerprint",
     "generate_keys",
     "insecure_warning",
+    "load_ckks_key",
     "load_key",
+    "paillier_bits",
     "party_cipher",
     "server_cipher",
 ]
 
 KEY_FORMAT = "hyfl-paillier-key"
+CKKS_KEY_FORMAT = "hyfl-ckks-key"
+#: The key scheme of each cipher that needs keys.
+KEY_SCHEMES = {"paillier": "paillier", "packed": "paillier", "ckks": "ckks"}
 PRIVATE_KEY_FILE = "private-key.json"
 PUBLIC_KEY_FILE = "public-key.json"
 DEFAULT_DEPLOY_KEY_BITS = 2048
@@ -107,9 +119,9 @@ def insecure_warning(bits: int) -> str:
 
 
 def generate_keys(out_dir: str | os.PathLike, key_bits: int = DEFAULT_DEPLOY_KEY_BITS,
-                  *, overwrite: bool = False, insecure_test_keys: bool = False
-                  ) -> tuple[Path, Path]:
-    """Generate a Paillier key pair into ``out_dir``.
+                  *, overwrite: bool = False, insecure_test_keys: bool = False,
+                  cipher: str = "paillier") -> tuple[Path, Path]:
+    """Generate a key pair into ``out_dir``: Paillier (``paillier``, ``packed``) or CKKS.
 
     Parameters
     ----------
@@ -123,13 +135,18 @@ def generate_keys(out_dir: str | os.PathLike, key_bits: int = DEFAULT_DEPLOY_KEY
         out parties that still hold the old one).
     insecure_test_keys : bool, default False
         Allow a modulus below :data:`SECURE_KEY_BITS` (tests only).
+    cipher : str, default "paillier"
+        A cipher of :data:`KEY_SCHEMES`; ``ckks`` ignores ``key_bits`` (its
+        parameters are fixed at 128-bit security).
 
     Returns
     -------
     (private_path, public_path)
     """
-    bits = check_key_size(check_keybits(key_bits), insecure_test_keys=insecure_test_keys,
-                          culprit="key_bits (--key-bits)")
+    scheme = check_choice("cipher", cipher, KEY_SCHEMES)
+    if KEY_SCHEMES[scheme] == "paillier":
+        bits = check_key_size(check_keybits(key_bits), insecure_test_keys=insecure_test_keys,
+                              culprit="key_bits (--key-bits)")
     out = Path(out_dir)
     private_path, public_path = out / PRIVATE_KEY_FILE, out / PUBLIC_KEY_FILE
     for path in (private_path, public_path):
@@ -141,6 +158,11 @@ def generate_keys(out_dir: str | os.PathLike, key_bits: int = DEFAULT_DEPLOY_KEY
                 "every party then needs the new private key.",
             )
     out.mkdir(parents=True, exist_ok=True)
+    if KEY_SCHEMES[scheme] == "ckks":
+        private, public = _ckks_records()
+        write_json(private_path, private, indent=1, permissions=0o600)
+        write_json(public_path, public, indent=1)
+        return private_path, public_path
     public_key, private_key = _phe.generate_paillier_keypair(n_length=bits)
     n = int(public_key.n)
     common = {"format": KEY_FORMAT, "version": 1, "key_bits": n.bit_length(),
@@ -181,23 +203,10 @@ def load_key(path: str | os.PathLike, *, private: bool, insecure_test_keys: bool
             f"DIR/{PRIVATE_KEY_FILE}, the server DIR/{PUBLIC_KEY_FILE}.",
         )
     record = _read_record(where)
-    kind = record.get("kind")
-    if kind not in ("private", "public"):
-        raise fail(f"key file {where}", f"has kind {kind!r}, neither 'private' nor 'public'",
-                   "Pass a file written by `hyfl deploy keys`.")
-    if private and kind != "private":
-        raise fail(
-            f"key file {where}",
-            "holds only the public key, but a party needs the private key",
-            f"Give the party {PRIVATE_KEY_FILE} (keep it off the server).",
-        )
-    if not private and kind == "private":
-        raise fail(
-            f"key file {where}",
-            "holds the private key, but the server must only ever hold the public key",
-            f"Give the server {PUBLIC_KEY_FILE} (from the same `hyfl deploy keys` folder) and "
-            f"keep {PRIVATE_KEY_FILE} on the parties' machines only.",
-        )
+    if record.get("format") == CKKS_KEY_FORMAT:
+        raise fail(f"key file {where}", "holds a ckks key, but the cipher is Paillier",
+                   "Use the key files of the cipher you run (hyfl deploy keys --cipher ...).")
+    _kind(record, where, private)
     n = _hex_field(record, "n", where)
     if record.get("key_bits") != n.bit_length():
         raise fail(f"key file {where}", f"says key_bits {record.get('key_bits')!r}, but its "
@@ -221,7 +230,77 @@ def load_key(path: str | os.PathLike, *, private: bool, insecure_test_keys: bool
                    _STALE_FIX) from None
 
 
-def _read_record(where: Path) -> dict:
+def _kind(record: dict, where: Path, private: bool) -> str:
+    """The file's kind, refused if it is not the one the reader needs."""
+    kind = record.get("kind")
+    if kind not in ("private", "public"):
+        raise fail(f"key file {where}", f"has kind {kind!r}, neither 'private' nor 'public'",
+                   "Pass a file written by `hyfl deploy keys`.")
+    if private and kind != "private":
+        raise fail(
+            f"key file {where}",
+            "holds only the public key, but a party needs the private key",
+            f"Give the party {PRIVATE_KEY_FILE} (keep it off the server).",
+        )
+    if not private and kind == "private":
+        raise fail(
+            f"key file {where}",
+            "holds the private key, but the server must only ever hold the public key",
+            f"Give the server {PUBLIC_KEY_FILE} (from the same `hyfl deploy keys` folder) and "
+            f"keep {PRIVATE_KEY_FILE} on the parties' machines only.",
+        )
+    return kind
+
+
+def _ckks_records() -> tuple[dict, dict]:
+    """A fresh CKKS key pair as the private and the public key file records."""
+    from hyfl.privacy.lattice import make_ckks
+
+    cipher = make_ckks()
+    common = {"format": CKKS_KEY_FORMAT, "version": 1, "fingerprint": cipher.fingerprint(),
+              **{k: cipher.describe()[k] for k in ("poly_modulus_degree", "modulus_bits",
+                                                   "security_bits")}}
+    return ({**common, "kind": "private",
+             "context": base64.b64encode(cipher.context_bytes(secret=True)).decode("ascii")},
+            {**common, "kind": "public",
+             "context": base64.b64encode(cipher.context_bytes(secret=False)).decode("ascii")})
+
+
+def load_ckks_key(path: str | os.PathLike, *, private: bool, **cipher_options) -> Cipher:
+    """The ``ckks`` cipher of a key file: with the secret key (parties) or public (server).
+
+    The file is checked like a Paillier one (kind, fingerprint of the public key it
+    holds, the secret key present exactly in a private file); ``cipher_options``
+    (``precision_bits``, ``bound``) are the run's encoding.
+    """
+    from hyfl.privacy.lattice import make_ckks
+
+    where = Path(path)
+    role = "private key (node config key=...)" if private else "public key (run config public-key)"
+    if not str(path) or not where.is_file():
+        raise fail(f"{role} file {str(path)!r}", "does not exist" if str(path) else "is not set",
+                   "Generate a key pair with `hyfl deploy keys --cipher ckks --out DIR`.")
+    record = _read_record(where, CKKS_KEY_FORMAT, (CKKS_KEY_FORMAT,))
+    _kind(record, where, private)
+    try:
+        blob = base64.b64decode(record.get("context", ""), validate=True)
+    except (ValueError, TypeError):
+        blob = b""
+    if not blob:
+        raise fail(f"key file {where}", "has no valid 'context' (base64)", _STALE_FIX)
+    cipher = make_ckks(context=blob, **cipher_options)
+    if cipher.has_private_key != private:
+        raise fail(f"key file {where}", "says kind "
+                   f"{record['kind']!r} but {'lacks' if private else 'holds'} the secret key",
+                   _STALE_FIX)
+    if cipher.fingerprint() != record.get("fingerprint"):
+        raise fail(f"key file {where}", "has a fingerprint that does not match its key",
+                   _STALE_FIX)
+    return cipher
+
+
+def _read_record(where: Path, expected: str = KEY_FORMAT,
+                 accepted: tuple[str, ...] = (KEY_FORMAT, CKKS_KEY_FORMAT)) -> dict:
     """The JSON object of a key file, or a clear error."""
     try:
         record = json.loads(where.read_text())
@@ -230,8 +309,10 @@ def _read_record(where: Path) -> dict:
                    "Check the path and its permissions.") from None
     except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError included
         record = None
-    if not isinstance(record, dict) or record.get("format") != KEY_FORMAT:
-        raise fail(f"key file {where}", f"is not a {KEY_FORMAT} file",
+    # A file of the other scheme is read (its reader says which cipher it belongs to);
+    # anything else is not a key file of the expected kind.
+    if not isinstance(record, dict) or record.get("format") not in accepted:
+        raise fail(f"key file {where}", f"is not a {expected} file",
                    "Pass a file written by `hyfl deploy keys`.")
     return record
 
@@ -276,6 +357,8 @@ def party_cipher(name: str, key_file: str | os.PathLike | None, *,
     """
     if name == "none":
         return make_cipher("none")
+    if name == "ckks":
+        return load_ckks_key(key_file, private=True, **_ckks_options(precision_bits, bound))
     keypair = load_key(key_file, private=True, insecure_test_keys=insecure_test_keys)
     return _paillier_cipher(name, keypair, precision_bits, bound, guard_bits)
 
@@ -287,11 +370,27 @@ def server_cipher(name: str, key_file: str | os.PathLike | None, *,
     is refused)."""
     if name == "none":
         return make_cipher("none").public()
+    if name == "ckks":
+        return load_ckks_key(key_file, private=False, **_ckks_options(precision_bits, bound))
     keypair = load_key(key_file, private=False, insecure_test_keys=insecure_test_keys)
     return _paillier_cipher(name, keypair, precision_bits, bound, guard_bits)
 
 
+def _ckks_options(precision_bits, bound) -> dict:
+    return {k: v for k, v in (("precision_bits", precision_bits), ("bound", bound))
+            if v is not None}
+
+
 def cipher_fingerprint(cipher: Cipher) -> str:
-    """The key fingerprint of a Paillier cipher ("" for ``none``)."""
+    """The key fingerprint of a cipher ("" for ``none``)."""
+    if cipher.name == "ckks":
+        return cipher.fingerprint()
     key = getattr(cipher, "_key", None)
     return "" if key is None else fingerprint(int(key.n))
+
+
+def paillier_bits(cipher: Cipher) -> int | None:
+    """The Paillier modulus size of a cipher (None for ``none`` and ``ckks``, whose
+    parameters are fixed at 128-bit security): what the insecure-key warning checks."""
+    key = getattr(cipher, "_key", None)
+    return None if key is None else int(key.key_bits)

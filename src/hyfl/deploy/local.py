@@ -621,9 +621,10 @@ def _prepare_out(out: Path, overwrite: bool) -> None:
 
 
 def _local_keys(out: Path, keys_dir, key_bits: int, insecure_test_keys: bool,
-                log: Callable[[str], None]) -> tuple[Path, Path, list[str]]:
+                log: Callable[[str], None], cipher: str = "paillier"
+                ) -> tuple[Path, Path, list[str]]:
     """The key pair of a local run: ``keys_dir`` or ``OUT/keys``, reused and checked if it
-    exists (never regenerated: it may have been handed out), else generated.
+    exists (never regenerated: it may have been handed out), else generated for ``cipher``.
 
     Returns ``(private, public, warnings)``.
     """
@@ -631,28 +632,33 @@ def _local_keys(out: Path, keys_dir, key_bits: int, insecure_test_keys: bool,
         PRIVATE_KEY_FILE,
         PUBLIC_KEY_FILE,
         SECURE_KEY_BITS,
-        fingerprint,
+        cipher_fingerprint,
         generate_keys,
         insecure_warning,
-        load_key,
+        paillier_bits,
+        party_cipher,
+        server_cipher,
     )
 
     keys = Path(keys_dir) if keys_dir is not None else out / "keys"
     private, public = keys / PRIVATE_KEY_FILE, keys / PUBLIC_KEY_FILE
-    if keys_dir is None and not keys.exists():
-        generate_keys(keys, key_bits, insecure_test_keys=insecure_test_keys)
-        log(f"new {key_bits}-bit key pair in {keys}")
+    generated = keys_dir is None and not keys.exists()
+    if generated:
+        generate_keys(keys, key_bits, insecure_test_keys=insecure_test_keys, cipher=cipher)
+    own = party_cipher(cipher, private, insecure_test_keys=insecure_test_keys)
+    server = server_cipher(cipher, public, insecure_test_keys=insecure_test_keys)
+    if cipher_fingerprint(own) != cipher_fingerprint(server):
+        raise fail(f"key folder {keys}", "holds a public key of another key pair than its "
+                   "private key", f"Run `hyfl deploy keys --out {keys} --overwrite` (or "
+                   "delete the folder) for a new pair.")
+    if generated:
+        log(f"new {cipher} key pair in {keys} (fingerprint {cipher_fingerprint(own)})")
     else:
-        n = int(load_key(private, private=True, insecure_test_keys=insecure_test_keys)[0].n)
-        if int(load_key(public, private=False, insecure_test_keys=insecure_test_keys)[0].n) != n:
-            raise fail(f"key folder {keys}", "holds a public key of another key pair than its "
-                       "private key", f"Run `hyfl deploy keys --out {keys} --overwrite` (or "
-                       "delete the folder) for a new pair.")
-        log(f"reusing the key pair in {keys} ({n.bit_length()} bits, fingerprint "
-            f"{fingerprint(n)}); to make new ones run `hyfl deploy keys --out {keys} "
-            "--overwrite` or delete the folder")
-    bits = int(load_key(public, private=False, insecure_test_keys=True)[0].n.bit_length())
-    warnings = [insecure_warning(bits)] if bits < SECURE_KEY_BITS else []
+        log(f"reusing the key pair in {keys} (fingerprint {cipher_fingerprint(own)}); to make "
+            f"new ones run `hyfl deploy keys --cipher {cipher} --out {keys} --overwrite` or "
+            "delete the folder")
+    bits = paillier_bits(server)
+    warnings = [insecure_warning(bits)] if bits is not None and bits < SECURE_KEY_BITS else []
     for line in warnings:
         log(line)
     return private, public, warnings
@@ -723,7 +729,8 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
     private = public = None
     warnings: list[str] = []
     if cipher != "none":
-        private, public, warnings = _local_keys(out, keys_dir, key_bits, insecure_test_keys, log)
+        private, public, warnings = _local_keys(out, keys_dir, key_bits, insecure_test_keys, log,
+                                                cipher)
     run_config = run_config_for(
         parties=K, iterations=iterations, participation=participation, seed=seed, loss=loss,
         lam=float(lam), hyper=hyper, cipher=cipher, reply_timeout=reply_timeout, out=str(out),

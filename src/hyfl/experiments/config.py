@@ -17,6 +17,8 @@ defaults)::
     seeds = [0, 1, 2]                 # one run per seed and algorithm; default [0]
     eval_every = 10                   # evaluate every N outer iterations; default 1
     budget = { iterations = 2500 }    # or { sim_time = 10800.0, max_iterations = 1000000 }
+    # full_budget = { iterations = 30000 }  # the budget `hyfl study --full` runs instead
+    #                                 # (a paper study's full budget when `budget` is scaled)
     # out = "runs/mnist-8-0.1"        # results folder; default runs/<name>; --out overrides
     # checkpoint_every = 100          # rounds between checkpoints; default: by wall time
     # checkpoint_seconds = 60.0       # wall time between checkpoints when checkpoint_every
@@ -44,10 +46,14 @@ defaults)::
                                       # trace:FILE; default full
 
     [costs]                           # the whole table is optional
-    cipher = "none"                   # none | paillier | packed; default none
+    cipher = "none"                   # a name of hyfl.privacy.ciphers.CIPHERS; default none
     key_bits = 2048                   # Paillier modulus; default: the cipher's (2048)
     latency = 0.2575                  # seconds per round trip; default 0
-    he_costs = "paper"                # paper | measured | FILE; default paper
+    he_costs = "auto"                 # auto | paper | measured | a cipher name | FILE;
+                                      # default auto: the running cipher's own costs
+                                      # (none: no HE time), see hyfl.costs
+    he_layout = "cipher"              # which ciphertexts are counted: cipher | sample |
+                                      # a cipher name; default cipher (the running one's)
 
     [algorithms.hyfdca]               # one table per algorithm (at least one)
     iic = 0.001
@@ -107,6 +113,7 @@ EXPERIMENT_KEYS = (
     "seeds",
     "eval_every",
     "budget",
+    "full_budget",
     "out",
     "checkpoint_every",
     "checkpoint_seconds",
@@ -114,7 +121,7 @@ EXPERIMENT_KEYS = (
 BUDGET_KEYS = ("iterations", "sim_time", "max_iterations")
 DATA_KEYS = ("dataset", "loss", "lam", "val", "val_fraction", "data_dir", "parties")
 PARTITION_KEYS = ("spec", "participation")
-COSTS_KEYS = ("cipher", "key_bits", "latency", "he_costs")
+COSTS_KEYS = ("cipher", "key_bits", "latency", "he_costs", "he_layout")
 
 
 @dataclass(frozen=True)
@@ -141,6 +148,7 @@ class ExperimentSection:
     name: str
     budget: Budget
     seeds: tuple[int, ...] = (0,)
+    full_budget: Budget | None = None
     eval_every: int = 1
     description: str | None = None
     out: str | None = None
@@ -175,7 +183,8 @@ class CostsSection:
     cipher: str = "none"
     key_bits: int | None = None
     latency: float = 0.0
-    he_costs: str = "paper"
+    he_costs: str = "auto"
+    he_layout: str = "cipher"
 
 
 @dataclass(frozen=True)
@@ -251,6 +260,7 @@ class ExperimentConfig:
             key_bits=c.key_bits,
             latency=c.latency,
             he_costs=c.he_costs,
+            he_layout=c.he_layout,
             parties=d.parties,
         )
 
@@ -277,6 +287,8 @@ class ExperimentConfig:
         experiment = {k: v for k, v in asdict(self.experiment).items() if v is not None}
         experiment["seeds"] = list(self.experiment.seeds)
         experiment["budget"] = self.experiment.budget.to_dict()
+        if self.experiment.full_budget is not None:
+            experiment["full_budget"] = self.experiment.full_budget.to_dict()
         out: dict[str, Any] = {
             "experiment": experiment,
             "data": _without_none(
@@ -637,6 +649,7 @@ class _Validator:
         return ExperimentSection(
             name=name,
             budget=self.budget(table),
+            full_budget=self.budget(table, "full_budget") if "full_budget" in table else None,
             seeds=seeds,
             eval_every=self.integer(s, table, "eval_every", 1, minimum=1),
             description=self.text(s, table, "description"),
@@ -645,8 +658,8 @@ class _Validator:
             checkpoint_seconds=checkpoint_seconds,
         )
 
-    def budget(self, table: Mapping) -> Budget:
-        s, key = "experiment", "budget"
+    def budget(self, table: Mapping, key: str = "budget") -> Budget:
+        s = "experiment"
         example = "budget = { iterations = 2000 } or { sim_time = 3600.0, max_iterations = 100000 }"
         if key not in table:
             raise self.error(s, key, "is missing", f"Add {example}.")
@@ -656,7 +669,7 @@ class _Validator:
         for k in b:
             if k not in BUDGET_KEYS:
                 raise self.error(
-                    s, f"budget.{k}", "is not a known key", f"Known keys: {', '.join(BUDGET_KEYS)}."
+                    s, f"{key}.{k}", "is not a known key", f"Known keys: {', '.join(BUDGET_KEYS)}."
                 )
         if ("iterations" in b) == ("sim_time" in b):
             raise self.error(
@@ -669,15 +682,15 @@ class _Validator:
             if "max_iterations" in b:
                 raise self.error(
                     s,
-                    "budget.max_iterations",
+                    f"{key}.max_iterations",
                     "applies only with sim_time",
                     "Remove it, or budget by sim_time.",
                 )
-            return Budget(iterations=self.as_int(s, "budget.iterations", b["iterations"], 1))
+            return Budget(iterations=self.as_int(s, f"{key}.iterations", b["iterations"], 1))
         sim_time = self.number(
             s,
-            {"budget.sim_time": b["sim_time"]},
-            "budget.sim_time",
+            {f"{key}.sim_time": b["sim_time"]},
+            f"{key}.sim_time",
             low=0,
             low_open=True,
             fix="Write simulated seconds, e.g. 10800.0.",
@@ -685,13 +698,13 @@ class _Validator:
         if "max_iterations" not in b:
             raise self.error(
                 s,
-                "budget.max_iterations",
+                f"{key}.max_iterations",
                 "is required with sim_time",
                 "Add a cap on outer iterations, e.g. max_iterations = 1000000.",
             )
         return Budget(
             sim_time=sim_time,
-            max_iterations=self.as_int(s, "budget.max_iterations", b["max_iterations"], 1),
+            max_iterations=self.as_int(s, f"{key}.max_iterations", b["max_iterations"], 1),
         )
 
     def data(self, table: Mapping) -> DataSection:
@@ -870,7 +883,13 @@ class _Validator:
         return PartitionSection(spec=spec, participation=participation)
 
     def costs(self, table: Mapping) -> CostsSection:
-        from hyfl.costs import HE_COST_SOURCES, load_he_costs
+        from hyfl.costs import (
+            DEFAULT_HE_COSTS,
+            DEFAULT_HE_LAYOUT,
+            HE_COST_SOURCES,
+            check_he_costs,
+            check_he_layout,
+        )
         from hyfl.privacy.ciphers import CIPHERS, check_keybits
 
         s = "costs"
@@ -890,14 +909,20 @@ class _Validator:
             low=0,
             fix="Write seconds per round trip, e.g. latency = 0.2575.",
         )
-        he_costs = self.text(s, table, "he_costs", "paper")
-        if he_costs not in HE_COST_SOURCES:
+        he_costs = self.text(s, table, "he_costs", DEFAULT_HE_COSTS)
+        if he_costs not in (*HE_COST_SOURCES, *CIPHERS):
             he_costs = self.path(he_costs)
         try:
-            load_he_costs(he_costs, cipher)
+            check_he_costs(he_costs, cipher)
         except HyflError as err:
             raise self.wrap(s, "he_costs", err) from None
-        return CostsSection(cipher=cipher, key_bits=key_bits, latency=latency, he_costs=he_costs)
+        he_layout = self.text(s, table, "he_layout", DEFAULT_HE_LAYOUT)
+        try:
+            check_he_layout(he_layout, cipher)
+        except HyflError as err:
+            raise self.wrap(s, "he_layout", err) from None
+        return CostsSection(cipher=cipher, key_bits=key_bits, latency=latency, he_costs=he_costs,
+                            he_layout=he_layout)
 
     def algorithms(self, table: Any) -> tuple[AlgorithmConfig, ...]:
         from hyfl.algorithms import accepted_hyperparameters, algorithm_names, make_algorithm

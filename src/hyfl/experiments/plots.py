@@ -444,6 +444,16 @@ def _fraction_of(participation: Any) -> float | str | None:
         return str(participation)
 
 
+def _he_costs_label(config: Mapping[str, Any], spec: Mapping[str, Any]) -> str | None:
+    """What priced a run's HE operations (its recorded cost model), else the spec's choice."""
+    from hyfl.costs import he_label
+
+    costs = config.get("costs")
+    if isinstance(costs, dict) and isinstance(costs.get("he_costs"), dict):
+        return he_label(costs)
+    return spec.get("he_costs")
+
+
 def setting_info(runs: Mapping[str, Any]) -> dict[str, Any]:
     """What the runs of one setting share, read from their ``run.json``.
 
@@ -481,7 +491,7 @@ def setting_info(runs: Mapping[str, Any]) -> dict[str, Any]:
             ("n_clients", summary.get("n_clients")),
             ("latency", spec.get("latency")),
             ("cipher", spec.get("cipher")),
-            ("he_costs", spec.get("he_costs")),
+            ("he_costs", _he_costs_label(config, spec)),
         ):
             if info[key] is None and value is not None:
                 info[key] = value

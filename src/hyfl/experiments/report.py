@@ -27,7 +27,9 @@ A comparison is one setting x one budget x one metric. The budgets are
 *equal outer iterations* (every run cut at the smallest last iteration among
 the setting's runs, which is every run's end when they ran equally long) and,
 when every run carries a simulated time, *equal simulated time* (cut at the
-smallest total ``sim_time``; the paper ran separate equal-wall-time
+smallest total ``sim_time`` among the runs that used their time up: a run of a
+simulated-time budget that stopped at its cap on outer iterations first is
+compared with its final values; the paper ran separate equal-wall-time
 experiments, here the equal-iteration runs are truncated). The metrics are
 the final relative loss within the budget (lower wins; the last evaluated
 value, unsmoothed) and the best validation accuracy within the budget (higher
@@ -106,15 +108,27 @@ def budget_cutoffs(runs: Mapping[str, Any]) -> dict[str, float]:
 
     ``iterations``: the smallest last outer iteration among the runs;
     ``sim_time``: the smallest total simulated time, present only when every
-    run has a positive simulated time.
+    run has a positive simulated time. A run that had a simulated-time budget
+    but stopped at its cap on outer iterations first (``stopped_by ==
+    "iterations"``) did not use its time up, so it does not set the cut: it is
+    compared with its final values (unless every run was capped).
     """
     cutoffs: dict[str, float] = {}
     lasts = [_last(run.column("iteration")) for run in runs.values()]
     if lasts and all(math.isfinite(v) for v in lasts):
         cutoffs["iterations"] = min(lasts)
     if runs and all(_has_time(run) for run in runs.values()):
-        cutoffs["sim_time"] = min(_last(run.column("sim_time")) for run in runs.values())
+        times = {name: _last(run.column("sim_time")) for name, run in runs.items()}
+        used_up = [t for name, t in times.items() if not _capped_before_time(runs[name])]
+        cutoffs["sim_time"] = min(used_up) if used_up else min(times.values())
     return cutoffs
+
+
+def _capped_before_time(run: Any) -> bool:
+    """Whether a run with a simulated-time budget stopped at its iteration cap first."""
+    config = getattr(run, "config", None) or {}
+    budget = config.get("budget") if isinstance(config.get("budget"), dict) else {}
+    return bool(budget.get("sim_time")) and config.get("stopped_by") == "iterations"
 
 
 def _last(values: np.ndarray) -> float:
@@ -406,7 +420,7 @@ def _describe(info: Mapping[str, Any]) -> str:
     if info.get("cipher"):
         parts.append(f"cipher {info['cipher']}")
     if info.get("he_costs"):
-        parts.append(f"HE costs {info['he_costs']}")
+        parts.append(f"HE operations priced by: {info['he_costs']}")
     return "; ".join(parts) + "." if parts else "No run.json: setting details unknown."
 
 

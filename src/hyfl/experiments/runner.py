@@ -35,9 +35,15 @@ from hyfl.algorithms import algorithm_names, make_algorithm
 from hyfl.algorithms.hyfdca import HyFDCA
 from hyfl.costs import (
     COST_COLUMNS,
+    DEFAULT_HE_COSTS,
+    DEFAULT_HE_LAYOUT,
     TIME_COMPONENTS,
     CostModel,
-    load_he_costs,
+    check_he_costs,
+    check_he_layout,
+    he_label,
+    layout_slots,
+    resolve_he_costs,
     save_calibration,
 )
 from hyfl.data import default_lambda, is_party_spec, load_party_data, train_validation
@@ -77,9 +83,12 @@ class RunSpec:
     ``key_bits`` choose HyFDCA's homomorphic encryption: ``none`` simulates it
     (ciphertexts and operations counted, nothing encrypted), a real cipher
     runs HyFDCA's parties with real encryption. Other algorithms never
-    encrypt. ``latency`` (seconds per round trip) and ``he_costs`` (``paper``,
-    ``measured`` or a JSON file, see :func:`hyfl.costs.load_he_costs`) make
-    the cost model of the simulated time.
+    encrypt. ``latency`` (seconds per round trip), ``he_costs`` (``auto``: the
+    running cipher's own costs, zero for ``none``; ``paper``, ``measured``, a
+    cipher name or a JSON file, see :func:`hyfl.costs.resolve_he_costs`) and
+    ``he_layout`` (which ciphertexts are counted: ``cipher``, ``sample`` or a
+    cipher name, see :func:`hyfl.costs.counting_layout`) make the cost model
+    of the simulated time.
 
     The budget: ``iterations`` outer iterations, or, with ``sim_time``
     (simulated seconds), until the cumulative simulated time reaches it, at
@@ -108,9 +117,10 @@ class RunSpec:
     cipher: str = "none"
     key_bits: int | None = None
     latency: float = 0.0
-    he_costs: str = "paper"
+    he_costs: str = DEFAULT_HE_COSTS
     sim_time: float | None = None
     parties: Any = None
+    he_layout: str = DEFAULT_HE_LAYOUT
 
     def validated(self) -> RunSpec:
         check_choice("algorithm", self.algorithm, algorithm_names())
@@ -140,7 +150,9 @@ class RunSpec:
         if self.key_bits is not None:
             check_keybits(self.key_bits)
         _check_latency(self.latency)
-        self.cost_model()  # resolves he_costs now, before any data is loaded
+        # checked now, before any data is loaded (measured with the cipher in prepare())
+        check_he_costs(self.he_costs, self.cipher)
+        check_he_layout(self.he_layout, self.cipher)
         return self
 
     def uses_party_files(self) -> bool:
@@ -153,16 +165,24 @@ class RunSpec:
             return PARTY_PARTITION
         return self.partition if self.partition is not None else DEFAULT_PARTITION
 
-    def cost_model(self) -> CostModel:
-        """Latency and per-operation HE costs (reads the calibration file if asked to)."""
-        if not isinstance(self.he_costs, str) or not self.he_costs.strip():
-            raise fail(
-                "--he-costs",
-                f"is {self.he_costs!r}",
-                "Pass paper, measured (after `hyfl calibrate`) or a JSON file.",
-            )
-        he = load_he_costs(self.he_costs, self.cipher)
-        return CostModel(latency=float(self.latency), he=he).validated()
+    def cost_model(self, cipher=None) -> CostModel:
+        """Latency, per-operation HE costs and counted layout for a run with ``cipher``.
+
+        ``cipher`` is the built cipher of the run (default: built here from
+        ``cipher`` and ``key_bits``); ``he_costs = "auto"`` prices it with its
+        own costs (:func:`hyfl.costs.resolve_he_costs`).
+        """
+        check_he_costs(self.he_costs, self.cipher)
+        check_he_layout(self.he_layout, self.cipher)
+        if cipher is None:
+            cipher = make_cipher(self.cipher, key_bits=self.key_bits)
+        he = resolve_he_costs(self.he_costs, cipher, key_bits=self.key_bits)
+        return CostModel(
+            latency=float(self.latency),
+            he=he,
+            layout=self.he_layout,
+            layout_slots=layout_slots(self.he_layout, key_bits=self.key_bits),
+        ).validated()
 
     def budget(self) -> dict[str, float | int]:
         """``{"iterations": T}`` or ``{"sim_time": S, "max_iterations": T}``."""
@@ -245,7 +265,6 @@ class Setup:
 def prepare(spec: RunSpec) -> Setup:
     """Load data and build problem, optimum, partition, participation, cipher and cost model."""
     spec.validated()
-    cost_model = spec.cost_model()
     if spec.uses_party_files():
         source = spec.parties if spec.parties is not None else spec.data
         train, val, partition = load_party_data(
@@ -270,6 +289,7 @@ def prepare(spec: RunSpec) -> Setup:
     participation = parse_participation(spec.participation, partition.n_clients)
     validation = Validation(val.X, val.y) if val is not None else None
     cipher = make_cipher(spec.cipher, key_bits=spec.key_bits)
+    cost_model = spec.cost_model(cipher)
     return Setup(train, problem, optimum, partition, participation, validation, cipher, cost_model)
 
 
@@ -390,7 +410,13 @@ def cost_summary(result: RunResult) -> dict[str, Any]:
     per_iteration = {
         key: float(final.get(key, np.nan)) / iterations for key in (*TIME_COMPONENTS, "sim_time")
     }
-    out = {"totals": totals, "per_iteration": per_iteration}
+    costs = result.config.get("costs") or {}
+    out = {
+        "totals": totals,
+        "per_iteration": per_iteration,
+        "he_costs": he_label(costs),
+        "he_costs_source": (costs.get("he_costs") or {}).get("source"),
+    }
     if "he_seconds_measured" in final:  # the protocol engine's real cryptography time
         out["he_seconds_measured"] = float(final["he_seconds_measured"])
     return out
@@ -444,7 +470,7 @@ def compare(
     encrypted = any(o.summary["engine"] == "protocol" for o in outcomes)
     title = _title(spec, encrypted)
     plot_runs(runs, out / "compare.png", title=title)
-    plot_cost_breakdown(runs, out / "costs.png", title=_cost_title(spec, title))
+    plot_cost_breakdown(runs, out / "costs.png", title=_cost_title(outcomes, spec, title))
     return outcomes
 
 
@@ -528,11 +554,14 @@ def _title(spec: RunSpec, encrypted: bool = False) -> str:
     return f"{title}, HyFDCA encrypted with {spec.cipher}" if encrypted else title
 
 
-def _cost_title(spec: RunSpec, title: str) -> str:
-    source = {"paper": "paper's HE costs", "measured": "measured HE costs"}.get(
-        spec.he_costs, f"HE costs from {Path(spec.he_costs).name}"
-    )
-    return f"{title}\nlatency {float(spec.latency):g} s per round trip, {source}"
+def _cost_title(outcomes: list[RunOutcome], spec: RunSpec, title: str) -> str:
+    """Cost plot title: the latency and what priced the HE operations (one line per source)."""
+    labels = []
+    for o in outcomes:
+        label = he_label(o.result.config.get("costs"), spec.he_costs)
+        if label not in labels:
+            labels.append(label)
+    return f"{title}\nlatency {float(spec.latency):g} s per round trip, {'; '.join(labels)}"
 
 
 # ---------------------------------------------------------------------------
@@ -782,7 +811,8 @@ def write_experiment_summary(config, outcomes: list[RunOutcome], out: Path) -> l
         if len(seeds) > 1:
             title += f", seed {seeds[0]}"
         plot_runs(runs, out / "compare.png", title=title)
-        plot_cost_breakdown(runs, out / "costs.png", title=_cost_title(first[0].spec, title))
+        plot_cost_breakdown(runs, out / "costs.png",
+                            title=_cost_title(first, first[0].spec, title))
     return rows
 
 

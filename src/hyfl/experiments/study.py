@@ -6,7 +6,9 @@ available (others are listed with the file to provide) in parallel worker
 processes, each into ``OUT/<same relative path>/`` (the layout of ``hyfl run
 CONFIG``), and resumes: finished runs are read back, interrupted ones continue
 from their checkpoints. ``scale`` multiplies every budget (outer iterations,
-simulated time and its iteration cap) for a quick variant.
+simulated time and its iteration cap) for a quick variant; ``full`` runs each
+config's ``full_budget`` (the paper's own budgets in ``configs/paper``)
+instead of its ``budget``.
 
 :func:`summarize_study` then writes ``OUT/study.md`` (figures in
 ``OUT/study_files/``): the centralized optimum P* per data set, a grid of the
@@ -86,6 +88,22 @@ def scaled(config, factor: float):
     return replace(config, experiment=experiment)
 
 
+def full_budget(config):
+    """``config`` with its ``full_budget`` as the budget (unchanged when it has none).
+
+    Evaluation every ``eval_every`` rounds grows in proportion (equal-iteration
+    budgets), so a full run keeps about as many evaluated points.
+    """
+    e = config.experiment
+    full = e.full_budget
+    if full is None:
+        return config
+    eval_every = e.eval_every
+    if full.iterations is not None and e.budget.iterations is not None:
+        eval_every = max(1, int(round(e.eval_every * full.iterations / e.budget.iterations)))
+    return replace(config, experiment=replace(e, budget=full, eval_every=eval_every))
+
+
 def missing_data(config) -> list[str]:
     """Files a config's registered data set lacks (empty when it can run)."""
     from hyfl.data import check_files, dataset_names
@@ -124,7 +142,8 @@ def plan_study(root: str | Path, out: str | Path) -> list[StudyRun]:
     return plan
 
 
-def _run_one(config_path: str, out_dir: str, factor: float) -> tuple[str, float, str | None]:
+def _run_one(config_path: str, out_dir: str, factor: float,
+             full: bool = False) -> tuple[str, float, str | None]:
     """Worker: run one config (resuming) on one thread; returns (path, seconds, error)."""
     from threadpoolctl import threadpool_limits
 
@@ -134,7 +153,8 @@ def _run_one(config_path: str, out_dir: str, factor: float) -> tuple[str, float,
     started = time.perf_counter()
     try:
         with threadpool_limits(1):  # one core per worker: the workers are the parallelism
-            config = scaled(load_config(config_path), factor)
+            config = load_config(config_path)
+            config = scaled(full_budget(config) if full else config, factor)
             run_experiment(config, out_dir, resume=True)
     except HyflError as err:
         return config_path, time.perf_counter() - started, str(err)
@@ -146,6 +166,7 @@ def run_study(
     out: str | Path,
     *,
     scale: float = 1.0,
+    full: bool = False,
     jobs: int | None = None,
     log: Callable[[str], None] | None = None,
     progress: bool = False,
@@ -160,6 +181,9 @@ def run_study(
         Results folder; each config's results go to its relative path there.
     scale : float in (0, 1], default 1
         Budget factor (:func:`scaled`); 1 runs the configs as written.
+    full : bool, default False
+        Run each config's ``full_budget`` (:func:`full_budget`; the paper's
+        budgets for ``configs/paper``), then apply ``scale``.
     jobs : int, optional
         Worker processes; default the number of CPUs.
     log : callable, optional
@@ -199,7 +223,7 @@ def run_study(
     errors = []
     with _bar(progress, len(runnable)) as advance, ProcessPoolExecutor(jobs) as pool:
         futures = [
-            pool.submit(_run_one, str(run.config_path), str(run.out_dir), float(scale))
+            pool.submit(_run_one, str(run.config_path), str(run.out_dir), float(scale), full)
             for run in runnable
         ]
         for future in as_completed(futures):
@@ -357,6 +381,17 @@ def summarize_study(out: str | Path, focus: str = "hyfdca") -> Path:
         title = f"{group.dataset}, {BUDGET_NAMES[group.budget]}"
         slug = f"{group.dataset}-{'time' if group.budget == 'sim_time' else 'iterations'}"
         lines += [f"## {title}", ""]
+        priced = sorted({str(info.get("he_costs")) for info in group.infos.values()
+                         if info.get("he_costs")})
+        latency = sorted({float(info["latency"]) for info in group.infos.values()
+                          if info.get("latency") is not None})
+        if priced or latency:
+            lines += [
+                "Simulated time: "
+                + (f"{', '.join(f'{x:g}' for x in latency)} s per round trip; " if latency else "")
+                + (f"HE operations priced by: {'; '.join(priced)}." if priced else ""),
+                "",
+            ]
         grid = {
             (info["clients"], info["fraction"]): group.settings[name]
             for name, info in group.infos.items()

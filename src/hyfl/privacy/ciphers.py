@@ -1,6 +1,6 @@
 """Additively homomorphic ciphers behind one small interface.
 
-Three ciphers, chosen by name through :func:`make_cipher` (registry
+Four ciphers, chosen by name through :func:`make_cipher` (registry
 :data:`CIPHERS`):
 
 ``none``
@@ -16,6 +16,9 @@ Three ciphers, chosen by name through :func:`make_cipher` (registry
     Paillier with the same key, several fixed-point values packed into one
     plaintext (see :class:`PackedPaillierCipher`), so one encryption,
     decryption or addition handles ``slots`` values at once.
+``ckks``
+    The CKKS lattice scheme (:mod:`hyfl.privacy.lattice`): 4096 values per
+    ciphertext, decrypted values rounded to the same fixed-point grid.
 
 All ciphers take ``chunks`` of shape ``(n, slots)`` and produce a 1-D object
 array of ``n`` ciphertexts; :class:`OpCounts` counts ciphertexts (one
@@ -434,17 +437,17 @@ def check_keybits(key_bits: int) -> int:
     return bits
 
 
-def _check_tags(a: np.ndarray, tag: int, cipher: str, what: str, nsq,
-                max_addends: int | None) -> None:
-    """Refuse ciphertexts of another cipher, and metadata that cannot be genuine.
+def check_ciphertexts(a: np.ndarray, kind: type, tag: int, cipher: str, what: str,
+                      max_addends: int | None) -> None:
+    """Refuse ciphertexts of another cipher or key, and addend counts that cannot be genuine.
 
     The addend count travels with a ciphertext (the packed cipher subtracts that many
-    offsets on decryption), so a tampered count would silently shift every slot: it
-    must be an integer in ``0..max_addends`` (``None``: no upper bound). The ciphertext
-    itself must lie in ``[1, n^2)``.
+    offsets on decryption, the lattice cipher bounds its noise with it), so a tampered
+    count must not pass: it must be an integer in ``0..max_addends`` (``None``: no
+    upper bound).
     """
     for i, x in enumerate(a):
-        if type(x) is not PaillierCiphertext or x.tag != tag:
+        if type(x) is not kind or x.tag != tag:
             raise fail(
                 what,
                 f"hold {x!r}, which was not made by this {cipher!r} cipher or its public view",
@@ -459,6 +462,13 @@ def _check_tags(a: np.ndarray, tag: int, cipher: str, what: str, nsq,
                 "The ciphertext's metadata was altered or corrupted in transit: discard the "
                 "message and have the sender send it again.",
             )
+
+
+def _check_tags(a: np.ndarray, tag: int, cipher: str, what: str, nsq,
+                max_addends: int | None) -> None:
+    """:func:`check_ciphertexts` for Paillier, and each ciphertext in ``[1, n^2)``."""
+    check_ciphertexts(a, PaillierCiphertext, tag, cipher, what, max_addends)
+    for i, x in enumerate(a):
         if not 0 < x.c < nsq:
             raise fail(
                 f"{what}[{i}]",
@@ -773,6 +783,10 @@ def _make_packed(
     return PackedPaillierCipher(key, fp, guard_bits)
 
 
+# The lattice cipher builds on this module's interface (hyfl.privacy's __init__ imports
+# this module first, so the cycle always resolves in this order).
+from hyfl.privacy.lattice import make_ckks  # noqa: E402
+
 CIPHERS: dict[str, tuple[Callable[..., Cipher], str]] = {
     "none": (_make_none, "no encryption: exact floats, operations still counted"),
     "paillier": (
@@ -782,6 +796,10 @@ CIPHERS: dict[str, tuple[Callable[..., Cipher], str]] = {
     "packed": (
         _make_packed,
         "Paillier with many fixed-point values packed per ciphertext (same key, faster)",
+    ),
+    "ckks": (
+        make_ckks,
+        "CKKS lattice cipher (SEAL via TenSEAL), 4096 values per ciphertext, 128-bit security",
     ),
 }
 

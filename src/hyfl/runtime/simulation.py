@@ -52,7 +52,6 @@ from hyfl.costs import COST_COLUMNS, TIME_COMPONENTS, CostMeter, CostModel
 from hyfl.errors import HyflError, check_int, check_positive, fail
 from hyfl.partition import Partition, StackedBlocks, stack
 from hyfl.privacy.ciphers import make_cipher
-from hyfl.privacy.layout import SlotLayout
 from hyfl.problem import Optimum, Problem
 
 METRIC_COLUMNS = (
@@ -229,8 +228,9 @@ def simulate(
         paper's Paillier figures).
     cipher : hyfl.privacy.ciphers.Cipher, optional
         The cipher whose ciphertexts are counted (its slots per ciphertext and
-        wire size). Default ``none``: one value per ciphertext, as the paper
-        counted. This engine never encrypts; see
+        wire size; ``cost_model.layout`` may count another layout, see
+        :func:`hyfl.costs.counting_layout`). Default ``none``: one value per
+        ciphertext. This engine never encrypts; see
         :func:`hyfl.runtime.protocol.run_protocol` for real encryption.
     stop_sim_time : float, optional
         Simulated-time budget in seconds: stop after the round in which the
@@ -460,7 +460,7 @@ class _Metering:
         run.seconds += seconds
         run.trips += stats.get("round_trips", 0.0)
         if traffic and self.meter.layout is None:
-            self.meter.layout = SlotLayout.build(self.blocks, self.cipher.slots, self.n_outputs)
+            self.meter.build_layout(self.blocks, self.cipher, self.n_outputs)
         run.sim_time_before = run.totals["sim_time"]
         for key, value in self.meter.round_costs(stats, traffic, seconds).items():
             run.totals[key] += value
