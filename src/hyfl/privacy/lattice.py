@@ -342,7 +342,7 @@ def make_ckks(*, key_bits: int | None = None, precision_bits: int | None = None,
               context: bytes | None = None) -> CKKSCipher:
     """A CKKS cipher with a fresh key (or the serialized ``context`` of a key file).
 
-    ``key_bits`` is accepted for symmetry with the Paillier ciphers and must be left
+    ``key_bits`` is accepted for symmetry with the Paillier ciphers and ignored
     out (the ring and moduli are fixed at 128-bit security); ``precision_bits``
     (default 32) is the fixed-point grid decrypted values are rounded to, ``bound``
     the largest magnitude of an encrypted value, ``scale_bits`` the CKKS scale.
