@@ -324,7 +324,7 @@ def test_flower_error_replies_stop_the_run_or_mark_absence(keys):
     from flwr.app import Error
     from flwr.common.constant import ErrorCode
 
-    from hyfl.deploy.app import FlowerTransport, _pack
+    from hyfl.deploy.app import FlowerTransport, pack
 
     def reply(error=None, content=None):  # what Grid.pull_messages returns, reduced
         return SimpleNamespace(has_error=lambda: error is not None, error=error,
@@ -337,7 +337,7 @@ def test_flower_error_replies_stop_the_run_or_mark_absence(keys):
         transport._read(raised, 2, "round")
     gone = reply(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="no heartbeat"))
     assert transport._read(gone, 2, "round") is None
-    ok = reply(content=_pack(*encode({"inner_products": None, "x": np.ones(3)})))
+    ok = reply(content=pack(*encode({"inner_products": None, "x": np.ones(3)})))
     assert transport._read(ok, 2, "round")["x"].tolist() == [1.0, 1.0, 1.0]
     assert transport.received_bytes > 0
 

@@ -398,12 +398,19 @@ def test_coordinator_hand_written_garbled_replies(deployment):
         raises_hyfl(run, needle)
 
 
+def _bundled(buffer, layout, spec='{"t":"dict","v":{}}'):
+    from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+
+    return RecordDict({"arrays": ArrayRecord({"bundle": Array(buffer)}),
+                       "tree": ConfigRecord({"spec": spec, "layout": layout})})
+
+
 def test_flower_replies_that_are_not_hyfl_messages():
     from types import SimpleNamespace
 
     from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-    from hyfl.deploy.app import FlowerTransport, _pack
+    from hyfl.deploy.app import FlowerTransport, pack
 
     transport = FlowerTransport(grid=None, cipher=server_cipher("none", None))
 
@@ -414,8 +421,17 @@ def test_flower_replies_that_are_not_hyfl_messages():
         (RecordDict({}), "message from party 2 is not a hyfl message"),
         (RecordDict({"arrays": ArrayRecord({})}), "is not a hyfl message"),
         (RecordDict({"arrays": ArrayRecord({}), "tree": ConfigRecord({"spec": "{"})}),
+         "is not a hyfl message"),
+        (_bundled(np.zeros(0, np.uint8), "[]", spec="{"),
          "message from party 2 has no readable description"),
-        (_pack(*encode({"x": 1})), None),
+        # The array bundle: sizes that do not add up, dtypes that are not numbers.
+        (_bundled(np.zeros(8, np.uint8), '[["0", "<f8", [100]]]'), "garbled array bundle"),
+        (_bundled(np.zeros(16, np.uint8), '[["0", "<f8", [1]]]'), "8 bytes left over"),
+        (_bundled(np.zeros(8, np.uint8), '[["0", "|O", [1]]]'), "garbled array bundle"),
+        (_bundled(np.zeros(8, np.uint8), '[["0", "<f8", [-1]]]'), "garbled array bundle"),
+        (_bundled(np.zeros(8, np.uint8), '{"0": 1}'), "garbled array bundle"),
+        (_bundled(np.zeros(8, np.uint8), "[["), "garbled array bundle"),
+        (pack(*encode({"x": 1})), None),
     ]
     for content, needle in cases:
         if needle is None:

@@ -37,12 +37,12 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
-from hyfl.deploy.codec import decode, encode, encoded_bytes
+from hyfl.deploy.codec import bundle, decode, encode, encoded_bytes, unbundle
 from hyfl.deploy.party import KINDS, QUERY_KINDS, handle_message
 from hyfl.errors import fail
 
-__all__ = ["AUDIT_DIR_VARIABLE", "FlowerTransport", "client_app", "read_received", "run_server",
-           "server_app"]
+__all__ = ["AUDIT_DIR_VARIABLE", "FlowerTransport", "client_app", "load_state", "pack",
+           "read_received", "run_server", "save_state", "server_app", "unpack"]
 
 # A party's app raised (a configuration error or a bug): stop the run and say so.
 # Every other error reply (node unavailable, app crashed, message lost) means
@@ -56,20 +56,28 @@ _STATE_ARRAYS, _STATE_TREE = "hyfl.arrays", "hyfl.tree"
 AUDIT_DIR_VARIABLE = "HYFL_AUDIT_DIR"
 
 
-def _pack(arrays: dict, spec: str) -> RecordDict:
-    return RecordDict({"arrays": ArrayRecord({name: Array(a) for name, a in arrays.items()}),
-                       "tree": ConfigRecord({"spec": spec})})
+def pack(arrays: dict, spec: str) -> RecordDict:
+    """An encoded tree as a message's content: one byte bundle and two JSON strings.
+
+    One array, not one per value: Flower pulls every array of a message with
+    a request of its own (see :func:`~hyfl.deploy.codec.bundle`).
+    """
+    buffer, layout = bundle(arrays)
+    return RecordDict({"arrays": ArrayRecord({"bundle": Array(buffer)}),
+                       "tree": ConfigRecord({"spec": spec, "layout": layout})})
 
 
-def _unpack(content: RecordDict, sender: str) -> tuple[dict, str]:
+def unpack(content: RecordDict, sender: str) -> tuple[dict, str]:
     """The ``(arrays, spec)`` of a message's content; a clear error if it is not hyfl's."""
     try:
-        arrays = {name: array.numpy() for name, array in content["arrays"].items()}
-        return arrays, str(content["tree"]["spec"])
+        tree = content["tree"]
+        buffer = content["arrays"]["bundle"].numpy()
+        spec, layout = str(tree["spec"]), str(tree["layout"])
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise fail(f"message from {sender}", f"is not a hyfl message ({type(err).__name__}: "
                    f"{err})", "Run the server and every party with the same hyfl version.") \
             from None
+    return unbundle(buffer, layout, sender=sender), spec
 
 
 # ----------------------------------------------------------------------------- client
@@ -87,25 +95,35 @@ def _process_start() -> float:
         return float("nan")
 
 
+def load_state(context: Context) -> tuple[dict, str] | None:
+    """The party's encoded state Flower kept in ``context.state`` (None before the first)."""
+    if _STATE_TREE not in context.state:
+        return None
+    return unpack(RecordDict({"arrays": context.state[_STATE_ARRAYS],
+                              "tree": context.state[_STATE_TREE]}), "the party's saved state")
+
+
+def save_state(context: Context, state: tuple[dict, str]) -> None:
+    """Keep the party's encoded state in ``context.state`` (the SuperNode holds it per run)."""
+    content = pack(*state)
+    context.state[_STATE_ARRAYS] = content["arrays"]
+    context.state[_STATE_TREE] = content["tree"]
+
+
 def _handler(kind: str):
     def handle(msg: Message, context: Context) -> Message:
         started = time.time()
-        state = None
-        if _STATE_TREE in context.state:
-            state = ({name: a.numpy() for name, a in context.state[_STATE_ARRAYS].items()},
-                     str(context.state[_STATE_TREE]["spec"]))
         process = _process_start()
         # Where a message's time goes on the party's side: waiting for the SuperNode to
         # pull it and SuperExec to start a process, then starting Python, Flower and hyfl.
-        timing = {"until_process": process - msg.metadata.created_at,
+        timing = {"until_handler": started - msg.metadata.created_at,
+                  "until_process": process - msg.metadata.created_at,
                   "process_start": started - process}
-        reply, new_state = handle_message(kind, _unpack(msg.content, "the server"), state,
-                                          context.node_config, context.run_config, timing)
-        # Only a successful handler replaces the state (an exception leaves it as it was).
-        context.state[_STATE_ARRAYS] = ArrayRecord(
-            {name: Array(a) for name, a in new_state[0].items()})
-        context.state[_STATE_TREE] = ConfigRecord({"spec": new_state[1]})
-        return Message(_pack(*reply), reply_to=msg)
+        reply, new_state = handle_message(kind, unpack(msg.content, "the server"),
+                                          load_state(context), context.node_config,
+                                          context.run_config, timing)
+        save_state(context, new_state)  # only after success: an exception keeps the old one
+        return Message(pack(*reply), reply_to=msg)
 
     handle.__name__ = f"hyfl_{kind}"
     return handle
@@ -146,7 +164,7 @@ class FlowerTransport:
         arrays, spec = encode(payload)
         self.sent_bytes += encoded_bytes(arrays, spec)
         category = "query" if kind in QUERY_KINDS else "train"
-        return Message(_pack(arrays, spec), dst_node_id=node, message_type=f"{category}.{kind}",
+        return Message(pack(arrays, spec), dst_node_id=node, message_type=f"{category}.{kind}",
                        ttl=self.ttl)
 
     def _push(self, messages: list[Message]) -> list[str]:
@@ -164,7 +182,7 @@ class FlowerTransport:
                            "Fix the party's configuration (see its SuperNode log) and start "
                            "the run again.")
             return None
-        arrays, spec = _unpack(reply.content, f"party {party}")
+        arrays, spec = unpack(reply.content, f"party {party}")
         self.received_bytes += encoded_bytes(arrays, spec)
         if self.audit_dir:
             self._record(party, kind, arrays, spec)
@@ -219,11 +237,15 @@ class FlowerTransport:
     def exchange(self, messages: dict[int, tuple[str, dict]], timeout: float
                  ) -> tuple[dict[int, dict], set[int]]:
         parties = sorted(messages)
+        from hyfl.deploy.supernode import Backoff
+
         ids = self._push([self._message(self.nodes[k], *messages[k]) for k in parties])
+        pushed = time.monotonic()
         pending = dict(zip(ids, parties))
         replies: dict[int, dict] = {}
         missing: set[int] = set()
-        deadline = time.monotonic() + timeout
+        deadline = pushed + timeout
+        wait = Backoff(self.poll_seconds)
         while pending:
             for reply in self.grid.pull_messages(list(pending)):
                 k = pending.pop(reply.metadata.reply_to_message_id, None)
@@ -232,11 +254,17 @@ class FlowerTransport:
                 payload = self._read(reply, k, messages[k][0])
                 if payload is None:
                     missing.add(k)
-                else:
-                    replies[k] = payload
+                    continue
+                # Where the time of a message goes: its round trip, and of that what
+                # the party did not spend on HyFDCA (transport, polls, codec).
+                round_trip = time.monotonic() - pushed
+                timing = payload.setdefault("timing", {})
+                timing["round_trip"] = round_trip
+                timing["overhead"] = round_trip - float(payload.get("seconds", 0.0))
+                replies[k] = payload
             if not pending or time.monotonic() > deadline:
                 break
-            time.sleep(self.poll_seconds)
+            time.sleep(wait.next())
         missing.update(pending.values())
         return replies, missing
 
@@ -280,6 +308,9 @@ def run_server(grid: Grid, run_config: dict) -> dict:
     except Exception as err:
         write_failure(run_config.get("out", ""), err)
         raise
+    from hyfl.deploy.supernode import quick_object_pulls
+
+    quick_object_pulls("flwr.superlink.grid.http_grid")  # replies are read without a 1 s wait
     transport = FlowerTransport(grid, cipher, poll=config.poll,
                                 ttl=2 * config.reply_timeout + 60.0)
     return Coordinator(config, transport, cipher).run()

@@ -181,6 +181,28 @@ def _group_members(pgid: int) -> list[int]:
     return members
 
 
+def _descendants(root: int) -> dict[int, tuple[int, str]]:
+    """Live descendants of ``root``: pid -> (parent pid, command line), from /proc."""
+    table: dict[int, tuple[int, str]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            table[int(entry)] = (int(fields[1]), cmdline)
+    found, frontier = {}, {root}
+    while frontier:
+        frontier = {pid for pid, (parent, _) in table.items() if parent in frontier}
+        found.update({pid: table[pid] for pid in frontier})
+    return found
+
+
 REAPER = Path(__file__).with_name("_reaper.py")
 
 
@@ -267,10 +289,14 @@ class LocalDeployment:
         Progress lines (default: none).
     superexec_poll : float, default 0.1
         SuperExec's task poll in seconds (Flower's default is 1).
-    node_poll : float or None, default 0.2
+    node_poll : float or None, default 0.1
         Start the SuperNodes through :mod:`hyfl.deploy.supernode` with this
         idle poll in seconds (Flower's is 3 s); None starts plain
-        ``flower-supernode``.
+        ``flower-supernode`` (Flower's own ClientApp process per message).
+    worker : bool, default True
+        With ``node_poll`` set: each party's messages are handled by its
+        long-lived worker (:mod:`hyfl.deploy.worker`), not by a new ClientApp
+        process per message.
 
     Use it as a context manager (``with LocalDeployment(...) as local:``):
     leaving the block stops every process, also on errors and Ctrl-C.
@@ -278,12 +304,13 @@ class LocalDeployment:
 
     def __init__(self, node_configs: Sequence[Mapping[str, Any]], workdir: str | os.PathLike,
                  *, log: Callable[[str], None] | None = None, superexec_poll: float = 0.1,
-                 node_poll: float | None = 0.2):
+                 node_poll: float | None = 0.1, worker: bool = True):
         self.node_configs = [dict(c) for c in node_configs]
         self.workdir = Path(workdir)
         self.log = log or (lambda line: None)
         self.superexec_poll = superexec_poll
         self.node_poll = node_poll
+        self.worker = worker and node_poll is not None
         self.superlink: subprocess.Popen | None = None
         self.supernodes: dict[int, subprocess.Popen] = {}
         self.runs: list[subprocess.Popen] = []
@@ -320,12 +347,22 @@ class LocalDeployment:
             supernode = [flower_command("flower-supernode", self.env)]
         else:
             self.env["HYFL_SUPERNODE_POLL"] = str(self.node_poll)
-            supernode = [sys.executable, "-m", "hyfl.deploy.supernode"]
+            supernode = [sys.executable, "-m", "hyfl.deploy.supernode",
+                         *(["--hyfl-worker"] if self.worker else [])]
         self.supernodes[party] = self._spawn(f"party-{party}", [
             *supernode, "--insecure", "--superlink", self.address, "--port",
             str(_free_port()), "--node-config", str(node_file),
         ])
-        self.log(f"SuperNode of party {party} started")
+        self.log(f"SuperNode of party {party} started"
+                 + (" with its worker" if self.worker else ""))
+
+    def worker_pid(self, party: int) -> int | None:
+        """The process id of a party's worker (None if it has none right now)."""
+        supernode = self.supernodes[party]
+        for pid, (_, cmdline) in _descendants(supernode.pid).items():
+            if "hyfl.deploy.worker" in cmdline:
+                return pid
+        return None
 
     def kill_party(self, party: int, sig: int = signal.SIGKILL) -> None:
         """Kill a party's SuperNode and its children (a machine that dies)."""
@@ -671,7 +708,8 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
               key_bits: int = 2048, keys_dir: str | os.PathLike | None = None,
               insecure_test_keys: bool = False, overwrite: bool = False,
               reply_timeout: float = 120.0, compare: bool = False,
-              node_poll: float | None = 0.2, timeout: float | None = None,
+              node_poll: float | None = 0.1, worker: bool = True,
+              timeout: float | None = None,
               log: Callable[[str], None] | None = None) -> list[str]:
     """``hyfl deploy local``: keys, SuperLink and SuperNodes on loopback, one job, results.
 
@@ -750,7 +788,8 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
             f"{'accepted' if record['accepted'] else 'rejected'}, "
             f"{record['round_seconds']:.1f} s")
 
-    with LocalDeployment(nodes, out / "flower", log=log, node_poll=node_poll) as deployment:
+    with LocalDeployment(nodes, out / "flower", log=log, node_poll=node_poll,
+                         worker=worker) as deployment:
         log(f"{K} parties on loopback; running {iterations} rounds (cipher {cipher})")
         results = deployment.run(run_config, timeout=timeout, on_progress=progress)
     with np.load(out / "weights.npz") as f:

@@ -54,7 +54,7 @@ from hyfl.deploy.codec import check_fields, decode, encode
 from hyfl.deploy.config import DeployConfig, NodeSettings, structure_blocks
 from hyfl.errors import HyflError, fail
 
-__all__ = ["KINDS", "QUERY_KINDS", "handle_message", "own_cipher"]
+__all__ = ["KINDS", "QUERY_KINDS", "Party", "handle_message", "open_party", "own_cipher"]
 
 #: Message kinds a party handles (Flower message types ``train.<kind>`` or ``query.<kind>``).
 KINDS = ("hello", "setup", "round", "weights", "steps", "duals", "verdict", "commit", "ping",
@@ -89,7 +89,12 @@ def handle_message(kind: str, message: tuple[dict, str], state: tuple[dict, str]
                    node_config: Mapping[str, Any], run_config: Mapping[str, Any],
                    timing: Mapping[str, float] | None = None
                    ) -> tuple[tuple[dict, str], tuple[dict, str]]:
-    """Handle one message as the party ``node_config`` describes.
+    """Handle one message as the party ``node_config`` describes (nothing kept in memory).
+
+    What Flower's own per-message ClientApp runs: the party is rebuilt from
+    ``state``, handles the message, and its new state is returned to be saved.
+    The long-lived worker (:mod:`hyfl.deploy.worker`) keeps the
+    :class:`Party` of :func:`open_party` instead.
 
     Parameters
     ----------
@@ -110,31 +115,30 @@ def handle_message(kind: str, message: tuple[dict, str], state: tuple[dict, str]
         Both encoded. The reply carries ``ops``: the homomorphic operations
         this message cost the party (``delivery_ops`` for the deliveries).
     """
-    if kind not in KINDS:
-        raise fail(f"message kind {kind!r}", "is not known", f"Known kinds: {', '.join(KINDS)}.")
+    party = open_party(node_config, run_config, state)
+    reply = party.receive(kind, message, timing)
+    return reply, party.saved_state()
+
+
+def open_party(node_config: Mapping[str, Any], run_config: Mapping[str, Any],
+               state: tuple[dict, str] | None = None) -> Party:
+    """The party ``node_config`` describes, for the job ``run_config``, at ``state``.
+
+    Both configs are validated and the job is checked against the party's
+    policy before its key is read (the job cannot choose the cipher).
+    ``state`` is what :meth:`Party.saved_state` returned (``None`` for a
+    party that has not seen ``hello``); a state saved without its block has
+    the block loaded again from the party's data (and checked to be the same).
+    """
     config = DeployConfig.from_run_config(run_config)
     node = NodeSettings.from_node_config(node_config, config.parties)
     node.check_job(config)  # before the key is even read: the job cannot choose the cipher
     cipher = own_cipher(node, config)
-    payload = decode(*message, cipher, sender="the server")
     tree = decode(*state, cipher, sender="the party's own saved state") if state else {}
-    party = _Party(config, node, cipher, tree)
-    try:
-        reply = party.handle(kind, payload)
-    except HyflError:
-        raise
-    except Exception as err:  # noqa: BLE001 (what the server sent is untrusted input)
-        if kind == "hello":  # it reads only the checked fingerprint: a failure is the party's
-            raise
-        # The fields were checked, but their values may still not fit together (an index
-        # beyond the party's samples, counts that do not add up): name message and cause.
-        raise fail(f"party {node.party}", f"could not handle the server's {kind!r} message "
-                   f"({type(err).__name__}: {err})",
-                   "The message is malformed (garbled, forged, or from another hyfl "
-                   "version); restart the run with matching versions.") from err
-    if timing is not None:
-        reply["timing"] = dict(timing)
-    return encode(reply), encode(party.state)
+    party = Party(config, node, cipher, tree)
+    if "block_ids" in tree:
+        party.reload_block()
+    return party
 
 
 def own_cipher(node: NodeSettings, config: DeployConfig):
@@ -155,11 +159,68 @@ def own_cipher(node: NodeSettings, config: DeployConfig):
     return cipher
 
 
-class _Party:
-    """The party while it handles one message (built and dropped per message)."""
+class Party:
+    """A party between messages: its settings, cipher, state and live ``Client``.
+
+    Built by :func:`open_party`. Flower's per-message ClientApp builds one per
+    message (:func:`handle_message`); the long-lived worker keeps one per run,
+    so the ``Client`` and the cipher stay in memory between messages.
+    """
 
     def __init__(self, config: DeployConfig, node: NodeSettings, cipher, state: dict):
         self.config, self.node, self.cipher, self.state = config, node, cipher, dict(state)
+        self._live = None  # the Client, built from the state at first use
+
+    def receive(self, kind: str, message: tuple[dict, str],
+                timing: Mapping[str, float] | None = None) -> tuple[dict, str]:
+        """Decode one message, handle it, return the encoded reply.
+
+        Everything the server sent is untrusted: a failure while handling it is
+        a :class:`~hyfl.errors.HyflError` naming the message and the cause.
+        After an error the party's state is undefined: drop this object.
+        """
+        if kind not in KINDS:
+            raise fail(f"message kind {kind!r}", "is not known",
+                       f"Known kinds: {', '.join(KINDS)}.")
+        payload = decode(*message, self.cipher, sender="the server")
+        try:
+            reply = self.handle(kind, payload)
+        except HyflError:
+            raise
+        except Exception as err:  # noqa: BLE001 (what the server sent is untrusted input)
+            if kind == "hello":  # it reads only the checked fingerprint: a failure is ours
+                raise
+            # The fields were checked, but their values may still not fit together (an
+            # index beyond the party's samples, counts that do not add up).
+            raise fail(f"party {self.node.party}", f"could not handle the server's {kind!r} "
+                       f"message ({type(err).__name__}: {err})",
+                       "The message is malformed (garbled, forged, or from another hyfl "
+                       "version); restart the run with matching versions.") from err
+        if timing is not None:
+            reply["timing"] = dict(timing)
+        return encode(reply)
+
+    def saved_state(self, with_block: bool = True) -> tuple[dict, str]:
+        """The encoded state; ``with_block=False`` leaves the data out (only their ids),
+        for a party that can load its block again (:meth:`reload_block`)."""
+        if self._live is not None and "client" in self.state:
+            self.state["client"] = self._live.get_state()
+        if with_block or "block" not in self.state:
+            return encode(self.state)
+        tree = {key: value for key, value in self.state.items() if key != "block"}
+        block = self.state["block"]
+        tree["block_ids"] = {"samples": block["samples"], "features": block["features"]}
+        return encode(tree)
+
+    def reload_block(self) -> None:
+        """Load the block again from the party's data after a state saved without it."""
+        ids = self.state.pop("block_ids")
+        self.state["block"] = self._load_block()[0]
+        block = self.state["block"]
+        if not (np.array_equal(ids["samples"], block["samples"])
+                and np.array_equal(ids["features"], block["features"])):
+            raise fail(f"party {self.node.party}", "found other data than before its restart",
+                       "Keep the party's data unchanged during a run, or start a new run.")
 
     def handle(self, kind: str, payload: dict) -> dict:
         check_fields(payload, MESSAGE_FIELDS[kind], self._from_server(kind))
@@ -191,25 +252,29 @@ class _Party:
     # -- hello and set-up --------------------------------------------------------
     def hello(self, payload: dict) -> dict:
         """Check the server's key; load the block; report ids, sizes, cipher and key."""
-        from hyfl.deploy.blocks import load_block
         from hyfl.deploy.keys import cipher_fingerprint
 
         own = cipher_fingerprint(self.cipher)
         self.node.check_key(own, payload.get("fingerprint"))
-        block = load_block(self.node.party, self.node.data, self.config)
-        X = block.X.tocsr()
-        self.state = {
-            "party": self.node.party,
-            "block": {"samples": block.samples, "features": block.features, "data": X.data,
-                      "indices": X.indices, "indptr": X.indptr, "shape": list(X.shape),
-                      "Y": block.Y},
-        }
+        tree, block = self._load_block()
+        self.state = {"party": self.node.party, "block": tree}
+        self._live = None
         return {"party": self.node.party, "n_samples": block.n_samples,
                 "n_features": block.n_features, "n_outputs": int(block.Y.shape[1]),
                 "samples": block.samples, "features": block.features,
                 "lam_default": block.lam_default, "fingerprint": own,
                 "cipher": self.node.cipher, "key_bits": int(self.cipher.key_bits),
                 "slots": int(self.cipher.slots), "name": block.name}
+
+    def _load_block(self):
+        """The party's block from its data, as a state tree and as loaded."""
+        from hyfl.deploy.blocks import load_block
+
+        block = load_block(self.node.party, self.node.data, self.config)
+        X = block.X.tocsr()
+        return {"samples": block.samples, "features": block.features, "data": X.data,
+                "indices": X.indices, "indptr": X.indptr, "shape": list(X.shape),
+                "Y": block.Y}, block
 
     def setup(self, payload: dict) -> dict:
         """Learn who holds what (the public layout); send the encrypted row norms."""
@@ -227,6 +292,8 @@ class _Party:
         public = public_info(self.config.algorithm, blocks, payload["n_outputs"], payload["lam"],
                              self.cipher.slots)
         self.state["public"] = _public_to_tree(public)
+        self.state.pop("client", None)
+        self._live = None
         client = self._client()
         self.state["client"] = client.get_state()
         self.state["open"], self.state["snapshot"] = 0, None
@@ -316,9 +383,13 @@ class _Party:
             self.state["open"], self.state["snapshot"] = 0, None
 
     def _client(self):
+        """The live ``Client``: built from the state once, then kept (its state is the
+        party's until :meth:`saved_state` copies it out)."""
         from hyfl.algorithms.hyfdca_parties import Client
         from hyfl.losses import get_loss
 
+        if self._live is not None:
+            return self._live
         block = self.state["block"]
         X = sp.csr_matrix((block["data"], block["indices"], block["indptr"]),
                           shape=tuple(block["shape"]))
@@ -327,6 +398,7 @@ class _Party:
                         block["Y"], get_loss(self.config.loss), self.cipher)
         if "client" in self.state:
             client.set_state(self.state["client"])
+        self._live = client
         return client
 
 

@@ -1,17 +1,26 @@
-"""``flower-supernode`` with a shorter idle poll (optional; Flower 1.41.0 only).
+"""``flower-supernode`` for a hyfl party: a long-lived worker, shorter polls (Flower 1.41.0).
 
-A SuperNode with nothing to do asks the SuperLink for new messages every 3 s,
-and waits for its ClientApp's reply in steps of 0.5 s; both intervals are
-hard-coded in ``flwr.supernode.start_client_internal`` (1.41.0). Each HyFDCA
-message therefore waits 1.5 s on average before a party even starts on it.
-Run as ``python -m hyfl.deploy.supernode [flower-supernode options]``, this
-module caps those sleeps at ``$HYFL_SUPERNODE_POLL`` seconds (default 0.2)
-and then starts the ordinary SuperNode. The cost is more idle requests to the
-SuperLink (five a second per party at 0.2 s).
+``python -m hyfl.deploy.supernode [--hyfl-worker] [flower-supernode options]``
+starts the ordinary SuperNode with these changes:
 
-It replaces the ``time`` module seen by that one Flower module, so it is tied
-to the pinned Flower version: with any other version, or if the module no
-longer sleeps through ``time.sleep``, it starts the unmodified SuperNode.
+* ``--hyfl-worker``: the SuperNode runs in ``--isolation process`` and this
+  process starts (and, when it dies, restarts) the party's long-lived worker,
+  :mod:`hyfl.deploy.worker`, against the SuperNode's Runtime API
+  (``--host``/``--port``), instead of Flower starting a ClientApp process per
+  message. The SuperNode then also gives up on a task whose worker stopped
+  sending heartbeats after :data:`TASK_PATIENCE` seconds instead of 60 (the
+  message gets Flower's "ClientApp crashed" reply, which the server counts as
+  an absence), so a restarted worker is back within seconds.
+* A SuperNode with nothing to do asks the SuperLink for new messages every
+  3 s, and waits for its ClientApp's reply in steps of 0.5 s; both intervals
+  are hard-coded in ``flwr.supernode.start_client_internal`` (1.41.0). Each
+  HyFDCA message therefore waits 1.5 s on average before a party even starts
+  on it. This module caps those sleeps at ``$HYFL_SUPERNODE_POLL`` seconds
+  (default 0.2). The cost is more idle requests to the SuperLink.
+
+The patches replace names seen by single Flower modules, so they are tied to
+the pinned Flower version: with any other version the SuperNode starts
+unmodified (a worker needs the patched version and is then not started).
 
 On Linux it also starts the SuperNode's SuperExec (the one process the
 SuperNode starts, from its main thread; it starts the ClientApp processes)
@@ -20,7 +29,7 @@ killing the SuperNode, even with SIGKILL, ends its SuperExec at once
 instead of leaving it re-parented to init. The ClientApp processes it had
 started then stop through Flower's own ``--parent-pid`` monitor; under
 :mod:`hyfl.deploy._reaper` (``hyfl deploy local``, ``hyfl deploy party``)
-the reaper kills them as well.
+the reaper kills them as well. The worker gets the same parent-death signal.
 """
 
 from __future__ import annotations
@@ -29,32 +38,74 @@ import os
 import signal
 import subprocess as _subprocess
 import sys
+import threading
 import time as _time
 
 PATCHED_VERSION = "1.41.0"
+#: Seconds without a heartbeat after which the SuperNode gives up on a worker's task.
+TASK_PATIENCE = 10.0
+#: Seconds between two looks for the worker's reply (Flower: 0.5).
+REPLY_POLL = 0.002
+#: Seconds between two starts of a worker that keeps dying.
+RESTART_DELAY = 1.0
+
+
+class Backoff:
+    """Poll waits that start short after activity and grow to ``cap`` while idle.
+
+    HyFDCA's messages come in bursts (a round's exchanges follow each other
+    within milliseconds to a second), so a poller that just saw a message
+    looks again at once, and one that has seen nothing for a while rests.
+    """
+
+    def __init__(self, cap: float, start: float = 0.001, factor: float = 1.5):
+        self.cap, self.start, self.factor = cap, min(start, cap), factor
+        self.wait = self.start
+
+    def reset(self) -> None:
+        """Activity: the next waits are short again."""
+        self.wait = self.start
+
+    def next(self) -> float:
+        """Seconds to wait now (each call waits longer, up to ``cap``)."""
+        wait = self.wait
+        self.wait = min(self.wait * self.factor, self.cap)
+        return wait
 
 
 class _CappedTime:
-    """The ``time`` module with ``sleep`` capped at ``limit`` seconds."""
+    """The ``time`` module with ``sleep`` capped: the idle poll (3 s in Flower) backs off
+    from a millisecond to ``limit`` seconds, the shorter waits (for the ClientApp's
+    reply, 0.5 s in Flower) are capped at ``reply_limit``."""
 
-    def __init__(self, limit: float):
-        self.limit = limit
+    def __init__(self, limit: float, reply_limit: float | None = None):
+        self.idle = Backoff(limit)
+        self.reply_limit = limit if reply_limit is None else reply_limit
 
     def __getattr__(self, name):
         return getattr(_time, name)
 
     def sleep(self, seconds: float) -> None:
-        _time.sleep(min(seconds, self.limit))
+        _time.sleep(self.idle.next() if seconds >= 1.0 else min(seconds, self.reply_limit))
 
 
-def patch(limit: float) -> bool:
+def patch(limit: float, reply_limit: float | None = None) -> bool:
     """Cap the SuperNode's poll sleeps; False (and no change) if Flower is not 1.41.0."""
     import flwr
     import flwr.supernode.start_client_internal as internal
 
     if flwr.__version__ != PATCHED_VERSION or getattr(internal, "time", None) is not _time:
         return False
-    internal.time = _CappedTime(limit)
+    capped = _CappedTime(limit, reply_limit)
+    pull = internal._pull_and_store_message
+
+    def pull_and_reset(*args, **kwargs):  # a message came: poll quickly for the next one
+        run_id = pull(*args, **kwargs)
+        if run_id is not None:
+            capped.idle.reset()
+        return run_id
+
+    internal.time, internal._pull_and_store_message = capped, pull_and_reset
     return True
 
 
@@ -87,15 +138,115 @@ def die_with_supernode() -> bool:
     return True
 
 
+def shorten_task_patience(seconds: float = TASK_PATIENCE) -> bool:
+    """Expire a silent task after ``seconds`` (Flower: 60); False (no change) if not 1.41.0."""
+    import flwr
+    import flwr.supercore.corestate.in_memory_corestate as corestate
+
+    if flwr.__version__ != PATCHED_VERSION or not hasattr(corestate, "HEARTBEAT_PATIENCE"):
+        return False
+    corestate.HEARTBEAT_DEFAULT_INTERVAL = seconds / corestate.HEARTBEAT_PATIENCE
+    return True
+
+
+#: Backoff of a pull of a message's objects that are not there yet (Flower: 1 s, doubling
+#: to 10 s). Both ends store a message before its objects, so the first pull often
+#: comes too early: each message waited about a second for nothing.
+OBJECT_PULL_BACKOFF = (0.002, 0.05)
+
+
+def quick_object_pulls(module_name: str) -> bool:
+    """Retry early object pulls in ``module_name`` after milliseconds, not seconds.
+
+    ``module_name`` is one of the Flower 1.41.0 modules that pull a message's
+    objects: ``flwr.supernode.start_client_internal`` (SuperNode from
+    SuperLink), ``flwr.superlink.grid.http_grid`` (ServerApp from SuperLink),
+    ``flwr.supernode.runtime.run_clientapp`` (ClientApp from SuperNode).
+    False (and no change) with another Flower version.
+    """
+    import functools
+    import importlib
+
+    import flwr
+    from flwr.supercore.inflatable import inflatable_utils
+
+    if flwr.__version__ != PATCHED_VERSION:
+        return False
+    module = importlib.import_module(module_name)
+    initial, cap = OBJECT_PULL_BACKOFF
+    for name in ("pull_objects", "pull_and_inflate_object_from_tree"):
+        original = getattr(inflatable_utils, name)
+        if getattr(module, name, None) is original:
+            setattr(module, name, functools.partial(original, initial_backoff=initial,
+                                                    backoff_cap=cap))
+    return True
+
+
+def _option(argv: list[str], name: str, default: str) -> str:
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return default
+
+
+def supervise_worker(runtime_api_address: str, stop: threading.Event) -> threading.Thread:
+    """Keep one :mod:`hyfl.deploy.worker` running until ``stop``; restart it when it dies.
+
+    The worker gets ``SIGKILL`` as its parent-death signal (Linux), so it never
+    outlives this process.
+    """
+    from hyfl.deploy._reaper import LINUX, PR_SET_PDEATHSIG, prctl
+
+    command = [sys.executable, "-m", "hyfl.deploy.worker", "--runtime-api-address",
+               runtime_api_address]
+    if os.environ.get("HYFL_WORKER_POLL"):
+        command += ["--poll", os.environ["HYFL_WORKER_POLL"]]
+
+    def run() -> None:
+        while not stop.is_set():
+            worker = _subprocess.Popen(  # noqa: S603 (our own interpreter and module)
+                command, preexec_fn=(lambda: prctl(PR_SET_PDEATHSIG, signal.SIGKILL))
+                if LINUX else None)
+            code = worker.wait()
+            if not stop.is_set():
+                print(f"hyfl: the party worker (pid {worker.pid}) exited with code {code}; "
+                      "starting it again", file=sys.stderr, flush=True)
+                stop.wait(RESTART_DELAY)
+
+    # The thread that starts the worker must live as long as the worker should: the
+    # parent-death signal follows the starting *thread*.
+    thread = threading.Thread(target=run, name="hyfl-worker-supervisor", daemon=True)
+    thread.start()
+    return thread
+
+
 def main() -> None:
+    argv = sys.argv[1:]
+    worker = "--hyfl-worker" in argv
+    argv = [arg for arg in argv if arg != "--hyfl-worker"]
     limit = float(os.environ.get("HYFL_SUPERNODE_POLL", "0.2"))
     die_with_supernode()
-    if not patch(limit):
+    # A worker replies within milliseconds: look for its reply as often.
+    patched = patch(limit, REPLY_POLL if worker else None) and quick_object_pulls(
+        "flwr.supernode.start_client_internal")
+    if not patched:
         print(f"hyfl: Flower is not {PATCHED_VERSION}; starting the SuperNode unmodified",
               file=sys.stderr)
+    if worker:
+        if not patched or not shorten_task_patience():
+            sys.exit(f"hyfl: the party worker needs Flower {PATCHED_VERSION}; install "
+                     f"flwr=={PATCHED_VERSION} or start the party without the worker")
+        if "--isolation" not in argv:
+            argv = ["--isolation", "process", *argv]
+        host = _option(argv, "--host", "127.0.0.1")
+        address = f"{'127.0.0.1' if host in ('0.0.0.0', '') else host}:" \
+                  f"{_option(argv, '--port', '9094')}"
+        supervise_worker(address, threading.Event())
     from flwr.supernode.cli.flower_supernode import flower_supernode
 
-    sys.argv[0] = "flower-supernode"
+    sys.argv = ["flower-supernode", *argv]
     flower_supernode()
 
 

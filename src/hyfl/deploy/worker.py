@@ -1,0 +1,315 @@
+"""A party's long-lived worker: Flower carries the messages, the party stays in memory.
+
+Flower 1.41 starts a fresh ``flwr-clientapp`` process for every message
+(Python, Flower, ``import hyfl``, the party's state decoded and its ``Client``
+rebuilt: 2-7 s a message on loopback, against milliseconds of HyFDCA work).
+The worker replaces that process, not Flower's transport:
+
+* the party's SuperNode runs with ``--isolation process``, so it starts no
+  SuperExec and no ClientApp processes of its own; it pulls messages from
+  the SuperLink and pushes replies as always;
+* the worker is the one process that takes the SuperNode's ClientApp tasks
+  from its Runtime API (``AcquireTask``, what ``flower-superexec`` polls), and
+  runs each one in memory, through the same Runtime API calls as
+  ``flwr-clientapp`` (pull the task's message and context, push the reply
+  and the context, task heartbeats while it works);
+* hyfl's own ClientApp (:data:`hyfl.deploy.app.client_app`, also when a Flower
+  App re-exports it) is served by :class:`Sessions`: one
+  :class:`~hyfl.deploy.party.Party` per run, kept between messages with its
+  cipher and ``Client``; any other ClientApp is loaded from its app bundle and
+  called as ``flwr-clientapp`` would, in this process.
+
+After every message the party's state -- without its data block, which the
+party can load again -- is saved in Flower's ``context.state``, which the
+SuperNode keeps per run. A worker that dies (a crash, SIGKILL) is started
+again by ``hyfl deploy party`` (and :class:`~hyfl.deploy.local.LocalDeployment`);
+the message it was working on gets no reply, so the server counts the party
+absent for that round, and its next message finds the state of the last
+message that was answered: the party rejoins as a returning party.
+
+Run as ``python -m hyfl.deploy.worker --runtime-api-address HOST:PORT``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = ["Sessions", "serve"]
+
+#: Runs a worker keeps in memory; older runs are dropped (their state stays with Flower).
+MAX_RUNS = 4
+#: Longest wait between two task polls while the SuperNode has nothing for the worker
+#: (the waits start at a millisecond after each message and grow to this).
+DEFAULT_POLL = 0.1
+#: Seconds between two heartbeats of a task (well inside the SuperNode's patience,
+#: :data:`hyfl.deploy.supernode.TASK_PATIENCE`).
+HEARTBEAT_SECONDS = 2.0
+
+
+class Sessions:
+    """The parties a worker serves: one :class:`~hyfl.deploy.party.Party` per run.
+
+    A party is opened at its run's first message -- from the state Flower
+    kept, if any (a restarted worker) -- and kept until ``finish``, an error,
+    or :data:`MAX_RUNS` newer runs. Transport-free: the worker and the tests'
+    in-process transport use it alike.
+    """
+
+    def __init__(self) -> None:
+        self.parties: OrderedDict[Any, tuple[Any, tuple]] = OrderedDict()
+        self.opened = 0  # parties built from a state (or none): starts and restarts
+
+    def handle(self, run: Any, kind: str, message: tuple[dict, str],
+               state: tuple[dict, str] | None, node_config: Mapping[str, Any],
+               run_config: Mapping[str, Any], timing: Mapping[str, float] | None = None
+               ) -> tuple[tuple[dict, str], tuple[dict, str]]:
+        """Like :func:`~hyfl.deploy.party.handle_message`, with the party kept in memory.
+
+        Returns the encoded reply and the state to save (without the data block).
+        """
+        from hyfl.deploy.party import open_party
+
+        configs = (dict(node_config), dict(run_config))
+        kept = self.parties.pop(run, None)
+        if kept is not None and kept[1] == configs:
+            party = kept[0]
+        else:  # a new run, a restarted worker, or configs that changed: validate anew
+            party = open_party(node_config, run_config, state)
+            self.opened += 1
+        # An error leaves the party undefined: it is not kept (the next message starts
+        # from the state saved after the last good one).
+        reply = party.receive(kind, message, timing)
+        saved = party.saved_state(with_block=False)
+        if kind != "finish":
+            self.parties[run] = (party, configs)
+            while len(self.parties) > MAX_RUNS:
+                self.parties.popitem(last=False)
+        return reply, saved
+
+
+# ----------------------------------------------------------------------------- Flower
+
+
+class _TaskToken:
+    """Runtime API interceptor adding the current task's token (one client for all tasks)."""
+
+    def __init__(self) -> None:
+        self.token = ""
+
+    def intercept(self, context, call_next):
+        from flwr.supercore.constant import TASK_TOKEN_HEADER
+        from flwr.supercore.interceptors.http.utils import add_headers
+
+        add_headers(context.request, {TASK_TOKEN_HEADER: self.token})
+        return call_next(context)
+
+
+class _Heartbeat:
+    """Task heartbeats while a message is handled (Flower expires silent tasks).
+
+    Unlike Flower's own sender it never signals the process: a task the
+    SuperNode gave up on simply gets no reply, and the worker goes on.
+    """
+
+    def __init__(self, client, interval: float):
+        self.client, self.interval = client, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        from flwr.proto.runtime_pb2 import SendTaskHeartbeatRequest  # noqa: PLC0415
+
+        while not self._stop.wait(self.interval):
+            try:
+                self.client.SendTaskHeartbeat(SendTaskHeartbeatRequest())
+            except Exception:  # noqa: BLE001 (a missed heartbeat is retried next time)
+                pass
+
+
+class Worker:
+    """Takes the SuperNode's ClientApp tasks and runs them in this process.
+
+    Parameters
+    ----------
+    runtime_api_address : str
+        The SuperNode's Runtime API (``flower-supernode --host/--port``).
+    poll : float, default :data:`DEFAULT_POLL`
+        Longest wait between two polls while there is no task (see
+        :class:`~hyfl.deploy.supernode.Backoff`).
+    root_certificates : bytes, optional
+        CA certificate when the Runtime API serves TLS; insecure otherwise.
+    log : callable, optional
+        Receives one line per event (start, restore, errors).
+    """
+
+    def __init__(self, runtime_api_address: str, *, poll: float = DEFAULT_POLL,
+                 root_certificates: bytes | None = None,
+                 log: Callable[[str], None] | None = None):
+        self.address, self.poll = runtime_api_address, poll
+        self.root_certificates = root_certificates
+        self.log = log or (lambda line: None)
+        self.sessions = Sessions()
+        self.apps: dict[str, Any] = {}  # FAB hash -> its ClientApp
+        self.handled = 0
+
+    def _client(self, component: str, *extra):
+        from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
+        from flwr.supercore.retry import make_simple_http_retry_invoker
+        from flwr.supercore.runtime import RuntimeHttpClient
+
+        return RuntimeHttpClient.from_server_address(
+            server_address=self.address, insecure=self.root_certificates is None,
+            root_certificates=self.root_certificates,
+            interceptors=[RuntimeVersionHttpInterceptor(component_name=component), *extra],
+            retry_invoker=make_simple_http_retry_invoker())
+
+    def serve(self, stop: threading.Event | None = None) -> None:
+        """Poll for tasks and run them, until ``stop`` is set (or forever)."""
+        from flwr.proto.runtime_pb2 import AcquireTaskRequest
+        from flwr.supercore.constant import TaskType
+
+        from hyfl.deploy.supernode import Backoff, quick_object_pulls
+
+        quick_object_pulls("flwr.supernode.runtime.run_clientapp")
+        stop = stop or threading.Event()
+        acquire = self._client("SuperExec")
+        self.token = _TaskToken()
+        self.task_client = self._client("flwr-clientapp", self.token)
+        request = AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP])
+        self.log(f"hyfl party worker on the SuperNode's Runtime API {self.address}")
+        idle = Backoff(self.poll)
+        try:
+            while not stop.is_set():
+                response = acquire.AcquireTask(request)
+                if response.HasField("task") and response.token:
+                    self.run_task(response.token)
+                    idle.reset()
+                else:
+                    stop.wait(idle.next())
+        finally:
+            acquire.close()
+            self.task_client.close()
+
+    def run_task(self, token: str) -> None:
+        """One message: pull it, handle it in memory, push the reply and the context."""
+        from flwr.app import Message
+        from flwr.app.error import Error
+        from flwr.common.constant import ErrorCode, SubStatus
+        from flwr.supernode.runtime.run_clientapp import (
+            pull_task_input,
+            push_message,
+            push_task_output,
+        )
+
+        self.token.token = token
+        client = self.task_client
+        message = context = reply = None
+        status, details = SubStatus.FAILED, "the hyfl party worker failed"
+        with _Heartbeat(client, HEARTBEAT_SECONDS):
+            try:
+                message, context, run, fab = pull_task_input(client)
+                started = time.time()
+                app = self._app(run, fab)
+                reply = (self._hyfl(message, context, started) if app is _hyfl_client_app()
+                         else app(message=message, context=context))
+                status, details = SubStatus.COMPLETED, ""
+            except Exception as err:  # noqa: BLE001 (reported to the server, as Flower does)
+                from flwr.clientapp.client_app import LoadClientAppError
+
+                code = (ErrorCode.LOAD_CLIENT_APP_EXCEPTION
+                        if isinstance(err, LoadClientAppError)
+                        else ErrorCode.CLIENT_APP_RAISED_EXCEPTION)
+                details = f"{type(err)}:<'{err}'>"
+                self.log(f"message failed: {type(err).__name__}: {err}")
+                if message is not None:
+                    reply = Message(Error(code=code, reason=details), reply_to=message)
+            if reply is not None and context is not None:
+                push_message(client, reply, context)
+            push_task_output(client=client, context=context, sub_status=status,
+                             details=details)
+        self.handled += 1
+
+    def _app(self, run, fab):
+        """The run's ClientApp, installed from its app bundle once per bundle."""
+        app = self.apps.get(fab.hash_str)
+        if app is None:
+            from flwr.cli.install import install_from_fab
+            from flwr.clientapp.utils import get_load_client_app_fn
+
+            install_from_fab(fab.content, skip_prompt=True)
+            app = get_load_client_app_fn("", None, multi_app=True)(
+                run.fab_id, run.fab_version, fab.hash_str)
+            self.apps[fab.hash_str] = app
+        return app
+
+    def _hyfl(self, message, context, started: float):
+        """hyfl's ClientApp, with the party kept in :attr:`sessions`."""
+        from flwr.app import Message
+
+        from hyfl.deploy.app import load_state, pack, save_state, unpack
+
+        kind = message.metadata.message_type.partition(".")[2]
+        timing = {"until_handler": started - message.metadata.created_at,
+                  "process_start": 0.0}
+        before = self.sessions.opened
+        reply, state = self.sessions.handle(
+            context.run_id, kind, unpack(message.content, "the server"), load_state(context),
+            context.node_config, context.run_config, timing)
+        if self.sessions.opened != before and kind != "hello":
+            self.log(f"run {context.run_id}: party restored from its saved state at {kind!r}")
+        save_state(context, state)
+        return Message(pack(*reply), reply_to=message)
+
+
+def _hyfl_client_app():
+    from hyfl.deploy.app import client_app
+
+    return client_app
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m hyfl.deploy.worker",
+        description="hyfl's long-lived party worker for a SuperNode in process isolation.")
+    parser.add_argument("--runtime-api-address", required=True,
+                        help="the SuperNode's Runtime API, HOST:PORT")
+    parser.add_argument("--poll", type=float, default=DEFAULT_POLL,
+                        help=f"seconds between task polls when idle (default {DEFAULT_POLL})")
+    parser.add_argument("--root-certificates", default=None,
+                        help="CA certificate of a Runtime API served with TLS")
+    args = parser.parse_args(argv)
+    certificates = None
+    if args.root_certificates:
+        with open(args.root_certificates, "rb") as f:
+            certificates = f.read()
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+
+    def log(line: str) -> None:
+        print(f"hyfl worker: {line}", file=sys.stderr, flush=True)
+
+    Worker(args.runtime_api_address, poll=args.poll, root_certificates=certificates,
+           log=log).serve()
+
+
+def serve(runtime_api_address: str, **options) -> None:
+    """Run a :class:`Worker` against ``runtime_api_address`` until the process ends."""
+    Worker(runtime_api_address, **options).serve()
+
+
+if __name__ == "__main__":
+    main()
