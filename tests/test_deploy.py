@@ -36,6 +36,7 @@ from hyfl.deploy.coordinator import Coordinator
 from hyfl.deploy.keys import generate_keys, load_key, party_cipher, server_cipher
 from hyfl.deploy.local import assemble
 from hyfl.deploy.party import handle_message
+from hyfl.deploy.worker import Sessions
 from hyfl.errors import HyflError
 from hyfl.partition import (
     Trace,
@@ -390,11 +391,18 @@ class InProcessTransport:
     the party handles its ``i``-th message but the reply comes too late.
     """
 
-    def __init__(self, nodes, run_config, cipher, dies=None, late=None):
+    def __init__(self, nodes, run_config, cipher, dies=None, late=None, worker=False,
+                 restarts=()):
         self.nodes, self.run_config, self.cipher = nodes, run_config, cipher
         self.states = dict.fromkeys(range(len(nodes)))
         self.count = dict.fromkeys(range(len(nodes)), 0)
         self.dies, self.late = dies or {}, late or {}
+        # worker=True: each party is a long-lived worker's (hyfl.deploy.worker.Sessions):
+        # kept in memory, its state saved without the data block; ``restarts`` = the
+        # message numbers before which every worker restarts (loses its memory).
+        self.workers = ({k: Sessions() for k in range(len(nodes))} if worker else None)
+        self.restarts = set(restarts)
+        self.restored = 0
         self.sent_bytes = self.received_bytes = 0
         self.kinds: list[tuple[int, str]] = []
         self.received: list[tuple[int, str, dict]] = []  # what the coordinator got
@@ -405,8 +413,16 @@ class InProcessTransport:
         if k in self.dies and n >= self.dies[k]:
             return None
         message = encode(payload)
-        reply, self.states[k] = handle_message(kind, message, self.states[k], self.nodes[k],
-                                               self.run_config)
+        if self.workers is None:
+            reply, self.states[k] = handle_message(kind, message, self.states[k],
+                                                   self.nodes[k], self.run_config)
+        else:
+            if n in self.restarts:
+                self.workers[k] = Sessions()
+            reply, self.states[k] = self.workers[k].handle(
+                "run", kind, message, self.states[k], self.nodes[k], self.run_config)
+            if n in self.restarts and kind != "hello":
+                self.restored += 1  # opened from the state saved after message n - 1
         self.kinds.append((k, kind))
         if n in self.late.get(k, ()):
             return None
@@ -435,7 +451,8 @@ class InProcessTransport:
 
 
 def _in_process(tmp_path, problem, partition, keys, *, cipher="none", hyper="",
-                participation="full", iterations=4, seed=3, dies=None, late=None):
+                participation="full", iterations=4, seed=3, dies=None, late=None,
+                worker=False, restarts=()):
     """Deploy in this process; also run ``run_protocol`` on the effective participation."""
     private, public = keys
     files = write_blocks(problem, partition, tmp_path / "blocks", lam_default=problem.lam)
@@ -446,7 +463,7 @@ def _in_process(tmp_path, problem, partition, keys, *, cipher="none", hyper="",
              for k, f in enumerate(files)]
     config = DeployConfig.from_run_config(run)
     server = server_cipher(cipher, public, **config.cipher_options(), **TEST_KEYS)
-    transport = InProcessTransport(nodes, run, server, dies, late)
+    transport = InProcessTransport(nodes, run, server, dies, late, worker, restarts)
     coordinator = Coordinator(config, transport, server, log=lambda line: None)
     results = coordinator.run()
     # The reference: the in-process engine with the same seed and keys, on the
@@ -487,14 +504,23 @@ SETTINGS = {
 }
 
 
+@pytest.mark.parametrize("party", ["per-message", "worker", "restarting worker"])
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_in_process_deployment_reproduces_run_protocol(tmp_path, problem, keys, ckks_keys,
-                                                       setting):
+                                                       setting, party):
+    """Every setting, with parties rebuilt for every message (Flower's ClientApp), kept in
+    memory (the long-lived worker), or kept but restarted from their saved state (without
+    the data block) before messages 2, 3, 5, 8 and 13: the iterates of run_protocol."""
     cipher, hyper, participation, make_partition = SETTINGS[setting]
     partition = make_partition(problem)
     results, weights, protocol, history, clients, transport = _in_process(
         tmp_path, problem, partition, ckks_keys if cipher == "ckks" else keys, cipher=cipher,
-        hyper=hyper, participation=participation)
+        hyper=hyper, participation=participation, worker=party != "per-message",
+        restarts=(2, 3, 5, 8, 13) if party == "restarting worker" else ())
+    if party == "restarting worker":  # restored from saved states, their blocks reloaded
+        assert transport.restored >= 4 * partition.n_clients
+        saved = decode(*transport.states[0], transport.cipher)
+        assert "block" not in saved and set(saved["block_ids"]) == {"samples", "features"}
     assert results["status"] == "completed"
     assert not transport.server.cipher.has_private_key  # the server only ever has the public key
     # Same iterates, bit for bit: same draws, same messages, same fixed-point sums.
@@ -897,6 +923,68 @@ def test_loopback_party_killed_mid_run_is_treated_as_absent(tmp_path, breast_can
     shutil.rmtree(work / "flwr_home", ignore_errors=True)
 
 
+def _round_records(out: Path) -> list[dict]:
+    path = out / "deploy.json"
+    try:
+        return json.loads(path.read_text()).get("rounds", []) if path.exists() else []
+    except ValueError:  # being written
+        return []
+
+
+@pytest.mark.slow
+def test_loopback_worker_that_hangs_and_is_killed_rejoins(tmp_path, breast_cancer_blocks):
+    """A party's long-lived worker hangs (SIGSTOP) mid-run and is then killed (SIGKILL): the
+    party is absent for that round, its SuperNode starts a new worker, which restores the
+    party from the state Flower kept, and the party rejoins; the iterates are run_protocol's
+    with the participation that actually happened."""
+    from hyfl.deploy.local import LocalDeployment, wait_for_results
+
+    problem, partition, files = breast_cancer_blocks
+    private, public = generate_keys(tmp_path / "keys", FLOWER_KEY_BITS, **TEST_KEYS)
+    nodes = [node_for(k, "paillier", private, data=str(f), out=str(tmp_path / "parties"))
+             for k, f in enumerate(files)]
+    work, out = tmp_path / "flower", tmp_path / "out"
+    with LocalDeployment(nodes, work) as local:
+        run = run_config_for(parties=3, iterations=12, public_key=str(public),
+                             insecure_test_keys=True, seed=3, out=str(out), reply_timeout=5.0)
+        process = local.submit(run, name="restart-run")
+        _wait_for(lambda: _round_records(out), 300, "round 1")
+        hung = local.worker_pid(2)
+        assert hung is not None
+        os.kill(hung, signal.SIGSTOP)
+        _wait_for(lambda: any(2 in r["absent"] for r in _round_records(out)), 120,
+                  "party 2 to be absent")
+        os.kill(hung, signal.SIGKILL)
+        restarted = _wait_for(lambda: (local.worker_pid(2) or hung) != hung and
+                              local.worker_pid(2), 60, "a new worker")
+        results = wait_for_results(process, out, work / "logs" / "restart-run.log",
+                                   timeout=600)
+        log = (work / "logs" / "party-2.log").read_text()
+    assert _no_flower_processes_of(work) == []
+    assert results["status"] == "completed" and restarted != hung
+    assert "starting it again" in log and "restored from its saved state" in log
+    rounds = results["rounds"]
+    first_absent = next(r["iteration"] for r in rounds if 2 in r["absent"])
+    assert rounds[first_absent - 1]["attempts"] == 2  # the round it hung in was restarted
+    assert any(2 in r["active"] for r in rounds[first_absent:]), "party 2 never rejoined"
+    assert results["final"]["finished"] == [0, 1, 2]
+    # The iterates and each party's final duals: run_protocol with who actually took part.
+    trace = Trace(np.array([[k in r["active"] for k in range(3)] for r in rounds], dtype=bool))
+    history, duals = [], []
+    hyper = DeployConfig.from_run_config(run).hyper
+    run_protocol(make_algorithm("hyfdca", hyper), problem, partition, trace, len(rounds),
+                 party_cipher("paillier", private, **TEST_KEYS), seed=3,
+                 on_round=lambda s, c: (history.append(s.w.copy()),
+                                        duals.__setitem__(slice(None), [x.alpha for x in c])))
+    with np.load(out / "weights.npz") as f:
+        np.testing.assert_array_equal(f["w"][1:], np.stack(history))
+    for k in range(3):
+        with np.load(tmp_path / "parties" / f"party-{k}.npz") as saved:
+            np.testing.assert_array_equal(saved["alpha"], duals[k])
+    print(f"\nworker restart: absent from round {first_absent}, rounds "
+          f"{[(r['active'], round(r['round_seconds'], 1)) for r in rounds]}")
+
+
 _DRIVER = """
 import sys, time
 from hyfl.deploy.config import run_config_for
@@ -1021,3 +1109,36 @@ def test_reaper_kills_the_whole_tree_when_the_command_or_the_parent_dies(tmp_pat
         parent.kill()
         parent.wait(timeout=10)
     assert reaped(["x"])[-2:] == ["--", "x"]
+
+
+def test_a_restored_worker_refuses_data_that_changed_and_forgets_finished_runs(
+        tmp_path, problem, keys):
+    """The long-lived worker's party store (hyfl.deploy.worker.Sessions): a party restored
+    from its saved state loads its block again and refuses other data; a run ends at
+    'finish'; at most MAX_RUNS runs stay in memory."""
+    from hyfl.deploy import worker as worker_module
+
+    private, public = keys
+    partition = _hybrid3(problem.n_samples, problem.n_features)
+    files = write_blocks(problem, partition, tmp_path / "blocks", lam_default=problem.lam)
+    run = run_config_for(parties=3, cipher="paillier", public_key=str(public),
+                         insecure_test_keys=True)
+    node = node_for(0, "paillier", private, data=str(files[0]))
+    sessions = Sessions()
+    reply, state = sessions.handle(1, "hello", encode(_announcement(keys)), None, node, run)
+    assert decode(*reply)["party"] == 0 and "block" not in decode(*state)
+    sessions.handle(1, "ping", encode({}), state, node, run)  # kept: not opened again
+    assert sessions.opened == 1
+    restarted = Sessions()  # a new worker: the party comes back from the saved state
+    restarted.handle(1, "ping", encode({}), state, node, run)
+    assert restarted.opened == 1
+    # The party's data changed during the run (another split of the same data set).
+    other = write_blocks(problem, grid(problem.n_samples, problem.n_features, 3, 1),
+                         tmp_path / "other", lam_default=problem.lam)
+    shutil.copy(other[0], files[0])
+    with pytest.raises(HyflError, match="party 0 found other data than before its restart"):
+        Sessions().handle(1, "ping", encode({}), state, node, run)
+    # Runs: the oldest is dropped beyond MAX_RUNS (its state stays with Flower).
+    for run_id in range(2, 3 + worker_module.MAX_RUNS):
+        sessions.handle(run_id, "hello", encode(_announcement(keys)), None, node, run)
+    assert list(sessions.parties) == list(range(3, 3 + worker_module.MAX_RUNS))

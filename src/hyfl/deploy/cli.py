@@ -212,10 +212,15 @@ def party(
     root_certificates: RootCerts = None,
     port: Annotated[int, typer.Option(help="Local port of this SuperNode's own API (one per "
                                       "SuperNode on a machine).")] = 9094,
-    poll: Annotated[float | None, typer.Option(help="Idle poll of the SuperNode in seconds "
-                                               "(Flower: 3; patched, Flower 1.41.0 only).")] = None,
+    poll: Annotated[float | None, typer.Option(help="Longest idle poll of the SuperNode in "
+                                               "seconds (Flower: 3; patched, Flower 1.41.0 "
+                                               "only; default 0.1 with the worker).")] = None,
+    worker: Annotated[bool, typer.Option("--worker/--per-message", help="Handle messages in "
+                                         "this party's long-lived worker (default), or in a "
+                                         "new Flower ClientApp process per message.")] = True,
 ):
-    """Start one party: a Flower SuperNode with this party's node config."""
+    """Start one party: a Flower SuperNode with this party's node config, and the party's
+    long-lived worker that handles its messages (restarted if it dies)."""
     from hyfl.deploy.config import NodeSettings
     from hyfl.deploy.keys import KEY_SCHEMES, party_cipher
     from hyfl.deploy.local import flower_command, flower_env
@@ -243,7 +248,10 @@ def party(
             node.append(f"data={_quoted(resolved.resolve() if resolved.exists() else data)}")
         if out is not None:
             node.append(f"out={_quoted(out.resolve())}")
-        if poll is None:
+        if worker:
+            env["HYFL_SUPERNODE_POLL"] = str(0.1 if poll is None else poll)
+            command = [sys.executable, "-m", "hyfl.deploy.supernode", "--hyfl-worker"]
+        elif poll is None:
             command = [flower_command("flower-supernode", env)]
         else:
             env["HYFL_SUPERNODE_POLL"] = str(poll)
@@ -376,8 +384,12 @@ def local(
     compare: Annotated[bool, typer.Option("--compare", help="Also run the in-process protocol "
                                           "engine with the same seed and compare iterates and "
                                           "time per round.")] = False,
-    node_poll: Annotated[float, typer.Option(help="SuperNode idle poll in seconds (0: Flower's "
-                                             "own 3 s).")] = 0.2,
+    node_poll: Annotated[float, typer.Option(help="Longest SuperNode idle poll in seconds "
+                                             "(0: Flower's own 3 s and its ClientApp process "
+                                             "per message).")] = 0.1,
+    worker: Annotated[bool, typer.Option("--worker/--per-message", help="Each party's messages "
+                                         "go to its long-lived worker (default), or to a new "
+                                         "Flower ClientApp process each.")] = True,
     timeout: Annotated[float | None, typer.Option(help="Give up after this many seconds.")] =
     None,
 ):
@@ -398,7 +410,7 @@ def local(
             hyper=_hyper(param), cipher=cipher, key_bits=key_bits, keys_dir=keys_dir,
             insecure_test_keys=insecure_test_keys, overwrite=overwrite,
             reply_timeout=reply_timeout, compare=compare,
-            node_poll=node_poll if node_poll > 0 else None, timeout=timeout,
+            node_poll=node_poll if node_poll > 0 else None, worker=worker, timeout=timeout,
             log=lambda line: console.print(escape(line)),
         )
     except HyflError as err:

@@ -192,7 +192,8 @@ def _option(argv: list[str], name: str, default: str) -> str:
 
 
 def supervise_worker(runtime_api_address: str, stop: threading.Event) -> threading.Thread:
-    """Keep one :mod:`hyfl.deploy.worker` running until ``stop``; restart it when it dies.
+    """Keep one :mod:`hyfl.deploy.worker` running until ``stop``; restart it when it dies
+    (a crash, SIGKILL), not when it is told to stop (SIGTERM, SIGINT: the party stops).
 
     The worker gets ``SIGKILL`` as its parent-death signal (Linux), so it never
     outlives this process.
@@ -210,6 +211,8 @@ def supervise_worker(runtime_api_address: str, stop: threading.Event) -> threadi
                 command, preexec_fn=(lambda: prctl(PR_SET_PDEATHSIG, signal.SIGKILL))
                 if LINUX else None)
             code = worker.wait()
+            if code in (-signal.SIGTERM, -signal.SIGINT):  # an orderly stop (of the party)
+                return
             if not stop.is_set():
                 print(f"hyfl: the party worker (pid {worker.pid}) exited with code {code}; "
                       "starting it again", file=sys.stderr, flush=True)
