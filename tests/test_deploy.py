@@ -985,6 +985,26 @@ def test_loopback_worker_that_hangs_and_is_killed_rejoins(tmp_path, breast_cance
           f"{[(r['active'], round(r['round_seconds'], 1)) for r in rounds]}")
 
 
+@pytest.mark.slow
+def test_loopback_deployment_with_eight_parties(tmp_path):
+    """Scale on one machine: eight parties (SuperNodes with their workers) on loopback give
+    the in-process engine's iterates exactly."""
+    out = tmp_path / "out"
+    result = runner.invoke(app, [
+        "deploy", "local", "--data", "breast_cancer", "--partition", "grid:4x2",
+        "--iterations", "2", "--cipher", "none", "--compare", "--out", str(out),
+        "--timeout", "600",
+    ])
+    results = json.loads((out / "deploy.json").read_text())
+    assert results["status"] == "completed", result.output
+    assert [r["active"] for r in results["rounds"]] == [list(range(8))] * 2
+    comparison = json.loads((out / "comparison.json").read_text())
+    assert comparison["max_abs_weight_difference"] == 0.0 and comparison["bytes_equal"]
+    assert _no_flower_processes_of(out) == []
+    print(f"\neight parties: seconds per round {comparison['deploy_round_seconds']} "
+          f"(run_protocol: {comparison['protocol_round_seconds']})")
+
+
 _DRIVER = """
 import sys, time
 from hyfl.deploy.config import run_config_for
@@ -1013,7 +1033,7 @@ def _wait_for(condition, timeout: float, what: str):
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
 def test_every_process_dies_with_the_deployment_even_on_sigkill(tmp_path,
                                                                  breast_cancer_blocks):
-    """A SuperNode killed on its own takes its SuperExec along; ``LocalDeployment``'s
+    """A SuperNode killed on its own takes its worker along; ``LocalDeployment``'s
     process killed with SIGKILL takes every process it started along (the SuperLink,
     its detached SuperExec and ServerApp, the SuperNodes, ``flwr run``, the reapers)."""
     import subprocess
@@ -1031,17 +1051,19 @@ def test_every_process_dies_with_the_deployment_even_on_sigkill(tmp_path,
         def up():
             found = _processes_of(work)
             lines = [c for _, c in found.values()]
-            ready = (sum("flower-superexec" in c for c in lines) >= 2
+            ready = (any("flower-superexec" in c for c in lines)
+                     and any("-m hyfl.deploy.worker" in c for c in lines)
                      and any("flwr-serverapp" in c for c in lines))
             return found if ready else None
 
-        found = _wait_for(up, 120, "the SuperLink, a SuperNode, both SuperExecs and the "
-                                   "ServerApp")
-        # 1. The SuperNode alone, with SIGKILL: its SuperExec and its reaper follow it.
+        found = _wait_for(up, 120, "the SuperLink with its SuperExec, a SuperNode with its "
+                                   "worker, and the ServerApp")
+        # 1. The SuperNode alone, with SIGKILL: its worker and its reaper follow it.
         node = next(pid for pid, (_, c) in found.items()
                     if "-m hyfl.deploy.supernode" in c and "_reaper.py" not in c)
         helpers = {pid for pid, (parent, _) in found.items() if parent == node}
-        assert helpers, "the SuperNode has no SuperExec"
+        assert any("hyfl.deploy.worker" in found[pid][1] for pid in helpers), \
+            "the SuperNode has no worker"
         reaper = found[node][0]
         assert "_reaper.py" in found[reaper][1]
         os.kill(node, signal.SIGKILL)
