@@ -70,7 +70,8 @@ def run_once(parties: int, mode: str, args, out: Path) -> dict:
     wall = time.perf_counter() - tic
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if not (out / "comparison.json").exists():
-        raise SystemExit(f"K={parties} {mode} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+        raise SystemExit(f"K={parties} {mode} failed:\n{done.stdout[-2000:]}\n"
+                         f"{done.stderr[-2000:]}")
     comparison = json.loads((out / "comparison.json").read_text())
     rounds = json.loads((out / "deploy.json").read_text())["rounds"]
 
