@@ -13,11 +13,11 @@ The worker replaces that process, not Flower's transport:
   runs each one in memory, through the same Runtime API calls as
   ``flwr-clientapp`` (pull the task's message and context, push the reply
   and the context, task heartbeats while it works);
-* hyfl's own ClientApp (:data:`hyfl.deploy.app.client_app`, also when a Flower
-  App re-exports it) is served by :class:`Sessions`: one
+* it serves hyfl's own ClientApp (:data:`hyfl.deploy.app.client_app`, also
+  when a Flower App re-exports it) through :class:`Sessions`: one
   :class:`~hyfl.deploy.party.Party` per run, kept between messages with its
-  cipher and ``Client``; any other ClientApp is loaded from its app bundle and
-  called as ``flwr-clientapp`` would, in this process.
+  cipher and ``Client``. Any other app is refused: the worker holds the
+  party's private key in memory, where another app's code could read it.
 
 After every message the party's state -- without its data block, which the
 party can load again -- is saved in Flower's ``context.state``, which the
@@ -224,9 +224,8 @@ class Worker:
             try:
                 message, context, run, fab = pull_task_input(client)
                 started = time.time()
-                app = self._app(run, fab)
-                reply = (self._hyfl(message, context, started) if app is _hyfl_client_app()
-                         else app(message=message, context=context))
+                self._check_app(run, fab)
+                reply = self._hyfl(message, context, started)
                 status, details = SubStatus.COMPLETED, ""
             except Exception as err:  # noqa: BLE001 (reported to the server, as Flower does)
                 from flwr.clientapp.client_app import LoadClientAppError
@@ -244,18 +243,29 @@ class Worker:
                              details=details)
         self.handled += 1
 
-    def _app(self, run, fab):
-        """The run's ClientApp, installed from its app bundle once per bundle."""
-        app = self.apps.get(fab.hash_str)
-        if app is None:
-            from flwr.cli.install import install_from_fab
-            from flwr.clientapp.utils import get_load_client_app_fn
+    def _check_app(self, run, fab) -> None:
+        """Only hyfl's ClientApp runs here (checked once per app bundle).
 
-            install_from_fab(fab.content, skip_prompt=True)
-            app = get_load_client_app_fn("", None, multi_app=True)(
-                run.fab_id, run.fab_version, fab.hash_str)
-            self.apps[fab.hash_str] = app
-        return app
+        The worker holds the party's private key in memory: code of another app
+        running in this process could read it. Other apps need a SuperNode
+        without the worker.
+        """
+        if fab.hash_str in self.apps:
+            return
+        from flwr.cli.install import install_from_fab
+        from flwr.clientapp.client_app import LoadClientAppError
+        from flwr.clientapp.utils import get_load_client_app_fn
+
+        install_from_fab(fab.content, skip_prompt=True)
+        app = get_load_client_app_fn("", None, multi_app=True)(
+            run.fab_id, run.fab_version, fab.hash_str)
+        if app is not _hyfl_client_app():
+            raise LoadClientAppError(
+                f"app {run.fab_id} {run.fab_version}: this SuperNode runs hyfl's party worker, "
+                "which serves hyfl's ClientApp (hyfl.deploy.app:client_app) only; run other "
+                "apps on a SuperNode without it (hyfl deploy party --per-message, or "
+                "flower-supernode)")
+        self.apps[fab.hash_str] = app
 
     def _hyfl(self, message, context, started: float):
         """hyfl's ClientApp, with the party kept in :attr:`sessions`."""
