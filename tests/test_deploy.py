@@ -36,6 +36,7 @@ from hyfl.deploy.coordinator import Coordinator
 from hyfl.deploy.keys import generate_keys, load_key, party_cipher, server_cipher
 from hyfl.deploy.local import assemble
 from hyfl.deploy.party import handle_message
+from hyfl.deploy.report import NO_PROGRESS_EXIT
 from hyfl.errors import HyflError
 from hyfl.partition import (
     Trace,
@@ -809,7 +810,10 @@ def test_loopback_deployment_with_the_lattice_cipher(tmp_path, breast_cancer_blo
         "ckks", "--out", str(out),
         "--compare", "--timeout", "900",
     ])
-    assert result.exit_code == 0, result.output
+    # Two rounds of the safe rule here: the first accepted, the objective up from 3.65 to
+    # 10.2 (as in process): the run says so and exits 3, its results written all the same.
+    assert result.exit_code == NO_PROGRESS_EXIT, result.output
+    assert "no progress: the objective did not fall" in _text(result)
     results = json.loads((out / "deploy.json").read_text())
     assert results["status"] == "completed" and results["cipher"]["name"] == "ckks"
     comparison = json.loads((out / "comparison.json").read_text())
