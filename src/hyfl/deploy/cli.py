@@ -324,7 +324,12 @@ def run(
             insecure_test_keys=insecure_test_keys,
         )
         job = DeployConfig.from_run_config(config)  # fail here rather than on the SuperLink
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise fail(f"--out {out}", f"cannot be created ({err.strerror})",
+                       "Pass a folder on this machine (the coordinator's) that you can write "
+                       "to.") from None
         work = Path(tempfile.mkdtemp(prefix="hyfl-deploy-run-"))
         env = flower_env(work / "flwr_home")
         write_connection(work / "flwr_home", superlink,
@@ -349,7 +354,10 @@ def run(
             finally:
                 if process.poll() is None:  # Ctrl-C or an error here: stop following
                     process.terminate()
-                    process.wait(timeout=30)
+                    try:
+                        process.wait(timeout=30)
+                    except subprocess.TimeoutExpired:
+                        process.kill()
     except HyflError as err:
         console.print(f"[bold red]error:[/] {escape(str(err))}")
         raise typer.Exit(code=1) from None
