@@ -13,6 +13,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from hyfl._format import format_bytes as _bytes
+from hyfl._format import format_seconds as _seconds
 from hyfl.algorithms.hyfdca import STEP_RULES
 from hyfl.costs import DEFAULT_HE_COSTS, DEFAULT_HE_LAYOUT, HE_COST_SOURCES, HE_LAYOUTS
 from hyfl.errors import HyflError, fail
@@ -804,26 +806,6 @@ def _print_costs(outcome) -> None:
         table.add_row(key, "", f"{int(totals[key]):,}", "")
     table.add_row("round trips", "", f"{totals['round_trips']:.1f}", "")
     console.print(table)
-
-
-def _seconds(value: float | None) -> str:
-    if value is None or value != value:
-        return "-"
-    if value >= 1000:
-        return f"{value:,.0f} s"
-    if value >= 1 or value == 0:
-        return f"{value:.3g} s"
-    if value >= 1e-3:
-        return f"{1e3 * value:.3g} ms"
-    return f"{1e6 * value:.3g} µs"
-
-
-def _bytes(value: float) -> str:
-    for unit in ("B", "kB", "MB", "GB"):
-        if abs(value) < 1000 or unit == "GB":
-            return f"{value:.3g} {unit}" if unit != "B" else f"{int(value)} B"
-        value /= 1000
-    return f"{value:.4g} GB"  # pragma: no cover
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -14,6 +14,8 @@ The same client and server halves as the in-process protocol engine
 * :mod:`hyfl.deploy.app` -- the Flower ServerApp and ClientApp (imports ``flwr``);
 * :mod:`hyfl.deploy.local` -- a whole deployment on loopback (SuperLink,
   SuperNodes, ``flwr run``), used by ``hyfl deploy local`` and the tests;
+* :mod:`hyfl.deploy.report` -- what a run shows: a line per round, the
+  summary table, and whether it learned (exit code 3 if not);
 * :mod:`hyfl.deploy._reaper` -- the watchdog each Flower program runs under,
   so that it and what it starts die with the deployment (stdlib only);
 * :mod:`hyfl.deploy.cli` -- the ``hyfl deploy`` commands.

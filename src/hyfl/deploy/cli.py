@@ -37,7 +37,8 @@ Lam = Annotated[float, typer.Option(help="Regularization; 0 = the data's default
 Param = Annotated[
     list[str] | None,
     typer.Option(help="HyFDCA hyperparameter KEY=VALUE (local_steps, iic, step_rule...); "
-                 "repeatable."),
+                 "repeatable. Without it: HyFDCA's defaults, with step_rule=theory (the "
+                 "deployed messages carry the per-sample rules theory, safe and paper)."),
 ]
 Cipher = Annotated[str, typer.Option(help="paillier | packed | ckks | none (none: no encryption, "
                                      "tests).")]
@@ -295,8 +296,16 @@ def run(
     root_certificates: RootCerts = None,
     insecure_test_keys: InsecureKeys = False,
 ):
-    """Submit a HyFDCA job to a running SuperLink and follow it (flwr run --stream)."""
+    """Submit a HyFDCA job to a running SuperLink and follow it round by round.
+
+    Run it on the coordinator's machine: the ServerApp writes OUT/deploy.json there
+    after every round, and this command shows each round from it (flwr run's own
+    output goes to OUT/flwr-run.log). Exit code 0 when the run learned; 3 when it
+    completed without progress (no round accepted: the objective needs the data, which
+    the coordinator does not have); 1 when it failed, 2 on bad input.
+    """
     import subprocess
+    import time
 
     from hyfl.deploy.config import DeployConfig, run_config_for
     from hyfl.deploy.local import (
@@ -304,23 +313,31 @@ def run(
         _toml_value,
         flower_command,
         flower_env,
-        read_results,
+        wait_for_results,
         write_app,
         write_connection,
     )
+    from hyfl.deploy.report import RoundDisplay, judge_progress, summarize
 
     try:
         if not insecure and root_certificates is None:
             raise fail("TLS", "is not configured",
                        "Pass --root-certificates CA.crt, or --insecure on loopback.")
+        out = out.resolve()
         config = run_config_for(
             parties=parties, iterations=iterations, participation=participation, seed=seed,
             loss=loss, lam=lam, hyper=_hyper(param), cipher=cipher, data=data,
-            partition=partition, reply_timeout=reply_timeout, out=str(out.resolve()),
+            partition=partition, reply_timeout=reply_timeout, out=str(out),
             public_key=str(public_key.resolve()) if public_key is not None else "",
             insecure_test_keys=insecure_test_keys,
         )
-        DeployConfig.from_run_config(config)  # fail here rather than on the SuperLink
+        job = DeployConfig.from_run_config(config)  # fail here rather than on the SuperLink
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise fail(f"--out {out}", f"cannot be created ({err.strerror})",
+                       "Pass a folder on this machine (the coordinator's) that you can write "
+                       "to.") from None
         work = Path(tempfile.mkdtemp(prefix="hyfl-deploy-run-"))
         env = flower_env(work / "flwr_home")
         write_connection(work / "flwr_home", superlink,
@@ -332,20 +349,48 @@ def run(
                    "--run-config", str(overrides)]
     except HyflError as err:
         _fail(err)
+    log_file = out / "flwr-run.log"
+    console.print(f"{parties} parties, {iterations} rounds, step rule "
+                  f"{job.algorithm.step_rule}, cipher {cipher}; flwr run's output: {log_file}")
+    submitted = time.time()
     try:
-        code = subprocess.call(command, env=env)
+        with open(log_file, "ab") as log, RoundDisplay(console, iterations) as display:
+            process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                results = wait_for_results(process, out, log_file, on_progress=display.show,
+                                           fresh_after=submitted)
+            finally:
+                if process.poll() is None:  # Ctrl-C or an error here: stop following
+                    process.terminate()
+                    try:
+                        process.wait(timeout=30)
+                    except subprocess.TimeoutExpired:
+                        process.kill()
+    except HyflError as err:
+        console.print(f"[bold red]error:[/] {escape(str(err))}")
+        raise typer.Exit(code=1) from None
+    except KeyboardInterrupt:
+        console.print("[bold red]interrupted[/]: no longer following the run (the SuperLink "
+                      "may still be running it)")
+        raise typer.Exit(code=130) from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    results = read_results(out, missing_ok=True)  # readable when run on the SuperLink's machine
-    if results is not None:
-        for line in results.get("warnings", []):
-            _warn(line)
-        console.print(f"status: {results.get('status')}, {len(results.get('rounds', []))} rounds; "
-                      f"results in {out}")
-        if results.get("error"):
-            console.print(f"[bold red]error:[/] {escape(results['error'])}")
-    if code != 0 or (results is not None and results.get("status") != "completed"):
-        raise typer.Exit(code=code or 1)
+    _report(summarize(results), judge_progress(results), results.get("warnings", []),
+            [f"results in {out} (deploy.json, weights.npz)"])
+
+
+def _report(summary: dict, judgement, warnings: list[str], notes: list[str]) -> None:
+    """Print the summary table, warnings and notes; exit 3 if the run did not learn."""
+    from hyfl.deploy.report import NO_PROGRESS_EXIT, summary_table
+
+    console.print(summary_table(summary))
+    for line in warnings:
+        _warn(line)
+    for line in notes:
+        console.print(escape(line))
+    if not judgement.progressed:
+        console.print(f"[bold yellow]{escape(judgement.message())}[/]")
+        raise typer.Exit(code=NO_PROGRESS_EXIT)
 
 
 # ----------------------------------------------------------------------------- local
@@ -364,7 +409,7 @@ def local(
     party_data: Annotated[Path | None, typer.Option(help="Folder of block files party-K.npz "
                                                     "(from hyfl deploy split) instead of "
                                                     "--data/--partition.")] = None,
-    iterations: Iterations = 3,
+    iterations: Iterations = 5,
     participation: Participation = "full",
     seed: Seed = 0,
     loss: Loss = "hinge",
@@ -394,8 +439,15 @@ def local(
     None,
 ):
     """Start a SuperLink and one SuperNode per party on loopback, run a job, write results
-    (deploy.json, weights.npz, metrics.csv) and stop every process again."""
+    (deploy.json, weights.npz, metrics.csv) and stop every process again.
+
+    Shows each round as it ends (with the relative loss of its w: the data are on this
+    machine) and a summary. Exit code 0 when the run learned; 3 when it completed
+    without progress (no round accepted, or the objective did not fall; the results are
+    written all the same, and the message says what to change); 2 on errors.
+    """
     from hyfl.deploy.local import run_local
+    from hyfl.deploy.report import RoundDisplay
 
     def interrupted(signum, frame):  # leave through the clean-up below, whatever the signal
         raise KeyboardInterrupt
@@ -404,15 +456,17 @@ def local(
     # process), so this process must stop them: on SIGINT and SIGTERM alike.
     previous = {sig: signal.signal(sig, interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        summary = run_local(
-            out=out, parties=parties, data=data, partition=partition, party_data=party_data,
-            iterations=iterations, participation=participation, seed=seed, loss=loss, lam=lam,
-            hyper=_hyper(param), cipher=cipher, key_bits=key_bits, keys_dir=keys_dir,
-            insecure_test_keys=insecure_test_keys, overwrite=overwrite,
-            reply_timeout=reply_timeout, compare=compare,
-            node_poll=node_poll if node_poll > 0 else None, worker=worker, timeout=timeout,
-            log=lambda line: console.print(escape(line)),
-        )
+        with RoundDisplay(console, iterations, show_loss=True) as display:
+            outcome = run_local(
+                out=out, parties=parties, data=data, partition=partition,
+                party_data=party_data, iterations=iterations, participation=participation,
+                seed=seed, loss=loss, lam=lam, hyper=_hyper(param), cipher=cipher,
+                key_bits=key_bits, keys_dir=keys_dir, insecure_test_keys=insecure_test_keys,
+                overwrite=overwrite, reply_timeout=reply_timeout, compare=compare,
+                node_poll=node_poll if node_poll > 0 else None, worker=worker,
+                timeout=timeout,
+                log=lambda line: console.print(escape(line)), on_round=display.show,
+            )
     except HyflError as err:
         _fail(err)
     except KeyboardInterrupt:
@@ -421,5 +475,7 @@ def local(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    for line in summary:
-        console.print(escape(line))
+    written = "deploy.json, weights.npz, metrics.csv, parties/"
+    _report(outcome.summary, outcome.judgement, outcome.warnings,
+            [f"results in {outcome.out} ({written}"
+             f"{', comparison.json' if outcome.comparison else ''})"])

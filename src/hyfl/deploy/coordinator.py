@@ -61,7 +61,11 @@ from hyfl.deploy.codec import check_fields
 from hyfl.deploy.config import DeployConfig, structure_blocks
 from hyfl.errors import HyflError, fail
 
-__all__ = ["REPLY_FIELDS", "Coordinator", "PartyMissing", "Transport", "write_failure"]
+__all__ = ["LATEST_WEIGHTS", "REPLY_FIELDS", "Coordinator", "PartyMissing", "Transport",
+           "write_failure"]
+
+#: File in ``out`` with the server's ``w`` after the latest round (``iteration``, ``w``).
+LATEST_WEIGHTS = "weights-latest.npz"
 
 #: Replies' metadata besides the payload, and its types (see check_fields).
 _META_FIELDS = {"seconds": "number?", "ops": "counts?", "delivery_ops": "counts?",
@@ -503,6 +507,13 @@ class Coordinator:
         if final and self.weights:
             with atomic_write(out / "weights.npz", "wb") as f:
                 np.savez(f, w=np.stack(self.weights))
+        elif len(self.weights) > 1:
+            # The latest round's w alone (rewriting the whole history every round would
+            # cost O(rounds^2 x features)), before deploy.json: whoever sees round t
+            # there finds w of round t or later here (hyfl deploy local shows the
+            # objective of each round as it ends).
+            with atomic_write(out / LATEST_WEIGHTS, "wb") as f:
+                np.savez(f, iteration=len(self.weights) - 1, w=self.weights[-1])
         _atomic_json(out / "deploy.json", self.results)
 
 

@@ -35,6 +35,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ import numpy as np
 
 from hyfl._io import check_results_folder, write_json
 from hyfl.deploy.config import RUN_DEFAULTS
+from hyfl.deploy.coordinator import LATEST_WEIGHTS
 from hyfl.errors import HyflError, fail
 
 __all__ = [
@@ -50,6 +52,7 @@ __all__ = [
     "assemble",
     "reaped",
     "compare_with_protocol",
+    "LocalRun",
     "run_local",
     "deployment_metrics",
     "flower_env",
@@ -435,39 +438,72 @@ class LocalDeployment:
 
 def wait_for_results(process: subprocess.Popen, out: Path, log_file: Path, *,
                      timeout: float | None = None,
-                     on_progress: Callable[[dict], None] | None = None) -> dict:
-    """Wait for ``flwr run`` to end; report new rounds; return the job's results."""
+                     on_progress: Callable[[dict], None] | None = None,
+                     poll: float = 0.5, fresh_after: float | None = None) -> dict:
+    """Wait for ``flwr run`` to end; report new rounds; return the job's results.
+
+    Parameters
+    ----------
+    process : subprocess.Popen
+        ``flwr run`` (anything with ``poll()``).
+    out : path
+        The job's results folder, where the coordinator rewrites ``deploy.json``
+        after every round (so this runs on the coordinator's machine).
+    log_file : path
+        The run's log, quoted when the run fails.
+    timeout : float, optional
+        Give up after this many seconds.
+    on_progress : callable, optional
+        Called with each new round's record of ``deploy.json``, in order, as
+        soon as it appears.
+    poll : float, default 0.5
+        Seconds between looks at ``deploy.json``.
+    fresh_after : float, optional
+        A ``time.time()``: a ``deploy.json`` last written before it is an earlier
+        run's and is ignored (a job resubmitted into the same folder).
+
+    Raises
+    ------
+    HyflError
+        If the run did not complete (its error and the log's last lines).
+    """
     end = None if timeout is None else time.monotonic() + timeout
     seen = 0
     while True:
         done = process.poll() is not None
-        results = read_results(out, missing_ok=True)
+        results = read_results(out, missing_ok=True, fresh_after=fresh_after)
         rounds = results.get("rounds", []) if results else []
         if on_progress is not None:
             for record in rounds[seen:]:
                 on_progress(record)
-        seen = len(rounds)
+        seen = max(seen, len(rounds))
         if done:
             break
         if end is not None and time.monotonic() > end:
             raise fail("the deployed run", f"did not finish within {timeout:g} s",
                        f"See {log_file} and the logs beside it.")
-        time.sleep(0.5)
-    results = read_results(out, missing_ok=True)
+        time.sleep(poll)
+    results = read_results(out, missing_ok=True, fresh_after=fresh_after)
     if results is None or results.get("status") != "completed":
         error = results.get("error") if results else None
         tail = _tail(log_file)
         raise HyflError(
-            f"the deployed run failed: {error or 'no results were written'}. "
+            f"the deployed run failed: {error or f'no results were written to {out}'}. "
             f"See {log_file} (last lines: {tail})"
         )
     return results
 
 
-def read_results(out: str | os.PathLike, missing_ok: bool = False) -> dict | None:
-    """The ``deploy.json`` the ServerApp writes into ``out`` (None if absent and allowed)."""
+def read_results(out: str | os.PathLike, missing_ok: bool = False,
+                 fresh_after: float | None = None) -> dict | None:
+    """The ``deploy.json`` the ServerApp writes into ``out`` (None if absent and allowed;
+    with ``fresh_after``, a file last written before that ``time.time()`` counts as absent)."""
     path = Path(out) / "deploy.json"
     try:
+        # File times come from the kernel's coarse clock, which lags time.time() by
+        # up to a tick: allow a second (an earlier run's file is far older).
+        if fresh_after is not None and path.stat().st_mtime < fresh_after - 1.0:
+            raise FileNotFoundError(path)
         return json.loads(path.read_text())
     except FileNotFoundError:
         if missing_ok:
@@ -592,12 +628,17 @@ def assemble(block_files: Sequence[str | os.PathLike], loss: str, lam: float):
 
 
 def compare_with_protocol(results: dict, weights: np.ndarray, problem, partition, cipher,
-                          ) -> dict[str, Any]:
+                          optimum=None) -> dict[str, Any]:
     """Run the in-process engine with the deployment's seed and participants; compare.
 
     The participation is the trace of the parties that actually took part in
     each round (the schedule's, minus absences), so the two runs must agree
     exactly: same draws, same messages, same fixed-point sums.
+
+    Returns the largest weight difference, both engines' seconds per round,
+    whether the bytes agree, and the in-process run's accepted rounds,
+    totals (``protocol_totals``: bytes and HE operations, set-up excluded)
+    and, with ``optimum``, its final relative loss.
     """
     from hyfl.algorithms import make_algorithm
     from hyfl.partition import Trace
@@ -610,10 +651,11 @@ def compare_with_protocol(results: dict, weights: np.ndarray, problem, partition
     trace = Trace(np.array([[k in r["active"] for k in range(K)] for r in rounds], dtype=bool))
     history: list[np.ndarray] = []
     result = run_protocol(algorithm, problem, partition, trace, len(rounds), cipher,
-                          seed=int(config["seed"]), monitor_duals=False,
+                          seed=int(config["seed"]), monitor_duals=False, optimum=optimum,
                           on_round=lambda server, clients: history.append(server.w.copy()))
     diff = float(np.max(np.abs(np.stack(history) - weights[1:]))) if history else 0.0
     deployed = np.array([r["round_seconds"] for r in rounds])
+    final = result.final
     return {
         "max_abs_weight_difference": diff,
         "rounds": len(rounds),
@@ -623,6 +665,11 @@ def compare_with_protocol(results: dict, weights: np.ndarray, problem, partition
         "protocol_round_seconds": result.round_times.tolist(),
         "bytes_equal": bool(np.allclose(np.cumsum([r["bytes_up"] for r in rounds]),
                                         result.column("bytes_up")[1:])),
+        "protocol_accepted": int(np.nansum(result.column("accepted")[1:])),
+        "protocol_relative_loss": (float(final["relative_loss"]) if optimum is not None
+                                   else None),
+        "protocol_totals": {key: float(final[key]) for key in (
+            "bytes_up", "bytes_down", "encryptions", "decryptions", "additions")},
     }
 
 
@@ -634,8 +681,8 @@ def default_partition(parties: int) -> str:
 
 
 #: What ``hyfl deploy local`` writes into its ``out`` folder (besides ``keys/``).
-LOCAL_OUTPUTS = ("deploy.json", "weights.npz", "metrics.csv", "comparison.json", "parties",
-                 "flower")
+LOCAL_OUTPUTS = ("deploy.json", "weights.npz", LATEST_WEIGHTS, "metrics.csv", "comparison.json",
+                 "parties", "flower")
 
 
 def _prepare_out(out: Path, overwrite: bool) -> None:
@@ -701,34 +748,98 @@ def _local_keys(out: Path, keys_dir, key_bits: int, insecure_test_keys: bool,
     return private, public, warnings
 
 
+@dataclass
+class LocalRun:
+    """What :func:`run_local` did: the results it wrote, summed up and judged.
+
+    Attributes
+    ----------
+    out : Path
+        The results folder.
+    results : dict
+        ``deploy.json``.
+    metrics : list of dict
+        The rows of ``metrics.csv`` (:func:`deployment_metrics`; row 0 is the start).
+    comparison : dict or None
+        ``comparison.json`` (with ``compare``).
+    summary : dict
+        :func:`hyfl.deploy.report.summarize`'s numbers.
+    judgement : hyfl.deploy.report.Judgement
+        Whether the run learned (if not, the command exits with
+        :data:`~hyfl.deploy.report.NO_PROGRESS_EXIT`).
+    warnings : list of str
+        Lines every output of the run repeats (insecure test keys).
+    """
+
+    out: Path
+    results: dict
+    metrics: list[dict[str, float]]
+    comparison: dict[str, Any] | None
+    summary: dict[str, Any]
+    judgement: Any
+    warnings: list[str] = field(default_factory=list)
+
+
+def _latest_weights(out: Path, iteration: int) -> np.ndarray | None:
+    """The server's ``w`` after round ``iteration`` if the coordinator's latest file holds
+    that round (a later round may already have replaced it: then None)."""
+    try:
+        with np.load(out / LATEST_WEIGHTS) as f:
+            return f["w"] if int(f["iteration"]) == iteration else None
+    except (OSError, KeyError, ValueError):  # not there yet, or being replaced
+        return None
+
+
 def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str = "",
               partition: str | None = None, party_data: str | os.PathLike | None = None,
-              iterations: int = 3, participation: str = "full", seed: int = 0,
+              iterations: int = 5, participation: str = "full", seed: int = 0,
               loss: str = "hinge", lam: float = 0.0, hyper: str = "", cipher: str = "paillier",
               key_bits: int = 2048, keys_dir: str | os.PathLike | None = None,
               insecure_test_keys: bool = False, overwrite: bool = False,
               reply_timeout: float = 120.0, compare: bool = False,
               node_poll: float | None = 0.1, worker: bool = True,
-              timeout: float | None = None,
-              log: Callable[[str], None] | None = None) -> list[str]:
+              timeout: float | None = None, log: Callable[[str], None] | None = None,
+              on_round: Callable[[dict, float | None], None] | None = None) -> LocalRun:
     """``hyfl deploy local``: keys, SuperLink and SuperNodes on loopback, one job, results.
 
     Writes into ``out``: ``keys/`` (unless ``keys_dir``; an existing one is
-    checked and reused, never regenerated), ``deploy.json`` and
-    ``weights.npz`` (the ServerApp's), ``metrics.csv`` (objective of each
-    round's weights, costs), ``parties/party-K.npz`` (each party's final
+    checked and reused, never regenerated), ``deploy.json``, ``weights.npz``
+    and ``weights-latest.npz`` (the ServerApp's), ``metrics.csv`` (objective of
+    each round's weights, costs), ``parties/party-K.npz`` (each party's final
     duals and weights), ``flower/`` (logs, app, FLWR_HOME) and, with
     ``compare``, ``comparison.json``. An ``out`` holding anything besides
     ``keys/`` is refused unless ``overwrite``. Keys below 2048 bits need
     ``insecure_test_keys`` (then the parties' node configs and the run config
-    admit them too, and the output warns). Returns summary lines.
+    admit them too, and the output warns).
+
+    ``hyper`` empty runs HyFDCA's defaults with the deployed default step rule
+    (see :data:`~hyfl.deploy.config.DEPLOYED_STEP_RULES`).
+
+    Parameters
+    ----------
+    log : callable, optional
+        Receives lines about keys and processes.
+    on_round : callable, optional
+        Called as ``on_round(record, relative_loss)`` when a round ends: its
+        record of ``deploy.json`` and the relative loss of its ``w``
+        (evaluated here, where the data are; None if that round's ``w`` was
+        already replaced by the next one's).
+
+    Returns
+    -------
+    LocalRun
+        The results, summed up and judged (:func:`hyfl.deploy.report.judge_progress`):
+        a run that did not learn is reported there, not raised, so that its
+        results are written all the same.
     """
     from hyfl.data import default_lambda, load_data
     from hyfl.deploy.config import DeployConfig, run_config_for
     from hyfl.deploy.keys import party_cipher
+    from hyfl.deploy.report import judge_progress, summarize
     from hyfl.experiments.runner import FALLBACK_LAMBDA
     from hyfl.partition import parse_partition
     from hyfl.problem import make_problem, solve_centralized
+    from hyfl.runtime.simulation import evaluate
 
     log = log or (lambda line: None)
     out = Path(out).resolve()
@@ -775,45 +886,40 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
         public_key=str(public) if public else "", insecure_test_keys=insecure_test_keys,
         **run_data,
     )
-    DeployConfig.from_run_config(run_config)  # fail before starting anything
+    config = DeployConfig.from_run_config(run_config)  # fail before starting anything
     # Each party's own policy: the cipher of this run, with the key of this run.
     policy = ({"cipher": "none"} if private is None else
               {"key": str(private), "cipher": cipher, "insecure-test-keys": insecure_test_keys})
     nodes = [{"party": k, **policy, **data_keys[k], "out": str(out / "parties")}
              for k in range(K)]
+    # The optimum first: each round's relative loss is shown as the round ends.
+    optimum = solve_centralized(problem)
+    labels = problem.Y[:, 0] if problem.Y.shape[1] == 1 else None
 
     def progress(record: dict) -> None:
-        absent = f", absent {record['absent']}" if record["absent"] else ""
-        log(f"round {record['iteration']}: parties {record['active']}{absent}, "
-            f"{'accepted' if record['accepted'] else 'rejected'}, "
-            f"{record['round_seconds']:.1f} s")
+        if on_round is None:
+            return
+        w = _latest_weights(out, int(record["iteration"]))
+        loss_t = (None if w is None else
+                  float(evaluate(problem, w, None, optimum, None, labels)["relative_loss"]))
+        on_round(record, loss_t)
 
     with LocalDeployment(nodes, out / "flower", log=log, node_poll=node_poll,
                          worker=worker) as deployment:
-        log(f"{K} parties on loopback; running {iterations} rounds (cipher {cipher})")
+        log(f"{K} parties on loopback; running {iterations} rounds (cipher {cipher}, "
+            f"step rule {config.algorithm.step_rule})")
         results = deployment.run(run_config, timeout=timeout, on_progress=progress)
     with np.load(out / "weights.npz") as f:
         weights = f["w"]
-    optimum = solve_centralized(problem)
-    labels = problem.Y[:, 0] if problem.Y.shape[1] == 1 else None
     rows = deployment_metrics(results, weights, problem, optimum, labels)
     write_metrics(rows, out / "metrics.csv")
-    seconds = [r["round_seconds"] for r in results["rounds"]]
-    summary = [
-        *warnings,
-        f"{len(results['rounds'])} rounds with {K} parties, cipher {cipher}: relative loss "
-        f"{rows[-1]['relative_loss']:.3g}, median {np.median(seconds):.1f} s per round",
-        f"results in {out} (deploy.json, weights.npz, metrics.csv, parties/)",
-    ]
+    comparison = None
     if compare:
         own = party_cipher(cipher, private, insecure_test_keys=insecure_test_keys,
-                           **DeployConfig.from_run_config(run_config).cipher_options())
-        comparison = compare_with_protocol(results, weights, problem, parts, own)
+                           **config.cipher_options())
+        comparison = compare_with_protocol(results, weights, problem, parts, own, optimum)
         write_json(out / "comparison.json", comparison, indent=1)
-        summary.append(
-            f"in-process engine, same seed: max |w difference| "
-            f"{comparison['max_abs_weight_difference']:.3g}; median seconds per round "
-            f"{comparison['protocol_round_seconds_median']:.3f} (deployed: "
-            f"{comparison['deploy_round_seconds_median']:.1f})"
-        )
-    return summary
+    relative_loss = [row["relative_loss"] for row in rows]
+    return LocalRun(out=out, results=results, metrics=rows, comparison=comparison,
+                    summary=summarize(results, relative_loss, comparison),
+                    judgement=judge_progress(results, relative_loss), warnings=warnings)
