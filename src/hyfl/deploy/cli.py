@@ -340,6 +340,65 @@ def run(
         raise typer.Exit(code=code or 1)
 
 
+# ----------------------------------------------------------------------------- app
+
+
+def _server_path(path: Path | None) -> str | None:
+    """A path for the run config: absolute (the ServerApp does not run in this folder)."""
+    return None if path is None else str(path.resolve())
+
+
+@app.command("app")
+def flower_app(
+    out: Annotated[Path, typer.Argument(help="Folder for the Flower App project.")],
+    parties: Annotated[int | None, typer.Option(min=1, help="Number of parties K (else set "
+                                                "at flwr run).")] = None,
+    iterations: Annotated[int | None, typer.Option(help="Outer iterations (rounds).")] = None,
+    participation: Annotated[str | None, typer.Option(help="full | fraction p | cyclic:C | "
+                                                      "trace:FILE.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed of the schedule and the draws.")] = None,
+    loss: Annotated[str | None, typer.Option(help="hinge | logistic | squared | "
+                                             "smoothed_hinge.")] = None,
+    lam: Annotated[float | None, typer.Option(help="Regularization; 0 = the data's "
+                                              "default.")] = None,
+    param: Param = None,
+    cipher: Annotated[str | None, typer.Option(help="paillier | packed | ckks | none (none: "
+                                               "no encryption, tests).")] = None,
+    public_key: Annotated[Path | None, typer.Option(help="public-key.json, on the SuperLink's "
+                                                    "machine.")] = None,
+    data: Annotated[str | None, typer.Option(help="Dataset for parties without their own "
+                                             "data.")] = None,
+    partition: Annotated[str | None, typer.Option(help="Its partition spec.")] = None,
+    results: Annotated[Path | None, typer.Option(help="Results folder (run config out), on "
+                                                 "the SuperLink's machine.")] = None,
+    reply_timeout: Annotated[float | None, typer.Option(help="Seconds a party has to answer "
+                                                        "a message.")] = None,
+    insecure_test_keys: InsecureKeys = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Write into a non-empty "
+                                            "folder (replaces the generated files).")] = False,
+):
+    """Write a Flower App project (pyproject.toml, hyfl_app/, README.md) to run with
+    `flwr run OUT CONNECTION`; flags set its run config defaults."""
+    from hyfl.deploy.flower_app import write_flower_app
+
+    try:
+        # None leaves a key at its default (RUN_DEFAULTS); flwr run --run-config overrides.
+        folder = write_flower_app(out, {
+            "parties": parties, "iterations": iterations, "participation": participation,
+            "seed": seed, "loss": loss, "lam": lam, "hyper": _hyper(param) if param else None,
+            "cipher": cipher, "public-key": _server_path(public_key), "data": data,
+            "partition": partition, "out": _server_path(results), "reply-timeout": reply_timeout,
+            "insecure-test-keys": insecure_test_keys or None,
+        }, overwrite=overwrite)
+    except HyflError as err:
+        _fail(err)
+    if insecure_test_keys:
+        _warn("this app admits insecure test keys (< 2048 bits): tests only")
+    console.print(f"Flower App in {folder} (pyproject.toml, hyfl_app/, README.md); run it with")
+    console.print(f'  flwr run {folder} CONNECTION --stream --run-config "key=value ..."')
+    console.print("(CONNECTION: a SuperLink in $FLWR_HOME/config.toml; see README.md)")
+
+
 # ----------------------------------------------------------------------------- local
 
 
