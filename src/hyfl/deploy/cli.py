@@ -166,6 +166,12 @@ def superlink(
     ssl_ca_certfile: Annotated[Path | None, typer.Option(help="CA certificate.")] = None,
     ssl_certfile: Annotated[Path | None, typer.Option(help="The SuperLink's certificate.")] = None,
     ssl_keyfile: Annotated[Path | None, typer.Option(help="The SuperLink's private key.")] = None,
+    enable_supernode_auth: Annotated[bool, typer.Option(
+        "--enable-supernode-auth", help="Admit only SuperNodes whose public key was registered "
+        "with `flwr supernode register` (needs TLS).")] = False,
+    database: Annotated[Path | None, typer.Option(help="SQLite file for the SuperLink's state "
+                                                  "(registered SuperNodes, runs); default: in "
+                                                  "memory, lost on restart.")] = None,
 ):
     """Start Flower's SuperLink (the coordinator's server), with TLS or --insecure."""
     from hyfl.deploy.local import flower_command, flower_env
@@ -174,7 +180,15 @@ def superlink(
         env = flower_env(os.environ.get("FLWR_HOME", Path.home() / ".flwr"))
         command = [flower_command("flower-superlink", env), "--host", host, "--port", str(port),
                    "--disable-runtime-dependency-installation"]
+        if database is not None:
+            command += ["--database", str(database.resolve())]
         tls = [ssl_ca_certfile, ssl_certfile, ssl_keyfile]
+        if enable_supernode_auth:
+            if insecure or not all(tls):
+                raise fail("--enable-supernode-auth", "needs TLS",
+                           "Pass --ssl-ca-certfile, --ssl-certfile and --ssl-keyfile (Flower "
+                           "authenticates SuperNodes only over TLS).")
+            command.append("--enable-supernode-auth")
         if insecure:
             command.append("--insecure")
         elif all(tls):
@@ -214,6 +228,9 @@ def party(
                                       "SuperNode on a machine).")] = 9094,
     poll: Annotated[float | None, typer.Option(help="Idle poll of the SuperNode in seconds "
                                                "(Flower: 3; patched, Flower 1.41.0 only).")] = None,
+    auth_supernode_private_key: Annotated[Path | None, typer.Option(
+        help="This SuperNode's ECDSA key (ssh-keygen -t ecdsa -b 384) for a SuperLink with "
+        "--enable-supernode-auth; register its .pub with `flwr supernode register`.")] = None,
 ):
     """Start one party: a Flower SuperNode with this party's node config."""
     from hyfl.deploy.config import NodeSettings
@@ -249,6 +266,12 @@ def party(
             env["HYFL_SUPERNODE_POLL"] = str(poll)
             command = [sys.executable, "-m", "hyfl.deploy.supernode"]
         command += ["--superlink", superlink, "--port", str(port), "--node-config", " ".join(node)]
+        if auth_supernode_private_key is not None:
+            if not auth_supernode_private_key.is_file():
+                raise fail(f"--auth-supernode-private-key {auth_supernode_private_key}",
+                           "does not exist", "Create it with ssh-keygen -t ecdsa -b 384 -N '' "
+                           "-f supernode-key and register supernode-key.pub.")
+            command += ["--auth-supernode-private-key", str(auth_supernode_private_key.resolve())]
         if insecure:
             command.append("--insecure")
         elif root_certificates is not None:
