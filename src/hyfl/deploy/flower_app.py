@@ -335,10 +335,14 @@ or `hyfl deploy party --party 0 --superlink {_EXAMPLE_ADDRESS} --root-certificat
 |---|---|
 {node_rows}
 
-To admit only known SuperNodes, start the SuperLink with `--enable-supernode-auth`,
-give each SuperNode an ECDSA key (`ssh-keygen -t ecdsa -b 384 -N "" -f supernode-key`)
-and `--auth-supernode-private-key supernode-key`, and register its public key:
-`flwr supernode register supernode-key.pub {_EXAMPLE_CONNECTION}`.
+To admit only known SuperNodes (TLS only): start the SuperLink with
+`--enable-supernode-auth` (and `--database FILE`, so that a restart keeps the
+registrations), create a key on each party's machine
+(`ssh-keygen -t ecdsa -b 384 -N "" -f supernode-key`), start its SuperNode with
+`--auth-supernode-private-key supernode-key`, and register the public key:
+`flwr supernode register supernode-key.pub {_EXAMPLE_CONNECTION}`. The SuperLink's
+Control API (`flwr run`, `flwr supernode register`) authenticates no user in
+open-source Flower: let only the parties and yourself reach its port.
 
 ## 4. The connection
 
