@@ -159,7 +159,8 @@ def test_app_refuses_a_non_empty_folder_unless_overwrite(tmp_path):
     (out / "notes.txt").write_text("mine")
     result, output = _make(out, "--parties", "2")
     assert result.exit_code == 2, output
-    assert f"app folder {out} exists and is not empty (notes.txt)" in output
+    # (no path in the check: rich may break a long path at a hyphen)
+    assert "app folder" in output and "exists and is not empty (notes.txt)" in output
     assert "pass --overwrite" in output and not (out / "pyproject.toml").exists()
     result, output = _make(out, "--parties", "3", "--overwrite")
     assert result.exit_code == 0, output
@@ -200,7 +201,8 @@ def test_superlink_and_party_pass_supernode_authentication_to_flower(tmp_path, m
     party = ["deploy", "party", "--party", "0", "--superlink", "link:8000", "--cipher", "none",
              "--root-certificates", "ca.crt", "--auth-supernode-private-key"]
     result, output = _invoke(*party, str(tmp_path / "missing-key"))
-    assert result.exit_code == 2 and "missing-key does not exist" in output, output
+    assert result.exit_code == 2, output
+    assert "--auth-supernode-private-key" in output and "does not exist" in output
     key = tmp_path / "supernode-key"
     key.write_text("")
     result, output = _invoke(*party, str(key))
