@@ -41,6 +41,7 @@ from hyfl.errors import fail
 
 __all__ = [
     "APP_COMPONENTS",
+    "APP_FILES",
     "APP_NAME",
     "APP_PACKAGE",
     "APP_PUBLISHER",
