@@ -85,24 +85,26 @@ def write_json(path: str | os.PathLike, value: Any, *, indent: int | None = 2,
 
 def check_results_folder(out: str | os.PathLike, *, overwrite: bool = False,
                          resume: bool = False, allow: tuple[str, ...] = (),
-                         resumable: bool = True, kept: str = "") -> Path:
+                         resumable: bool = True, kept: str = "",
+                         what: str = "results folder", other: str = "--out") -> Path:
     """Refuse to write into an existing, non-empty results folder unless asked to.
 
     ``allow`` names entries that may already be there (e.g. ``keys`` for a deployment);
     ``resumable`` says whether the command has ``--resume``; ``kept`` adds what
-    ``--overwrite`` keeps to the message.
+    ``--overwrite`` keeps to the message; ``what`` names the folder and ``other``
+    what to pass instead (e.g. ``"app folder"`` and ``"folder"`` for a command whose
+    folder is an argument, not ``--out``).
     """
     out = Path(out)
     if overwrite or resume or not out.exists():
         return out
     if not out.is_dir():
-        raise fail(f"results folder {out}", "exists and is not a folder",
-                   "Pass another --out.")
+        raise fail(f"{what} {out}", "exists and is not a folder", f"Pass another {other}.")
     existing = sorted(entry.name for entry in out.iterdir() if entry.name not in allow)
     if existing:
         listed = ", ".join(existing[:4]) + (", ..." if len(existing) > 4 else "")
-        raise fail(f"results folder {out}", f"exists and is not empty ({listed})",
-                   "Pass another --out, or pass --overwrite to replace it"
+        raise fail(f"{what} {out}", f"exists and is not empty ({listed})",
+                   f"Pass another {other}, or pass --overwrite to replace it"
                    + (f" ({kept})" if kept else "")
                    + (" (or --resume to continue it)." if resumable else "."))
     return out

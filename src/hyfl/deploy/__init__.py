@@ -12,6 +12,8 @@ The same client and server halves as the in-process protocol engine
 * :mod:`hyfl.deploy.party` -- a party's side, one message at a time;
 * :mod:`hyfl.deploy.coordinator` -- the server's side: rounds, absences, results;
 * :mod:`hyfl.deploy.app` -- the Flower ServerApp and ClientApp (imports ``flwr``);
+* :mod:`hyfl.deploy.flower_app` -- a Flower App project around them (``hyfl deploy
+  app``; what ``flwr run`` submits);
 * :mod:`hyfl.deploy.local` -- a whole deployment on loopback (SuperLink,
   SuperNodes, ``flwr run``), used by ``hyfl deploy local`` and the tests;
 * :mod:`hyfl.deploy.report` -- what a run shows: a line per round, the

@@ -5,7 +5,8 @@ Components for Flower's ``[tool.flwr.app.components]``::
     serverapp = "hyfl.deploy.app:server_app"
     clientapp = "hyfl.deploy.app:client_app"
 
-(:func:`hyfl.deploy.local.write_app` writes such an app folder). This module
+(``hyfl deploy app`` writes a Flower App project whose components re-export
+these: :mod:`hyfl.deploy.flower_app`). This module
 imports ``flwr`` (the ``hyfl[flower]`` extra); nothing else in hyfl imports it.
 
 The ServerApp runs :class:`~hyfl.deploy.coordinator.Coordinator` with a

@@ -167,6 +167,12 @@ def superlink(
     ssl_ca_certfile: Annotated[Path | None, typer.Option(help="CA certificate.")] = None,
     ssl_certfile: Annotated[Path | None, typer.Option(help="The SuperLink's certificate.")] = None,
     ssl_keyfile: Annotated[Path | None, typer.Option(help="The SuperLink's private key.")] = None,
+    enable_supernode_auth: Annotated[bool, typer.Option(
+        "--enable-supernode-auth", help="Admit only SuperNodes whose public key was registered "
+        "with `flwr supernode register` (needs TLS).")] = False,
+    database: Annotated[Path | None, typer.Option(help="SQLite file for the SuperLink's state "
+                                                  "(registered SuperNodes, runs); default: in "
+                                                  "memory, lost on restart.")] = None,
 ):
     """Start Flower's SuperLink (the coordinator's server), with TLS or --insecure."""
     from hyfl.deploy.local import flower_command, flower_env
@@ -175,7 +181,15 @@ def superlink(
         env = flower_env(os.environ.get("FLWR_HOME", Path.home() / ".flwr"))
         command = [flower_command("flower-superlink", env), "--host", host, "--port", str(port),
                    "--disable-runtime-dependency-installation"]
+        if database is not None:
+            command += ["--database", str(database.resolve())]
         tls = [ssl_ca_certfile, ssl_certfile, ssl_keyfile]
+        if enable_supernode_auth:
+            if insecure or not all(tls):
+                raise fail("--enable-supernode-auth", "needs TLS",
+                           "Pass --ssl-ca-certfile, --ssl-certfile and --ssl-keyfile (Flower "
+                           "authenticates SuperNodes only over TLS).")
+            command.append("--enable-supernode-auth")
         if insecure:
             command.append("--insecure")
         elif all(tls):
@@ -219,6 +233,9 @@ def party(
     worker: Annotated[bool, typer.Option("--worker/--per-message", help="Handle messages in "
                                          "this party's long-lived worker (default), or in a "
                                          "new Flower ClientApp process per message.")] = True,
+    auth_supernode_private_key: Annotated[Path | None, typer.Option(
+        help="This SuperNode's ECDSA key (ssh-keygen -t ecdsa -b 384) for a SuperLink with "
+        "--enable-supernode-auth; register its .pub with `flwr supernode register`.")] = None,
 ):
     """Start one party: a Flower SuperNode with this party's node config, and the party's
     long-lived worker that handles its messages (restarted if it dies)."""
@@ -258,6 +275,12 @@ def party(
             env["HYFL_SUPERNODE_POLL"] = str(poll)
             command = [sys.executable, "-m", "hyfl.deploy.supernode"]
         command += ["--superlink", superlink, "--port", str(port), "--node-config", " ".join(node)]
+        if auth_supernode_private_key is not None:
+            if not auth_supernode_private_key.is_file():
+                raise fail(f"--auth-supernode-private-key {auth_supernode_private_key}",
+                           "does not exist", "Create it with ssh-keygen -t ecdsa -b 384 -N '' "
+                           "-f supernode-key and register supernode-key.pub.")
+            command += ["--auth-supernode-private-key", str(auth_supernode_private_key.resolve())]
         if insecure:
             command.append("--insecure")
         elif root_certificates is not None:
@@ -391,6 +414,65 @@ def _report(summary: dict, judgement, warnings: list[str], notes: list[str]) -> 
     if not judgement.progressed:
         console.print(f"[bold yellow]{escape(judgement.message())}[/]")
         raise typer.Exit(code=NO_PROGRESS_EXIT)
+
+
+# ----------------------------------------------------------------------------- app
+
+
+def _server_path(path: Path | None) -> str | None:
+    """A path for the run config: absolute (the ServerApp does not run in this folder)."""
+    return None if path is None else str(path.resolve())
+
+
+@app.command("app")
+def flower_app(
+    out: Annotated[Path, typer.Argument(help="Folder for the Flower App project.")],
+    parties: Annotated[int | None, typer.Option(min=1, help="Number of parties K (else set "
+                                                "at flwr run).")] = None,
+    iterations: Annotated[int | None, typer.Option(help="Outer iterations (rounds).")] = None,
+    participation: Annotated[str | None, typer.Option(help="full | fraction p | cyclic:C | "
+                                                      "trace:FILE.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed of the schedule and the draws.")] = None,
+    loss: Annotated[str | None, typer.Option(help="hinge | logistic | squared | "
+                                             "smoothed_hinge.")] = None,
+    lam: Annotated[float | None, typer.Option(help="Regularization; 0 = the data's "
+                                              "default.")] = None,
+    param: Param = None,
+    cipher: Annotated[str | None, typer.Option(help="paillier | packed | ckks | none (none: "
+                                               "no encryption, tests).")] = None,
+    public_key: Annotated[Path | None, typer.Option(help="public-key.json, on the SuperLink's "
+                                                    "machine.")] = None,
+    data: Annotated[str | None, typer.Option(help="Dataset for parties without their own "
+                                             "data.")] = None,
+    partition: Annotated[str | None, typer.Option(help="Its partition spec.")] = None,
+    results: Annotated[Path | None, typer.Option(help="Results folder (run config out), on "
+                                                 "the SuperLink's machine.")] = None,
+    reply_timeout: Annotated[float | None, typer.Option(help="Seconds a party has to answer "
+                                                        "a message.")] = None,
+    insecure_test_keys: InsecureKeys = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Write into a non-empty "
+                                            "folder (replaces the generated files).")] = False,
+):
+    """Write a Flower App project (pyproject.toml, hyfl_app/, README.md) to run with
+    `flwr run OUT CONNECTION`; flags set its run config defaults."""
+    from hyfl.deploy.flower_app import write_flower_app
+
+    try:
+        # None leaves a key at its default (RUN_DEFAULTS); flwr run --run-config overrides.
+        folder = write_flower_app(out, {
+            "parties": parties, "iterations": iterations, "participation": participation,
+            "seed": seed, "loss": loss, "lam": lam, "hyper": _hyper(param) if param else None,
+            "cipher": cipher, "public-key": _server_path(public_key), "data": data,
+            "partition": partition, "out": _server_path(results), "reply-timeout": reply_timeout,
+            "insecure-test-keys": insecure_test_keys or None,
+        }, overwrite=overwrite)
+    except HyflError as err:
+        _fail(err)
+    if insecure_test_keys:
+        _warn("this app admits insecure test keys (< 2048 bits): tests only")
+    console.print(f"Flower App in {folder} (pyproject.toml, hyfl_app/, README.md); run it with")
+    console.print(f'  flwr run {folder} CONNECTION --stream --run-config "key=value ..."')
+    console.print("(CONNECTION: a SuperLink in $FLWR_HOME/config.toml; see README.md)")
 
 
 # ----------------------------------------------------------------------------- local

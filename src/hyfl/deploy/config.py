@@ -32,40 +32,81 @@ import scipy.sparse as sp
 from hyfl.errors import check_choice, check_int, check_positive, fail
 
 __all__ = [
+    "NODE_HELP",
     "NODE_KEYS",
     "RUN_DEFAULTS",
+    "RUN_HELP",
     "DeployConfig",
     "NodeSettings",
     "structure_blocks",
 ]
 
-#: Run config keys and their defaults (the generated app's ``[tool.flwr.app.config]``).
+#: Run config keys and their defaults (the generated app's ``[tool.flwr.app.config]``;
+#: what each means: :data:`RUN_HELP`).
 RUN_DEFAULTS: dict[str, Any] = {
-    "parties": 0,  # K, required
+    "parties": 0,  # required: 0 is refused
     "algorithm": "hyfdca",
-    "hyper": "",  # HyFDCA hyperparameters, "local_steps=2,step_rule=safe"
+    "hyper": "",
     "iterations": 10,
     "participation": "full",
     "seed": 0,
     "loss": "hinge",
-    "lam": 0.0,  # 0: the dataset's default (reported by the parties)
-    "data": "",  # named dataset or LIBSVM file, for parties without their own data
+    "lam": 0.0,
+    "data": "",
     "data-dir": "",
-    "partition": "",  # partition spec of that dataset (e.g. grid:2x2)
+    "partition": "",
     "cipher": "paillier",
     "precision-bits": 32,
     "guard-bits": 24,
-    "public-key": "",  # the server's public key file
-    "insecure-test-keys": False,  # admit a public key < 2048 bits (tests; warned in the output)
-    "out": "",  # results folder on the server's machine ("" = none)
+    "public-key": "",
+    "insecure-test-keys": False,
+    "out": "",
     "reply-timeout": 120.0,
     "connect-timeout": 300.0,
     "poll": 0.05,
 }
 
+#: One line per run config key: what it means (the generated app's comments and README).
+RUN_HELP: dict[str, str] = {
+    "parties": "K, the number of parties (one SuperNode each); required",
+    "algorithm": "hyfdca (the one algorithm deployed)",
+    "hyper": 'HyFDCA hyperparameters, e.g. "local_steps=50,step_rule=safe"',
+    "iterations": "outer iterations (rounds)",
+    "participation": "full, a fraction p, cyclic:C or trace:FILE",
+    "seed": "seed of the participation schedule and the draws",
+    "loss": "hinge, logistic, squared or smoothed_hinge",
+    "lam": "regularization; 0 = the data's default (reported by the parties)",
+    "data": "dataset name or LIBSVM file, for parties without a block file",
+    "data-dir": "folder with dataset files",
+    "partition": "partition spec of that dataset, e.g. grid:2x2",
+    "cipher": "paillier, packed, ckks or none (no encryption: tests only); every party's own",
+    "precision-bits": "fixed-point encoding, the same for all",
+    "guard-bits": "fixed-point encoding, the same for all",
+    "public-key": "the server's public-key.json, a path on the SuperLink's machine",
+    "insecure-test-keys": "true admits a public key below 2048 bits (tests only)",
+    "out": "results folder on the SuperLink's machine (deploy.json, weights.npz)",
+    "reply-timeout": "seconds a party has to answer a message, or it is absent for the round",
+    "connect-timeout": "seconds the parties have to connect at the start",
+    "poll": "seconds between the server's pulls for replies",
+}
+
 #: Node config keys a party understands.
 NODE_KEYS = ("party", "key", "cipher", "fingerprint", "insecure-test-keys", "data", "data-dir",
              "out")
+
+#: One line per node config key: what it means (the generated app's README).
+NODE_HELP: dict[str, str] = {
+    "party": "this party's index 0 .. K-1 (required)",
+    "key": "its private-key.json (required unless cipher='none')",
+    "cipher": "the cipher this party runs: paillier (default with a key), packed, ckks, or "
+              "none (no key; tests only); a job asking for another is refused",
+    "fingerprint": "optional pin: the key fingerprint (from public-key.json) it accepts",
+    "insecure-test-keys": "true admits keys below 2048 bits (tests only)",
+    "data": "its block file party-K.npz, or a dataset name / LIBSVM file; default: the "
+            "job's data",
+    "data-dir": "folder with dataset files",
+    "out": "folder where the party writes party-K.npz (its final duals and weights)",
+}
 
 CIPHER_NAMES = ("paillier", "packed", "ckks", "none")
 

@@ -13,8 +13,8 @@ it is killed with SIGKILL, and a SuperNode's helpers die with the SuperNode.
 
 Flower 1.41 needs, besides the installed packages:
 
-* an app folder with a ``pyproject.toml`` naming the components; hyfl's live
-  in the installed package, so :func:`write_app` writes only that file;
+* a Flower App project: :func:`write_app` writes the one ``hyfl deploy app``
+  writes (:mod:`hyfl.deploy.flower_app`), whose components re-export hyfl's;
 * ``$FLWR_HOME/config.toml`` naming the SuperLink connection for ``flwr run``
   (:func:`write_connection`); every deployment gets its own ``FLWR_HOME``;
 * the interpreter's ``bin`` folder on ``PATH``: SuperLink and SuperNodes
@@ -42,8 +42,9 @@ from typing import Any
 import numpy as np
 
 from hyfl._io import check_results_folder, write_json
-from hyfl.deploy.config import RUN_DEFAULTS
 from hyfl.deploy.coordinator import LATEST_WEIGHTS
+from hyfl.deploy.flower_app import APP_COMPONENTS, write_flower_app
+from hyfl.deploy.flower_app import toml_value as _toml_value
 from hyfl.errors import HyflError, fail
 
 __all__ = [
@@ -62,50 +63,17 @@ __all__ = [
     "write_metrics",
 ]
 
-APP_COMPONENTS = {"serverapp": "hyfl.deploy.app:server_app",
-                  "clientapp": "hyfl.deploy.app:client_app"}
 CONNECTION = "hyfl-local"
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    return json.dumps(str(value))  # a TOML basic string
-
-
 def write_app(app_dir: str | os.PathLike, defaults: Mapping[str, Any] | None = None) -> Path:
-    """Write a Flower app folder whose components live in the installed hyfl.
+    """Write the Flower App a deployment submits, into a working folder of its own.
 
-    Only ``pyproject.toml`` is written: ``[tool.flwr.app.components]`` points
-    at :mod:`hyfl.deploy.app`, ``[tool.flwr.app.config]`` holds the run
-    config keys with their defaults (:data:`~hyfl.deploy.config.RUN_DEFAULTS`,
-    updated with ``defaults``). ``flwr run`` builds the app bundle from it.
+    The project of ``hyfl deploy app`` (:func:`~hyfl.deploy.flower_app.write_flower_app`),
+    its run config defaults :data:`~hyfl.deploy.config.RUN_DEFAULTS` updated with
+    ``defaults``; its files are replaced if the folder has them already.
     """
-    app = Path(app_dir)
-    app.mkdir(parents=True, exist_ok=True)
-    config = {**RUN_DEFAULTS, **(defaults or {})}
-    lines = [
-        "[project]",
-        'name = "hyfldeploy"',
-        'version = "1.0.0"',
-        'description = "HyFDCA on Flower (components in the installed hyfl package)"',
-        'license = "MIT"',
-        'dependencies = ["flwr==1.41.0"]',
-        "",
-        "[tool.flwr.app]",
-        'publisher = "hyfl"',
-        "",
-        "[tool.flwr.app.components]",
-        *(f"{key} = {_toml_value(value)}" for key, value in APP_COMPONENTS.items()),
-        "",
-        "[tool.flwr.app.config]",
-        *(f"{key} = {_toml_value(value)}" for key, value in config.items()),
-        "",
-    ]
-    (app / "pyproject.toml").write_text("\n".join(lines))
-    return app
+    return write_flower_app(app_dir, defaults, overwrite=True)
 
 
 def write_connection(flwr_home: str | os.PathLike, address: str, *, name: str = CONNECTION,
