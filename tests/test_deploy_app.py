@@ -279,7 +279,8 @@ def test_flwr_run_of_the_generated_app_reproduces_run_protocol(tmp_path, two_par
             config["out"]) == (2, 1, "none", 1, str(results))
     assert [r["active"] for r in deployed["rounds"]] == [[0, 1]]
     history = []
-    run_protocol(make_algorithm("hyfdca", {"local_steps": 5, "step_rule": "safe"}), problem,
+    # The reference: the deployment's own algorithm (the app's defaults, the job's hyper).
+    run_protocol(make_algorithm(config["algorithm"]["name"], config["hyper"]), problem,
                  partition, parse_participation("full", 2), 1, make_cipher("none"), seed=1,
                  on_round=lambda s, c: history.append(s.w.copy()))
     with np.load(results / "weights.npz") as f:
