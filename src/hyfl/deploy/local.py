@@ -136,25 +136,9 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def _group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of a process group, from /proc."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(entry))
-    return members
-
-
-def _descendants(root: int) -> dict[int, tuple[int, str]]:
-    """Live descendants of ``root``: pid -> (parent pid, command line), from /proc."""
-    table: dict[int, tuple[int, str]] = {}
+def _live_processes() -> dict[int, tuple[int, int, str]]:
+    """Live (non-zombie) processes: pid -> (parent pid, process group, command line)."""
+    table = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -166,7 +150,18 @@ def _descendants(root: int) -> dict[int, tuple[int, str]]:
         except OSError:
             continue
         if fields[0] != "Z":
-            table[int(entry)] = (int(fields[1]), cmdline)
+            table[int(entry)] = (int(fields[1]), int(fields[2]), cmdline)
+    return table
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live processes of a process group, from /proc."""
+    return [pid for pid, (_, group, _) in _live_processes().items() if group == pgid]
+
+
+def _descendants(root: int) -> dict[int, tuple[int, str]]:
+    """Live descendants of ``root``: pid -> (parent pid, command line), from /proc."""
+    table = {pid: (parent, cmdline) for pid, (parent, _, cmdline) in _live_processes().items()}
     found, frontier = {}, {root}
     while frontier:
         frontier = {pid for pid, (parent, _) in table.items() if parent in frontier}
