@@ -89,6 +89,11 @@ class _CappedTime:
         _time.sleep(self.idle.next() if seconds >= 1.0 else min(seconds, self.reply_limit))
 
 
+#: Called (in the SuperNode's process) each time the SuperNode has stored a message with
+#: its objects: :func:`supervise_worker` wakes the worker through it.
+ON_MESSAGE: list = []
+
+
 def patch(limit: float, reply_limit: float | None = None) -> bool:
     """Cap the SuperNode's poll sleeps; False (and no change) if Flower is not 1.41.0."""
     import flwr
@@ -103,6 +108,8 @@ def patch(limit: float, reply_limit: float | None = None) -> bool:
         run_id = pull(*args, **kwargs)
         if run_id is not None:
             capped.idle.reset()
+            for hook in ON_MESSAGE:
+                hook()
         return run_id
 
     internal.time, internal._pull_and_store_message = capped, pull_and_reset
@@ -195,6 +202,10 @@ def supervise_worker(runtime_api_address: str, stop: threading.Event) -> threadi
     """Keep one :mod:`hyfl.deploy.worker` running until ``stop``; restart it when it dies
     (a crash, SIGKILL), not when it is told to stop (SIGTERM, SIGINT: the party stops).
 
+    The worker's stdin is a pipe from this process: each message the SuperNode
+    stores wakes the worker at once (:data:`ON_MESSAGE`), so it need not poll
+    often; when this process dies, the worker reads end-of-file and exits.
+
     The worker gets ``SIGKILL`` as its parent-death signal (Linux), so it never
     outlives this process.
     """
@@ -205,12 +216,29 @@ def supervise_worker(runtime_api_address: str, stop: threading.Event) -> threadi
     if os.environ.get("HYFL_WORKER_POLL"):
         command += ["--poll", os.environ["HYFL_WORKER_POLL"]]
 
+    current: list = []
+
+    def wake() -> None:
+        """Tell the worker a message is waiting: one byte on its stdin (never blocks)."""
+        if current:
+            try:
+                os.write(current[0].stdin.fileno(), b"\n")
+            except (BlockingIOError, BrokenPipeError, OSError):
+                pass  # a full pipe already says so; a dead worker is restarted below
+
+    ON_MESSAGE.append(wake)
+
     def run() -> None:
         while not stop.is_set():
             worker = _subprocess.Popen(  # noqa: S603 (our own interpreter and module)
-                command, preexec_fn=(lambda: prctl(PR_SET_PDEATHSIG, signal.SIGKILL))
+                [*command, "--wake-on-stdin"], stdin=_subprocess.PIPE,
+                preexec_fn=(lambda: prctl(PR_SET_PDEATHSIG, signal.SIGKILL))
                 if LINUX else None)
+            os.set_blocking(worker.stdin.fileno(), False)
+            current[:] = [worker]
             code = worker.wait()
+            current.clear()
+            worker.stdin.close()
             if code in (-signal.SIGTERM, -signal.SIGINT):  # an orderly stop (of the party)
                 return
             if not stop.is_set():

@@ -48,6 +48,8 @@ MAX_RUNS = 4
 #: Longest wait between two task polls while the SuperNode has nothing for the worker
 #: (the waits start at a millisecond after each message and grow to this).
 DEFAULT_POLL = 0.1
+#: Longest wait between two task polls of a worker that its SuperNode wakes per message.
+WOKEN_POLL = 1.0
 #: Seconds between two heartbeats of a task (well inside the SuperNode's patience,
 #: :data:`hyfl.deploy.supernode.TASK_PATIENCE`).
 HEARTBEAT_SECONDS = 2.0
@@ -153,14 +155,19 @@ class Worker:
         :class:`~hyfl.deploy.supernode.Backoff`).
     root_certificates : bytes, optional
         CA certificate when the Runtime API serves TLS; insecure otherwise.
+    wake : int, optional
+        A file descriptor on which the SuperNode's process writes a byte for each
+        message it stores (:func:`hyfl.deploy.supernode.supervise_worker`): the
+        worker then sleeps on it and looks for a task at once when woken, and at
+        the latest every ``poll`` seconds; end of file means the SuperNode is gone.
     log : callable, optional
         Receives one line per event (start, restore, errors).
     """
 
     def __init__(self, runtime_api_address: str, *, poll: float = DEFAULT_POLL,
-                 root_certificates: bytes | None = None,
+                 root_certificates: bytes | None = None, wake: int | None = None,
                  log: Callable[[str], None] | None = None):
-        self.address, self.poll = runtime_api_address, poll
+        self.address, self.poll, self.wake = runtime_api_address, poll, wake
         self.root_certificates = root_certificates
         self.log = log or (lambda line: None)
         self.sessions = Sessions()
@@ -199,8 +206,11 @@ class Worker:
                 if response.HasField("task") and response.token:
                     self.run_task(response.token)
                     idle.reset()
-                else:
+                elif self.wake is None:
                     stop.wait(idle.next())
+                elif not _wait_for_wake(self.wake, self.poll):
+                    self.log("the SuperNode is gone (end of the wake-up pipe); stopping")
+                    return
         finally:
             acquire.close()
             self.task_client.close()
@@ -286,6 +296,20 @@ class Worker:
         return Message(pack(*reply), reply_to=message)
 
 
+def _wait_for_wake(fd: int, timeout: float) -> bool:
+    """Sleep until woken on ``fd`` or ``timeout``; False at end of file (the writer died)."""
+    import select
+
+    ready, _, _ = select.select([fd], [], [], timeout)
+    if ready:
+        try:
+            if not os.read(fd, 4096):  # drain: one look for tasks serves every wake-up
+                return False
+        except BlockingIOError:
+            pass
+    return True
+
+
 def _hyfl_client_app():
     from hyfl.deploy.app import client_app
 
@@ -302,6 +326,9 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"seconds between task polls when idle (default {DEFAULT_POLL})")
     parser.add_argument("--root-certificates", default=None,
                         help="CA certificate of a Runtime API served with TLS")
+    parser.add_argument("--wake-on-stdin", action="store_true",
+                        help="the SuperNode's process writes a byte on stdin per message "
+                             "(and closes it when it ends)")
     args = parser.parse_args(argv)
     certificates = None
     if args.root_certificates:
@@ -312,7 +339,13 @@ def main(argv: list[str] | None = None) -> None:
     def log(line: str) -> None:
         print(f"hyfl worker: {line}", file=sys.stderr, flush=True)
 
-    Worker(args.runtime_api_address, poll=args.poll, root_certificates=certificates,
+    wake = None
+    if args.wake_on_stdin:
+        wake = sys.stdin.fileno()
+        os.set_blocking(wake, False)
+    # Woken per message, the worker's own poll is only a safety net.
+    poll = args.poll if wake is None else max(args.poll, WOKEN_POLL)
+    Worker(args.runtime_api_address, poll=poll, root_certificates=certificates, wake=wake,
            log=log).serve()
 
 
