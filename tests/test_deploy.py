@@ -216,13 +216,20 @@ def test_ckks_key_files(tmp_path, keys):
 
 
 def test_run_config_errors():
-    DeployConfig.from_run_config(run_config_for(parties=3, cipher="none"))
+    # Without a step rule, HyFDCA's own default (cocoa); every rule is deployed.
+    default = DeployConfig.from_run_config(run_config_for(parties=3, cipher="none"))
+    assert default.algorithm.step_rule == HyFDCA().step_rule == "cocoa"
+    for rule in ("safe", "theory", "paper", "cocoa"):
+        chosen = DeployConfig.from_run_config(run_config_for(parties=3, cipher="none",
+                                                             hyper=f"step_rule={rule}"))
+        assert chosen.algorithm.step_rule == rule
     cases = [
         ({"parties": 0}, "parties"),
         ({"bogus": 1}, "not known"),
         ({"algorithm": "fedavg"}, "cannot be deployed"),
-        ({"hyper": "sip_scope=paper"}, "accounting convention"),
-        ({"hyper": "step_rule=cocoa"}, "cannot run yet"),
+        ({"hyper": "step_rule=safe,sip_scope=paper"}, "accounting convention"),
+        ({"hyper": "step_rule=newton"}, "step_rule"),
+        ({"hyper": "step_rule=cocoa,sip_scope=drawn"}, "sip_scope"),
         ({"hyper": "local_steps"}, "KEY=VALUE"),
         ({"cipher": "rsa"}, "cipher"),
         ({"cipher": "paillier"}, "public-key"),
@@ -490,7 +497,8 @@ def _in_process(tmp_path, problem, partition, keys, *, cipher="none", hyper="",
 
 SETTINGS = {
     "hybrid, paillier, partial, safe": (
-        "paillier", "local_steps=3", "0.6", lambda p: _hybrid3(p.n_samples, p.n_features)),
+        "paillier", "local_steps=3,step_rule=safe", "0.6",
+        lambda p: _hybrid3(p.n_samples, p.n_features)),
     "grid, packed, cyclic, theory, refresh": (
         "packed", "local_steps=2,step_rule=theory,refresh_inner_products=true", "cyclic:2",
         lambda p: grid(p.n_samples, p.n_features, 2, 2)),
@@ -498,10 +506,31 @@ SETTINGS = {
         "none", "local_steps=4,step_rule=paper", "full",
         lambda p: horizontal(p.n_samples, p.n_features, 3)),
     "entry owners, none, partial, safe": (
-        "none", "local_steps=2", "0.7", lambda p: nonzero_balanced(p.X, 1, 3, seed=2)),
+        "none", "local_steps=2,step_rule=safe", "0.7",
+        lambda p: nonzero_balanced(p.X, 1, 3, seed=2)),
     "hybrid, ckks, partial, safe": (
-        "ckks", "local_steps=3", "0.6", lambda p: _hybrid3(p.n_samples, p.n_features)),
+        "ckks", "local_steps=3,step_rule=safe", "0.6",
+        lambda p: _hybrid3(p.n_samples, p.n_features)),
+    # The cocoa rule, HyFDCA's default (no step_rule given): returning parties at partial
+    # and cyclic participation (every party refreshed), horizontal data (the subproblem's
+    # model rides along with the round's instructions, or with the refreshed weights).
+    "hybrid, paillier, partial, cocoa": (
+        "paillier", "local_steps=3", "0.6", lambda p: _hybrid3(p.n_samples, p.n_features)),
+    "grid, packed, cyclic, cocoa": (
+        "packed", "local_steps=2", "cyclic:2", lambda p: grid(p.n_samples, p.n_features, 2, 2)),
+    "horizontal, ckks, partial, cocoa": (
+        "ckks", "local_steps=4", "0.7", lambda p: horizontal(p.n_samples, p.n_features, 3)),
+    "horizontal, none, full, cocoa, one pass": (
+        "none", "", "full", lambda p: horizontal(p.n_samples, p.n_features, 3)),
 }
+
+
+#: Reply fields plaintext by design (not audited): primal parts and images, the cocoa line
+#: search's public step (as in tests/test_protocol.py), timings, operation counts (small
+#: integers that would otherwise be audited together with the line search's coherence,
+#: the one other scalar of a reply) and the data's default lambda.
+PLAINTEXT_REPLIES = ("primal_part", "step", "seconds", "timing", "ops", "delivery_ops",
+                     "lam_default")
 
 
 @pytest.mark.parametrize("party", ["per-message", "worker", "restarting worker"])
@@ -541,11 +570,13 @@ def test_in_process_deployment_reproduces_run_protocol(tmp_path, problem, keys, 
         private = private_values(transport.spy.secrets, transport.duals, problem.X, problem.Y)
         assert private.size > 1000 and len(transport.received) > 20
         received = [(f"party {k}, {kind}", reply) for k, kind, reply in transport.received]
-        assert audit(received, private, skip=("primal_part", "seconds", "timing",
-                                              "lam_default")) == []
+        assert audit(received, private, skip=PLAINTEXT_REPLIES) == []
+        # Plaintext by design: the model, its parts (the cocoa rule's primal images of
+        # the direction and of the last step too), scalings and public facts.
         held = {k: v for k, v in vars(transport.server).items()
                 if k not in ("w", "primal_parts", "primal_sum", "saved", "beta", "beta_min",
-                             "public", "average_w", "sigma", "sigma_ceiling", "cipher", "rng")}
+                             "public", "average_w", "sigma", "sigma_ceiling", "cipher", "rng",
+                             "direction_parts", "direction_dw", "previous_dw")}
         assert audit([("server state", held)], private) == []
 
 
@@ -805,7 +836,7 @@ def test_loopback_deployment_reproduces_run_protocol(tmp_path, breast_cancer_blo
     private = private_values(spy.secrets, duals, problem.X, problem.Y)
     assert private.size > 1000
     findings = audit([(f"party {p}, {kind}", payload) for p, kind, payload in received],
-                     private, skip=("primal_part", "seconds", "timing", "lam_default"))
+                     private, skip=PLAINTEXT_REPLIES)
     assert findings == []
     print(f"\nloopback: {elapsed:.0f} s in all; seconds per round "
           f"{comparison['deploy_round_seconds']} (run_protocol: "
@@ -853,7 +884,7 @@ def test_loopback_deployment_with_the_lattice_cipher(tmp_path, breast_cancer_blo
                  seed=3, on_round=lambda s, c: duals.extend(x.alpha.copy() for x in c))
     private = private_values(spy.secrets, duals, problem.X, problem.Y)
     assert audit([(f"party {p}, {kind}", payload) for p, kind, payload in received],
-                 private, skip=("primal_part", "seconds", "timing", "lam_default")) == []
+                 private, skip=PLAINTEXT_REPLIES) == []
     assert _no_flower_processes_of(out) == []
 
 

@@ -43,7 +43,9 @@ __all__ = [
 RUN_DEFAULTS: dict[str, Any] = {
     "parties": 0,  # K, required
     "algorithm": "hyfdca",
-    "hyper": "",  # HyFDCA hyperparameters, "local_steps=2,step_rule=safe"
+    # HyFDCA hyperparameters, e.g. "local_steps=2" or "local_steps=2,step_rule=safe"; without
+    # step_rule, HyFDCA's own default (cocoa). Every step rule is deployed.
+    "hyper": "",
     "iterations": 10,
     "participation": "full",
     "seed": 0,
@@ -118,10 +120,6 @@ def _parse_hyper(text: str) -> dict[str, Any]:
     return out
 
 
-DEPLOYED_STEP_RULES = ("safe", "theory", "paper")
-"""HyFDCA step rules the Flower deployment runs (the first is its default)."""
-
-
 @dataclass(frozen=True)
 class DeployConfig:
     """The validated run config of a deployed HyFDCA job.
@@ -167,16 +165,6 @@ class DeployConfig:
                             fix="Set parties=K, the number of parties of the partition.")
         name = _text(config, "algorithm")
         hyper = _parse_hyper(_text(config, "hyper"))
-        # The Flower messages carry the per-sample rules; the cocoa rule (HyFDCA's
-        # default in the engines) runs in run_protocol and hyfl run, not yet deployed.
-        if name in ("", "hyfdca"):
-            hyper.setdefault("step_rule", DEPLOYED_STEP_RULES[0])
-        if hyper.get("step_rule", DEPLOYED_STEP_RULES[0]) not in DEPLOYED_STEP_RULES:
-            raise fail("hyper step_rule", f"is {hyper['step_rule']!r}, which hyfl deploy cannot "
-                       "run yet (its messages carry the per-sample rules)",
-                       f"Use step_rule={' or '.join(DEPLOYED_STEP_RULES)} (the default is "
-                       f"{DEPLOYED_STEP_RULES[0]}), or run the cocoa rule with hyfl run "
-                       "--cipher paillier (in-process parties, real encryption).")
         algorithm = make_algorithm(name, hyper)
         if not isinstance(algorithm, HyFDCA):
             raise fail(f"run config algorithm {name!r}", "cannot be deployed",
