@@ -580,37 +580,48 @@ def test_in_process_deployment_reproduces_run_protocol(tmp_path, problem, keys, 
         assert audit([("server state", held)], private) == []
 
 
-@pytest.mark.parametrize("dies_after", [4, 5, 6, 7, 9, 12])
-def test_a_party_that_dies_mid_round_is_absent_from_then_on(tmp_path, problem, keys,
+#: The absence tests' hyperparameters by step rule.
+RULES = {"safe": "local_steps=3,step_rule=safe", "cocoa": "local_steps=3"}
+
+
+# Message numbers of a party: 0 hello, 1 setup, then its round messages. Full participation,
+# hybrid3: safe 2 round, 3 steps, 4 duals (5 verdict: party 0, the judge), then the next
+# round; cocoa 2 round, 3 proposals, 4 image, 5 direction (6 step: party 0), 6 changes
+# (party 0: 7), then the next round's round (carrying the 'closed' delivery).
+@pytest.mark.parametrize("rule, who, dies_after", [
+    *(("safe", 1, n) for n in (4, 5, 6, 7, 9, 12)),
+    *(("cocoa", 1, n) for n in (2, 3, 4, 5, 6, 7, 9)), ("cocoa", 0, 6), ("cocoa", 0, 7)])
+def test_a_party_that_dies_mid_round_is_absent_from_then_on(tmp_path, problem, keys, rule, who,
                                                             dies_after):
-    # Party 1 handles hello, setup and then ``dies_after - 2`` messages of the
+    # Party ``who`` handles hello, setup and then ``dies_after - 2`` messages of the
     # rounds; the round it dies in is restarted without it.
     partition = _hybrid3(problem.n_samples, problem.n_features)
     results, weights, protocol, history, clients, transport = _in_process(
-        tmp_path, problem, partition, keys, cipher="paillier", hyper="local_steps=3",
-        participation="full", iterations=4, dies={1: dies_after})
+        tmp_path, problem, partition, keys, cipher="paillier", hyper=RULES[rule],
+        participation="full", iterations=4, dies={who: dies_after})
     assert results["status"] == "completed"
-    died = next(r["iteration"] for r in results["rounds"] if 1 in r["absent"])
+    died = next(r["iteration"] for r in results["rounds"] if who in r["absent"])
     for record in results["rounds"]:
-        assert (1 in record["active"]) == (record["iteration"] < died)
+        assert (who in record["active"]) == (record["iteration"] < died)
     assert results["rounds"][died - 1]["attempts"] == 2
-    assert results["final"]["absent"] == [1]
+    assert results["final"]["absent"] == [who]
     np.testing.assert_array_equal(weights[1:], np.stack(history))
-    for k in (0, 2):
+    for k in {0, 1, 2} - {who}:
         with np.load(tmp_path / "parties" / f"party-{k}.npz") as saved:
             np.testing.assert_array_equal(saved["alpha"], clients[k][0])
 
 
-@pytest.mark.parametrize("late", [2, 3, 4, 5])
+@pytest.mark.parametrize("rule, late", [*(("safe", n) for n in (2, 3, 4, 5)),
+                                        *(("cocoa", n) for n in (2, 3, 4, 5, 6, 7))])
 def test_a_late_party_is_absent_for_the_round_then_takes_part_again(tmp_path, problem, keys,
-                                                                   late):
-    # Message ``late`` of party 0 (2: the first round's configure, 3: its steps,
-    # 4: its duals, 5: the verdict, party 0 being the judge) is handled, but the
-    # reply comes too late: the round is restarted without party 0, whose
-    # half-done round is undone when it takes part again.
+                                                                   rule, late):
+    # Message ``late`` of party 0 (the judge; numbers as above) is handled, but the reply
+    # comes too late: the round is restarted without party 0, whose half-done round is
+    # undone when it takes part again -- with the cocoa rule also a round whose commit it
+    # had applied (late = 7) and whose dual changes the server never got.
     partition = _hybrid3(problem.n_samples, problem.n_features)
     results, weights, protocol, history, clients, transport = _in_process(
-        tmp_path, problem, partition, keys, cipher="paillier", hyper="local_steps=3",
+        tmp_path, problem, partition, keys, cipher="paillier", hyper=RULES[rule],
         participation="full", iterations=5, late={0: {late}})
     absent = [r["iteration"] for r in results["rounds"] if 0 in r["absent"]]
     assert absent and absent[0] == 1 and results["rounds"][0]["attempts"] == 2
@@ -622,13 +633,16 @@ def test_a_late_party_is_absent_for_the_round_then_takes_part_again(tmp_path, pr
             np.testing.assert_array_equal(saved["alpha"], clients[k][0])
 
 
-def test_a_round_whose_only_participant_dies_runs_empty(tmp_path, problem, keys):
+@pytest.mark.parametrize("rule, dies_after", [("safe", 6), ("cocoa", 8)])
+def test_a_round_whose_only_participant_dies_runs_empty(tmp_path, problem, keys, rule,
+                                                       dies_after):
+    # Party 1, alone in round 2, dies at its second message of that round.
     partition = _hybrid3(problem.n_samples, problem.n_features)
     trace = tmp_path / "trace.txt"
     trace.write_text("0 1 2\n1\n0 1 2\n")
     results, weights, protocol, history, _, _ = _in_process(
-        tmp_path, problem, partition, keys, hyper="local_steps=3",
-        participation=f"trace:{trace}", iterations=3, dies={1: 6})
+        tmp_path, problem, partition, keys, hyper=RULES[rule],
+        participation=f"trace:{trace}", iterations=3, dies={1: dies_after})
     assert results["rounds"][1]["active"] == [] and results["rounds"][1]["absent"] == [1]
     np.testing.assert_array_equal(weights[1:], np.stack(history))
 
