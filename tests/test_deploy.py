@@ -49,7 +49,7 @@ from hyfl.partition import (
 from hyfl.privacy.audit import RecordingCipher, audit, private_values
 from hyfl.privacy.ciphers import make_cipher
 from hyfl.privacy.layout import EncryptedVector
-from hyfl.problem import make_problem
+from hyfl.problem import make_problem, solve_centralized
 from hyfl.runtime.protocol import run_protocol
 from hyfl.runtime.simulation import simulate
 from synthetic_data import synthetic
@@ -570,6 +570,9 @@ def test_in_process_deployment_reproduces_run_protocol(tmp_path, problem, keys, 
         private = private_values(transport.spy.secrets, transport.duals, problem.X, problem.Y)
         assert private.size > 1000 and len(transport.received) > 20
         received = [(f"party {k}, {kind}", reply) for k, kind, reply in transport.received]
+        rounds = {"image", "direction", "step", "changes"} if "cocoa" in setting else {
+            "steps", "duals"}
+        assert rounds <= {kind for _, kind, _ in transport.received}  # all audited
         assert audit(received, private, skip=PLAINTEXT_REPLIES) == []
         # Plaintext by design: the model, its parts (the cocoa rule's primal images of
         # the direction and of the last step too), scalings and public facts.
@@ -578,6 +581,26 @@ def test_in_process_deployment_reproduces_run_protocol(tmp_path, problem, keys, 
                              "public", "average_w", "sigma", "sigma_ceiling", "cipher", "rng",
                              "direction_parts", "direction_dw", "previous_dw")}
         assert audit([("server state", held)], private) == []
+
+
+def test_the_deployed_default_learns(tmp_path, keys):
+    """The default hyperparameters -- the cocoa rule, a pass over each party's samples a
+    round -- learn when deployed: breast_cancer, grid:2x2, Paillier, 5 rounds. (The safe
+    rule, the deployment's former default, rejected the first four rounds here.)"""
+    problem = make_problem(load_data("breast_cancer"), "hinge", default_lambda("breast_cancer"))
+    partition = grid(problem.n_samples, problem.n_features, 2, 2)
+    results, weights, _, history, _, _ = _in_process(tmp_path, problem, partition, keys,
+                                                     cipher="paillier", iterations=5)
+    assert results["config"]["algorithm"]["step_rule"] == "cocoa"
+    np.testing.assert_array_equal(weights[1:], np.stack(history))
+    assert all(record["accepted"] for record in results["rounds"])
+    optimum = solve_centralized(problem)
+    relative = np.array([(problem.primal(w) - optimum.primal) / abs(optimum.primal)
+                         for w in weights])
+    # The last iterate's primal is not monotone (a dual method; it overshoots in round 4
+    # here, in every engine alike), but five rounds cut the relative loss from 3.65 to 0.98,
+    # and to 0.28 at best.
+    assert relative[-1] < 0.3 * relative[0] and relative[1:].min() < 0.1 * relative[0]
 
 
 #: The absence tests' hyperparameters by step rule.
