@@ -8,7 +8,7 @@ the parties through a :class:`Transport` (Flower's Grid in
 :mod:`hyfl.deploy.app`), which addresses parties by index and returns their
 replies, or reports the ones that did not come back in time.
 
-One outer iteration ``t``:
+One outer iteration ``t`` of the per-sample rules (``safe``, ``theory``, ``paper``):
 
 1. ``round``: the round's participants (the participation schedule's, minus
    parties known to be absent) get their draws, ``beta``, returning parties
@@ -22,10 +22,34 @@ One outer iteration ``t``:
    message to each participant; with ``refresh_inner_products`` a ``commit``
    message carries it at once and brings back the second SecureInnerProduct.
 
+One outer iteration of the ``cocoa`` rule (HyFDCA's default), the messages of
+:func:`hyfl.runtime.protocol._cocoa_round`:
+
+1. ``round`` as above (order of the drawn samples instead of ``beta``). When
+   a party returns, every participant gets the refreshed weights
+   (``weights``) and the others wait for them (``wait``) before they send
+   their inner products.
+2. ``proposals``: the summed inner products of the party's samples, the Gram
+   matrix of its history directions and the subproblem's scaling ->
+   encrypted proposals. On horizontal data there is nothing to sum: this
+   *model* rides along with ``round`` (or ``weights``), which is then
+   answered with the proposals, one round trip fewer.
+3. ``image``: the summed proposals (returning parties also their samples'
+   last steps) -> the proposal's primal image.
+4. ``direction``: the momentum coefficient -> the direction's primal image
+   and encrypted line-search sums.
+5. ``step``: the summed line-search sums to one party -> the step (and the
+   coherence to remember).
+6. ``changes``: the step and the new weights -> the encrypted dual changes,
+   which the server stores. This commit has a reply, so the round stands only
+   once every participant answered; a ``closed`` delivery then tells each
+   party on its next message that it may drop the round's snapshot.
+
 Absence. A participant that has not replied within ``reply_timeout`` (or whose
 node the SuperLink reports unavailable) makes the whole round *void*: the
-server restores its state from the start of the round (including its random
-generator, so the draws are those of a run in which that party was absent),
+server restores its whole state from the start of the round (a copy: its
+random generator, so the draws are those of a run in which that party was
+absent, and with the cocoa rule its history, momentum and line-search memory),
 marks the party absent and runs the round again without it; the other parties
 discard the abandoned round when they receive the new ``round`` message (see
 :mod:`hyfl.deploy.party`). HyFDCA then uses the absent party's stale blocks
@@ -42,8 +66,8 @@ the server's draws and the other parties' steps of step 2 already include the
 late party (its samples were drawn, the dual aggregation expects its steps),
 and HyFDCA's dual updates over shared samples are averaged over their
 holders, so continuing without it would apply a different algorithm than
-the one whose iterates the parties agreed to. Restarting costs one more
-round trip per absence and is exact.
+the one whose iterates the parties agreed to. Restarting costs the abandoned
+attempt's messages per absence and is exact.
 """
 
 from __future__ import annotations
