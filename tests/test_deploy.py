@@ -811,8 +811,8 @@ def breast_cancer_blocks(tmp_path_factory):
 @pytest.mark.slow
 def test_loopback_deployment_reproduces_run_protocol(tmp_path, breast_cancer_blocks,
                                                     monkeypatch):
-    """``hyfl deploy local``: 3 parties, real Paillier, a returning party, same iterates;
-    nothing the coordinator received is a private value in disguise."""
+    """``hyfl deploy local``: 3 parties, real Paillier, the default (cocoa) rule, a returning
+    party, same iterates; nothing the coordinator received is a private value in disguise."""
     from hyfl.deploy.app import AUDIT_DIR_VARIABLE, read_received
 
     problem, partition, files = breast_cancer_blocks
@@ -868,8 +868,8 @@ def test_loopback_deployment_reproduces_run_protocol(tmp_path, breast_cancer_blo
     # the reference run's parties encrypted and decrypted, plus their duals and data.
     received = read_received(tmp_path / "received", server_cipher(
         "paillier", out / "keys" / "public-key.json", **config.cipher_options(), **TEST_KEYS))
-    assert {"hello", "setup", "round", "steps", "duals", "verdict", "finish"} <= {
-        kind for _, kind, _ in received}
+    assert {"hello", "setup", "round", "weights", "proposals", "image", "direction", "step",
+            "changes", "finish"} <= {kind for _, kind, _ in received}
     private = private_values(spy.secrets, duals, problem.X, problem.Y)
     assert private.size > 1000
     findings = audit([(f"party {p}, {kind}", payload) for p, kind, payload in received],
@@ -883,9 +883,9 @@ def test_loopback_deployment_reproduces_run_protocol(tmp_path, breast_cancer_blo
 @pytest.mark.slow
 def test_loopback_deployment_with_the_lattice_cipher(tmp_path, breast_cancer_blocks,
                                                     monkeypatch):
-    """``hyfl deploy local --cipher ckks``: the deployed iterates are the in-process engine's
-    (and the plaintext ones to the fixed-point precision); the server holds only the public
-    context, and nothing it received is a private value in disguise."""
+    """``hyfl deploy local --cipher ckks`` with the safe rule: the deployed iterates are the
+    in-process engine's (and the plaintext ones to the fixed-point precision); the server
+    holds only the public context, and nothing it received is a private value in disguise."""
     from hyfl.deploy.app import AUDIT_DIR_VARIABLE, read_received
 
     problem, partition, files = breast_cancer_blocks
@@ -893,7 +893,8 @@ def test_loopback_deployment_with_the_lattice_cipher(tmp_path, breast_cancer_blo
     out = tmp_path / "out"
     result = runner.invoke(app, [
         "deploy", "local", "--party-data", str(files[0].parent), "--iterations", "2",
-        "--param", "local_steps=5", "--seed", "3", "--cipher", "ckks", "--out", str(out),
+        "--param", "local_steps=5", "--param", "step_rule=safe", "--seed", "3", "--cipher",
+        "ckks", "--out", str(out),
         "--compare", "--timeout", "900",
     ])
     assert result.exit_code == 0, result.output
@@ -903,7 +904,7 @@ def test_loopback_deployment_with_the_lattice_cipher(tmp_path, breast_cancer_blo
     assert comparison["max_abs_weight_difference"] == 0.0 and comparison["bytes_equal"]
     # Plaintext iterates, to the fixed-point precision.
     config = DeployConfig.from_run_config(run_config_for(parties=3, cipher="none",
-                                                         hyper="local_steps=5"))
+                                                         hyper="local_steps=5,step_rule=safe"))
     full = parse_participation("full", 3)
     plain = run_protocol(make_algorithm("hyfdca", config.hyper), problem, partition, full, 2,
                          make_cipher("none"), seed=3)
@@ -953,7 +954,8 @@ def test_loopback_party_killed_mid_run_is_treated_as_absent(tmp_path, breast_can
 
         run = run_config_for(parties=3, iterations=3, public_key=str(public),
                              insecure_test_keys=True,
-                             hyper="local_steps=5", seed=3, out=str(tmp_path / "out"),
+                             hyper="local_steps=5,step_rule=safe", seed=3,
+                             out=str(tmp_path / "out"),
                              reply_timeout=30.0)
         process = local.submit(run, name="kill-run")
         end = time.monotonic() + 300

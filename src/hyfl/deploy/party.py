@@ -333,7 +333,7 @@ class Party:
 
     # -- rounds ------------------------------------------------------------------
     def _round(self, client, payload: dict) -> dict:
-        """Configure; unless returning or told to wait, answer at once (:meth:`_weighted`).
+        """Configure; unless returning or told to wait, answer at once (:meth:`_with_weights`).
 
         With the cocoa rule, when some party returns, every party computes its
         inner products only with the refreshed weights (``wait``: they follow).
@@ -360,7 +360,7 @@ class Party:
             return dict(refresh)
         if payload.get("wait"):
             return {}
-        return self._weighted(client, payload.get("model"), "round")
+        return self._with_weights(client, payload.get("model"), "round")
 
     def _weights(self, client, payload: dict) -> dict:
         client.receive_weights(self._checked_weights(client, payload["w"], "weights", "w"))
@@ -368,9 +368,9 @@ class Party:
             raise fail(self._from_server("weights"), "has a cocoa model, but the step rule is "
                        f"{self.config.algorithm.step_rule!r}",
                        "Both sides must run the same hyfl version and job.")
-        return self._weighted(client, payload.get("model"), "weights")
+        return self._with_weights(client, payload.get("model"), "weights")
 
-    def _weighted(self, client, model: dict | None, kind: str) -> dict:
+    def _with_weights(self, client, model: dict | None, kind: str) -> dict:
         """The party has this round's weights: its encrypted inner products, or, if the
         cocoa subproblem's model came along (horizontal data: the server has nothing
         to sum first), its proposals at once."""
@@ -471,7 +471,8 @@ class Party:
                        "be garbled.")
 
     def _deliver(self, client, deliveries: dict) -> None:
-        """Apply what the server piggybacked: the row norms, the last round's commit."""
+        """Apply what the server piggybacked: the row norms, the last round's commit
+        (per-sample rules) or closure (cocoa)."""
         where = self._from_server("delivery") + " field deliveries"
         check_fields(deliveries, _DELIVERY_FIELDS, where)
         wrong = "closed" if not self._cocoa else "commit"
@@ -502,7 +503,8 @@ class Party:
         return w
 
     def _close_abandoned(self, client) -> None:
-        """An open round without commit was abandoned by the server: undo it."""
+        """An open round the server did not close (commit, or with the cocoa rule
+        ``closed``) was abandoned by the server: undo it."""
         if self.state.get("open"):
             _set_client_state(client, self.state["snapshot"])
             self.state["open"], self.state["snapshot"] = 0, None
