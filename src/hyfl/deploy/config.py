@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from hyfl.errors import check_choice, check_int, check_positive, fail
+from hyfl.errors import HyflError, check_choice, check_int, check_positive, fail
 
 __all__ = [
     "NODE_KEYS",
@@ -165,7 +165,11 @@ class DeployConfig:
                             fix="Set parties=K, the number of parties of the partition.")
         name = _text(config, "algorithm")
         hyper = _parse_hyper(_text(config, "hyper"))
-        algorithm = make_algorithm(name, hyper)
+        try:  # every step rule is deployed; without one, HyFDCA's own default (cocoa)
+            algorithm = make_algorithm(name, hyper)
+        except HyflError as err:  # name the run config keys it came from
+            raise HyflError(f"run config algorithm={name!r} hyper={_text(config, 'hyper')!r}: "
+                            f"{err}") from None
         if not isinstance(algorithm, HyFDCA):
             raise fail(f"run config algorithm {name!r}", "cannot be deployed",
                        "Deploy hyfdca: its server and clients exchange encrypted messages; "
