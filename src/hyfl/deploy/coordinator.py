@@ -112,9 +112,8 @@ REPLY_FIELDS: dict[str, dict[str, str]] = {
     "ping": {},
     "finish": {"written": "bool"},
 }
-#: Replies whose fields depend on the round (a returning party, the step rule) are
-#: checked where they are read (Coordinator._field); only the commit's is always there.
-_REQUIRED = {"commit": "inner_products"}
+#: Which optional fields a reply must hold depends on the round (a returning party, the
+#: step rule, horizontal data): they are checked where they are read (Coordinator._field).
 
 
 class PartyMissing(Exception):
@@ -392,7 +391,8 @@ class Coordinator:
         Returns what each configured party sends once it has the round's
         weights: its encrypted inner products (``None`` on horizontal data),
         or with the cocoa rule on horizontal data its proposals -- there the
-        subproblem's model needs no sums and rides along with the weights.
+        subproblem's model needs no sums and rides along with the instructions
+        (or, when a party returns, with the refreshed weights).
         """
         server = self.server
         cocoa = self.public.hyfdca.step_rule == "cocoa"
@@ -521,8 +521,9 @@ class Coordinator:
         for k in sorted(replies):
             self.mail[k] = {}
             reply = tally.strip(replies[k])
-            self.server.store_inner_products(k, wire.up(k, "inner_products",
-                                                        reply["inner_products"]))
+            vec = self._field(k, "commit", reply, "inner_products",
+                              optional=self.public.horizontal)
+            self.server.store_inner_products(k, wire.up(k, "inner_products", vec))
         for k in missing:  # the round stands; the party's stored inner products stay older
             self.absent[k] = {"since": len(self.results["rounds"]) + 1, "ping": None}
 
@@ -568,9 +569,6 @@ class Coordinator:
         """
         where = f"party {k}'s reply to {kind!r}"
         check_fields(reply, {**REPLY_FIELDS[kind], **_META_FIELDS}, where)
-        if kind in _REQUIRED and _REQUIRED[kind] not in reply:
-            raise fail(where, f"has no field {_REQUIRED[kind]!r}",
-                       "Run every party with the same hyfl version; the reply may be garbled.")
         public = getattr(self, "public", None)
         if public is None:  # hello: nothing to compare with yet
             return
