@@ -134,7 +134,7 @@ def test_app_flags_set_the_run_config_defaults(tmp_path, monkeypatch):
     (["--iterations", "0"], "run config iterations must be >= 1"),
     (["--lam", "-1"], "run config lam is -1.0"),
     (["--param", "local_steps"], "--param 'local_steps' is not KEY=VALUE"),
-    (["--param", "step_rule=cocoa"], "hyper step_rule is 'cocoa', which hyfl deploy cannot run"),
+    (["--param", "step_rule=fast"], "run config algorithm='hyfdca' hyper='step_rule=fast'"),
     (["--parties", "2", "--participation", "cyclic:5"], "number of cyclic groups is 5"),
     (["--parties", "2", "--participation", "often"], "participation spec 'often'"),
     (["--reply-timeout", "0"], "run config reply-timeout must be > 0"),

@@ -23,7 +23,7 @@ from hyfl.deploy.codec import MAX_DEPTH, decode, encode
 from hyfl.deploy.config import DeployConfig, run_config_for
 from hyfl.deploy.coordinator import REPLY_FIELDS, Coordinator
 from hyfl.deploy.keys import fingerprint, generate_keys, load_key, server_cipher
-from hyfl.deploy.party import MESSAGE_FIELDS, handle_message
+from hyfl.deploy.party import COCOA_KINDS, MESSAGE_FIELDS, handle_message
 from hyfl.errors import HyflError
 from hyfl.partition import grid
 from hyfl.privacy.ciphers import make_cipher
@@ -76,14 +76,27 @@ def message(tiny_paillier):
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
-    """Three parties of a small problem (cipher none), party 0's state after hello and
-    set-up, and the set-up payload."""
+    """Three parties of a small problem (cipher none, the safe rule), party 0's state after
+    hello and set-up, and the set-up payload."""
+    return _deployment(tmp_path_factory, "step_rule=safe", (3, 1))
+
+
+@pytest.fixture(scope="module")
+def cocoa_deployment(tmp_path_factory):
+    """As :func:`deployment` with the cocoa rule (the default) on vertical data; also
+    party 0's state in its first round (``open_state``)."""
+    d = _deployment(tmp_path_factory, "", (1, 3))
+    _, d["open_state"] = handle_message("round", encode(_valid_payload("round", d)), d["state"],
+                                        d["nodes"][0], d["run"])
+    return d
+
+
+def _deployment(tmp_path_factory, hyper: str, shape: tuple[int, int]) -> dict:
     folder = tmp_path_factory.mktemp("fuzz")
     problem = make_problem(synthetic(n=30, m=6), "hinge", 0.05)
-    partition = grid(problem.n_samples, problem.n_features, 3, 1)
+    partition = grid(problem.n_samples, problem.n_features, *shape)
     files = write_blocks(problem, partition, folder, lam_default=0.05)
-    # The safe rule: its verdict message is garbled too.
-    run = run_config_for(parties=3, cipher="none", iterations=2, hyper="step_rule=safe")
+    run = run_config_for(parties=3, cipher="none", iterations=2, hyper=hyper)
     nodes = [{"party": k, "cipher": "none", "data": str(f)} for k, f in enumerate(files)]
     blocks = [read_block(f, k) for k, f in enumerate(files)]
     setup = {"n_samples": problem.n_samples, "n_features": problem.n_features, "n_outputs": 1,
@@ -95,7 +108,8 @@ def deployment(tmp_path_factory):
     _, state = handle_message("hello", encode(hello), None, nodes[0], run)
     _, state = handle_message("setup", encode(setup), state, nodes[0], run)
     return {"run": run, "nodes": nodes, "state": state, "setup": setup, "files": files,
-            "n_local": blocks[0].samples.size, "n_features": blocks[0].features.size}
+            "n_local": blocks[0].samples.size, "n_features": blocks[0].features.size,
+            "cocoa": not hyper}
 
 
 # ----------------------------------------------------------------------------- codec
@@ -212,6 +226,7 @@ def _wrong_value(kind: str, rng) -> object:
             "bool": [1, "yes", np.ones(1)], "str": [1, ["a"], np.ones(1)],
             "dict": [5, "x", [1], np.ones(2)], "ids": [np.ones(3), np.ones((2, 2), int), 5, "x"],
             "mask": [np.arange(3), 1, "x"], "matrix": [np.ones(3), 3, "x", np.ones((2, 2, 2))],
+            "floats": [np.ones((2, 2)), np.array([np.inf]), 3.0, "x"],
             "vector": [np.ones(3), 5, "x", [1, 2]]}
     options = pool[kind.rstrip("?")]
     return options[rng.integers(len(options))]
@@ -222,13 +237,22 @@ def _valid_payload(kind: str, d: dict) -> dict:
     vec = EncryptedVector(np.array([0]), np.array([0.5], dtype=object))
     n_local = d["n_local"]
     configure = {"t": 1, "updated_local": np.arange(n_local), "reports_local":
-                 np.ones(n_local, bool), "n_draws": 2, "stale": None,
-                 "drawn_local": np.array([0, 1]), "beta": 1.0}
+                 np.ones(n_local, bool), "n_draws": 2, "stale": None}
+    if d["cocoa"]:
+        configure["order_local"] = np.array([1, 0])
+    else:
+        configure.update(drawn_local=np.array([0, 1]), beta=1.0)
+    one = np.zeros(1)
     return {"hello": {"cipher": "none", "fingerprint": ""}, "setup": d["setup"],
             "round": {"configure": configure, "deliveries": {}},
             "weights": {"w": np.zeros((d["n_features"], 1))}, "steps": {"z": vec},
             "duals": {"duals": vec}, "verdict": {"totals": vec, "dw_sq": 0.0},
-            "commit": {"inner_products": True}, "ping": {}, "finish": {}}[kind]
+            "commit": {"inner_products": True}, "ping": {}, "finish": {},
+            # grams: (C, R(R+1)/2) for the R = 7 directions of 6 features
+            "proposals": {"z": vec, "grams": np.zeros((1, 28)), "coef": 1.0},
+            "image": {"proposal": vec, "previous": None}, "direction": {"mu": one},
+            "step": {"totals": vec, "dw_sq": one, "coherence": one, "updated": 2},
+            "changes": {"step": one, "w": np.zeros((d["n_features"], 1))}}[kind]
 
 
 def _garble_payload(kind: str, payload: dict, rng) -> dict | None:
@@ -247,12 +271,13 @@ def _garble_payload(kind: str, payload: dict, rng) -> dict | None:
     return garbled
 
 
-def test_party_random_garbled_messages(deployment):
-    d = deployment
+def test_party_random_garbled_messages(deployment, cocoa_deployment):
     rng = np.random.default_rng(SEED + 2)
     kinds = list(MESSAGE_FIELDS)
     for _ in range(N_RANDOM):
         kind = kinds[rng.integers(len(kinds))]
+        # The cocoa rule's kinds to a cocoa party, the others to either.
+        d = cocoa_deployment if kind in COCOA_KINDS or rng.integers(2) else deployment
         payload = _garble_payload(kind, _valid_payload(kind, d), rng)
         state = None if kind == "hello" else d["state"]
         raises_hyfl(lambda k=kind, p=payload, s=state: handle_message(
@@ -302,6 +327,54 @@ def test_party_hand_written_nasty_messages(deployment):
                          fresh), "'setup' message", "party 0")
 
 
+def test_party_refuses_cocoa_messages_that_do_not_fit(deployment, cocoa_deployment):
+    d = cocoa_deployment
+    inside = d["open_state"]
+
+    def send(kind, payload, state=inside, d=d):
+        return lambda: handle_message(kind, encode(payload), state, d["nodes"][0], d["run"])
+
+    vec = EncryptedVector(np.array([0]), np.array([0.5], dtype=object))
+    one = np.zeros(1)
+    good = _valid_payload("round", d)
+    safe_round = _valid_payload("round", deployment)
+    cases = [
+        # Another rule's messages and fields, messages outside a round.
+        (send("steps", {"z": None}), "step rule is 'cocoa'"),
+        (send("steps", {"z": None}, d=deployment, state=deployment["state"]),
+         "outside a round"),
+        (send("image", {"proposal": vec}, state=d["state"]), "outside a round"),
+        (send("image", {"proposal": vec}, d=deployment, state=deployment["state"]),
+         "step rule is 'safe'"),
+        (send("round", safe_round), "has no field 'order_local'"),
+        (send("round", {**safe_round, "wait": True}, d=deployment, state=deployment["state"]),
+         "cocoa fields"),
+        (send("round", {**good, "deliveries": {"commit": {"round": 1, "accepted": True,
+                                                          "w": np.zeros((2, 1))}}}),
+         "does not deliver"),
+        (send("round", {**safe_round, "deliveries": {"closed": 1}}, d=deployment,
+              state=deployment["state"]), "does not deliver"),
+        # Shapes and values of the cocoa fields.
+        (send("proposals", {"z": vec, "grams": np.zeros((1, 3)), "coef": 1.0}),
+         "field grams has shape (1, 3), not (1, 28)"),
+        (send("proposals", {"z": vec, "grams": np.zeros((1, 28)), "coef": float("nan")}),
+         "field 'coef'"),
+        (send("round", {**good, "model": {"grams": np.zeros((1, 28))}}), "field model"),
+        (send("direction", {"mu": np.zeros(3)}), "field mu has shape (3,)"),
+        (send("direction", {"mu": np.array([np.inf])}), "field 'mu'"),
+        (send("direction", {"mu": np.zeros((1, 1))}), "field 'mu'"),
+        (send("step", {"totals": vec, "dw_sq": np.zeros(2), "coherence": one, "updated": 2}),
+         "field dw_sq has shape"),
+        (send("step", {"totals": None, "dw_sq": one, "coherence": one, "updated": 2}),
+         "field 'totals'"),
+        (send("changes", {"step": np.zeros(2), "w": np.zeros((2, 1))}), "field step has shape"),
+        (send("changes", {"step": one, "w": np.zeros((99, 1))}), "'changes' message"),
+        (send("image", {"proposal": vec, "previous": 3}), "field 'previous'"),
+    ]
+    for call, needle in cases:
+        raises_hyfl(call, needle)
+
+
 # ----------------------------------------------------------------------------- coordinator
 
 
@@ -343,12 +416,14 @@ def _coordinate(d, kind, garble):
     return coordinator.run
 
 
-def test_coordinator_random_garbled_replies(deployment):
-    d = deployment
+def test_coordinator_random_garbled_replies(deployment, cocoa_deployment):
     rng = np.random.default_rng(SEED + 3)
-    kinds = ["hello", "setup", "round", "steps", "duals", "verdict", "finish"]
+    kinds = [*((deployment, kind) for kind in ("hello", "setup", "round", "steps", "duals",
+                                               "verdict", "finish")),
+             *((cocoa_deployment, kind) for kind in ("round", "proposals", "image", "direction",
+                                                     "step", "changes"))]
     for _ in range(N_RANDOM // 2):
-        kind = kinds[rng.integers(len(kinds))]
+        d, kind = kinds[rng.integers(len(kinds))]
         fields = REPLY_FIELDS[kind]
         seed = int(rng.integers(1 << 30))
 
@@ -392,11 +467,30 @@ def test_coordinator_hand_written_garbled_replies(deployment):
         ("duals", lambda r: {**r, "primal_part": np.zeros((99, 1))}, "has shape (99, 1)"),
         ("steps", lambda r: {**r, "seconds": "soon"}, "field 'seconds'"),
         ("verdict", lambda r: {"accepted": "yes"}, "field 'accepted'"),
-        ("round", lambda r: {}, "has no field 'inner_products' or 'primal_part'"),
+        ("round", lambda r: {}, "has no field 'inner_products'"),
     ]
     for kind, garble, needle in cases:
         run = _coordinate(d, kind, garble)
         raises_hyfl(run, needle)
+
+
+def test_coordinator_hand_written_garbled_cocoa_replies(cocoa_deployment):
+    d = cocoa_deployment
+    far = EncryptedVector(np.array([10**6]), np.array([1.0], dtype=object))
+    cases = [
+        ("round", lambda r: {**r, "inner_products": None}, "has no field 'inner_products'"),
+        ("proposals", lambda r: {**r, "proposals": far}, "chunk ids outside"),
+        ("proposals", lambda r: {}, "has no field 'proposals'"),
+        ("image", lambda r: {**r, "primal_part": np.zeros((99, 1))}, "has shape (99, 1)"),
+        ("direction", lambda r: {"primal_part": r["primal_part"]}, "has no field 'totals'"),
+        ("step", lambda r: {**r, "step": np.ones(3)}, "field 'step' has shape (3,)"),
+        ("step", lambda r: {**r, "coherence": np.array([np.nan])}, "field 'coherence'"),
+        ("step", lambda r: {"step": r["step"]}, "has no field 'coherence'"),
+        ("changes", lambda r: {**r, "changes": far}, "chunk ids outside"),
+        ("changes", lambda r: {}, "has no field 'changes'"),
+    ]
+    for kind, garble, needle in cases:
+        raises_hyfl(_coordinate(d, kind, garble), needle)
 
 
 def _bundled(buffer, layout, spec='{"t":"dict","v":{}}'):

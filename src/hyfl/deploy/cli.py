@@ -37,8 +37,7 @@ Lam = Annotated[float, typer.Option(help="Regularization; 0 = the data's default
 Param = Annotated[
     list[str] | None,
     typer.Option(help="HyFDCA hyperparameter KEY=VALUE (local_steps, iic, step_rule...); "
-                 "repeatable. Without it: HyFDCA's defaults, with step_rule=theory (the "
-                 "deployed messages carry the per-sample rules theory, safe and paper)."),
+                 "repeatable. Without it: HyFDCA's defaults (step_rule=cocoa)."),
 ]
 Cipher = Annotated[str, typer.Option(help="paillier | packed | ckks | none (none: no encryption, "
                                      "tests).")]

@@ -317,13 +317,16 @@ _TYPES = {
     "ids": lambda v: isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind in "iu",
     "mask": lambda v: isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind == "b",
     "matrix": lambda v: isinstance(v, np.ndarray) and v.ndim == 2 and v.dtype.kind in "iuf",
+    "floats": lambda v: (isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind in "iuf"
+                         and bool(np.all(np.isfinite(v)))),
     "vector": lambda v: isinstance(v, EncryptedVector),
     "counts": lambda v: isinstance(v, dict) and all(_TYPES["int"](x) for x in v.values()),
     "numbers": lambda v: isinstance(v, dict) and all(_TYPES["number"](x) for x in v.values()),
 }
 _DESCRIBED = {"int": "an integer", "bool": "true or false", "str": "a string",
               "dict": "a mapping", "ids": "a 1-D integer array", "mask": "a 1-D bool array",
-              "matrix": "a 2-D numeric array", "vector": "an encrypted vector",
+              "matrix": "a 2-D numeric array", "floats": "a 1-D array of finite numbers",
+              "vector": "an encrypted vector",
               "counts": "a mapping to integers", "numbers": "a mapping to numbers",
               "number": "a finite number"}
 
@@ -337,8 +340,8 @@ def check_fields(tree: Any, schema: Mapping[str, str], where: str) -> dict:
         A decoded message (must be a dict).
     schema : mapping of str to str
         Field name -> type (keys of ``_TYPES``: ``int``, ``number``, ``bool``,
-        ``str``, ``dict``, ``ids``, ``mask``, ``matrix``, ``vector``,
-        ``counts``, ``numbers``); a trailing ``?`` makes the field optional
+        ``str``, ``dict``, ``ids``, ``mask``, ``matrix``, ``floats``,
+        ``vector``, ``counts``, ``numbers``); a trailing ``?`` makes the field optional
         (absent or None).
     where : str
         Names the message in errors (``"party 2's reply to 'steps'"``).

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from hyfl.errors import check_choice, check_int, check_positive, fail
+from hyfl.errors import HyflError, check_choice, check_int, check_positive, fail
 
 __all__ = [
     "NODE_HELP",
@@ -46,6 +46,8 @@ __all__ = [
 RUN_DEFAULTS: dict[str, Any] = {
     "parties": 0,  # required: 0 is refused
     "algorithm": "hyfdca",
+    # HyFDCA hyperparameters, e.g. "local_steps=2" or "local_steps=2,step_rule=safe"; without
+    # step_rule, HyFDCA's own default (cocoa). Every step rule is deployed.
     "hyper": "",
     "iterations": 10,
     "participation": "full",
@@ -159,21 +161,6 @@ def _parse_hyper(text: str) -> dict[str, Any]:
     return out
 
 
-DEPLOYED_STEP_RULES = ("theory", "safe", "paper")
-"""HyFDCA step rules the Flower deployment runs; the first is its default.
-
-HyFDCA's own default, ``cocoa``, is not among them: the Flower messages carry
-only the per-sample rules. Of those, ``theory`` is the deployed default
-because it is the one that learns from the first round: it never rejects a
-round and its objective falls steadily, if slowly (breast_cancer, grid:2x2,
-seed 0, HyFDCA's other defaults: relative loss 3.65 at the start, 3.53 after
-5 rounds, 3.41 after 10). ``safe`` with HyFDCA's default draws rejects its
-first rounds while ``beta`` grows (none of the first 5 accepted there; none of
-10 on ijcnn1 or adult), which costs a whole deployed round each. Every other
-hyperparameter is HyFDCA's default.
-"""
-
-
 @dataclass(frozen=True)
 class DeployConfig:
     """The validated run config of a deployed HyFDCA job.
@@ -219,18 +206,11 @@ class DeployConfig:
                             fix="Set parties=K, the number of parties of the partition.")
         name = _text(config, "algorithm")
         hyper = _parse_hyper(_text(config, "hyper"))
-        # The Flower messages carry the per-sample rules; the cocoa rule (HyFDCA's
-        # default in the engines) runs in run_protocol and hyfl run, not yet deployed.
-        # Only the step rule is set here: the rest stays HyFDCA's own default.
-        if name in ("", "hyfdca"):
-            hyper.setdefault("step_rule", DEPLOYED_STEP_RULES[0])
-        if hyper.get("step_rule", DEPLOYED_STEP_RULES[0]) not in DEPLOYED_STEP_RULES:
-            raise fail("hyper step_rule", f"is {hyper['step_rule']!r}, which hyfl deploy cannot "
-                       "run yet (its messages carry the per-sample rules)",
-                       f"Use step_rule={' or '.join(DEPLOYED_STEP_RULES)} (the default is "
-                       f"{DEPLOYED_STEP_RULES[0]}), or run the cocoa rule with hyfl run "
-                       "--cipher paillier (in-process parties, real encryption).")
-        algorithm = make_algorithm(name, hyper)
+        try:  # every step rule is deployed; without one, HyFDCA's own default (cocoa)
+            algorithm = make_algorithm(name, hyper)
+        except HyflError as err:  # name the run config keys it came from
+            raise HyflError(f"run config algorithm={name!r} hyper={_text(config, 'hyper')!r}: "
+                            f"{err}") from None
         if not isinstance(algorithm, HyFDCA):
             raise fail(f"run config algorithm {name!r}", "cannot be deployed",
                        "Deploy hyfdca: its server and clients exchange encrypted messages; "

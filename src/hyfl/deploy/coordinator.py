@@ -8,7 +8,7 @@ the parties through a :class:`Transport` (Flower's Grid in
 :mod:`hyfl.deploy.app`), which addresses parties by index and returns their
 replies, or reports the ones that did not come back in time.
 
-One outer iteration ``t``:
+One outer iteration ``t`` of the per-sample rules (``safe``, ``theory``, ``paper``):
 
 1. ``round``: the round's participants (the participation schedule's, minus
    parties known to be absent) get their draws, ``beta``, returning parties
@@ -22,10 +22,34 @@ One outer iteration ``t``:
    message to each participant; with ``refresh_inner_products`` a ``commit``
    message carries it at once and brings back the second SecureInnerProduct.
 
+One outer iteration of the ``cocoa`` rule (HyFDCA's default), the messages of
+:func:`hyfl.runtime.protocol._cocoa_round`:
+
+1. ``round`` as above (order of the drawn samples instead of ``beta``). When
+   a party returns, every participant gets the refreshed weights
+   (``weights``) and the others wait for them (``wait``) before they send
+   their inner products.
+2. ``proposals``: the summed inner products of the party's samples, the Gram
+   matrix of its history directions and the subproblem's scaling ->
+   encrypted proposals. On horizontal data there is nothing to sum: this
+   *model* rides along with ``round`` (or ``weights``), which is then
+   answered with the proposals, one round trip fewer.
+3. ``image``: the summed proposals (returning parties also their samples'
+   last steps) -> the proposal's primal image.
+4. ``direction``: the momentum coefficient -> the direction's primal image
+   and encrypted line-search sums.
+5. ``step``: the summed line-search sums to one party -> the step (and the
+   coherence to remember).
+6. ``changes``: the step and the new weights -> the encrypted dual changes,
+   which the server stores. This commit has a reply, so the round stands only
+   once every participant answered; a ``closed`` delivery then tells each
+   party on its next message that it may drop the round's snapshot.
+
 Absence. A participant that has not replied within ``reply_timeout`` (or whose
 node the SuperLink reports unavailable) makes the whole round *void*: the
-server restores its state from the start of the round (including its random
-generator, so the draws are those of a run in which that party was absent),
+server restores its whole state from the start of the round (a copy: its
+random generator, so the draws are those of a run in which that party was
+absent, and with the cocoa rule its history, momentum and line-search memory),
 marks the party absent and runs the round again without it; the other parties
 discard the abandoned round when they receive the new ``round`` message (see
 :mod:`hyfl.deploy.party`). HyFDCA then uses the absent party's stale blocks
@@ -42,8 +66,8 @@ the server's draws and the other parties' steps of step 2 already include the
 late party (its samples were drawn, the dual aggregation expects its steps),
 and HyFDCA's dual updates over shared samples are averaged over their
 holders, so continuing without it would apply a different algorithm than
-the one whose iterates the parties agreed to. Restarting costs one more
-round trip per absence and is exact.
+the one whose iterates the parties agreed to. Restarting costs the abandoned
+attempt's messages per absence and is exact.
 """
 
 from __future__ import annotations
@@ -78,18 +102,22 @@ REPLY_FIELDS: dict[str, dict[str, str]] = {
               "fingerprint": "str", "cipher": "str", "key_bits": "int", "slots": "int",
               "name": "str?", "node": "int?"},
     "setup": {"norms": "vector"},
-    "round": {"inner_products": "vector?", "primal_part": "matrix?"},
-    "weights": {"inner_products": "vector?"},
+    "round": {"inner_products": "vector?", "primal_part": "matrix?", "proposals": "vector?"},
+    "weights": {"inner_products": "vector?", "proposals": "vector?"},
     "steps": {"steps": "vector"},
     "duals": {"primal_part": "matrix", "totals": "vector?", "changes": "vector?"},
     "verdict": {"accepted": "bool"},
     "commit": {"inner_products": "vector?"},
+    "proposals": {"proposals": "vector"},
+    "image": {"primal_part": "matrix"},
+    "direction": {"primal_part": "matrix", "totals": "vector"},
+    "step": {"step": "floats", "coherence": "floats"},
+    "changes": {"changes": "vector"},
     "ping": {},
     "finish": {"written": "bool"},
 }
-#: Replies that must hold at least one of these fields (each may be null: horizontal data).
-_ONE_OF = {"round": ("inner_products", "primal_part"), "weights": ("inner_products",),
-           "commit": ("inner_products",)}
+#: Which optional fields a reply must hold depends on the round (a returning party, the
+#: step rule, horizontal data): they are checked where they are read (Coordinator._field).
 
 
 class PartyMissing(Exception):
@@ -334,6 +362,7 @@ class Coordinator:
                                           horizontal=self.public.horizontal),
             "updated_samples": int(self.server.updated.size),
             "beta": float(self.server.beta) if hy.step_rule == "safe" else None,
+            "sigma": float(self.server.sigma) if hy.step_rule == "cocoa" else None,
             "round_seconds": time.perf_counter() - started,
         })
         self.results["rounds"].append(record)
@@ -347,34 +376,80 @@ class Coordinator:
         """One try at round ``t`` with the ``active`` parties (raises PartyMissing)."""
         from hyfl.runtime.protocol import Wire
 
-        server, hy = self.server, self.public.hyfdca
         wire = Wire(int(self.cipher.ciphertext_bytes))
         tally = _Tally(self.transport)
         before = self.cipher.counts.snapshot()
+        configure = self.server.configure(active, self.was_active)
+        if self.public.hyfdca.step_rule == "cocoa":
+            accepted = self._cocoa_round(t, active, configure, wire, tally)
+        else:
+            accepted = self._per_sample_round(t, configure, wire, tally)
+        tally.add_ops(_ops(self.cipher.counts - before))
+        bytes_up, bytes_down = wire.bytes()
+        return {"accepted": accepted, **tally.record(), "bytes_up": bytes_up,
+                "bytes_down": bytes_down, **{k: float(v) for k, v in wire.counts.items()}}
 
-        configure = server.configure(active, self.was_active)
-        replies = self._exchange(
-            {k: ("round", {"deliveries": self.mail[k], "configure": wire.down(k, "configure", m)})
-             for k, m in configure.items()}, tally)
+    def _open_round(self, configure: dict[int, dict], wire, tally: _Tally) -> dict[int, Any]:
+        """The round's instructions (with the deliveries) and the returning parties' refresh.
+
+        Returns what each configured party sends once it has the round's
+        weights: its encrypted inner products (``None`` on horizontal data),
+        or with the cocoa rule on horizontal data its proposals -- there the
+        subproblem's model needs no sums and rides along with the instructions
+        (or, when a party returns, with the refreshed weights).
+        """
+        server = self.server
+        cocoa = self.public.hyfdca.step_rule == "cocoa"
+        returning = [k for k, message in configure.items() if message["stale"] is not None]
+        # The cocoa rule refreshes every party's weights when one returns (Server.refresh):
+        # the others wait for them before they compute their inner products.
+        wait = cocoa and bool(returning)
+        ride = cocoa and self.public.horizontal
+
+        def models() -> dict:  # the horizontal cocoa model, once the weights are final
+            return server.cocoa_inner_products(dict.fromkeys(configure)) if ride else {}
+
+        early = {} if returning else models()
+        messages = {}
+        for k, message in configure.items():
+            payload = {"deliveries": self.mail[k], "configure": wire.down(k, "configure", message)}
+            if wait and k not in returning:
+                payload["wait"] = True
+            if k in early:
+                payload["model"] = wire.down(k, "inner_products", early[k])
+            messages[k] = ("round", payload)
+        replies = self._exchange(messages, tally)
         for k in replies:
             self.mail[k] = {}  # the party has applied them (even if this round is abandoned)
-        refresh = {k: r for k, r in sorted(replies.items()) if "primal_part" in r}
-        for k, reply in refresh.items():
-            wire.up(k, "primal_part", reply)
-        if refresh:
+        answered = dict.fromkeys(configure, "round")
+        if returning:
+            refresh = {k: wire.up(k, "primal_part", {"primal_part": self._field(
+                k, "round", replies[k], "primal_part")}) for k in returning}
             weights = server.refresh(refresh)
-            replies.update(self._exchange(
-                {k: ("weights", {"w": wire.down(k, "weights", w)}) for k, w in weights.items()},
-                tally))
-        parts = {}
-        for k in configure:
-            vec = replies[k]["inner_products"]
-            parts[k] = wire.up(k, "inner_products", vec) if vec is not None else None
-        sums = server.sum_inner_products(parts)
+            late = models()  # after the refresh: the model records the refreshed w
+            messages = {}
+            for k, w_local in weights.items():
+                payload = {"w": wire.down(k, "weights", w_local)}
+                if k in late:
+                    payload["model"] = wire.down(k, "inner_products", late[k])
+                messages[k] = ("weights", payload)
+                answered[k] = "weights"
+            replies.update(self._exchange(messages, tally))
+        name = "proposals" if ride else "inner_products"
+        empty = not ride and self.public.horizontal  # no inner products to send
+        return {k: self._field(k, kind, replies[k], name, optional=empty)
+                for k, kind in answered.items()}
+
+    def _per_sample_round(self, t: int, configure: dict[int, dict], wire, tally: _Tally) -> bool:
+        """A round of the safe, theory or paper rule (see the module docstring)."""
+        server, hy = self.server, self.public.hyfdca
+        answers = self._open_round(configure, wire, tally)
+        sums = server.sum_inner_products({k: wire.up(k, "inner_products", vec)
+                                          for k, vec in answers.items()})
 
         replies = self._exchange(
-            {k: ("steps", {"z": wire.down(k, "inner_products", sums[k])
-                           if sums[k] is not None else None}) for k in configure}, tally)
+            {k: ("steps", {"z": wire.down(k, "inner_products", sums[k])}) for k in configure},
+            tally)
         steps = {k: wire.up(k, "dual_steps", replies[k]["steps"]) for k in configure}
         duals = server.aggregate_duals(steps)
 
@@ -395,10 +470,50 @@ class Coordinator:
                                       "w": wire.down(k, "weights", w_local)}
         if hy.refresh_inner_products:
             self._refresh_inner_products(list(configure), wire, tally)
-        tally.add_ops(_ops(self.cipher.counts - before))
-        bytes_up, bytes_down = wire.bytes()
-        return {"accepted": accepted, **tally.record(), "bytes_up": bytes_up,
-                "bytes_down": bytes_down, **{k: float(v) for k, v in wire.counts.items()}}
+        return accepted
+
+    def _cocoa_round(self, t: int, active: np.ndarray, configure: dict[int, dict], wire,
+                     tally: _Tally) -> bool:
+        """A round of the cocoa rule, message by message as
+        :func:`hyfl.runtime.protocol._cocoa_round` (see the module docstring)."""
+        server = self.server
+        if not configure:  # nobody takes part
+            server.cocoa_idle()
+            return False
+        answers = self._open_round(configure, wire, tally)
+        if self.public.horizontal:  # the model rode along: these are the proposals
+            proposals = {k: wire.up(k, "proposals", vec) for k, vec in answers.items()}
+        else:
+            models = server.cocoa_inner_products({k: wire.up(k, "inner_products", vec)
+                                                  for k, vec in answers.items()})
+            replies = self._exchange(
+                {k: ("proposals", wire.down(k, "inner_products", models[k])) for k in configure},
+                tally)
+            proposals = {k: wire.up(k, "proposals", replies[k]["proposals"]) for k in configure}
+        sums = server.cocoa_aggregate(proposals, active & ~self.was_active)
+
+        replies = self._exchange(
+            {k: ("image", wire.down(k, "proposal", sums[k])) for k in configure}, tally)
+        mu = server.cocoa_momentum({k: wire.up(k, "primal_part", replies[k]["primal_part"])
+                                    for k in configure})
+
+        replies = self._exchange(
+            {k: ("direction", {"mu": wire.down(k, "momentum", mu)}) for k in configure}, tally)
+        judge, check = server.cocoa_totals({k: wire.up(k, "direction", replies[k])
+                                            for k in configure})
+        reply = self._exchange({judge: ("step", wire.down(judge, "totals", check))}, tally)[judge]
+        verdict = wire.up(judge, "step", reply)
+
+        # Unlike the per-sample rules' commit, this one is answered (the dual changes the
+        # server stores), so the round stands only once every participant has answered.
+        replies = self._exchange(
+            {k: ("changes", wire.down(k, "commit", {"step": verdict["step"], "w": w_local}))
+             for k, w_local in server.cocoa_commit(verdict).items()}, tally)
+        server.cocoa_store({k: wire.up(k, "dual_changes", replies[k]["changes"])
+                            for k in configure})
+        for k in configure:
+            self.mail[k]["closed"] = t
+        return bool(np.any(np.asarray(verdict["step"]) > 0))
 
     def _refresh_inner_products(self, parties: list[int], wire, tally: _Tally) -> None:
         """The optional second SecureInnerProduct (and the commit, delivered at once)."""
@@ -410,8 +525,9 @@ class Coordinator:
         for k in sorted(replies):
             self.mail[k] = {}
             reply = tally.strip(replies[k])
-            self.server.store_inner_products(k, wire.up(k, "inner_products",
-                                                        reply["inner_products"]))
+            vec = self._field(k, "commit", reply, "inner_products",
+                              optional=self.public.horizontal)
+            self.server.store_inner_products(k, wire.up(k, "inner_products", vec))
         for k in missing:  # the round stands; the party's stored inner products stay older
             self.absent[k] = {"since": len(self.results["rounds"]) + 1, "ping": None}
 
@@ -457,25 +573,36 @@ class Coordinator:
         """
         where = f"party {k}'s reply to {kind!r}"
         check_fields(reply, {**REPLY_FIELDS[kind], **_META_FIELDS}, where)
-        if kind in _ONE_OF and not any(name in reply for name in _ONE_OF[kind]):
-            raise fail(where, f"has no field {' or '.join(map(repr, _ONE_OF[kind]))}",
-                       "Run every party with the same hyfl version; the reply may be garbled.")
         public = getattr(self, "public", None)
         if public is None:  # hello: nothing to compare with yet
             return
-        layout = public.norm_layout if kind == "setup" else public.layout
-        for name in ("norms", "inner_products", "steps", "changes"):
+        # The proposals travel in the round's compact layout, the row norms in their own.
+        layouts = {"norms": public.norm_layout, "proposals": self.server.round_layout}
+        for name in ("norms", "inner_products", "steps", "changes", "proposals"):
+            layout = layouts.get(name, public.layout)
             chunks = getattr(reply.get(name), "chunks", None)
             if chunks is not None and chunks.size and (chunks.max() >= layout.n_chunks
                                                        or np.unique(chunks).size < chunks.size):
                 raise fail(where, f"field {name!r} names chunk ids outside 0..."
                            f"{layout.n_chunks - 1} or twice", "Run every party with the same "
                            "hyfl version; the reply may be garbled or forged.")
-        part = reply.get("primal_part")
-        expected = (self.server.client_features[k].size, public.n_outputs)
-        if part is not None and part.shape != expected:
-            raise fail(where, f"field 'primal_part' has shape {part.shape}, not {expected}",
-                       "Run every party with the same hyfl version; the reply may be garbled.")
+        shapes = {"primal_part": (self.server.client_features[k].size, public.n_outputs),
+                  "step": (public.n_outputs,), "coherence": (public.n_outputs,)}
+        for name, expected in shapes.items():
+            value = reply.get(name)
+            if value is not None and value.shape != expected:
+                raise fail(where, f"field {name!r} has shape {value.shape}, not {expected}",
+                           "Run every party with the same hyfl version; the reply may be "
+                           "garbled.")
+
+    def _field(self, k: int, kind: str, reply: dict, name: str, optional: bool = False) -> Any:
+        """A field the round needs from party ``k``'s (checked) reply: present, and set
+        unless ``optional``."""
+        if reply.get(name) is None and not (optional and name in reply):
+            raise fail(f"party {k}'s reply to {kind!r}", f"has no field {name!r}",
+                       "Run every party with the same hyfl version and job; the reply may be "
+                       "garbled.")
+        return reply[name]
 
     def _count_deliveries(self, replies: dict[int, dict]) -> None:
         """Decrypting the delivered row norms is set-up work (as in run_protocol)."""

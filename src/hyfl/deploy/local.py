@@ -775,8 +775,7 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
     ``insecure_test_keys`` (then the parties' node configs and the run config
     admit them too, and the output warns).
 
-    ``hyper`` empty runs HyFDCA's defaults with the deployed default step rule
-    (see :data:`~hyfl.deploy.config.DEPLOYED_STEP_RULES`).
+    ``hyper`` empty runs HyFDCA's defaults (the ``cocoa`` step rule).
 
     Parameters
     ----------

@@ -18,13 +18,17 @@ State (a tree for :mod:`hyfl.deploy.codec`):
     What every party knows (:class:`~hyfl.algorithms.hyfdca_parties.Public`
     without the hyperparameters, which come from the run config), from ``setup``.
 ``client``
-    :meth:`Client.get_state`: duals and weights copies, the round's draws...
+    :meth:`Client.get_state`: duals and weights copies, the round's draws,
+    for the cocoa rule its memory of past rounds and its last step...
 ``open`` and ``snapshot``
-    The round the party is in (0: none) and its duals and weights when that
-    round began. A round is closed by its commit (the server's verdict and
-    the new weights). If the server abandons a round -- another party did not
-    answer in time -- it sends the same round again, or a later one, and the
-    party first restores the snapshot: the abandoned round leaves no trace.
+    The round the party is in (0: none) and a copy of the client's state
+    when that round began. A round is closed by the server: with the
+    per-sample rules by its commit (the verdict and the new weights), with the
+    cocoa rule, whose commit the party answers within the round, by a
+    ``closed`` delivery once every participant has answered. If the server
+    abandons a round -- another party did not answer in time -- it sends the
+    same round again, or a later one, and the party first restores the
+    snapshot: the abandoned round leaves no trace.
 
 Security policy. The party's cipher, key and minimum key size come from its
 node config (:class:`~hyfl.deploy.config.NodeSettings`), never from the job:
@@ -36,6 +40,14 @@ The private key is read from the key file for every message; it is never
 part of the state. Commits and the set-up's row norms travel as
 ``deliveries``: piggybacked on the party's next message instead of a round
 trip of their own (each round trip costs a new process on the party's side).
+
+Message kinds by step rule: the per-sample rules (``safe``, ``theory``,
+``paper``) run ``round`` (with ``weights`` for returning parties),
+``steps``, ``duals``, ``verdict`` and ``commit``; the ``cocoa`` rule runs
+``round`` (and ``weights``), ``proposals``, ``image``, ``direction``,
+``step`` (one party) and ``changes``, the messages of
+:func:`hyfl.runtime.protocol._cocoa_round`. A party refuses a kind of the
+other rule.
 """
 
 from __future__ import annotations
@@ -57,10 +69,15 @@ from hyfl.errors import HyflError, fail
 __all__ = ["KINDS", "QUERY_KINDS", "Party", "handle_message", "open_party", "own_cipher"]
 
 #: Message kinds a party handles (Flower message types ``train.<kind>`` or ``query.<kind>``).
-KINDS = ("hello", "setup", "round", "weights", "steps", "duals", "verdict", "commit", "ping",
-         "finish")
+KINDS = ("hello", "setup", "round", "weights", "steps", "duals", "verdict", "commit",
+         "proposals", "image", "direction", "step", "changes", "ping", "finish")
 #: Kinds sent as ``query.*`` (they change no model state); the rest are ``train.*``.
-QUERY_KINDS = ("hello", "ping", "verdict", "finish")
+QUERY_KINDS = ("hello", "ping", "verdict", "step", "finish")
+#: Kinds of one step rule only: the per-sample rules', the cocoa rule's.
+PER_SAMPLE_KINDS = ("steps", "duals", "verdict", "commit")
+COCOA_KINDS = ("proposals", "image", "direction", "step", "changes")
+#: Kinds that belong to the round the party is in (a ``round`` message opened it).
+_IN_ROUND = ("weights", "steps", "duals", "verdict", *COCOA_KINDS)
 
 #: The fields of each message kind a party reads (types of :func:`~hyfl.deploy.codec.check_fields`).
 MESSAGE_FIELDS: dict[str, dict[str, str]] = {
@@ -68,12 +85,17 @@ MESSAGE_FIELDS: dict[str, dict[str, str]] = {
     "setup": {"n_samples": "int", "n_features": "int", "n_outputs": "int", "lam": "number",
               "samples": "ids", "sample_counts": "ids", "features": "ids",
               "feature_counts": "ids"},
-    "round": {"deliveries": "dict?", "configure": "dict"},
-    "weights": {"w": "matrix"},
+    "round": {"deliveries": "dict?", "configure": "dict", "wait": "bool?", "model": "dict?"},
+    "weights": {"w": "matrix", "model": "dict?"},
     "steps": {"z": "vector?"},
     "duals": {"duals": "vector"},
     "verdict": {"totals": "vector", "dw_sq": "number"},
     "commit": {"deliveries": "dict?", "inner_products": "bool?"},
+    "proposals": {"z": "vector?", "grams": "matrix", "coef": "number"},
+    "image": {"proposal": "vector", "previous": "vector?"},
+    "direction": {"mu": "floats"},
+    "step": {"totals": "vector", "dw_sq": "floats", "coherence": "floats", "updated": "int"},
+    "changes": {"step": "floats", "w": "matrix"},
     "ping": {},
     "finish": {"deliveries": "dict?"},
 }
@@ -81,8 +103,12 @@ _CONFIGURE_FIELDS = {"t": "int", "updated_local": "ids", "reports_local": "mask"
                      "n_draws": "int", "stale": "vector?", "drawn_local": "ids?",
                      "order_local": "ids?", "beta": "number?", "compact_steps": "bool?",
                      "drawn_by_local": "mask?"}
-_DELIVERY_FIELDS = {"norms": "vector?", "commit": "dict?"}
+_DELIVERY_FIELDS = {"norms": "vector?", "commit": "dict?", "closed": "int?"}
 _COMMIT_FIELDS = {"round": "int", "accepted": "bool", "w": "matrix"}
+#: What a cocoa round keeps between messages that ``Client.STATE`` does not list:
+#: the aggregated proposal (read by ``cocoa_direction``) and the direction (read by
+#: ``cocoa_commit``). Without them a party rebuilt for every message fails mid-round.
+_COCOA_ROUND_STATE = ("proposal", "direction")
 
 
 def handle_message(kind: str, message: tuple[dict, str], state: tuple[dict, str] | None,
@@ -204,7 +230,7 @@ class Party:
         """The encoded state; ``with_block=False`` leaves the data out (only their ids),
         for a party that can load its block again (:meth:`reload_block`)."""
         if self._live is not None and "client" in self.state:
-            self.state["client"] = self._live.get_state()
+            self.state["client"] = _client_state(self._live)
         if with_block or "block" not in self.state:
             return encode(self.state)
         tree = {key: value for key, value in self.state.items() if key != "block"}
@@ -236,6 +262,7 @@ class Party:
         if "client" not in self.state:
             raise fail(f"party {self.node.party}", f"got a {kind!r} message before 'setup'",
                        "The server sets every party up first; restart the run.")
+        self._check_kind(kind)
         counts = self.cipher.counts
         client = self._client()
         start = counts.snapshot()
@@ -246,7 +273,7 @@ class Party:
         reply["seconds"] = time.perf_counter() - tic
         reply["ops"] = _ops(counts - middle)
         reply["delivery_ops"] = _ops(middle - start)
-        self.state["client"] = client.get_state()
+        self.state["client"] = _client_state(client)
         return reply
 
     # -- hello and set-up --------------------------------------------------------
@@ -295,7 +322,7 @@ class Party:
         self.state.pop("client", None)
         self._live = None
         client = self._client()
-        self.state["client"] = client.get_state()
+        self.state["client"] = _client_state(client)
         self.state["open"], self.state["snapshot"] = 0, None
         tic = time.perf_counter()
         counts = self.cipher.counts.snapshot()
@@ -306,21 +333,51 @@ class Party:
 
     # -- rounds ------------------------------------------------------------------
     def _round(self, client, payload: dict) -> dict:
-        """Configure (and, unless returning, send the inner products at once)."""
+        """Configure; unless returning or told to wait, answer at once (:meth:`_with_weights`).
+
+        With the cocoa rule, when some party returns, every party computes its
+        inner products only with the refreshed weights (``wait``: they follow).
+        """
         where = self._from_server("round") + " field configure"
         configure = check_fields(payload["configure"], _CONFIGURE_FIELDS, where)
         _check_local_ids(configure, client.samples.size, where)
+        order = "order_local" if self._cocoa else "drawn_local"
+        if configure.get(order) is None:
+            raise fail(where, f"has no field {order!r} (the step rule is "
+                       f"{self.config.algorithm.step_rule!r})", "Both sides must run the same "
+                       "hyfl version and job; the message may be garbled.")
+        if (payload.get("wait") or payload.get("model") is not None) and not self._cocoa:
+            raise fail(self._from_server("round"), "has cocoa fields (wait, model), but the "
+                       f"step rule is {self.config.algorithm.step_rule!r}",
+                       "Both sides must run the same hyfl version and job.")
         self._close_abandoned(client)
         self.state["open"] = int(configure["t"])
-        self.state["snapshot"] = {"alpha": client.alpha.copy(), "w": client.w.copy()}
+        # Everything the round may change, copied (the cocoa rule's memory and last step
+        # too): an abandoned round is undone from it.
+        self.state["snapshot"] = _copied(_client_state(client))
         refresh = client.configure(configure)
         if refresh is not None:  # returning: the weights come first
             return dict(refresh)
-        return {"inner_products": client.inner_products()}
+        if payload.get("wait"):
+            return {}
+        return self._with_weights(client, payload.get("model"), "round")
 
     def _weights(self, client, payload: dict) -> dict:
         client.receive_weights(self._checked_weights(client, payload["w"], "weights", "w"))
-        return {"inner_products": client.inner_products()}
+        if payload.get("model") is not None and not self._cocoa:
+            raise fail(self._from_server("weights"), "has a cocoa model, but the step rule is "
+                       f"{self.config.algorithm.step_rule!r}",
+                       "Both sides must run the same hyfl version and job.")
+        return self._with_weights(client, payload.get("model"), "weights")
+
+    def _with_weights(self, client, model: dict | None, kind: str) -> dict:
+        """The party has this round's weights: its encrypted inner products, or, if the
+        cocoa subproblem's model came along (horizontal data: the server has nothing
+        to sum first), its proposals at once."""
+        if model is None:
+            return {"inner_products": client.inner_products()}
+        check_fields(model, MESSAGE_FIELDS["proposals"], self._from_server(kind) + " field model")
+        return self._proposals(client, model, kind)
 
     def _steps(self, client, payload: dict) -> dict:
         return {"steps": client.dual_steps(payload["z"])}
@@ -335,6 +392,40 @@ class Party:
         if payload.get("inner_products"):  # the optional second SecureInnerProduct
             return {"inner_products": client.inner_products(True)}
         return {}
+
+    # -- the cocoa rule's round (hyfl.runtime.protocol._cocoa_round) ------------------------
+    def _proposals(self, client, payload: dict, kind: str = "proposals") -> dict:
+        """The round's inner products and directions' Gram matrix -> encrypted proposals."""
+        depth = client.memory.slots.size
+        self._check_shape(payload["grams"], (self._outputs, depth * (depth + 1) // 2),
+                          kind, "grams")
+        return {"proposals": client.cocoa_proposals(payload)}
+
+    def _image(self, client, payload: dict) -> dict:
+        """The proposals' sums (a returning party: also its samples' last steps) -> the
+        primal image."""
+        return {"primal_part": client.cocoa_image(payload)}
+
+    def _direction(self, client, payload: dict) -> dict:
+        """The momentum coefficient -> the direction's primal image, encrypted sums."""
+        self._check_shape(payload["mu"], (self._outputs,), "direction", "mu")
+        return dict(client.cocoa_direction(payload["mu"]))
+
+    def _step(self, client, payload: dict) -> dict:
+        """(One party, for all) the summed line-search sums -> the step and coherence."""
+        for name in ("dw_sq", "coherence"):
+            self._check_shape(payload[name], (self._outputs,), "step", name)
+        return dict(client.cocoa_step(payload))
+
+    def _changes(self, client, payload: dict) -> dict:
+        """The step and the new weights -> the encrypted changes of the reported duals.
+
+        The round stays open (its snapshot kept) until the server closes it: if
+        another party misses this message, the server restarts the round.
+        """
+        self._check_shape(payload["step"], (self._outputs,), "changes", "step")
+        w = self._checked_weights(client, payload["w"], "changes", "w")
+        return {"changes": client.cocoa_commit(payload["step"], w)}
 
     def _finish(self, client, payload: dict) -> dict:
         """End of the run: close any abandoned round, write the party's state if asked."""
@@ -352,10 +443,43 @@ class Party:
     def _from_server(self, kind: str) -> str:
         return f"the server's {kind!r} message to party {self.node.party}"
 
+    @property
+    def _cocoa(self) -> bool:
+        return self.config.algorithm.step_rule == "cocoa"
+
+    @property
+    def _outputs(self) -> int:
+        return int(self.state["public"]["n_outputs"])
+
+    def _check_kind(self, kind: str) -> None:
+        """A message of the job's step rule, and of an open round where it belongs."""
+        other = PER_SAMPLE_KINDS if self._cocoa else COCOA_KINDS
+        if kind in other:
+            raise fail(f"party {self.node.party}", f"got a {kind!r} message, but the job's step "
+                       f"rule is {self.config.algorithm.step_rule!r}",
+                       "Both sides must run the same hyfl version and job; the message may be "
+                       "forged.")
+        if kind in _IN_ROUND and not self.state.get("open"):
+            raise fail(f"party {self.node.party}", f"got a {kind!r} message outside a round",
+                       "The server opens every round with a 'round' message; the message may "
+                       "be out of order or forged.")
+
+    def _check_shape(self, value: np.ndarray, shape: tuple, kind: str, field: str) -> None:
+        if value.shape != shape:
+            raise fail(self._from_server(kind), f"field {field} has shape {value.shape}, not "
+                       f"{shape}", "Both sides must run the same hyfl version; the message may "
+                       "be garbled.")
+
     def _deliver(self, client, deliveries: dict) -> None:
-        """Apply what the server piggybacked: the row norms, the last round's commit."""
+        """Apply what the server piggybacked: the row norms, the last round's commit
+        (per-sample rules) or closure (cocoa)."""
         where = self._from_server("delivery") + " field deliveries"
         check_fields(deliveries, _DELIVERY_FIELDS, where)
+        wrong = "closed" if not self._cocoa else "commit"
+        if deliveries.get(wrong) is not None:
+            raise fail(where, f"holds a {wrong!r}, which the step rule "
+                       f"{self.config.algorithm.step_rule!r} does not deliver",
+                       "Both sides must run the same hyfl version and job.")
         if deliveries.get("norms") is not None:
             client.learn_norms(deliveries["norms"])
         commit = deliveries.get("commit")
@@ -365,6 +489,9 @@ class Party:
         # Only the round still open may be committed; a repeated commit is ignored.
         if commit is not None and int(commit["round"]) == self.state.get("open"):
             client.commit(bool(commit["accepted"]), commit["w"])
+            self.state["open"], self.state["snapshot"] = 0, None
+        # The cocoa rule: the round every participant answered stands (its commit applied).
+        if deliveries.get("closed") is not None and deliveries["closed"] == self.state.get("open"):
             self.state["open"], self.state["snapshot"] = 0, None
 
     def _checked_weights(self, client, w: np.ndarray, kind: str, field: str) -> np.ndarray:
@@ -376,10 +503,10 @@ class Party:
         return w
 
     def _close_abandoned(self, client) -> None:
-        """An open round without commit was abandoned by the server: undo it."""
+        """An open round the server did not close (commit, or with the cocoa rule
+        ``closed``) was abandoned by the server: undo it."""
         if self.state.get("open"):
-            snapshot = self.state["snapshot"]
-            client.alpha, client.w = snapshot["alpha"].copy(), snapshot["w"].copy()
+            _set_client_state(client, self.state["snapshot"])
             self.state["open"], self.state["snapshot"] = 0, None
 
     def _client(self):
@@ -397,9 +524,48 @@ class Party:
         client = Client(self.node.party, public, block["samples"], block["features"], X,
                         block["Y"], get_loss(self.config.loss), self.cipher)
         if "client" in self.state:
-            client.set_state(self.state["client"])
+            _set_client_state(client, self.state["client"])
         self._live = client
         return client
+
+
+def _client_state(client) -> dict:
+    """The client's changing state as codec values (not copied).
+
+    :meth:`Client.get_state` plus what a cocoa round keeps between messages
+    (:data:`_COCOA_ROUND_STATE`), the cocoa rule's memory as its arrays.
+    """
+    state = client.get_state()
+    state.update({name: getattr(client, name) for name in _COCOA_ROUND_STATE
+                  if hasattr(client, name)})
+    memory = state.get("memory")
+    if memory is not None:
+        state["memory"] = {"z": memory.z, "w": memory.w, "slots": memory.slots}
+    return state
+
+
+def _set_client_state(client, state: dict) -> None:
+    """Restore what :func:`_client_state` returned (its arrays become the client's)."""
+    state = dict(state)
+    memory = state.pop("memory", None)
+    client.set_state(state)
+    for name in _COCOA_ROUND_STATE:
+        if name in state:
+            setattr(client, name, state[name])
+    if memory is not None:
+        client.memory.z, client.memory.w, client.memory.slots = (
+            memory["z"], memory["w"], memory["slots"])
+
+
+def _copied(tree: Any) -> Any:
+    """``tree`` with every array copied; ciphertexts, never changed in place, are shared."""
+    if isinstance(tree, np.ndarray):
+        return tree.copy()
+    if isinstance(tree, dict):
+        return {key: _copied(value) for key, value in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_copied(value) for value in tree)
+    return tree
 
 
 def _check_local_ids(configure: dict, n_local: int, where: str) -> None:

@@ -116,10 +116,13 @@ def judge_progress(results: Mapping[str, Any],
             advice = ("The safe rule rejects rounds while its beta grows (it doubles after each "
                       "rejection, up to the number of draws per round): run more rounds "
                       f"({more}), let each party draw fewer samples per round (--param "
-                      "local_steps=5), or use the default rule (--param step_rule=theory), "
-                      "which never rejects a round.")
-        else:  # only the safe rule rejects; kept general for future rules
-            advice = f"Run more rounds ({more}) or use --param step_rule=theory."
+                      "local_steps=5), or use HyFDCA's default rule (leave step_rule out, or "
+                      "--param step_rule=cocoa).")
+        elif rule == "cocoa":  # its line search found no step that raises the dual
+            advice = (f"Run more rounds ({more}); with --participation {participation} try "
+                      "full participation, or more local steps (--param local_steps=N).")
+        else:
+            advice = f"Run more rounds ({more}) or use HyFDCA's default rule (step_rule=cocoa)."
         return Judgement(False, f"no round was accepted (all {len(taken)} rounds with parties "
                          f"were rejected by the {rule} rule's test)", advice)
     if relative_loss is None or len(relative_loss) < 2:
@@ -133,12 +136,13 @@ def judge_progress(results: Mapping[str, Any],
               f"{'s' if T > 1 else ''} ({len(accepted)} accepted)")
     advice = {
         "paper": "The paper rule (Algorithm 5 as printed) diverges on some data "
-                 "(docs/convergence.md): use the default rule (--param step_rule=theory), or "
-                 "step_rule=safe.",
+                 "(docs/convergence.md): use HyFDCA's default rule (leave step_rule out, or "
+                 "--param step_rule=cocoa).",
         "safe": "The safe rule keeps the dual objective rising, but the objective of w can "
                 f"rise for the first rounds while its beta adapts: run more rounds ({more}), or "
-                "use the default rule (--param step_rule=theory), whose objective falls from "
-                "the first round.",
+                "use HyFDCA's default rule (leave step_rule out, or --param step_rule=cocoa).",
+        "cocoa": "The cocoa rule's last iterate can overshoot for a few rounds before it "
+                 f"settles (docs/convergence.md): run more rounds ({more}).",
     }.get(rule, f"The {rule} rule takes small steps: run more rounds ({more}), or let each "
                 "party take more steps per round (--param local_steps=N, up to one pass over "
                 "its samples).")
@@ -158,9 +162,9 @@ def _step_rule(config: Mapping[str, Any]) -> str:
     hyper = config.get("hyper")
     if isinstance(hyper, Mapping) and hyper.get("step_rule"):
         return str(hyper["step_rule"])
-    from hyfl.deploy.config import DEPLOYED_STEP_RULES
+    from hyfl.algorithms.hyfdca import HyFDCA
 
-    return DEPLOYED_STEP_RULES[0]
+    return HyFDCA().step_rule  # what an empty hyper runs
 
 
 # ----------------------------------------------------------------------------- summary
