@@ -112,9 +112,10 @@ def main() -> None:
                     rows.append(row)
                     print(json.dumps({k: round(v, 3) if isinstance(v, float) else v
                                       for k, v in row.items()}), flush=True)
+    commit = git("rev-parse", "--short", "HEAD")
     lines = [
         f"{datetime.date.today()}, {cpu_model()}, {os.cpu_count()} cores, load "
-        f"{os.getloadavg()[0]:.1f} at the end, commit {git()}; {args.data}, cipher "
+        f"{os.getloadavg()[0]:.1f} at the end, commit {commit}; {args.data}, cipher "
         f"{args.cipher} ({args.key_bits} bits), {args.iterations} rounds, median of rounds",
         "",
         "| parties | partition | mode | deployed s/round | in-process s/round | difference | "
