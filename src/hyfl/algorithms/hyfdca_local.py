@@ -189,7 +189,11 @@ def _kernels():
                     for col in range(R):
                         phi[j, col] += m[r] * T[r, col]
 
-    @njit
+    # Not cached on disk: its signature holds the step function's type, and Numba
+    # (0.68) cannot save a cache index holding such types that another process loaded
+    # (their weak references are dead: "ReferenceError: underlying object has
+    # vanished" at the next compilation of a new signature). Compiled once per process.
+    @nb.njit(nogil=True)
     def solve(step, params, seg, row_sample, rows, indptr, indices, data, alpha, Y, sq_norms,
               ring, pairs, transforms, c, coef, passes, feature_ptr, features, basis,
               basis_grams, inverse):

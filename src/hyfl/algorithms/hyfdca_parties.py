@@ -142,7 +142,8 @@ class Client:
 
     #: What changes between messages: a transport that cannot keep the object
     #: alive (Flower starts a new process per message) saves and restores these.
-    STATE = ("alpha", "w", "sq_norms", "round", "z", "previous", "memory", "previous_step")
+    STATE = ("alpha", "w", "sq_norms", "round", "z", "previous", "memory", "previous_step",
+             "proposal", "direction")
 
     def get_state(self) -> dict:
         """The client's changing state (see :attr:`STATE`), by attribute name."""

@@ -105,10 +105,6 @@ _CONFIGURE_FIELDS = {"t": "int", "updated_local": "ids", "reports_local": "mask"
                      "drawn_by_local": "mask?"}
 _DELIVERY_FIELDS = {"norms": "vector?", "commit": "dict?", "closed": "int?"}
 _COMMIT_FIELDS = {"round": "int", "accepted": "bool", "w": "matrix"}
-#: What a cocoa round keeps between messages that ``Client.STATE`` does not list:
-#: the aggregated proposal (read by ``cocoa_direction``) and the direction (read by
-#: ``cocoa_commit``). Without them a party rebuilt for every message fails mid-round.
-_COCOA_ROUND_STATE = ("proposal", "direction")
 
 
 def handle_message(kind: str, message: tuple[dict, str], state: tuple[dict, str] | None,
@@ -532,12 +528,9 @@ class Party:
 def _client_state(client) -> dict:
     """The client's changing state as codec values (not copied).
 
-    :meth:`Client.get_state` plus what a cocoa round keeps between messages
-    (:data:`_COCOA_ROUND_STATE`), the cocoa rule's memory as its arrays.
+    :meth:`Client.get_state`, the cocoa rule's memory as its arrays.
     """
     state = client.get_state()
-    state.update({name: getattr(client, name) for name in _COCOA_ROUND_STATE
-                  if hasattr(client, name)})
     memory = state.get("memory")
     if memory is not None:
         state["memory"] = {"z": memory.z, "w": memory.w, "slots": memory.slots}
@@ -549,9 +542,6 @@ def _set_client_state(client, state: dict) -> None:
     state = dict(state)
     memory = state.pop("memory", None)
     client.set_state(state)
-    for name in _COCOA_ROUND_STATE:
-        if name in state:
-            setattr(client, name, state[name])
     if memory is not None:
         client.memory.z, client.memory.w, client.memory.slots = (
             memory["z"], memory["w"], memory["slots"])
