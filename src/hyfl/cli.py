@@ -682,6 +682,43 @@ def datasets():
     console.print(table)
 
 
+@app.command()
+def predict(
+    model: Annotated[
+        Path,
+        typer.Argument(help="A model.npz from a results folder (hyfl run / deploy local).",
+                       metavar="MODEL", show_default=False),
+    ],
+    data: Annotated[
+        str,
+        typer.Option(help="Dataset name (see `hyfl datasets`, NAME:test for a test split) or "
+                     "LIBSVM file, with the training data's features.", show_default=False),
+    ],
+    out: Annotated[
+        Path, typer.Option(help="CSV to write: index, prediction, decision value(s).")
+    ] = Path("predictions.csv"),
+    data_dir: Annotated[str | None, typer.Option(help="Folder with dataset files.")] = None,
+):
+    """Predict with a trained model: one CSV row per sample of DATA.
+
+    The prediction is the original label of the training data (e.g. 0/1, not -1/+1)
+    or the real value for regression; ``decision`` holds the score (one column per
+    class for multiclass). Data with another feature count are refused.
+    """
+    from hyfl.model_file import predict_data
+
+    try:
+        done = predict_data(model, data, out, data_dir=data_dir)
+    except HyflError as err:
+        _fail(err)
+    line = f"wrote {done.out} ({done.n_samples} predictions)"
+    if done.accuracy is not None:
+        line += f"; accuracy against the data's labels {done.accuracy:.4f}"
+        if done.same_data:
+            line += " (the training data)"
+    console.print(escape(line))
+
+
 def _hyper(iic, local_steps, step_rule, a, b, mu, eta0, batch_size, param) -> dict:
     named = {
         "iic": iic,

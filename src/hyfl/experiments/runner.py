@@ -242,6 +242,7 @@ class RunOutcome:
     optimum_val_accuracy: float
     summary: dict[str, Any]
     out_dir: Path | None
+    model: Any = None  # hyfl.model_file.Model of the final weights (None: not written)
 
 
 @dataclass(frozen=True)
@@ -397,8 +398,17 @@ def run_prepared(
         summary["local_steps"] = algorithm.steps_per_client(
             problem.n_samples, setup.partition.n_clients
         )
+    from hyfl.model_file import model_from_problem
+
+    model = model_from_problem(
+        problem, result.weights, data_meta=getattr(setup.train, "meta", {}),
+        partition=spec.partition_spec(), algorithm=name,
+        data=str(spec.parties if spec.parties is not None else spec.data),
+        data_y=setup.train.y,
+    )
     return RunOutcome(
-        run_spec, result, setup.optimum.primal, setup.optimum.method, opt_val_acc, summary, None
+        run_spec, result, setup.optimum.primal, setup.optimum.method, opt_val_acc, summary, None,
+        model,
     )
 
 
@@ -958,7 +968,11 @@ def metric_columns(rows: list[dict[str, float]]) -> list[str]:
 
 
 def write_outputs(outcome: RunOutcome, out_dir: Path, plot: bool = True) -> Path:
-    """Write ``metrics.csv``, ``metrics.parquet``, ``run.json`` and (with ``plot``) ``loss.png``.
+    """Write ``metrics.csv``, ``metrics.parquet``, ``model.npz``, ``run.json`` and ``loss.png``.
+
+    ``loss.png`` only with ``plot``; ``model.npz`` (the final weights, see
+    :mod:`hyfl.model_file`) when the outcome has a model (a run loaded back from
+    its folder has none, and its ``model.npz`` is left as it is).
 
     ``metrics.csv`` and ``metrics.parquet`` hold the same table: the columns
     :data:`METRIC_COLUMNS` in that order (the cumulative costs among them),
@@ -1010,6 +1024,10 @@ def write_outputs(outcome: RunOutcome, out_dir: Path, plot: bool = True) -> Path
     }
     if "setup" in outcome.result.config:
         record["setup"] = outcome.result.config["setup"]
+    if outcome.model is not None:
+        from hyfl.model_file import MODEL_FILE, save_model
+
+        save_model(out_dir / MODEL_FILE, outcome.model)
     write_json(out_dir / "run.json", record)
     if plot:
         plot_runs(

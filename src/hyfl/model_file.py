@@ -1,0 +1,345 @@
+"""Trained models on disk: ``model.npz`` and predictions from it.
+
+Every results folder (``hyfl run``, each run of a config, ``hyfl deploy local``)
+holds a ``model.npz``; ``hyfl predict`` reads it. The file is an ``.npz`` read with
+``allow_pickle=False`` (nothing in it can run code, like ``checkpoint.npz``), with
+numeric arrays only:
+
+``weights``
+    float64, shape (n_features, n_outputs): one column per output (one for binary
+    classification and regression, one per class for one-vs-rest multiclass).
+``classes``
+    float64, shape (n_outputs,) or (2,) or (0,): the encoded label of each column
+    (multiclass), ``[-1, +1]`` (binary) or empty (regression).
+``labels``
+    float64, same shape as ``classes``: the original label of each encoded one
+    (the label mapping; e.g. breast-cancer's ``[0, 1]`` for ``[-1, +1]``).
+``__header__``
+    JSON bytes (uint8): ``format`` (checked on load), ``kind`` ("hyfl-model"),
+    ``task``, ``loss``, ``lam``, ``n_features``, ``n_outputs``, ``partition``,
+    ``algorithm`` and ``provenance`` (``hyfl_version``, ``data`` (name or path),
+    ``data_sha256`` (see :func:`data_checksum`), ``n_samples``, ``written``), plus
+    ``content_sha256``: the SHA-256 of the arrays above, so an edited file is
+    refused.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from hyfl._io import atomic_write
+from hyfl.errors import fail
+
+MODEL_FORMAT = 1
+MODEL_KIND = "hyfl-model"
+MODEL_FILE = "model.npz"
+_ARRAYS = ("weights", "classes", "labels")
+_TASKS = ("binary", "multiclass", "regression")
+
+
+def data_checksum(X, y) -> str:
+    """SHA-256 (hex) of a training set's arrays as hyfl holds them.
+
+    Hashes, in order, the shape ``(n_samples, n_features)`` as two little-endian
+    int64, the CSR ``indptr`` and ``indices`` as int64, ``data`` as float64 (after
+    ``sorted_indices``) and the labels ``y`` as float64 (the encoded labels: ±1,
+    class indices or real targets). Equal data give equal checksums whatever file
+    they were read from.
+    """
+    X = sp.csr_matrix(X, dtype=np.float64)
+    if not X.has_sorted_indices:
+        X = X.sorted_indices()
+    h = hashlib.sha256()
+    h.update(np.asarray(X.shape, dtype="<i8").tobytes())
+    for arr, dtype in ((X.indptr, "<i8"), (X.indices, "<i8"), (X.data, "<f8"),
+                       (np.asarray(y), "<f8")):
+        h.update(np.ascontiguousarray(arr, dtype=dtype).tobytes())
+    return h.hexdigest()
+
+
+def _content_hash(arrays: dict[str, np.ndarray], header: dict) -> str:
+    h = hashlib.sha256()
+    for name in _ARRAYS:
+        arr = np.ascontiguousarray(arrays[name], dtype="<f8")
+        h.update(name.encode() + np.asarray(arr.shape, dtype="<i8").tobytes() + arr.tobytes())
+    body = {k: v for k, v in header.items() if k != "content_sha256"}
+    h.update(json.dumps(body, sort_keys=True).encode())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class Model:
+    """A trained linear model as read from (or written to) ``model.npz``.
+
+    Parameters
+    ----------
+    weights : ndarray, shape (n_features, n_outputs)
+    task : {"binary", "multiclass", "regression"}
+    classes : ndarray
+        Encoded label of each output column (multiclass), ``[-1, 1]`` (binary),
+        empty (regression).
+    labels : ndarray
+        Original label of each entry of ``classes`` (the label mapping).
+    loss, lam, partition, algorithm
+        How it was trained.
+    provenance : dict
+        ``hyfl_version``, ``data``, ``data_sha256``, ``n_samples``, ``written``.
+    """
+
+    weights: np.ndarray
+    task: str
+    classes: np.ndarray
+    labels: np.ndarray
+    loss: str
+    lam: float
+    partition: str
+    algorithm: str
+    provenance: dict = field(default_factory=dict)
+
+    @property
+    def n_features(self) -> int:
+        return int(self.weights.shape[0])
+
+    @property
+    def n_outputs(self) -> int:
+        return int(self.weights.shape[1])
+
+    def check_features(self, n_features: int, source: str = "the data") -> None:
+        """Raise unless data with ``n_features`` columns fit this model."""
+        if n_features != self.n_features:
+            raise fail(
+                source,
+                f"has {n_features} features but the model was trained on {self.n_features}",
+                f"Predict on data with the training data's {self.n_features} features (same "
+                f"dataset, columns and preprocessing as {self.provenance.get('data', 'it')!r}); "
+                "hyfl does not pad or drop columns.",
+            )
+
+    def decision_function(self, X) -> np.ndarray:
+        """Scores ``X @ weights``: shape (n_samples,) for one output, else (n_samples, C)."""
+        X = X if sp.issparse(X) else np.asarray(X, dtype=np.float64)
+        if X.ndim != 2:
+            raise fail("X", f"must be 2-D, got shape {X.shape}", "Pass (n_samples, n_features).")
+        self.check_features(X.shape[1], "X")
+        scores = np.asarray(X @ self.weights, dtype=np.float64)
+        return scores[:, 0] if self.n_outputs == 1 else scores
+
+    def predict_encoded(self, X) -> np.ndarray:
+        """Predictions in hyfl's encoded labels (±1, class index, or real values)."""
+        scores = self.decision_function(X)
+        if self.task == "multiclass":
+            return self.classes[np.argmax(scores, axis=1)]
+        if self.task == "binary":
+            return np.where(scores >= 0, 1.0, -1.0)
+        return scores
+
+    def original_labels(self, encoded: np.ndarray) -> np.ndarray:
+        """Map encoded labels back to the training data's original labels."""
+        if self.task == "regression" or len(self.classes) == 0:
+            return np.asarray(encoded, dtype=np.float64)
+        position = np.searchsorted(self.classes, encoded)
+        return self.labels[np.clip(position, 0, len(self.labels) - 1)]
+
+    def predict(self, X) -> np.ndarray:
+        """Predicted labels, as the original labels of the training data."""
+        return self.original_labels(self.predict_encoded(X))
+
+
+def model_from_problem(problem, weights, *, data_meta: dict | None = None,
+                       partition: str = "", algorithm: str = "", data: str = "",
+                       data_y=None) -> Model:
+    """Build a :class:`Model` from a :class:`~hyfl.problem.Problem` and its weights.
+
+    ``data_meta`` is the training dataset's ``meta`` (its ``classes`` give the
+    original labels); ``data_y`` its encoded labels (for the checksum; default the
+    problem's first label column).
+    """
+    weights = np.asarray(weights, dtype=np.float64)
+    if weights.ndim == 1:
+        weights = weights[:, None]
+    original = tuple((data_meta or {}).get("classes") or ())
+    if problem.classes is not None:
+        task = "multiclass"
+        classes = np.asarray(problem.classes, dtype=np.float64)
+    elif problem.loss.classification or bool(np.all(np.abs(problem.Y) == 1.0)):
+        task, classes = "binary", np.array([-1.0, 1.0])
+    else:
+        task, classes = "regression", np.empty(0)
+    if task == "multiclass" and len(original) >= int(classes.max(initial=-1)) + 1:
+        labels = np.asarray(original, dtype=np.float64)[classes.astype(np.int64)]
+    elif task == "binary" and len(original) == 2:
+        labels = np.asarray(original, dtype=np.float64)
+    else:
+        labels = classes.copy()
+    y = problem.Y[:, 0] if data_y is None else data_y
+    from hyfl import __version__
+
+    return Model(
+        weights=weights, task=task, classes=classes, labels=labels,
+        loss=str(getattr(problem.loss, "name", problem.loss)), lam=float(problem.lam),
+        partition=str(partition), algorithm=str(algorithm),
+        provenance={"hyfl_version": __version__, "data": str(data),
+                    "data_sha256": data_checksum(problem.X, y),
+                    "n_samples": int(problem.n_samples), "written": time.time()},
+    )
+
+
+def save_model(path: str | os.PathLike, model: Model) -> Path:
+    """Write ``model`` to ``path`` (an ``.npz``; see the module docstring), atomically."""
+    path = Path(path)
+    arrays = {name: np.asarray(getattr(model, name), dtype=np.float64) for name in _ARRAYS}
+    header = {
+        "kind": MODEL_KIND,
+        "format": MODEL_FORMAT,
+        "task": model.task,
+        "loss": model.loss,
+        "lam": model.lam,
+        "n_features": model.n_features,
+        "n_outputs": model.n_outputs,
+        "partition": model.partition,
+        "algorithm": model.algorithm,
+        "provenance": model.provenance,
+    }
+    header["content_sha256"] = _content_hash(arrays, header)
+    blob = json.dumps(header, sort_keys=True).encode()
+    arrays["__header__"] = np.frombuffer(blob, dtype=np.uint8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(path, "wb") as f:
+        np.savez(f, **arrays)
+    return path
+
+
+def load_model(path: str | os.PathLike) -> Model:
+    """Read a ``model.npz`` written by :func:`save_model`.
+
+    Raises
+    ------
+    HyflError
+        The file is missing, not an ``.npz``, holds pickled objects, is not a hyfl
+        model, has another format version, or was edited (its arrays or header do
+        not match its ``content_sha256``).
+    """
+    path = Path(path)
+    culprit = f"model file {path}"
+    if not path.is_file():
+        raise fail(culprit, "does not exist", "Pass the model.npz of a results folder "
+                   "(`hyfl run --out DIR` writes DIR/model.npz).")
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            arrays = {name: f[name] for name in f.files}
+        header = json.loads(arrays.pop("__header__").tobytes())
+    except Exception as err:  # not an npz, truncated, pickled objects, no/bad header
+        raise fail(culprit, f"cannot be read as a hyfl model ({type(err).__name__}: {err})",
+                   "Pass a model.npz written by hyfl (it never holds pickled objects).") from None
+    if not isinstance(header, dict) or header.get("kind") != MODEL_KIND:
+        raise fail(culprit, "is not a hyfl model file", "Pass a model.npz written by hyfl.")
+    if header.get("format") != MODEL_FORMAT:
+        raise fail(culprit, f"has model format {header.get('format')!r}, this hyfl "
+                   f"reads format {MODEL_FORMAT}",
+                   "Use the hyfl version that wrote it "
+                   f"({header.get('provenance', {}).get('hyfl_version', 'unknown')}), or "
+                   "retrain with this one.")
+    missing = [name for name in _ARRAYS if name not in arrays]
+    bad = [name for name in _ARRAYS if name in arrays and arrays[name].dtype.kind not in "biuf"]
+    if missing or bad:
+        raise fail(culprit, f"lacks numeric arrays {missing + bad}",
+                   "The file is damaged; retrain or restore it.")
+    if header.get("content_sha256") != _content_hash(arrays, header):
+        raise fail(culprit, "does not match its checksum (it was edited or damaged)",
+                   "Retrain, or restore the file the run wrote.")
+    weights = np.asarray(arrays["weights"], dtype=np.float64)
+    task = header.get("task")
+    if (weights.ndim != 2 or task not in _TASKS
+            or weights.shape != (header.get("n_features"), header.get("n_outputs"))):
+        raise fail(culprit, "has an inconsistent header", "Retrain, or restore the file.")
+    return Model(
+        weights=weights, task=task,
+        classes=np.asarray(arrays["classes"], dtype=np.float64),
+        labels=np.asarray(arrays["labels"], dtype=np.float64),
+        loss=str(header.get("loss")), lam=float(header.get("lam")),
+        partition=str(header.get("partition", "")), algorithm=str(header.get("algorithm", "")),
+        provenance=dict(header.get("provenance") or {}),
+    )
+
+
+def _label_text(value: float) -> str:
+    value = float(value)
+    return str(int(value)) if value.is_integer() else repr(value)
+
+
+@dataclass
+class Prediction:
+    """What :func:`predict_data` wrote: counts, accuracy and the data's checksum."""
+
+    out: Path
+    n_samples: int
+    accuracy: float | None
+    same_data: bool
+
+
+def predict_data(model_path: str | os.PathLike, data: str | os.PathLike,
+                 out: str | os.PathLike, *, data_dir: str | os.PathLike | None = None
+                 ) -> Prediction:
+    """``hyfl predict``: load a model and data, write one CSV row per sample.
+
+    Columns: ``index`` (0-based row of the data), ``prediction`` (the original
+    label; the real value for regression), then ``decision`` (one output) or
+    ``decision_<label>`` per class (multiclass, by original label).
+
+    ``accuracy`` compares the predictions with the data's own labels in original
+    label space (None for regression or data without original labels).
+    """
+    from hyfl.data import load_data
+
+    model = load_model(model_path)
+    dataset = load_data(data, data_dir=data_dir)
+    model.check_features(dataset.n_features, f"data {str(data)!r}")
+    scores = model.decision_function(dataset.X)
+    predicted = model.original_labels(model.predict_encoded(dataset.X))
+    accuracy = None
+    if model.task != "regression" and dataset.task != "regression":
+        truth = _original(dataset)
+        if truth is not None:
+            accuracy = float(np.mean(predicted == truth))
+    same = data_checksum(dataset.X, dataset.y) == model.provenance.get("data_sha256")
+    if scores.ndim == 1:
+        columns = ["decision"]
+        scores = scores[:, None]
+    else:
+        columns = [f"decision_{_label_text(v)}" for v in model.labels]
+    out = Path(out)
+    if out.parent != Path(""):
+        out.parent.mkdir(parents=True, exist_ok=True)
+    regression = model.task == "regression"
+    with atomic_write(out, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["index", "prediction", *columns])
+        for i in range(dataset.n_samples):
+            label = repr(float(predicted[i])) if regression else _label_text(predicted[i])
+            writer.writerow([i, label, *(repr(float(s)) for s in scores[i])])
+    return Prediction(out=out, n_samples=dataset.n_samples, accuracy=accuracy, same_data=same)
+
+
+def _original(dataset) -> np.ndarray | None:
+    """The dataset's labels as its original values (None if its mapping is unknown)."""
+    original = tuple(dataset.meta.get("classes") or ())
+    y = np.asarray(dataset.y, dtype=np.float64)
+    if dataset.task == "binary" and len(original) == 2:
+        return np.where(y > 0, float(original[1]), float(original[0]))
+    if dataset.task == "multiclass" and original:
+        return np.asarray(original, dtype=np.float64)[y.astype(np.int64)]
+    return None
+
+
+__all__: list[Any] = ["MODEL_FILE", "MODEL_FORMAT", "Model", "Prediction", "data_checksum",
+                      "load_model", "model_from_problem", "predict_data", "save_model"]
