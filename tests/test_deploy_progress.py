@@ -12,6 +12,7 @@ import subprocess
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tomllib
 from rich.console import Console
@@ -275,6 +276,12 @@ def test_local_with_the_defaults_learns_and_shows_every_round(tmp_path, in_proce
     assert f"{loss[0]:.3g} -> {loss[-1]:.3g}" in text and "in-process" in text
     assert "no progress" not in text
     assert re.search(r"max \|w difference\| *│ *│ *0 │", result.output)
+    from hyfl.model_file import load_model
+
+    model = load_model(tmp_path / "out" / "model.npz")  # the final weights, as a model file
+    with np.load(tmp_path / "out" / "weights.npz") as f:
+        np.testing.assert_array_equal(model.weights, np.asarray(f["w"][-1]).reshape(30, -1))
+    assert model.n_features == 30 and list(model.labels) == [0.0, 1.0]
 
 
 def test_local_without_progress_exits_3_and_says_what_to_change(tmp_path, in_process_local):

@@ -171,6 +171,8 @@ def model_from_problem(problem, weights, *, data_meta: dict | None = None,
     if problem.classes is not None:
         task = "multiclass"
         classes = np.asarray(problem.classes, dtype=np.float64)
+    elif problem.Y.shape[1] > 1:  # one-vs-rest columns without their labels (party blocks)
+        task, classes = "multiclass", np.arange(problem.Y.shape[1], dtype=np.float64)
     elif problem.loss.classification or bool(np.all(np.abs(problem.Y) == 1.0)):
         task, classes = "binary", np.array([-1.0, 1.0])
     else:

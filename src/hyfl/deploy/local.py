@@ -645,7 +645,7 @@ def default_partition(parties: int) -> str:
 
 #: What ``hyfl deploy local`` writes into its ``out`` folder (besides ``keys/``).
 LOCAL_OUTPUTS = ("deploy.json", "weights.npz", LATEST_WEIGHTS, "metrics.csv", "comparison.json",
-                 "parties", "flower")
+                 "parties", "flower", "model.npz")
 
 
 def _prepare_out(out: Path, overwrite: bool) -> None:
@@ -769,8 +769,9 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
     checked and reused, never regenerated), ``deploy.json``, ``weights.npz``
     and ``weights-latest.npz`` (the ServerApp's), ``metrics.csv`` (objective of
     each round's weights, costs), ``parties/party-K.npz`` (each party's final
-    duals and weights), ``flower/`` (logs, app, FLWR_HOME) and, with
-    ``compare``, ``comparison.json``. An ``out`` holding anything besides
+    duals and weights), ``flower/`` (logs, app, FLWR_HOME), ``model.npz`` (the
+    final weights, see :mod:`hyfl.model_file`) and, with ``compare``,
+    ``comparison.json``. An ``out`` holding anything besides
     ``keys/`` is refused unless ``overwrite``. Keys below 2048 bits need
     ``insecure_test_keys`` (then the parties' node configs and the run config
     admit them too, and the output warns).
@@ -820,6 +821,7 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
         problem, parts = assemble(files, loss, lam or lam_default)
         data_keys = [{"data": str(f.resolve())} for f in files]
         run_data = {}
+        dataset_meta, data_name = {}, str(party_data)
     else:
         if partition is None:
             if parties is None:
@@ -833,6 +835,7 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
         parts = parse_partition(partition, problem.X, seed=seed, meta=dataset.meta)
         data_keys = [{} for _ in range(parts.n_clients)]
         run_data = {"data": data, "partition": partition}
+        dataset_meta, data_name = dataset.meta, str(data)
     K = parts.n_clients if parties is None else parties
     if K != parts.n_clients:
         raise fail("--parties", f"is {K}, but the data have {parts.n_clients} parties",
@@ -875,6 +878,11 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
         weights = f["w"]
     rows = deployment_metrics(results, weights, problem, optimum, labels)
     write_metrics(rows, out / "metrics.csv")
+    from hyfl.model_file import MODEL_FILE, model_from_problem, save_model
+
+    save_model(out / MODEL_FILE, model_from_problem(
+        problem, weights[-1], data_meta=dataset_meta, partition=partition or "party files",
+        algorithm="hyfdca", data=data_name))
     comparison = None
     if compare:
         own = party_cipher(cipher, private, insecure_test_keys=insecure_test_keys,
