@@ -176,3 +176,20 @@ def test_unreadable_foreign_or_tampered_model_files_are_refused(tmp_path, damage
                                  "--out", str(tmp_path / "p.csv")])
     assert result.exit_code == 2 and message in _text(result)
     assert not (tmp_path / "p.csv").exists()
+
+
+def test_compare_and_config_runs_write_a_model_per_run(tmp_path):
+    out = tmp_path / "cmp"
+    result = runner.invoke(app, ["compare", "--algorithms", "hyfdca,fedavg", "--iterations", "3",
+                                 "--out", str(out), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    for name in ("hyfdca", "fedavg"):
+        assert load_model(out / name / "model.npz").algorithm == name
+    config = tmp_path / "exp.toml"
+    config.write_text('[experiment]\nname = "m"\nseeds = [0]\nbudget = { iterations = 3 }\n'
+                      '[data]\ndataset = "breast_cancer"\n[partition]\nspec = "grid:2x2"\n'
+                      '[algorithms.hyfdca]\n')
+    result = runner.invoke(app, ["run", str(config), "--out", str(tmp_path / "exp"), "-q"])
+    assert result.exit_code == 0, result.output
+    model = load_model(tmp_path / "exp" / "hyfdca" / "seed-0" / "model.npz")
+    assert (model.algorithm, model.partition) == ("hyfdca", "grid:2x2")
