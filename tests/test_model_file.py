@@ -114,16 +114,45 @@ def test_multiclass_labels_come_back_as_the_original_labels(tmp_path):
     assert np.mean(predicted == labels[which]) == pytest.approx(final["train_accuracy"])
 
 
-def test_predict_refuses_another_feature_count_naming_both(tmp_path):
+@pytest.mark.parametrize("data, n", [("wide", 31), ("synthetic", 40)])
+def test_predict_refuses_another_feature_count_naming_both(tmp_path, data, n):
     _, _, _, path = _breast_cancer_model(tmp_path)
-    other = _write_libsvm(tmp_path / "five.svm", np.eye(5), [0, 1, 0, 1, 1])
-    result = runner.invoke(app, ["predict", str(path), "--data", str(other),
+    if data == "wide":
+        data = str(_write_libsvm(tmp_path / "wide.svm", np.eye(31), [0, 1] * 15 + [1]))
+    result = runner.invoke(app, ["predict", str(path), "--data", data,
                                  "--out", str(tmp_path / "p.csv")])
     assert result.exit_code == 2
     text = _text(result)
-    assert "has 5 features but the model was trained on 30" in text
+    assert f"has {n} features but the model was trained on 30" in text
     assert "training data's 30 features" in text and "'breast_cancer'" in text
     assert not (tmp_path / "p.csv").exists()
+
+
+def test_a_narrower_libsvm_file_is_read_with_the_training_width_and_index_base(tmp_path):
+    """A LIBSVM file only shows its largest feature index: one whose last features are
+    zero reads narrower and gets the model's width; a training file read as 0-based
+    makes the prediction file be read 0-based too."""
+    rng = np.random.default_rng(2)
+    X = np.round(rng.random((40, 6)), 3)
+    X[:, 0] = np.where(np.arange(40) % 2, 1.0, 0.0)
+    y = np.where(X[:, 0] > 0, 1, 0)
+    with open(tmp_path / "train.svm", "w") as f:  # 0-based indices: column 0 is index 0
+        for row, label in zip(X, y, strict=True):
+            f.write(f"{label} " + " ".join(f"{j}:{v:g}" for j, v in enumerate(row) if v) + "\n")
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["run", "--data", str(tmp_path / "train.svm"), "--partition",
+                                 "vertical:2", "--iterations", "5", "--out", str(out), "-q"])
+    assert result.exit_code == 0, result.output
+    model = load_model(out / "model.npz")
+    assert model.provenance["zero_based"] is True and model.n_features == 6
+    with open(tmp_path / "narrow.svm", "w") as f:  # no index 0 and nothing beyond index 2
+        f.write("1 1:0.5 2:0.25\n0 2:1\n")
+    result = runner.invoke(app, ["predict", str(out / "model.npz"), "--data",
+                                 str(tmp_path / "narrow.svm"), "--out", str(tmp_path / "p.csv")])
+    assert result.exit_code == 0, result.output
+    scores = [float(r["decision"]) for r in _rows(tmp_path / "p.csv")]
+    w = model.weights[:, 0]
+    np.testing.assert_allclose(scores, [0.5 * w[1] + 0.25 * w[2], w[2]], rtol=1e-12)
 
 
 def _rewrite(path, **arrays):

@@ -192,8 +192,15 @@ def model_from_problem(problem, weights, *, data_meta: dict | None = None,
         partition=str(partition), algorithm=str(algorithm),
         provenance={"hyfl_version": __version__, "data": str(data),
                     "data_sha256": data_checksum(problem.X, y),
-                    "n_samples": int(problem.n_samples), "written": time.time()},
+                    "n_samples": int(problem.n_samples), "written": time.time(),
+                    **_libsvm_reading(data_meta or {})},
     )
+
+
+def _libsvm_reading(meta: dict) -> dict:
+    """How a LIBSVM training file was read (its index base), to read others alike."""
+    zero_based = meta.get("zero_based")
+    return {"zero_based": zero_based} if isinstance(zero_based, bool) else {}
 
 
 def save_model(path: str | os.PathLike, model: Model) -> Path:
@@ -300,11 +307,26 @@ def predict_data(model_path: str | os.PathLike, data: str | os.PathLike,
 
     ``accuracy`` compares the predictions with the data's own labels in original
     label space (None for regression or data without original labels).
+
+    A LIBSVM file is read with the training file's index base (0- or 1-based, when
+    the training data was a LIBSVM file) and, since such a file only reveals its
+    largest feature index, given the model's width when it looks narrower; data
+    with more features than the model, or a named dataset of another width, are
+    refused.
     """
-    from hyfl.data import load_data
+    from hyfl.data import dataset_names, load_data
+    from hyfl.data.loaders import load_libsvm
 
     model = load_model(model_path)
-    dataset = load_data(data, data_dir=data_dir)
+    name = str(data).partition(":")[0]
+    if name not in dataset_names() and Path(data).is_file():
+        dataset = load_libsvm(data, zero_based=model.provenance.get("zero_based", "auto"))
+        if dataset.n_features < model.n_features:  # trailing features the file never uses
+            from hyfl.data.loaders import widen
+
+            dataset = _replace_X(dataset, widen(dataset.X, model.n_features))
+    else:
+        dataset = load_data(data, data_dir=data_dir)
     model.check_features(dataset.n_features, f"data {str(data)!r}")
     scores = model.decision_function(dataset.X)
     predicted = model.original_labels(model.predict_encoded(dataset.X))
@@ -330,6 +352,12 @@ def predict_data(model_path: str | os.PathLike, data: str | os.PathLike,
             label = repr(float(predicted[i])) if regression else _label_text(predicted[i])
             writer.writerow([i, label, *(repr(float(s)) for s in scores[i])])
     return Prediction(out=out, n_samples=dataset.n_samples, accuracy=accuracy, same_data=same)
+
+
+def _replace_X(dataset, X):
+    from dataclasses import replace
+
+    return replace(dataset, X=X)
 
 
 def _original(dataset) -> np.ndarray | None:
