@@ -253,10 +253,11 @@ def load_model(path: str | os.PathLike) -> Model:
     if not isinstance(header, dict) or header.get("kind") != MODEL_KIND:
         raise fail(culprit, "is not a hyfl model file", "Pass a model.npz written by hyfl.")
     if header.get("format") != MODEL_FORMAT:
+        provenance = header.get("provenance")
+        version = provenance.get("hyfl_version") if isinstance(provenance, dict) else None
         raise fail(culprit, f"has model format {header.get('format')!r}, this hyfl "
                    f"reads format {MODEL_FORMAT}",
-                   "Use the hyfl version that wrote it "
-                   f"({header.get('provenance', {}).get('hyfl_version', 'unknown')}), or "
+                   f"Use the hyfl version that wrote it ({version or 'unknown'}), or "
                    "retrain with this one.")
     missing = [name for name in _ARRAYS if name not in arrays]
     bad = [name for name in _ARRAYS if name in arrays and arrays[name].dtype.kind not in "biuf"]
@@ -271,14 +272,21 @@ def load_model(path: str | os.PathLike) -> Model:
     if (weights.ndim != 2 or task not in _TASKS
             or weights.shape != (header.get("n_features"), header.get("n_outputs"))):
         raise fail(culprit, "has an inconsistent header", "Retrain, or restore the file.")
-    return Model(
-        weights=weights, task=task,
-        classes=np.asarray(arrays["classes"], dtype=np.float64),
-        labels=np.asarray(arrays["labels"], dtype=np.float64),
-        loss=str(header.get("loss")), lam=float(header.get("lam")),
-        partition=str(header.get("partition", "")), algorithm=str(header.get("algorithm", "")),
-        provenance=dict(header.get("provenance") or {}),
-    )
+    classes = np.asarray(arrays["classes"], dtype=np.float64)
+    labels = np.asarray(arrays["labels"], dtype=np.float64)
+    try:
+        if classes.shape != labels.shape or classes.ndim != 1:
+            raise ValueError("classes and labels differ in shape")
+        return Model(
+            weights=weights, task=task, classes=classes, labels=labels,
+            loss=str(header["loss"]), lam=float(header["lam"]),
+            partition=str(header.get("partition", "")),
+            algorithm=str(header.get("algorithm", "")),
+            provenance=dict(header.get("provenance") or {}),
+        )
+    except (KeyError, TypeError, ValueError) as err:
+        raise fail(culprit, f"has an inconsistent header ({type(err).__name__}: {err})",
+                   "Retrain, or restore the file.") from None
 
 
 def _label_text(value: float) -> str:
