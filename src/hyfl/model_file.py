@@ -18,9 +18,10 @@ numeric arrays only:
     JSON bytes (uint8): ``format`` (checked on load), ``kind`` ("hyfl-model"),
     ``task``, ``loss``, ``lam``, ``n_features``, ``n_outputs``, ``partition``,
     ``algorithm`` and ``provenance`` (``hyfl_version``, ``data`` (name or path),
-    ``data_sha256`` (see :func:`data_checksum`), ``n_samples``, ``written``), plus
-    ``content_sha256``: the SHA-256 of the arrays above, so an edited file is
-    refused.
+    ``data_sha256`` (see :func:`data_checksum`), ``n_samples``, ``written`` and, for
+    a LIBSVM training file, ``zero_based``), plus ``content_sha256``: the SHA-256 of
+    the arrays above and the rest of the header, so an edited file is refused (a
+    check against accidents and careless edits, not a signature).
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -379,5 +379,5 @@ def _original(dataset) -> np.ndarray | None:
     return None
 
 
-__all__: list[Any] = ["MODEL_FILE", "MODEL_FORMAT", "Model", "Prediction", "data_checksum",
+__all__ = ["MODEL_FILE", "MODEL_FORMAT", "Model", "Prediction", "data_checksum",
                       "load_model", "model_from_problem", "predict_data", "save_model"]
