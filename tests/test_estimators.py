@@ -128,6 +128,9 @@ def test_regressor_reaches_ridge():
     assert reg.coef_.shape == (6,) and reg.intercept_ == 0.0
     assert reg.score(X, y) > 0.95
     assert reg.gap_ <= reg.tol * abs(reg.history_["primal"][-1])
+    problem = make_problem(Dataset(sp.csr_matrix(X), y, task="regression"), "squared", 1e-3)
+    optimum = solve_centralized(problem, cache=False)
+    assert (problem.primal(reg.coef_[:, None]) - optimum.primal) / optimum.primal <= 1e-3
 
 
 def test_tiny_data_caps_the_partition():
