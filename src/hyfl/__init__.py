@@ -9,6 +9,9 @@ Typical use::
 
     from hyfl import HyFDCA, load_data, make_problem, solve_centralized, simulate
     from hyfl.partition import grid, RandomFraction
+
+or, scikit-learn style, ``hyfl.HyFDCAClassifier().fit(X, y)`` and
+``hyfl.HyFDCARegressor`` (:mod:`hyfl.estimators`, imported on first use).
 """
 
 __version__ = "0.1.0"
@@ -21,6 +24,8 @@ from hyfl.runtime.simulation import simulate  # noqa: E402
 
 __all__ = [
     "HyFDCA",
+    "HyFDCAClassifier",
+    "HyFDCARegressor",
     "HyflError",
     "load_data",
     "make_problem",
@@ -28,3 +33,12 @@ __all__ = [
     "solve_centralized",
     "__version__",
 ]
+
+
+def __getattr__(name: str):
+    """Import the scikit-learn estimators on first use (keeps ``import hyfl`` fast)."""
+    if name in ("HyFDCAClassifier", "HyFDCARegressor"):
+        from hyfl import estimators
+
+        return getattr(estimators, name)
+    raise AttributeError(f"module 'hyfl' has no attribute {name!r}")

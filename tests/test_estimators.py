@@ -1,0 +1,177 @@
+"""The scikit-learn estimators: scikit-learn's own checks, the acceptance case, equivalence."""
+
+from __future__ import annotations
+
+import inspect
+import time
+import warnings
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from sklearn.datasets import load_breast_cancer, load_iris
+from sklearn.preprocessing import MinMaxScaler
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+import hyfl
+from hyfl import HyFDCA, HyFDCAClassifier, HyFDCARegressor, HyflError, make_problem, simulate
+from hyfl.data.dataset import Dataset
+from hyfl.partition import parse_participation, parse_partition
+from hyfl.problem import solve_centralized
+
+# Few rounds keep scikit-learn's ~50 checks per estimator fast; their data are tiny.
+_FAST = dict(max_iter=100, random_state=0)
+
+# Expected failures of scikit-learn's checks (at most two per estimator, each with its
+# reason). None: every check passes, including the tiny data sets (1 sample, 1 feature),
+# because the estimators cap the partition's group counts at the data's size.
+EXPECTED_FAILURES: dict[str, dict[str, str]] = {"HyFDCAClassifier": {}, "HyFDCARegressor": {}}
+
+
+def _expected(estimator) -> dict[str, str]:
+    return EXPECTED_FAILURES[type(estimator).__name__]
+
+
+_ESTIMATORS = [HyFDCAClassifier(**_FAST), HyFDCARegressor(**_FAST)]
+
+
+@(
+    parametrize_with_checks(_ESTIMATORS, expected_failed_checks=_expected)
+    if "expected_failed_checks" in inspect.signature(parametrize_with_checks).parameters
+    else parametrize_with_checks(_ESTIMATORS)  # scikit-learn < 1.6: nothing is expected to fail
+)
+def test_sklearn_check_estimator(estimator, check):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ConvergenceWarning at max_iter=100
+        check(estimator)
+
+
+def test_expected_failures_are_few():
+    assert all(len(v) <= 2 for v in EXPECTED_FAILURES.values())
+
+
+@pytest.fixture(scope="module")
+def breast_cancer():
+    X, y = load_breast_cancer(return_X_y=True)
+    return MinMaxScaler().fit_transform(X), y
+
+
+def test_defaults_reach_the_centralized_optimum(breast_cancer):
+    X, y = breast_cancer
+    start = time.perf_counter()
+    clf = HyFDCAClassifier(
+        loss="hinge", lam=1e-3, partition="grid:3x3", participation=0.5, random_state=0
+    ).fit(X, y)
+    seconds = time.perf_counter() - start
+    problem = make_problem(Dataset(sp.csr_matrix(X), np.where(y == 1, 1.0, -1.0)), "hinge", 1e-3)
+    optimum = solve_centralized(problem, cache=False)
+    relative = (problem.primal(clf.coef_[:, None]) - optimum.primal) / abs(optimum.primal)
+    print(f"rounds {clf.n_iter_}, {seconds:.1f} s, relative loss {relative:.2e}")
+    assert relative <= 1e-3
+    assert clf.n_iter_ < clf.max_iter  # stopped by the tolerance, certified by the gap
+    assert clf.gap_ <= clf.tol * abs(clf.history_["primal"][-1])
+    assert len(clf.history_["gap"]) == clf.n_iter_ + 1
+    assert clf.score(X, y) > 0.9
+    assert clf.intercept_ == 0.0 and clf.n_features_in_ == 30
+
+
+def test_coef_equals_a_direct_simulate_call(breast_cancer):
+    X, y = breast_cancer
+    clf = HyFDCAClassifier(partition="grid:3x3", participation=0.5, max_iter=40, tol=0,
+                           random_state=3, step_rule="cocoa")
+    with pytest.warns(Warning):  # ConvergenceWarning: tol=0 runs max_iter rounds
+        clf.fit(X, y)
+    Xs = sp.csr_matrix(X)
+    problem = make_problem(Dataset(Xs, np.where(y == 1, 1.0, -1.0)), "hinge", 1e-3)
+    partition = parse_partition("grid:3x3", Xs, seed=3)
+    result = simulate(HyFDCA(step_rule="cocoa"), problem, partition,
+                      parse_participation(0.5, 9), 40, seed=3)
+    assert clf.n_iter_ == 40
+    np.testing.assert_array_equal(clf.coef_, result.weights[:, 0])
+    assert clf.gap_ == result.final["gap"]
+
+
+def test_multiclass_iris_predict_and_score():
+    X, y = load_iris(return_X_y=True)
+    names = np.array(["setosa", "versicolor", "virginica"])[y]
+    clf = HyFDCAClassifier(loss="logistic", lam=1e-3, partition="grid:2x2", max_iter=300,
+                           random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        clf.fit(X, names)
+    assert list(clf.classes_) == ["setosa", "versicolor", "virginica"]
+    assert clf.coef_.shape == (3, 4) and clf.intercept_.shape == (3,)
+    assert clf.decision_function(X).shape == (150, 3)
+    assert set(clf.predict(X)) <= set(names)
+    assert clf.score(X, names) > 0.8
+
+
+@pytest.mark.parametrize("loss", ["hinge", "logistic", "smoothed_hinge"])
+def test_binary_losses_and_labels(loss, breast_cancer):
+    X, y = breast_cancer
+    labels = np.array(["benign", "malignant"])[1 - y]  # any two labels
+    clf = HyFDCAClassifier(loss=loss, lam=1e-2, max_iter=300, tol=1e-3, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # smoothed_hinge: not certified in 300 rounds
+        clf.fit(X, labels)
+    assert clf.coef_.shape == (30,)
+    assert clf.score(X, labels) > 0.85  # no intercept, strong regularization
+    d = clf.decision_function(X)
+    np.testing.assert_array_equal(clf.predict(X), clf.classes_[(d >= 0).astype(int)])
+
+
+def test_regressor_reaches_ridge():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200, 6))
+    y = X @ rng.normal(size=6) + 0.1 * rng.normal(size=200)
+    reg = HyFDCARegressor(lam=1e-3, partition="grid:2x3", random_state=0).fit(X, y)
+    assert reg.coef_.shape == (6,) and reg.intercept_ == 0.0
+    assert reg.score(X, y) > 0.95
+    assert reg.gap_ <= reg.tol * abs(reg.history_["primal"][-1])
+    problem = make_problem(Dataset(sp.csr_matrix(X), y, task="regression"), "squared", 1e-3)
+    optimum = solve_centralized(problem, cache=False)
+    assert (problem.primal(reg.coef_[:, None]) - optimum.primal) / optimum.primal <= 1e-3
+
+
+def test_tiny_data_caps_the_partition():
+    X = np.array([[1.0], [-1.0], [2.0]])
+    clf = HyFDCAClassifier(partition="grid:3x3", max_iter=20, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        clf.fit(X, [1, 0, 1])
+    assert clf.partition_ == "grid:3x1"
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda X, y: HyFDCAClassifier().fit(np.where(X > 0.5, np.nan, X), y), "NaN"),
+        (lambda X, y: HyFDCAClassifier().fit(X, y[:-1]), "inconsistent numbers of samples"),
+        (lambda X, y: HyFDCAClassifier(loss="squared").fit(X, y), "loss is 'squared'"),
+        (lambda X, y: HyFDCAClassifier(loss="nope").fit(X, y), "Choose one of"),
+        (lambda X, y: HyFDCARegressor(loss="hinge").fit(X, y), "loss is 'hinge'"),
+        (lambda X, y: HyFDCAClassifier(lam=-1).fit(X, y), "lam must be > 0"),
+        (lambda X, y: HyFDCAClassifier(tol=-1).fit(X, y), "tol must be"),
+        (lambda X, y: HyFDCAClassifier(partition="grid:nope").fit(X, y), "not understood"),
+        (lambda X, y: HyFDCAClassifier().fit(X, np.zeros(len(y))), "one class"),
+    ],
+)
+def test_bad_input_errors(make, match, breast_cancer):
+    X, y = breast_cancer
+    with pytest.raises(HyflError, match=match):
+        make(X[:40], y[:40])
+
+
+def test_predict_refuses_another_feature_count(breast_cancer):
+    X, y = breast_cancer
+    clf = HyFDCAClassifier(lam=1e-2, max_iter=50, tol=0, random_state=0)
+    with pytest.warns(Warning):  # ConvergenceWarning: tol=0 runs max_iter rounds
+        clf.fit(X, y)
+    with pytest.raises(HyflError, match="features"):
+        clf.predict(X[:, :5])
+
+
+def test_constructor_only_stores():
+    clf = HyFDCAClassifier(loss="nope", lam=-1, partition=3)
+    assert clf.get_params()["loss"] == "nope"
+    assert "HyFDCAClassifier" in hyfl.__all__
