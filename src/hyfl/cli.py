@@ -27,6 +27,29 @@ app = typer.Typer(
 )
 console = Console()
 
+
+def _show_version(value: bool) -> None:
+    if value:
+        from hyfl import __version__
+
+        console.print(f"hyfl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_show_version,
+            is_eager=True,
+            help="Print hyfl's version and exit.",
+        ),
+    ] = False,
+) -> None:
+    """Hybrid federated learning of linear models (HyFDCA and baselines)."""
+
 # Options shared by `run` and `compare`, declared once.
 Data = Annotated[str, typer.Option(help="Dataset name (see `hyfl datasets`) or LIBSVM file.")]
 Val = Annotated[str | None, typer.Option(help="Validation set: dataset name or file.")]
