@@ -189,7 +189,8 @@ def run(
         Path | None,
         typer.Argument(
             help="Experiment config (TOML, see hyfl.experiments.config): run every algorithm "
-            "and seed it lists. Flags fill in what it does not set; --out overrides its folder.",
+            "and seed it lists. Flags given override its values (recorded in config.toml "
+            "and run.json); --out overrides its folder.",
             metavar="CONFIG.toml",
             show_default=False,
         ),
@@ -301,7 +302,7 @@ def run(
     _print_costs(outcome)
 
 
-# Flags of `hyfl run` and where they go in a config (used when a config does not set them).
+# Flags of `hyfl run` and where they go in a config (flags given override the config).
 _FLAG_KEYS = {
     "data": ("data", "dataset"),
     "val": ("data", "val"),
@@ -331,12 +332,12 @@ def _from_command_line(ctx, name: str) -> bool:
 
 def _run_config(ctx, path: Path, out, hyper, *, resume: bool, overwrite: bool, progress: bool,
                 quiet: bool):
-    """``hyfl run CONFIG``: explicit flags fill what the config leaves out."""
-    from hyfl.experiments.config import fill_missing, parse_config, read_toml
+    """``hyfl run CONFIG``: the flags given on the command line override the config's values."""
+    from hyfl.experiments.config import apply_overrides, parse_config, read_toml
     from hyfl.experiments.runner import run_experiment
 
     explicit = {name for name in ctx.params if _from_command_line(ctx, name)}
-    defaults: dict[str, dict] = {}
+    overrides: dict[str, dict] = {}
     flag_of: dict[str, str] = {}
     for name, (section, key) in _FLAG_KEYS.items():
         if name in explicit:
@@ -347,22 +348,34 @@ def _run_config(ctx, path: Path, out, hyper, *, resume: bool, overwrite: bool, p
                 value = {"iterations": value}
             elif isinstance(value, Path):
                 value = str(value)
-            defaults.setdefault(section, {})[key] = value
+            overrides.setdefault(section, {})[key] = value
             flag_of[f"{section}.{key}"] = "--" + name.replace("_", "-")
+    raw = read_toml(path)
     algorithm_flags = [n for n in ("algorithm", *_HYPER_FLAGS) if n in explicit]
     if algorithm_flags:
         name = ctx.params["algorithm"]
-        defaults["algorithms"] = {name: hyper}
-        flag_of[f"algorithms.{name}"] = ", ".join(
-            "--" + n.replace("_", "-") for n in algorithm_flags
-        )
-    raw, shadowed = fill_missing(read_toml(path), defaults)
+        listed = raw.get("algorithms") if isinstance(raw.get("algorithms"), dict) else {}
+        if "algorithm" not in explicit and name not in listed:
+            raise fail(
+                ", ".join("--" + n.replace("_", "-") for n in algorithm_flags),
+                f"would set hyperparameters of {name}, which the config does not run",
+                f"Name the algorithm with --algorithm (the config runs {', '.join(listed)}).",
+            )
+        entry = listed.get(name) if isinstance(listed.get(name), dict) else {}
+        if "algorithm" in explicit:
+            overrides["algorithms"] = {name: {**entry, **hyper}}
+        else:  # hyperparameters only: the config's other algorithms stay
+            overrides["algorithms"] = {**listed, name: {**entry, **hyper}}
+        flag_of["algorithms"] = ", ".join("--" + n.replace("_", "-") for n in algorithm_flags)
+    raw, record = apply_overrides(raw, overrides, flag_of)
     config = parse_config(raw, source=str(path), base=path.resolve().parent)
-    if shadowed and not quiet:
-        ignored = ", ".join(flag_of.get(k, k) for k in shadowed)
-        console.print(
-            f"[yellow]note:[/] the config sets these, so the flags are ignored: {ignored}"
-        )
+    config = dataclasses.replace(config, overrides=record)
+    if record and not quiet:
+        for key, item in record.items():
+            console.print(
+                f"[yellow]note:[/] {escape(item['from'])} overrides the config: {key} = "
+                f"{escape(repr(item['value']))} (the config had {escape(repr(item['config']))})"
+            )
     out_dir = out if out is not None else config.default_out()
     if not quiet:
         budget = config.budget.to_dict()

@@ -694,7 +694,8 @@ def run_experiment(
             checkpoint_seconds=config.experiment.checkpoint_seconds,
             label=job.label,
         )
-        outcome.out_dir = write_outputs(outcome, run_dir, plot=False)
+        outcome.out_dir = write_outputs(outcome, run_dir, plot=False,
+                                        extra={"overrides": config.overrides})
         started.unlink(missing_ok=True)
         outcomes.append(outcome)
     rows = write_experiment_summary(config, outcomes, out)
@@ -957,7 +958,9 @@ def metric_columns(rows: list[dict[str, float]]) -> list[str]:
     return list(METRIC_COLUMNS) + extra
 
 
-def write_outputs(outcome: RunOutcome, out_dir: Path, plot: bool = True) -> Path:
+def write_outputs(
+    outcome: RunOutcome, out_dir: Path, plot: bool = True, extra: dict | None = None
+) -> Path:
     """Write ``metrics.csv``, ``metrics.parquet``, ``run.json`` and (with ``plot``) ``loss.png``.
 
     ``metrics.csv`` and ``metrics.parquet`` hold the same table: the columns
@@ -967,7 +970,9 @@ def write_outputs(outcome: RunOutcome, out_dir: Path, plot: bool = True) -> Path
     records the spec, the algorithm, the engine, the cipher, the cost model,
     the budget and what ended the run (``stopped_by``: ``iterations`` or
     ``sim_time``), the rounds at which it was resumed, and, for protocol
-    runs, the set-up costs (encryptions, bytes) that precede the first round.
+    runs, the set-up costs (encryptions, bytes) that precede the first round;
+    ``extra`` adds entries (config runs: ``overrides``, the values that
+    command-line flags set over the config file).
     """
     import pandas as pd
 
@@ -1010,6 +1015,7 @@ def write_outputs(outcome: RunOutcome, out_dir: Path, plot: bool = True) -> Path
     }
     if "setup" in outcome.result.config:
         record["setup"] = outcome.result.config["setup"]
+    record.update(extra or {})
     write_json(out_dir / "run.json", record)
     if plot:
         plot_runs(
