@@ -67,3 +67,87 @@ def test_hyperparameter_flags_without_algorithm_update_the_configs_entry(tmp_pat
     assert {e.label: e.hyper for e in config.algorithms} == {
         "hyfdca": {"iic": 0.3}, "fedavg": {"iic": 0.05, "a": 0.1, "b": 1.0}
     }
+
+
+def test_metrics_csv_writes_counts_as_integers_and_keeps_floats(tmp_path):
+    import csv
+
+    import pandas as pd
+
+    out = tmp_path / "run"
+    args = ["run", "--data", "synthetic", "--iterations", "4", "--eval-every", "2",
+            "--out", str(out), "-q"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    with open(out / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [row["iteration"] for row in rows] == ["0", "2", "4"]
+    assert all("." not in row[k] for row in rows for k in ("bytes_up", "encryptions"))
+    assert "." in rows[-1]["primal"] or "e" in rows[-1]["primal"]  # floats stay floats
+    table = pd.read_parquet(out / "metrics.parquet")
+    assert table["iteration"].dtype == "int64" and table["primal"].dtype == "float64"
+    pd.testing.assert_frame_equal(table, pd.read_csv(out / "metrics.csv"))
+
+
+def test_datasets_says_what_was_found_and_where_it_looked(tmp_path, monkeypatch):
+    here, elsewhere = tmp_path / "here", tmp_path / "env"
+    here.mkdir()
+    (here / "news20.binary.bz2").write_bytes(b"")  # only found, never read
+    monkeypatch.setenv("HYFL_DATA", str(elsewhere))
+    result = runner.invoke(app, ["datasets", "--data-dir", str(here)])
+    assert result.exit_code == 0, result.output
+    compact = "".join(result.output.replace("│", " ").split())  # cells may wrap
+    assert f"news20binary1e-05foundin{here}" in compact
+    assert "breast_cancerbinary0.001bundled" in compact
+    searched = result.output.split("looked for in")[1].splitlines()[1:]
+    assert searched[0].strip() == str(here)
+    assert searched[1].strip() == f"{elsewhere} (does not exist)"
+
+    from hyfl.data.registry import locate_files
+
+    assert locate_files("news20", here) == {"news20.binary.bz2": here / "news20.binary.bz2"}
+    assert locate_files("breast_cancer") == {}
+
+
+def test_run_announces_the_task_classes_and_label_mapping(tmp_path):
+    import json
+
+    rng = __import__("numpy").random.default_rng(0)
+    lines = [f"{label} 1:{rng.random():.3f} 2:{rng.random():.3f} 3:{rng.random():.3f}"
+             for label in [3, 5, 7] * 10]
+    path = tmp_path / "three.libsvm"
+    path.write_text("\n".join(lines) + "\n")
+    args = ["run", "--data", str(path), "--partition", "horizontal:2", "--lam", "0.01",
+            "--iterations", "2", "--no-progress"]
+    result = runner.invoke(app, [*args, "--out", str(tmp_path / "multi")])
+    assert result.exit_code == 0, result.output
+    first = result.output.splitlines()[0]
+    assert first == ("task: multiclass, one-vs-rest over 3 classes (3, 5, 7), hinge loss per "
+                     "class; labels 3 -> column 0, 5 -> column 1, 7 -> column 2")
+    record = json.loads((tmp_path / "multi" / "run.json").read_text())
+    assert record["task"]["label_mapping"] == {"3": 0, "5": 1, "7": 2}
+    result = runner.invoke(app, ["run", "--data", "synthetic", "--iterations", "2",
+                                 "--no-progress", "--out", str(tmp_path / "binary")])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[0].startswith("task: binary classification, classes ")
+    assert "-> -1" in result.output.splitlines()[0] and "-> +1" in result.output.splitlines()[0]
+
+
+def test_help_imports_neither_scipy_nor_sklearn_and_the_names_agree():
+    import subprocess
+    import sys
+
+    code = ("import sys, hyfl.cli; "
+            "print(sorted(m for m in ('scipy', 'sklearn', 'pandas', 'matplotlib') "
+            "if m in sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    assert loaded == "[]"
+
+    from hyfl import _names, costs
+    from hyfl.algorithms import hyfdca
+    from hyfl.privacy.ciphers import CIPHERS
+
+    assert tuple(CIPHERS) == _names.CIPHER_NAMES
+    assert hyfdca.STEP_RULES is _names.STEP_RULES and costs.HE_LAYOUTS is _names.HE_LAYOUTS
+    assert hyfl.HyFDCA is hyfdca.HyFDCA and "simulate" in dir(hyfl)

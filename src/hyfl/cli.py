@@ -15,10 +15,15 @@ from rich.table import Table
 
 from hyfl._format import format_bytes as _bytes
 from hyfl._format import format_seconds as _seconds
-from hyfl.algorithms.hyfdca import STEP_RULES
-from hyfl.costs import DEFAULT_HE_COSTS, DEFAULT_HE_LAYOUT, HE_COST_SOURCES, HE_LAYOUTS
+from hyfl._names import CIPHER_NAMES as CIPHERS
+from hyfl._names import (
+    DEFAULT_HE_COSTS,
+    DEFAULT_HE_LAYOUT,
+    HE_COST_SOURCES,
+    HE_LAYOUTS,
+    STEP_RULES,
+)
 from hyfl.errors import HyflError, fail
-from hyfl.privacy.ciphers import CIPHERS
 
 app = typer.Typer(
     add_completion=False,
@@ -138,6 +143,10 @@ HeLayout = Annotated[
 def _fail(err: HyflError) -> None:
     console.print(f"[bold red]error:[/] {escape(str(err))}")
     raise typer.Exit(code=2)
+
+
+def _say(message: str) -> None:
+    console.print(escape(message), soft_wrap=True)
 
 
 def _parse_params(params: list[str] | None) -> dict[str, object]:
@@ -292,7 +301,7 @@ def run(
             he_layout=he_layout,
         )
         outcome = execute(spec, out if out is not None else Path("hyfl-run"), progress=show,
-                          overwrite=overwrite)
+                          overwrite=overwrite, log=None if quiet else _say)
     except HyflError as err:
         _fail(err)
     if quiet:
@@ -707,15 +716,33 @@ def algorithms():
 
 
 @app.command()
-def datasets():
-    """List the named datasets."""
+def datasets(data_dir: DataDir = None):
+    """List the named datasets, whether their files were found and where they were looked for."""
     from hyfl.data import DATASETS, default_lambda
+    from hyfl.data.registry import locate_files, search_dirs
 
     table = Table("name", "task", "paper lambda")
+    table.add_column("files", overflow="fold")  # whole paths, folded rather than cut
     for name, entry in DATASETS.items():
         lam = default_lambda(name)
-        table.add_row(name, str(getattr(entry, "task", "")), f"{lam:g}" if lam else "-")
+        table.add_row(name, str(getattr(entry, "task", "")), f"{lam:g}" if lam else "-",
+                      _files_cell(locate_files(name, data_dir)))
     console.print(table)
+    console.print("Dataset files are looked for in, in order (the first that has a file wins):")
+    for folder in search_dirs(data_dir):
+        state = "" if folder.is_dir() else " (does not exist)"
+        console.print(f"  {escape(str(folder))}{state}", soft_wrap=True)
+
+
+def _files_cell(found: dict) -> str:
+    """``hyfl datasets``: bundled, found (in which folders) or missing (which files)."""
+    if not found:
+        return "bundled"
+    missing = [slot for slot, path in found.items() if path is None]
+    if missing:
+        return "[red]missing[/]: " + escape(", ".join(missing))
+    folders = dict.fromkeys(str(path.parent) for path in found.values())
+    return "[green]found[/] in " + escape(", ".join(folders))
 
 
 def _hyper(iic, local_steps, step_rule, a, b, mu, eta0, batch_size, param) -> dict:

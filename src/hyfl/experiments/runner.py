@@ -422,18 +422,75 @@ def cost_summary(result: RunResult) -> dict[str, Any]:
     return out
 
 
+def task_of(setup: Setup) -> dict[str, Any]:
+    """The learning task a set-up trains: kind, classes and how labels are encoded.
+
+    Parameters
+    ----------
+    setup : Setup
+
+    Returns
+    -------
+    dict
+        ``task`` ("binary", "multiclass" or "regression"), ``classes`` (the
+        original label values, empty for regression), ``label_mapping``
+        (original label -> +1/-1 for binary, -> the one-vs-rest column for
+        multiclass) and ``loss``.
+    """
+    train, problem = setup.train, setup.problem
+    task = str(train.task)
+    original = train.meta.get("classes") if isinstance(train.meta, dict) else None
+    if task == "multiclass":
+        classes = list(original) if original is not None and len(original) else []
+        codes = [_plain(c) for c in problem.classes]
+        if len(classes) != len(codes):
+            classes = codes
+        mapping = {str(_plain(c)): k for k, c in enumerate(classes)}
+    elif task == "binary":
+        classes = list(original) if original is not None and len(original) == 2 else [-1, 1]
+        mapping = {str(_plain(classes[0])): -1, str(_plain(classes[1])): 1}
+    else:
+        classes, mapping = [], {}
+    return {"task": task, "classes": [_plain(c) for c in classes],
+            "label_mapping": mapping, "loss": problem.loss.name}
+
+
+def describe_task(task: dict[str, Any]) -> str:
+    """One line announcing :func:`task_of`'s task (``hyfl run`` prints it at start)."""
+    classes = ", ".join(str(c) for c in task["classes"])
+    mapping = ", ".join(f"{k} -> {v:+d}" if task["task"] == "binary" else f"{k} -> column {v}"
+                        for k, v in task["label_mapping"].items())
+    if task["task"] == "multiclass":
+        return (f"task: multiclass, one-vs-rest over {len(task['classes'])} classes "
+                f"({classes}), {task['loss']} loss per class; labels {mapping}")
+    if task["task"] == "binary":
+        return f"task: binary classification, classes {classes}; labels {mapping}"
+    return f"task: regression ({task['loss']} loss)"
+
+
+def _plain(value):
+    """A class label as an int when it is a whole number (1.0 -> 1)."""
+    number = float(value)
+    return int(number) if number.is_integer() else number
+
+
 def execute(spec: RunSpec, out_dir: str | Path | None = None, progress: bool = False,
-            overwrite: bool = False) -> RunOutcome:
+            overwrite: bool = False, log=None) -> RunOutcome:
     """Run ``spec`` and, when ``out_dir`` is given, write its files there.
 
     An existing non-empty ``out_dir`` is refused before anything runs unless ``overwrite``.
+    ``log`` (a callable taking a string) hears the task (:func:`describe_task`)
+    before training starts; ``run.json`` records it (``task``, :func:`task_of`).
     """
     if out_dir is not None:
         check_results_folder(out_dir, overwrite=overwrite)
     setup = prepare(spec)
+    task = task_of(setup)
+    if log is not None:
+        log(describe_task(task))
     outcome = run_prepared(setup, spec, spec.algorithm, spec.hyper_for(spec.algorithm), progress)
     if out_dir is not None:
-        outcome.out_dir = write_outputs(outcome, Path(out_dir))
+        outcome.out_dir = write_outputs(outcome, Path(out_dir), extra={"task": task})
     return outcome
 
 
@@ -665,6 +722,8 @@ def run_experiment(
         if setup is None or setup_seed != job.seed:
             setup = None  # free the previous seed's data first
             setup, setup_seed = prepare(job.spec), job.seed
+            if number == 1:
+                say(describe_task(task_of(setup)))
         checkpoint = run_dir / CHECKPOINT_FILE
         if resume and not checkpoint.exists() and (run_dir / OLD_CHECKPOINT_FILE).exists():
             raise fail(
@@ -965,8 +1024,10 @@ def write_outputs(
 
     ``metrics.csv`` and ``metrics.parquet`` hold the same table: the columns
     :data:`METRIC_COLUMNS` in that order (the cumulative costs among them),
-    then the engine's extra round statistics in alphabetical order, all
-    float64 (missing values empty in the CSV, NaN in Parquet). ``run.json``
+    then the engine's extra round statistics in alphabetical order, as
+    int64 for the counts of :data:`INTEGER_COLUMNS` (written ``10``, not
+    ``10.0``) and float64 for the others (missing values empty in the CSV, NaN
+    in Parquet). ``run.json``
     records the spec, the algorithm, the engine, the cipher, the cost model,
     the budget and what ended the run (``stopped_by``: ``iterations`` or
     ``sim_time``), the rounds at which it was resumed, and, for protocol
@@ -981,15 +1042,15 @@ def write_outputs(
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = outcome.result.metrics
     columns = metric_columns(rows)
+    values = {k: np.array([_float(row.get(k)) for row in rows], dtype=float) for k in columns}
+    for k in integer_columns(values):
+        values[k] = values[k].astype(np.int64)
     with atomic_write(out_dir / "metrics.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
-        for row in rows:
-            writer.writerow({k: _csv_value(row.get(k, np.nan)) for k in columns})
-    table = pd.DataFrame(
-        {k: np.array([_float(row.get(k)) for row in rows], dtype=float) for k in columns},
-        columns=columns,
-    )
+        for i in range(len(rows)):
+            writer.writerow({k: _csv_value(values[k][i]) for k in columns})
+    table = pd.DataFrame(values, columns=columns)
     _atomic_parquet(table, out_dir / "metrics.parquet")
     config = outcome.result.config
     record = {
@@ -1036,7 +1097,35 @@ def _atomic_parquet(table, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def _csv_value(v: float) -> str:
+#: Metric columns that count things (iterations, round trips, bytes, HE operations).
+INTEGER_COLUMNS = (
+    "iteration", "round_trips", "bytes_up", "bytes_down", "encryptions", "decryptions",
+    "additions",
+)
+
+
+def integer_columns(values: dict[str, np.ndarray]) -> list[str]:
+    """The columns of :data:`INTEGER_COLUMNS` in ``values`` whose every value is a whole number.
+
+    Parameters
+    ----------
+    values : dict of str to ndarray
+        Column name -> float values (NaN where missing).
+
+    Returns
+    -------
+    list of str
+        The columns to write as integers (a column with a missing value stays float).
+    """
+    return [
+        k for k in INTEGER_COLUMNS
+        if k in values and np.all(np.isfinite(values[k])) and np.all(values[k] % 1 == 0)
+    ]
+
+
+def _csv_value(v) -> str:
+    if isinstance(v, (int, np.integer)):
+        return str(int(v))
     return "" if v is None or (isinstance(v, float) and np.isnan(v)) else repr(float(v))
 
 
