@@ -40,6 +40,7 @@ def test_flags_override_the_config_and_the_run_records_which_won(tmp_path):
     assert result.exit_code == 0, result.output
     assert "--iterations overrides the config" in result.output
     assert "ignored" not in result.output
+    assert "task: binary classification, classes 0, 1; labels 0 -> -1, 1 -> +1" in result.output
     assert not (out / "fedavg").exists()  # --algorithm names the algorithm to run
     record = json.loads((out / "hyfdca" / "seed-2" / "run.json").read_text())
     assert record["budget"] == {"iterations": 4} and record["rounds"] == 4
@@ -151,3 +152,18 @@ def test_help_imports_neither_scipy_nor_sklearn_and_the_names_agree():
     assert tuple(CIPHERS) == _names.CIPHER_NAMES
     assert hyfdca.STEP_RULES is _names.STEP_RULES and costs.HE_LAYOUTS is _names.HE_LAYOUTS
     assert hyfl.HyFDCA is hyfdca.HyFDCA and "simulate" in dir(hyfl)
+
+
+def test_summary_csv_writes_counts_as_integers(tmp_path):
+    import csv
+
+    out = tmp_path / "results"
+    result = runner.invoke(app, ["run", str(_config(tmp_path)), "--out", str(out), "-q",
+                                 "--iterations", "2"])
+    assert result.exit_code == 0, result.output
+    with open(out / "summary.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    for row in rows:
+        for column in ("bytes_up", "bytes_down", "encryptions"):
+            assert row[column].isdigit(), (column, row[column])
+        assert "." in row["final_relative_loss"] or "e" in row["final_relative_loss"]

@@ -374,7 +374,8 @@ def load_config(
     path : path
     defaults : mapping, optional
         Raw tables (same layout as the file) filling in what the file does not
-        set; ``hyfl run CONFIG --flags`` passes its explicit flags here.
+        set (``hyfl run CONFIG --flags`` instead overrides the file, see
+        :func:`apply_overrides`).
 
     Raises
     ------

@@ -590,7 +590,7 @@ def write_comparison(outcomes: list[RunOutcome], out: Path) -> None:
     with atomic_write(out / "summary.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=SUMMARY_COLUMNS)
         writer.writeheader()
-        writer.writerows({k: "" if v is None else v for k, v in r.items()} for r in rows)
+        writer.writerows({k: _summary_value(k, v) for k, v in r.items()} for r in rows)
     lines = ["| " + " | ".join(SUMMARY_COLUMNS) + " |", "|" + "---|" * len(SUMMARY_COLUMNS)]
     for r in rows:
         lines.append("| " + " | ".join(_fmt(r[c]) for c in SUMMARY_COLUMNS) + " |")
@@ -698,6 +698,7 @@ def run_experiment(
     skipped: list[tuple[str, int]] = []
     setup: Setup | None = None
     setup_seed: int | None = None
+    announced = False
     for number, job in enumerate(jobs, 1):
         entry = config.algorithm(job.label)
         run_dir = out / job.label / f"seed-{job.seed}"
@@ -722,8 +723,9 @@ def run_experiment(
         if setup is None or setup_seed != job.seed:
             setup = None  # free the previous seed's data first
             setup, setup_seed = prepare(job.spec), job.seed
-            if number == 1:
+            if not announced:  # the task is the same for every run
                 say(describe_task(task_of(setup)))
+                announced = True
         checkpoint = run_dir / CHECKPOINT_FILE
         if resume and not checkpoint.exists() and (run_dir / OLD_CHECKPOINT_FILE).exists():
             raise fail(
@@ -904,7 +906,19 @@ def _write_csv(path: Path, columns: list[str], rows: list[dict[str, Any]]) -> No
     with atomic_write(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
-        writer.writerows({k: "" if r.get(k) is None else r.get(k) for k in columns} for r in rows)
+        writer.writerows({k: _summary_value(k, r.get(k)) for k in columns} for r in rows)
+
+
+def _summary_value(column: str, value: Any) -> Any:
+    """A summary cell for the CSV: counts (rounds, bytes, HE operations) as integers."""
+    if value is None:
+        return ""
+    counts = column in INTEGER_COLUMNS or column in ("n_seeds", "seed") or column.startswith(
+        ("rounds_to_", "settled_"))
+    counts = counts and not column.endswith(("_mean", "_std"))
+    if counts and isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
 
 def environment() -> dict[str, Any]:
