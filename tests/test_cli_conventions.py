@@ -167,3 +167,18 @@ def test_summary_csv_writes_counts_as_integers(tmp_path):
         for column in ("bytes_up", "bytes_down", "encryptions"):
             assert row[column].isdigit(), (column, row[column])
         assert "." in row["final_relative_loss"] or "e" in row["final_relative_loss"]
+
+
+def test_compare_announces_the_task_and_writes_integer_counts(tmp_path):
+    import csv
+
+    out = tmp_path / "cmp"
+    result = runner.invoke(app, [
+        "compare", "--algorithms", "hyfdca,fedavg", "--data", "synthetic", "--iterations", "4",
+        "--eval-every", "2", "--out", str(out), "--no-progress",
+    ])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("task: binary classification")
+    with open(out / "summary.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert all(row["bytes_up"].isdigit() and row["encryptions"].isdigit() for row in rows)

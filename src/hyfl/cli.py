@@ -185,7 +185,8 @@ def demo(
     try:
         # The demo may replace its own default folder (run it twice and it just works);
         # a folder the user names is protected like any other results folder.
-        outcome = execute(spec, out, progress=True, overwrite=out == Path("hyfl-demo"))
+        outcome = execute(spec, out, progress=True, overwrite=out == Path("hyfl-demo"),
+                          log=_say)
     except HyflError as err:
         _fail(err)
     _print_summary(outcome)
@@ -528,7 +529,8 @@ def compare(
             he_costs=he_costs,
             he_layout=he_layout,
         )
-        outcomes = run_compare(spec, names, out, progress=progress, overwrite=overwrite)
+        outcomes = run_compare(spec, names, out, progress=progress, overwrite=overwrite,
+                               log=_say)
     except HyflError as err:
         _fail(err)
     rows = summary_rows(outcomes)

@@ -496,7 +496,7 @@ def execute(spec: RunSpec, out_dir: str | Path | None = None, progress: bool = F
 
 def compare(
     spec: RunSpec, names: list[str], out_dir: str | Path, progress: bool = False,
-    overwrite: bool = False,
+    overwrite: bool = False, log=None,
 ) -> list[RunOutcome]:
     """Run several algorithms on one partition and one participation trace.
 
@@ -505,7 +505,8 @@ def compare(
     ``<name>/metrics.csv`` and ``<name>/run.json`` per algorithm,
     ``summary.csv``, ``summary.md``, ``compare.png`` (relative loss and
     validation accuracy against outer iterations and simulated time) and
-    ``costs.png`` (mean time per outer iteration by component).
+    ``costs.png`` (mean time per outer iteration by component). ``log`` (a
+    callable taking a string) hears the task (:func:`describe_task`) first.
     """
     from hyfl.experiments.plots import plot_cost_breakdown, plot_runs
 
@@ -515,6 +516,8 @@ def compare(
         check_choice("algorithm", name, algorithm_names())
     out = check_results_folder(out_dir, overwrite=overwrite)
     setup = prepare(spec)
+    if log is not None:
+        log(describe_task(task_of(setup)))
     outcomes = []
     for name in names:
         outcome = run_prepared(
