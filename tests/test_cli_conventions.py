@@ -14,7 +14,7 @@ def test_version_prints_the_package_version():
     assert result.output.strip() == f"hyfl {hyfl.__version__}"
 
 
-def _config(tmp_path):
+def _config(tmp_path, algorithms=None):
     import tomli_w
 
     tables = {
@@ -23,6 +23,8 @@ def _config(tmp_path):
         "partition": {"spec": "grid:2x2", "participation": "0.5"},
         "algorithms": {"hyfdca": {"iic": 0.2}, "fedavg": {"iic": 0.05, "a": 0.1, "b": 1.0}},
     }
+    if algorithms is not None:
+        tables["algorithms"] = algorithms
     path = tmp_path / "exp.toml"
     path.write_text(tomli_w.dumps(tables))
     return path
@@ -182,3 +184,12 @@ def test_compare_announces_the_task_and_writes_integer_counts(tmp_path):
     with open(out / "summary.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert all(row["bytes_up"].isdigit() and row["encryptions"].isdigit() for row in rows)
+
+
+def test_hyperparameter_flags_for_an_algorithm_the_config_does_not_run_are_refused(tmp_path):
+    path = _config(tmp_path, algorithms={"fedavg": {"iic": 0.05, "a": 0.1, "b": 1.0}})
+    result = runner.invoke(app, ["run", str(path), "--out", str(tmp_path / "r"), "-q",
+                                 "--iic", "0.3"])
+    assert result.exit_code == 2
+    assert "would set hyperparameters of hyfdca" in result.output
+    assert "--algorithm" in result.output and not (tmp_path / "r").exists()

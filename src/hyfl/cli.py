@@ -55,6 +55,7 @@ def _main(
 ) -> None:
     """Hybrid federated learning of linear models (HyFDCA and baselines)."""
 
+
 # Options shared by `run` and `compare`, declared once.
 Data = Annotated[str, typer.Option(help="Dataset name (see `hyfl datasets`) or LIBSVM file.")]
 Val = Annotated[str | None, typer.Option(help="Validation set: dataset name or file.")]
