@@ -296,18 +296,21 @@ def test_run_config_writes_the_results_folder(tmp_path):
 def test_run_config_several_seeds_sim_time_budget_and_flags(tmp_path):
     tables = copy.deepcopy(BASE)
     tables["experiment"].update(seeds=[0, 1], budget={"sim_time": 0.35, "max_iterations": 50})
-    del tables["costs"]  # --latency fills it in; --loss is shadowed by the config
+    del tables["costs"]  # --latency fills it in; --loss overrides the config's hinge
     del tables["algorithms"]["hyfdca"]
     path = write(tmp_path, tables)
     out = tmp_path / "results"
     args = ["run", str(path), "--out", str(out), "--latency", "0.1", "--loss", "logistic"]
     result = runner.invoke(app, [*args, "--no-progress"])
     assert result.exit_code == 0, result.output
-    assert "--loss" in result.output and "ignored" in result.output
+    assert "--loss overrides the config" in result.output
     assert load_config(out / "config.toml").costs.latency == 0.1
     for seed in (0, 1):
         record = json.loads((out / "fedavg" / f"seed-{seed}" / "run.json").read_text())
-        assert record["stopped_by"] == "sim_time" and record["spec"]["loss"] == "hinge"
+        assert record["stopped_by"] == "sim_time" and record["spec"]["loss"] == "logistic"
+        assert record["overrides"]["data.loss"] == {
+            "value": "logistic", "from": "--loss", "config": "hinge"
+        }
         assert record["budget"] == {"sim_time": 0.35, "max_iterations": 50}
         # FedAvg: one round trip of 0.1 s per round with an active client
         assert record["summary"]["final"]["sim_time"] >= 0.35

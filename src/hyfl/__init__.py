@@ -16,11 +16,34 @@ or, scikit-learn style, ``hyfl.HyFDCAClassifier().fit(X, y)`` and
 
 __version__ = "0.1.0"
 
-from hyfl.algorithms.hyfdca import HyFDCA  # noqa: E402
-from hyfl.data import load_data  # noqa: E402
-from hyfl.errors import HyflError  # noqa: E402
-from hyfl.problem import make_problem, solve_centralized  # noqa: E402
-from hyfl.runtime.simulation import simulate  # noqa: E402
+# The public names are imported on first use (PEP 562), so that importing hyfl,
+# and so `hyfl --help`, does not load SciPy and scikit-learn.
+_LAZY = {
+    "HyFDCA": "hyfl.algorithms.hyfdca",
+    "HyFDCAClassifier": "hyfl.estimators",
+    "HyFDCARegressor": "hyfl.estimators",
+    "HyflError": "hyfl.errors",
+    "load_data": "hyfl.data",
+    "make_problem": "hyfl.problem",
+    "simulate": "hyfl.runtime.simulation",
+    "solve_centralized": "hyfl.problem",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hyfl' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "HyFDCA",
@@ -33,12 +56,3 @@ __all__ = [
     "solve_centralized",
     "__version__",
 ]
-
-
-def __getattr__(name: str):
-    """Import the scikit-learn estimators on first use (keeps ``import hyfl`` fast)."""
-    if name in ("HyFDCAClassifier", "HyFDCARegressor"):
-        from hyfl import estimators
-
-        return getattr(estimators, name)
-    raise AttributeError(f"module 'hyfl' has no attribute {name!r}")

@@ -15,10 +15,15 @@ from rich.table import Table
 
 from hyfl._format import format_bytes as _bytes
 from hyfl._format import format_seconds as _seconds
-from hyfl.algorithms.hyfdca import STEP_RULES
-from hyfl.costs import DEFAULT_HE_COSTS, DEFAULT_HE_LAYOUT, HE_COST_SOURCES, HE_LAYOUTS
+from hyfl._names import CIPHER_NAMES as CIPHERS
+from hyfl._names import (
+    DEFAULT_HE_COSTS,
+    DEFAULT_HE_LAYOUT,
+    HE_COST_SOURCES,
+    HE_LAYOUTS,
+    STEP_RULES,
+)
 from hyfl.errors import HyflError, fail
-from hyfl.privacy.ciphers import CIPHERS
 
 app = typer.Typer(
     add_completion=False,
@@ -26,6 +31,30 @@ app = typer.Typer(
     help="Hybrid federated learning of linear models (HyFDCA and baselines).",
 )
 console = Console()
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from hyfl import __version__
+
+        console.print(f"hyfl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_show_version,
+            is_eager=True,
+            help="Print hyfl's version and exit.",
+        ),
+    ] = False,
+) -> None:
+    """Hybrid federated learning of linear models (HyFDCA and baselines)."""
+
 
 # Options shared by `run` and `compare`, declared once.
 Data = Annotated[str, typer.Option(help="Dataset name (see `hyfl datasets`) or LIBSVM file.")]
@@ -117,6 +146,10 @@ def _fail(err: HyflError) -> None:
     raise typer.Exit(code=2)
 
 
+def _say(message: str) -> None:
+    console.print(escape(message), soft_wrap=True)
+
+
 def _parse_params(params: list[str] | None) -> dict[str, object]:
     out: dict[str, object] = {}
     for item in params or []:
@@ -153,7 +186,8 @@ def demo(
     try:
         # The demo may replace its own default folder (run it twice and it just works);
         # a folder the user names is protected like any other results folder.
-        outcome = execute(spec, out, progress=True, overwrite=out == Path("hyfl-demo"))
+        outcome = execute(spec, out, progress=True, overwrite=out == Path("hyfl-demo"),
+                          log=_say)
     except HyflError as err:
         _fail(err)
     _print_summary(outcome)
@@ -166,7 +200,8 @@ def run(
         Path | None,
         typer.Argument(
             help="Experiment config (TOML, see hyfl.experiments.config): run every algorithm "
-            "and seed it lists. Flags fill in what it does not set; --out overrides its folder.",
+            "and seed it lists. Flags given override its values (recorded in config.toml "
+            "and run.json); --out overrides its folder.",
             metavar="CONFIG.toml",
             show_default=False,
         ),
@@ -268,7 +303,7 @@ def run(
             he_layout=he_layout,
         )
         outcome = execute(spec, out if out is not None else Path("hyfl-run"), progress=show,
-                          overwrite=overwrite)
+                          overwrite=overwrite, log=None if quiet else _say)
     except HyflError as err:
         _fail(err)
     if quiet:
@@ -278,7 +313,7 @@ def run(
     _print_costs(outcome)
 
 
-# Flags of `hyfl run` and where they go in a config (used when a config does not set them).
+# Flags of `hyfl run` and where they go in a config (flags given override the config).
 _FLAG_KEYS = {
     "data": ("data", "dataset"),
     "val": ("data", "val"),
@@ -308,12 +343,12 @@ def _from_command_line(ctx, name: str) -> bool:
 
 def _run_config(ctx, path: Path, out, hyper, *, resume: bool, overwrite: bool, progress: bool,
                 quiet: bool):
-    """``hyfl run CONFIG``: explicit flags fill what the config leaves out."""
-    from hyfl.experiments.config import fill_missing, parse_config, read_toml
+    """``hyfl run CONFIG``: the flags given on the command line override the config's values."""
+    from hyfl.experiments.config import apply_overrides, parse_config, read_toml
     from hyfl.experiments.runner import run_experiment
 
     explicit = {name for name in ctx.params if _from_command_line(ctx, name)}
-    defaults: dict[str, dict] = {}
+    overrides: dict[str, dict] = {}
     flag_of: dict[str, str] = {}
     for name, (section, key) in _FLAG_KEYS.items():
         if name in explicit:
@@ -324,22 +359,34 @@ def _run_config(ctx, path: Path, out, hyper, *, resume: bool, overwrite: bool, p
                 value = {"iterations": value}
             elif isinstance(value, Path):
                 value = str(value)
-            defaults.setdefault(section, {})[key] = value
+            overrides.setdefault(section, {})[key] = value
             flag_of[f"{section}.{key}"] = "--" + name.replace("_", "-")
+    raw = read_toml(path)
     algorithm_flags = [n for n in ("algorithm", *_HYPER_FLAGS) if n in explicit]
     if algorithm_flags:
         name = ctx.params["algorithm"]
-        defaults["algorithms"] = {name: hyper}
-        flag_of[f"algorithms.{name}"] = ", ".join(
-            "--" + n.replace("_", "-") for n in algorithm_flags
-        )
-    raw, shadowed = fill_missing(read_toml(path), defaults)
+        listed = raw.get("algorithms") if isinstance(raw.get("algorithms"), dict) else {}
+        if "algorithm" not in explicit and name not in listed:
+            raise fail(
+                ", ".join("--" + n.replace("_", "-") for n in algorithm_flags),
+                f"would set hyperparameters of {name}, which the config does not run",
+                f"Name the algorithm with --algorithm (the config runs {', '.join(listed)}).",
+            )
+        entry = listed.get(name) if isinstance(listed.get(name), dict) else {}
+        if "algorithm" in explicit:
+            overrides["algorithms"] = {name: {**entry, **hyper}}
+        else:  # hyperparameters only: the config's other algorithms stay
+            overrides["algorithms"] = {**listed, name: {**entry, **hyper}}
+        flag_of["algorithms"] = ", ".join("--" + n.replace("_", "-") for n in algorithm_flags)
+    raw, record = apply_overrides(raw, overrides, flag_of)
     config = parse_config(raw, source=str(path), base=path.resolve().parent)
-    if shadowed and not quiet:
-        ignored = ", ".join(flag_of.get(k, k) for k in shadowed)
-        console.print(
-            f"[yellow]note:[/] the config sets these, so the flags are ignored: {ignored}"
-        )
+    config = dataclasses.replace(config, overrides=record)
+    if record and not quiet:
+        for key, item in record.items():
+            console.print(
+                f"[yellow]note:[/] {escape(item['from'])} overrides the config: {key} = "
+                f"{escape(repr(item['value']))} (the config had {escape(repr(item['config']))})"
+            )
     out_dir = out if out is not None else config.default_out()
     if not quiet:
         budget = config.budget.to_dict()
@@ -483,7 +530,8 @@ def compare(
             he_costs=he_costs,
             he_layout=he_layout,
         )
-        outcomes = run_compare(spec, names, out, progress=progress, overwrite=overwrite)
+        outcomes = run_compare(spec, names, out, progress=progress, overwrite=overwrite,
+                               log=_say)
     except HyflError as err:
         _fail(err)
     rows = summary_rows(outcomes)
@@ -671,15 +719,33 @@ def algorithms():
 
 
 @app.command()
-def datasets():
-    """List the named datasets."""
+def datasets(data_dir: DataDir = None):
+    """List the named datasets, whether their files were found and where they were looked for."""
     from hyfl.data import DATASETS, default_lambda
+    from hyfl.data.registry import locate_files, search_dirs
 
     table = Table("name", "task", "paper lambda")
+    table.add_column("files", overflow="fold")  # whole paths, folded rather than cut
     for name, entry in DATASETS.items():
         lam = default_lambda(name)
-        table.add_row(name, str(getattr(entry, "task", "")), f"{lam:g}" if lam else "-")
+        table.add_row(name, str(getattr(entry, "task", "")), f"{lam:g}" if lam else "-",
+                      _files_cell(locate_files(name, data_dir)))
     console.print(table)
+    console.print("Dataset files are looked for in, in order (the first that has a file wins):")
+    for folder in search_dirs(data_dir):
+        state = "" if folder.is_dir() else " (does not exist)"
+        console.print(f"  {escape(str(folder))}{state}", soft_wrap=True)
+
+
+def _files_cell(found: dict) -> str:
+    """``hyfl datasets``: bundled, found (in which folders) or missing (which files)."""
+    if not found:
+        return "bundled"
+    missing = [slot for slot, path in found.items() if path is None]
+    if missing:
+        return "[red]missing[/]: " + escape(", ".join(missing))
+    folders = dict.fromkeys(str(path.parent) for path in found.values())
+    return "[green]found[/] in " + escape(", ".join(folders))
 
 
 @app.command()

@@ -107,13 +107,13 @@ NO_HE_COSTS = HECosts(
     source="none: plaintext run, no HE time charged (operations still counted)",
 )
 
-DEFAULT_HE_COSTS = "auto"
-HE_COST_SOURCES = ("auto", "paper", "measured")
-"""Named choices of ``--he-costs`` besides cipher names (anything else is a JSON file path)."""
-
-DEFAULT_HE_LAYOUT = "cipher"
-HE_LAYOUTS = ("cipher", "sample")
-"""Named choices of ``he_layout`` besides cipher names."""
+# Named choices of --he-costs and he_layout (in hyfl._names, which `hyfl --help` reads).
+from hyfl._names import (  # noqa: E402, F401
+    DEFAULT_HE_COSTS,
+    DEFAULT_HE_LAYOUT,
+    HE_COST_SOURCES,
+    HE_LAYOUTS,
+)
 
 QUICK_CALIBRATION_VALUES = 16
 """Ciphertexts timed per operation by the quick calibration of ``--he-costs auto``."""

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import scipy.optimize
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
@@ -305,6 +304,8 @@ def _lbfgs(problem: Problem, c: int, w0: np.ndarray, tol: float) -> np.ndarray:
         f = 0.5 * lam * w @ w + np.sum(loss.value(z, y)) / n
         g = lam * w + X.T @ loss.derivative(z, y) / n
         return f, g
+
+    import scipy.optimize  # deferred: slow to import
 
     res = scipy.optimize.minimize(
         fun,

@@ -67,6 +67,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from hyfl._names import STEP_RULES  # the registry of step rules (`hyfl --help` lists it)
 from hyfl._ragged import concat_ranges
 from hyfl.algorithms import hyfdca_kernels
 from hyfl.algorithms.base import draw_local_samples
@@ -89,9 +90,6 @@ from hyfl.algorithms.hyfdca_local import (
 from hyfl.errors import check_choice, check_int, check_positive, fail
 from hyfl.partition import StackedBlocks
 from hyfl.problem import Problem
-
-STEP_RULES = ("cocoa", "safe", "theory", "paper")
-"""Registry of HyFDCA step rules (drives validation and CLI choices); ``cocoa`` is the default."""
 
 MAX_AUTO_HISTORY = 32
 """Most rounds of inner products a client remembers for the ``cocoa`` rule's model by default

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.datasets import load_svmlight_file
 
 from hyfl.data.dataset import Dataset
 from hyfl.errors import check_int, fail
@@ -349,6 +348,8 @@ def load_libsvm(
     try:
         # Always parse raw indices (zero_based=True) and decide the base here, so
         # the decision can be recorded and reused for the matching test file.
+        from sklearn.datasets import load_svmlight_file  # deferred: slow to import
+
         X_raw, y = load_svmlight_file(str(path), dtype=np.float64, zero_based=True)
     except ValueError as error:
         where = _first_bad_line(path, max_features)

@@ -86,6 +86,7 @@ __all__ = [
     "has_test_split",
     "load_data",
     "load_dataset",
+    "locate_files",
     "search_dirs",
     "train_validation",
 ]
@@ -786,6 +787,29 @@ def dataset_files(
     check_choice("split", split, _SPLITS)
     files = spec.test_files if split == "test" else spec.train_files
     return _locate(spec, files, data_dir, download) if files else ()
+
+
+def locate_files(name: str, data_dir: str | os.PathLike | None = None) -> dict[str, Path | None]:
+    """Where each file a dataset needs is, without downloading or reading it.
+
+    Parameters
+    ----------
+    name : str
+        A registered dataset name.
+    data_dir : path-like, optional
+        Searched first (then the rest of :func:`search_dirs`).
+
+    Returns
+    -------
+    dict of str to Path or None
+        Each train and test file (by its registered name) -> the file found
+        for it (an alternative or an uncompressed copy counts), None when
+        none of the searched folders has it. Empty for a bundled dataset.
+    """
+    spec = _spec(name)
+    dirs = search_dirs(data_dir)
+    slots = dict.fromkeys((*spec.train_files, *spec.test_files))
+    return {slot: _find(spec.names_for(slot), dirs) for slot in slots}
 
 
 def check_files(name: str, data_dir: str | os.PathLike | None = None) -> list[dict]:

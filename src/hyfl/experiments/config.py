@@ -216,6 +216,9 @@ class ExperimentConfig:
     algorithms: tuple[AlgorithmConfig, ...]
     tune: dict[str, Any] = field(default_factory=dict)
     source: str | None = field(default=None, compare=False)
+    #: Values that command-line flags set over the file: ``table.key`` ->
+    #: ``{"value", "from" (the flags), "config" (the file's value, None if unset)}``.
+    overrides: dict[str, dict[str, Any]] = field(default_factory=dict, compare=False)
 
     @property
     def name(self) -> str:
@@ -319,6 +322,11 @@ class ExperimentConfig:
         header = (
             f"# Resolved hyfl experiment config{f' (from {self.source})' if self.source else ''}\n"
         )
+        for key, record in self.overrides.items():
+            header += (
+                f"# {key} = {record['value']!r} from {record['from']} "
+                f"(the config file had {record['config']!r})\n"
+            )
         return header + tomli_w.dumps(self.to_dict())
 
 
@@ -366,7 +374,8 @@ def load_config(
     path : path
     defaults : mapping, optional
         Raw tables (same layout as the file) filling in what the file does not
-        set; ``hyfl run CONFIG --flags`` passes its explicit flags here.
+        set (``hyfl run CONFIG --flags`` instead overrides the file, see
+        :func:`apply_overrides`).
 
     Raises
     ------
@@ -411,6 +420,58 @@ def fill_missing(
             else:
                 target[key] = value
     return merged, shadowed
+
+
+def apply_overrides(
+    raw: Mapping[str, Any], overrides: Mapping[str, Mapping[str, Any]],
+    flags: Mapping[str, str] | None = None,
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """``raw`` with the values of ``overrides`` in place of its own: flags win over the file.
+
+    Parameters
+    ----------
+    raw : mapping
+        The config file's tables.
+    overrides : mapping
+        ``{table: {key: value}}`` from the command line. The ``algorithms``
+        table replaces the file's whole table (the flags name the algorithms to
+        run); other tables are replaced key by key, and the validation set
+        (``val``/``val_fraction``) counts as one setting.
+    flags : mapping, optional
+        ``table.key`` -> the flags that set it, for the record.
+
+    Returns
+    -------
+    merged : dict
+        The tables to validate (``raw`` is not modified).
+    record : dict
+        ``table.key`` -> ``{"value": the flag's value, "from": the flags,
+        "config": the file's value or None}`` for every value a flag set.
+    """
+    flags = flags or {}
+    merged = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
+    record: dict[str, dict[str, Any]] = {}
+
+    def note(name: str, value: Any, before: Any) -> None:
+        record[name] = {"value": value, "from": flags.get(name, name), "config": before}
+
+    for section, values in overrides.items():
+        if section == "algorithms":
+            note("algorithms", dict(values), merged.get("algorithms"))
+            merged["algorithms"] = dict(values)
+            continue
+        target = merged.setdefault(section, {})
+        if not isinstance(target, dict):
+            continue  # reported by validation
+        for key, value in values.items():
+            if section == "data" and key in ("val", "val_fraction"):
+                other = "val_fraction" if key == "val" else "val"
+                note(f"data.{key}", value, target.get(key, target.get(other)))
+                target.pop(other, None)
+            else:
+                note(f"{section}.{key}", value, target.get(key))
+            target[key] = value
+    return merged, record
 
 
 def parse_config(

@@ -432,24 +432,81 @@ def cost_summary(result: RunResult) -> dict[str, Any]:
     return out
 
 
+def task_of(setup: Setup) -> dict[str, Any]:
+    """The learning task a set-up trains: kind, classes and how labels are encoded.
+
+    Parameters
+    ----------
+    setup : Setup
+
+    Returns
+    -------
+    dict
+        ``task`` ("binary", "multiclass" or "regression"), ``classes`` (the
+        original label values, empty for regression), ``label_mapping``
+        (original label -> +1/-1 for binary, -> the one-vs-rest column for
+        multiclass) and ``loss``.
+    """
+    train, problem = setup.train, setup.problem
+    task = str(train.task)
+    original = train.meta.get("classes") if isinstance(train.meta, dict) else None
+    if task == "multiclass":
+        classes = list(original) if original is not None and len(original) else []
+        codes = [_plain(c) for c in problem.classes]
+        if len(classes) != len(codes):
+            classes = codes
+        mapping = {str(_plain(c)): k for k, c in enumerate(classes)}
+    elif task == "binary":
+        classes = list(original) if original is not None and len(original) == 2 else [-1, 1]
+        mapping = {str(_plain(classes[0])): -1, str(_plain(classes[1])): 1}
+    else:
+        classes, mapping = [], {}
+    return {"task": task, "classes": [_plain(c) for c in classes],
+            "label_mapping": mapping, "loss": problem.loss.name}
+
+
+def describe_task(task: dict[str, Any]) -> str:
+    """One line announcing :func:`task_of`'s task (``hyfl run`` prints it at start)."""
+    classes = ", ".join(str(c) for c in task["classes"])
+    mapping = ", ".join(f"{k} -> {v:+d}" if task["task"] == "binary" else f"{k} -> column {v}"
+                        for k, v in task["label_mapping"].items())
+    if task["task"] == "multiclass":
+        return (f"task: multiclass, one-vs-rest over {len(task['classes'])} classes "
+                f"({classes}), {task['loss']} loss per class; labels {mapping}")
+    if task["task"] == "binary":
+        return f"task: binary classification, classes {classes}; labels {mapping}"
+    return f"task: regression ({task['loss']} loss)"
+
+
+def _plain(value):
+    """A class label as an int when it is a whole number (1.0 -> 1)."""
+    number = float(value)
+    return int(number) if number.is_integer() else number
+
+
 def execute(spec: RunSpec, out_dir: str | Path | None = None, progress: bool = False,
-            overwrite: bool = False) -> RunOutcome:
+            overwrite: bool = False, log=None) -> RunOutcome:
     """Run ``spec`` and, when ``out_dir`` is given, write its files there.
 
     An existing non-empty ``out_dir`` is refused before anything runs unless ``overwrite``.
+    ``log`` (a callable taking a string) hears the task (:func:`describe_task`)
+    before training starts; ``run.json`` records it (``task``, :func:`task_of`).
     """
     if out_dir is not None:
         check_results_folder(out_dir, overwrite=overwrite)
     setup = prepare(spec)
+    task = task_of(setup)
+    if log is not None:
+        log(describe_task(task))
     outcome = run_prepared(setup, spec, spec.algorithm, spec.hyper_for(spec.algorithm), progress)
     if out_dir is not None:
-        outcome.out_dir = write_outputs(outcome, Path(out_dir))
+        outcome.out_dir = write_outputs(outcome, Path(out_dir), extra={"task": task})
     return outcome
 
 
 def compare(
     spec: RunSpec, names: list[str], out_dir: str | Path, progress: bool = False,
-    overwrite: bool = False,
+    overwrite: bool = False, log=None,
 ) -> list[RunOutcome]:
     """Run several algorithms on one partition and one participation trace.
 
@@ -458,7 +515,8 @@ def compare(
     ``<name>/metrics.csv`` and ``<name>/run.json`` per algorithm,
     ``summary.csv``, ``summary.md``, ``compare.png`` (relative loss and
     validation accuracy against outer iterations and simulated time) and
-    ``costs.png`` (mean time per outer iteration by component).
+    ``costs.png`` (mean time per outer iteration by component). ``log`` (a
+    callable taking a string) hears the task (:func:`describe_task`) first.
     """
     from hyfl.experiments.plots import plot_cost_breakdown, plot_runs
 
@@ -468,6 +526,8 @@ def compare(
         check_choice("algorithm", name, algorithm_names())
     out = check_results_folder(out_dir, overwrite=overwrite)
     setup = prepare(spec)
+    if log is not None:
+        log(describe_task(task_of(setup)))
     outcomes = []
     for name in names:
         outcome = run_prepared(
@@ -543,7 +603,7 @@ def write_comparison(outcomes: list[RunOutcome], out: Path) -> None:
     with atomic_write(out / "summary.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=SUMMARY_COLUMNS)
         writer.writeheader()
-        writer.writerows({k: "" if v is None else v for k, v in r.items()} for r in rows)
+        writer.writerows({k: _summary_value(k, v) for k, v in r.items()} for r in rows)
     lines = ["| " + " | ".join(SUMMARY_COLUMNS) + " |", "|" + "---|" * len(SUMMARY_COLUMNS)]
     for r in rows:
         lines.append("| " + " | ".join(_fmt(r[c]) for c in SUMMARY_COLUMNS) + " |")
@@ -651,6 +711,7 @@ def run_experiment(
     skipped: list[tuple[str, int]] = []
     setup: Setup | None = None
     setup_seed: int | None = None
+    announced = False
     for number, job in enumerate(jobs, 1):
         entry = config.algorithm(job.label)
         run_dir = out / job.label / f"seed-{job.seed}"
@@ -675,6 +736,9 @@ def run_experiment(
         if setup is None or setup_seed != job.seed:
             setup = None  # free the previous seed's data first
             setup, setup_seed = prepare(job.spec), job.seed
+            if not announced:  # the task is the same for every run
+                say(describe_task(task_of(setup)))
+                announced = True
         checkpoint = run_dir / CHECKPOINT_FILE
         if resume and not checkpoint.exists() and (run_dir / OLD_CHECKPOINT_FILE).exists():
             raise fail(
@@ -704,7 +768,8 @@ def run_experiment(
             checkpoint_seconds=config.experiment.checkpoint_seconds,
             label=job.label,
         )
-        outcome.out_dir = write_outputs(outcome, run_dir, plot=False)
+        outcome.out_dir = write_outputs(outcome, run_dir, plot=False,
+                                        extra={"overrides": config.overrides})
         started.unlink(missing_ok=True)
         outcomes.append(outcome)
     rows = write_experiment_summary(config, outcomes, out)
@@ -854,7 +919,19 @@ def _write_csv(path: Path, columns: list[str], rows: list[dict[str, Any]]) -> No
     with atomic_write(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
-        writer.writerows({k: "" if r.get(k) is None else r.get(k) for k in columns} for r in rows)
+        writer.writerows({k: _summary_value(k, r.get(k)) for k in columns} for r in rows)
+
+
+def _summary_value(column: str, value: Any) -> Any:
+    """A summary cell for the CSV: counts (rounds, bytes, HE operations) as integers."""
+    if value is None:
+        return ""
+    counts = column in INTEGER_COLUMNS or column in ("n_seeds", "seed") or column.startswith(
+        ("rounds_to_", "settled_"))
+    counts = counts and not column.endswith(("_mean", "_std"))
+    if counts and isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
 
 def environment() -> dict[str, Any]:
@@ -967,7 +1044,9 @@ def metric_columns(rows: list[dict[str, float]]) -> list[str]:
     return list(METRIC_COLUMNS) + extra
 
 
-def write_outputs(outcome: RunOutcome, out_dir: Path, plot: bool = True) -> Path:
+def write_outputs(
+    outcome: RunOutcome, out_dir: Path, plot: bool = True, extra: dict | None = None
+) -> Path:
     """Write ``metrics.csv``, ``metrics.parquet``, ``model.npz``, ``run.json`` and ``loss.png``.
 
     ``loss.png`` only with ``plot``; ``model.npz`` (the final weights, see
@@ -976,12 +1055,16 @@ def write_outputs(outcome: RunOutcome, out_dir: Path, plot: bool = True) -> Path
 
     ``metrics.csv`` and ``metrics.parquet`` hold the same table: the columns
     :data:`METRIC_COLUMNS` in that order (the cumulative costs among them),
-    then the engine's extra round statistics in alphabetical order, all
-    float64 (missing values empty in the CSV, NaN in Parquet). ``run.json``
+    then the engine's extra round statistics in alphabetical order, as
+    int64 for the counts of :data:`INTEGER_COLUMNS` (written ``10``, not
+    ``10.0``) and float64 for the others (missing values empty in the CSV, NaN
+    in Parquet). ``run.json``
     records the spec, the algorithm, the engine, the cipher, the cost model,
     the budget and what ended the run (``stopped_by``: ``iterations`` or
     ``sim_time``), the rounds at which it was resumed, and, for protocol
-    runs, the set-up costs (encryptions, bytes) that precede the first round.
+    runs, the set-up costs (encryptions, bytes) that precede the first round;
+    ``extra`` adds entries (config runs: ``overrides``, the values that
+    command-line flags set over the config file).
     """
     import pandas as pd
 
@@ -990,15 +1073,15 @@ def write_outputs(outcome: RunOutcome, out_dir: Path, plot: bool = True) -> Path
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = outcome.result.metrics
     columns = metric_columns(rows)
+    values = {k: np.array([_float(row.get(k)) for row in rows], dtype=float) for k in columns}
+    for k in integer_columns(values):
+        values[k] = values[k].astype(np.int64)
     with atomic_write(out_dir / "metrics.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
-        for row in rows:
-            writer.writerow({k: _csv_value(row.get(k, np.nan)) for k in columns})
-    table = pd.DataFrame(
-        {k: np.array([_float(row.get(k)) for row in rows], dtype=float) for k in columns},
-        columns=columns,
-    )
+        for i in range(len(rows)):
+            writer.writerow({k: _csv_value(values[k][i]) for k in columns})
+    table = pd.DataFrame(values, columns=columns)
     _atomic_parquet(table, out_dir / "metrics.parquet")
     config = outcome.result.config
     record = {
@@ -1028,6 +1111,7 @@ def write_outputs(outcome: RunOutcome, out_dir: Path, plot: bool = True) -> Path
         from hyfl.model_file import MODEL_FILE, save_model
 
         save_model(out_dir / MODEL_FILE, outcome.model)
+    record.update(extra or {})
     write_json(out_dir / "run.json", record)
     if plot:
         plot_runs(
@@ -1048,7 +1132,35 @@ def _atomic_parquet(table, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def _csv_value(v: float) -> str:
+#: Metric columns that count things (iterations, round trips, bytes, HE operations).
+INTEGER_COLUMNS = (
+    "iteration", "round_trips", "bytes_up", "bytes_down", "encryptions", "decryptions",
+    "additions",
+)
+
+
+def integer_columns(values: dict[str, np.ndarray]) -> list[str]:
+    """The columns of :data:`INTEGER_COLUMNS` in ``values`` whose every value is a whole number.
+
+    Parameters
+    ----------
+    values : dict of str to ndarray
+        Column name -> float values (NaN where missing).
+
+    Returns
+    -------
+    list of str
+        The columns to write as integers (a column with a missing value stays float).
+    """
+    return [
+        k for k in INTEGER_COLUMNS
+        if k in values and np.all(np.isfinite(values[k])) and np.all(values[k] % 1 == 0)
+    ]
+
+
+def _csv_value(v) -> str:
+    if isinstance(v, (int, np.integer)):
+        return str(int(v))
     return "" if v is None or (isinstance(v, float) and np.isnan(v)) else repr(float(v))
 
 

@@ -1,0 +1,20 @@
+"""Names of the choices the ``hyfl`` command offers, in a module that imports nothing.
+
+The modules that implement the choices import these tuples from here, so the
+command can list them in its help without importing NumPy-heavy code (``hyfl
+--help`` stays fast); a test checks that the registries agree.
+"""
+
+STEP_RULES = ("cocoa", "safe", "theory", "paper")
+"""Registry of HyFDCA step rules (drives validation and CLI choices); ``cocoa`` is the default."""
+
+CIPHER_NAMES = ("none", "paillier", "packed", "ckks")
+"""The keys of :data:`hyfl.privacy.ciphers.CIPHERS`, in order."""
+
+DEFAULT_HE_COSTS = "auto"
+HE_COST_SOURCES = ("auto", "paper", "measured")
+"""Named choices of ``--he-costs`` besides cipher names (anything else is a JSON file path)."""
+
+DEFAULT_HE_LAYOUT = "cipher"
+HE_LAYOUTS = ("cipher", "sample")
+"""Named choices of ``he_layout`` besides cipher names."""
