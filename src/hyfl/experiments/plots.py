@@ -6,8 +6,10 @@ Quick plots of fresh runs (``hyfl run`` / ``hyfl compare``):
   outer iterations and, when the runs carry costs, against simulated time.
 * :func:`plot_cost_breakdown`: mean time per outer iteration split into client
   compute, server compute, latency and encryption, one stacked bar per run
-  (like Figure 4 of the paper); :func:`plot_cost_breakdown_settings` does the
-  same with one group of bars per setting (Tables 6-8 as a chart).
+  on a linear axis so heights are proportional to seconds (like Figure 4 of
+  the paper; ``log=True`` puts the components side by side on a log axis);
+  :func:`plot_cost_breakdown_settings` does the same with one group of bars
+  per setting (Tables 6-8 as a chart).
 
 Paper-style plots of finished results (``hyfl report``):
 
@@ -1154,16 +1156,18 @@ def plot_cost_breakdown(
     runs: Mapping[str, Any] | Sequence[Mapping[str, Any]],
     path: str | Path,
     title: str = "",
-    log: bool | None = None,
+    log: bool | None = False,
 ) -> Path:
-    """Write a stacked bar chart of the mean time per outer iteration, one bar per run.
+    """Write a bar chart of the mean time per outer iteration, one bar (group) per run.
 
-    Each bar is split into client compute, server compute, latency and
-    encryption (the components of ``sim_time``) and labeled with its total.
-    ``log=None`` chooses a log scale when the bar totals differ by more than
-    a factor :data:`LOG_SPREAD` (e.g. encrypted HyFDCA next to plaintext
-    baselines); on a log scale the segments keep their order but only the
-    boundaries between them (cumulative sums) are to scale.
+    The default is one stacked bar per run on a *linear* axis, split into
+    client compute, server compute, latency and encryption (the components of
+    ``sim_time``) and labeled with its total, so every segment's height is
+    proportional to its seconds: milliseconds of client compute next to
+    minutes of encryption are (correctly) invisible slivers. ``log=True``
+    draws the components side by side (unstacked, one thin bar each) on a
+    log axis, so small components can be read off without a stacked log bar
+    suggesting they are as large as the others.
 
     Parameters
     ----------
@@ -1172,23 +1176,25 @@ def plot_cost_breakdown(
         ``time_*_per_iter`` (the rows of ``summary.csv``).
     path : path of the PNG to write
     title : str
-    log : bool or None, default None (automatic)
+    log : bool, default False
+        Side-by-side bars on a log axis instead of stacked bars on a linear
+        one. None means False (it used to pick a stacked log axis, which
+        misdraws the segments).
     """
     plt = _pyplot()
     parts = _breakdowns(runs)
     labels = list(parts)
     totals = np.array([sum(parts[label].values()) for label in labels])
-    if log is None:
-        log = _spread(totals) > LOG_SPREAD
-    positive = [v for p in parts.values() for v in p.values() if v > 0]
-    floor = min(positive) / 2 if (log and positive) else 0.0
-
     fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(labels) + 3), 4.5))
     x = np.arange(len(labels))
-    bottom = _stack_bars(ax, x, [parts[label] for label in labels], floor, width=0.6)
-    for xi, total, top in zip(x, totals, bottom):
+    rows = [parts[label] for label in labels]
+    if log:
+        tops = _side_by_side_bars(ax, x, rows, width=0.8)
+    else:
+        tops = _stack_bars(ax, x, rows, width=0.6)
+    for xi, total, top in zip(x, totals, tops):
         ax.annotate(
-            _seconds(total),
+            ("total " if log else "") + _seconds(total),
             (xi, top),
             xytext=(0, 3),
             textcoords="offset points",
@@ -1198,16 +1204,17 @@ def plot_cost_breakdown(
         )
     ax.set_xticks(x)
     ax.set_xticklabels(labels, rotation=20 if len(labels) > 4 else 0)
-    _finish_cost_axis(ax, bottom, floor, log and bool(positive))
+    _finish_cost_axis(ax, rows, tops, bool(log))
     ax.set_title(title, fontsize="medium")
     fig.tight_layout()
     return _save(fig, path)
 
 
 def _stack_bars(
-    ax, x, parts: list[dict[str, float]], floor: float, width: float, legend: bool = True
+    ax, x, parts: list[dict[str, float]], width: float, legend: bool = True
 ) -> np.ndarray:
-    bottom = np.full(len(parts), floor)
+    """Stacked bars from 0; returns each bar's top (its total)."""
+    bottom = np.zeros(len(parts))
     for key in TIME_COMPONENTS:
         heights = np.array([p[key] for p in parts])
         ax.bar(
@@ -1217,18 +1224,46 @@ def _stack_bars(
             width=width,
             label=COMPONENT_LABELS[key] if legend else None,
             color=COMPONENT_COLORS[key],
+            gid=f"cost:{key}",
         )
         bottom = bottom + heights
     return bottom
 
 
-def _finish_cost_axis(ax, bottom: np.ndarray, floor: float, log: bool) -> None:
-    ax.set_ylabel("seconds per outer iteration" + (" (log scale)" if log else ""))
-    if log:
+def _side_by_side_bars(
+    ax, x, parts: list[dict[str, float]], width: float, legend: bool = True
+) -> np.ndarray:
+    """One thin bar per component next to each other; returns each group's tallest bar.
+
+    Zero components get no bar: a log axis has no place for 0.
+    """
+    step = width / len(TIME_COMPONENTS)
+    tallest = np.zeros(len(parts))
+    for k, key in enumerate(TIME_COMPONENTS):
+        heights = np.array([p[key] for p in parts])
+        shown = heights > 0
+        ax.bar(
+            np.asarray(x, dtype=float)[shown] + (k - (len(TIME_COMPONENTS) - 1) / 2) * step,
+            heights[shown],
+            width=step,
+            label=COMPONENT_LABELS[key] if legend else None,
+            color=COMPONENT_COLORS[key],
+            gid=f"cost:{key}",
+        )
+        tallest = np.maximum(tallest, heights)
+    return tallest
+
+
+def _finish_cost_axis(ax, parts: list[dict[str, float]], tops: np.ndarray, log: bool) -> None:
+    positive = [v for p in parts for v in p.values() if v > 0]
+    top = float(tops.max()) if tops.size else 0.0
+    if log and positive:
+        ax.set_ylabel("seconds per outer iteration\n(log scale; components side by side)")
         ax.set_yscale("log")
-        ax.set_ylim(bottom=floor, top=max(float(bottom.max()), floor) * 4)
+        ax.set_ylim(bottom=min(positive) / 2, top=max(top, min(positive)) * 4)
     else:
-        ax.set_ylim(bottom=0, top=max(float(bottom.max()) if bottom.size else 0, 1e-12) * 1.15)
+        ax.set_ylabel("seconds per outer iteration (linear; stacked)")
+        ax.set_ylim(bottom=0, top=max(top, 1e-12) * 1.15)
     ax.grid(True, axis="y", which="both", alpha=0.3)
     ax.legend(fontsize="small")
 
@@ -1237,7 +1272,7 @@ def plot_cost_breakdown_settings(
     settings: Mapping[Any, Mapping[str, Any] | Sequence[Mapping[str, Any]]],
     path: str | Path,
     title: str = "",
-    log: bool | None = None,
+    log: bool | None = False,
 ) -> Path:
     """Write grouped stacked bars of the mean time per outer iteration, one group per setting.
 
@@ -1245,8 +1280,9 @@ def plot_cost_breakdown_settings(
     fraction)``) to its runs or summary rows as :func:`plot_cost_breakdown`
     takes them. Within a group there is one bar per algorithm (labeled under
     it), split into client compute, server compute, latency and encryption,
-    like the paper's Figure 4 across settings (Tables 6-8). ``log`` as in
-    :func:`plot_cost_breakdown`.
+    like the paper's Figure 4 across settings (Tables 6-8). Linear and
+    stacked by default; ``log=True`` draws the components side by side on a
+    log axis, as in :func:`plot_cost_breakdown`.
     """
     if not settings:
         raise fail("settings", "is empty", "Pass at least one setting -> runs.")
@@ -1260,14 +1296,10 @@ def plot_cost_breakdown_settings(
         bars += [(xi, label, part) for xi, (label, part) in zip(xs, parts.items())]
         centers.append(float(np.mean(xs)) if xs else position)
         position += len(parts) + 1.0
-    totals = np.array([sum(p.values()) for _, _, p in bars])
-    if log is None:
-        log = _spread(totals) > LOG_SPREAD
-    positive = [v for _, _, p in bars for v in p.values() if v > 0]
-    floor = min(positive) / 2 if (log and positive) else 0.0
     fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * len(bars) + 3), 5.0))
     x = np.array([b[0] for b in bars])
-    bottom = _stack_bars(ax, x, [b[2] for b in bars], floor, width=0.8)
+    rows = [b[2] for b in bars]
+    tops = (_side_by_side_bars if log else _stack_bars)(ax, x, rows, width=0.8)
     ax.set_xticks(x)
     ax.set_xticklabels([display_name(b[1]) for b in bars], rotation=90, fontsize="x-small")
     longest = max((len(display_name(b[1])) for b in bars), default=4)
@@ -1282,7 +1314,7 @@ def plot_cost_breakdown_settings(
             va="top",
             fontsize="small",
         )
-    _finish_cost_axis(ax, bottom, floor, log and bool(positive))
+    _finish_cost_axis(ax, rows, tops, bool(log))
     ax.set_title(title or "Mean time per outer iteration by setting", fontsize="medium")
     fig.tight_layout()
     needed = (40 + 4.6 * longest) / (72 * fig.get_figheight())  # rotated names + group label
