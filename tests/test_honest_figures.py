@@ -94,3 +94,77 @@ def test_settings_cost_bars_default_to_linear(capture_figure, tmp_path):
     assert ax.get_yscale() == "linear"
     heights = [p.get_height() for p in _bars(ax)["time_encryption"]]
     assert heights == pytest.approx([1400.0, 0.0, 1400.0, 0.0])
+
+
+# --------------------------------------------------------------------------- majority class
+
+
+def _accuracy_run(majority: float | None, in_summary: bool = True):
+    import pandas as pd
+
+    t = np.arange(0.0, 41.0)
+    metrics = pd.DataFrame(
+        {
+            "iteration": t,
+            "relative_loss": 1.0 / (1.0 + t),
+            "val_accuracy": np.full(t.size, 0.905),  # learns nothing on an ijcnn1-like set
+            "sim_time": 0.1 * t,
+        }
+    )
+    config: dict = {"spec": {"data": "ijcnn1"}}
+    if majority is not None:
+        if in_summary:
+            config["summary"] = {"majority_rate": majority}
+        else:
+            config["majority_rate"] = majority
+    return plots.LoadedRun("hyfdca", metrics, config)
+
+
+def _majority_lines(fig) -> list:
+    return [ln for ax in fig.axes for ln in ax.lines if ln.get_gid() == "majority_rate"]
+
+
+@pytest.mark.parametrize("in_summary", [True, False])
+def test_accuracy_plots_draw_the_majority_class_rate(capture_figure, tmp_path, in_summary):
+    runs = {"hyfdca": _accuracy_run(0.905, in_summary)}
+    assert plots.majority_rate(runs) == 0.905
+    plots.plot_runs(runs, tmp_path / "compare.png")
+    lines = _majority_lines(capture_figure["fig"])
+    assert len(lines) == 2  # against outer iterations and against simulated time
+    for line in lines:
+        assert line.get_linestyle() == "--"
+        assert set(line.get_ydata()) == {0.905}
+        assert "majority class" in line.get_label()
+    plt.close(capture_figure.pop("fig"))
+
+    plots.plot_setting_figure(runs, tmp_path / "setting.png", window=1)
+    fig = capture_figure["fig"]
+    assert len(_majority_lines(fig)) == 2
+    legend = [t.get_text() for lg in fig.legends for t in lg.get_texts()]
+    assert any(text.startswith("majority class (0.905)") for text in legend)
+    plt.close(capture_figure.pop("fig"))
+
+    plots.plot_settings_grid({(4, 0.5): runs, (8, 0.5): runs}, tmp_path / "g.png", window=1)
+    assert len(_majority_lines(capture_figure["fig"])) == 2  # one accuracy panel per cell
+
+
+def test_no_majority_line_without_a_recorded_rate(capture_figure, tmp_path):
+    runs = {"hyfdca": _accuracy_run(None)}
+    assert plots.majority_rate(runs) is None
+    plots.plot_runs(runs, tmp_path / "compare.png")
+    assert _majority_lines(capture_figure["fig"]) == []
+
+
+def test_majority_rate_comes_from_the_training_labels():
+    from types import SimpleNamespace
+
+    from hyfl.experiments.runner import majority_rate_of
+
+    binary = SimpleNamespace(classes=None, loss=SimpleNamespace(classification=True),
+                             Y=np.array([1.0, -1.0]))
+    assert majority_rate_of(binary, [0, 0, 0, 1]) == 0.75
+    assert majority_rate_of(binary, ["a", "b", "b", "c", "b"]) == 0.6
+    assert majority_rate_of(binary, None) is None
+    regression = SimpleNamespace(classes=None, loss=SimpleNamespace(classification=False),
+                                 Y=np.array([0.3, 2.0]))
+    assert majority_rate_of(regression, [0.3, 2.0]) is None

@@ -687,6 +687,73 @@ def _save(fig, path: str | Path) -> Path:
 # --------------------------------------------------------------------------- quick plots
 
 
+def majority_rate(runs: Mapping[str, Any] | Any) -> float | None:
+    """The accuracy of always predicting the training set's most frequent class.
+
+    Read from a run's ``config["majority_rate"]`` (a fresh
+    :class:`~hyfl.runtime.simulation.RunResult` of :func:`hyfl.experiments.runner.run_prepared`)
+    or ``config["summary"]["majority_rate"]`` (``run.json``); given a mapping
+    of runs, the first one that records it. None when no run records it
+    (regression, or results written before it was recorded).
+    """
+    items = runs.values() if isinstance(runs, Mapping) else (runs,)
+    for run in items:
+        config = getattr(run, "config", None) or {}
+        summary = config.get("summary") if isinstance(config.get("summary"), dict) else {}
+        value = config.get("majority_rate", summary.get("majority_rate"))
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(value):
+            return value
+    return None
+
+
+def _draw_majority(ax, runs: Mapping[str, Any], text: bool = True) -> Any:
+    """A dashed line at the majority-class rate on an accuracy axis (None without one).
+
+    A run whose accuracy sits on this line has learned nothing beyond the
+    class balance (ijcnn1: 0.905), which a bare accuracy curve hides.
+    """
+    rate = majority_rate(runs)
+    if rate is None:
+        return None
+    line = ax.axhline(
+        rate,
+        color="0.35",
+        linestyle="--",
+        linewidth=1,
+        label=f"majority class ({rate:.3g})",
+        gid="majority_rate",
+        zorder=1,
+    )
+    if text:
+        ax.annotate(
+            f"majority class {rate:.3g}",
+            (0.01, rate),
+            xycoords=("axes fraction", "data"),
+            xytext=(0, 2),
+            textcoords="offset points",
+            fontsize="x-small",
+            color="0.35",
+            va="bottom",
+        )
+    return line
+
+
+def _with_majority(handles: list, names: list[str], *groups: Mapping[str, Any]):
+    """Legend entries plus one for the dashed majority-class line when a run records it."""
+    rates = {r for g in groups if (r := majority_rate(g)) is not None}
+    if not rates:
+        return handles, names
+    from matplotlib.lines import Line2D
+
+    shown = f"{rates.pop():.3g}" if len(rates) == 1 else "per panel"
+    handle = Line2D([], [], color="0.35", linestyle="--", linewidth=1)
+    return [*handles, handle], [*names, f"majority class ({shown}), dashed"]
+
+
 def plot_runs(
     runs: Mapping[str, RunResult | LoadedRun],
     path: str | Path,
@@ -750,8 +817,10 @@ def plot_runs(
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize="small")
         else:
+            _draw_majority(ax, runs, text=False)  # the legend below names it
             ax.set_ylabel("validation accuracy")
             ax.grid(True, alpha=0.3)
+            ax.legend(fontsize="small")
     if title:
         fig.suptitle(title)
     fig.tight_layout()
@@ -920,6 +989,7 @@ def plot_setting(
     if labels:
         ax_loss.set_ylabel("relative loss")
     if ax_acc is not None:
+        _draw_majority(ax_acc, runs, text=labels)
         ax_acc.grid(True, alpha=0.3)
         if not any(_has_values(r, "val_accuracy") for r in runs.values()):
             ax_acc.text(
@@ -978,11 +1048,12 @@ def plot_setting_figure(
             "equal outer iterations" if x == "iteration" else "against simulated time",
             fontsize="medium",
         )
+    handles, names = _with_majority(list(lines.values()), [display_name(n) for n in lines], runs)
     fig.legend(
-        lines.values(),
-        [display_name(n) for n in lines],
+        handles,
+        names,
         loc="outside lower center",
-        ncol=min(len(lines), 3 * len(xs)),
+        ncol=min(len(handles), 3 * len(xs)),
         fontsize="small",
     )
     if title:
@@ -1078,11 +1149,16 @@ def plot_settings_grid(
                     )
                 )
     order = [n for n in colors if n in lines]
-    fig.legend(
+    handles, names = _with_majority(
         [lines[n] for n in order],
         [display_name(n) for n in order],
+        *settings.values(),
+    )
+    fig.legend(
+        handles,
+        names,
         loc="outside lower center",
-        ncol=max(min(len(order), 2 * len(cols) + 1), 1),
+        ncol=max(min(len(handles), 2 * len(cols) + 1), 1),
         fontsize="small",
     )
     heading = title or (
