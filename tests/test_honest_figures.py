@@ -168,3 +168,83 @@ def test_majority_rate_comes_from_the_training_labels():
     regression = SimpleNamespace(classes=None, loss=SimpleNamespace(classification=False),
                                  Y=np.array([0.3, 2.0]))
     assert majority_rate_of(regression, [0.3, 2.0]) is None
+
+
+# --------------------------------------------------------------------------- the report
+
+
+def _write_results(root, majority: float | None = 0.905):
+    """A tiny config run: two algorithms, 21 outer iterations, costs, a resolved config.toml."""
+    import json
+
+    for k, name in enumerate(("hyfdca", "fedavg")):
+        folder = root / name / "seed-0"
+        folder.mkdir(parents=True)
+        t = np.arange(0.0, 21.0)
+        columns = {
+            "iteration": t,
+            "relative_loss": (1.0 + k) / (1.0 + t),
+            "val_accuracy": np.full(t.size, 0.905),
+            "sim_time": 2.0 * t,
+            **{key: share * 2.0 * t for key, share in zip(TIME_COMPONENTS, (0.1, 0.1, 0.2, 0.6))},
+        }
+        lines = [",".join(columns)] + [
+            ",".join(repr(float(columns[c][i])) for c in columns) for i in range(t.size)
+        ]
+        (folder / "metrics.csv").write_text("\n".join(lines) + "\n")
+        summary = {"n_clients": 9, "optimum": {"primal": 1.0}}
+        if majority is not None:
+            summary["majority_rate"] = majority
+        spec = {"algorithm": name, "data": "ijcnn1", "loss": "hinge", "partition": "grid:3x3"}
+        (folder / "run.json").write_text(json.dumps({"spec": spec, "summary": summary}))
+    (root / "config.toml").write_text('[experiment]\nname = "ijcnn1-9-half"\ndataset = "ijcnn1"\n')
+    return root
+
+
+def test_report_is_titled_by_the_experiment_and_neutral(tmp_path):
+    from hyfl.experiments.report import build_report
+
+    root = _write_results(tmp_path / "out")  # a folder name that says nothing
+    page = build_report(root).read_text()
+    assert "<title>ijcnn1-9-half</title>" in page
+    assert "<h1>ijcnn1-9-half</h1>" in page
+    assert "wins" not in page.lower() and "out</title>" not in page
+    # the headline states each algorithm's final relative loss (c / 21 at t = 20)
+    assert "Final relative loss after 20 outer iterations: HyFDCA 0.04762; FedAvg 0.09524" in page
+    assert "majority class scores 0.905" in page
+
+    md = build_report(root, format="markdown", out=tmp_path / "r.md").read_text()
+    assert md.startswith("# ijcnn1-9-half\n") and "wins" not in md.lower()
+
+
+def test_report_explains_every_axis(tmp_path):
+    from hyfl.experiments.report import build_report
+
+    page = build_report(_write_results(tmp_path / "out"), format="markdown",
+                        out=tmp_path / "r.md").read_text()
+    # t / (t_max - omega): each symbol said in words
+    assert "relative outer iteration t / (t_max - ω)" in page
+    assert "t is the outer iteration" in page
+    assert "t_max the last outer iteration of the longest run" in page
+    assert "ω (omega) the width of the moving average in outer iterations" in page
+    assert "T / max T" in page and "T is the simulated seconds so far" in page
+    assert "(P(w) - P*) / |P*|" in page and "P* the centralized optimum" in page
+    assert "majority-class rate" in page
+    assert "seconds per outer iteration" in page and "linear axis" in page
+    # every figure carries a caption right after it
+    lines = page.splitlines()
+    images = [i for i, line in enumerate(lines) if line.startswith("![")]
+    assert images
+    for i in images:
+        assert lines[i + 2].startswith("*") and "axis" in lines[i + 2]
+
+
+def test_title_without_a_config_describes_the_runs(tmp_path):
+    from hyfl.experiments.plots import load_results
+    from hyfl.experiments.report import experiment_name
+
+    root = _write_results(tmp_path / "out")
+    (root / "config.toml").unlink()
+    assert experiment_name(root, load_results(root)) == (
+        "ijcnn1, hinge loss, grid:3x3: HyFDCA vs FedAvg"
+    )
