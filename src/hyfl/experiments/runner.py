@@ -785,6 +785,7 @@ def load_finished_run(run_dir: Path, spec: RunSpec) -> RunOutcome | None:
     }
     config["optimum_primal"] = optimum.get("primal")
     config["seed"] = spec.seed
+    config["majority_rate"] = summary.get("majority_rate")  # for the resumed compare.png
     result = RunResult(
         metrics=metrics,
         weights=np.empty((0, 0)),
