@@ -52,7 +52,9 @@ def test_tune_then_run_then_report(tmp_path):
     done = runner.invoke(app, ["report", str(out / "r"), "--format", "markdown"])
     assert done.exit_code == 0, done.output
     page = (out / "r" / "report.md").read_text()
-    assert "HyFDCA" in page and "wins" in page
+    assert "HyFDCA" in page and "wins" not in page  # a neutral headline (issue 15)
+    assert page.startswith("# bc\n")  # titled by the config's [experiment] name, not "r"
+
 
 
 def test_report_on_an_empty_folder_is_a_clear_error(tmp_path):

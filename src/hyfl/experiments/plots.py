@@ -6,8 +6,10 @@ Quick plots of fresh runs (``hyfl run`` / ``hyfl compare``):
   outer iterations and, when the runs carry costs, against simulated time.
 * :func:`plot_cost_breakdown`: mean time per outer iteration split into client
   compute, server compute, latency and encryption, one stacked bar per run
-  (like Figure 4 of the paper); :func:`plot_cost_breakdown_settings` does the
-  same with one group of bars per setting (Tables 6-8 as a chart).
+  on a linear axis so heights are proportional to seconds (like Figure 4 of
+  the paper; ``log=True`` puts the components side by side on a log axis);
+  :func:`plot_cost_breakdown_settings` does the same with one group of bars
+  per setting (Tables 6-8 as a chart).
 
 Paper-style plots of finished results (``hyfl report``):
 
@@ -685,6 +687,73 @@ def _save(fig, path: str | Path) -> Path:
 # --------------------------------------------------------------------------- quick plots
 
 
+def majority_rate(runs: Mapping[str, Any] | Any) -> float | None:
+    """The accuracy of always predicting the training set's most frequent class.
+
+    Read from a run's ``config["majority_rate"]`` (a fresh
+    :class:`~hyfl.runtime.simulation.RunResult` of :func:`hyfl.experiments.runner.run_prepared`)
+    or ``config["summary"]["majority_rate"]`` (``run.json``); given a mapping
+    of runs, the first one that records it. None when no run records it
+    (regression, or results written before it was recorded).
+    """
+    items = runs.values() if isinstance(runs, Mapping) else (runs,)
+    for run in items:
+        config = getattr(run, "config", None) or {}
+        summary = config.get("summary") if isinstance(config.get("summary"), dict) else {}
+        value = config.get("majority_rate", summary.get("majority_rate"))
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(value):
+            return value
+    return None
+
+
+def _draw_majority(ax, runs: Mapping[str, Any], text: bool = True) -> Any:
+    """A dashed line at the majority-class rate on an accuracy axis (None without one).
+
+    A run whose accuracy sits on this line has learned nothing beyond the
+    class balance (ijcnn1: 0.905), which a bare accuracy curve hides.
+    """
+    rate = majority_rate(runs)
+    if rate is None:
+        return None
+    line = ax.axhline(
+        rate,
+        color="0.35",
+        linestyle="--",
+        linewidth=1,
+        label=f"majority class ({rate:.3g})",
+        gid="majority_rate",
+        zorder=1,
+    )
+    if text:
+        ax.annotate(
+            f"majority class {rate:.3g}",
+            (0.01, rate),
+            xycoords=("axes fraction", "data"),
+            xytext=(0, 2),
+            textcoords="offset points",
+            fontsize="x-small",
+            color="0.35",
+            va="bottom",
+        )
+    return line
+
+
+def _with_majority(handles: list, names: list[str], *groups: Mapping[str, Any]):
+    """Legend entries plus one for the dashed majority-class line when a run records it."""
+    rates = {r for g in groups if (r := majority_rate(g)) is not None}
+    if not rates:
+        return handles, names
+    from matplotlib.lines import Line2D
+
+    shown = f"{rates.pop():.3g}" if len(rates) == 1 else "per panel"
+    handle = Line2D([], [], color="0.35", linestyle="--", linewidth=1)
+    return [*handles, handle], [*names, f"majority class ({shown}), dashed"]
+
+
 def plot_runs(
     runs: Mapping[str, RunResult | LoadedRun],
     path: str | Path,
@@ -748,8 +817,10 @@ def plot_runs(
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize="small")
         else:
+            _draw_majority(ax, runs, text=False)  # the legend below names it
             ax.set_ylabel("validation accuracy")
             ax.grid(True, alpha=0.3)
+            ax.legend(fontsize="small")
     if title:
         fig.suptitle(title)
     fig.tight_layout()
@@ -918,6 +989,7 @@ def plot_setting(
     if labels:
         ax_loss.set_ylabel("relative loss")
     if ax_acc is not None:
+        _draw_majority(ax_acc, runs, text=labels)
         ax_acc.grid(True, alpha=0.3)
         if not any(_has_values(r, "val_accuracy") for r in runs.values()):
             ax_acc.text(
@@ -976,11 +1048,12 @@ def plot_setting_figure(
             "equal outer iterations" if x == "iteration" else "against simulated time",
             fontsize="medium",
         )
+    handles, names = _with_majority(list(lines.values()), [display_name(n) for n in lines], runs)
     fig.legend(
-        lines.values(),
-        [display_name(n) for n in lines],
+        handles,
+        names,
         loc="outside lower center",
-        ncol=min(len(lines), 3 * len(xs)),
+        ncol=min(len(handles), 3 * len(xs)),
         fontsize="small",
     )
     if title:
@@ -1076,11 +1149,16 @@ def plot_settings_grid(
                     )
                 )
     order = [n for n in colors if n in lines]
-    fig.legend(
+    handles, names = _with_majority(
         [lines[n] for n in order],
         [display_name(n) for n in order],
+        *settings.values(),
+    )
+    fig.legend(
+        handles,
+        names,
         loc="outside lower center",
-        ncol=max(min(len(order), 2 * len(cols) + 1), 1),
+        ncol=max(min(len(handles), 2 * len(cols) + 1), 1),
         fontsize="small",
     )
     heading = title or (
@@ -1154,16 +1232,18 @@ def plot_cost_breakdown(
     runs: Mapping[str, Any] | Sequence[Mapping[str, Any]],
     path: str | Path,
     title: str = "",
-    log: bool | None = None,
+    log: bool | None = False,
 ) -> Path:
-    """Write a stacked bar chart of the mean time per outer iteration, one bar per run.
+    """Write a bar chart of the mean time per outer iteration, one bar (group) per run.
 
-    Each bar is split into client compute, server compute, latency and
-    encryption (the components of ``sim_time``) and labeled with its total.
-    ``log=None`` chooses a log scale when the bar totals differ by more than
-    a factor :data:`LOG_SPREAD` (e.g. encrypted HyFDCA next to plaintext
-    baselines); on a log scale the segments keep their order but only the
-    boundaries between them (cumulative sums) are to scale.
+    The default is one stacked bar per run on a *linear* axis, split into
+    client compute, server compute, latency and encryption (the components of
+    ``sim_time``) and labeled with its total, so every segment's height is
+    proportional to its seconds: milliseconds of client compute next to
+    minutes of encryption are (correctly) invisible slivers. ``log=True``
+    draws the components side by side (unstacked, one thin bar each) on a
+    log axis, so small components can be read off without a stacked log bar
+    suggesting they are as large as the others.
 
     Parameters
     ----------
@@ -1172,23 +1252,25 @@ def plot_cost_breakdown(
         ``time_*_per_iter`` (the rows of ``summary.csv``).
     path : path of the PNG to write
     title : str
-    log : bool or None, default None (automatic)
+    log : bool, default False
+        Side-by-side bars on a log axis instead of stacked bars on a linear
+        one. None means False (it used to pick a stacked log axis, which
+        misdraws the segments).
     """
     plt = _pyplot()
     parts = _breakdowns(runs)
     labels = list(parts)
     totals = np.array([sum(parts[label].values()) for label in labels])
-    if log is None:
-        log = _spread(totals) > LOG_SPREAD
-    positive = [v for p in parts.values() for v in p.values() if v > 0]
-    floor = min(positive) / 2 if (log and positive) else 0.0
-
     fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(labels) + 3), 4.5))
     x = np.arange(len(labels))
-    bottom = _stack_bars(ax, x, [parts[label] for label in labels], floor, width=0.6)
-    for xi, total, top in zip(x, totals, bottom):
+    rows = [parts[label] for label in labels]
+    if log:
+        tops = _side_by_side_bars(ax, x, rows, width=0.8)
+    else:
+        tops = _stack_bars(ax, x, rows, width=0.6)
+    for xi, total, top in zip(x, totals, tops):
         ax.annotate(
-            _seconds(total),
+            ("total " if log else "") + _seconds(total),
             (xi, top),
             xytext=(0, 3),
             textcoords="offset points",
@@ -1198,16 +1280,17 @@ def plot_cost_breakdown(
         )
     ax.set_xticks(x)
     ax.set_xticklabels(labels, rotation=20 if len(labels) > 4 else 0)
-    _finish_cost_axis(ax, bottom, floor, log and bool(positive))
+    _finish_cost_axis(ax, rows, tops, bool(log))
     ax.set_title(title, fontsize="medium")
     fig.tight_layout()
     return _save(fig, path)
 
 
 def _stack_bars(
-    ax, x, parts: list[dict[str, float]], floor: float, width: float, legend: bool = True
+    ax, x, parts: list[dict[str, float]], width: float, legend: bool = True
 ) -> np.ndarray:
-    bottom = np.full(len(parts), floor)
+    """Stacked bars from 0; returns each bar's top (its total)."""
+    bottom = np.zeros(len(parts))
     for key in TIME_COMPONENTS:
         heights = np.array([p[key] for p in parts])
         ax.bar(
@@ -1217,18 +1300,46 @@ def _stack_bars(
             width=width,
             label=COMPONENT_LABELS[key] if legend else None,
             color=COMPONENT_COLORS[key],
+            gid=f"cost:{key}",
         )
         bottom = bottom + heights
     return bottom
 
 
-def _finish_cost_axis(ax, bottom: np.ndarray, floor: float, log: bool) -> None:
-    ax.set_ylabel("seconds per outer iteration" + (" (log scale)" if log else ""))
-    if log:
+def _side_by_side_bars(
+    ax, x, parts: list[dict[str, float]], width: float, legend: bool = True
+) -> np.ndarray:
+    """One thin bar per component next to each other; returns each group's tallest bar.
+
+    Zero components get no bar: a log axis has no place for 0.
+    """
+    step = width / len(TIME_COMPONENTS)
+    tallest = np.zeros(len(parts))
+    for k, key in enumerate(TIME_COMPONENTS):
+        heights = np.array([p[key] for p in parts])
+        shown = heights > 0
+        ax.bar(
+            np.asarray(x, dtype=float)[shown] + (k - (len(TIME_COMPONENTS) - 1) / 2) * step,
+            heights[shown],
+            width=step,
+            label=COMPONENT_LABELS[key] if legend else None,
+            color=COMPONENT_COLORS[key],
+            gid=f"cost:{key}",
+        )
+        tallest = np.maximum(tallest, heights)
+    return tallest
+
+
+def _finish_cost_axis(ax, parts: list[dict[str, float]], tops: np.ndarray, log: bool) -> None:
+    positive = [v for p in parts for v in p.values() if v > 0]
+    top = float(tops.max()) if tops.size else 0.0
+    if log and positive:
+        ax.set_ylabel("seconds per outer iteration\n(log scale; components side by side)")
         ax.set_yscale("log")
-        ax.set_ylim(bottom=floor, top=max(float(bottom.max()), floor) * 4)
+        ax.set_ylim(bottom=min(positive) / 2, top=max(top, min(positive)) * 4)
     else:
-        ax.set_ylim(bottom=0, top=max(float(bottom.max()) if bottom.size else 0, 1e-12) * 1.15)
+        ax.set_ylabel("seconds per outer iteration (linear; stacked)")
+        ax.set_ylim(bottom=0, top=max(top, 1e-12) * 1.15)
     ax.grid(True, axis="y", which="both", alpha=0.3)
     ax.legend(fontsize="small")
 
@@ -1237,7 +1348,7 @@ def plot_cost_breakdown_settings(
     settings: Mapping[Any, Mapping[str, Any] | Sequence[Mapping[str, Any]]],
     path: str | Path,
     title: str = "",
-    log: bool | None = None,
+    log: bool | None = False,
 ) -> Path:
     """Write grouped stacked bars of the mean time per outer iteration, one group per setting.
 
@@ -1245,8 +1356,9 @@ def plot_cost_breakdown_settings(
     fraction)``) to its runs or summary rows as :func:`plot_cost_breakdown`
     takes them. Within a group there is one bar per algorithm (labeled under
     it), split into client compute, server compute, latency and encryption,
-    like the paper's Figure 4 across settings (Tables 6-8). ``log`` as in
-    :func:`plot_cost_breakdown`.
+    like the paper's Figure 4 across settings (Tables 6-8). Linear and
+    stacked by default; ``log=True`` draws the components side by side on a
+    log axis, as in :func:`plot_cost_breakdown`.
     """
     if not settings:
         raise fail("settings", "is empty", "Pass at least one setting -> runs.")
@@ -1260,14 +1372,10 @@ def plot_cost_breakdown_settings(
         bars += [(xi, label, part) for xi, (label, part) in zip(xs, parts.items())]
         centers.append(float(np.mean(xs)) if xs else position)
         position += len(parts) + 1.0
-    totals = np.array([sum(p.values()) for _, _, p in bars])
-    if log is None:
-        log = _spread(totals) > LOG_SPREAD
-    positive = [v for _, _, p in bars for v in p.values() if v > 0]
-    floor = min(positive) / 2 if (log and positive) else 0.0
     fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * len(bars) + 3), 5.0))
     x = np.array([b[0] for b in bars])
-    bottom = _stack_bars(ax, x, [b[2] for b in bars], floor, width=0.8)
+    rows = [b[2] for b in bars]
+    tops = (_side_by_side_bars if log else _stack_bars)(ax, x, rows, width=0.8)
     ax.set_xticks(x)
     ax.set_xticklabels([display_name(b[1]) for b in bars], rotation=90, fontsize="x-small")
     longest = max((len(display_name(b[1])) for b in bars), default=4)
@@ -1282,7 +1390,7 @@ def plot_cost_breakdown_settings(
             va="top",
             fontsize="small",
         )
-    _finish_cost_axis(ax, bottom, floor, log and bool(positive))
+    _finish_cost_axis(ax, rows, tops, bool(log))
     ax.set_title(title or "Mean time per outer iteration by setting", fontsize="medium")
     fig.tight_layout()
     needed = (40 + 4.6 * longest) / (72 * fig.get_figheight())  # rotated names + group label

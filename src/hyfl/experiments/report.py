@@ -14,12 +14,17 @@ What it holds:
   paper (section 7.4); the cost breakdown per outer iteration (Figure 4); a
   table with final relative loss, best validation accuracy, outer iterations
   to reach relative loss 1e-1 / 1e-2 / 1e-3, simulated time, bytes and
-  homomorphic-encryption operations; and the winners;
+  homomorphic-encryption operations; and the best algorithms;
 * with several settings: the grid of Figure 3 (rows = client counts,
   columns = participation fractions) per dataset, and the cost breakdown
   across settings (Tables 6-8);
-* the win counts: "HyFDCA wins N of M comparisons on final relative loss, K
-  of M on best validation accuracy".
+* a neutral headline: each algorithm's final relative loss (and best
+  validation accuracy next to the majority-class rate), then how often each
+  algorithm is the best of a comparison (:func:`win_counts`).
+
+The report is titled by the experiment's name (:func:`experiment_name`: the
+``[experiment] name`` of the config the results came from), not by its
+folder, and every figure has a caption that says what its axes are.
 
 Comparisons
 -----------
@@ -63,6 +68,7 @@ from hyfl.experiments.plots import (
     _window_rows,
     display_name,
     load_results,
+    majority_rate,
     paper_window,
     plot_cost_breakdown,
     plot_cost_breakdown_settings,
@@ -355,6 +361,7 @@ class _Table:
 class _Image:
     file: str  # name inside the figures folder
     alt: str
+    caption: str = ""  # what the axes are; shown under the figure
 
 
 def _fmt(value: Any, digits: int = 4) -> str:
@@ -501,12 +508,57 @@ def build_report(
     else:
         with tempfile.TemporaryDirectory(prefix="hyfl-report-") as tmp:
             blocks = _document(settings, results_dir, Path(tmp), focus, window)
-            out.write_text(_html(blocks, Path(tmp), title=_title(results_dir)))
+            out.write_text(_html(blocks, Path(tmp), title=experiment_name(results_dir, settings)))
     return out
 
 
-def _title(results_dir: Path) -> str:
-    return f"hyfl report: {results_dir.resolve().name}"
+def experiment_name(results_dir: str | Path, settings: Mapping[str, Mapping[str, Any]]) -> str:
+    """The name a report is titled by.
+
+    The ``[experiment] name`` of ``results_dir/config.toml`` (a config run);
+    for a study (a config per subfolder) the names of its experiments; for
+    results without a config (``hyfl compare``, ``hyfl run`` from flags) a
+    description of the runs (data set, loss, partition, algorithms). The
+    folder's name is the last resort only: folders are often ``out`` or
+    ``runs/2``, which tell a reader nothing.
+    """
+    root = Path(results_dir)
+    names = _config_names(root)
+    if len(names) == 1:
+        return names[0]
+    if names:
+        shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+        return f"Study of {len(names)} experiments: {shown}"
+    infos = [setting_info(runs) for runs in settings.values()]
+    algorithms = list(dict.fromkeys(n for runs in settings.values() for n in runs))
+    described = []
+    for key, fmt in (("dataset", "{}"), ("loss", "{} loss"), ("partition", "{}")):
+        values = list(dict.fromkeys(str(i[key]) for i in infos if i.get(key) is not None))
+        if values:
+            described.append(fmt.format("/".join(values)))
+    if described:
+        return ", ".join(described) + ": " + " vs ".join(display_name(a) for a in algorithms)
+    return f"Results in {root.resolve().name}"
+
+
+def _config_names(root: Path) -> list[str]:
+    """``[experiment] name`` of the resolved config at ``root``, else of those below it."""
+    import tomllib
+
+    found = [root / "config.toml"] if (root / "config.toml").is_file() else sorted(
+        p for p in root.rglob("config.toml")
+        if not any(part.startswith(".") for part in p.relative_to(root).parts)
+    )
+    names: list[str] = []
+    for path in found:
+        try:
+            table = tomllib.loads(path.read_text(encoding="utf-8")).get("experiment")
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            continue  # not ours, or unreadable: the title falls back to the runs
+        name = table.get("name") if isinstance(table, dict) else None
+        if isinstance(name, str) and name and name not in names:
+            names.append(name)
+    return names
 
 
 def _document(
@@ -520,7 +572,7 @@ def _document(
     comparisons = compare_settings(settings)
     hero = focus_algorithm(settings, focus)
     algorithms = list(dict.fromkeys(n for runs in settings.values() for n in runs))
-    blocks: list = [_Heading(1, _title(results_dir))]
+    blocks: list = [_Heading(1, experiment_name(results_dir, settings))]
     blocks.append(
         _Para(
             f"Results folder: {results_dir.resolve()}. {len(settings)} setting"
@@ -529,18 +581,22 @@ def _document(
         )
     )
 
-    # ---- summary
+    # ---- summary: facts first; who is best comes after, in a table
     blocks.append(_Heading(2, "Summary"))
+    blocks.append(_Para(_headline(settings), strong=True))
+    majority = _majority_sentence(settings)
+    if majority:
+        blocks.append(_Para(majority))
     if comparisons:
-        blocks.append(_Para(win_sentence(comparisons, hero) + ".", strong=True))
+        blocks.append(_Heading(2, "Comparisons"))
         pairs = pairwise_counts(comparisons, hero)
         (pl, ml), (pa, ma) = pairs["final_relative_loss"], pairs["best_val_accuracy"]
         blocks.append(
             _Para(
                 "A comparison is one setting x one budget (equal outer iterations; equal simulated "
-                "time when the runs carry one) x one metric. The winner has the lowest final "
-                "relative loss or the highest best validation accuracy within the budget; ties "
-                "count for every tied algorithm. "
+                "time when the runs carry one) x one metric. The best algorithm has the lowest "
+                "final relative loss or the highest best validation accuracy within the budget; "
+                "ties count for every tied algorithm. "
                 f"Counted in pairs as the paper does (its 69 of 72 are pairs against each other "
                 f"algorithm), {display_name(hero)} is at least as good as the other algorithm in "
                 f"{pl + pa} of {ml + ma} pairs ({pl} of {ml} on final relative loss, {pa} of {ma} "
@@ -550,15 +606,19 @@ def _document(
         counts = {a: win_counts(comparisons, a) for a in algorithms}
 
         def share(a: str, metric: str) -> tuple[str, bool]:
-            wins, total = counts[a][metric]
-            return f"{wins} of {total}", False
+            best, total = counts[a][metric]
+            return f"{best} of {total}", False
 
         blocks.append(
             _Table(
-                ["algorithm", "wins on final relative loss", "wins on best validation accuracy"],
+                [
+                    "algorithm",
+                    "comparisons with the lowest final relative loss",
+                    "comparisons with the highest best validation accuracy",
+                ],
                 [
                     [
-                        (display_name(a), a == hero),
+                        (display_name(a), False),
                         share(a, "final_relative_loss"),
                         share(a, "best_val_accuracy"),
                     ]
@@ -571,11 +631,11 @@ def _document(
                 [
                     "setting",
                     "budget",
-                    "winner: final relative loss",
-                    "winner: best validation accuracy",
+                    "lowest final relative loss",
+                    "highest best validation accuracy",
                 ],
                 _winner_rows(comparisons, hero),
-                f"Bold: {display_name(hero)} wins.",
+                f"Bold: {display_name(hero)} is among the best.",
             )
         )
     else:
@@ -602,12 +662,16 @@ def _document(
                 window=window,
                 title=f"{label}: {what}" if label else what,
             )
-            blocks.append(_Image(name, f"Settings grid ({what}), {label}"))
+            blocks.append(
+                _Image(name, f"Settings grid ({what}), {label}", GRID_CAPTION + _x_caption(x))
+            )
     if len(settings) > 1 and _any_costs(settings):
         blocks.append(_Heading(2, "Time per outer iteration across settings"))
         name = "costs-settings.png"
         plot_cost_breakdown_settings(settings, figures / name)
-        blocks.append(_Image(name, "Mean time per outer iteration by component and setting"))
+        blocks.append(
+            _Image(name, "Mean time per outer iteration by component and setting", COST_CAPTION)
+        )
 
     # ---- per setting
     for setting, runs in settings.items():
@@ -620,7 +684,7 @@ def _document(
         if mine:
             blocks.append(
                 _Para(
-                    "Winners: "
+                    "Best: "
                     + "; ".join(
                         f"{METRICS[c.metric]} at {BUDGETS[c.budget]}: "
                         f"{', '.join(display_name(w) for w in c.winners)}"
@@ -631,12 +695,16 @@ def _document(
             )
         name = f"setting-{slug}-curves.png"
         plot_setting_figure(runs, figures / name, title=setting, window=window)
-        blocks.append(_Image(name, f"Relative loss and validation accuracy, {setting}"))
+        blocks.append(
+            _Image(name, f"Relative loss and validation accuracy, {setting}", CURVES_CAPTION)
+        )
         blocks.append(_Para(_window_note(runs, info, window)))
         if _any_costs({setting: runs}):
             name = f"setting-{slug}-costs.png"
             plot_cost_breakdown(runs, figures / name, title=f"{setting}: time per outer iteration")
-            blocks.append(_Image(name, f"Mean time per outer iteration by component, {setting}"))
+            blocks.append(
+                _Image(name, f"Mean time per outer iteration by component, {setting}", COST_CAPTION)
+            )
 
     # ---- method
     blocks.append(_Heading(2, "How to read this report"))
@@ -646,7 +714,9 @@ def _document(
             "(50 / 150 / 300 outer iterations for MNIST / News20 / Covtype and their stand-ins "
             "reuters / ijcnn1, at most 2% of the run; 1% of the outer iterations against time and "
             "for other datasets; omega < 2 is not smoothed), each smoothed value placed at the "
-            "start of its window. Relative outer iteration is t / (t_max - omega) (eq. 15); "
+            "start of its window. Relative outer iteration is t / (t_max - omega) (eq. 15): t the "
+            "outer iteration, t_max the last outer iteration of the longest run, omega the "
+            "window; "
             "relative simulated time is T / max over algorithms of the total simulated time "
             "(eq. 14). Tables are not smoothed: final relative loss is the last evaluated value, "
             "'first at 1e-k' is the first outer iteration at or below it, 'settled at 1e-k' the "
@@ -657,6 +727,99 @@ def _document(
         )
     )
     return blocks
+
+
+X_ITERATION = (
+    "relative outer iteration t / (t_max - ω) (eq. 15): t is the outer iteration (one round in "
+    "which the server hears from the participating clients), t_max the last outer iteration of "
+    "the longest run, and ω (omega) the width of the moving average in outer iterations (see the "
+    "window below); each smoothed value sits at the start of its window, so the curves end at 1."
+)
+X_TIME = (
+    "relative simulated time T / max T (eq. 14): T is the simulated seconds so far (client and "
+    "server compute, latency, encryption), max T the largest total over the algorithms; a dotted "
+    "line marks the shortest run's end."
+)
+Y_CURVES = (
+    "Top: relative loss (P(w) - P*) / |P*| on a log axis, where P is the training objective, w "
+    "the server's model and P* the centralized optimum (0 would be the optimum). Bottom: "
+    "validation accuracy (fraction of held-out samples classified correctly); the dashed line "
+    "is the majority-class rate, the accuracy of always predicting the most frequent training "
+    "label: a curve on it has learned nothing."
+)
+CURVES_CAPTION = (
+    f"Left: x axis {X_ITERATION} Right (runs with costs): x axis {X_TIME} {Y_CURVES}"
+)
+GRID_CAPTION = (
+    "Rows: number of clients; columns: fraction of clients taking part in each outer "
+    "iteration. In each cell, relative loss (top, log axis) over validation accuracy (bottom) "
+    "as in the per-setting figures; dashed line: majority-class rate. X axis: "
+)
+COST_CAPTION = (
+    "Bar height: mean simulated seconds per outer iteration (total simulated time / outer "
+    "iterations) on a linear axis, stacked by component: client compute, server compute, "
+    "latency (round trips x the latency per round trip) and encryption (homomorphic-encryption "
+    "operations at the cost model's prices). Heights are proportional to seconds, so a "
+    "component far smaller than the largest is a sliver; the number on a bar is its total."
+)
+
+
+def _x_caption(x: str) -> str:
+    return X_ITERATION if x == "iteration" else X_TIME
+
+
+def _headline(settings: Mapping[str, Mapping[str, Any]]) -> str:
+    """Each algorithm's final relative loss: a fact, not a verdict.
+
+    One setting: the value per algorithm at equal outer iterations. Several:
+    the median and range over the settings an algorithm ran in.
+    """
+    finals: dict[str, list[float]] = {}
+    cutoff = None
+    for runs in settings.values():
+        for row in setting_rows(runs):
+            finals.setdefault(row["algorithm"], []).append(row["final_relative_loss"])
+        cutoff = budget_cutoffs(runs).get("iterations")
+    parts = []
+    for name, values in finals.items():
+        v = np.array([x for x in values if np.isfinite(x)])
+        if v.size == 0:
+            parts.append(f"{display_name(name)} -")
+        elif len(settings) == 1:
+            parts.append(f"{display_name(name)} {_fmt(v[0])}")
+        else:
+            parts.append(
+                f"{display_name(name)} {_fmt(float(np.median(v)))} "
+                f"({_fmt(float(v.min()))} to {_fmt(float(v.max()))}, {v.size} settings)"
+            )
+    if len(settings) == 1:
+        at = f" after {_fmt(cutoff)} outer iterations" if cutoff is not None else ""
+        lead = f"Final relative loss{at}: "
+    else:
+        lead = (
+            f"Final relative loss at equal outer iterations, median over {len(settings)} "
+            "settings (range): "
+        )
+    return lead + "; ".join(parts) + ". Relative loss is (P(w) - P*) / |P*|; 0 is the optimum."
+
+
+def _majority_sentence(settings: Mapping[str, Mapping[str, Any]]) -> str:
+    """Best validation accuracy next to the majority-class rate, per setting that records it."""
+    out = []
+    for setting, runs in settings.items():
+        rate = majority_rate(runs)
+        if rate is None:
+            continue
+        best = [
+            f"{display_name(r['algorithm'])} {_fmt(r['best_val_accuracy'])}"
+            for r in setting_rows(runs)
+        ]
+        where = f" ({setting})" if len(settings) > 1 else ""
+        out.append(
+            f"Best validation accuracy{where}: {', '.join(best)}; always predicting the "
+            f"majority class scores {_fmt(rate)}."
+        )
+    return " ".join(out)
 
 
 def _budget_note(runs: Mapping[str, Any]) -> str:
@@ -790,7 +953,7 @@ def _setting_table(
         if has_seeds:
             cells.append((str(r["seeds"]), False))
         table_rows.append(cells)
-    note = "Bold: the winner at equal outer iterations (final relative loss, best validation "
+    note = "Bold: the best at equal outer iterations (final relative loss, best validation "
     note += "accuracy)"
     if "sim_time" in budget_cutoffs(runs):
         note += " and at equal simulated time (the 'at equal time' columns)"
@@ -820,6 +983,8 @@ def _markdown(blocks: list, figures_dir: str) -> str:
             lines += ["", block.note, ""]
         elif isinstance(block, _Image):
             lines += [f"![{block.alt}]({figures_dir}/{block.file})", ""]
+            if block.caption:
+                lines += [f"*{block.alt}.* {block.caption}", ""]
     text = "\n".join(lines)
     return re.sub(r"\n{3,}", "\n\n", text).rstrip() + "\n"
 
@@ -833,7 +998,7 @@ table { border-collapse: collapse; margin: 1em 0; font-size: .9em; }
 th, td { border: 1px solid #ccc; padding: .3em .6em; text-align: right; }
 th { background: #f4f4f4; }
 td:first-child, th:first-child { text-align: left; }
-td.win { font-weight: bold; background: #e6f4e6; }
+td.best { font-weight: bold; background: #e6f4e6; }
 p.lead { font-size: 1.1em; font-weight: bold; }
 figure { margin: 1em 0; }
 img { max-width: 100%; height: auto; border: 1px solid #eee; }
@@ -855,7 +1020,7 @@ def _html(blocks: list, figures: Path, title: str) -> str:
             rows = "".join(
                 "<tr>"
                 + "".join(
-                    f'<td class="win">{esc(t)}</td>' if s and t != "-" else f"<td>{esc(t)}</td>"
+                    f'<td class="best">{esc(t)}</td>' if s and t != "-" else f"<td>{esc(t)}</td>"
                     for t, s in row
                 )
                 + "</tr>"
@@ -869,7 +1034,8 @@ def _html(blocks: list, figures: Path, title: str) -> str:
             body.append(
                 f'<figure><img alt="{esc(block.alt, quote=True)}" '
                 f'src="data:image/png;base64,{data}">'
-                f"<figcaption>{esc(block.alt)}</figcaption></figure>"
+                f"<figcaption><b>{esc(block.alt)}.</b> {esc(block.caption)}</figcaption>"
+                "</figure>"
             )
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
@@ -889,6 +1055,7 @@ __all__ = [
     "build_report",
     "compare_setting",
     "compare_settings",
+    "experiment_name",
     "focus_algorithm",
     "pairwise_counts",
     "setting_rows",

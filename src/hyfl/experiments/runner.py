@@ -355,6 +355,9 @@ def run_prepared(
     opt_val_acc = (
         problem.accuracy(validation.X, validation.y, setup.optimum.w) if validation else np.nan
     )
+    majority = majority_rate_of(problem, setup.train.y)
+    # Plots of a fresh compare read it from the result; run.json keeps it in the summary.
+    result.config["majority_rate"] = majority
     rel = result.column("relative_loss")
     summary = {
         "algorithm": label or name,
@@ -385,6 +388,7 @@ def run_prepared(
             "method": setup.optimum.method,
             "val_accuracy": opt_val_acc,
         },
+        "majority_rate": majority,
         "n_clients": setup.partition.n_clients,
         "n_samples": problem.n_samples,
         "n_features": problem.n_features,
@@ -410,6 +414,40 @@ def run_prepared(
         run_spec, result, setup.optimum.primal, setup.optimum.method, opt_val_acc, summary, None,
         model,
     )
+
+
+def majority_rate_of(problem: Any, labels: Any) -> float | None:
+    """The accuracy of always predicting the most frequent training label.
+
+    The baseline an accuracy curve must beat: on an unbalanced set (ijcnn1:
+    0.905) a model that learned nothing scores this much. None for a
+    regression target (where :meth:`~hyfl.problem.Problem.accuracy` is NaN)
+    or without labels.
+
+    Parameters
+    ----------
+    problem : Problem
+        Tells whether accuracy is defined for the task (the rule of
+        :meth:`~hyfl.problem.Problem.accuracy`: classes, a classification
+        loss, or +-1 targets).
+    labels : array-like or None
+        The training labels as the user gave them.
+    """
+    if labels is None:
+        return None
+    y = np.asarray(labels).ravel()
+    if y.size == 0:
+        return None
+    targets = np.asarray(problem.Y)
+    classifies = (
+        problem.classes is not None
+        or problem.loss.classification
+        or bool(np.all((targets == 1.0) | (targets == -1.0)))
+    )
+    if not classifies:
+        return None
+    _, counts = np.unique(y, return_counts=True)
+    return float(counts.max() / y.size)
 
 
 def cost_summary(result: RunResult) -> dict[str, Any]:
@@ -812,6 +850,7 @@ def load_finished_run(run_dir: Path, spec: RunSpec) -> RunOutcome | None:
     }
     config["optimum_primal"] = optimum.get("primal")
     config["seed"] = spec.seed
+    config["majority_rate"] = summary.get("majority_rate")  # for the resumed compare.png
     result = RunResult(
         metrics=metrics,
         weights=np.empty((0, 0)),
