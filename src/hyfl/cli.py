@@ -630,7 +630,7 @@ def report(
     format: Annotated[str, typer.Option(help="html | markdown")] = "html",
     out: Annotated[Path | None, typer.Option(help="Output file (default in the folder).")] = None,
 ):
-    """One page with every setting's curves, cost breakdown, tables and win counts."""
+    """One page with every setting's curves, cost breakdown, tables and comparisons."""
     from hyfl.experiments.report import build_report
 
     try:
