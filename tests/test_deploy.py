@@ -1025,8 +1025,7 @@ def test_loopback_worker_that_hangs_and_is_killed_rejoins(tmp_path, breast_cance
                              insecure_test_keys=True, seed=3, out=str(out), reply_timeout=5.0)
         process = local.submit(run, name="restart-run")
         _wait_for(lambda: _round_records(out), 300, "round 1")
-        hung = local.worker_pid(2)
-        assert hung is not None
+        hung = _wait_for(lambda: local.worker_pid(2), 30, "party 2's worker")
         os.kill(hung, signal.SIGSTOP)
         _wait_for(lambda: any(2 in r["absent"] for r in _round_records(out)), 120,
                   "party 2 to be absent")

@@ -176,14 +176,13 @@ class Worker:
 
     def _client(self, component: str, *extra):
         from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
-        from flwr.supercore.retry import make_simple_http_retry_invoker
         from flwr.supercore.runtime import RuntimeHttpClient
 
         return RuntimeHttpClient.from_server_address(
             server_address=self.address, insecure=self.root_certificates is None,
             root_certificates=self.root_certificates,
             interceptors=[RuntimeVersionHttpInterceptor(component_name=component), *extra],
-            retry_invoker=make_simple_http_retry_invoker())
+            retry_invoker=_retry_invoker())
 
     def serve(self, stop: threading.Event | None = None) -> None:
         """Poll for tasks and run them, until ``stop`` is set (or forever)."""
@@ -230,27 +229,34 @@ class Worker:
         client = self.task_client
         message = context = reply = None
         status, details = SubStatus.FAILED, "the hyfl party worker failed"
-        with _Heartbeat(client, HEARTBEAT_SECONDS):
-            try:
-                message, context, run, fab = pull_task_input(client)
-                started = time.time()
-                self._check_app(run, fab)
-                reply = self._hyfl(message, context, started)
-                status, details = SubStatus.COMPLETED, ""
-            except Exception as err:  # noqa: BLE001 (reported to the server, as Flower does)
-                from flwr.clientapp.client_app import LoadClientAppError
+        try:
+            # Heartbeats while the task is ours; they stop before its output is pushed
+            # (which ends the task and its token).
+            with _Heartbeat(client, HEARTBEAT_SECONDS):
+                try:
+                    message, context, run, fab = pull_task_input(client)
+                    started = time.time()
+                    self._check_app(run, fab)
+                    reply = self._hyfl(message, context, started)
+                    status, details = SubStatus.COMPLETED, ""
+                except Exception as err:  # noqa: BLE001 (reported to the server, as Flower does)
+                    from flwr.clientapp.client_app import LoadClientAppError
 
-                code = (ErrorCode.LOAD_CLIENT_APP_EXCEPTION
-                        if isinstance(err, LoadClientAppError)
-                        else ErrorCode.CLIENT_APP_RAISED_EXCEPTION)
-                details = f"{type(err)}:<'{err}'>"
-                self.log(f"message failed: {type(err).__name__}: {err}")
-                if message is not None:
-                    reply = Message(Error(code=code, reason=details), reply_to=message)
-            if reply is not None and context is not None:
-                push_message(client, reply, context)
+                    code = (ErrorCode.LOAD_CLIENT_APP_EXCEPTION
+                            if isinstance(err, LoadClientAppError)
+                            else ErrorCode.CLIENT_APP_RAISED_EXCEPTION)
+                    details = f"{type(err)}:<'{err}'>"
+                    self.log(f"message failed: {type(err).__name__}: {err}")
+                    if message is not None:
+                        reply = Message(Error(code=code, reason=details), reply_to=message)
+                if reply is not None and context is not None:
+                    push_message(client, reply, context)
             push_task_output(client=client, context=context, sub_status=status,
                              details=details)
+        except Exception as err:  # noqa: BLE001 (the SuperNode gave up on the task)
+            # E.g. its token expired (no heartbeat within the SuperNode's patience on a
+            # starved machine): the server counts the party absent; the worker goes on.
+            self.log(f"could not finish a task ({type(err).__name__}: {err}); going on")
         self.handled += 1
 
     def _check_app(self, run, fab) -> None:
@@ -294,6 +300,31 @@ class Worker:
             self.log(f"run {context.run_id}: party restored from its saved state at {kind!r}")
         save_state(context, state)
         return Message(pack(*reply), reply_to=message)
+
+
+def _retry_invoker():
+    """Retries for the Runtime API: transport errors and 502/503/504, with backoff.
+
+    Not Flower's ``make_simple_http_retry_invoker``: on a 401 (a task token that
+    expired or was revoked) it sends SIGINT to its own process, which ends a
+    one-message ``flwr-clientapp`` but would end this long-lived worker. Here
+    every other HTTP error is raised to the caller.
+    """
+    import httpx
+    from flwr.supercore.retry.http_retry import (
+        _RETRYABLE_STATUS_CODES,
+        _RETRYABLE_TRANSPORT_ERRORS,
+    )
+    from flwr.supercore.retry.retry_invoker import RetryInvoker, exponential
+
+    def give_up(err: Exception) -> bool:
+        return (isinstance(err, httpx.HTTPStatusError)
+                and err.response.status_code not in _RETRYABLE_STATUS_CODES)
+
+    return RetryInvoker(
+        wait_gen_factory=lambda: exponential(max_delay=5.0),
+        recoverable_exceptions=(*_RETRYABLE_TRANSPORT_ERRORS, httpx.HTTPStatusError),
+        max_tries=None, max_time=60.0, should_giveup=give_up)
 
 
 def _wait_for_wake(fd: int, timeout: float) -> bool:
