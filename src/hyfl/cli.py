@@ -7,6 +7,7 @@ import dataclasses
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
 from rich import box
 from rich.console import Console
@@ -15,14 +16,17 @@ from rich.table import Table
 
 from hyfl._format import format_bytes as _bytes
 from hyfl._format import format_seconds as _seconds
-from hyfl._names import CIPHER_NAMES as CIPHERS
 from hyfl._names import (
+    ALGORITHM_NAMES,
     DEFAULT_HE_COSTS,
     DEFAULT_HE_LAYOUT,
     HE_COST_SOURCES,
     HE_LAYOUTS,
+    LOSS_NAMES,
+    REPORT_FORMATS,
     STEP_RULES,
 )
+from hyfl._names import CIPHER_NAMES as CIPHERS
 from hyfl.errors import HyflError, fail
 
 app = typer.Typer(
@@ -56,11 +60,23 @@ def _main(
     """Hybrid federated learning of linear models (HyFDCA and baselines)."""
 
 
+
+def _choice(names) -> click.Choice:
+    """A fixed set of names as a Click choice: ``--help`` lists them, shells complete them and
+    a wrong value gets Click's error naming them. The names come from :mod:`hyfl._names`, so
+    building the choice imports none of the modules that implement them."""
+    return click.Choice(list(names))
+
+
+def _complete_algorithm(incomplete: str) -> list[str]:
+    return [name for name in ALGORITHM_NAMES if name.startswith(incomplete)]
+
+
 # Options shared by `run` and `compare`, declared once.
 Data = Annotated[str, typer.Option(help="Dataset name (see `hyfl datasets`) or LIBSVM file.")]
 Val = Annotated[str | None, typer.Option(help="Validation set: dataset name or file.")]
 ValFraction = Annotated[float | None, typer.Option(help="Hold out this fraction for validation.")]
-Loss = Annotated[str, typer.Option(help="hinge | logistic | squared | smoothed_hinge.")]
+Loss = Annotated[str, typer.Option(click_type=_choice(LOSS_NAMES), help="Loss function.")]
 Lam = Annotated[float | None, typer.Option(help="Regularization (default: the dataset's).")]
 PartitionOpt = Annotated[
     str | None,
@@ -78,7 +94,8 @@ Iic = Annotated[float | None, typer.Option(help="Inner iterations constant: H = 
 LocalSteps = Annotated[int | None, typer.Option(help="H (or Q for FedBCD): local steps.")]
 StepRule = Annotated[
     str | None,
-    typer.Option(help=f"HyFDCA step rule: {' | '.join(STEP_RULES)} (default {STEP_RULES[0]})."),
+    typer.Option(click_type=_choice(STEP_RULES),
+                 help=f"HyFDCA step rule (default {STEP_RULES[0]})."),
 ]
 RateA = Annotated[float | None, typer.Option("--a", help="FedAvg/HyFEM rate a/(b + sqrt t).")]
 RateB = Annotated[float | None, typer.Option("--b", help="FedAvg/HyFEM rate a/(b + sqrt t).")]
@@ -97,7 +114,8 @@ Progress = Annotated[bool, typer.Option(help="Show a progress bar.")]
 CipherOpt = Annotated[
     str,
     typer.Option(
-        help=f"HyFDCA's homomorphic encryption: {' | '.join(CIPHERS)}. 'none' simulates it "
+        click_type=_choice(CIPHERS),
+        help="HyFDCA's homomorphic encryption. 'none' simulates it "
         "(ciphertexts and HE operations counted and charged, nothing encrypted); a real "
         "cipher runs HyFDCA as separate parties with real encryption (slower). Other "
         "algorithms never encrypt (zero HE operations): with them a real cipher only "
@@ -206,7 +224,15 @@ def run(
             show_default=False,
         ),
     ] = None,
-    algorithm: Annotated[str, typer.Option(help="See `hyfl algorithms`.")] = "hyfdca",
+    # Not a strict choice: with CONFIG it may name one of the config's labels.
+    algorithm: Annotated[
+        str,
+        typer.Option(
+            autocompletion=_complete_algorithm,
+            help=f"{', '.join(ALGORITHM_NAMES)} (see `hyfl algorithms`); with CONFIG, one of "
+            "its [algorithms.LABEL] tables.",
+        ),
+    ] = "hyfdca",
     data: Data = "breast_cancer",
     val: Val = None,
     val_fraction: ValFraction = None,
@@ -626,7 +652,9 @@ def compare(
 
 @app.command()
 def calibrate(
-    cipher: Annotated[str, typer.Option(help=f"Cipher to measure: {' | '.join(CIPHERS)} | all.")],
+    cipher: Annotated[
+        str, typer.Option(click_type=_choice((*CIPHERS, "all")), help="Cipher to measure.")
+    ],
     key_bits: KeyBits = None,
     n: Annotated[int, typer.Option(help="Ciphertexts per measured batch.")] = 200,
     output: Annotated[
@@ -708,7 +736,7 @@ def tune(
 @app.command()
 def report(
     results: Annotated[Path, typer.Argument(help="A results folder (from run or compare).")],
-    format: Annotated[str, typer.Option(help="html | markdown")] = "html",
+    format: Annotated[str, typer.Option(click_type=_choice(REPORT_FORMATS))] = "html",
     out: Annotated[Path | None, typer.Option(help="Output file (default in the folder).")] = None,
 ):
     """One page with every setting's curves, cost breakdown, tables and comparisons."""
