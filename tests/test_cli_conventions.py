@@ -215,3 +215,12 @@ def test_registry_options_are_click_choices_listed_in_help_and_checked():
         result = runner.invoke(app, ["run", flag, value], env=wide)
         assert result.exit_code == 2 and f"Invalid value for '{flag}'" in result.output
         assert f"'{value}' is not one of" in result.output  # Click's error, before any work
+
+
+def test_command_help_paragraphs_are_wrapped_once_by_rich():
+    # The docstrings' source line breaks are joined: Rich alone wraps the paragraphs.
+    wide = runner.invoke(app, ["run", "--help"], env={"COLUMNS": "200"}).output
+    assert "writes DIR/metrics.csv, metrics.parquet, run.json and loss.png, and prints" in wide
+    narrow = runner.invoke(app, ["deploy", "local", "--help"], env={"COLUMNS": "80"}).output
+    lines = [line.strip() for line in narrow.splitlines()]
+    assert "this" not in lines and "and" not in lines  # no one-word leftovers of a source line

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from pathlib import Path
 from typing import Annotated
 
@@ -1025,6 +1026,24 @@ def _print_costs(outcome) -> None:
     console.print(table)
 
 
+def _unwrap_help(typer_app: typer.Typer) -> None:
+    """Join the hard line breaks inside each paragraph of the commands' docstrings.
+
+    Typer's Rich help keeps the line breaks of every paragraph after the first and
+    then wraps again at the terminal's width, so a line broken at 90 columns in the
+    source shows at 80 as a long line and a one-word line. Blank-line separated
+    paragraphs stay paragraphs.
+    """
+    for info in typer_app.registered_commands:
+        doc = info.help or inspect.getdoc(info.callback)
+        if doc:
+            info.help = "\n\n".join(" ".join(p.splitlines()) for p in doc.split("\n\n"))
+
+
+_deploy_app = __import__("hyfl.deploy.cli", fromlist=["app"]).app
+_unwrap_help(app)
+_unwrap_help(_deploy_app)
+app.add_typer(_deploy_app, name="deploy")
+
 if __name__ == "__main__":  # pragma: no cover
     app()
-app.add_typer(__import__("hyfl.deploy.cli", fromlist=["app"]).app, name="deploy")
