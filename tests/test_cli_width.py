@@ -86,6 +86,7 @@ def test_run_summary_and_costs_fit_80_columns(narrow, tmp_path):
     text = narrow.export_text()
     _readable(text)
     assert "centralized" in text and "per iteration" in text and "sim_time" in text
+    assert "latency 0 s)" in text  # the title is not wrapped between a number and its unit
 
 
 def test_algorithms_and_datasets_fit_80_columns(narrow, tmp_path):

@@ -566,7 +566,10 @@ def _print_comparison(rows, title: str, cost_title: str) -> None:
 
 @app.command()
 def compare(
-    algorithms: Annotated[str, typer.Option(help="Comma-separated, e.g. hyfdca,fedavg,hyfem.")],
+    # A short example: a long comma-joined word is cut with "…" in a narrow help column.
+    algorithms: Annotated[
+        str, typer.Option(help="Comma-separated names, e.g. hyfdca,fedavg (`hyfl algorithms`).")
+    ],
     data: Data = "breast_cancer",
     val: Val = None,
     val_fraction: ValFraction = None,
@@ -997,11 +1000,11 @@ def _print_costs(outcome) -> None:
             f". The real cryptography of this run took {_seconds(costs['he_seconds_measured'])} "
             "of compute; sim_time charges its operations at the per-operation costs above instead"
         )
-    table = Table(
-        title=f"simulated cost ({s['engine']} engine, cipher {s['cipher']}, "
-        f"latency {outcome.spec.latency:g} s)",
-        caption=caption,
-    )
+    title = (f"simulated cost ({s['engine']} engine, cipher {s['cipher']}, "
+             f"latency {outcome.spec.latency:g} s)")
+    # As wide as the title where the terminal allows, so the title is not wrapped
+    # between a number and its unit.
+    table = Table(title=title, caption=caption, min_width=min(len(title), console.width))
     table.add_column("", overflow="fold")
     _number_column(table, "per iteration")
     _number_column(table, f"total ({iterations} it.)")
