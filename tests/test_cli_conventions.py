@@ -201,6 +201,9 @@ def test_registry_options_are_click_choices_listed_in_help_and_checked():
     from hyfl.losses import LOSSES
 
     assert tuple(LOSSES) == _names.LOSS_NAMES and tuple(ALGORITHMS) == _names.ALGORITHM_NAMES
+    from hyfl.deploy.keys import KEY_SCHEMES
+
+    assert tuple(KEY_SCHEMES) == _names.KEY_SCHEME_NAMES
     wide = {"COLUMNS": "200"}
     for command in (["run"], ["compare"], ["deploy", "local"]):
         help_text = runner.invoke(app, [*command, "--help"], env=wide).output
@@ -211,6 +214,8 @@ def test_registry_options_are_click_choices_listed_in_help_and_checked():
     assert "[none|paillier|packed|ckks|all]" in runner.invoke(
         app, ["calibrate", "--help"], env=wide).output
     assert "[html|markdown]" in runner.invoke(app, ["report", "--help"], env=wide).output
+    assert "[paillier|packed|ckks]" in runner.invoke(
+        app, ["deploy", "keys", "--help"], env=wide).output
     for flag, value in [("--loss", "hinj"), ("--step-rule", "fast"), ("--cipher", "rsa")]:
         result = runner.invoke(app, ["run", flag, value], env=wide)
         assert result.exit_code == 2 and f"Invalid value for '{flag}'" in result.output

@@ -28,3 +28,6 @@ ALGORITHM_NAMES = ("hyfdca", "fedavg", "hyfem", "hyfem-avg", "fedsgd", "fedbcd-p
 
 REPORT_FORMATS = ("html", "markdown")
 """The formats ``hyfl report`` writes."""
+
+KEY_SCHEME_NAMES = ("paillier", "packed", "ckks")
+"""The keys of :data:`hyfl.deploy.keys.KEY_SCHEMES`: the ciphers ``hyfl deploy keys`` serves."""

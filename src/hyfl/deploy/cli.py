@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from hyfl._names import CIPHER_NAMES, LOSS_NAMES
+from hyfl._names import CIPHER_NAMES, KEY_SCHEME_NAMES, LOSS_NAMES
 from hyfl.errors import HyflError, fail
 
 app = typer.Typer(
@@ -100,8 +100,9 @@ def keys(
                                           "with --insecure-test-keys).")] = 2048,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace existing keys.")] = False,
     insecure_test_keys: InsecureKeys = False,
-    cipher: Annotated[str, typer.Option(help="Key scheme: paillier (also for packed) | ckks "
-                                        "(--key-bits does not apply: 128-bit parameters).")] =
+    cipher: Annotated[str, typer.Option(click_type=click.Choice(list(KEY_SCHEME_NAMES)),
+                                        help="Key scheme: packed uses paillier keys; ckks "
+                                        "ignores --key-bits (128-bit parameters).")] =
     "paillier",
 ):
     """Generate a key pair: private-key.json for every party, public-key.json for the server."""
