@@ -108,7 +108,7 @@ def test_bad_flags_give_clear_errors(tmp_path):
         (["--lam", "-1"], "lam"),
         (["--iic", "0.1", "--local-steps", "3"], "--local-steps"),
         (["--data", "no-such-set"], "no-such-set"),
-        (["--step-rule", "fast"], "step_rule"),
+        (["--step-rule", "fast"], "--step-rule"),  # Click's choice error
     ]
     for flags, culprit in cases:
         result = runner.invoke(

@@ -193,3 +193,39 @@ def test_hyperparameter_flags_for_an_algorithm_the_config_does_not_run_are_refus
     assert result.exit_code == 2
     assert "would set hyperparameters of hyfdca" in result.output
     assert "--algorithm" in result.output and not (tmp_path / "r").exists()
+
+
+def test_registry_options_are_click_choices_listed_in_help_and_checked():
+    from hyfl import _names
+    from hyfl.algorithms import ALGORITHMS
+    from hyfl.losses import LOSSES
+
+    assert tuple(LOSSES) == _names.LOSS_NAMES and tuple(ALGORITHMS) == _names.ALGORITHM_NAMES
+    from hyfl.deploy.keys import KEY_SCHEMES
+
+    assert tuple(KEY_SCHEMES) == _names.KEY_SCHEME_NAMES
+    wide = {"COLUMNS": "200"}
+    for command in (["run"], ["compare"], ["deploy", "local"]):
+        help_text = runner.invoke(app, [*command, "--help"], env=wide).output
+        assert "[hinge|logistic|squared|smoothed_hinge]" in help_text, command
+        assert "[none|paillier|packed|ckks]" in help_text, command
+    help_text = runner.invoke(app, ["run", "--help"], env=wide).output
+    assert "[cocoa|safe|theory|paper]" in help_text and "fedbcd-p" in help_text
+    assert "[none|paillier|packed|ckks|all]" in runner.invoke(
+        app, ["calibrate", "--help"], env=wide).output
+    assert "[html|markdown]" in runner.invoke(app, ["report", "--help"], env=wide).output
+    assert "[paillier|packed|ckks]" in runner.invoke(
+        app, ["deploy", "keys", "--help"], env=wide).output
+    for flag, value in [("--loss", "hinj"), ("--step-rule", "fast"), ("--cipher", "rsa")]:
+        result = runner.invoke(app, ["run", flag, value], env=wide)
+        assert result.exit_code == 2 and f"Invalid value for '{flag}'" in result.output
+        assert f"'{value}' is not one of" in result.output  # Click's error, before any work
+
+
+def test_command_help_paragraphs_are_wrapped_once_by_rich():
+    # The docstrings' source line breaks are joined: Rich alone wraps the paragraphs.
+    wide = runner.invoke(app, ["run", "--help"], env={"COLUMNS": "200"}).output
+    assert "writes DIR/metrics.csv, metrics.parquet, run.json and loss.png, and prints" in wide
+    narrow = runner.invoke(app, ["deploy", "local", "--help"], env={"COLUMNS": "80"}).output
+    lines = [line.strip() for line in narrow.splitlines()]
+    assert "this" not in lines and "and" not in lines  # no one-word leftovers of a source line

@@ -18,3 +18,16 @@ HE_COST_SOURCES = ("auto", "paper", "measured")
 DEFAULT_HE_LAYOUT = "cipher"
 HE_LAYOUTS = ("cipher", "sample")
 """Named choices of ``he_layout`` besides cipher names."""
+
+LOSS_NAMES = ("hinge", "logistic", "squared", "smoothed_hinge")
+"""The keys of :data:`hyfl.losses.LOSSES`, in order."""
+
+ALGORITHM_NAMES = ("hyfdca", "fedavg", "hyfem", "hyfem-avg", "fedsgd", "fedbcd-p", "fedbcd-s",
+                   "fedpbcd", "fedh-g", "fedh-n", "fedh-k")
+"""The keys of :data:`hyfl.algorithms.ALGORITHMS`, in order (help and shell completion)."""
+
+REPORT_FORMATS = ("html", "markdown")
+"""The formats ``hyfl report`` writes."""
+
+KEY_SCHEME_NAMES = ("paillier", "packed", "ckks")
+"""The keys of :data:`hyfl.deploy.keys.KEY_SCHEMES`: the ciphers ``hyfl deploy keys`` serves."""

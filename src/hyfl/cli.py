@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
 from rich import box
 from rich.console import Console
@@ -15,14 +17,17 @@ from rich.table import Table
 
 from hyfl._format import format_bytes as _bytes
 from hyfl._format import format_seconds as _seconds
-from hyfl._names import CIPHER_NAMES as CIPHERS
 from hyfl._names import (
+    ALGORITHM_NAMES,
     DEFAULT_HE_COSTS,
     DEFAULT_HE_LAYOUT,
     HE_COST_SOURCES,
     HE_LAYOUTS,
+    LOSS_NAMES,
+    REPORT_FORMATS,
     STEP_RULES,
 )
+from hyfl._names import CIPHER_NAMES as CIPHERS
 from hyfl.errors import HyflError, fail
 
 app = typer.Typer(
@@ -56,11 +61,23 @@ def _main(
     """Hybrid federated learning of linear models (HyFDCA and baselines)."""
 
 
+
+def _choice(names) -> click.Choice:
+    """A fixed set of names as a Click choice: ``--help`` lists them, shells complete them and
+    a wrong value gets Click's error naming them. The names come from :mod:`hyfl._names`, so
+    building the choice imports none of the modules that implement them."""
+    return click.Choice(list(names))
+
+
+def _complete_algorithm(incomplete: str) -> list[str]:
+    return [name for name in ALGORITHM_NAMES if name.startswith(incomplete)]
+
+
 # Options shared by `run` and `compare`, declared once.
 Data = Annotated[str, typer.Option(help="Dataset name (see `hyfl datasets`) or LIBSVM file.")]
 Val = Annotated[str | None, typer.Option(help="Validation set: dataset name or file.")]
 ValFraction = Annotated[float | None, typer.Option(help="Hold out this fraction for validation.")]
-Loss = Annotated[str, typer.Option(help="hinge | logistic | squared | smoothed_hinge.")]
+Loss = Annotated[str, typer.Option(click_type=_choice(LOSS_NAMES), help="Loss function.")]
 Lam = Annotated[float | None, typer.Option(help="Regularization (default: the dataset's).")]
 PartitionOpt = Annotated[
     str | None,
@@ -78,7 +95,8 @@ Iic = Annotated[float | None, typer.Option(help="Inner iterations constant: H = 
 LocalSteps = Annotated[int | None, typer.Option(help="H (or Q for FedBCD): local steps.")]
 StepRule = Annotated[
     str | None,
-    typer.Option(help=f"HyFDCA step rule: {' | '.join(STEP_RULES)} (default {STEP_RULES[0]})."),
+    typer.Option(click_type=_choice(STEP_RULES),
+                 help=f"HyFDCA step rule (default {STEP_RULES[0]})."),
 ]
 RateA = Annotated[float | None, typer.Option("--a", help="FedAvg/HyFEM rate a/(b + sqrt t).")]
 RateB = Annotated[float | None, typer.Option("--b", help="FedAvg/HyFEM rate a/(b + sqrt t).")]
@@ -97,7 +115,8 @@ Progress = Annotated[bool, typer.Option(help="Show a progress bar.")]
 CipherOpt = Annotated[
     str,
     typer.Option(
-        help=f"HyFDCA's homomorphic encryption: {' | '.join(CIPHERS)}. 'none' simulates it "
+        click_type=_choice(CIPHERS),
+        help="HyFDCA's homomorphic encryption. 'none' simulates it "
         "(ciphertexts and HE operations counted and charged, nothing encrypted); a real "
         "cipher runs HyFDCA as separate parties with real encryption (slower). Other "
         "algorithms never encrypt (zero HE operations): with them a real cipher only "
@@ -206,7 +225,15 @@ def run(
             show_default=False,
         ),
     ] = None,
-    algorithm: Annotated[str, typer.Option(help="See `hyfl algorithms`.")] = "hyfdca",
+    # Not a strict choice: with CONFIG it may name one of the config's labels.
+    algorithm: Annotated[
+        str,
+        typer.Option(
+            autocompletion=_complete_algorithm,
+            help=f"{', '.join(ALGORITHM_NAMES)} (see `hyfl algorithms`); with CONFIG, one of "
+            "its [algorithms.LABEL] tables.",
+        ),
+    ] = "hyfdca",
     data: Data = "breast_cancer",
     val: Val = None,
     val_fraction: ValFraction = None,
@@ -409,6 +436,61 @@ def _run_config(ctx, path: Path, out, hyper, *, resume: bool, overwrite: bool, p
     console.print(f"wrote {result.out_dir}")
 
 
+def _natural_width(table: Table) -> int:
+    """Columns ``table`` needs to show every cell whole (its width on an unbounded terminal)."""
+    probe = Console(width=10_000, color_system=None, highlight=False)
+    with probe.capture() as captured:
+        probe.print(table)
+    return max((len(line.rstrip()) for line in captured.get().splitlines()), default=0)
+
+
+def _fitted(make, columns: list[str], drop_order: tuple[str, ...]) -> tuple[Table, list[str]]:
+    """``make(columns)``, leaving out columns in ``drop_order`` until it fits the terminal.
+
+    Numbers are never cut or wrapped (a cut ``0.0012`` reads as another number), so a
+    table too wide for ``console.width`` loses its least important columns instead;
+    the caller names them so the reader knows where to find them.
+    """
+    shown, dropped = list(columns), []
+    table = make(shown)
+    for name in drop_order:
+        if _natural_width(table) <= console.width:
+            break
+        if name in shown:
+            shown.remove(name)
+            dropped.append(name)
+            table = make(shown)
+    return table, dropped
+
+
+def _say_dropped(dropped: list[str], where: str) -> None:
+    if dropped:
+        console.print(
+            f"[dim]left out at this terminal width: {escape(', '.join(dropped))} "
+            f"(see {escape(where)})[/]"
+        )
+
+
+def _name_column(table: Table, header: str) -> None:
+    """A text column that folds a long name rather than cutting it to ``algorit…``."""
+    table.add_column(header, overflow="fold", min_width=min(10, max(len(header), 4)))
+
+
+def _number_column(table: Table, header: str) -> None:
+    # Whole numbers or nothing: a number split over two lines or cut with an ellipsis
+    # misreads; tables that cannot fit drop columns instead (:func:`_fitted`).
+    table.add_column(header, justify="right", no_wrap=True)
+
+
+# Columns the summary tables leave out first when the terminal is narrow (all are in
+# summary.csv): the stricter/looser thresholds and the smaller cost components.
+_CONVERGENCE_DROP = ("settled_1e-3", "rounds_to_1e-1", "rounds_to_1e-3", "median_round_ms",
+                     "round_trips", "settled_1e-2", "best_val_accuracy")
+_COST_DROP = ("decryptions", "time_latency_per_iter", "time_server_per_iter", "bytes_down",
+              "encryptions", "time_encryption_per_iter", "time_client_per_iter", "bytes_up")
+_EXPERIMENT_DROP = ("round_trips", "settled_1e-2", "best_val_accuracy", "seeds")
+
+
 def _print_experiment(result) -> None:
     config = result.config
     title = (
@@ -418,53 +500,76 @@ def _print_experiment(result) -> None:
     if len(config.seeds) == 1:
         _print_comparison(result.rows, title, "simulated cost; seconds per outer iteration")
         return
-    columns = [
-        ("final_relative_loss", "rel. loss"),
-        ("best_val_accuracy", "best val. acc."),
-        ("settled_1e-2", "settled 1e-2"),
-        ("round_trips", "round trips"),
-        ("sim_time", "sim_time"),
-    ]
-    table = Table(
-        title=f"{title}; mean ± std over seeds {list(config.seeds)}",
-        box=box.SIMPLE_HEAD,
-        padding=(0, 1),
-        pad_edge=False,
-    )
-    table.add_column("algorithm")
-    table.add_column("seeds", justify="right")
-    for _, header in columns:
-        table.add_column(header, justify="right")
-    for row in result.rows:
-        cells = [row["algorithm"], str(row["n_seeds"])]
-        for column, _ in columns:
-            mean, std = row[f"{column}_mean"], row[f"{column}_std"]
-            cells.append(
-                "-"
-                if mean is None
-                else f"{_summary_cell(column, mean)} ± {_summary_cell(column, std)}"
-            )
-        table.add_row(*cells)
+    headers = {
+        "final_relative_loss": "rel. loss",
+        "best_val_accuracy": "best val. acc.",
+        "settled_1e-2": "settled 1e-2",
+        "round_trips": "round trips",
+        "sim_time": "sim_time",
+    }
+
+    def make(shown: list[str]) -> Table:
+        table = Table(
+            title=f"{title}; mean ± std over seeds {list(config.seeds)}",
+            box=box.SIMPLE_HEAD,
+            padding=(0, 1),
+            pad_edge=False,
+        )
+        _name_column(table, "algorithm")
+        for column in shown:
+            _number_column(table, headers.get(column, column))
+        for row in result.rows:
+            cells = [row["algorithm"]]
+            for column in shown:
+                if column == "seeds":
+                    cells.append(str(row["n_seeds"]))
+                    continue
+                mean, std = row[f"{column}_mean"], row[f"{column}_std"]
+                cells.append(
+                    "-"
+                    if mean is None
+                    else f"{_summary_cell(column, mean)} ± {_summary_cell(column, std)}"
+                )
+            table.add_row(*cells)
+        return table
+
+    table, dropped = _fitted(make, ["seeds", *headers], _EXPERIMENT_DROP)
     console.print(table)
+    _say_dropped([headers.get(c, c) for c in dropped], "summary.csv")
 
 
 def _print_comparison(rows, title: str, cost_title: str) -> None:
     from hyfl.experiments.runner import CONVERGENCE_COLUMNS, COST_SUMMARY_COLUMNS
 
     cost_columns = [c for c in COST_SUMMARY_COLUMNS if c != "engine"]
-    for columns, caption in [(CONVERGENCE_COLUMNS, title), (cost_columns, cost_title)]:
-        table = Table(title=caption, box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
-        for column in columns:
-            header = _HEADERS.get(column, column)
-            table.add_column(header, justify="left" if column == "algorithm" else "right")
-        for row in rows:
-            table.add_row(*[_summary_cell(c, row[c]) for c in columns])
+    for columns, caption, drop_order in [
+        (CONVERGENCE_COLUMNS, title, _CONVERGENCE_DROP),
+        (cost_columns, cost_title, _COST_DROP),
+    ]:
+
+        def make(shown: list[str], caption=caption) -> Table:
+            table = Table(title=caption, box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+            for column in shown:
+                header = _HEADERS.get(column, column)
+                if column == "algorithm":
+                    _name_column(table, header)
+                else:
+                    _number_column(table, header)
+            for row in rows:
+                table.add_row(*[_summary_cell(c, row[c]) for c in shown])
+            return table
+
+        table, dropped = _fitted(make, list(columns), drop_order)
         console.print(table)
+        _say_dropped([_HEADERS.get(c, c) for c in dropped], "summary.csv")
 
 
 @app.command()
 def compare(
-    algorithms: Annotated[str, typer.Option(help="Comma-separated, e.g. hyfdca,fedavg,hyfem.")],
+    # A short example: a long comma-joined word is cut with "…" in a narrow help column.
+    algorithms: Annotated[
+        str, typer.Option(help="Comma-separated names, e.g. hyfdca,fedavg (`hyfl algorithms`).")
+    ],
     data: Data = "breast_cancer",
     val: Val = None,
     val_fraction: ValFraction = None,
@@ -551,7 +656,9 @@ def compare(
 
 @app.command()
 def calibrate(
-    cipher: Annotated[str, typer.Option(help=f"Cipher to measure: {' | '.join(CIPHERS)} | all.")],
+    cipher: Annotated[
+        str, typer.Option(click_type=_choice((*CIPHERS, "all")), help="Cipher to measure.")
+    ],
     key_bits: KeyBits = None,
     n: Annotated[int, typer.Option(help="Ciphertexts per measured batch.")] = 200,
     output: Annotated[
@@ -571,7 +678,10 @@ def calibrate(
         _fail(err)
     table = Table(title="time per homomorphic operation on this machine")
     for column in ("cipher", "key bits", "slots", "operation", "per ciphertext", "per value"):
-        table.add_column(column, justify="left" if column in ("cipher", "operation") else "right")
+        if column in ("cipher", "operation"):
+            _name_column(table, column)
+        else:
+            _number_column(table, column)
     for name, r in records.items():
         for i, op in enumerate(("encrypt", "decrypt", "add")):
             first = i == 0
@@ -612,8 +722,11 @@ def tune(
     except HyflError as err:
         _fail(err)
     table = Table(title="chosen hyperparameters (Gray Relational Analysis)")
-    for column in ("algorithm", "trials", "divergent", "best", "grade"):
-        table.add_column(column)
+    _name_column(table, "algorithm")
+    for column in ("trials", "divergent"):
+        _number_column(table, column)
+    table.add_column("best", overflow="fold")  # KEY=VALUE list: wraps between values
+    _number_column(table, "grade")
     for label, result in results.items():
         best = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                          for k, v in result.best.items())
@@ -627,7 +740,7 @@ def tune(
 @app.command()
 def report(
     results: Annotated[Path, typer.Argument(help="A results folder (from run or compare).")],
-    format: Annotated[str, typer.Option(help="html | markdown")] = "html",
+    format: Annotated[str, typer.Option(click_type=_choice(REPORT_FORMATS))] = "html",
     out: Annotated[Path | None, typer.Option(help="Output file (default in the folder).")] = None,
 ):
     """One page with every setting's curves, cost breakdown, tables and comparisons."""
@@ -712,7 +825,9 @@ def algorithms():
     """List the registered algorithms."""
     from hyfl.algorithms import ALGORITHMS
 
-    table = Table("name", "what")
+    table = Table()
+    table.add_column("name", no_wrap=True)  # short registry names: never `algorit…`
+    table.add_column("what", overflow="fold")
     for name, entry in ALGORITHMS.items():
         table.add_row(name, entry.summary)
     console.print(table)
@@ -724,7 +839,10 @@ def datasets(data_dir: DataDir = None):
     from hyfl.data import DATASETS, default_lambda
     from hyfl.data.registry import locate_files, search_dirs
 
-    table = Table("name", "task", "paper lambda")
+    table = Table()
+    table.add_column("name", no_wrap=True)
+    table.add_column("task", overflow="fold")
+    _number_column(table, "paper lambda")
     table.add_column("files", overflow="fold")  # whole paths, folded rather than cut
     for name, entry in DATASETS.items():
         lam = default_lambda(name)
@@ -842,9 +960,9 @@ def _print_summary(outcome) -> None:
     s = outcome.summary
     final = s["final"]
     table = Table(title=f"{outcome.spec.algorithm} against the centralized optimum")
-    table.add_column("")
-    table.add_column(outcome.spec.algorithm, justify="right")
-    table.add_column("centralized", justify="right")
+    table.add_column("", overflow="fold")
+    _number_column(table, outcome.spec.algorithm)
+    _number_column(table, "centralized")
     table.add_row("primal P(w)", f"{final['primal']:.6g}", f"{outcome.optimum_primal:.6g}")
     if final["dual"] == final["dual"]:  # primal-dual methods only
         table.add_row("dual D(alpha)", f"{final['dual']:.6g}", "")
@@ -882,15 +1000,15 @@ def _print_costs(outcome) -> None:
             f". The real cryptography of this run took {_seconds(costs['he_seconds_measured'])} "
             "of compute; sim_time charges its operations at the per-operation costs above instead"
         )
-    table = Table(
-        title=f"simulated cost ({s['engine']} engine, cipher {s['cipher']}, "
-        f"latency {outcome.spec.latency:g} s)",
-        caption=caption,
-    )
-    table.add_column("")
-    table.add_column("per iteration", justify="right")
-    table.add_column(f"total ({iterations} it.)", justify="right")
-    table.add_column("share", justify="right")
+    title = (f"simulated cost ({s['engine']} engine, cipher {s['cipher']}, "
+             f"latency {outcome.spec.latency:g} s)")
+    # As wide as the title where the terminal allows, so the title is not wrapped
+    # between a number and its unit.
+    table = Table(title=title, caption=caption, min_width=min(len(title), console.width))
+    table.add_column("", overflow="fold")
+    _number_column(table, "per iteration")
+    _number_column(table, f"total ({iterations} it.)")
+    _number_column(table, "share")
     labels = {
         "time_client": "client compute",
         "time_server": "server compute",
@@ -911,6 +1029,24 @@ def _print_costs(outcome) -> None:
     console.print(table)
 
 
+def _unwrap_help(typer_app: typer.Typer) -> None:
+    """Join the hard line breaks inside each paragraph of the commands' docstrings.
+
+    Typer's Rich help keeps the line breaks of every paragraph after the first and
+    then wraps again at the terminal's width, so a line broken at 90 columns in the
+    source shows at 80 as a long line and a one-word line. Blank-line separated
+    paragraphs stay paragraphs.
+    """
+    for info in typer_app.registered_commands:
+        doc = info.help or inspect.getdoc(info.callback)
+        if doc:
+            info.help = "\n\n".join(" ".join(p.splitlines()) for p in doc.split("\n\n"))
+
+
+_deploy_app = __import__("hyfl.deploy.cli", fromlist=["app"]).app
+_unwrap_help(app)
+_unwrap_help(_deploy_app)
+app.add_typer(_deploy_app, name="deploy")
+
 if __name__ == "__main__":  # pragma: no cover
     app()
-app.add_typer(__import__("hyfl.deploy.cli", fromlist=["app"]).app, name="deploy")

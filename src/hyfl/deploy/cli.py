@@ -14,10 +14,12 @@ import tempfile
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
 from rich.console import Console
 from rich.markup import escape
 
+from hyfl._names import CIPHER_NAMES, KEY_SCHEME_NAMES, LOSS_NAMES
 from hyfl.errors import HyflError, fail
 
 app = typer.Typer(
@@ -32,15 +34,17 @@ console = Console()
 Iterations = Annotated[int, typer.Option(help="Outer iterations (rounds).")]
 Participation = Annotated[str, typer.Option(help="full | fraction p | cyclic:C | trace:FILE.")]
 Seed = Annotated[int, typer.Option(help="Seed of the participation schedule and the draws.")]
-Loss = Annotated[str, typer.Option(help="hinge | logistic | squared | smoothed_hinge.")]
+# Click choices: --help lists them, shells complete them, a typo gets Click's error.
+Loss = Annotated[str, typer.Option(click_type=click.Choice(list(LOSS_NAMES)),
+                                   help="Loss function.")]
 Lam = Annotated[float, typer.Option(help="Regularization; 0 = the data's default.")]
 Param = Annotated[
     list[str] | None,
     typer.Option(help="HyFDCA hyperparameter KEY=VALUE (local_steps, iic, step_rule...); "
                  "repeatable. Without it: HyFDCA's defaults (step_rule=cocoa)."),
 ]
-Cipher = Annotated[str, typer.Option(help="paillier | packed | ckks | none (none: no encryption, "
-                                     "tests).")]
+Cipher = Annotated[str, typer.Option(click_type=click.Choice(list(CIPHER_NAMES)),
+                                     help="Cipher (none: no encryption, tests).")]
 ReplyTimeout = Annotated[
     float, typer.Option(help="Seconds a party has to answer a message before it counts as absent "
                         "for the round.")
@@ -96,8 +100,9 @@ def keys(
                                           "with --insecure-test-keys).")] = 2048,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace existing keys.")] = False,
     insecure_test_keys: InsecureKeys = False,
-    cipher: Annotated[str, typer.Option(help="Key scheme: paillier (also for packed) | ckks "
-                                        "(--key-bits does not apply: 128-bit parameters).")] =
+    cipher: Annotated[str, typer.Option(click_type=click.Choice(list(KEY_SCHEME_NAMES)),
+                                        help="Key scheme: packed uses paillier keys; ckks "
+                                        "ignores --key-bits (128-bit parameters).")] =
     "paillier",
 ):
     """Generate a key pair: private-key.json for every party, public-key.json for the server."""

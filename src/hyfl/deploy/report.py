@@ -234,10 +234,11 @@ def summary_table(summary: Mapping[str, Any]):
     if c is not None:
         caption += "; in-process: run_protocol, same seed, keys and parties"
     table = Table(title=f"hyfdca on Flower, {summary['parties']} parties", caption=caption)
-    table.add_column("")
-    table.add_column("deployed", justify="right")
+    # Labels wrap; values never (a number cut or split over two lines misreads).
+    table.add_column("", overflow="fold")
+    table.add_column("deployed", justify="right", no_wrap=True)
     if c is not None:
-        table.add_column("in-process", justify="right")
+        table.add_column("in-process", justify="right", no_wrap=True)
 
     def row(label: str, deployed: str, in_process: str = "") -> None:
         table.add_row(label, deployed, *([in_process] if c is not None else []))
