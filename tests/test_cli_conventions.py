@@ -229,3 +229,22 @@ def test_command_help_paragraphs_are_wrapped_once_by_rich():
     narrow = runner.invoke(app, ["deploy", "local", "--help"], env={"COLUMNS": "80"}).output
     lines = [line.strip() for line in narrow.splitlines()]
     assert "this" not in lines and "and" not in lines  # no one-word leftovers of a source line
+
+
+def test_the_shell_completes_choices():
+    """``hyfl --install-completion`` exists, and bash completion of ``--loss`` offers the
+    losses (Click's completion protocol, as the installed script calls it)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from hyfl._names import LOSS_NAMES
+
+    result = CliRunner().invoke(app, ["--help"])
+    assert "--install-completion" in result.output
+    hyfl = Path(sys.executable).with_name("hyfl")
+    env = {**os.environ, "_HYFL_COMPLETE": "complete_bash", "COMP_WORDS": "hyfl run --loss ",
+           "COMP_CWORD": "3"}
+    done = subprocess.run([str(hyfl)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == list(LOSS_NAMES)

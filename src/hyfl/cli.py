@@ -31,7 +31,7 @@ from hyfl._names import CIPHER_NAMES as CIPHERS
 from hyfl.errors import HyflError, fail
 
 app = typer.Typer(
-    add_completion=False,
+    add_completion=True,  # --install-completion: the shell completes choices
     no_args_is_help=True,
     help="Hybrid federated learning of linear models (HyFDCA and baselines).",
 )
