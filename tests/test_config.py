@@ -13,7 +13,6 @@ from hyfl.cli import app
 from hyfl.errors import HyflError
 from hyfl.experiments.config import (
     ExperimentConfig,
-    fill_missing,
     load_config,
     parse_config,
 )
@@ -247,18 +246,7 @@ def test_files_that_are_not_toml_or_missing(tmp_path):
         load_config(write(tmp_path, "[experiment\nname = 1"))
 
 
-def test_flags_fill_what_the_config_leaves_out():
-    raw = {"data": {"dataset": "x", "val": "v"}, "algorithms": {"hyfdca": {}}}
-    defaults = {
-        "data": {"loss": "logistic", "val_fraction": 0.3, "dataset": "y"},
-        "costs": {"latency": 0.5},
-        "algorithms": {"fedavg": {"a": 1.0}},
-    }
-    merged, shadowed = fill_missing(raw, defaults)
-    assert merged["data"] == {"dataset": "x", "val": "v", "loss": "logistic"}
-    assert merged["costs"] == {"latency": 0.5} and merged["algorithms"] == {"hyfdca": {}}
-    assert sorted(shadowed) == ["algorithms.fedavg", "data.dataset", "data.val_fraction"]
-    assert raw == {"data": {"dataset": "x", "val": "v"}, "algorithms": {"hyfdca": {}}}
+def test_a_parsed_table_has_no_source_file():
     config = parse_config(mutate(lambda t: None))
     assert config.source is None
 

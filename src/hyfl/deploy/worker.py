@@ -41,7 +41,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["Sessions", "serve"]
+__all__ = ["Sessions", "Worker"]
 
 #: Runs a worker keeps in memory; older runs are dropped (their state stays with Flower).
 MAX_RUNS = 4
@@ -172,7 +172,6 @@ class Worker:
         self.log = log or (lambda line: None)
         self.sessions = Sessions()
         self.apps: dict[str, Any] = {}  # FAB hash -> its ClientApp
-        self.handled = 0
 
     def _client(self, component: str, *extra):
         from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
@@ -257,7 +256,6 @@ class Worker:
             # E.g. its token expired (no heartbeat within the SuperNode's patience on a
             # starved machine): the server counts the party absent; the worker goes on.
             self.log(f"could not finish a task ({type(err).__name__}: {err}); going on")
-        self.handled += 1
 
     def _check_app(self, run, fab) -> None:
         """Only hyfl's ClientApp runs here (checked once per app bundle).
@@ -378,11 +376,6 @@ def main(argv: list[str] | None = None) -> None:
     poll = args.poll if wake is None else max(args.poll, WOKEN_POLL)
     Worker(args.runtime_api_address, poll=poll, root_certificates=certificates, wake=wake,
            log=log).serve()
-
-
-def serve(runtime_api_address: str, **options) -> None:
-    """Run a :class:`Worker` against ``runtime_api_address`` until the process ends."""
-    Worker(runtime_api_address, **options).serve()
 
 
 if __name__ == "__main__":

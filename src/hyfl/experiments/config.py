@@ -364,18 +364,15 @@ def read_toml(path: str | os.PathLike) -> dict[str, Any]:
         ) from None
 
 
-def load_config(
-    path: str | os.PathLike, *, defaults: Mapping[str, Any] | None = None
-) -> ExperimentConfig:
+def load_config(path: str | os.PathLike) -> ExperimentConfig:
     """Read and validate an experiment config file.
+
+    ``hyfl run CONFIG --flags`` overrides the file's values with the flags (see
+    :func:`apply_overrides`).
 
     Parameters
     ----------
     path : path
-    defaults : mapping, optional
-        Raw tables (same layout as the file) filling in what the file does not
-        set (``hyfl run CONFIG --flags`` instead overrides the file, see
-        :func:`apply_overrides`).
 
     Raises
     ------
@@ -383,43 +380,7 @@ def load_config(
         Naming the table, the key and the file.
     """
     raw = read_toml(path)
-    if defaults:
-        raw, _ = fill_missing(raw, defaults)
     return parse_config(raw, source=str(path), base=Path(path).resolve().parent)
-
-
-def fill_missing(
-    raw: Mapping[str, Any], defaults: Mapping[str, Any]
-) -> tuple[dict[str, Any], list[str]]:
-    """``raw`` with the keys of ``defaults`` it lacks; also the defaults it shadows.
-
-    Tables are merged key by key, except ``algorithms``, ``budget`` and the
-    validation set (``val``/``val_fraction``), which count as one setting each:
-    a file that sets them keeps its own. Returns the merged tables and the
-    ``table.key`` names of the defaults that were not used.
-    """
-    merged = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
-    shadowed: list[str] = []
-    for section, values in defaults.items():
-        if section == "algorithms":
-            if "algorithms" in merged:
-                shadowed.extend(f"algorithms.{k}" for k in values)
-            else:
-                merged["algorithms"] = dict(values)
-            continue
-        target = merged.setdefault(section, {})
-        if not isinstance(target, dict):
-            continue  # reported by validation
-        for key, value in values.items():
-            if section == "data" and key in ("val", "val_fraction"):
-                taken = "val" in target or "val_fraction" in target
-            else:
-                taken = key in target
-            if taken:
-                shadowed.append(f"{section}.{key}")
-            else:
-                target[key] = value
-    return merged, shadowed
 
 
 def apply_overrides(
