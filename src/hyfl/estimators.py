@@ -38,7 +38,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
 
-from hyfl.algorithms.hyfdca import HyFDCA
+from hyfl.algorithms.hyfdca import DEFAULT_MOMENTUM, HyFDCA
 from hyfl.data.dataset import Dataset
 from hyfl.data.loaders import map_labels
 from hyfl.errors import HyflError, check_choice, check_int, check_positive, fail
@@ -313,7 +313,7 @@ class HyFDCAClassifier(ClassifierMixin, _HyFDCAEstimator):
         iic=None,
         gamma=1.0,
         history=None,
-        momentum=0.95,
+        momentum=DEFAULT_MOMENTUM,
     ):
         self.loss = loss
         self.lam = lam
@@ -434,7 +434,7 @@ class HyFDCARegressor(RegressorMixin, _HyFDCAEstimator):
         iic=None,
         gamma=1.0,
         history=None,
-        momentum=0.95,
+        momentum=DEFAULT_MOMENTUM,
     ):
         self.loss = loss
         self.lam = lam
