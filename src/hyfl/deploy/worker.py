@@ -288,8 +288,7 @@ class Worker:
         from hyfl.deploy.app import load_state, pack, save_state, unpack
 
         kind = message.metadata.message_type.partition(".")[2]
-        timing = {"until_handler": started - message.metadata.created_at,
-                  "process_start": 0.0}
+        timing = {"until_handler": started - message.metadata.created_at}
         before = self.sessions.opened
         reply, state = self.sessions.handle(
             context.run_id, kind, unpack(message.content, "the server"), load_state(context),
