@@ -213,8 +213,6 @@ def supervise_worker(runtime_api_address: str, stop: threading.Event) -> threadi
 
     command = [sys.executable, "-m", "hyfl.deploy.worker", "--runtime-api-address",
                runtime_api_address]
-    if os.environ.get("HYFL_WORKER_POLL"):
-        command += ["--poll", os.environ["HYFL_WORKER_POLL"]]
 
     current: list = []
 
