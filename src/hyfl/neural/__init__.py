@@ -1,0 +1,1 @@
+"""Neural hybrid FL (optional extra): HyFEM and FedBCD with neural models."""
