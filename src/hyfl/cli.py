@@ -336,6 +336,9 @@ def run(
     if quiet:
         console.print(f"wrote {outcome.out_dir}")
         return
+    if outcome.summary["engine"] == "neural":
+        _print_neural_summary([outcome])
+        return
     _print_summary(outcome)
     _print_costs(outcome)
 
@@ -986,6 +989,41 @@ def _print_summary(outcome) -> None:
         console.print(
             f"wrote {outcome.out_dir}/metrics.csv, metrics.parquet, run.json and loss.png"
         )
+
+
+def _print_neural_summary(outcomes) -> None:
+    """The table of neural runs: accuracy of the global and local models, traffic."""
+    from hyfl.neural.runner import summary_rows
+
+    table = Table(title="neural runs (validation = the data's test split)")
+    table.add_column("", overflow="fold")
+    for o in outcomes:
+        _number_column(table, o.summary["algorithm"])
+    rows = summary_rows(outcomes)
+    shown = {
+        "final_val_accuracy": ("val. accuracy (final, global)", "{:.4f}"),
+        "best_val_accuracy": ("val. accuracy (best)", "{:.4f}"),
+        "final_local_val_accuracy": ("local models' val. accuracy", "{:.4f}"),
+        "rounds_to_0.95": ("first round at 0.95", "{:.0f}"),
+        "final_loss": ("training loss", "{:.4g}"),
+        "round_trips": ("round trips", "{:,.0f}"),
+    }
+    for key, (label, form) in shown.items():
+        table.add_row(label, *(_maybe(form, r[key]) for r in rows))
+    table.add_row("bytes up", *(_bytes(r["bytes_up"]) for r in rows))
+    table.add_row("bytes down", *(_bytes(r["bytes_down"]) for r in rows))
+    table.add_row("median time per round", *(_seconds(r["median_round_s"]) for r in rows))
+    console.print(table)
+    folders = ", ".join(str(o.out_dir) for o in outcomes if o.out_dir is not None)
+    if folders:
+        console.print(f"wrote {folders} (metrics.csv, run.json, participation.csv, model.npz, "
+                      "accuracy.png)")
+
+
+def _maybe(form: str, value) -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return "-"
+    return form.format(value)
 
 
 def _print_costs(outcome) -> None:

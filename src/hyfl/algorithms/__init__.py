@@ -21,6 +21,7 @@ class AlgorithmEntry:
     cls: type
     summary: str
     preset: dict[str, Any] = field(default_factory=dict)
+    neural: bool = False  # runs on hyfl.neural's engine (needs the neural extra)
 
 
 def _entries() -> dict[str, AlgorithmEntry]:
@@ -28,6 +29,7 @@ def _entries() -> dict[str, AlgorithmEntry]:
     from hyfl.algorithms.fedhybrid import FedHybrid
     from hyfl.algorithms.hyfdca import HyFDCA
     from hyfl.algorithms.local_sgd import FedAvg, HyFEM
+    from hyfl.neural.hyfem_nn import HyFEMNN
 
     entries = {
         "hyfdca": AlgorithmEntry(HyFDCA, "HyFDCA, primal-dual for hybrid FL (any partition)"),
@@ -69,6 +71,14 @@ def _entries() -> dict[str, AlgorithmEntry]:
             "FedHybrid, K Newton clients, the rest gradient (--param newton_clients=K)",
             {"newton_clients": "half"},
         ),
+        "hyfem-nn": AlgorithmEntry(
+            HyFEMNN, "HyFEM-Prox, neural: extractors per view + matched averaging (neural extra)",
+            neural=True,
+        ),
+        "hyfem-nn-avg": AlgorithmEntry(
+            HyFEMNN, "HyFEM-Avg, neural: hyfem-nn without the proximal term (neural extra)",
+            {"variant": "avg", "mu": 0.0}, neural=True,
+        ),
     }
     return entries
 
@@ -78,6 +88,12 @@ ALGORITHMS: dict[str, AlgorithmEntry] = _entries()
 
 def algorithm_names() -> list[str]:
     return list(ALGORITHMS)
+
+
+def is_neural(name: str) -> bool:
+    """Whether algorithm ``name`` runs on the neural engine (:mod:`hyfl.neural`)."""
+    entry = ALGORITHMS.get(name)
+    return bool(entry is not None and entry.neural)
 
 
 def make_algorithm(name: str, hyper: dict[str, Any] | None = None):

@@ -1414,3 +1414,44 @@ def _seconds(value: float) -> str:
     if value >= 1e-3:
         return f"{1e3 * value:.3g} ms"
     return f"{1e6 * value:.3g} µs"
+
+
+_NEURAL_COLORS = ("tab:blue", "tab:orange", "tab:green", *_OTHER_COLORS)
+
+
+def plot_neural_runs(
+    runs: Mapping[str, RunResult | LoadedRun], path: str | Path, title: str = ""
+) -> Path:
+    """Write a PNG of neural runs: validation loss, and accuracy of global and local models.
+
+    Left: the global model's validation loss (training loss when there is no
+    validation data) against outer iterations. Right: its validation accuracy
+    (solid) and, for HyFEM, the clients' local models' mean accuracy on their
+    own views (dashed, same colour), with the majority-class rate as a grey
+    dashed line. Against communication rounds, like HyFEM's Figures 3-4.
+    """
+    plt = _pyplot()
+    fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    for i, (label, run) in enumerate(runs.items()):
+        colour = _NEURAL_COLORS[i % len(_NEURAL_COLORS)]
+        x = run.column("iteration")
+        val_loss = run.column("val_loss")
+        loss = val_loss if np.isfinite(val_loss).any() else run.column("loss")
+        loss_ax.plot(x, loss, color=colour, label=label)
+        acc_ax.plot(x, run.column("val_accuracy"), color=colour, label=f"{label} (global)")
+        local = run.column("local_val_accuracy")
+        if np.isfinite(local).any():
+            acc_ax.plot(x, local, color=colour, linestyle="--", label=f"{label} (local, mean)")
+    _draw_majority(acc_ax, runs)
+    loss_ax.set_xlabel("outer iteration (communication round)")
+    loss_ax.set_ylabel("validation loss (cross-entropy)")
+    loss_ax.set_yscale("log")
+    acc_ax.set_xlabel("outer iteration (communication round)")
+    acc_ax.set_ylabel("validation accuracy")
+    for ax in (loss_ax, acc_ax):
+        ax.grid(alpha=0.3)
+    acc_ax.legend(fontsize="small")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return _save(fig, path)

@@ -530,6 +530,12 @@ def execute(spec: RunSpec, out_dir: str | Path | None = None, progress: bool = F
     ``log`` (a callable taking a string) hears the task (:func:`describe_task`)
     before training starts; ``run.json`` records it (``task``, :func:`task_of`).
     """
+    from hyfl.algorithms import is_neural
+
+    if is_neural(spec.algorithm):
+        from hyfl.neural import runner as neural
+
+        return neural.execute(spec, out_dir, progress=progress, overwrite=overwrite, log=log)
     if out_dir is not None:
         check_results_folder(out_dir, overwrite=overwrite)
     setup = prepare(spec)
@@ -562,6 +568,20 @@ def compare(
         raise fail("--algorithms", "is empty", "Give a comma-separated list, e.g. hyfdca,fedavg.")
     for name in names:
         check_choice("algorithm", name, algorithm_names())
+    from hyfl.algorithms import is_neural
+
+    neural = [is_neural(name) for name in names]
+    if any(neural):
+        if not all(neural):
+            raise fail(
+                "--algorithms", f"mixes neural and linear algorithms ({', '.join(names)})",
+                "Compare neural algorithms (hyfem-nn, fedbcd-nn, ...) among themselves: "
+                "they train other models on other engines.",
+            )
+        from hyfl.neural import runner as neural_runner
+
+        return neural_runner.compare(spec, names, out_dir, progress=progress,
+                                     overwrite=overwrite, log=log)
     out = check_results_folder(out_dir, overwrite=overwrite)
     setup = prepare(spec)
     if log is not None:
@@ -1077,10 +1097,11 @@ def calibrate_ciphers(
     return records, save_calibration(records, None if output is None else Path(output))
 
 
-def metric_columns(rows: list[dict[str, float]]) -> list[str]:
-    """:data:`METRIC_COLUMNS` in order, then the other columns of ``rows`` alphabetically."""
-    extra = sorted({k for row in rows for k in row} - set(METRIC_COLUMNS))
-    return list(METRIC_COLUMNS) + extra
+def metric_columns(rows: list[dict[str, float]], first=METRIC_COLUMNS) -> list[str]:
+    """``first`` (default :data:`METRIC_COLUMNS`) in order, then the other columns of
+    ``rows`` alphabetically."""
+    extra = sorted({k for row in rows for k in row} - set(first))
+    return list(first) + extra
 
 
 def write_outputs(
@@ -1111,7 +1132,8 @@ def write_outputs(
 
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = outcome.result.metrics
-    columns = metric_columns(rows)
+    # the neural engine has its own columns (no objective gap, no HE counts)
+    columns = metric_columns(rows, outcome.result.config.get("metric_columns", METRIC_COLUMNS))
     values = {k: np.array([_float(row.get(k)) for row in rows], dtype=float) for k in columns}
     for k in integer_columns(values):
         values[k] = values[k].astype(np.int64)

@@ -152,13 +152,10 @@ class HyFEMNN:
         _check_range("lr_decay", self.lr_decay, 0.0, 1.0, lower_open=True)
         _check_range("mu", self.mu, 0.0, np.inf)
         if self.variant == "avg" and self.mu != 0:
-            # HyFEM-Avg has no proximal term; a mu given with it is a mistake
-            if self.mu != HyFEMNN.mu:
-                raise fail(
-                    "mu", f"is {self.mu}, but hyfem-nn-avg has no proximal term",
-                    "Leave mu out with the avg variant, or use hyfem-nn (prox).",
-                )
-            return dataclasses.replace(self, mu=0.0).validated()
+            raise fail(
+                "mu", f"is {self.mu}, but HyFEM-Avg (hyfem-nn-avg) has no proximal term",
+                "Leave mu out with the avg variant, or use hyfem-nn (HyFEM-Prox).",
+            )
         for name in ("lr_decay_every", "batch_size", "local_epochs", "extractor_hidden",
                      "embedding", "inference_hidden"):
             check_int(name, getattr(self, name), minimum=1)

@@ -983,7 +983,9 @@ class _progress_bar:
             if self.unit != "rounds":
                 t = min(float(sim_time or 0.0), self.total)
             status = None
-            if row is not None:
+            if row is not None and "status" in row:  # an engine's own words
+                status = row["status"]
+            elif row is not None:
                 rel = row.get("relative_loss", np.nan)
                 status = f"rel. loss {rel:.2e}" if np.isfinite(rel) else f"P {row['primal']:.4g}"
             if status is None:
