@@ -495,6 +495,9 @@ _EXPERIMENT_DROP = ("round_trips", "settled_1e-2", "best_val_accuracy", "seeds")
 
 
 def _print_experiment(result) -> None:
+    if result.outcomes and result.outcomes[0].summary["engine"] == "neural":
+        _print_neural_summary(result.outcomes)
+        return
     config = result.config
     title = (
         f"{config.name}: {config.data.dataset}, {config.partition.spec}, "
@@ -642,6 +645,10 @@ def compare(
                                log=_say)
     except HyflError as err:
         _fail(err)
+    if outcomes and outcomes[0].summary["engine"] == "neural":
+        _print_neural_summary(outcomes)
+        console.print(f"wrote {out}/summary.csv, summary.md, compare.png")
+        return
     rows = summary_rows(outcomes)
     title = f"{data}, {partition}, participation {participation}"
     encrypted = [r["algorithm"] for r in rows if r["engine"] == "protocol"]
@@ -1015,7 +1022,7 @@ def _print_neural_summary(outcomes) -> None:
     table.add_row("median time per round", *(_seconds(r["median_round_s"]) for r in rows))
     console.print(table)
     folders = ", ".join(str(o.out_dir) for o in outcomes if o.out_dir is not None)
-    if folders:
+    if folders and len(outcomes) == 1:
         console.print(f"wrote {folders} (metrics.csv, run.json, participation.csv, model.npz, "
                       "accuracy.png)")
 

@@ -754,11 +754,25 @@ def run_experiment(
     continued: that is an error. ``log`` (a callable taking a string) hears
     about each run.
     """
-    from hyfl.algorithms import make_algorithm
+    from hyfl.algorithms import is_neural, make_algorithm
 
     say = log or (lambda message: None)
+    neural = [is_neural(entry.algorithm) for entry in config.algorithms]
+    if any(neural) and not all(neural):
+        raise fail(
+            "config [algorithms]", "mixes neural and linear algorithms",
+            "Put neural algorithms (hyfem-nn, fedbcd-nn, ...) in a config of their own.",
+        )
     out = check_results_folder(out_dir if out_dir is not None else config.default_out(),
                                overwrite=overwrite, resume=resume)
+    if any(neural):
+        from hyfl.neural.runner import run_experiment as run_neural_experiment
+
+        out.mkdir(parents=True, exist_ok=True)
+        _atomic_text(out / "config.toml", config.to_toml())
+        _atomic_text(out / "environment.json", dumps_json(environment(), indent=2) + "\n")
+        outcomes, rows = run_neural_experiment(config, out, progress=progress, say=say)
+        return ExperimentOutcome(config, out, outcomes, [], rows)
     out.mkdir(parents=True, exist_ok=True)
     _atomic_text(out / "config.toml", config.to_toml())
     _atomic_text(

@@ -173,7 +173,7 @@ def compare(spec, names: list[str], out_dir, progress: bool = False, overwrite: 
 
 
 SUMMARY_COLUMNS = (
-    "algorithm", "final_val_accuracy", "best_val_accuracy", "final_local_val_accuracy",
+    "algorithm", "seed", "final_val_accuracy", "best_val_accuracy", "final_local_val_accuracy",
     "rounds_to_0.95", "final_loss", "round_trips", "bytes_up", "bytes_down", "median_round_s",
 )
 
@@ -185,6 +185,7 @@ def summary_rows(outcomes) -> list[dict[str, Any]]:
         s, final = o.summary, o.summary["final"]
         rows.append({
             "algorithm": s["algorithm"],
+            "seed": o.spec.seed,
             "final_val_accuracy": final.get("val_accuracy"),
             "best_val_accuracy": s["best_val_accuracy"],
             "final_local_val_accuracy": final.get("local_val_accuracy"),
@@ -211,6 +212,36 @@ def write_comparison(outcomes, out: Path) -> None:
     lines = ["| " + " | ".join(SUMMARY_COLUMNS) + " |", "|" + "---|" * len(SUMMARY_COLUMNS)]
     lines += ["| " + " | ".join(_fmt(r[c]) for c in SUMMARY_COLUMNS) + " |" for r in rows]
     write_text(out / "summary.md", "\n".join(lines) + "\n")
+
+
+def run_experiment(config, out: Path, *, progress: bool = False, say=print):
+    """Every (algorithm, seed) of a config of neural algorithms; ``(outcomes, rows)``.
+
+    Each run writes ``<label>/seed-<s>/`` like ``hyfl run``; ``summary.csv`` /
+    ``summary.md`` have one row per run (with its seed) and ``compare.png``
+    the first seed's runs. Neural runs keep no checkpoints: ``--resume``
+    runs them again.
+    """
+    jobs = config.jobs()
+    outcomes, setup, setup_seed = [], None, None
+    for number, job in enumerate(jobs, 1):
+        entry = config.algorithm(job.label)
+        if setup is None or setup_seed != job.seed:
+            setup = None  # free the previous seed's data first
+            setup, setup_seed = prepare(job.spec), job.seed
+            say(describe(setup))
+        say(f"[{number}/{len(jobs)}] {job.label}, seed {job.seed}: running")
+        outcome = run_prepared(setup, job.spec, entry.algorithm, dict(entry.hyper), progress,
+                               label=job.label)
+        outcome.out_dir = write_outputs(outcome, setup, out / job.label / f"seed-{job.seed}")
+        outcomes.append(outcome)
+    write_comparison(outcomes, out)
+    first = [o for o in outcomes if o.spec.seed == config.experiment.seeds[0]]
+    from hyfl.experiments.plots import plot_neural_runs
+
+    plot_neural_runs({o.summary["algorithm"]: o.result for o in first}, out / "compare.png",
+                     title=_title(first[0].spec))
+    return outcomes, summary_rows(outcomes)
 
 
 def describe(setup: NeuralSetup) -> str:
