@@ -106,7 +106,8 @@ def feature_atoms(partition, n_features: int) -> tuple[list[np.ndarray], np.ndar
     for k, feats in enumerate(partition.features):
         holds[k, feats] = True
     # one byte string per feature column identifies its holder set
-    packed = np.packbits(holds, axis=0).T  # (F, ceil(K/8))
+    # (F, ceil(K/8)); contiguous rows, or the void view below fails for more than 8 clients
+    packed = np.ascontiguousarray(np.packbits(holds, axis=0).T)
     _, first, inverse = np.unique(
         packed.view(np.dtype((np.void, packed.shape[1]))).ravel(),
         return_index=True, return_inverse=True,
