@@ -88,8 +88,8 @@ def class_indices(y: np.ndarray, classes: np.ndarray | None = None):
     if bad.any():
         raise fail(
             "validation labels",
-            f"include {y[bad][0]!r}, which the training labels never take",
-            f"Use validation data with the training classes {list(classes)[:10]}.",
+            f"include {y[bad][0].item()!r}, which the training labels never take",
+            f"Use validation data with the training classes {classes[:10].tolist()}.",
         )
     return index.astype(np.int32), classes
 
