@@ -88,8 +88,8 @@ def class_indices(y: np.ndarray, classes: np.ndarray | None = None):
     if bad.any():
         raise fail(
             "validation labels",
-            f"include {y[bad][0]!r}, which the training labels never take",
-            f"Use validation data with the training classes {list(classes)[:10]}.",
+            f"include {y[bad][0].item()!r}, which the training labels never take",
+            f"Use validation data with the training classes {classes[:10].tolist()}.",
         )
     return index.astype(np.int32), classes
 
@@ -106,7 +106,8 @@ def feature_atoms(partition, n_features: int) -> tuple[list[np.ndarray], np.ndar
     for k, feats in enumerate(partition.features):
         holds[k, feats] = True
     # one byte string per feature column identifies its holder set
-    packed = np.packbits(holds, axis=0).T  # (F, ceil(K/8))
+    # (F, ceil(K/8)); contiguous rows, or the void view below fails for more than 8 clients
+    packed = np.ascontiguousarray(np.packbits(holds, axis=0).T)
     _, first, inverse = np.unique(
         packed.view(np.dtype((np.void, packed.shape[1]))).ravel(),
         return_index=True, return_inverse=True,
