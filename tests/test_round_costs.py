@@ -239,7 +239,7 @@ BASELINES = {
         else {}
     )
     for name, entry in ALGORITHMS.items()
-    if name != "hyfdca"
+    if name != "hyfdca" and not entry.neural  # neural accounting: tests/test_neural_*.py
 }
 
 

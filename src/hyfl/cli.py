@@ -495,8 +495,9 @@ _EXPERIMENT_DROP = ("round_trips", "settled_1e-2", "best_val_accuracy", "seeds")
 
 
 def _print_experiment(result) -> None:
-    if result.outcomes and result.outcomes[0].summary["engine"] == "neural":
-        _print_neural_summary(result.outcomes)
+    outcomes = getattr(result, "outcomes", None)
+    if outcomes and outcomes[0].summary["engine"] == "neural":
+        _print_neural_summary(outcomes)
         return
     config = result.config
     title = (

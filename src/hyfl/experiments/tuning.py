@@ -735,6 +735,15 @@ def tune(
     from hyfl.partition import stack
 
     check_choice("algorithm", algorithm, algorithm_names())
+    from hyfl.algorithms import is_neural
+
+    if is_neural(algorithm):
+        raise fail(
+            f"algorithm {algorithm}",
+            "cannot be tuned here: the search ranks trials by relative loss against the "
+            "convex optimum, which a neural model does not have",
+            "Compare settings with hyfl compare or a config (configs/neural/).",
+        )
     budget = _to_float(seconds)
     if isinstance(seconds, bool) or math.isnan(budget) or budget <= 0:
         raise fail(
