@@ -93,7 +93,7 @@ def test_q1_full_batch_equals_centralized_gradient_descent(variant):
     data = vertical_data(3)
     steps = None if variant == "sgd" else 1
     alg = FedBCDNN(variant=variant, local_steps=steps, batch_size=N, exchanges=1,
-                   lr_decay="none", learning_rate=0.3, label_holder=1, **SMALL)
+                   lr_decay="none", learning_rate=0.3, momentum=0.0, label_holder=1, **SMALL)
     state0 = alg.setup(data, 7)
     state = run(alg, data, rounds=6, state=state0)
 
@@ -153,7 +153,8 @@ def test_passive_parties_never_see_labels():
     assert not {"y", "labels", "Y"} & set(params)
     # ... and a round's passive update is exactly J^T G with the label holder's G
     data = vertical_data(2)
-    alg = FedBCDNN(local_steps=3, batch_size=N, exchanges=1, learning_rate=0.2, **SMALL)
+    alg = FedBCDNN(local_steps=3, batch_size=N, exchanges=1, learning_rate=0.2, momentum=0.5,
+                   **SMALL)
     state0 = alg.setup(data, 1)
     state = run(alg, data, active=[True, False], state=state0)
     nets, top_apply = state0.device["nets"], state0.device["top_net"].apply
@@ -162,7 +163,9 @@ def test_passive_parties_never_see_labels():
     G = holder_gradients(top_apply, state0.top, H, jnp.asarray(data.y))[0]
     zero = jax.tree_util.tree_map(jnp.zeros_like, state0.bottoms[0])
     # the batch is a permutation of all rows: G's rows follow the samples
-    expected, _ = passive_local_steps(nets[0].apply, state0.bottoms[0], zero, xs[0], G, 0.2, 3)
+    expected, _ = passive_local_steps(
+        nets[0].apply, state0.bottoms[0], zero, xs[0], G, 0.2, 3, momentum=0.5
+    )
     assert_trees_close(state.bottoms[0], expected)
     assert_trees_close(state.top, state0.top, atol=0, rtol=0)  # absent label holder
 

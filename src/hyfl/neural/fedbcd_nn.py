@@ -112,6 +112,18 @@ EVAL_CHUNK = 10_000
 DEFAULT_LOCAL_STEPS = 5
 """Q of FedBCD-p / FedBCD-s (the paper's MNIST-CNN reaches its target fastest with Q = 5)."""
 
+DEFAULT_LEARNING_RATE = 0.01
+DEFAULT_MOMENTUM = 0.9
+"""SGD rate and momentum, measured on MNIST ``vertical:2`` with the default MLP
+bottoms (2 rounds, full participation): 0.01 with momentum 0.9 reached
+95.4-96.6% validation accuracy after one round and stayed stable for FedBCD-p
+(Q = 5, seeds 0-3), FedBCD-s with Q = 10 and FedBCD-p with Q = 20, mu = 0.1.
+Larger moves diverge as Q grows (the passive surrogate ``<G_k, f_k>`` is
+linear in the embeddings, so the Q stale steps add up): 0.02 / 0.9 diverged
+with FedBCD-s Q = 10, 0.05 / 0.9 with Q = 10 and FedBCD-s, 0.05 without
+momentum with Q = 20, and 0.3 without momentum already with Q = 5. Scale the
+rate down about as 1/Q for larger Q."""
+
 PAPER_MNIST_CNN = {"bottom": "cnn", "embedding": 256, "channels": 64, "batch_size": 256}
 """The paper's MNIST-CNN (section 8): two parties, each a conv3x3x64-conv3x3x64-dense-256
 CNN on its half image, logistic regression on the 512 concatenated features, batch 256."""
@@ -150,9 +162,9 @@ class FedBCDNN:
         ``B`` (the paper's MNIST-CNN batch), capped at N.
     exchanges : int, optional
         Exchanges per round; default one pass over the data (``N // B``).
-    learning_rate : float, default 0.1
-        ``eta0`` of SGD.
-    momentum : float in [0, 1), default 0.0
+    learning_rate : float, default 0.01
+        ``eta0`` of SGD (see :data:`DEFAULT_LEARNING_RATE`).
+    momentum : float in [0, 1), default 0.9
     lr_decay : {"sqrt", "none"}, default "sqrt"
         ``eta_t = eta0 / sqrt(t + 1)`` per round, or constant.
     mu : float, default 0.0
@@ -178,8 +190,8 @@ class FedBCDNN:
     local_steps: int | None = None
     batch_size: int = 256
     exchanges: int | None = None
-    learning_rate: float = 0.1
-    momentum: float = 0.0
+    learning_rate: float = DEFAULT_LEARNING_RATE
+    momentum: float = DEFAULT_MOMENTUM
     lr_decay: str = "sqrt"
     mu: float = 0.0
     bottom: str = "mlp"
