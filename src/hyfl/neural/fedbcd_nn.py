@@ -87,7 +87,9 @@ Simulation: the training features are put on the device once at set-up (one
 array per party, its columns); one jitted function per round scans over the
 exchanges (the carry holds every party's parameters, the top and the
 velocities; the party loop is unrolled at trace time for the static set of
-active parties, so full participation compiles once).
+active parties, so full participation compiles once; each other set of
+active parties compiles once more, which partial participation over many
+parties pays for about once per distinct set).
 """
 
 from __future__ import annotations
@@ -115,9 +117,10 @@ DEFAULT_LOCAL_STEPS = 5
 DEFAULT_LEARNING_RATE = 0.01
 DEFAULT_MOMENTUM = 0.9
 """SGD rate and momentum, measured on MNIST ``vertical:2`` with the default MLP
-bottoms (2 rounds, full participation): 0.01 with momentum 0.9 reached
-95.4-96.6% validation accuracy after one round and stayed stable for FedBCD-p
-(Q = 5, seeds 0-3), FedBCD-s with Q = 10 and FedBCD-p with Q = 20, mu = 0.1.
+bottoms (full participation): 0.01 with momentum 0.9 reached 94.6-96.6%
+validation accuracy after one round (FedBCD-p with Q = 5, FedBCD-s with
+Q = 10, FedBCD-p with Q = 20 and mu = 0.1; various seeds) and 98.2% after
+20 rounds of FedBCD-p (about 2 s a round on 2 CPU cores).
 Larger moves diverge as Q grows (the passive surrogate ``<G_k, f_k>`` is
 linear in the embeddings, so the Q stale steps add up): 0.02 / 0.9 diverged
 with FedBCD-s Q = 10, 0.05 / 0.9 with Q = 10 and FedBCD-s, 0.05 without
