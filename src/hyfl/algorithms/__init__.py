@@ -29,6 +29,7 @@ def _entries() -> dict[str, AlgorithmEntry]:
     from hyfl.algorithms.fedhybrid import FedHybrid
     from hyfl.algorithms.hyfdca import HyFDCA
     from hyfl.algorithms.local_sgd import FedAvg, HyFEM
+    from hyfl.neural.fedbcd_nn import PAPER_MNIST_CNN, FedBCDNN
     from hyfl.neural.hyfem_nn import HyFEMNN
 
     entries = {
@@ -78,6 +79,22 @@ def _entries() -> dict[str, AlgorithmEntry]:
         "hyfem-nn-avg": AlgorithmEntry(
             HyFEMNN, "HyFEM-Avg, neural: hyfem-nn without the proximal term (neural extra)",
             {"variant": "avg", "mu": 0.0}, neural=True,
+        ),
+        "fedbcd-nn": AlgorithmEntry(
+            FedBCDNN, "FedBCD-p, neural: party bottom models, top model at the label holder "
+            "(vertical; neural extra)", neural=True,
+        ),
+        "fedbcd-nn-s": AlgorithmEntry(
+            FedBCDNN, "FedBCD-s, neural: parties take their Q steps in turn (vertical; neural "
+            "extra)", {"variant": "sequential"}, neural=True,
+        ),
+        "fedsgd-nn": AlgorithmEntry(
+            FedBCDNN, "FedSGD, neural: one step per exchange (vertical; neural extra)",
+            {"variant": "sgd"}, neural=True,
+        ),
+        "fedbcd-nn-cnn": AlgorithmEntry(
+            FedBCDNN, "FedBCD-p with the paper's MNIST party CNN (vertical; neural extra)",
+            dict(PAPER_MNIST_CNN), neural=True,
         ),
     }
     return entries

@@ -238,21 +238,40 @@ class HyFEMNN:
         jax = require_jax()
         import optax
 
-        def train(model, anchor, X, y, batches, lr, mu):
-            opt = optax.sgd(lr, momentum=self.momentum or None)
+        def step(carry, ids, anchor, X, y, lr, mu):
+            params, opt_state = carry
+            loss, grads = jax.value_and_grad(self.objective, argnums=2)(
+                data, views, params, anchor, X[ids], y[ids], mu
+            )
+            updates, opt_state = optax.sgd(lr, momentum=self.momentum or None).update(
+                grads, opt_state, params
+            )
+            return (optax.apply_updates(params, updates), opt_state), loss
 
-            def step(carry, ids):
-                params, opt_state = carry
-                loss, grads = jax.value_and_grad(self.objective, argnums=2)(
-                    data, views, params, anchor, X[ids], y[ids], mu
+        def start(model):
+            return optax.sgd(0.0, momentum=self.momentum or None).init(model)
+
+        if self.extractor != "cnn":
+            def train(model, anchor, X, y, batches, lr, mu):
+                (model, _), losses = jax.lax.scan(
+                    lambda carry, ids: step(carry, ids, anchor, X, y, lr, mu),
+                    (model, start(model)), batches,
                 )
-                updates, opt_state = opt.update(grads, opt_state, params)
-                return (optax.apply_updates(params, updates), opt_state), loss
+                return model, losses.mean()
 
-            (model, _), losses = jax.lax.scan(step, (model, opt.init(model)), batches)
-            return model, losses.mean()
+            return jax.jit(train)
+        # XLA's CPU convolutions are many times slower inside a loop (see
+        # hyfl.neural.fedbcd_nn._repeat): one jitted step per mini-batch instead.
+        one = jax.jit(step)
 
-        return jax.jit(train)
+        def train_stepwise(model, anchor, X, y, batches, lr, mu):
+            carry, losses = (model, start(model)), []
+            for ids in batches:
+                carry, loss = one(carry, ids, anchor, X, y, lr, mu)
+                losses.append(loss)
+            return carry[0], jax.numpy.mean(jax.numpy.asarray(losses))
+
+        return train_stepwise
 
     # ------------------------------------------------------------------ round
     def learning_rate_at(self, t: int) -> float:
