@@ -209,14 +209,7 @@ class FedBCD:
     def validated(self) -> FedBCD:
         """Return self after checking every hyperparameter (raises HyflError)."""
         check_choice("variant", self.variant, VARIANT_MODES)
-        if self.local_steps is not None:
-            check_int("local_steps", self.local_steps, minimum=1)
-            if self.variant == "sgd" and int(self.local_steps) != 1:
-                raise fail(
-                    "local_steps",
-                    f"is {self.local_steps}, but FedSGD takes exactly one step per exchange",
-                    'Use variant="parallel" (FedBCD-p) for Q > 1, or leave local_steps unset.',
-                )
+        check_local_steps(self.variant, self.local_steps)
         check_int("batch_size", self.batch_size, minimum=1)
         if self.eta0 != "auto":
             check_positive("eta0", self.eta0, fix='Pass a positive initial rate or "auto".')
@@ -525,4 +518,17 @@ def _require_vertical(blocks: StackedBlocks, name: str) -> None:
             f"({shared.size} shared feature{'s' if shared.size > 1 else ''} in all)",
             "FedBCD needs disjoint feature blocks (each party owns its block of w); use "
             "--partition vertical:Q, or hyfdca for splits that share features.",
+        )
+
+
+def check_local_steps(variant: str, local_steps: int | None) -> None:
+    """``local_steps`` is None or an integer >= 1, and exactly 1 for FedSGD (``"sgd"``)."""
+    if local_steps is None:
+        return
+    check_int("local_steps", local_steps, minimum=1)
+    if variant == "sgd" and int(local_steps) != 1:
+        raise fail(
+            "local_steps",
+            f"is {local_steps}, but FedSGD takes exactly one step per exchange",
+            'Use variant="parallel" (FedBCD-p) for Q > 1, or leave local_steps unset.',
         )

@@ -263,23 +263,27 @@ class Setup:
     cost_model: CostModel = field(default_factory=CostModel)
 
 
+def load_split(spec: RunSpec):
+    """``(train, validation, partition)`` of a spec; partition None unless party files give it."""
+    if spec.uses_party_files():
+        source = spec.parties if spec.parties is not None else spec.data
+        return load_party_data(
+            source, val=spec.val, val_fraction=spec.val_fraction, seed=spec.seed
+        )
+    train, val = train_validation(
+        spec.data,
+        val=spec.val,
+        val_fraction=spec.val_fraction,
+        seed=spec.seed,
+        data_dir=spec.data_dir,
+    )
+    return train, val, None
+
+
 def prepare(spec: RunSpec) -> Setup:
     """Load data and build problem, optimum, partition, participation, cipher and cost model."""
     spec.validated()
-    if spec.uses_party_files():
-        source = spec.parties if spec.parties is not None else spec.data
-        train, val, partition = load_party_data(
-            source, val=spec.val, val_fraction=spec.val_fraction, seed=spec.seed
-        )
-    else:
-        train, val = train_validation(
-            spec.data,
-            val=spec.val,
-            val_fraction=spec.val_fraction,
-            seed=spec.seed,
-            data_dir=spec.data_dir,
-        )
-        partition = None
+    train, val, partition = load_split(spec)
     lam = spec.lam if spec.lam is not None else (default_lambda(spec.data) or FALLBACK_LAMBDA)
     problem = make_problem(train, spec.loss, lam)
     optimum = solve_centralized(problem)

@@ -210,14 +210,10 @@ class FedBCDNN:
         check_choice("variant", self.variant, VARIANTS)
         check_choice("bottom", self.bottom, BOTTOMS)
         check_choice("lr_decay", self.lr_decay, LR_DECAYS)
-        if self.local_steps is not None:
-            check_int("local_steps", self.local_steps, minimum=1)
-            if self.variant == "sgd" and int(self.local_steps) != 1:
-                raise fail(
-                    "local_steps",
-                    f"is {self.local_steps}, but FedSGD takes exactly one step per exchange",
-                    'Use variant="parallel" (FedBCD-p) for Q > 1, or leave local_steps unset.',
-                )
+        # imported here: hyfl.algorithms' registry imports this module
+        from hyfl.algorithms.fedbcd import check_local_steps
+
+        check_local_steps(self.variant, self.local_steps)
         for name in ("batch_size", "bottom_hidden", "embedding", "channels"):
             check_int(name, getattr(self, name), minimum=1)
         if self.exchanges is not None:

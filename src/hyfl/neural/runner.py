@@ -54,7 +54,7 @@ def check_spec(spec) -> None:
 
 def prepare(spec) -> NeuralSetup:
     """Load the data, build partition and participation, cut the data into views."""
-    from hyfl.data import load_party_data, train_validation
+    from hyfl.experiments.runner import load_split
     from hyfl.neural import require_jax
     from hyfl.neural.views import make_view_data
     from hyfl.partition import parse_participation, parse_partition
@@ -62,16 +62,8 @@ def prepare(spec) -> NeuralSetup:
     spec.validated()
     check_spec(spec)
     require_jax()
-    if spec.uses_party_files():
-        source = spec.parties if spec.parties is not None else spec.data
-        train, val, partition = load_party_data(
-            source, val=spec.val, val_fraction=spec.val_fraction, seed=spec.seed
-        )
-    else:
-        train, val = train_validation(
-            spec.data, val=spec.val, val_fraction=spec.val_fraction, seed=spec.seed,
-            data_dir=spec.data_dir,
-        )
+    train, val, partition = load_split(spec)
+    if partition is None:
         partition = parse_partition(spec.partition_spec(), train.X, seed=spec.seed,
                                     meta=train.meta)
     data = make_view_data(train, val, partition)
