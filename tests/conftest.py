@@ -17,3 +17,13 @@ def _isolated_he_cost_cache(tmp_path_factory):
         mp.setenv("HYFL_CACHE", str(tmp_path_factory.mktemp("hyfl-cache")))
     yield
     mp.undo()
+
+
+@pytest.fixture
+def x64():
+    """JAX in float64 for the test (finite differences), restored afterwards."""
+    jax = pytest.importorskip("jax")
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", previous)

@@ -77,12 +77,6 @@ def run(alg, data, rounds=1, active=None, seed=0, state=None):
     return state
 
 
-@pytest.fixture
-def x64():
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", previous)
 
 
 # --------------------------------------------------------------------------- correctness

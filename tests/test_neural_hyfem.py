@@ -122,12 +122,6 @@ def test_one_client_with_every_view_is_fedprox(momentum, local_steps, fusion):
 
 
 # ---------------------------------------------------------------- gradient
-@pytest.fixture
-def x64():
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", previous)
 
 
 def test_objective_gradient_matches_finite_differences(x64):

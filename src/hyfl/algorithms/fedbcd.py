@@ -228,9 +228,7 @@ class FedBCD:
     @property
     def steps(self) -> int:
         """``Q`` resolved from ``local_steps`` and the variant."""
-        if self.variant == "sgd":
-            return 1
-        return DEFAULT_LOCAL_STEPS if self.local_steps is None else int(self.local_steps)
+        return resolved_local_steps(self.variant, self.local_steps)
 
     def config(self) -> dict[str, Any]:
         return {**asdict(self), "resolved_local_steps": self.steps}
@@ -532,3 +530,10 @@ def check_local_steps(variant: str, local_steps: int | None) -> None:
             f"is {local_steps}, but FedSGD takes exactly one step per exchange",
             'Use variant="parallel" (FedBCD-p) for Q > 1, or leave local_steps unset.',
         )
+
+
+def resolved_local_steps(variant: str, local_steps: int | None) -> int:
+    """Q: 1 for FedSGD, else ``local_steps`` or :data:`DEFAULT_LOCAL_STEPS`."""
+    if variant == "sgd":
+        return 1
+    return DEFAULT_LOCAL_STEPS if local_steps is None else int(local_steps)

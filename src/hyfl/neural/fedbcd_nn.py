@@ -111,9 +111,6 @@ BOTTOMS = ("mlp", "cnn")
 LR_DECAYS = ("sqrt", "none")
 EVAL_CHUNK = 10_000
 
-DEFAULT_LOCAL_STEPS = 5
-"""Q of FedBCD-p / FedBCD-s (the paper's MNIST-CNN reaches its target fastest with Q = 5)."""
-
 DEFAULT_LEARNING_RATE = 0.01
 DEFAULT_MOMENTUM = 0.9
 """SGD rate and momentum, measured on MNIST ``vertical:2`` with the default MLP
@@ -235,10 +232,10 @@ class FedBCDNN:
 
     @property
     def steps(self) -> int:
-        """``Q`` resolved from ``local_steps`` and the variant."""
-        if self.variant == "sgd":
-            return 1
-        return DEFAULT_LOCAL_STEPS if self.local_steps is None else int(self.local_steps)
+        """``Q`` resolved from ``local_steps`` and the variant (as the linear FedBCD's)."""
+        from hyfl.algorithms.fedbcd import resolved_local_steps
+
+        return resolved_local_steps(self.variant, self.local_steps)
 
     def config(self, state: FedBCDNNState | None = None) -> dict[str, Any]:
         """The resolved hyperparameters (with the nets' descriptions once set up)."""
