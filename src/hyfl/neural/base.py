@@ -9,7 +9,9 @@ local models beside the global one):
   the algorithm's random stream) seeds the parameter initialization.
 * ``round(state, active, rng)`` -> state: one outer iteration for the clients
   flagged in ``active`` (bool, shape (K,)); ``rng`` (NumPy Generator) draws
-  the mini-batches. States are immutable dataclasses; ``round`` returns a new one.
+  the mini-batches. States are immutable dataclasses; ``round`` returns a new one,
+  computed (JAX dispatches asynchronously: a round returns only once its arrays
+  are ready, so that the engine's round times are the round's).
 * ``evaluate(state, data)`` -> dict with :data:`EVAL_COLUMNS` (NaN when
   not applicable).
 * ``round_stats(state)`` -> dict of the last round: ``bytes_up``,

@@ -344,6 +344,8 @@ class FedBCDNN:
                 bottoms, top, velocity, dev["X"], dev["y"],
                 jnp.asarray(batches.astype(np.int32)), jnp.float32(eta), active=parties,
             )
+            # JAX returns before it has computed; the engine times the round, so wait here
+            require_jax().block_until_ready((bottoms, top, velocity))
         stats = self.traffic(K, dev["label_holder"], parties, batches.shape[1],
                              batches.shape[0])
         stats["learning_rate"] = eta

@@ -303,7 +303,7 @@ class HyFEMNN:
             model, loss = cache[views](start, start, device["X"], device["y"],
                                        jax.numpy.asarray(batches), lr, self.mu)
             trained[m], local[m] = model, model
-            losses.append(float(loss))
+            losses.append(float(loss))  # also waits for the client's training (JAX is async)
             sent += n_parameters(start)
         extractors = list(state.extractors)
         inference = state.inference
