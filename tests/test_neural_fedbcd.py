@@ -227,6 +227,28 @@ def test_cnn_bottom_on_image_halves():
                                "batch_size": 256}
 
 
+@pytest.mark.parametrize("variant", ["parallel", "sequential"])
+def test_cnn_rounds_outside_xla_loops_equal_the_scanned_round(variant, monkeypatch):
+    """The CNN path (a jitted exchange per batch, local steps unrolled) computes what the
+    scanned round computes; only where XLA loops differ."""
+    import hyfl.neural.fedbcd_nn as module
+
+    data = vertical_data(image=True)
+    alg = FedBCDNN(variant=variant, bottom="cnn", embedding=8, channels=4, batch_size=16,
+                   local_steps=3, learning_rate=0.05, momentum=0.5)
+    unrolled = run(alg, data, rounds=2)
+    real_make_round = module.make_round
+
+    def scanned(nets, *args):  # the same nets, but claimed non-convolutional: scan path
+        fake = [dataclasses.replace(net, kind="mlp") for net in nets]
+        return real_make_round(fake, *args)
+
+    monkeypatch.setattr(module, "make_round", scanned)
+    looped = run(alg, data, rounds=2)
+    assert_trees_close((unrolled.bottoms, unrolled.top), (looped.bottoms, looped.top),
+                       atol=1e-4, rtol=1e-4)
+
+
 # --------------------------------------------------------------------------- accounting
 
 
