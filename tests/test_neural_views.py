@@ -158,3 +158,34 @@ def test_class_indices():
     for bad in ([6], [0], [-2], [9, 99]):  # above, between and below the classes
         with pytest.raises(HyflError, match="^validation labels include"):
             class_indices(np.array(bad), classes)
+
+
+def test_view_data_from_arrays_runs_hyfem_and_checks_input():
+    from hyfl.algorithms import make_algorithm
+    from hyfl.neural.engine import run
+    from hyfl.neural.views import view_data_from_arrays
+    from hyfl.partition import parse_participation
+
+    rng = np.random.default_rng(0)
+    views = [rng.normal(size=(40, 3)), rng.normal(size=(40, 5))]
+    y = np.where(views[0][:, 0] + views[1][:, 0] > 0, "yes", "no")
+    data = view_data_from_arrays(
+        views, y, client_samples=[np.arange(0, 25), np.arange(15, 40)],
+        client_views=[[0], [0, 1]], val_views=views, val_y=y,
+    )
+    assert [v.tolist() for v in data.views] == [[0, 1, 2], [3, 4, 5, 6, 7]]
+    assert data.classes.tolist() == ["no", "yes"] and data.client_views == ((0,), (0, 1))
+    algorithm = make_algorithm("hyfem-nn", {"batch_size": 8, "extractor_hidden": 4,
+                                            "embedding": 3, "inference_hidden": 4})
+    result = run(algorithm, data, parse_participation("full", 2), 2)
+    assert np.isfinite(result.column("val_accuracy")).all()
+    with pytest.raises(HyflError, match="view 1 has shape"):
+        view_data_from_arrays([views[0], views[1][:30]], y, [np.arange(40)], [[0]])
+    with pytest.raises(HyflError, match="sample 39 is held by no client"):
+        view_data_from_arrays(views, y, [np.arange(39)], [[0, 1]])
+    with pytest.raises(HyflError, match="client 0 names a sample or view"):
+        view_data_from_arrays(views, y, [np.arange(40)], [[2]])
+    bad = [views[0].copy(), views[1]]
+    bad[0][3, 1] = np.nan
+    with pytest.raises(HyflError, match="view 0 contains NaN"):
+        view_data_from_arrays(bad, y, [np.arange(40)], [[0, 1]])

@@ -199,3 +199,83 @@ def make_view_data(train, val, partition) -> ViewData:
         client_samples=tuple(np.asarray(s, dtype=np.int64) for s in partition.samples),
         client_views=client_views, X_val=X_val, y_val=y_val,
     )
+
+
+def view_data_from_arrays(
+    views, y, client_samples, client_views, *, val_views=None, val_y=None, image_shapes=None
+) -> ViewData:
+    """A :class:`ViewData` from your own multi-view arrays: one array per view.
+
+    Parameters
+    ----------
+    views : sequence of array-like, each shape (N, d_v)
+        The training samples' features, view by view (row i is sample i in every view).
+    y : array-like, shape (N,)
+        Labels (any sortable values; classes are the sorted distinct labels).
+    client_samples : sequence of array-like of int
+        ``client_samples[k]``: the rows client k holds.
+    client_views : sequence of sequence of int
+        ``client_views[k]``: the views client k holds.
+    val_views, val_y : optional
+        Validation data, the same views (all of them) and labels.
+    image_shapes : sequence of (rows, cols) or None, optional
+        Per view, its image shape when it is an image (for ``extractor=cnn`` /
+        ``bottom=cnn``); ``d_v`` must equal ``rows * cols``.
+
+    Raises
+    ------
+    HyflError
+        Views of different lengths, non-finite values, a client with no sample
+        or no view, a view or sample id out of range, a sample no client holds.
+    """
+    arrays = [np.asarray(v, dtype=np.float32) for v in views]
+    if not arrays:
+        raise fail("views", "is empty", "Pass one (N, d) array per view.")
+    n = arrays[0].shape[0]
+    for d, a in enumerate(arrays):
+        if a.ndim != 2 or a.shape[0] != n:
+            raise fail(f"view {d}", f"has shape {a.shape}, expected ({n}, d)",
+                       "Give every view one row per sample, in the same order.")
+        if not np.isfinite(a).all():
+            raise fail(f"view {d}", "contains NaN or inf", "Clean or impute the values first.")
+    y_index, classes = class_indices(np.asarray(y))
+    if y_index.size != n:
+        raise fail("y", f"has {y_index.size} labels for {n} samples", "Give one label per row.")
+    samples = tuple(np.asarray(s, dtype=np.int64) for s in client_samples)
+    holds = tuple(tuple(sorted(int(d) for d in vs)) for vs in client_views)
+    if len(samples) != len(holds):
+        raise fail("client_samples and client_views", f"name {len(samples)} and {len(holds)} "
+                   "clients", "Give both for every client.")
+    covered = np.zeros(n, dtype=bool)
+    for k, (rows, vs) in enumerate(zip(samples, holds)):
+        if rows.size == 0 or not vs:
+            raise fail(f"client {k}", "holds no samples or no views",
+                       "Give every client at least one sample and one view.")
+        if rows.min() < 0 or rows.max() >= n or min(vs) < 0 or max(vs) >= len(arrays):
+            raise fail(f"client {k}", "names a sample or view that does not exist",
+                       f"Use sample ids 0..{n - 1} and views 0..{len(arrays) - 1}.")
+        covered[rows] = True
+    if not covered.all():
+        raise fail(f"sample {int(np.flatnonzero(~covered)[0])}", "is held by no client",
+                   "Give every sample to at least one client, or drop it.")
+    starts = np.cumsum([0] + [a.shape[1] for a in arrays])
+    columns = tuple(np.arange(starts[d], starts[d + 1]) for d in range(len(arrays)))
+    shapes = tuple(image_shapes) if image_shapes is not None else (None,) * len(arrays)
+    positions = tuple(None if s is None else np.arange(arrays[d].shape[1])
+                      for d, s in enumerate(shapes))
+    for d, s in enumerate(shapes):
+        if s is not None and int(s[0]) * int(s[1]) != arrays[d].shape[1]:
+            raise fail(f"image_shapes[{d}]", f"is {s}, but view {d} has {arrays[d].shape[1]} "
+                       "features", "Give (rows, cols) with rows * cols features, or None.")
+    X_val = y_val = None
+    if val_views is not None:
+        X_val = np.hstack([np.asarray(v, dtype=np.float32) for v in val_views])
+        if X_val.shape[1] != starts[-1]:
+            raise fail("val_views", f"have {X_val.shape[1]} features, the training views "
+                       f"{starts[-1]}", "Pass the same views for validation.")
+        y_val, _ = class_indices(np.asarray(val_y), classes)
+    return ViewData(
+        X=np.hstack(arrays), y=y_index, classes=classes, views=columns, view_shapes=shapes,
+        view_positions=positions, client_samples=samples, client_views=holds,
+        X_val=X_val, y_val=y_val,
+    )
