@@ -1428,7 +1428,9 @@ def plot_neural_runs(
     validation data) against outer iterations. Right: its validation accuracy
     (solid) and, for HyFEM, the clients' local models' mean accuracy on their
     own views (dashed, same colour), with the majority-class rate as a grey
-    dashed line. Against communication rounds, like HyFEM's Figures 3-4.
+    dashed line. Against outer iterations: a HyFEM iteration is one
+    communication round (its Figures 3-4), a FedBCD iteration a pass of
+    mini-batch exchanges (its round trips are in ``metrics.csv``).
     """
     plt = _pyplot()
     fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(11, 4))
@@ -1443,10 +1445,12 @@ def plot_neural_runs(
         if np.isfinite(local).any():
             acc_ax.plot(x, local, color=colour, linestyle="--", label=f"{label} (local, mean)")
     _draw_majority(acc_ax, runs)
-    loss_ax.set_xlabel("outer iteration (communication round)")
+    # a HyFEM iteration is one communication round; a FedBCD one is a pass of exchanges
+    # (metrics.csv counts its round trips)
+    loss_ax.set_xlabel("outer iteration")
     loss_ax.set_ylabel("validation loss (cross-entropy)")
     loss_ax.set_yscale("log")
-    acc_ax.set_xlabel("outer iteration (communication round)")
+    acc_ax.set_xlabel("outer iteration")
     acc_ax.set_ylabel("validation accuracy")
     for ax in (loss_ax, acc_ax):
         ax.grid(alpha=0.3)
