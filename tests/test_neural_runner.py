@@ -169,3 +169,24 @@ def test_cli_run(digits_dir, tmp_path):
                                       "--cipher", "paillier"])
     assert result.exit_code != 0
     assert "--cipher paillier does not apply to hyfem-nn" in result.output
+
+
+def test_neural_runs_default_to_20_iterations_unless_given(monkeypatch):
+    """`hyfl run --algorithm hyfem-nn` without --iterations runs 20 (a pass each), not
+    the linear default of 2000; a given --iterations is kept."""
+    from typer.testing import CliRunner
+
+    import hyfl.experiments.runner as runner
+    from hyfl.cli import NEURAL_ITERATIONS, app
+
+    seen = []
+
+    def fake_execute(spec, *args, **kwargs):
+        seen.append(spec.iterations)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(runner, "execute", fake_execute)
+    CliRunner().invoke(app, ["run", "--algorithm", "hyfem-nn", "--out", "x"])
+    CliRunner().invoke(app, ["run", "--algorithm", "hyfem-nn", "--iterations", "3", "--out", "x"])
+    CliRunner().invoke(app, ["run", "--algorithm", "hyfdca", "--out", "x"])
+    assert seen == [NEURAL_ITERATIONS, 3, 2000]

@@ -107,7 +107,20 @@ Param = Annotated[
     list[str] | None,
     typer.Option(help="Any hyperparameter as KEY=VALUE, or ALGORITHM.KEY=VALUE; repeatable."),
 ]
-Iterations = Annotated[int, typer.Option(help="Outer iterations.")]
+Iterations = Annotated[
+    int, typer.Option(help="Outer iterations (neural algorithms: 20 unless given).")
+]
+NEURAL_ITERATIONS = 20
+"""Outer iterations of a neural run when --iterations is not given (a pass each)."""
+
+
+def _iterations_for(ctx, algorithms: list[str], iterations: int) -> int:
+    """``--iterations``, or :data:`NEURAL_ITERATIONS` for neural runs that did not give it."""
+    from hyfl.algorithms import is_neural
+
+    if _from_command_line(ctx, "iterations") or not any(map(is_neural, algorithms)):
+        return iterations
+    return NEURAL_ITERATIONS
 EvalEvery = Annotated[int, typer.Option(help="Evaluate every N outer iterations.")]
 Seed = Annotated[int, typer.Option(help="Seed for partition, participation and sampling.")]
 DataDir = Annotated[str | None, typer.Option(help="Folder with dataset files.")]
@@ -309,6 +322,7 @@ def run(
                 "needs an experiment config",
                 "Run `hyfl run CONFIG.toml --resume` (single runs from flags have no checkpoints).",
             )
+        iterations = _iterations_for(ctx, [algorithm], iterations)
         spec = RunSpec(
             algorithm=algorithm,
             data=data,
@@ -573,6 +587,7 @@ def _print_comparison(rows, title: str, cost_title: str) -> None:
 
 @app.command()
 def compare(
+    ctx: typer.Context,
     # A short example: a long comma-joined word is cut with "…" in a narrow help column.
     algorithms: Annotated[
         str, typer.Option(help="Comma-separated names, e.g. hyfdca,fedavg (`hyfl algorithms`).")
@@ -622,6 +637,7 @@ def compare(
     try:
         hyper = _hyper(iic, local_steps, step_rule, a, b, mu, eta0, batch_size, param)
         names = [n.strip() for n in algorithms.split(",") if n.strip()]
+        iterations = _iterations_for(ctx, names, iterations)
         spec = RunSpec(
             algorithm=names[0] if names else "hyfdca",
             data=data,
