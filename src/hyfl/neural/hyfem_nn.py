@@ -43,8 +43,9 @@ scaled by ``1/|views present|``, so a first-layer pre-activation is the mean
 of per-view contributions: a client holding one quadrant and the global
 model holding all four see inputs of the same scale. ``"concat"`` is the
 plain concatenation (the paper's wording); with clients that each hold one
-view, the global model then adds four contributions each trained alone and
-its accuracy suffers (measured in docs/neural.md).
+view, the global model then adds four contributions each trained alone
+(MNIST quadrant:8, 20 rounds: 0.955 against mean fusion's 0.961, two seeds;
+docs/neural.md).
 
 Evaluation (the paper's Figures 3-4): the *global* model (global extractors
 and ``theta_0``) on all views; the *local* accuracy is the mean over all
