@@ -190,3 +190,42 @@ def test_neural_runs_default_to_20_iterations_unless_given(monkeypatch):
     CliRunner().invoke(app, ["run", "--algorithm", "hyfem-nn", "--iterations", "3", "--out", "x"])
     CliRunner().invoke(app, ["run", "--algorithm", "hyfdca", "--out", "x"])
     assert seen == [NEURAL_ITERATIONS, 3, 2000]
+
+
+@pytest.mark.parametrize(
+    "algorithm, partition, hyper",
+    [
+        ("hyfem-nn", "quadrant:4", HYPER),
+        ("fedbcd-nn", "vertical:2", {"bottom_hidden": 8, "embedding": 4, "batch_size": 16}),
+        ("fedbcd-nn-cnn", "vertical:2", {"embedding": 4, "channels": 2, "batch_size": 16,
+                                         "exchanges": 2}),
+    ],
+)
+def test_predict_with_a_neural_model_reproduces_its_validation_accuracy(
+    digits_dir, tmp_path, algorithm, partition, hyper
+):
+    """`hyfl predict` rebuilds the model from model.npz alone (architecture from the
+    recorded hyperparameters, views and image boxes from the file) and scores the test
+    split exactly as the run's last evaluation did."""
+    from hyfl.model_file import load_model
+    from hyfl.neural.model_file import predict_neural_data
+
+    out = tmp_path / "r"
+    outcome = execute(spec(digits_dir, algorithm=algorithm, partition=partition,
+                           hyper=dict(hyper)), out_dir=out)
+    done = predict_neural_data(out / "model.npz", "mnist:test", tmp_path / "p.csv",
+                               data_dir=str(digits_dir))
+    assert done.n_samples == 60
+    assert done.accuracy == pytest.approx(outcome.result.final["val_accuracy"], abs=1e-12)
+    rows = rows_of(tmp_path / "p.csv")
+    assert list(rows[0])[:3] == ["index", "prediction", "score_0"] and len(rows) == 60
+    with pytest.raises(HyflError, match="holds a neural model"):
+        load_model(out / "model.npz")  # the linear reader names what it found
+
+
+def test_predict_refuses_data_of_another_width(digits_dir, tmp_path):
+    from hyfl.neural.model_file import predict_neural_data
+
+    execute(spec(digits_dir), out_dir=tmp_path / "r")
+    with pytest.raises(HyflError, match="has 30 features, the model was trained on 65"):
+        predict_neural_data(tmp_path / "r" / "model.npz", "breast_cancer", tmp_path / "p.csv")

@@ -917,9 +917,13 @@ def predict(
     class for multiclass). Data with another feature count are refused.
     """
     from hyfl.model_file import predict_data
+    from hyfl.neural.model_file import is_neural_model, predict_neural_data
 
     try:
-        done = predict_data(model, data, out, data_dir=data_dir)
+        if is_neural_model(model):
+            done = predict_neural_data(model, data, out, data_dir=data_dir)
+        else:
+            done = predict_data(model, data, out, data_dir=data_dir)
     except HyflError as err:
         _fail(err)
     line = f"wrote {done.out} ({done.n_samples} predictions)"

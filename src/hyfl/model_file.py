@@ -253,7 +253,7 @@ def load_model(path: str | os.PathLike) -> Model:
     if isinstance(header, dict) and header.get("kind") == "hyfl-neural-model":
         raise fail(culprit, f"holds a neural model ({header.get('algorithm')}), which this "
                    "reader of linear models cannot use",
-                   "Read it with hyfl.neural.model_file.load_neural_model.")
+                   "Use hyfl predict, or hyfl.neural.model_file.load_neural_model.")
     if not isinstance(header, dict) or header.get("kind") != MODEL_KIND:
         raise fail(culprit, "is not a hyfl model file", "Pass a model.npz written by hyfl.")
     if header.get("format") != MODEL_FORMAT:

@@ -402,6 +402,18 @@ class FedBCDNN:
             total_correct += float(correct)
         return total_loss / n, total_correct / n
 
+    def scores(self, arrays: dict[str, np.ndarray], data, X) -> np.ndarray:
+        """Class scores of an exported stacked model (:meth:`export`) on ``X`` (n, F)."""
+        from hyfl.neural.nets import unflatten_named
+
+        jnp = require_jax().numpy
+        K = data.n_clients
+        H = [self.bottom_net(data, k).apply(unflatten_named(arrays, f"bottom/{k}"),
+                                             X[:, self.party_columns(data, k)])
+             for k in range(K)]
+        top = self.top_net(K, data.n_classes)
+        return np.asarray(top.apply(unflatten_named(arrays, "top"), jnp.concatenate(H, axis=1)))
+
     def export(self, state: FedBCDNNState) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
         for k, params in enumerate(state.bottoms):

@@ -383,6 +383,17 @@ class HyFEMNN:
     def config(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def scores(self, arrays: dict[str, np.ndarray], data, X) -> np.ndarray:
+        """Class scores of an exported global model (:meth:`export`) on ``X`` (n, F)."""
+        from hyfl.neural.nets import unflatten_named
+
+        model = {
+            "extractors": {d: unflatten_named(arrays, f"extractor/{d}")
+                           for d in range(data.n_views)},
+            "inference": unflatten_named(arrays, "inference"),
+        }
+        return np.asarray(self.logits(data, model, tuple(range(data.n_views)), X))
+
     def export(self, state: HyFEMNNState) -> dict[str, np.ndarray]:
         """The global model's parameters (extractor/<view>/..., inference/...)."""
         arrays = flatten_named(list(state.extractors), "extractor")

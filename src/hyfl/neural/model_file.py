@@ -9,12 +9,19 @@ a SHA-256 of the content that refuses edited files), with:
     ``param:bottom/<party>/...`` and ``param:top/...``).
 ``view:<d>``
     int64, the columns of the (bias-free) feature matrix in view d.
+``view_shape:<d>``, ``view_position:<d>``
+    int64, view d's image bounding box (rows, cols) and its features' flat
+    positions in it (empty arrays when the data are not images).
 ``classes``
     float64, the original label of each class index.
 ``__header__``
     JSON: ``kind`` ("hyfl-neural-model"), ``format``, ``algorithm``, its
     resolved hyperparameters (``config``), ``partition``, ``client_views``,
-    ``n_features``, provenance and ``content_sha256``.
+    ``n_features`` (after dropping), ``input_features`` and ``dropped`` (the
+    width of the data it was trained on and the columns dropped from it, e.g.
+    MNIST's bias column), provenance and ``content_sha256``.
+
+:func:`predict_neural_data` is ``hyfl predict`` for these files.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +50,37 @@ class NeuralModel:
     views: tuple[np.ndarray, ...]
     classes: np.ndarray
     header: dict
+    view_shapes: tuple = ()
+    view_positions: tuple = ()
+
+    def scores(self, X, chunk: int = 10_000) -> np.ndarray:
+        """Class scores (logits), shape (n, C), of the samples ``X`` (n, input_features).
+
+        ``X`` has the training data's columns (sparse or dense); the dropped
+        ones (e.g. MNIST's bias column) are removed here.
+        """
+        from hyfl.algorithms import accepted_hyperparameters, make_algorithm
+        from hyfl.neural.views import ViewData
+
+        name = self.header["algorithm"]
+        accepted = accepted_hyperparameters(name)
+        algorithm = make_algorithm(name, {k: v for k, v in self.header["config"].items()
+                                          if k in accepted})
+        keep = np.setdiff1d(np.arange(int(self.header["input_features"])),
+                            np.asarray(self.header["dropped"], dtype=np.int64))
+        skeleton = ViewData(
+            X=np.zeros((0, keep.size), np.float32), y=np.zeros(0, np.int32),
+            classes=self.classes, views=self.views, view_shapes=self.view_shapes,
+            view_positions=self.view_positions,
+            client_samples=tuple(np.zeros(0, np.int64) for _ in self.header["client_views"]),
+            client_views=tuple(tuple(v) for v in self.header["client_views"]),
+        )
+        parts = []
+        for i in range(0, X.shape[0], chunk):
+            block = X[i:i + chunk][:, keep]
+            block = block.toarray() if hasattr(block, "toarray") else np.asarray(block)
+            parts.append(algorithm.scores(self.params, skeleton, block.astype(np.float32)))
+        return np.concatenate(parts) if parts else np.zeros((0, self.classes.size))
 
 
 def _content_hash(arrays: dict[str, np.ndarray], header: dict) -> str:
@@ -64,6 +102,11 @@ def save_neural_model(path: str | os.PathLike, outcome, setup) -> Path:
     arrays = {f"param:{k}": np.asarray(v, dtype=np.float32)
               for k, v in outcome.result.weights.items()}
     arrays.update({f"view:{d}": np.asarray(v, dtype=np.int64) for d, v in enumerate(data.views)})
+    for d in range(data.n_views):
+        shape, position = data.view_shapes[d], data.view_positions[d]
+        arrays[f"view_shape:{d}"] = np.asarray(shape if shape is not None else [], dtype=np.int64)
+        arrays[f"view_position:{d}"] = np.asarray(position if position is not None else [],
+                                                  dtype=np.int64)
     arrays["classes"] = np.asarray(data.classes, dtype=np.float64)
     spec = outcome.spec
     header = {
@@ -74,6 +117,8 @@ def save_neural_model(path: str | os.PathLike, outcome, setup) -> Path:
         "partition": spec.partition_spec(),
         "client_views": [list(v) for v in data.client_views],
         "n_features": int(data.X.shape[1]),
+        "input_features": int(setup.input_features),
+        "dropped": [int(c) for c in setup.dropped],
         "provenance": {
             "hyfl_version": __version__,
             "data": str(spec.parties if spec.parties is not None else spec.data),
@@ -116,5 +161,63 @@ def load_neural_model(path: str | os.PathLike) -> NeuralModel:
                    "Retrain, or restore the file the run wrote.")
     params = {k[len("param:"):]: v for k, v in arrays.items() if k.startswith("param:")}
     n_views = sum(k.startswith("view:") for k in arrays)
-    views = tuple(arrays[f"view:{d}"] for d in range(n_views))
-    return NeuralModel(params, views, arrays["classes"], header)
+    try:
+        views = tuple(arrays[f"view:{d}"] for d in range(n_views))
+        shapes = tuple(tuple(int(v) for v in arrays[f"view_shape:{d}"]) or None
+                       for d in range(n_views))
+        positions = tuple(arrays[f"view_position:{d}"] if shapes[d] else None
+                          for d in range(n_views))
+        for key in ("algorithm", "config", "client_views", "input_features", "dropped"):
+            header[key]  # noqa: B018 - checked here, used by NeuralModel.scores
+        return NeuralModel(params, views, arrays["classes"], header, shapes, positions)
+    except KeyError as err:
+        raise fail(culprit, f"lacks {err} (an incomplete or older neural model file)",
+                   "Retrain with this hyfl version.") from None
+
+
+def is_neural_model(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a readable ``.npz`` whose header says it is a neural model."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            header = json.loads(f["__header__"].tobytes())
+    except Exception:
+        return False
+    return isinstance(header, dict) and header.get("kind") == NEURAL_MODEL_KIND
+
+
+def predict_neural_data(model_path, data, out, *, data_dir=None):
+    """``hyfl predict`` for a neural model: one CSV row per sample of ``data``.
+
+    Columns: ``index``, ``prediction`` (the original label) and one
+    ``score_<label>`` per class (the model's logit). Data of another width
+    than the training data are refused. Returns a
+    :class:`hyfl.model_file.Prediction`.
+    """
+    import csv
+
+    from hyfl.data import load_data
+    from hyfl.model_file import Prediction, _label_text, _original
+
+    model = load_neural_model(model_path)
+    dataset = load_data(data, data_dir=data_dir)
+    expected = int(model.header["input_features"])
+    if dataset.n_features != expected:
+        raise fail(f"data {str(data)!r}", f"has {dataset.n_features} features, the model was "
+                   f"trained on {expected}", "Pass data with the training data's features.")
+    scores = model.scores(dataset.X)
+    encoded = model.classes[np.argmax(scores, axis=1)]  # labels as hyfl loaded them
+    accuracy = float(np.mean(encoded == np.asarray(dataset.y, dtype=np.float64)))
+    predicted = encoded
+    if dataset.task == "binary":  # -1/+1 back to the file's own labels when known
+        original = _original(replace(dataset, y=encoded))
+        predicted = original if original is not None else encoded
+    out = Path(out)
+    if out.parent != Path(""):
+        out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(out, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["index", "prediction",
+                         *(f"score_{_label_text(c)}" for c in model.classes)])
+        for i in range(dataset.n_samples):
+            writer.writerow([i, _label_text(predicted[i]), *(repr(float(v)) for v in scores[i])])
+    return Prediction(out=out, n_samples=dataset.n_samples, accuracy=accuracy, same_data=False)

@@ -172,3 +172,32 @@ def flatten_named(params, prefix: str = "") -> dict[str, np.ndarray]:
 
     walk(params, prefix)
     return out
+
+
+def unflatten_named(arrays: dict[str, np.ndarray], prefix: str):
+    """The pytree below ``prefix`` from :func:`flatten_named`'s ``{"path": array}``.
+
+    Path parts that are all digits at one level become a list, others a dict.
+    """
+    tree: dict = {}
+    head = prefix + "/"
+    for path, value in arrays.items():
+        if not path.startswith(head):
+            continue
+        node = tree
+        parts = path[len(head):].split("/")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    if not tree:
+        raise fail(f"parameters {prefix!r}", "are missing from the model",
+                   "Pass a model.npz written by the same algorithm.")
+
+    def build(node):
+        if not isinstance(node, dict):
+            return node
+        if all(key.isdigit() for key in node):
+            return [build(node[key]) for key in sorted(node, key=int)]
+        return {key: build(value) for key, value in node.items()}
+
+    return build(tree)

@@ -34,6 +34,8 @@ class NeuralSetup:
     partition: Any
     participation: Any
     task: dict
+    input_features: int = 0  # width of the loaded data, before dropping columns
+    dropped: tuple = ()  # its columns the views leave out (MNIST's bias column)
 
 
 def check_spec(spec) -> None:
@@ -76,7 +78,9 @@ def prepare(spec) -> NeuralSetup:
         "views": [int(v.size) for v in data.views],
         "client_views": [list(v) for v in data.client_views],
     }
-    return NeuralSetup(data, partition, participation, task)
+    bias = (train.meta or {}).get("bias_feature")
+    dropped = (int(bias),) if bias is not None else ()
+    return NeuralSetup(data, partition, participation, task, int(train.X.shape[1]), dropped)
 
 
 def run_prepared(setup: NeuralSetup, spec, name: str, hyper: dict, progress: bool = False,
