@@ -229,3 +229,17 @@ def test_predict_refuses_data_of_another_width(digits_dir, tmp_path):
     execute(spec(digits_dir), out_dir=tmp_path / "r")
     with pytest.raises(HyflError, match="has 30 features, the model was trained on 65"):
         predict_neural_data(tmp_path / "r" / "model.npz", "breast_cancer", tmp_path / "p.csv")
+
+
+def test_simulated_time_charges_the_slowest_client_the_server_and_latency(digits_dir, tmp_path):
+    """HyFEM's clients would train side by side: a round's simulated compute is the slowest
+    client plus the server, not the sum of the clients that ran here one after another."""
+    outcome = execute(spec(digits_dir, latency=0.5), out_dir=tmp_path / "r")
+    rows = outcome.result.metrics
+    last = rows[-1]
+    assert last["time_latency"] == pytest.approx(0.5 * last["round_trips"]) == 1.0
+    for row in rows:
+        assert row["sim_time"] == pytest.approx(
+            row["time_client"] + row["time_server"] + row["time_latency"])
+        assert row["time_client"] + row["time_server"] <= row["round_seconds"] + 1e-9
+    assert last["time_client"] > 0 and last["time_server"] > 0

@@ -8,10 +8,13 @@ and :class:`~hyfl.runtime.simulation.RunResult`: draw the active clients,
 call ``round``, time it, evaluate every ``eval_every`` rounds (timed apart).
 
 Metrics (cumulative where they are costs): :data:`NEURAL_COLUMNS`, then the
-algorithm's own round figures. The simulated time of a round is its measured
-compute (every client in this one process, one after another: an upper bound
-of clients that run side by side) plus ``latency`` per round trip; nothing is
-encrypted, so there is no encryption time.
+algorithm's own round figures. The simulated time of a round is compute plus
+``latency`` per round trip; nothing is encrypted, so there is no encryption
+time. Compute is the slowest client's measured seconds plus the server's when
+the algorithm reports them (``client_seconds_max`` and ``server_seconds``:
+HyFEM, whose clients would train side by side), else the round's measured
+seconds (FedBCD, whose parties share one compiled round here: an upper bound
+of parties that run side by side).
 """
 
 from __future__ import annotations
@@ -33,11 +36,12 @@ NEURAL_COLUMNS = (
     "bytes_down",
     "sim_time",
     "time_client",
+    "time_server",
     "time_latency",
     "active_clients",
 )
 CUMULATIVE = ("round_trips", "round_seconds", "bytes_up", "bytes_down", "sim_time",
-              "time_client", "time_latency")
+              "time_client", "time_server", "time_latency")
 
 
 def run(
@@ -111,12 +115,17 @@ def run(
             stats = algorithm.round_stats(state)
             round_times.append(seconds)
             trips = float(stats.get("round_trips", 0.0))
+            if "client_seconds_max" in stats and "server_seconds" in stats:
+                client, server = stats["client_seconds_max"], stats["server_seconds"]
+            else:
+                client, server = seconds, 0.0
             for key, value in (
                 ("round_trips", trips), ("round_seconds", seconds),
                 ("bytes_up", stats.get("bytes_up", 0.0)),
                 ("bytes_down", stats.get("bytes_down", 0.0)),
-                ("time_client", seconds), ("time_latency", latency * trips),
-                ("sim_time", seconds + latency * trips),
+                ("time_client", client), ("time_server", server),
+                ("time_latency", latency * trips),
+                ("sim_time", client + server + latency * trips),
             ):
                 totals[key] += float(value)
             if t % eval_every == 0 or t == iterations:

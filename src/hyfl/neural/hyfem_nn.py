@@ -60,6 +60,7 @@ bytes per parameter; one round trip.
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -293,8 +294,9 @@ class HyFEMNN:
         clients = np.flatnonzero(np.asarray(active, dtype=bool))
         lr = self.learning_rate_at(state.t)
         local = list(state.local)
-        trained, losses, sent = {}, [], 0
+        trained, losses, sent, client_seconds = {}, [], 0, [0.0]
         for m in clients:
+            began = time.perf_counter()
             views = data.client_views[m]
             start = self.distribute(state, views)
             if views not in cache:
@@ -306,6 +308,8 @@ class HyFEMNN:
             trained[m], local[m] = model, model
             losses.append(float(loss))  # also waits for the client's training (JAX is async)
             sent += n_parameters(start)
+            client_seconds.append(time.perf_counter() - began)
+        server_began = time.perf_counter()
         extractors = list(state.extractors)
         inference = state.inference
         if clients.size:
@@ -332,6 +336,9 @@ class HyFEMNN:
             "active_clients": float(clients.size),
             "learning_rate": lr,
             "local_loss": float(np.mean(losses)) if losses else np.nan,
+            # clients train side by side in a deployment: the round waits for the slowest
+            "client_seconds_max": max(client_seconds),
+            "server_seconds": time.perf_counter() - server_began,
         }
         return dataclasses.replace(
             state, extractors=tuple(extractors), inference=inference, local=tuple(local),

@@ -118,7 +118,7 @@ def run_prepared(setup: NeuralSetup, spec, name: str, hyper: dict, progress: boo
         "cipher": "none",
         "costs": {"totals": {k: float(final.get(k, 0.0)) for k in
                              ("bytes_up", "bytes_down", "round_trips", "sim_time",
-                              "time_client", "time_latency")}},
+                              "time_client", "time_server", "time_latency")}},
         "majority_rate": majority,
         "n_clients": data.n_clients,
         "n_samples": int(data.X.shape[0]),
