@@ -53,6 +53,32 @@ def check_int(name: str, value: int, *, minimum: int = 1, fix: str = "") -> int:
     return v
 
 
+def check_range(
+    name: str, value: float, low: float, high: float = math.inf, *,
+    low_open: bool = False, high_open: bool = True, fix: str = "",
+) -> float:
+    """Return ``value`` as float if it is a finite number between ``low`` and ``high``.
+
+    ``low`` is included unless ``low_open``; ``high`` is excluded unless
+    ``high_open`` is False (an infinite ``high`` is always excluded).
+    """
+    try:
+        v = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError, OverflowError):
+        v = math.nan
+    above = v > low if low_open else v >= low
+    below = v < high if (high_open or math.isinf(high)) else v <= high
+    if not (math.isfinite(v) and above and below):
+        if math.isinf(high):
+            bound = f"{'>' if low_open else '>='} {low:g}"
+        else:
+            bound = (f"in {'(' if low_open else '['}{low:g}, {high:g}"
+                     f"{')' if high_open else ']'}")
+        raise fail(name, f"must be a number {bound}, got {value!r}",
+                   fix or f"Pass a number {bound}.")
+    return v
+
+
 def check_fraction(name: str, value: float, *, fix: str = "") -> float:
     """Return ``value`` if it lies in (0, 1], else raise."""
     v = check_positive(name, value, fix=fix or "Pass a fraction in (0, 1].")

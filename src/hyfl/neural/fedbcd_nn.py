@@ -101,7 +101,7 @@ from typing import Any
 
 import numpy as np
 
-from hyfl.errors import check_choice, check_int, check_positive, fail
+from hyfl.errors import check_choice, check_int, check_positive, check_range, fail
 from hyfl.neural import require_jax
 from hyfl.neural.base import FLOAT_BYTES, ID_BYTES, batch_ids
 from hyfl.neural.nets import flatten_named, make_cnn, make_mlp
@@ -217,9 +217,9 @@ class FedBCDNN:
             check_int("exchanges", self.exchanges, minimum=1)
         check_positive("learning_rate", self.learning_rate,
                        fix="Pass a positive SGD rate such as 0.1.")
-        _check_number("momentum", self.momentum, 0.0, 1.0, "Pass a momentum in [0, 1), e.g. 0.9.")
-        _check_number("mu", self.mu, 0.0, math.inf,
-                      "Pass 0 for FedBCD or a positive proximal weight (e.g. 0.1) for FedPBCD.")
+        check_range("momentum", self.momentum, 0.0, 1.0, fix="Pass a momentum in [0, 1), e.g. 0.9.")
+        check_range("mu", self.mu, 0.0,
+                    fix="Pass 0 for FedBCD or a positive proximal weight (e.g. 0.1) for FedPBCD.")
         if isinstance(self.top_hidden, (str, bytes)) or not hasattr(self.top_hidden, "__iter__"):
             raise fail("top_hidden", f"must be a sequence of widths, got {self.top_hidden!r}",
                        "Pass () for a linear top or e.g. (128,) for one hidden layer.")
@@ -597,15 +597,3 @@ def make_logits(nets, top_net):
         return loss, jnp.sum(jnp.argmax(logits, axis=1) == y)
 
     return jax.jit(scores)
-
-
-def _check_number(name, value, low, high, fix):
-    """``low <= value < high`` (``high`` may be inf), else the standard error."""
-    try:
-        ok = not isinstance(value, bool) and low <= float(value) < high
-    except (TypeError, ValueError):
-        ok = False
-    if not ok:
-        bound = f"in [{low}, {high})" if math.isfinite(high) else f">= {low}"
-        raise fail(name, f"must be a number {bound}, got {value!r}", fix)
-    return float(value)

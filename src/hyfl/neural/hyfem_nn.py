@@ -66,7 +66,7 @@ from typing import Any
 
 import numpy as np
 
-from hyfl.errors import check_choice, check_int, check_positive, fail
+from hyfl.errors import check_choice, check_int, check_positive, check_range, fail
 from hyfl.neural import require_jax
 from hyfl.neural.base import FLOAT_BYTES, batch_ids, cross_entropy_and_accuracy
 from hyfl.neural.nets import flatten_named, make_cnn, make_mlp, mlp_apply, n_parameters
@@ -150,9 +150,9 @@ class HyFEMNN:
         check_choice("fusion", self.fusion, FUSIONS)
         check_choice("extractor", self.extractor, ("mlp", "cnn"))
         check_positive("learning_rate", self.learning_rate)
-        _check_range("momentum", self.momentum, 0.0, 1.0, upper_open=True)
-        _check_range("lr_decay", self.lr_decay, 0.0, 1.0, lower_open=True)
-        _check_range("mu", self.mu, 0.0, np.inf)
+        check_range("momentum", self.momentum, 0.0, 1.0, fix="Pass a momentum in [0, 1), e.g. 0.9.")
+        check_range("lr_decay", self.lr_decay, 0.0, 1.0, low_open=True, high_open=False)
+        check_range("mu", self.mu, 0.0)
         if self.variant == "avg" and self.mu != 0:
             raise fail(
                 "mu", f"is {self.mu}, but HyFEM-Avg (hyfem-nn-avg) has no proximal term",
@@ -412,18 +412,3 @@ def _layers(inference) -> list[tuple[np.ndarray, np.ndarray]]:
     """MLP layers as NumPy ``(W, b)`` pairs (the form matching works on)."""
     return [(np.asarray(layer["W"], dtype=np.float64), np.asarray(layer["b"], dtype=np.float64))
             for layer in inference]
-
-
-def _check_range(name, value, low, high, lower_open=False, upper_open=False):
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        v = np.nan
-    ok = np.isfinite(v) or (high == np.inf and v == np.inf)
-    ok = ok and (v > low if lower_open else v >= low) and (v < high if upper_open else v <= high)
-    if not ok:
-        lo = "(" if lower_open else "["
-        hi = ")" if upper_open else "]"
-        raise fail(name, f"must be in {lo}{low}, {high}{hi}, got {value!r}",
-                   f"Pass a number in {lo}{low}, {high}{hi}.")
-    return v

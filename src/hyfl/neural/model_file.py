@@ -117,8 +117,8 @@ def save_neural_model(path: str | os.PathLike, outcome, setup) -> Path:
         "partition": spec.partition_spec(),
         "client_views": [list(v) for v in data.client_views],
         "n_features": int(data.X.shape[1]),
-        "input_features": int(setup.input_features),
-        "dropped": [int(c) for c in setup.dropped],
+        "input_features": int(data.input_features),
+        "dropped": list(data.dropped),
         "provenance": {
             "hyfl_version": __version__,
             "data": str(spec.parties if spec.parties is not None else spec.data),

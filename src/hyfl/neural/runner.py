@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from hyfl.errors import fail
+from hyfl.experiments.runner import _plain, _title
 
 ACCURACY_PLOT = "accuracy.png"
 PARTICIPATION_FILE = "participation.csv"
@@ -34,8 +35,6 @@ class NeuralSetup:
     partition: Any
     participation: Any
     task: dict
-    input_features: int = 0  # width of the loaded data, before dropping columns
-    dropped: tuple = ()  # its columns the views leave out (MNIST's bias column)
 
 
 def check_spec(spec) -> None:
@@ -78,9 +77,7 @@ def prepare(spec) -> NeuralSetup:
         "views": [int(v.size) for v in data.views],
         "client_views": [list(v) for v in data.client_views],
     }
-    bias = (train.meta or {}).get("bias_feature")
-    dropped = (int(bias),) if bias is not None else ()
-    return NeuralSetup(data, partition, participation, task, int(train.X.shape[1]), dropped)
+    return NeuralSetup(data, partition, participation, task)
 
 
 def run_prepared(setup: NeuralSetup, spec, name: str, hyper: dict, progress: bool = False,
@@ -270,15 +267,6 @@ def write_outputs(outcome, setup: NeuralSetup, out_dir: Path) -> Path:
     return out_dir
 
 
-def _title(spec) -> str:
-    return f"{spec.data}, {spec.partition_spec()}, participation {spec.participation}"
-
-
 def _first_at_least(iterations, values, level) -> float | None:
     hit = np.flatnonzero(np.asarray(values) >= level)
     return float(iterations[hit[0]]) if hit.size else None
-
-
-def _plain(value):
-    number = float(value)
-    return int(number) if number.is_integer() else number

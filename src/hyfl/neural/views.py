@@ -48,6 +48,11 @@ class ViewData:
         ``client_views[k]``: the views client k holds, ascending.
     X_val, y_val : ndarray or None
         Validation data (all views), class indices as ``y``.
+    input_features : int
+        Width of the data the views were cut from (``X`` has ``dropped`` fewer columns).
+    dropped : tuple of int
+        The source columns no view holds (MNIST's bias column): a model file
+        records them so that predictions drop them too.
     """
 
     X: np.ndarray
@@ -60,6 +65,8 @@ class ViewData:
     client_views: tuple[tuple[int, ...], ...]
     X_val: np.ndarray | None = None
     y_val: np.ndarray | None = None
+    input_features: int = 0
+    dropped: tuple[int, ...] = ()
 
     @property
     def n_classes(self) -> int:
@@ -198,6 +205,7 @@ def make_view_data(train, val, partition) -> ViewData:
         view_positions=tuple(positions),
         client_samples=tuple(np.asarray(s, dtype=np.int64) for s in partition.samples),
         client_views=client_views, X_val=X_val, y_val=y_val,
+        input_features=n_features, dropped=tuple(int(c) for c in np.flatnonzero(~keep)),
     )
 
 
@@ -277,5 +285,5 @@ def view_data_from_arrays(
     return ViewData(
         X=np.hstack(arrays), y=y_index, classes=classes, views=columns, view_shapes=shapes,
         view_positions=positions, client_samples=samples, client_views=holds,
-        X_val=X_val, y_val=y_val,
+        X_val=X_val, y_val=y_val, input_features=int(starts[-1]),
     )
