@@ -18,7 +18,10 @@ partition (:mod:`hyfl.neural.views`) and the loop is :func:`hyfl.neural.engine.r
 
 from __future__ import annotations
 
-INSTALL_HINT = 'Install the neural extra: pip install "hyfl[neural]" (JAX and optax, CPU).'
+INSTALL_HINT = (
+    'Install the neural extra (JAX and optax, CPU): pip install "hyfl[neural]", '
+    "or pip install '.[neural]' from a clone of the repository."
+)
 
 
 def require_jax():
