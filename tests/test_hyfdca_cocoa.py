@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hyfl.algorithms import hyfdca as hyfdca_module
 from hyfl.algorithms.hyfdca import HyFDCA
 from hyfl.algorithms.hyfdca_local import RunningAverage, SpanHistory
 from hyfl.errors import HyflError
@@ -53,6 +54,19 @@ CASES = {
         "hinge", {"classes": 3}, lambda n, m, X: grid(n, m, 2, 2, seed=0),
         lambda K: RandomFraction(K, 0.6), HyFDCA(momentum=0.0),
     ),
+    "grid, low participation, hinge, certified": (
+        "hinge", {}, lambda n, m, X: grid(n, m, 3, 3, seed=1), lambda K: RandomFraction(K, 0.2),
+        HyFDCA(certify=True),
+    ),
+    "vertical, cyclic, logistic, certified": (
+        "logistic", {}, lambda n, m, X: vertical(n, m, 3), lambda K: Cyclic(K, 3),
+        HyFDCA(certify=True),
+    ),
+    "multiclass, nonzero split, certified": (
+        "smoothed_hinge", {"classes": 3, "sparsity": 0.3},
+        lambda n, m, X: nonzero_balanced(X, 2, 2, seed=0), lambda K: RandomFraction(K, 0.4),
+        HyFDCA(certify=True),
+    ),
     "empty rounds": (
         "hinge", {}, lambda n, m, X: grid(n, m, 2, 2, seed=3),
         lambda K: Trace(np.array([[1, 1, 1, 1], [0, 0, 0, 0], [1, 0, 0, 1], [0, 1, 1, 0],
@@ -63,7 +77,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_engine_equals_the_per_client_reference(case):
+def test_engine_equals_the_per_client_reference(case, monkeypatch):
     loss, data_options, make_partition, make_participation, hyfdca = CASES[case]
     data = synthetic(n=90, m=8, **data_options)
     problem = make_problem(data, loss, 0.02)
@@ -71,16 +85,45 @@ def test_engine_equals_the_per_client_reference(case):
     participation = make_participation(partition.n_clients)
     state = hyfdca.setup(problem, stack(partition, problem.X))
     reference = ReferenceCocoa(problem, partition, hyfdca)
+    if hyfdca.certify:
+        # Every second checkpoint is declared fallen in both, whatever its dual: small
+        # problems rarely overshoot, and the restart must be exercised.
+        def schedule():
+            count = 0
+            while True:
+                count += 1
+                yield count % 2 != 0
+
+        engine_verdicts, reference_verdicts = schedule(), schedule()
+        monkeypatch.setattr(hyfdca_module, "checkpoint_accepted",
+                            lambda *args: next(engine_verdicts))
+        reference.decide = lambda ok: next(reference_verdicts)
     engine_rngs, reference_rngs = random_streams(5), random_streams(5)
-    for t in range(1, 13):
+    trusts = []
+    # The certified cases run 30 rounds (certifications are rare at low participation);
+    # rounding then adds up to about 1e-10.
+    tol = 1e-9 if hyfdca.certify else 1e-10
+    for t in range(1, 31 if hyfdca.certify else 13):
         state = hyfdca.round(state, participation.active(t, engine_rngs[0]), engine_rngs[1])
         reference.round(participation.active(t, reference_rngs[0]), reference_rngs[1])
-        np.testing.assert_allclose(state.alpha, reference.alpha, atol=1e-10, rtol=0)
-        np.testing.assert_allclose(state.w, reference.w, atol=1e-10, rtol=0)
+        np.testing.assert_allclose(state.alpha, reference.alpha, atol=tol, rtol=0)
+        np.testing.assert_allclose(state.w, reference.w, atol=tol, rtol=0)
         assert state.local.sigma == pytest.approx(reference.sigma, rel=1e-9)
         models = dict((name, (w, a)) for name, w, a in hyfdca.models(state))
-        np.testing.assert_allclose(models["average"][0], reference.avg_w, atol=1e-10, rtol=0)
-        np.testing.assert_allclose(models["average"][1], reference.avg_alpha, atol=1e-10, rtol=0)
+        np.testing.assert_allclose(models["average"][0], reference.avg_w, atol=tol, rtol=0)
+        if not hyfdca.certify:
+            np.testing.assert_allclose(models["average"][1], reference.avg_alpha, atol=tol,
+                                       rtol=0)
+            continue
+        # The certified duals and their exact image (hyfl.algorithms.hyfdca_certify).
+        certified = reference.certified()
+        np.testing.assert_allclose(hyfdca.duals(state), certified, atol=tol, rtol=0)
+        np.testing.assert_allclose(models["certified"][0], reference.image_of(certified),
+                                   atol=tol, rtol=0)
+        assert state.local.certificate.trust == reference.trust
+        trusts.append(reference.trust)
+    if hyfdca.certify:
+        assert any(trust < 1.0 for trust in trusts)  # the exploration restarted at least once
 
 
 SPLITS = {

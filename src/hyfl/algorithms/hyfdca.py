@@ -71,6 +71,12 @@ from hyfl._names import STEP_RULES  # the registry of step rules (`hyfl --help` 
 from hyfl._ragged import concat_ranges
 from hyfl.algorithms import hyfdca_kernels
 from hyfl.algorithms.base import draw_local_samples
+from hyfl.algorithms.hyfdca_certify import (
+    Certificate,
+    checkpoint_accepted,
+    conjugate_sums,
+    next_trust,
+)
 from hyfl.algorithms.hyfdca_local import (
     RunningAverage,
     SpanHistory,
@@ -146,6 +152,11 @@ class HyFDCA:
         low-dimensional data; memory and time per round grow with it).
     momentum : float, default 0.95
         ``cocoa`` only: largest momentum coefficient (0 disables momentum).
+    certify : bool, default False
+        ``cocoa`` only: keep a certified pair whose dual never falls, whatever the
+        participation (:mod:`hyfl.algorithms.hyfdca_certify`); the rule then
+        stands behind the certified duals. The stacked engine runs it; the
+        protocol engine and the deployment do not yet, so it is off by default.
     refresh_inner_products : bool, default False
         Run the second SecureInnerProduct at the end of each outer iteration.
     sip_scope : {"all", "drawn"}, default "all"
@@ -170,6 +181,7 @@ class HyFDCA:
     client_weight: str = "N_k/N"
     history: int | None = None
     momentum: float = DEFAULT_MOMENTUM
+    certify: bool = False
     refresh_inner_products: bool = False
     sip_scope: str = "all"
     name: str = "hyfdca"
@@ -205,6 +217,9 @@ class HyFDCA:
         if not 0.0 <= momentum < 1.0:
             raise fail("momentum", f"must be in [0, 1), got {self.momentum!r}",
                        "Pass e.g. momentum=0.95, or 0 to disable momentum.")
+        if self.certify and self.step_rule != "cocoa":
+            raise fail("certify", f"is for the cocoa step rule, not {self.step_rule!r}",
+                       "Use certify=True with step_rule='cocoa' (the default rule)")
         if self.step_rule == "cocoa":
             if self.sip_scope != "all":
                 raise fail(
@@ -260,6 +275,8 @@ class HyFDCA:
                 average_alpha=RunningAverage(np.zeros((N, C))),
                 average_w=np.zeros((problem.n_features, C)),
                 coherence=np.zeros(C),
+                certificate=(Certificate.zero(N, problem.n_features, C, blocks.n_clients)
+                             if self.certify else None),
             )
         return HyFDCAState(
             problem=problem,
@@ -287,18 +304,34 @@ class HyFDCA:
         return state.w
 
     def duals(self, state: HyFDCAState) -> np.ndarray:
+        """The duals the rule stands behind: with ``cocoa`` the certified ones
+        (:mod:`hyfl.algorithms.hyfdca_certify`), whose dual never falls."""
+        if state.local is not None and state.local.certificate is not None:
+            return certified_pair(state)[1]
         return state.alpha
 
     def models(self, state: HyFDCAState) -> list[tuple[str, np.ndarray, np.ndarray]]:
         """Candidate (name, weights, duals) pairs; the engine reports the best certified one.
 
-        The ``cocoa`` rule offers its last iterate and its running average
-        (see :mod:`hyfl.algorithms.hyfdca_local`); the other rules the last iterate.
+        The ``cocoa`` rule pairs its certified duals with three weights: the
+        exploration's last iterate, its running average (see
+        :mod:`hyfl.algorithms.hyfdca_local`) and the certified duals' exact
+        image. Any weights with feasible duals give a valid gap. The other
+        rules offer their last iterate.
         """
-        models = [("last", state.w, state.alpha)]
-        if state.local is not None and state.t > 0:
-            models.append(("average", state.local.average_w,
-                           state.local.average_alpha.value(state.alpha)))
+        if state.local is None:
+            return [("last", state.w, state.alpha)]
+        if state.local.certificate is None:  # the last iterate and the running average
+            models = [("last", state.w, state.alpha)]
+            if state.t > 0:
+                models.append(("average", state.local.average_w,
+                               state.local.average_alpha.value(state.alpha)))
+            return models
+        w_certified, alpha = certified_pair(state)
+        models = [("last", state.w, alpha)]
+        if state.t > 0:
+            models.append(("average", state.local.average_w, alpha))
+            models.append(("certified", w_certified, alpha))
         return models
 
     def round_stats(self, state: HyFDCAState) -> dict[str, float]:
@@ -507,6 +540,10 @@ class HyFDCA:
         fresh = active[holder_clients]
         fresh_sq_sip = np.bincount(holder_slot[fresh], weights=holder_sq[fresh],
                                    minlength=sip_samples.size)
+        # With every holder of these samples active and a consistent state the line
+        # search below is exact (hyfl.algorithms.hyfdca_certify).
+        certificate = local.certificate
+        exact = certificate is None or bool(certificate.current and fresh.all())
         del holder_rows, holder_clients, holder_sq, fresh
         tic = time.perf_counter()
         z = server_sum_over_holders(parts, holder_slot, sip_samples.size)
@@ -613,20 +650,25 @@ class HyFDCA:
         quadratic, local.coherence = line_search_curvature(
             np.sum(dw * dw, axis=0), full, active_part, samples.size, local.coherence, lam, N
         )
+        # An exact round searches [0, 1]; otherwise the certificate's trust bounds the step.
+        limit = 1.0 if exact else certificate.trust
         step = line_search(
             loss,
-            conjugate_gains(loss, alpha_before, direction, y),
+            conjugate_gains(loss, alpha_before, direction, y, limit),
             np.sum(z[at_sip] * direction, axis=0),
             quadratic,
             N,
+            limit,
         )
         io.server_seconds += time.perf_counter() - tic
-        traffic["totals"] = (int(clients.size), C * (line_search_points(loss).size + 3))
+        traffic["totals"] = (int(clients.size), C * (line_search_points(loss, limit).size + 3))
         io.floats_down += 2 * C  # ||dw||^2 and the remembered coherence to the judging client
         io.floats_up += 2 * C  # the judge's step and the coherence to remember
 
         # 8. Commit: every active client learns t and its new weights; for each
         # updated sample one active holder sends the encrypted change of its dual.
+        if not exact:  # the certified pair stays where the round starts
+            materialize_certificate(state)
         change = direction * step[None, :]
         state.alpha[samples] += change
         state.alpha_local[updated_rows] += change[updated_slot]
@@ -640,12 +682,15 @@ class HyFDCA:
         local.previous_step[samples] = change
         local.previous_samples = samples
         local.previous_dw = applied_dw
-        local.sigma = next_sigma(local.sigma, step, local.sigma_ceiling)
+        # sigma follows the step relative to what the line search could take.
+        local.sigma = next_sigma(local.sigma, step / limit, local.sigma_ceiling)
         local.average_alpha.update(samples[moved], alpha_before[moved],
                                    state.alpha[samples[moved]])
         rho = average_weight(t)
         local.average_w *= 1.0 - rho
         local.average_w += rho * state.w
+        if certificate is not None:
+            certify_round(state, active, samples[moved], exact)
 
         stats = {
             "updated_samples": float(samples.size),
@@ -913,6 +958,7 @@ class LocalState:
     average_w: np.ndarray
     previous_samples: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     coherence: np.ndarray = field(default_factory=lambda: np.zeros(1))  # see line_search_curvature
+    certificate: Certificate | None = None  # see hyfl.algorithms.hyfdca_certify
 
 
 @dataclass
@@ -1146,6 +1192,89 @@ def server_aggregate_duals(
     """``gamma_t / |B_i| * sum of the steps for i`` for each updated sample."""
     total = hyfdca_kernels.sum_by_slot(delta, slot, samples.size)  # np.add.at's order
     return total * (gamma_t / n_holders[samples])[:, None]
+
+
+def certified_pair(state: HyFDCAState) -> tuple[np.ndarray, np.ndarray]:
+    """The ``cocoa`` rule's certified (weights, duals) (:mod:`hyfl.algorithms.hyfdca_certify`)."""
+    cert = state.local.certificate
+    if cert.current:
+        return state.w, state.alpha
+    return cert.w, cert.alpha
+
+
+def materialize_certificate(state: HyFDCAState) -> None:
+    """Before the exploration leaves a certified pair, keep a copy of it."""
+    cert = state.local.certificate
+    if not cert.current:
+        return
+    problem = state.problem
+    cert.alpha = state.alpha.copy()
+    cert.w = state.w.copy()
+    cert.conjugate = conjugate_sums(problem.loss, cert.alpha, problem.Y)
+    cert.current = False
+
+
+def certify_round(state: HyFDCAState, active: np.ndarray, moved: np.ndarray, exact: bool):
+    """The certificate's bookkeeping at the end of a ``cocoa`` round.
+
+    Marks which clients' block images became stale (absent holders of the
+    samples that moved), which pending clients sent their image of the open
+    checkpoint (the active ones, with their refresh), certifies the
+    checkpoint once none is missing, and opens the next one. An exact round
+    from a certified state leaves the certified pair current.
+    """
+    cert = state.local.certificate
+    blocks = state.blocks
+    cert.stale[active] = False
+    if moved.size:
+        _, _, holders = hyfdca_kernels.holder_rows(blocks, moved)
+        cert.stale[holders[~active[holders]]] = True
+    if exact and cert.current:
+        return
+    if cert.checkpoint is not None:
+        cert.pending &= ~active
+        if not cert.pending.any():
+            _certify_checkpoint(state)
+    if cert.checkpoint is None and not cert.current:
+        cert.checkpoint = state.alpha.copy()
+        cert.pending = cert.stale.copy()
+        if cert.pending.any():
+            # What the stale clients' images of the checkpoint will add up to
+            # (computed here at once; the server learns it when the last one returns).
+            problem = state.problem
+            cert.checkpoint_w = np.asarray(problem.X.T @ cert.checkpoint) / (
+                problem.lam * problem.n_samples)
+        else:
+            cert.checkpoint_w = state.w.copy()
+            _certify_checkpoint(state)
+
+
+def _certify_checkpoint(state: HyFDCAState) -> None:
+    """Certify the checkpoint where its dual did not fall; elsewhere restart the
+    exploration from the certified pair (:mod:`hyfl.algorithms.hyfdca_certify`)."""
+    cert, problem, local = state.local.certificate, state.problem, state.local
+    checkpoint, checkpoint_w = cert.checkpoint, cert.checkpoint_w
+    cert.checkpoint = cert.checkpoint_w = None
+    # The conjugate sum at the checkpoint: in the protocol the server keeps it
+    # from the line searches' encrypted sums; here it is recomputed.
+    checkpoint_conjugate = conjugate_sums(problem.loss, checkpoint, problem.Y)
+    accepted = checkpoint_accepted(cert.w, cert.conjugate, checkpoint_w, checkpoint_conjugate,
+                       problem.lam, problem.n_samples)
+    cert.trust = next_trust(cert.trust, accepted)
+    if accepted:
+        cert.alpha, cert.w, cert.conjugate = checkpoint, checkpoint_w, checkpoint_conjugate
+        if not cert.stale.any() and np.array_equal(checkpoint, state.alpha):
+            cert.current = True  # the exploration sits on the certified pair
+        return
+    # Restart the exploration from the certified pair: the server restores its block
+    # images and ciphertexts, every client its copy.
+    state.alpha[:] = cert.alpha
+    state.w[:] = cert.w
+    state.alpha_local[:] = cert.alpha[state.blocks.row_sample]
+    local.previous_step[:] = 0.0
+    local.previous_dw[:] = 0.0
+    cert.stale[:] = False
+    cert.current = True
 
 
 def _row_squared_norms(X: sp.csr_matrix, chunk: int = 8192) -> np.ndarray:

@@ -511,28 +511,34 @@ def momentum_direction(loss: Loss, alpha, proposal, previous, mu, y) -> np.ndarr
     return direction
 
 
-def conjugate_gains(loss: Loss, alpha, direction, y) -> np.ndarray:
+def conjugate_gains(loss: Loss, alpha, direction, y, limit: float = 1.0) -> np.ndarray:
     """``sum_i l*(-alpha_i) - l*(-(alpha_i + t d_i))`` at the line search's points.
 
     The points are ``(1/2, 1)`` when the conjugate is quadratic (enough to know
-    the dual along the segment exactly) and :data:`GRID` otherwise.
+    the dual along the segment exactly) and :data:`GRID` scaled to ``[0, limit]``
+    otherwise.
 
     Returns
     -------
     ndarray, shape (P, C)
     """
-    points = line_search_points(loss)
+    points = line_search_points(loss, limit)
     base = loss.conjugate(alpha, y)
     return np.stack([np.sum(base - loss.conjugate(alpha + t * direction, y), axis=0)
                      for t in points])
 
 
-def line_search_points(loss: Loss) -> np.ndarray:
-    return np.array([0.5, 1.0]) if loss.quadratic_conjugate else GRID
+def line_search_points(loss: Loss, limit: float = 1.0) -> np.ndarray:
+    return np.array([0.5, 1.0]) if loss.quadratic_conjugate else float(limit) * GRID
 
 
-def line_search(loss: Loss, gains, margin_term, quadratic, n_samples: int) -> np.ndarray:
-    """Best step in ``[0, 1]`` along the round's direction, per output.
+def line_search(loss: Loss, gains, margin_term, quadratic, n_samples: int,
+                limit: float = 1.0) -> np.ndarray:
+    """Best step in ``[0, limit]`` along the round's direction, per output.
+
+    ``limit`` (at most 1) is the certificate's trust in the round's estimate
+    (:mod:`hyfl.algorithms.hyfdca_certify`); ``gains`` are taken at
+    ``line_search_points(loss, limit)``.
 
     The dual changes by ``phi(t) = (g(t) - t * margin_term) / N - t^2 * quadratic``
     where ``g`` is given by ``gains`` at :func:`line_search_points`,
@@ -554,11 +560,12 @@ def line_search(loss: Loss, gains, margin_term, quadratic, n_samples: int) -> np
         b = curvature / N - quadratic  # <= 0: the dual is concave
         with np.errstate(divide="ignore", invalid="ignore"):
             t = np.where(b < 0, -a / (2.0 * np.where(b < 0, b, -1.0)), np.where(a > 0, 1.0, 0.0))
-        return np.clip(np.nan_to_num(t, nan=0.0), 0.0, 1.0)
-    points = GRID[:, None]
+        return np.clip(np.nan_to_num(t, nan=0.0), 0.0, float(limit))
+    grid = float(limit) * GRID
+    points = grid[:, None]
     values = (gains - points * margin_term[None, :]) / N - points**2 * quadratic[None, :]
     best = np.argmax(values, axis=0)
-    t = GRID[best]
+    t = grid[best]
     return np.where(values[best, np.arange(values.shape[1])] > 0, t, 0.0)
 
 

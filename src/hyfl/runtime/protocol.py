@@ -41,6 +41,7 @@ from hyfl.runtime.simulation import (
     budget_record,
     check_sim_time_budget,
     evaluate,
+    keep_best,
     random_streams,
 )
 
@@ -257,6 +258,7 @@ def run_protocol(
         if hyfdca.step_rule == "cocoa" and monitor_duals else None
     )
     chosen = {"weights": server.w, "duals": None}
+    kept = {"best": None}  # see hyfl.runtime.simulation.keep_best
 
     def record(t: int) -> None:
         row = {"iteration": float(t)}
@@ -266,6 +268,11 @@ def run_protocol(
         if average_duals is not None and t > 0:
             candidates.append(("average", server.average_w, average_duals.value(duals)))
         index, _, w, alpha, primal, dual = best_certified(problem, hyfdca, t, candidates)
+        if alpha is not None:  # the best weights and duals so far, as the stacked engine
+            kept["best"] = keep_best(kept["best"], t, index, w, alpha, primal, dual)
+            index, w, alpha, primal, dual = (kept["best"][k] for k in
+                                             ("index", "w", "alpha", "primal", "dual"))
+            row["model_round"] = float(kept["best"]["round"])
         chosen.update(weights=w, duals=alpha)
         row.update(evaluate(problem, w, alpha, optimum, validation, train_labels,
                             primal=primal, dual=dual))

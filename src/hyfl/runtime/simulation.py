@@ -363,11 +363,15 @@ class Evaluator:
     """Evaluates the server's model for the loop and keeps the model a run returns.
 
     An algorithm may offer several candidate models (``models(state)`` giving
-    ``(name, weights, duals)``; HyFDCA's default rule offers its last iterate
-    and its running average). The evaluator reports, and the run returns, the
-    candidate with the smallest duality gap -- the best certified one. A model
-    whose objective is NaN or infinite stops the run with an error naming the
-    algorithm and its settings.
+    ``(name, weights, duals)``; HyFDCA's default rule offers its last iterate,
+    its running average and the image of its certified duals). The evaluator
+    reports, and the run returns, the candidate with the smallest duality gap
+    -- the best certified one -- and for algorithms with duals it keeps the
+    best certified pair seen so far (the zero model of round 0 included): the
+    gap a run reports never rises, and the model it returns is never worse than
+    one it has certified (column ``model_round``: the round the reported model
+    is from). A model whose objective is NaN or infinite stops the run with an
+    error naming the algorithm and its settings.
     """
 
     def __init__(self, problem, optimum, validation, train_labels, on_evaluate=None):
@@ -387,6 +391,8 @@ class Evaluator:
 
         (A resumed run that had nothing left to do reads the choice from its metrics.)
         """
+        if run.best is not None:
+            return run.best["w"], run.best["alpha"]
         candidates = self.candidates(algorithm, state)
         index = self.chosen
         if index is None:
@@ -401,6 +407,12 @@ class Evaluator:
         )
         self.chosen = index
         row = {"iteration": float(t)}
+        if alpha is not None:
+            run.best_before = run.best
+            run.best = keep_best(run.best, t, index, w, alpha, primal, dual)
+            index, w, alpha, primal, dual = (run.best[k] for k in
+                                             ("index", "w", "alpha", "primal", "dual"))
+            row["model_round"] = float(run.best["round"])
         row.update(evaluate(problem, w, alpha, self.optimum, self.validation,
                             self.train_labels, primal=primal, dual=dual))
         row["model"] = float(index)  # which candidate: 0 the last iterate, 1 the average
@@ -415,6 +427,24 @@ class Evaluator:
         if self.on_evaluate is not None:
             self.on_evaluate(row)
         return row
+
+
+def keep_best(best: dict | None, t: int, index: int, w, alpha, primal: float, dual: float):
+    """The best weights and the best duals seen so far, this round's included (copied).
+
+    Any weights and any feasible duals certify each other (``P(w) - P* <=
+    P(w) - D(alpha)``), so the pair of the lowest primal and the highest dual
+    seen has the smallest gap of all pairs seen: the primal, the dual and the
+    gap a run reports never get worse, and the model it returns is never
+    worse than one it has seen (the zero model of round 0 included).
+    """
+    best = {} if best is None else dict(best)
+    if not best or primal <= best["primal"]:
+        best.update(round=int(t), index=int(index), w=np.array(w, copy=True),
+                    primal=float(primal))
+    if "dual" not in best or dual >= best["dual"]:
+        best.update(alpha=np.array(alpha, copy=True), dual=float(dual))
+    return best
 
 
 def best_certified(problem: Problem, algorithm, t: int, candidates):
@@ -545,6 +575,8 @@ def _resumed_budget_check(
     last = run.metrics[-1]
     if int(last["iteration"]) == run.t and run.t % eval_every != 0:
         run.metrics.pop()
+        if "model_round" in last:  # that evaluation's model is not kept either
+            run.best = run.best_before
     return False
 
 
@@ -561,6 +593,8 @@ class _RunProgress:
     round_times: list[float] = field(default_factory=list)
     resumed_from: list[int] = field(default_factory=list)
     stopped_by: str | None = None
+    best: dict | None = None  # the best certified pair so far (see Evaluator, keep_best)
+    best_before: dict | None = None  # and as it was before the last evaluation
 
 
 # ---------------------------------------------------------------------------
