@@ -355,7 +355,7 @@ class ReferenceCocoa:
             offset += n
 
         sip = sorted({int(i) for k in active for i in self.clients[k].samples})
-        exact = not self.cfg.certify or (
+        exact = not self.cfg.certified or (
             self.cert_current and all(k in active for i in sip for k in self.holders[i]))
         for k in active:
             c = self.clients[k]
@@ -489,6 +489,6 @@ class ReferenceCocoa:
         for k in active:
             self.clients[k].w = self.w[self.clients[k].features].copy()
         self.prev_active = set(active)
-        if self.cfg.certify:
+        if self.cfg.certified:
             self.end_round(active, exact)
         return step

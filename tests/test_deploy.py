@@ -517,6 +517,11 @@ SETTINGS = {
     # model rides along with the round's instructions, or with the refreshed weights).
     "hybrid, paillier, partial, cocoa": (
         "paillier", "local_steps=3", "0.6", lambda p: _hybrid3(p.n_samples, p.n_features)),
+    # The certificate (hyfl.algorithms.hyfdca_certify): checkpoints, images from returning
+    # parties, a judge's verdicts (test_in_process_certificate_restarts forces restarts).
+    "hybrid, packed, partial, cocoa, certified": (
+        "packed", "local_steps=3,certify=true", "0.4",
+        lambda p: _hybrid3(p.n_samples, p.n_features)),
     "grid, packed, cyclic, cocoa": (
         "packed", "local_steps=2", "cyclic:2", lambda p: grid(p.n_samples, p.n_features, 2, 2)),
     "horizontal, ckks, partial, cocoa": (
@@ -582,6 +587,29 @@ def test_in_process_deployment_reproduces_run_protocol(tmp_path, problem, keys, 
                              "public", "average_w", "sigma", "sigma_ceiling", "cipher", "rng",
                              "direction_parts", "direction_dw", "previous_dw")}
         assert audit([("server state", held)], private) == []
+
+
+def test_in_process_certificate_restarts(tmp_path, problem, keys, monkeypatch):
+    """The certificate's restarts deployed: verdicts forced by a deterministic function of
+    the judged duals (the same in both runs), so that checkpoints fall and parties reset
+    their copies from the notices they missed; the iterates are run_protocol's."""
+    from hyfl.algorithms import hyfdca_parties
+
+    monkeypatch.setattr(hyfdca_parties, "accepts",
+                        lambda checkpoint, certified: int(abs(checkpoint) * 1e7) % 3 != 0)
+    partition = _hybrid3(problem.n_samples, problem.n_features)
+    results, weights, protocol, history, clients, transport = _in_process(
+        tmp_path, problem, partition, keys, cipher="none", hyper="local_steps=3,certify=true",
+        participation="0.4", iterations=16, worker=True, restarts=(3, 7, 11))
+    assert results["status"] == "completed"
+    np.testing.assert_array_equal(weights[1:], np.stack(history))
+    from hyfl.algorithms.hyfdca_certify import EVENTS
+
+    assert EVENTS["reject"] in transport.server.cert.events  # a checkpoint fell: restarts
+    for column in ("bytes_up", "bytes_down", "encryptions", "decryptions", "additions",
+                   "round_trips"):
+        per_round = np.diff(protocol.column(column))
+        np.testing.assert_array_equal([r[column] for r in results["rounds"]], per_round, column)
 
 
 def test_the_deployed_default_learns(tmp_path, keys):

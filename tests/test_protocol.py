@@ -105,6 +105,46 @@ def test_protocol_reproduces_the_stacked_engine(problem, ciphers, setting, ciphe
         np.testing.assert_array_equal(secure.column(column), stacked.column(column), column)
 
 
+def _verdicts():
+    """Accept, fall, accept, ...: every second checkpoint is declared fallen."""
+    count = 0
+    while True:
+        count += 1
+        yield count % 2 != 0
+
+
+@pytest.mark.parametrize("cipher_name", ["none", "paillier", "packed", "ckks"])
+@pytest.mark.parametrize("loss", ["hinge", "logistic"])
+def test_the_certificate_runs_the_same_in_the_protocol(ciphers, cipher_name, loss, monkeypatch):
+    # hyfl.algorithms.hyfdca_certify: checkpoints, their images from returning clients,
+    # the judge's verdicts and the restarts. Small problems rarely overshoot, so both
+    # engines are handed the same schedule of verdicts, with restarts among them.
+    from hyfl.algorithms import hyfdca as engine
+    from hyfl.algorithms import hyfdca_parties as parties
+
+    problem = make_problem(synthetic(), loss, 0.05)
+    n, m = problem.n_samples, problem.n_features
+    engine_verdicts, party_verdicts = _verdicts(), _verdicts()
+    monkeypatch.setattr(engine, "checkpoint_accepted", lambda *args: next(engine_verdicts))
+    monkeypatch.setattr(parties, "accepts", lambda *args: next(party_verdicts))
+    cipher = ciphers[cipher_name]
+    iterations = 16 if cipher_name != "paillier" else 8
+    hyfdca = HyFDCA(certify=True)
+    partition, participation = grid(n, m, 3, 3), RandomFraction(9, 0.4)
+    stacked = simulate(hyfdca, problem, partition, participation, iterations, seed=3,
+                       cipher=cipher)
+    secure = run_protocol(hyfdca, problem, partition, participation, iterations, cipher, seed=3)
+    assert next(engine_verdicts) == next(party_verdicts)  # as many verdicts in both
+    tol = 1e-11 if cipher_name == "none" else 1e-8
+    np.testing.assert_allclose(secure.weights, stacked.weights, atol=tol, rtol=0)
+    np.testing.assert_allclose(secure.duals, stacked.duals, atol=tol, rtol=0)
+    for column in ("primal", "dual"):
+        np.testing.assert_allclose(secure.column(column), stacked.column(column), rtol=1e-7)
+    for column in ("round_trips", "encryptions", "decryptions", "additions", "bytes_up",
+                   "bytes_down"):
+        np.testing.assert_array_equal(secure.column(column), stacked.column(column), column)
+
+
 class SlottedPlain(PlainCipher):
     """Exact floats, but ``slots`` values per "ciphertext" (a 1-D float array): packing and
     compact layouts in plaintext, so the protocol can be compared at rounding precision."""
@@ -247,14 +287,18 @@ def _walk(obj, seen=None):
 
 
 ALLOWED_PLAINTEXT = ("w", "primal_parts", "primal_sum", "saved", "beta", "beta_min", "public",
-                     "average_w", "sigma", "sigma_ceiling")
+                     "average_w", "sigma", "sigma_ceiling", "limit", "decisions", "leave",
+                     "exact", "stepped", "checkpoint_w", "cert")
 """Server attributes that are meant to be plaintext: the model, its parts and its running
 average (not secret in HyFDCA, which encrypts the duals instead), the safe rule's and the
-cocoa rule's step scalings, and public facts (sizes, the layout, who holds which sample)."""
+cocoa rule's step scalings, the certificate's bookkeeping (the certified and checkpoint
+models and parts, which clients are stale, the notices, the trust; its duals and
+conjugate sums are ciphertexts), and public facts (sizes, the layout, who holds which
+sample)."""
 
 
 @pytest.mark.parametrize("step_rule, cipher_name", [("safe", "paillier"), ("cocoa", "paillier"),
-                                                    ("safe", "packed")])
+                                                    ("safe", "packed"), ("certified", "paillier")])
 def test_server_never_holds_or_receives_a_dual_or_inner_product_in_plaintext(problem, step_rule,
                                                                               cipher_name):
     # packed: the compact layouts, with the clients' dual changes among the replies
@@ -272,7 +316,8 @@ def test_server_never_holds_or_receives_a_dual_or_inner_product_in_plaintext(pro
             leaves.extend(_walk(value))
         held.append(leaves)
 
-    hyfdca = HyFDCA(local_steps=3, step_rule="safe") if step_rule == "safe" else HyFDCA()
+    hyfdca = {"safe": HyFDCA(local_steps=3, step_rule="safe"), "cocoa": HyFDCA(),
+              "certified": HyFDCA(certify=True)}[step_rule]
     duals = []
     run_protocol(hyfdca, problem, grid(n, m, 3, 3), RandomFraction(9, 0.6), 6,
                  spy, seed=0, wire=wire,
@@ -383,7 +428,7 @@ def _features(partition, k):
     return stack(partition, synthetic().X).client_features[k]
 
 
-@pytest.mark.parametrize("step_rule", ["safe", "cocoa"])
+@pytest.mark.parametrize("step_rule", ["safe", "cocoa", "certified"])
 def test_each_client_receives_only_its_own_duals_and_weights(problem, step_rule):
     n, m = problem.n_samples, problem.n_features
     partition = grid(n, m, 3, 3)
@@ -393,7 +438,8 @@ def test_each_client_receives_only_its_own_duals_and_weights(problem, step_rule)
     def keep(server, clients):
         parties["server"], parties["clients"] = server, clients
 
-    hyfdca = HyFDCA(local_steps=3, step_rule="safe") if step_rule == "safe" else HyFDCA()
+    hyfdca = {"safe": HyFDCA(local_steps=3, step_rule="safe"), "cocoa": HyFDCA(),
+              "certified": HyFDCA(certify=True)}[step_rule]
     run_protocol(hyfdca, problem, partition, RandomFraction(9, 0.6), 6,
                  make_cipher("packed", key_bits=KEY_BITS), seed=0, wire=wire, on_round=keep)
     server, clients = parties["server"], parties["clients"]
@@ -403,7 +449,8 @@ def test_each_client_receives_only_its_own_duals_and_weights(problem, step_rule)
         client = clients[k]
         own_chunks = layout.chunks_of(client.samples)
         for leaf in _walk(payload):
-            if isinstance(leaf, EncryptedVector) and kind != "totals":
+            # totals: summed scalars; certify: the two conjugate sums a judge decides on
+            if isinstance(leaf, EncryptedVector) and kind not in ("totals", "certify"):
                 # Chunks hold only samples of one holder group, so these are its own samples.
                 assert np.isin(leaf.chunks, own_chunks).all(), (k, kind)
                 holders = layout.chunk_holders[leaf.chunks]
@@ -414,8 +461,10 @@ def test_each_client_receives_only_its_own_duals_and_weights(problem, step_rule)
             elif isinstance(leaf, np.ndarray) and leaf.dtype.kind == "f":
                 # cocoa: public scalars per output (step, momentum, ||dw||^2) and the Gram
                 # matrices of the client's own model moves -- functions of w alone.
-                assert kind in ("commit", "momentum", "totals", "inner_products"), kind
-                assert leaf.shape[0] == server.w.shape[1]
+                # certify: the squared norms of the certified and the checkpoint's w.
+                assert kind in ("commit", "momentum", "totals", "inner_products",
+                                "certify"), kind
+                assert leaf.shape[0] == (2 if kind == "certify" else server.w.shape[1])
             elif isinstance(leaf, np.ndarray) and leaf.dtype.kind in "iu":
                 assert leaf.size == 0 or (leaf.min() >= 0 and leaf.max() < client.samples.size)
 

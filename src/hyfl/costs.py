@@ -553,6 +553,13 @@ def count_he_operations(traffic: dict, layout, value_slots: int | None = None) -
     ``dual_commit`` (samples)
         ``cocoa``: the applied dual changes, encrypted by one active holder per
         sample and added into the stored duals.
+    ``checkpoint_down`` (clients, samples)
+        ``cocoa`` with the certificate: the checkpoint's duals sent to the clients
+        whose image of it is missing; decrypted.
+    ``conjugate_up`` (int)
+        Ciphertexts of the judge's conjugate-sum change, added into the server's sum.
+    ``certify_down`` (int)
+        Ciphertexts of the conjugate sums a judge decrypts to decide on a checkpoint.
 
     Layouts (see :mod:`hyfl.privacy.layout`): what the server stores stays in
     ``layout``; values summed within the round travel in the round's compact
@@ -618,7 +625,14 @@ def count_he_operations(traffic: dict, layout, value_slots: int | None = None) -
         up += n
         enc += n
         add += n - (int(layout.chunks_of(samples).size) if len(samples) else 0)
-    n = _chunks(layout, traffic, "momentum_down")
+    n = _chunks(layout, traffic, "momentum_down") + _chunks(layout, traffic, "checkpoint_down")
+    down += n
+    dec += n
+    n = int(traffic.get("conjugate_up", 0))
+    up += n
+    enc += n
+    add += n
+    n = int(traffic.get("certify_down", 0))
     down += n
     dec += n
     if "dual_commit" in traffic:

@@ -152,11 +152,13 @@ class HyFDCA:
         low-dimensional data; memory and time per round grow with it).
     momentum : float, default 0.95
         ``cocoa`` only: largest momentum coefficient (0 disables momentum).
-    certify : bool, default False
-        ``cocoa`` only: keep a certified pair whose dual never falls, whatever the
-        participation (:mod:`hyfl.algorithms.hyfdca_certify`); the rule then
-        stands behind the certified duals. The stacked engine runs it; the
-        protocol engine and the deployment do not yet, so it is off by default.
+    certify : bool, default True
+        With the ``cocoa`` rule: keep a certified pair whose dual never falls,
+        whatever the participation (:mod:`hyfl.algorithms.hyfdca_certify`); the
+        rule then stands behind the certified duals. Every engine runs it (the
+        stacked one, the protocol with real ciphers, the Flower deployment).
+        ``False`` gives the rule without it, whose dual can fall with few
+        clients a round. The other rules ignore it.
     refresh_inner_products : bool, default False
         Run the second SecureInnerProduct at the end of each outer iteration.
     sip_scope : {"all", "drawn"}, default "all"
@@ -181,7 +183,7 @@ class HyFDCA:
     client_weight: str = "N_k/N"
     history: int | None = None
     momentum: float = DEFAULT_MOMENTUM
-    certify: bool = False
+    certify: bool = True
     refresh_inner_products: bool = False
     sip_scope: str = "all"
     name: str = "hyfdca"
@@ -217,9 +219,6 @@ class HyFDCA:
         if not 0.0 <= momentum < 1.0:
             raise fail("momentum", f"must be in [0, 1), got {self.momentum!r}",
                        "Pass e.g. momentum=0.95, or 0 to disable momentum.")
-        if self.certify and self.step_rule != "cocoa":
-            raise fail("certify", f"is for the cocoa step rule, not {self.step_rule!r}",
-                       "Use certify=True with step_rule='cocoa' (the default rule)")
         if self.step_rule == "cocoa":
             if self.sip_scope != "all":
                 raise fail(
@@ -236,6 +235,11 @@ class HyFDCA:
 
     def config(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def certified(self) -> bool:
+        """Whether the rule keeps the certificate (the ``cocoa`` rule with ``certify``)."""
+        return bool(self.certify) and self.step_rule == "cocoa"
 
     def history_depth(self, n_features: int) -> int:
         """``history``, or its default for data with ``n_features`` features."""
@@ -276,7 +280,7 @@ class HyFDCA:
                 average_w=np.zeros((problem.n_features, C)),
                 coherence=np.zeros(C),
                 certificate=(Certificate.zero(N, problem.n_features, C, blocks.n_clients)
-                             if self.certify else None),
+                             if self.certified else None),
             )
         return HyFDCAState(
             problem=problem,
@@ -364,6 +368,8 @@ class HyFDCA:
         receivers = active if self.step_rule == "cocoa" else newcomers
         state.snapshots.record(state.w, active & ~receivers)
         log_last_round(state)
+        if state.local is not None and state.local.certificate is not None:
+            certificate_configure(state, active, io)
         refreshed = None
         if newcomers.any() and state.t > 0:
             stale = _stale_rows(state, newcomers)
@@ -381,7 +387,7 @@ class HyFDCA:
             state, stats = self._per_sample_round(state, active, rng, io, t)
         stats["round_trips"] = self.round_trips(
             refreshed=bool(newcomers.any() and state.t > 0), horizontal=state.horizontal
-        )
+        ) + stats.pop("certifications", 0.0)  # a judge's exchange each (hyfdca_certify)
         stats.update(
             active_clients=float(np.count_nonzero(active)),
             floats_up=float(io.floats_up),
@@ -668,7 +674,7 @@ class HyFDCA:
         # 8. Commit: every active client learns t and its new weights; for each
         # updated sample one active holder sends the encrypted change of its dual.
         if not exact:  # the certified pair stays where the round starts
-            materialize_certificate(state)
+            materialize_certificate(state, active)
         change = direction * step[None, :]
         state.alpha[samples] += change
         state.alpha_local[updated_rows] += change[updated_slot]
@@ -689,8 +695,16 @@ class HyFDCA:
         rho = average_weight(t)
         local.average_w *= 1.0 - rho
         local.average_w += rho * state.w
+        certifications = 0
         if certificate is not None:
-            certify_round(state, active, samples[moved], exact)
+            # The judge also sends the conjugate sum's change at the step taken; a round
+            # whose step is positive may have moved any of its samples (the server
+            # cannot tell a zero change inside a packed ciphertext).
+            traffic["conjugate_up"] = 1
+            certifications = certify_round(state, active, samples if np.any(step > 0)
+                                           else samples[:0], exact, t)
+            traffic["certify_down"] = 2 * certifications
+            io.floats_down += 2 * certifications  # the two squared norms of w
 
         stats = {
             "updated_samples": float(samples.size),
@@ -699,6 +713,7 @@ class HyFDCA:
             "sigma": float(local.sigma),
             "momentum": float(np.mean(mu)),
             "client_share_max": busiest_share,
+            "certifications": float(certifications),
         }
         return state, stats
 
@@ -1202,8 +1217,9 @@ def certified_pair(state: HyFDCAState) -> tuple[np.ndarray, np.ndarray]:
     return cert.w, cert.alpha
 
 
-def materialize_certificate(state: HyFDCAState) -> None:
-    """Before the exploration leaves a certified pair, keep a copy of it."""
+def materialize_certificate(state: HyFDCAState, active: np.ndarray) -> None:
+    """Before the exploration leaves a certified pair, keep a copy of it (the active
+    clients are told with the round's commit, the others when they next take part)."""
     cert = state.local.certificate
     if not cert.current:
         return
@@ -1212,16 +1228,45 @@ def materialize_certificate(state: HyFDCAState) -> None:
     cert.w = state.w.copy()
     cert.conjugate = conjugate_sums(problem.loss, cert.alpha, problem.Y)
     cert.current = False
+    cert.events += 1  # EVENTS["leave"]
+    cert.cursor[active] = cert.events
 
 
-def certify_round(state: HyFDCAState, active: np.ndarray, moved: np.ndarray, exact: bool):
+def certificate_configure(state: HyFDCAState, active: np.ndarray, io: RoundIO) -> None:
+    """What the round's instructions carry for the certificate, and the clients' answers.
+
+    Every active client gets the line search's limit and the certificate's notices it
+    missed; an active client whose image of the open checkpoint is missing gets the
+    checkpoint's duals where its copy differs (before its refresh) and sends that image.
+    """
+    cert, blocks = state.local.certificate, state.blocks
+    clients = np.flatnonzero(active)
+    io.floats_down += clients.size  # the limit
+    io.ids_down += float(np.sum(cert.events - cert.cursor[clients]))
+    cert.cursor[clients] = cert.events
+    if cert.checkpoint is None:
+        return
+    asked = clients[cert.pending[clients]]
+    if asked.size == 0:
+        return
+    rowptr = blocks.client_rowptr
+    rows = concat_ranges(rowptr[asked], rowptr[asked + 1] - rowptr[asked])
+    samples = blocks.row_sample[rows]
+    differ = np.any(state.alpha_local[rows] != cert.checkpoint[samples], axis=1)
+    io.traffic["checkpoint_down"] = (blocks.clients_of(rows[differ]), samples[differ])
+    io.floats_up += float(np.sum(state.feature_counts[asked])) * state.w.shape[1]
+    cert.pending[asked] = False
+
+
+def certify_round(state: HyFDCAState, active: np.ndarray, moved: np.ndarray, exact: bool,
+                  t: int) -> int:
     """The certificate's bookkeeping at the end of a ``cocoa`` round.
 
     Marks which clients' block images became stale (absent holders of the
-    samples that moved), which pending clients sent their image of the open
-    checkpoint (the active ones, with their refresh), certifies the
-    checkpoint once none is missing, and opens the next one. An exact round
-    from a certified state leaves the certified pair current.
+    samples that may have moved), certifies the open checkpoint once no
+    client's image of it is missing, and opens the next one. An exact round
+    from a certified state leaves the certified pair current. Returns how many
+    checkpoints a judge decided on (each one exchange).
     """
     cert = state.local.certificate
     blocks = state.blocks
@@ -1230,14 +1275,18 @@ def certify_round(state: HyFDCAState, active: np.ndarray, moved: np.ndarray, exa
         _, _, holders = hyfdca_kernels.holder_rows(blocks, moved)
         cert.stale[holders[~active[holders]]] = True
     if exact and cert.current:
-        return
+        return 0
+    decided = 0
     if cert.checkpoint is not None:
         cert.pending &= ~active
         if not cert.pending.any():
-            _certify_checkpoint(state)
+            _certify_checkpoint(state, t)
+            decided += 1
     if cert.checkpoint is None and not cert.current:
         cert.checkpoint = state.alpha.copy()
         cert.pending = cert.stale.copy()
+        cert.opened_at = t
+        cert.events += 1  # EVENTS["checkpoint"]
         if cert.pending.any():
             # What the stale clients' images of the checkpoint will add up to
             # (computed here at once; the server learns it when the last one returns).
@@ -1246,25 +1295,28 @@ def certify_round(state: HyFDCAState, active: np.ndarray, moved: np.ndarray, exa
                 problem.lam * problem.n_samples)
         else:
             cert.checkpoint_w = state.w.copy()
-            _certify_checkpoint(state)
+            _certify_checkpoint(state, t)
+            decided += 1
+    return decided
 
 
-def _certify_checkpoint(state: HyFDCAState) -> None:
-    """Certify the checkpoint where its dual did not fall; elsewhere restart the
+def _certify_checkpoint(state: HyFDCAState, t: int) -> None:
+    """Certify the checkpoint if its dual did not fall; otherwise restart the
     exploration from the certified pair (:mod:`hyfl.algorithms.hyfdca_certify`)."""
     cert, problem, local = state.local.certificate, state.problem, state.local
     checkpoint, checkpoint_w = cert.checkpoint, cert.checkpoint_w
     cert.checkpoint = cert.checkpoint_w = None
     # The conjugate sum at the checkpoint: in the protocol the server keeps it
-    # from the line searches' encrypted sums; here it is recomputed.
+    # from the judges' encrypted changes; here it is recomputed.
     checkpoint_conjugate = conjugate_sums(problem.loss, checkpoint, problem.Y)
     accepted = checkpoint_accepted(cert.w, cert.conjugate, checkpoint_w, checkpoint_conjugate,
-                       problem.lam, problem.n_samples)
+                                   problem.lam, problem.n_samples)
     cert.trust = next_trust(cert.trust, accepted)
+    cert.events += 1  # EVENTS["accept"] or EVENTS["reject"]
     if accepted:
         cert.alpha, cert.w, cert.conjugate = checkpoint, checkpoint_w, checkpoint_conjugate
-        if not cert.stale.any() and np.array_equal(checkpoint, state.alpha):
-            cert.current = True  # the exploration sits on the certified pair
+        if not cert.stale.any() and cert.opened_at == t:
+            cert.current = True  # the exploration has not moved since: it sits on it
         return
     # Restart the exploration from the certified pair: the server restores its block
     # images and ciphertexts, every client its copy.
@@ -1275,6 +1327,9 @@ def _certify_checkpoint(state: HyFDCAState) -> None:
     local.previous_dw[:] = 0.0
     cert.stale[:] = False
     cert.current = True
+    # Every copy is in step as of this round: a returning client's refresh sends only
+    # what changes from now on (the server's ``reset_at``).
+    state.last_active[:] = t
 
 
 def _row_squared_norms(X: sp.csr_matrix, chunk: int = 8192) -> np.ndarray:

@@ -53,6 +53,12 @@ import numpy as np
 
 from hyfl.losses import Loss
 
+EVENTS = {"leave": 0, "checkpoint": 1, "accept": 2, "reject": 3}
+"""What a client is told of the certificate, in order (codes as sent): the exploration
+left the certified pair (certified := its copy), a checkpoint was taken (checkpoint := its
+copy), the checkpoint was accepted (certified := checkpoint), or it fell (copy :=
+certified)."""
+
 TRUST_FLOOR = 1.0 / 64.0
 """Smallest factor on the exploration's step after repeated overshoots."""
 _TRUST_RECOVER = 2.0
@@ -93,6 +99,14 @@ class Certificate:
     current : bool
         The certified pair is the exploration's current pair (``alpha`` and
         ``w`` above are then not maintained: the state's are read).
+    opened_at : int
+        Round at whose end the open checkpoint was taken.
+    events : int
+        Notices the server has for the clients so far (a client learns the ones it
+        missed the next time it takes part: the certified pair was left, a
+        checkpoint was taken, it was accepted or fell); see :data:`EVENTS`.
+    cursor : ndarray of int, shape (K,)
+        How many of them each client has been told.
     """
 
     alpha: np.ndarray
@@ -104,6 +118,9 @@ class Certificate:
     pending: np.ndarray
     trust: float
     current: bool = True
+    opened_at: int = -1
+    events: int = 0
+    cursor: np.ndarray | None = None
 
     @classmethod
     def zero(cls, n_samples: int, n_features: int, n_outputs: int, n_clients: int):
@@ -117,6 +134,7 @@ class Certificate:
             checkpoint_w=None,
             pending=np.zeros(n_clients, dtype=bool),
             trust=1.0,
+            cursor=np.zeros(n_clients, dtype=np.int64),
         )
 
 

@@ -69,6 +69,7 @@ from hyfl.algorithms.hyfdca import (
     next_beta,
     step_verdict,
 )
+from hyfl.algorithms.hyfdca_certify import EVENTS, accepts, next_trust
 from hyfl.algorithms.hyfdca_local import (
     ClientMemory,
     SpanHistory,
@@ -139,11 +140,14 @@ class Client:
             depth = public.hyfdca.history_depth(public.n_features)
             self.memory = ClientMemory(self.samples.size, self.features.size, C, depth)
             self.previous_step = np.zeros((self.samples.size, C))
+        if public.hyfdca.certified:  # its samples' certified duals and checkpoint's
+            self.cert_alpha = np.zeros((self.samples.size, C))
+            self.ckpt_alpha = np.zeros((self.samples.size, C))
 
     #: What changes between messages: a transport that cannot keep the object
     #: alive (Flower starts a new process per message) saves and restores these.
     STATE = ("alpha", "w", "sq_norms", "round", "z", "previous", "memory", "previous_step",
-             "proposal", "direction")
+             "proposal", "direction", "cert_alpha", "ckpt_alpha")
 
     def get_state(self) -> dict:
         """The client's changing state (see :attr:`STATE`), by attribute name."""
@@ -176,16 +180,50 @@ class Client:
         hy, t = self.public.hyfdca, message["t"]
         self.round["gamma_t"] = 1.0 / t if hy.gamma == "1/t" else float(hy.gamma)
         self.round.setdefault("beta", 1.0)
-        if message.get("stale") is None:
-            return None
-        # The chunk ids name the samples: every sample of ours inside them.
+        self.round.setdefault("limit", 1.0)
+        reply = {}
+        if message.get("certificate") is not None:  # before the refresh: of the old copy
+            reply.update(self._certificate(message["certificate"],
+                                           message.get("checkpoint_duals")))
+        if message.get("stale") is not None:
+            local = self._samples_in(message["stale"])
+            self.alpha[local] = self._feasible(
+                decrypt_samples(self.cipher, self.public.layout, message["stale"],
+                                self.samples[local]), local
+            )
+            reply["primal_part"] = self.primal_part()
+        return reply or None
+
+    def _samples_in(self, vec: EncryptedVector) -> np.ndarray:
+        """Local positions of our samples inside the chunks of ``vec`` (the chunk ids name
+        the samples: every sample of ours inside them)."""
         layout = self.public.layout
         chunk_of = layout.positions(self.samples).reshape(self.samples.size, -1) // layout.slots
-        local = np.flatnonzero(np.isin(chunk_of, message["stale"].chunks).any(axis=1))
-        self.alpha[local] = self._feasible(
-            decrypt_samples(self.cipher, layout, message["stale"], self.samples[local]), local
-        )
-        return {"primal_part": self.primal_part()}
+        return np.flatnonzero(np.isin(chunk_of, vec.chunks).any(axis=1))
+
+    def _certificate(self, events: np.ndarray, duals: EncryptedVector | None) -> dict:
+        """Apply the certificate's notices missed while away (hyfl.algorithms.hyfdca_certify);
+        a client whose image of the open checkpoint is missing gets the checkpoint's duals
+        where its copy differs and sends that image."""
+        for code in np.asarray(events, dtype=np.int64):
+            if code == EVENTS["leave"]:
+                self.cert_alpha = self.alpha.copy()
+            elif code == EVENTS["checkpoint"]:
+                self.ckpt_alpha = self.alpha.copy()
+            elif code == EVENTS["accept"]:
+                self.cert_alpha = self.ckpt_alpha.copy()
+            elif code == EVENTS["reject"]:
+                self.alpha = self.cert_alpha.copy()
+                self.previous_step = np.zeros_like(self.previous_step)
+            else:
+                raise fail("the certificate's notices", f"name an unknown event {int(code)}",
+                           "Run every party with the same hyfl version.")
+        if duals is None:
+            return {}
+        local = self._samples_in(duals)
+        self.ckpt_alpha[local] = self._feasible(
+            decrypt_samples(self.cipher, self.public.layout, duals, self.samples[local]), local)
+        return {"checkpoint_part": np.asarray(self.X.T @ self.ckpt_alpha)}
 
     def _round_layout(self) -> SlotLayout | RoundLayout:
         """This round's compact layout (the fixed one if compaction is off).
@@ -377,7 +415,8 @@ class Client:
                                             self.previous_step[updated], np.asarray(mu), y)
         d = self.direction
         reports = self.round["reports_local"]  # samples this client is first active holder of
-        gains = conjugate_gains(self.loss, alpha[reports], d[reports], y[reports])
+        gains = conjugate_gains(self.loss, alpha[reports], d[reports], y[reports],
+                                self.round["limit"])
         margin = np.sum((self.z[updated] * d)[reports], axis=0)
         full = np.sum((self.sq_norms[updated][:, None] * d * d)[reports], axis=0)
         own = np.sum(self.own_sq[updated][:, None] * d * d, axis=0)
@@ -397,7 +436,8 @@ class Client:
         """
         pub = self.public
         C = pub.n_outputs
-        points = line_search_points(self.loss).size
+        limit = self.round["limit"]
+        points = line_search_points(self.loss, limit).size
         values = decrypt_samples(self.cipher, _totals_layout(self.cipher, C * (points + 3)),
                                  message["totals"], np.array([0])).reshape(C, points + 3)
         gains, margin, full, own = (values[:, :points].T, values[:, points],
@@ -406,11 +446,36 @@ class Client:
             message["dw_sq"], full, own, message["updated"], message["coherence"], pub.lam,
             pub.n_samples,
         )
-        step = line_search(self.loss, gains, margin, quadratic, pub.n_samples)
-        return {"step": step, "coherence": coherence}
+        step = line_search(self.loss, gains, margin, quadratic, pub.n_samples, limit)
+        reply = {"step": step, "coherence": coherence}
+        if pub.hyfdca.certified:  # the conjugate sum's change, for the server's running sum
+            change = -np.sum(_gain_at(self.loss, gains, step, limit))
+            reply["conjugate_change"] = encrypt_samples(
+                self.cipher, _totals_layout(self.cipher, 1), np.array([0]),
+                np.array([[change]]))
+        return reply
 
-    def cocoa_commit(self, step: np.ndarray, w_local: np.ndarray) -> EncryptedVector:
-        """Take the step; send the encrypted changes of the samples this client reports."""
+    def certify_verdict(self, message: dict) -> dict:
+        """(One client, for all) decide on a checkpoint: is its dual no lower than the
+        certified one? From the two conjugate sums (decrypted here) and the squared norms
+        of the two primal images (the server's)."""
+        pub = self.public
+        layout = _totals_layout(self.cipher, 1)
+        sums = [decrypt_samples(self.cipher, layout, message[name], np.array([0])).item()
+                for name in ("certified", "checkpoint")]
+        squares = np.asarray(message["w_sq"], dtype=float)
+        certified, checkpoint = (-0.5 * pub.lam * q - s / pub.n_samples
+                                 for s, q in zip(sums, squares))
+        return {"accepted": bool(accepts(checkpoint, certified))}
+
+    def cocoa_commit(self, step: np.ndarray, w_local: np.ndarray,
+                     leave: bool = False) -> EncryptedVector:
+        """Take the step; send the encrypted changes of the samples this client reports.
+
+        ``leave``: the exploration leaves the certified pair: keep the copy as certified.
+        """
+        if leave:
+            self.cert_alpha = self.alpha.copy()
         updated = self.round["updated_local"]
         change = self.direction * np.asarray(step)[None, :]
         before = self.alpha[updated]
@@ -469,12 +534,16 @@ class Server:
             self.enc_previous: dict[int, object] = {}  # chunk -> ciphertext of the last step
             self.average_w = np.zeros((M, C))  # the running average of the model (plaintext)
             self.coherence = np.zeros(C)  # the line search's remembered coherence
+        self.cert = _ServerCertificate.start(K) if public.hyfdca.certified else None
+        self.limit = 1.0  # the round's longest step (the certificate's trust, or 1)
 
     # -- set-up ----------------------------------------------------------------
     def setup(self, messages: list[dict]) -> list[EncryptedVector]:
         """Start from (publicly known) zero duals and inner products; sum the row norms."""
         layout = self.public.layout
         self.enc_alpha[:] = self.cipher.zeros(layout.n_chunks)
+        if self.cert is not None:  # the conjugate sum of the explored duals (all zero: 0)
+            self.cert.explored_conj = self.cipher.zeros(1)
         for k, samples in enumerate(self.client_samples):
             chunks = layout.chunks_of(samples)
             self.enc_ip[k, chunks] = self.cipher.zeros(chunks.size)
@@ -514,6 +583,15 @@ class Server:
                 self.compact_steps = compact_steps(
                     pub.layout, draws,
                     _pairs({k: self.client_samples[k][m] for k, m in mine.items()}))
+        cert = self.cert
+        self.decisions = 0  # checkpoints a judge decides on this round (one exchange each)
+        if cert is not None:
+            # Exact round: a certified state and every holder of every sample the
+            # round may move (all of the active clients' samples) takes part.
+            held = pub.holders[np.concatenate([self.client_samples[k] for k in self.active])
+                               if self.active.size else np.empty(0, dtype=np.int64)]
+            self.exact = bool(cert.current and np.all(active[held[held >= 0]]))
+            self.limit = 1.0 if self.exact else cert.trust
         messages = {}
         for k in self.active.tolist():
             samples = self.client_samples[k]
@@ -536,11 +614,20 @@ class Server:
                 message["compact_steps"] = self.compact_steps  # a control bit
             if hy.step_rule == "safe":
                 message["beta"] = self.beta
+            synced = self.last_active[k]
+            if cert is not None:
+                synced = max(synced, cert.reset_at)  # every copy was reset then
+                message["limit"] = self.limit
+                message["certificate"] = np.asarray(cert.events[cert.cursor[k]:],
+                                                    dtype=np.int64)
+                cert.cursor[k] = len(cert.events)
+                if cert.checkpoint is not None and cert.checkpoint["pending"][k]:
+                    message["checkpoint_duals"] = self._select(
+                        cert.checkpoint["enc_alpha"], pub.layout,
+                        self._changed(k, cert.checkpoint["chunk_updated"], synced))
             if not was_active[k] and t > 1:
-                stale = self.chunk_updated[pub.layout.positions(samples) // pub.layout.slots]
-                stale = stale.reshape(samples.size, pub.n_outputs).max(axis=1)
-                stale_samples = samples[stale > self.last_active[k]]
-                message["stale"] = self._select(self.enc_alpha, pub.layout, stale_samples)
+                message["stale"] = self._select(self.enc_alpha, pub.layout,
+                                                self._changed(k, self.chunk_updated, synced))
             messages[k] = message
         self.last_active[self.active] = t
         return messages
@@ -548,7 +635,11 @@ class Server:
     def refresh(self, replies: dict[int, dict]) -> dict[int, np.ndarray]:
         """Re-aggregate ``w`` from returning clients' parts; send them their weights."""
         for k, reply in replies.items():
-            self._set_primal_part(k, reply["primal_part"])
+            if "checkpoint_part" in reply:  # its image of the open checkpoint
+                self.cert.checkpoint["parts"][k] = np.array(reply["checkpoint_part"], dtype=float)
+                self.cert.checkpoint["pending"][k] = False
+            if "primal_part" in reply:
+                self._set_primal_part(k, reply["primal_part"])
         self._update_w()
         if self.public.hyfdca.step_rule == "cocoa":  # every active client needs the new w
             return {int(k): self.w[self.client_features[k]] for k in self.active}
@@ -701,13 +792,21 @@ class Server:
         """Apply the judge's step to ``w``; every active client gets its weights (and the step)."""
         step = np.asarray(verdict["step"], dtype=float)
         self.coherence = np.asarray(verdict["coherence"], dtype=float)
+        self.leave = False
+        if self.cert is not None:
+            self.stepped = bool(np.any(step > 0))
+            if not self.exact and self.cert.current:  # keep the certified state
+                self._keep_certified()
+                self.leave = True
+            self.cert.explored_conj = self.cipher.add(self.cert.explored_conj,
+                                            verdict["conjugate_change"].ciphertexts)
         for k, part in self.direction_parts.items():
             features = self.client_features[k]
             self.primal_parts[k] = self.primal_parts[k] + part * step[None, :]
             self.primal_sum[features] += part * step[None, :]
         self._update_w()
         self.previous_dw = self.direction_dw * step[None, :]
-        self.sigma = next_sigma(self.sigma, step, self.sigma_ceiling)
+        self.sigma = next_sigma(self.sigma, step / self.limit, self.sigma_ceiling)
         self.cocoa_average()
         return {int(k): self.w[self.client_features[k]] for k in self.active}
 
@@ -730,6 +829,103 @@ class Server:
                                                              vec.ciphertexts)
                 self.enc_previous.update(zip(vec.chunks.tolist(), vec.ciphertexts))
                 self.chunk_updated[vec.chunks] = self.t
+        if self.cert is not None:
+            self._certificate_round_end()
+
+    # -- the certificate (hyfl.algorithms.hyfdca_certify) -----------------------------------
+    def _keep_certified(self) -> None:
+        """The exploration leaves the certified state: keep its ciphertexts and images."""
+        cert = self.cert
+        cert.enc_alpha = self.enc_alpha.copy()
+        cert.parts = [part.copy() for part in self.primal_parts]
+        cert.w = self.w.copy()
+        cert.enc_conj = cert.explored_conj.copy()
+        cert.current = False
+        cert.events.append(EVENTS["leave"])
+        cert.cursor[self.active] = len(cert.events)  # told with this round's commit
+
+    def _certificate_round_end(self) -> None:
+        """Mark the absent holders of what moved as stale; pending clients that sent their
+        image are no longer pending (done in refresh); open a checkpoint if needed."""
+        cert, pub = self.cert, self.public
+        active = np.zeros(self.K, dtype=bool)
+        active[self.active] = True
+        cert.stale[active] = False
+        if self.stepped:  # any sample of the round may have moved
+            holders = pub.holders[self.updated]
+            holders = holders[holders >= 0]
+            cert.stale[holders[~active[holders]]] = True
+        self.decisions = 0
+        if self.exact and cert.current:
+            return
+        if cert.checkpoint is None and not cert.current:
+            self._open_checkpoint()
+
+    def _open_checkpoint(self) -> None:
+        cert = self.cert
+        cert.checkpoint = {
+            "enc_alpha": self.enc_alpha.copy(),
+            "chunk_updated": self.chunk_updated.copy(),
+            "parts": [None if cert.stale[k] else part.copy()
+                      for k, part in enumerate(self.primal_parts)],
+            "enc_conj": cert.explored_conj.copy(),
+            "pending": cert.stale.copy(),
+            "round": self.t,
+        }
+        cert.events.append(EVENTS["checkpoint"])
+
+    def cocoa_certify_request(self):
+        """At the end of a round: ``(judge, message)`` when the open checkpoint can be
+        decided (no image of it is missing), else None."""
+        cert = self.cert
+        if cert is None or cert.checkpoint is None or cert.checkpoint["pending"].any():
+            return None
+        if not self.active.size:
+            return None
+        ckpt = cert.checkpoint
+        self.checkpoint_w = self._image(dict(enumerate(ckpt["parts"])))
+        return int(self.active[0]), {
+            "certified": EncryptedVector(np.array([0]), cert.enc_conj),
+            "checkpoint": EncryptedVector(np.array([0]), ckpt["enc_conj"]),
+            "w_sq": np.array([np.sum(cert.w * cert.w), np.sum(self.checkpoint_w ** 2)]),
+        }
+
+    def cocoa_certify_verdict(self, accepted: bool) -> None:
+        """Take the checkpoint as certified, or restart the exploration from the certified
+        state; then open the next checkpoint if the exploration has moved on."""
+        cert = self.cert
+        ckpt, cert.checkpoint = cert.checkpoint, None
+        cert.trust = next_trust(cert.trust, bool(accepted))
+        self.decisions += 1
+        if accepted:
+            cert.events.append(EVENTS["accept"])
+            cert.enc_alpha, cert.enc_conj = ckpt["enc_alpha"], ckpt["enc_conj"]
+            cert.parts, cert.w = ckpt["parts"], self.checkpoint_w
+            if not cert.stale.any() and ckpt["round"] == self.t:
+                cert.current = True
+        else:
+            cert.events.append(EVENTS["reject"])
+            self.enc_alpha = cert.enc_alpha.copy()
+            cert.explored_conj = cert.enc_conj.copy()
+            self.primal_parts = [part.copy() for part in cert.parts]
+            self.primal_sum = np.zeros_like(self.primal_sum)
+            for k, part in enumerate(self.primal_parts):
+                self.primal_sum[self.client_features[k]] += part
+            self._update_w()
+            self.enc_previous = {}
+            self.previous_dw = np.zeros_like(self.previous_dw)
+            cert.stale[:] = False
+            cert.current = True
+            cert.reset_at = self.t
+        if cert.checkpoint is None and not cert.current:
+            self._open_checkpoint()
+
+    def _changed(self, k: int, chunk_updated: np.ndarray, after: int) -> np.ndarray:
+        """Client ``k``'s samples whose stored duals changed after round ``after``."""
+        pub, samples = self.public, self.client_samples[k]
+        rounds = chunk_updated[pub.layout.positions(samples) // pub.layout.slots]
+        rounds = rounds.reshape(samples.size, pub.n_outputs).max(axis=1)
+        return samples[rounds > after]
 
     def _image(self, parts: dict[int, np.ndarray]) -> np.ndarray:
         """``sum_k`` (per-feature) of the clients' primal parts, divided by lam N."""
@@ -782,6 +978,29 @@ class Server:
         return acc
 
 
+@dataclass
+class _ServerCertificate:
+    """What the server keeps for the certificate (see hyfl.algorithms.hyfdca_certify)."""
+
+    stale: np.ndarray  # (K,) clients whose primal part is of an older copy of their duals
+    cursor: np.ndarray  # (K,) notices each client has been told
+    events: list  # the notices so far (EVENTS codes)
+    trust: float = 1.0
+    current: bool = True  # the certified state is the explored one
+    reset_at: int = 0  # the last round the exploration restarted (every copy reset)
+    enc_alpha: np.ndarray | None = None  # the certified duals' ciphertexts
+    enc_conj: np.ndarray | None = None  # their conjugate sum's ciphertext
+    explored_conj: np.ndarray | None = None  # the explored duals' conjugate sum's ciphertext
+    parts: list | None = None  # every client's primal part of them
+    w: np.ndarray | None = None  # their image
+    checkpoint: dict | None = None  # the open checkpoint
+
+    @classmethod
+    def start(cls, n_clients: int) -> _ServerCertificate:
+        return cls(stale=np.zeros(n_clients, dtype=bool),
+                   cursor=np.zeros(n_clients, dtype=np.int64), events=[])
+
+
 def _first_active_holder(holders: np.ndarray, active: np.ndarray) -> np.ndarray:
     """For each row of sorted holders (-1 padded), the first active one (or -1)."""
     is_active = (holders >= 0) & active[np.maximum(holders, 0)]
@@ -797,6 +1016,20 @@ def _pairs(samples_of: dict[int, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     clients = np.repeat(np.fromiter(samples_of, dtype=np.int64, count=len(samples_of)),
                         [len(v) for v in samples_of.values()])
     return clients, np.concatenate(list(samples_of.values())).astype(np.int64)
+
+
+def _gain_at(loss, gains: np.ndarray, step: np.ndarray, limit: float) -> np.ndarray:
+    """The conjugate gain ``sum_i l*(-alpha_i) - l*(-(alpha_i + t d_i))`` at the step taken,
+    per output, from its values at the line search's points (exact: the quadratic through
+    them, or the grid point taken)."""
+    gains, step = np.asarray(gains, dtype=float), np.asarray(step, dtype=float)
+    if loss.quadratic_conjugate:
+        half, full = gains
+        curvature = 2.0 * (full - 2.0 * half)
+        return (full - curvature) * step + curvature * step * step
+    points = line_search_points(loss, limit)
+    taken = np.isclose(points[:, None], step[None, :], rtol=0.0, atol=1e-15) & (step > 0)
+    return np.sum(np.where(taken, gains, 0.0), axis=0)
 
 
 def _symmetric(upper: np.ndarray) -> np.ndarray:

@@ -102,7 +102,8 @@ REPLY_FIELDS: dict[str, dict[str, str]] = {
               "fingerprint": "str", "cipher": "str", "key_bits": "int", "slots": "int",
               "name": "str?", "node": "int?"},
     "setup": {"norms": "vector"},
-    "round": {"inner_products": "vector?", "primal_part": "matrix?", "proposals": "vector?"},
+    "round": {"inner_products": "vector?", "primal_part": "matrix?", "proposals": "vector?",
+              "checkpoint_part": "matrix?"},
     "weights": {"inner_products": "vector?", "proposals": "vector?"},
     "steps": {"steps": "vector"},
     "duals": {"primal_part": "matrix", "totals": "vector?", "changes": "vector?"},
@@ -111,7 +112,8 @@ REPLY_FIELDS: dict[str, dict[str, str]] = {
     "proposals": {"proposals": "vector"},
     "image": {"primal_part": "matrix"},
     "direction": {"primal_part": "matrix", "totals": "vector"},
-    "step": {"step": "floats", "coherence": "floats"},
+    "step": {"step": "floats", "coherence": "floats", "conjugate_change": "vector?"},
+    "certify": {"accepted": "bool"},
     "changes": {"changes": "vector"},
     "ping": {},
     "finish": {"written": "bool"},
@@ -359,7 +361,8 @@ class Coordinator:
             "absent": np.flatnonzero(scheduled & ~active).tolist(),
             "attempts": attempts,
             "round_trips": hy.round_trips(refreshed=bool(newcomers.any() and t > 1),
-                                          horizontal=self.public.horizontal),
+                                          horizontal=self.public.horizontal)
+            + float(getattr(self.server, "decisions", 0)),  # the certificate's judges
             "updated_samples": int(self.server.updated.size),
             "beta": float(self.server.beta) if hy.step_rule == "safe" else None,
             "sigma": float(self.server.sigma) if hy.step_rule == "cocoa" else None,
@@ -423,8 +426,12 @@ class Coordinator:
             self.mail[k] = {}  # the party has applied them (even if this round is abandoned)
         answered = dict.fromkeys(configure, "round")
         if returning:
-            refresh = {k: wire.up(k, "primal_part", {"primal_part": self._field(
-                k, "round", replies[k], "primal_part")}) for k in returning}
+            refresh = {k: wire.up(k, "primal_part", {
+                "primal_part": self._field(k, "round", replies[k], "primal_part"),
+                # the certificate: its image of the open checkpoint, if it was asked
+                **({"checkpoint_part": replies[k]["checkpoint_part"]}
+                   if replies[k].get("checkpoint_part") is not None else {})})
+                for k in returning}
             weights = server.refresh(refresh)
             late = models()  # after the refresh: the model records the refreshed w
             messages = {}
@@ -507,10 +514,18 @@ class Coordinator:
         # Unlike the per-sample rules' commit, this one is answered (the dual changes the
         # server stores), so the round stands only once every participant has answered.
         replies = self._exchange(
-            {k: ("changes", wire.down(k, "commit", {"step": verdict["step"], "w": w_local}))
+            {k: ("changes", wire.down(k, "commit", {"step": verdict["step"], "w": w_local,
+                                                    "leave": server.leave}))
              for k, w_local in server.cocoa_commit(verdict).items()}, tally)
         server.cocoa_store({k: wire.up(k, "dual_changes", replies[k]["changes"])
                             for k in configure})
+        # The certificate (hyfl.algorithms.hyfdca_certify): a judge decides on each
+        # checkpoint whose images are all in.
+        while (request := server.cocoa_certify_request()) is not None:
+            judge, message = request
+            reply = self._exchange({judge: ("certify", wire.down(judge, "certify", message))},
+                                   tally)[judge]
+            server.cocoa_certify_verdict(bool(wire.up(judge, "certified", reply["accepted"])))
         for k in configure:
             self.mail[k]["closed"] = t
         return bool(np.any(np.asarray(verdict["step"]) > 0))

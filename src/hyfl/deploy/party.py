@@ -70,12 +70,12 @@ __all__ = ["KINDS", "QUERY_KINDS", "Party", "handle_message", "open_party", "own
 
 #: Message kinds a party handles (Flower message types ``train.<kind>`` or ``query.<kind>``).
 KINDS = ("hello", "setup", "round", "weights", "steps", "duals", "verdict", "commit",
-         "proposals", "image", "direction", "step", "changes", "ping", "finish")
+         "proposals", "image", "direction", "step", "changes", "certify", "ping", "finish")
 #: Kinds sent as ``query.*`` (they change no model state); the rest are ``train.*``.
-QUERY_KINDS = ("hello", "ping", "verdict", "step", "finish")
+QUERY_KINDS = ("hello", "ping", "verdict", "step", "certify", "finish")
 #: Kinds of one step rule only: the per-sample rules', the cocoa rule's.
 PER_SAMPLE_KINDS = ("steps", "duals", "verdict", "commit")
-COCOA_KINDS = ("proposals", "image", "direction", "step", "changes")
+COCOA_KINDS = ("proposals", "image", "direction", "step", "changes", "certify")
 #: Kinds that belong to the round the party is in (a ``round`` message opened it).
 _IN_ROUND = ("weights", "steps", "duals", "verdict", *COCOA_KINDS)
 
@@ -95,14 +95,16 @@ MESSAGE_FIELDS: dict[str, dict[str, str]] = {
     "image": {"proposal": "vector", "previous": "vector?"},
     "direction": {"mu": "floats"},
     "step": {"totals": "vector", "dw_sq": "floats", "coherence": "floats", "updated": "int"},
-    "changes": {"step": "floats", "w": "matrix"},
+    "changes": {"step": "floats", "w": "matrix", "leave": "bool?"},
+    "certify": {"certified": "vector", "checkpoint": "vector", "w_sq": "floats"},
     "ping": {},
     "finish": {"deliveries": "dict?"},
 }
 _CONFIGURE_FIELDS = {"t": "int", "updated_local": "ids", "reports_local": "mask",
                      "n_draws": "int", "stale": "vector?", "drawn_local": "ids?",
                      "order_local": "ids?", "beta": "number?", "compact_steps": "bool?",
-                     "drawn_by_local": "mask?"}
+                     "drawn_by_local": "mask?", "limit": "number?", "certificate": "ids?",
+                     "checkpoint_duals": "vector?"}
 _DELIVERY_FIELDS = {"norms": "vector?", "commit": "dict?", "closed": "int?"}
 _COMMIT_FIELDS = {"round": "int", "accepted": "bool", "w": "matrix"}
 
@@ -421,7 +423,12 @@ class Party:
         """
         self._check_shape(payload["step"], (self._outputs,), "changes", "step")
         w = self._checked_weights(client, payload["w"], "changes", "w")
-        return {"changes": client.cocoa_commit(payload["step"], w)}
+        return {"changes": client.cocoa_commit(payload["step"], w, bool(payload.get("leave")))}
+
+    def _certify(self, client, payload: dict) -> dict:
+        """(One party, for all) decide on a checkpoint (hyfl.algorithms.hyfdca_certify)."""
+        self._check_shape(payload["w_sq"], (2,), "certify", "w_sq")
+        return dict(client.certify_verdict(payload))
 
     def _finish(self, client, payload: dict) -> dict:
         """End of the run: close any abandoned round, write the party's state if asked."""

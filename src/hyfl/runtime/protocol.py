@@ -265,7 +265,15 @@ def run_protocol(
         # Monitoring only: a client decrypts the server's duals to report the gap.
         duals = _monitor_duals(server, cipher, problem) if monitor_duals else None
         candidates = [("last", server.w, duals)]
-        if average_duals is not None and t > 0:
+        cert = getattr(server, "cert", None)
+        if cert is not None:  # every weight with the certified duals (as HyFDCA.models)
+            if not cert.current and monitor_duals:
+                duals = _monitor_duals(server, cipher, problem, cert.enc_alpha)
+            candidates = [("last", server.w, duals)]
+            if t > 0:
+                candidates += [("average", server.average_w, duals),
+                               ("certified", server.w if cert.current else cert.w, duals)]
+        elif average_duals is not None and t > 0:
             candidates.append(("average", server.average_w, average_duals.value(duals)))
         index, _, w, alpha, primal, dual = best_certified(problem, hyfdca, t, candidates)
         if alpha is not None:  # the best weights and duals so far, as the stacked engine
@@ -453,10 +461,18 @@ def _cocoa_round(server, clients, active, was_active, wire: Wire, clock: _Clock)
     step = verdict["step"]
     changes = {}
     for k, w_local in clock.run("server", server.cocoa_commit, verdict).items():
-        message = wire.down(k, "commit", {"step": step, "weights": w_local})
-        changes[k] = wire.up(k, "dual_changes", clock.run(k, clients[k].cocoa_commit,
-                                                           message["step"], message["weights"]))
+        message = wire.down(k, "commit", {"step": step, "weights": w_local,
+                                          "leave": server.leave})
+        changes[k] = wire.up(k, "dual_changes", clock.run(
+            k, clients[k].cocoa_commit, message["step"], message["weights"], message["leave"]))
     clock.run("server", server.cocoa_store, changes)
+    # The certificate (hyfl.algorithms.hyfdca_certify): a judge decides on each checkpoint
+    # whose images are all in.
+    while (request := clock.run("server", server.cocoa_certify_request)) is not None:
+        judge, message = request
+        reply = wire.up(judge, "certified", clock.run(judge, clients[judge].certify_verdict,
+                                                      wire.down(judge, "certify", message)))
+        clock.run("server", server.cocoa_certify_verdict, reply["accepted"])
     return bool(np.any(np.asarray(step) > 0))
 
 
@@ -487,7 +503,7 @@ def _round_stats(hyfdca: HyFDCA, server, active, newcomers, t, accepted) -> dict
     stats = {
         "round_trips": hyfdca.round_trips(
             refreshed=bool(newcomers.any() and t > 1), horizontal=server.public.horizontal
-        ),
+        ) + float(getattr(server, "decisions", 0)),
         "active_clients": float(np.count_nonzero(active)),
         "updated_samples": float(server.updated.size),
         "accepted": float(accepted),
@@ -517,12 +533,14 @@ def _restore(counters, snapshots) -> None:
         )
 
 
-def _monitor_duals(server, cipher, problem: Problem) -> np.ndarray:
-    """Decrypt the server's duals with a client's key (monitoring, not protocol)."""
+def _monitor_duals(server, cipher, problem: Problem, ciphertexts=None) -> np.ndarray:
+    """Decrypt the server's duals (or the ``ciphertexts`` given) with a client's key
+    (monitoring, not protocol)."""
     layout = server.public.layout
     every = np.arange(problem.n_samples)
+    ciphertexts = server.enc_alpha if ciphertexts is None else ciphertexts
     duals = decrypt_samples(cipher, layout, EncryptedVector(np.arange(layout.n_chunks),
-                                                           server.enc_alpha), every)
+                                                           ciphertexts), every)
     # Fixed-point sums of dual changes can leave the dual domain by a rounding unit;
     # the clients project what they decrypt, and so does the monitor.
     lo, hi = problem.loss.dual_bounds(problem.Y)
