@@ -2,6 +2,8 @@
 
 import math
 
+import numpy as np
+
 from hyfl.runtime.trivial import TrivialResult, advice, judge_trivial, majority_rate
 
 NAN = math.nan
@@ -70,3 +72,54 @@ def test_majority_rate_and_advice():
     assert "--a, --b" in advice({"a", "b", "mu"})
     assert "--eta0" in advice({"eta0"})
     assert advice(()).startswith("Try more rounds (--iterations)")
+
+
+# -- the scikit-learn estimators ------------------------------------------------------------
+
+
+def _breast_cancer():
+    from sklearn.datasets import load_breast_cancer
+    from sklearn.preprocessing import MinMaxScaler
+
+    X, y = load_breast_cancer(return_X_y=True)
+    return MinMaxScaler().fit_transform(X), y
+
+
+def _fit(estimator, X, y):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        estimator.fit(X, y)
+    return [w for w in caught if w.category.__name__ == "TrivialModelWarning"]
+
+
+def test_classifier_fit_warns_when_its_model_is_trivial():
+    from hyfl import HyFDCAClassifier
+    from hyfl.errors import TrivialModelWarning
+
+    X, y = _breast_cancer()
+    # one round of the safe rule leaves w at 0: the zero model's primal, majority accuracy
+    clf = HyFDCAClassifier(partition="grid:3x3", participation=0.5, max_iter=1, random_state=0)
+    warned = _fit(clf, X, y)
+    assert len(warned) == 1 and issubclass(warned[0].category, TrivialModelWarning)
+    assert issubclass(TrivialModelWarning, UserWarning)
+    message = str(warned[0].message)
+    assert "no better than trivial" in message and "zero model's 1" in message
+    assert "training accuracy 0.627 <= majority class 0.627" in message
+    assert clf.trivial_ is not None and clf.trivial_.iteration == 1
+    good = HyFDCAClassifier(partition="grid:3x3", participation=0.5, max_iter=20, random_state=0)
+    assert _fit(good, X, y) == [] and good.trivial_ is None
+
+
+def test_regressor_fit_warns_on_the_primal_only():
+    from hyfl import HyFDCARegressor
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(60, 4))
+    y = X @ np.array([1.0, -2.0, 0.5, 0.0]) + 0.1 * rng.normal(size=60)
+    reg = HyFDCARegressor(partition="grid:2x2", max_iter=1, random_state=0)
+    warned = _fit(reg, X, y)
+    assert [c.metric for c in reg.trivial_.failed] == ["primal"] and len(warned) == 1
+    good = HyFDCARegressor(partition="grid:2x2", max_iter=30, random_state=0)
+    assert _fit(good, X, y) == [] and good.trivial_ is None
