@@ -721,8 +721,9 @@ def trivial_verdicts(run: Any) -> list[tuple[int | None, Any]]:
 
     A single run's verdict is its ``run.json`` summary's ``no_better_than_trivial``;
     a folder written before hyfl recorded it is judged from its metrics
-    (:func:`hyfl.runtime.trivial.judge_trivial`; accuracy then on training accuracy
-    only). Seeds averaged by :func:`average_runs` keep each seed's verdict.
+    (:func:`hyfl.runtime.trivial.judge_trivial`; with validation on its primal only, as
+    such a folder does not record the validation labels' majority rate). Seeds averaged by
+    :func:`average_runs` keep each seed's verdict.
     """
     from hyfl.runtime.trivial import TrivialResult, judge_trivial
 

@@ -462,7 +462,8 @@ def trivial_of(outcome: RunOutcome) -> TrivialResult | None:
 
     Read from its summary (``no_better_than_trivial``, which :func:`run_prepared`
     records); a run read back from a folder written before hyfl recorded it is
-    judged from its metrics (the accuracy check then on training accuracy only).
+    judged from its metrics (with validation, on its primal only: such a folder does not
+    record the validation labels' majority rate).
     """
     summary = outcome.summary or {}
     if "no_better_than_trivial" in summary:
