@@ -3,9 +3,14 @@
 from typer.testing import CliRunner
 
 import hyfl
-from hyfl.cli import app
+from hyfl.cli import TRIVIAL_EXIT_CODE, app
 
 runner = CliRunner()
+
+# A tiny run may end no better than trivial: it still finishes and writes everything, with
+# exit code TRIVIAL_EXIT_CODE (tests/test_trivial_cli.py tests that); these tests are about
+# other things.
+FINISHED = (0, TRIVIAL_EXIT_CODE)
 
 
 def test_version_prints_the_package_version():
@@ -81,7 +86,7 @@ def test_metrics_csv_writes_counts_as_integers_and_keeps_floats(tmp_path):
     args = ["run", "--data", "synthetic", "--iterations", "4", "--eval-every", "2",
             "--out", str(out), "-q"]
     result = runner.invoke(app, args)
-    assert result.exit_code == 0, result.output
+    assert result.exit_code in FINISHED, result.output
     with open(out / "metrics.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert [row["iteration"] for row in rows] == ["0", "2", "4"]
@@ -123,7 +128,7 @@ def test_run_announces_the_task_classes_and_label_mapping(tmp_path):
     args = ["run", "--data", str(path), "--partition", "horizontal:2", "--lam", "0.01",
             "--iterations", "2", "--no-progress"]
     result = runner.invoke(app, [*args, "--out", str(tmp_path / "multi")])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code in FINISHED, result.output
     first = result.output.splitlines()[0]
     assert first == ("task: multiclass, one-vs-rest over 3 classes (3, 5, 7), hinge loss per "
                      "class; labels 3 -> column 0, 5 -> column 1, 7 -> column 2")
@@ -131,7 +136,7 @@ def test_run_announces_the_task_classes_and_label_mapping(tmp_path):
     assert record["task"]["label_mapping"] == {"3": 0, "5": 1, "7": 2}
     result = runner.invoke(app, ["run", "--data", "synthetic", "--iterations", "2",
                                  "--no-progress", "--out", str(tmp_path / "binary")])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code in FINISHED, result.output
     assert result.output.splitlines()[0].startswith("task: binary classification, classes ")
     assert "-> -1" in result.output.splitlines()[0] and "-> +1" in result.output.splitlines()[0]
 
@@ -179,7 +184,7 @@ def test_compare_announces_the_task_and_writes_integer_counts(tmp_path):
         "compare", "--algorithms", "hyfdca,fedavg", "--data", "synthetic", "--iterations", "4",
         "--eval-every", "2", "--out", str(out), "--no-progress",
     ])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code in FINISHED, result.output
     assert result.output.startswith("task: binary classification")
     with open(out / "summary.csv", newline="") as f:
         rows = list(csv.DictReader(f))

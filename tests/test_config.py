@@ -9,7 +9,7 @@ import pytest
 import tomli_w
 from typer.testing import CliRunner
 
-from hyfl.cli import app
+from hyfl.cli import TRIVIAL_EXIT_CODE, app
 from hyfl.errors import HyflError
 from hyfl.experiments.config import (
     ExperimentConfig,
@@ -20,6 +20,11 @@ from hyfl.experiments.runner import SUMMARY_COLUMNS, RunSpec
 from hyfl.runtime.simulation import WALL_TIME_COLUMNS
 
 runner = CliRunner()
+
+# A tiny run may end no better than trivial: it still finishes and writes everything, with
+# exit code TRIVIAL_EXIT_CODE (tests/test_trivial_cli.py tests that); these tests are about
+# other things.
+FINISHED = (0, TRIVIAL_EXIT_CODE)
 
 BASE = {
     "experiment": {
@@ -290,7 +295,7 @@ def test_run_config_several_seeds_sim_time_budget_and_flags(tmp_path):
     out = tmp_path / "results"
     args = ["run", str(path), "--out", str(out), "--latency", "0.1", "--loss", "logistic"]
     result = runner.invoke(app, [*args, "--no-progress"])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code in FINISHED, result.output
     assert "--loss overrides the config" in result.output
     assert load_config(out / "config.toml").costs.latency == 0.1
     for seed in (0, 1):
@@ -316,17 +321,17 @@ def test_resume_continues_and_skips_finished_runs(tmp_path):
     out = tmp_path / "results"
     short = mutate(_set("experiment", "budget", {"iterations": 6}))
     path = write(tmp_path, short)
-    assert runner.invoke(app, ["run", str(path), "--out", str(out), "-q"]).exit_code == 0
+    assert runner.invoke(app, ["run", str(path), "--out", str(out), "-q"]).exit_code in FINISHED
     # Same config again: every run is finished and read back.
     result = runner.invoke(app, ["run", str(path), "--out", str(out), "--resume", "--no-progress"])
-    assert result.exit_code == 0 and result.output.count("finished earlier") == 2
+    assert result.exit_code in FINISHED and result.output.count("finished earlier") == 2
     # Simulate an interruption of fedavg: its run is incomplete, its checkpoint at round 6.
     (out / "fedavg" / "seed-0" / "run.json").unlink()
     longer = write(tmp_path, BASE)  # 10 iterations
     result = runner.invoke(app, ["run", str(longer), "--out", str(out), "--resume", "-q"])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code in FINISHED, result.output
     fresh = tmp_path / "fresh"
-    assert runner.invoke(app, ["run", str(longer), "--out", str(fresh), "-q"]).exit_code == 0
+    assert runner.invoke(app, ["run", str(longer), "--out", str(fresh), "-q"]).exit_code in FINISHED
     for name in ("hyfdca", "fedavg"):
         a = pd.read_parquet(out / name / "seed-0" / "metrics.parquet")
         b = pd.read_parquet(fresh / name / "seed-0" / "metrics.parquet")

@@ -17,12 +17,17 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from hyfl.cli import app
+from hyfl.cli import TRIVIAL_EXIT_CODE, app
 from hyfl.costs import COST_COLUMNS, TIME_COMPONENTS
 from hyfl.experiments.plots import plot_cost_breakdown, plot_runs
 from hyfl.runtime.simulation import METRIC_COLUMNS, RunResult
 
 runner = CliRunner()
+
+# A tiny run may end no better than trivial: it still finishes and writes everything, with
+# exit code TRIVIAL_EXIT_CODE (tests/test_trivial_cli.py tests that); these tests are about
+# other things.
+FINISHED = (0, TRIVIAL_EXIT_CODE)
 KEY_BITS = ["--key-bits", "512"]  # small keys keep the tests fast
 COST_METRICS = {*COST_COLUMNS, *TIME_COMPONENTS}
 # breast_cancer ships with scikit-learn: 569 x 30, small enough to encrypt quickly
@@ -201,7 +206,7 @@ def test_compare_writes_cost_breakdown_and_summary(tmp_path):
         "compare", "--algorithms", "hyfdca,fedavg", *flags, "--param", "hyfdca.local_steps=4",
         "--cipher", "packed", *KEY_BITS, "--latency", "0.1", "--out", str(out),
     ])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code in FINISHED, result.output
     assert (out / "costs.png").stat().st_size > 1000
     assert (out / "compare.png").stat().st_size > 1000
     rows = {r["algorithm"]: r for r in _rows(out / "summary.csv")}

@@ -5,10 +5,15 @@ from __future__ import annotations
 import pandas as pd
 from typer.testing import CliRunner
 
-from hyfl.cli import app
+from hyfl.cli import TRIVIAL_EXIT_CODE, app
 from hyfl.experiments.config import read_toml
 
 runner = CliRunner()
+
+# A tiny run may end no better than trivial: it still finishes and writes everything, with
+# exit code TRIVIAL_EXIT_CODE (tests/test_trivial_cli.py tests that); these tests are about
+# other things.
+FINISHED = (0, TRIVIAL_EXIT_CODE)
 
 CONFIG = """
 [experiment]
@@ -48,7 +53,7 @@ def test_tune_then_run_then_report(tmp_path):
     assert fedavg[a_column].between(0.01, 0.5).all()  # the config's bounds were used
 
     done = runner.invoke(app, ["run", str(config), "--out", str(out / "r"), "--quiet"])
-    assert done.exit_code == 0, done.output
+    assert done.exit_code in FINISHED, done.output
     done = runner.invoke(app, ["report", str(out / "r"), "--format", "markdown"])
     assert done.exit_code == 0, done.output
     page = (out / "r" / "report.md").read_text()

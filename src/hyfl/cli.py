@@ -173,6 +173,42 @@ HeLayout = Annotated[
 ]
 
 
+TRIVIAL_EXIT_CODE = 3
+"""Exit code of run, compare and demo when a model is no better than trivial (outputs written)."""
+TRIVIAL_EPILOG = (
+    f"Exit codes: 0 done; 2 an error; {TRIVIAL_EXIT_CODE} done (every output written), but a "
+    "model is no better than trivial -- its primal objective is not below the zero model's, or "
+    "its accuracy not above always predicting the majority class (a warning says which; "
+    "run.json records it as no_better_than_trivial)."
+)
+
+
+def _warn_trivial(outcomes) -> bool:
+    """Print a warning for each run no better than trivial; whether there was one."""
+    from hyfl.experiments.runner import trivial_advice, trivial_runs
+
+    found = trivial_runs(list(outcomes))
+    seeds = {o.spec.seed for o in outcomes}
+    for outcome, trivial in found:
+        name = outcome.summary.get("algorithm", outcome.spec.algorithm)
+        if len(seeds) > 1:
+            name += f" (seed {outcome.spec.seed})"
+        after = f" after {trivial.iteration} outer iterations" if trivial.iteration else ""
+        where = f" ({outcome.out_dir}/run.json)" if outcome.out_dir is not None else ""
+        console.print(
+            f"[bold yellow]warning:[/] {escape(name)}'s model is no better than trivial"
+            f"{after}: {escape(trivial.reason)}{escape(where)}. {escape(trivial_advice(outcome))}",
+            soft_wrap=True,
+        )
+    return bool(found)
+
+
+def _exit_if_trivial(outcomes) -> None:
+    """Warn about trivial runs and exit with :data:`TRIVIAL_EXIT_CODE` if there was one."""
+    if _warn_trivial(outcomes):
+        raise typer.Exit(code=TRIVIAL_EXIT_CODE)
+
+
 def _fail(err: HyflError) -> None:
     console.print(f"[bold red]error:[/] {escape(str(err))}")
     raise typer.Exit(code=2)
@@ -201,7 +237,7 @@ def _number_or_text(value: str) -> object:
     return {"true": True, "false": False}.get(value.lower(), value)
 
 
-@app.command()
+@app.command(epilog=TRIVIAL_EPILOG)
 def demo(
     out: Annotated[Path, typer.Option(help="Folder for the outputs.")] = Path("hyfl-demo"),
     iterations: Iterations = 1500,
@@ -223,9 +259,10 @@ def demo(
     except HyflError as err:
         _fail(err)
     _print_summary(outcome)
+    _exit_if_trivial([outcome])
 
 
-@app.command()
+@app.command(epilog=TRIVIAL_EPILOG)
 def run(
     ctx: typer.Context,
     config: Annotated[
@@ -349,12 +386,12 @@ def run(
         _fail(err)
     if quiet:
         console.print(f"wrote {outcome.out_dir}")
-        return
-    if outcome.summary["engine"] == "neural":
+    elif outcome.summary["engine"] == "neural":
         _print_neural_summary([outcome])
-        return
-    _print_summary(outcome)
-    _print_costs(outcome)
+    else:
+        _print_summary(outcome)
+        _print_costs(outcome)
+    _exit_if_trivial([outcome])
 
 
 # Flags of `hyfl run` and where they go in a config (flags given override the config).
@@ -451,6 +488,7 @@ def _run_config(ctx, path: Path, out, hyper, *, resume: bool, overwrite: bool, p
     if not quiet:
         _print_experiment(result)
     console.print(f"wrote {result.out_dir}")
+    _exit_if_trivial(result.outcomes)
 
 
 def _natural_width(table: Table) -> int:
@@ -585,7 +623,7 @@ def _print_comparison(rows, title: str, cost_title: str) -> None:
         _say_dropped([_HEADERS.get(c, c) for c in dropped], "summary.csv")
 
 
-@app.command()
+@app.command(epilog=TRIVIAL_EPILOG)
 def compare(
     ctx: typer.Context,
     # A short example: a long comma-joined word is cut with "…" in a narrow help column.
@@ -665,6 +703,7 @@ def compare(
     if outcomes and outcomes[0].summary["engine"] == "neural":
         _print_neural_summary(outcomes)
         console.print(f"wrote {out}/summary.csv, summary.md, compare.png")
+        _exit_if_trivial(outcomes)
         return
     rows = summary_rows(outcomes)
     title = f"{data}, {partition}, participation {participation}"
@@ -679,6 +718,7 @@ def compare(
     console.print(
         f"wrote {out}/summary.csv, summary.md, compare.png, costs.png and one folder per algorithm"
     )
+    _exit_if_trivial(outcomes)
 
 
 @app.command()

@@ -17,6 +17,12 @@ class HyflError(ValueError):
     """Invalid input, configuration or data; the message names culprit and fix."""
 
 
+class TrivialModelWarning(UserWarning):
+    """A fitted model is no better than trivial: its primal objective is not below the zero
+    model's, or its accuracy not above always predicting the majority class (see
+    :func:`hyfl.runtime.trivial.judge_trivial`)."""
+
+
 def fail(culprit: str, problem: str, fix: str) -> HyflError:
     """Build the standard error: ``"<culprit> <problem>. <fix>"``."""
     return HyflError(f"{culprit} {problem}. {fix}")

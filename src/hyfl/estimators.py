@@ -41,10 +41,18 @@ from sklearn.utils.validation import check_is_fitted
 from hyfl.algorithms.hyfdca import DEFAULT_MOMENTUM, HyFDCA
 from hyfl.data.dataset import Dataset
 from hyfl.data.loaders import map_labels
-from hyfl.errors import HyflError, check_choice, check_int, check_positive, fail
+from hyfl.errors import (
+    HyflError,
+    TrivialModelWarning,
+    check_choice,
+    check_int,
+    check_positive,
+    fail,
+)
 from hyfl.partition import Partition, parse_participation, parse_partition
 from hyfl.problem import make_problem
 from hyfl.runtime.simulation import simulate
+from hyfl.runtime.trivial import judge_trivial, majority_rate
 
 try:  # scikit-learn >= 1.6
     from sklearn.utils.validation import validate_data as _validate_data
@@ -190,7 +198,28 @@ class _HyFDCAEstimator(BaseEstimator):
                 ConvergenceWarning,
                 stacklevel=3,
             )
-        return np.asarray(result.weights, dtype=np.float64)
+        weights = np.asarray(result.weights, dtype=np.float64)
+        self.trivial_ = self._judge(problem, result.metrics, weights, y_encoded, task)
+        if self.trivial_ is not None:
+            warnings.warn(
+                f"HyFDCA's model is no better than trivial after {self.n_iter_} rounds: "
+                f"{self.trivial_.reason}; try a larger max_iter, a higher participation or "
+                "another step_rule.",
+                TrivialModelWarning,
+                stacklevel=3,
+            )
+        return weights
+
+    @staticmethod
+    def _judge(problem, metrics, weights, y_encoded, task):
+        """:func:`~hyfl.runtime.trivial.judge_trivial` of the fit: the final primal against
+        round 0's (the zero model), the training accuracy against the majority class."""
+        final = dict(metrics[-1])
+        rate = None
+        if task != "regression":  # accuracy once, at the end (the rounds do not compute it)
+            final["train_accuracy"] = problem.accuracy(problem.X, y_encoded, weights)
+            rate = majority_rate(y_encoded)
+        return judge_trivial([*metrics[:-1], final], majority_rate=rate)
 
     def _decision(self, X) -> np.ndarray:
         check_is_fitted(self, "coef_")
@@ -265,6 +294,11 @@ _SHARED_ATTRIBUTES = """\
         statistics; ``pandas.DataFrame(history_)`` tabulates it.
     partition_ : str
         The partition spec used (after capping to the data's size).
+    trivial_ : hyfl.runtime.trivial.TrivialResult or None
+        Why the model is no better than trivial -- its primal objective not
+        below the zero model's (round 0), or (classifier) its training accuracy
+        not above always predicting the majority class -- or None. ``fit``
+        warns (``hyfl.errors.TrivialModelWarning``) when it is not None.
 """
 
 

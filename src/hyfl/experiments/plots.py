@@ -342,6 +342,8 @@ def average_runs(runs: Sequence[LoadedRun], name: str | None = None) -> LoadedRu
     seeds = tuple(s for r in runs for s in (r.seeds or (None,)) if s is not None)
     config = dict(runs[0].config)
     config["seeds"] = list(seeds)
+    # each seed's own verdict: the mean of the seeds' metrics is no run's model
+    config[TRIVIAL_BY_SEED] = [pair for r in runs for pair in trivial_verdicts(r)]
     first = runs[0].path
     return LoadedRun(
         name=name or runs[0].name,
@@ -708,6 +710,36 @@ def majority_rate(runs: Mapping[str, Any] | Any) -> float | None:
         if math.isfinite(value):
             return value
     return None
+
+
+TRIVIAL_BY_SEED = "trivial_by_seed"
+"""Key of an averaged :class:`LoadedRun`'s config: ``[(seed, TrivialResult), ...]``."""
+
+
+def trivial_verdicts(run: Any) -> list[tuple[int | None, Any]]:
+    """``[(seed, TrivialResult)]`` of the runs in ``run`` no better than trivial.
+
+    A single run's verdict is its ``run.json`` summary's ``no_better_than_trivial``;
+    a folder written before hyfl recorded it is judged from its metrics
+    (:func:`hyfl.runtime.trivial.judge_trivial`; with validation on its primal only, as
+    such a folder does not record the validation labels' majority rate). Seeds averaged by
+    :func:`average_runs` keep each seed's verdict.
+    """
+    from hyfl.runtime.trivial import TrivialResult, judge_trivial
+
+    config = getattr(run, "config", None) or {}
+    if TRIVIAL_BY_SEED in config:
+        return list(config[TRIVIAL_BY_SEED])
+    summary = config.get("summary") if isinstance(config.get("summary"), dict) else {}
+    if "no_better_than_trivial" in summary:
+        verdict = TrivialResult.from_dict(summary["no_better_than_trivial"])
+    else:
+        metrics = getattr(run, "metrics", None)
+        rows = metrics.to_dict(orient="records") if hasattr(metrics, "to_dict") else metrics
+        verdict = judge_trivial(rows or [], majority_rate=summary.get("majority_rate"),
+                                val_majority_rate=summary.get("val_majority_rate"))
+    seeds = getattr(run, "seeds", ()) or ()
+    return [(seeds[0] if seeds else None, verdict)] if verdict is not None else []
 
 
 def _draw_majority(ax, runs: Mapping[str, Any], text: bool = True) -> Any:

@@ -76,6 +76,7 @@ from hyfl.experiments.plots import (
     plot_settings_grid,
     setting_info,
     time_breakdown,
+    trivial_verdicts,
 )
 from hyfl.runtime.simulation import first_round_below, settled_round_below
 
@@ -265,7 +266,9 @@ def setting_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
     ``bytes`` (up + down), ``he_ops`` (encryptions + decryptions + additions),
     ``seconds_per_iteration``,
     ``final_relative_loss_equal_time`` and ``best_val_accuracy_equal_time``
-    (within the equal-simulated-time budget; NaN without one).
+    (within the equal-simulated-time budget; NaN without one), ``trivial``
+    (``[(seed, TrivialResult)]`` of the runs no better than trivial,
+    :func:`~hyfl.experiments.plots.trivial_verdicts`; empty for none).
     """
     cutoffs = budget_cutoffs(runs)
     rows = []
@@ -303,6 +306,7 @@ def setting_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
             "final_relative_loss_equal_time": timed.get("final_relative_loss", math.nan),
             "best_val_accuracy_equal_time": timed.get("best_val_accuracy", math.nan),
             "seeds": len(getattr(run, "seeds", ()) or ()),
+            "trivial": trivial_verdicts(run),
         }
         rows.append(row)
     return rows
@@ -587,6 +591,9 @@ def _document(
     majority = _majority_sentence(settings)
     if majority:
         blocks.append(_Para(majority))
+    trivial = _trivial_sentence(settings)
+    if trivial:
+        blocks.append(_Para(trivial, strong=True))
     if comparisons:
         blocks.append(_Heading(2, "Comparisons"))
         pairs = pairwise_counts(comparisons, hero)
@@ -822,6 +829,37 @@ def _majority_sentence(settings: Mapping[str, Mapping[str, Any]]) -> str:
     return " ".join(out)
 
 
+TRIVIAL_MARK = "†"
+"""Marks, in the tables, an algorithm whose model is no better than trivial (a dagger)."""
+TRIVIAL_MEANING = (
+    "no better than trivial: its final primal objective is not below the zero model's, or its "
+    "accuracy (validation, else training) not above always predicting the majority class"
+)
+
+
+def _trivial_list(row: Mapping[str, Any]) -> str:
+    """``fedavg (seed 1: primal 15 >= zero model's 1)``: a row's trivial runs and why."""
+    parts = [
+        (f"seed {seed}: " if seed is not None and row["seeds"] > 1 else "") + verdict.reason
+        for seed, verdict in row["trivial"]
+    ]
+    return f"{display_name(row['algorithm'])} ({'; '.join(parts)})"
+
+
+def _trivial_sentence(settings: Mapping[str, Mapping[str, Any]]) -> str:
+    """The runs no better than trivial, per setting (empty when there are none)."""
+    out = []
+    for setting, runs in settings.items():
+        flagged = [_trivial_list(r) for r in setting_rows(runs) if r["trivial"]]
+        if flagged:
+            where = f" in {setting}" if len(settings) > 1 else ""
+            out.append(f"{', '.join(flagged)}{where}")
+    if not out:
+        return ""
+    return (f"Warning: {'; '.join(out)} -- {TRIVIAL_MEANING}. Marked {TRIVIAL_MARK} in the "
+            "setting tables.")
+
+
 def _budget_note(runs: Mapping[str, Any]) -> str:
     cutoffs = budget_cutoffs(runs)
     ends = {_last(run.column("iteration")) for run in runs.values()}
@@ -928,8 +966,9 @@ def _setting_table(
         def won(budget: str, metric: str, name: str = name) -> bool:
             return name in winners.get((budget, metric), ())
 
+        mark = f" {TRIVIAL_MARK}" if r["trivial"] else ""
         cells = [
-            (display_name(name), False),
+            (display_name(name) + mark, False),
             (_fmt(r["iterations"]), False),
             (_fmt(r["final_relative_loss"]), won("iterations", "final_relative_loss")),
             (_fmt(r["best_val_accuracy"]), won("iterations", "best_val_accuracy")),
@@ -957,6 +996,9 @@ def _setting_table(
     note += "accuracy)"
     if "sim_time" in budget_cutoffs(runs):
         note += " and at equal simulated time (the 'at equal time' columns)"
+    flagged = [_trivial_list(r) for r in rows if r["trivial"]]
+    if flagged:
+        note += f". {TRIVIAL_MARK} {TRIVIAL_MEANING}: {'; '.join(flagged)}"
     return _Table(columns, table_rows, note + ".")
 
 

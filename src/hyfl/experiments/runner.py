@@ -64,6 +64,7 @@ from hyfl.runtime.simulation import (
     settled_round_below,
     simulate,
 )
+from hyfl.runtime.trivial import TrivialResult, advice, judge_trivial, majority_rate
 
 FALLBACK_LAMBDA = 1e-4
 DEFAULT_PARTITION = "grid:3x3"
@@ -360,8 +361,11 @@ def run_prepared(
         problem.accuracy(validation.X, validation.y, setup.optimum.w) if validation else np.nan
     )
     majority = majority_rate_of(problem, setup.train.y)
+    val_majority = majority_rate_of(problem, validation.y) if validation else None
     # Plots of a fresh compare read it from the result; run.json keeps it in the summary.
     result.config["majority_rate"] = majority
+    trivial = judge_trivial(result.metrics, majority_rate=majority,
+                            val_majority_rate=val_majority)
     rel = result.column("relative_loss")
     summary = {
         "algorithm": label or name,
@@ -393,6 +397,9 @@ def run_prepared(
             "val_accuracy": opt_val_acc,
         },
         "majority_rate": majority,
+        "val_majority_rate": val_majority,
+        # None, or why the model is no better than the zero model or the majority class
+        "no_better_than_trivial": trivial.to_dict() if trivial is not None else None,
         "n_clients": setup.partition.n_clients,
         "n_samples": problem.n_samples,
         "n_features": problem.n_features,
@@ -437,10 +444,7 @@ def majority_rate_of(problem: Any, labels: Any) -> float | None:
     labels : array-like or None
         The training labels as the user gave them.
     """
-    if labels is None:
-        return None
-    y = np.asarray(labels).ravel()
-    if y.size == 0:
+    if labels is None or np.asarray(labels).size == 0:
         return None
     targets = np.asarray(problem.Y)
     classifies = (
@@ -450,8 +454,39 @@ def majority_rate_of(problem: Any, labels: Any) -> float | None:
     )
     if not classifies:
         return None
-    _, counts = np.unique(y, return_counts=True)
-    return float(counts.max() / y.size)
+    return majority_rate(labels)
+
+
+def trivial_of(outcome: RunOutcome) -> TrivialResult | None:
+    """Why ``outcome``'s model is no better than trivial (:func:`judge_trivial`), or None.
+
+    Read from its summary (``no_better_than_trivial``, which :func:`run_prepared`
+    records); a run read back from a folder written before hyfl recorded it is
+    judged from its metrics (with validation, on its primal only: such a folder does not
+    record the validation labels' majority rate).
+    """
+    summary = outcome.summary or {}
+    if "no_better_than_trivial" in summary:
+        return TrivialResult.from_dict(summary["no_better_than_trivial"])
+    return judge_trivial(outcome.result.metrics, majority_rate=summary.get("majority_rate"),
+                         val_majority_rate=summary.get("val_majority_rate"))
+
+
+def trivial_runs(outcomes: list[RunOutcome]) -> list[tuple[RunOutcome, TrivialResult]]:
+    """The outcomes whose models are no better than trivial, each with :func:`trivial_of`."""
+    judged = [(outcome, trivial_of(outcome)) for outcome in outcomes]
+    return [(outcome, trivial) for outcome, trivial in judged if trivial is not None]
+
+
+def trivial_advice(outcome: RunOutcome) -> str:
+    """What to try after ``outcome``'s trivial run (:func:`hyfl.runtime.trivial.advice`)."""
+    from hyfl.algorithms import accepted_hyperparameters
+
+    try:
+        names = accepted_hyperparameters(outcome.spec.algorithm)
+    except KeyError:  # an algorithm of a results folder this version does not know
+        names = ()
+    return advice(names)
 
 
 def cost_summary(result: RunResult) -> dict[str, Any]:
