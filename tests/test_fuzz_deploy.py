@@ -252,7 +252,8 @@ def _valid_payload(kind: str, d: dict) -> dict:
             "proposals": {"z": vec, "grams": np.zeros((1, 28)), "coef": 1.0},
             "image": {"proposal": vec, "previous": None}, "direction": {"mu": one},
             "step": {"totals": vec, "dw_sq": one, "coherence": one, "updated": 2},
-            "changes": {"step": one, "w": np.zeros((d["n_features"], 1))}}[kind]
+            "changes": {"step": one, "w": np.zeros((d["n_features"], 1))},
+            "certify": {"certified": vec, "checkpoint": vec, "w_sq": np.zeros(2)}}[kind]
 
 
 def _garble_payload(kind: str, payload: dict, rng) -> dict | None:
