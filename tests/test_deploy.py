@@ -1052,7 +1052,10 @@ def test_loopback_worker_that_hangs_and_is_killed_rejoins(tmp_path, breast_cance
     work, out = tmp_path / "flower", tmp_path / "out"
     with LocalDeployment(nodes, work) as local:
         run = run_config_for(parties=3, iterations=12, public_key=str(public),
-                             insecure_test_keys=True, seed=3, out=str(out), reply_timeout=5.0)
+                             insecure_test_keys=True, seed=3, out=str(out),
+                             # Room for three fresh workers compiling the cocoa solver at once
+                             # on a loaded 2-core machine (5 s left every party absent).
+                             reply_timeout=20.0)
         process = local.submit(run, name="restart-run")
         _wait_for(lambda: _round_records(out), 300, "round 1")
         hung = _wait_for(lambda: local.worker_pid(2), 30, "party 2's worker")
