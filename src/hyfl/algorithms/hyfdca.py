@@ -276,7 +276,9 @@ class HyFDCA:
                 sigma_ceiling=sigma_ceiling(blocks.client_features, problem.n_features, sizes),
                 previous_step=np.zeros((N, C)),
                 previous_dw=np.zeros((problem.n_features, C)),
-                average_alpha=RunningAverage(np.zeros((N, C))),
+                # With the certificate every candidate pairs with the certified duals:
+                # their running average is not needed.
+                average_alpha=None if self.certified else RunningAverage(np.zeros((N, C))),
                 average_w=np.zeros((problem.n_features, C)),
                 coherence=np.zeros(C),
                 certificate=(Certificate.zero(N, problem.n_features, C, blocks.n_clients)
@@ -513,7 +515,8 @@ class HyFDCA:
         clients = np.flatnonzero(active)
         rowptr = blocks.client_rowptr
         sizes = np.diff(rowptr)[clients]
-        local.average_alpha.advance(t)
+        if local.average_alpha is not None:
+            local.average_alpha.advance(t)
         if clients.size == 0:  # nobody takes part: only the history and the average move on
             local.history.record(t, state.w, clients, clients, np.empty((0, C)))
             local.average_w *= 1.0 - average_weight(t)
@@ -690,8 +693,9 @@ class HyFDCA:
         local.previous_dw = applied_dw
         # sigma follows the step relative to what the line search could take.
         local.sigma = next_sigma(local.sigma, step / limit, local.sigma_ceiling)
-        local.average_alpha.update(samples[moved], alpha_before[moved],
-                                   state.alpha[samples[moved]])
+        if local.average_alpha is not None:
+            local.average_alpha.update(samples[moved], alpha_before[moved],
+                                       state.alpha[samples[moved]])
         rho = average_weight(t)
         local.average_w *= 1.0 - rho
         local.average_w += rho * state.w
@@ -969,7 +973,7 @@ class LocalState:
     sigma_ceiling: float
     previous_step: np.ndarray  # (N, C) the last applied dual change
     previous_dw: np.ndarray  # (M, C) its primal image
-    average_alpha: RunningAverage
+    average_alpha: RunningAverage | None  # the duals' average (without the certificate)
     average_w: np.ndarray
     previous_samples: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     coherence: np.ndarray = field(default_factory=lambda: np.zeros(1))  # see line_search_curvature
