@@ -88,8 +88,8 @@ def test_judgement_of_runs_without_progress_says_what_to_change():
             assert fix in message
     worse = judge_progress(_results([_round(1), _round(2)]), [3.65, 3.7, 3.66])
     assert not worse.progressed
-    assert ("the objective did not fall: relative loss 3.65 at the start, 3.66 after 2 rounds "
-            "(2 accepted)") in worse.message()
+    assert ("the objective overshot and is falling again (highest at round 1: 3.7): relative "
+            "loss 3.65 at the start, 3.66 after 2 rounds (2 accepted)") in worse.message()
     assert "--iterations 10" in worse.advice and "local_steps=N" in worse.advice
     same = judge_progress(_results([_round(1)], participation="0.5", gamma=0.5), [3.65, 3.65])
     assert not same.progressed and "--participation full" in same.advice
@@ -98,8 +98,16 @@ def test_judgement_of_runs_without_progress_says_what_to_change():
     assert "diverges" in paper.advice and "--param step_rule=cocoa" in paper.advice
     safe = judge_progress(_results([_round(1)], rule="safe"), [3.65, 8.6])
     assert "beta adapts" in safe.advice and "step_rule=cocoa" in safe.advice
-    cocoa = judge_progress(_results([_round(1), _round(2)], rule="cocoa"), [3.65, 0.3, 4.5])
-    assert "overshoot" in cocoa.advice and "--iterations 10" in cocoa.advice
+    # Below the start at some round: the best weights seen are returned, the run learned.
+    assert judge_progress(_results([_round(1), _round(2)], rule="cocoa"), [3.65, 0.3, 4.5]
+                          ).progressed
+    overshoot = judge_progress(_results([_round(1), _round(2)], rule="cocoa"), [3.65, 4.5, 3.9])
+    assert overshoot.reason.startswith("the objective overshot and is falling again (highest "
+                                       "at round 1: 4.5): relative loss 3.65 at the start, 3.9")
+    assert "overshoot" in overshoot.advice and "--iterations 10" in overshoot.advice
+    rising = judge_progress(_results([_round(1), _round(2)], rule="cocoa"), [3.65, 3.9, 4.5])
+    assert rising.reason.startswith("the objective is rising")
+    assert "overshoot" not in rising.advice and "step_rule=safe" in rising.advice
     nan = judge_progress(_results([_round(1)]), [3.65, float("nan")])
     assert "the objective is not finite" in nan.reason
     absent = judge_progress(_results([_round(1, active=(), absent=(0, 1))]))
@@ -266,21 +274,27 @@ def test_local_with_the_defaults_learns_and_shows_every_round(tmp_path, in_proce
     assert len(results["rounds"]) == 5
     metrics = (tmp_path / "out" / "metrics.csv").read_text().splitlines()
     header = metrics[0].split(",")
-    loss = [float(line.split(",")[header.index("relative_loss")]) for line in metrics[1:]]
-    assert loss[-1] < loss[0]  # cocoa's last iterate may overshoot on the way
+    column = {name: [float(line.split(",")[header.index(name)]) for line in metrics[1:]]
+              for name in ("relative_loss", "round_relative_loss", "model_round")}
+    loss = column["round_relative_loss"]  # each round's w (cocoa may overshoot on the way)
+    best = column["relative_loss"]  # the best w seen: never rises, never above the start
+    assert best[0] == loss[0] and best[-1] < best[0]
+    assert all(b <= a for a, b in zip(best, best[1:]))
+    assert best == [min(loss[:t + 1]) for t in range(len(loss))]
     lines = result.output.splitlines()
     shown = [line for line in lines if line.startswith("round ")]
     assert len(shown) == 5 and shown[0].startswith("round 1/5  parties 0,1,2,3  absent -  "
                                                    f"accepted  rel. loss {loss[1]:.3g}  ")
     text = " ".join(result.output.split())
-    assert f"{loss[0]:.3g} -> {loss[-1]:.3g}" in text and "in-process" in text
+    assert f"{best[0]:.3g} -> {best[-1]:.3g}" in text and "in-process" in text
     assert "no progress" not in text
     assert re.search(r"max \|w difference\| *│ *│ *0 │", result.output)
     from hyfl.model_file import load_model
 
-    model = load_model(tmp_path / "out" / "model.npz")  # the final weights, as a model file
+    model = load_model(tmp_path / "out" / "model.npz")  # the best weights, as a model file
     with np.load(tmp_path / "out" / "weights.npz") as f:
-        np.testing.assert_array_equal(model.weights, np.asarray(f["w"][-1]).reshape(30, -1))
+        kept = np.asarray(f["w"][int(column["model_round"][-1])])
+        np.testing.assert_array_equal(model.weights, kept.reshape(30, -1))
     assert model.n_features == 30 and list(model.labels) == [0.0, 1.0]
 
 
@@ -289,7 +303,8 @@ def test_local_without_progress_exits_3_and_says_what_to_change(tmp_path, in_pro
     result = _local(tmp_path, "--param", "step_rule=paper", "--iterations", "2")
     assert result.exit_code == NO_PROGRESS_EXIT, result.output
     text = " ".join(result.output.split())
-    assert "no progress: the objective did not fall: relative loss 3.65 at the start" in text
+    assert "no progress: the objective is rising (the last round's is the highest since the " \
+        "start): relative loss 3.65 at the start" in text
     assert "--param step_rule=cocoa" in text
     for name in ("deploy.json", "weights.npz", "metrics.csv"):  # the results are written
         assert (tmp_path / "out" / name).exists(), name
@@ -339,3 +354,16 @@ def test_run_follows_the_job_and_exits_3_when_no_round_is_accepted(tmp_path, mon
     result = runner.invoke(app, common)  # the default rule: every round accepted
     assert result.exit_code == 0, result.output
     assert re.search(r"rounds \(accepted\) *│ *2 \(2\) │", result.output)
+
+
+def test_local_no_better_than_the_majority_class_exits_3(tmp_path, in_process_local):
+    """ijcnn1 (training split) is 90.3% one class: one round of the theory rule's small
+    steps lowers the objective below the zero model's but still predicts the majority class
+    everywhere."""
+    result = _local(tmp_path, "--data", "ijcnn1", "--param", "step_rule=theory",
+                    "--iterations", "1")
+    assert result.exit_code == NO_PROGRESS_EXIT, result.output
+    text = " ".join(result.output.split())
+    assert "no progress: no better than a trivial model: training accuracy 0.903 <= majority " \
+        "class 0.903" in text
+    assert "--iterations 10" in text

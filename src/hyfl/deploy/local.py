@@ -488,7 +488,8 @@ def _tail(path: Path, lines: int = 8) -> str:
 
 #: Columns of a deployment's metrics.csv (cumulative where the simulation's are).
 DEPLOY_COLUMNS = (
-    "iteration", "primal", "relative_loss", "train_accuracy", "round_trips", "round_seconds",
+    "iteration", "primal", "relative_loss", "train_accuracy", "model_round",
+    "round_relative_loss", "round_trips", "round_seconds",
     "bytes_up", "bytes_down", "encryptions", "decryptions", "additions",
     "payload_bytes_up", "payload_bytes_down", "messages", "active_clients", "absent_clients",
     "attempts", "accepted", "beta",
@@ -503,8 +504,12 @@ def deployment_metrics(results: dict, weights: np.ndarray, problem=None, optimum
     excluded, as there); ``round_seconds`` is the deployment's wall time.
     With ``problem`` (the pooled data, available when everything runs on one
     machine) the objective is evaluated from the server's weights of each
-    round; without it those columns are NaN. The duals stay with the parties,
-    so ``dual`` and ``gap`` are not reported.
+    round (``round_relative_loss``) and, as the engines do, the row reports
+    the best weights seen so far, the zero model of the start included
+    (``primal``, ``relative_loss``, ``train_accuracy`` of round
+    ``model_round``): what the run returns never gets worse. Without
+    ``problem`` those columns are NaN. The duals stay with the parties, so
+    ``dual`` and ``gap`` are not reported.
     """
     from hyfl.runtime.simulation import evaluate
 
@@ -513,13 +518,18 @@ def deployment_metrics(results: dict, weights: np.ndarray, problem=None, optimum
                   "messages")
     totals = dict.fromkeys(cumulative, 0.0)
     rows = []
+    best: dict[str, float] | None = None
     for t in range(len(weights)):
         row: dict[str, float] = {"iteration": float(t)}
         if problem is not None:
             values = evaluate(problem, weights[t], None, optimum, None, train_labels)
-            row.update({k: values[k] for k in ("primal", "relative_loss", "train_accuracy")})
+            if best is None or values["primal"] <= best["primal"]:
+                best = {k: values[k] for k in ("primal", "relative_loss", "train_accuracy")}
+                best["model_round"] = float(t)
+            row.update(best, round_relative_loss=values["relative_loss"])
         else:
-            row.update(primal=np.nan, relative_loss=np.nan, train_accuracy=np.nan)
+            row.update(primal=np.nan, relative_loss=np.nan, train_accuracy=np.nan,
+                       model_round=np.nan, round_relative_loss=np.nan)
         if t > 0:
             record = results["rounds"][t - 1]
             for key in cumulative:
@@ -768,9 +778,9 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
     Writes into ``out``: ``keys/`` (unless ``keys_dir``; an existing one is
     checked and reused, never regenerated), ``deploy.json``, ``weights.npz``
     and ``weights-latest.npz`` (the ServerApp's), ``metrics.csv`` (objective of
-    each round's weights, costs), ``parties/party-K.npz`` (each party's final
+    each round's weights and of the best seen, costs), ``parties/party-K.npz`` (each party's final
     duals and weights), ``flower/`` (logs, app, FLWR_HOME), ``model.npz`` (the
-    final weights, see :mod:`hyfl.model_file`) and, with ``compare``,
+    best weights seen, see :mod:`hyfl.model_file`) and, with ``compare``,
     ``comparison.json``. An ``out`` holding anything besides
     ``keys/`` is refused unless ``overwrite``. Keys below 2048 bits need
     ``insecure_test_keys`` (then the parties' node configs and the run config
@@ -798,7 +808,7 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
     from hyfl.data import default_lambda, load_data
     from hyfl.deploy.config import DeployConfig, run_config_for
     from hyfl.deploy.keys import party_cipher
-    from hyfl.deploy.report import judge_progress, summarize
+    from hyfl.deploy.report import Judgement, judge_progress, summarize
     from hyfl.experiments.runner import FALLBACK_LAMBDA
     from hyfl.partition import parse_partition
     from hyfl.problem import make_problem, solve_centralized
@@ -880,16 +890,27 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
     write_metrics(rows, out / "metrics.csv")
     from hyfl.model_file import MODEL_FILE, model_from_problem, save_model
 
+    # The best weights seen (the engines return them too): never worse than the zero model.
     save_model(out / MODEL_FILE, model_from_problem(
-        problem, weights[-1], data_meta=dataset_meta, partition=partition or "party files",
-        algorithm="hyfdca", data=data_name))
+        problem, weights[int(rows[-1]["model_round"])], data_meta=dataset_meta,
+        partition=partition or "party files", algorithm="hyfdca", data=data_name))
     comparison = None
     if compare:
         own = party_cipher(cipher, private, insecure_test_keys=insecure_test_keys,
                            **config.cipher_options())
         comparison = compare_with_protocol(results, weights, problem, parts, own, optimum)
         write_json(out / "comparison.json", comparison, indent=1)
-    relative_loss = [row["relative_loss"] for row in rows]
+    reported = [row["relative_loss"] for row in rows]
+    judgement = judge_progress(results, [row["round_relative_loss"] for row in rows])
+    if judgement.progressed:  # below the zero model; and above always predicting one class?
+        from hyfl.experiments.runner import majority_rate_of
+        from hyfl.runtime.trivial import judge_trivial
+
+        trivial = judge_trivial(rows, majority_rate=majority_rate_of(problem, labels))
+        if trivial is not None:
+            judgement = Judgement(False, f"no better than a trivial model: {trivial.reason}",
+                                  f"Run more rounds (--iterations {max(2 * iterations, 10)}), "
+                                  "or try --participation full.")
     return LocalRun(out=out, results=results, metrics=rows, comparison=comparison,
-                    summary=summarize(results, relative_loss, comparison),
-                    judgement=judge_progress(results, relative_loss), warnings=warnings)
+                    summary=summarize(results, reported, comparison), judgement=judgement,
+                    warnings=warnings)

@@ -33,6 +33,7 @@ __all__ = [
     "Judgement",
     "RoundDisplay",
     "judge_progress",
+    "objective_shape",
     "round_line",
     "summarize",
     "summary_table",
@@ -72,8 +73,15 @@ def judge_progress(results: Mapping[str, Any],
     """Judge whether a deployed run learned.
 
     A run has not progressed if no party took part in any round, if no
-    round was accepted, or -- when the objective is known -- if the relative
-    loss at the end is not below the one at the start (or not finite).
+    round was accepted, or -- when the objective is known -- if no round's
+    weights were better than the zero model it started from (``hyfl deploy
+    local`` keeps the best weights seen, so a run that went below the start
+    and came back up still returns a model better than nothing). A run that
+    did not progress is told apart by the shape of its objective: *rising*
+    (the last round's objective is the highest after the start: the rule is
+    moving away from the optimum), an *overshoot* (it rose above the start
+    and has been falling since its peak: more rounds will bring it down), or
+    flat.
 
     Parameters
     ----------
@@ -127,13 +135,21 @@ def judge_progress(results: Mapping[str, Any],
                          f"were rejected by the {rule} rule's test)", advice)
     if relative_loss is None or len(relative_loss) < 2:
         return Judgement(True)
-    start, end = float(relative_loss[0]), float(relative_loss[-1])
-    if math.isfinite(end) and end < start:
+    trace = np.asarray(relative_loss, dtype=float)
+    start, end = float(trace[0]), float(trace[-1])
+    finite = trace[np.isfinite(trace)]
+    if finite.size and float(finite.min()) < start:
         return Judgement(True)
-    what = ("the objective is not finite" if not math.isfinite(end) else
-            "the objective did not fall")
-    reason = (f"{what}: relative loss {start:.3g} at the start, {end:.3g} after {T} round"
-              f"{'s' if T > 1 else ''} ({len(accepted)} accepted)")
+    shape = objective_shape(trace)
+    peak = 1 + int(np.nanargmax(trace[1:])) if np.isfinite(trace[1:]).any() else T
+    reason = {
+        "not finite": "the objective is not finite",
+        "rising": "the objective is rising (the last round's is the highest since the start)",
+        "overshoot": (f"the objective overshot and is falling again (highest at round {peak}: "
+                      f"{float(trace[peak]):.3g})"),
+    }.get(shape, "the objective did not fall")
+    reason += (f": relative loss {start:.3g} at the start, {end:.3g} after {T} "
+               f"round{'s' if T > 1 else ''} ({len(accepted)} accepted)")
     advice = {
         "paper": "The paper rule (Algorithm 5 as printed) diverges on some data "
                  "(docs/convergence.md): use HyFDCA's default rule (leave step_rule out, or "
@@ -141,8 +157,12 @@ def judge_progress(results: Mapping[str, Any],
         "safe": "The safe rule keeps the dual objective rising, but the objective of w can "
                 f"rise for the first rounds while its beta adapts: run more rounds ({more}), or "
                 "use HyFDCA's default rule (leave step_rule out, or --param step_rule=cocoa).",
-        "cocoa": "The cocoa rule's last iterate can overshoot for a few rounds before it "
-                 f"settles (docs/convergence.md): run more rounds ({more}).",
+        "cocoa": ("The cocoa rule explores ahead of the duals it certifies and can overshoot "
+                  f"before it settles (docs/convergence.md): run more rounds ({more})."
+                  if shape != "rising" else
+                  "The cocoa rule restarts from the duals it certified whenever their dual "
+                  f"objective falls: run more rounds ({more}); if the objective keeps rising, "
+                  "try --participation full or the safe rule (--param step_rule=safe)."),
     }.get(rule, f"The {rule} rule takes small steps: run more rounds ({more}), or let each "
                 "party take more steps per round (--param local_steps=N, up to one pass over "
                 "its samples).")
@@ -165,6 +185,25 @@ def _step_rule(config: Mapping[str, Any]) -> str:
     from hyfl.algorithms.hyfdca import HyFDCA
 
     return HyFDCA().step_rule  # what an empty hyper runs
+
+
+def objective_shape(relative_loss: Sequence[float]) -> str:
+    """How a run's objective moved: ``"not finite"``, ``"improved"`` (below the start at
+    some round), ``"rising"`` (never below the start and the last round the highest since
+    it), ``"overshoot"`` (above the start, and lower at the end than at its peak) or
+    ``"flat"`` (never away from the start).
+
+    ``relative_loss`` holds the start (index 0) and one value per round.
+    """
+    trace = np.asarray(relative_loss, dtype=float)
+    if trace.size == 0 or not np.all(np.isfinite(trace)):
+        return "not finite"
+    start, after = float(trace[0]), trace[1:]
+    if after.size == 0 or float(after.max()) <= start:
+        return "improved" if after.size and float(after.min()) < start else "flat"
+    if float(after.min()) < start:
+        return "improved"
+    return "rising" if float(after[-1]) >= float(after.max()) else "overshoot"
 
 
 # ----------------------------------------------------------------------------- summary
