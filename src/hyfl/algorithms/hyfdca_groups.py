@@ -238,8 +238,13 @@ def absent_image(U_absent: np.ndarray, sums: np.ndarray, active_sums: np.ndarray
     exact = F > 0
     b = sums - active_sums
     for c in range(C):
-        U = U_absent[:, :, c]
-        gram = U.T @ U
-        estimate[:, c] = U @ (np.linalg.pinv(gram, rcond=RCOND, hermitian=True) @ b[c])
-        exact = exact and np.linalg.matrix_rank(U) >= F
+        # U = P S V^T: the least-norm y with U^T y = b is P S^+ V^T b, singular values
+        # below sqrt(RCOND) of the largest dropped (RCOND on U^T U's eigenvalues).
+        left, singular, right_t = np.linalg.svd(U_absent[:, :, c], full_matrices=False)
+        top = singular.max(initial=0.0)
+        keep = singular > np.sqrt(RCOND) * top
+        estimate[:, c] = left[:, keep] @ ((right_t[keep] @ b[c]) / singular[keep])
+        # numpy's matrix_rank tolerance: the directions span all F absent features
+        rank = np.count_nonzero(singular > top * max(F, R) * np.finfo(float).eps)
+        exact = exact and rank >= F
     return estimate, bool(exact)

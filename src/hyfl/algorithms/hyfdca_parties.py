@@ -907,8 +907,8 @@ class Server:
             sender = int(present[0])
             features = self.groups.features(absent)
             U = self.group_history.vectors(sender, self.pairs[sender], features)
-            is_exact = all(np.linalg.matrix_rank(U[:, :, c]) >= features.size
-                           for c in range(U.shape[2]))
+            _, is_exact = absent_image(U, np.zeros((U.shape[2], U.shape[1])),
+                                       np.zeros((U.shape[2], U.shape[1])))
             senders[sender] = g
             exact.update(dict.fromkeys(present.tolist(), is_exact))
         self.roles = {"senders": senders, "exact": exact}
@@ -927,9 +927,15 @@ class Server:
                 active_image[self.client_features[k]] += replies[int(k)]["primal_part"] / lam_n
             features = self.groups.features(absent)
             pairs = self.pairs[sender]
+            sums = replies[sender].get("span_sums")
+            if sums is None or np.shape(sums) != (self.public.n_outputs, pairs.shape[0]):
+                raise fail(f"party {sender}",
+                           f"sent span sums of shape {np.shape(sums)} with its direction, "
+                           f"expected {(self.public.n_outputs, pairs.shape[0])}",
+                           "Run the same hyfl version on every party and the server.")
             estimate, _ = absent_image(
                 self.group_history.vectors(sender, pairs, features),
-                np.asarray(replies[sender]["span_sums"], dtype=float),
+                np.asarray(sums, dtype=float),
                 self.group_history.inner_with_directions(sender, pairs, active_image))
             self.direction_dw[features] += estimate
             start = 0
