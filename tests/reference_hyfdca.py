@@ -47,18 +47,6 @@ class ReferenceHyFDCA:
         for c in self.clients:
             for i in c.samples:
                 self.holders[int(i)].append(c.k)
-        # Sample groups: clients whose samples all have the same holders, which hold
-        # disjoint features; else None (the server's own w is the history).
-        holder_sets = [{tuple(self.holders[int(i)]) for i in c.samples} for c in self.clients]
-        self.group_of = None
-        if all(len(h) == 1 for h in holder_sets):
-            keys = [next(iter(h)) for h in holder_sets]
-            if all(len(set().union(*[set(self.clients[j].features.tolist()) for j in key]))
-                   == sum(len(self.clients[j].features) for j in key) for key in keys):
-                self.group_of = keys  # a group is named by its members
-        self.sip_w = {c.k: np.zeros((len(c.features), C)) for c in self.clients}
-        self.composite_of_round = {}  # round -> {group: composite weights (M, C)}
-        self.estimate = {c.k: np.zeros((len(c.features), C)) for c in self.clients}
         self.sq_norm = np.asarray(problem.X.multiply(problem.X).sum(axis=1)).ravel()
         H = hyfdca.steps_per_client(N, len(self.clients))
         self.counts = np.array([min(H, len(c.samples)) for c in self.clients])
@@ -111,7 +99,6 @@ class ReferenceHyFDCA:
             c = self.clients[k]
             c.alpha = self.alpha[c.samples].copy()
             self.hat_w[k] = c.primal_part()
-            self.estimate[k][:] = 0.0  # its exact part replaces the estimate
         self.w = self.aggregate_primal()
         for k in newcomers:
             self.clients[k].w = self.w[self.clients[k].features].copy()
@@ -129,16 +116,8 @@ class ReferenceHyFDCA:
         # SecureInnerProduct (Algorithm 2): every active client, all its samples.
         for k in active:
             c = self.clients[k]
-            self.sip_w[k] = c.w.copy()
             for i in c.samples:
                 self.ip[(k, int(i))] = c.inner_product(int(i))
-        if self.group_of is not None:
-            self.composite_of_round[t] = {}
-            for key in set(self.group_of):
-                composite = np.zeros_like(self.w)
-                for j in key:
-                    composite[self.clients[j].features] = self.sip_w[j]
-                self.composite_of_round[t][key] = composite
         C = self.problem.n_outputs
         z = {
             i: sum((self.ip.get((k, i), np.zeros(C)) for k in self.holders[i]), np.zeros(C))
