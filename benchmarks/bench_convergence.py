@@ -1,6 +1,6 @@
 """Convergence benchmark of HyFDCA's defaults against liblinear on the pooled data.
 
-For every combination of dataset, partition, participation fraction and loss it
+For every combination of dataset, partition, participation and loss it
 runs ``HyFDCA()`` (no ``iic``, ``local_steps`` or ``step_rule``: the default
 ``cocoa`` rule) on the simulation engine
 (:func:`hyfl.runtime.simulation.simulate`) with the dataset's paper lambda and
@@ -29,7 +29,8 @@ Partitions: ``--grids`` entries ``KxQ`` mean ``grid:KxQ`` (a full spec such as
 (the paper's quadrant split; 4 and 500 clients by default, the two smallest
 of the paper's 5/500/5000 settings as ``configs/paper/make_configs.py``
 builds them). Participation 1 is :class:`~hyfl.partition.Full`, a fraction
-below 1 is :class:`~hyfl.partition.RandomFraction`, as ``hyfl run`` parses it.
+below 1 is :class:`~hyfl.partition.RandomFraction`, ``cyclic:C`` is
+:class:`~hyfl.partition.Cyclic`, as ``hyfl run`` parses them.
 
 Usage::
 
@@ -58,7 +59,7 @@ import numpy as np
 from machine import cpu_model, git
 
 LEVELS = (1e-2, 1e-3, 1e-4)
-DATASETS = ("ijcnn1", "reuters", "adult", "covtype", "mnist")
+DATASETS = ("ijcnn1", "reuters", "adult", "covtype", "mnist", "breast_cancer")
 MNIST_PARTITIONS = "quadrant:4,quadrant:500"
 NEGATIVE_TOLERANCE = -1e-9
 """A relative loss below this means HyFDCA beat liblinear's ``P*`` (an inexact optimum)."""
@@ -131,11 +132,11 @@ def _time_limit_error():
 
 @dataclass
 class Case:
-    """One run: dataset, partition spec, participation fraction and loss."""
+    """One run: dataset, partition spec, participation (a fraction or ``cyclic:C``) and loss."""
 
     dataset: str
     partition: str
-    participation: float
+    participation: str
     loss: str
 
 
@@ -380,7 +381,7 @@ def run_all(args) -> list[Outcome]:
                         central_method=optimum.method,
                     )
                     print(
-                        f"  {spec} ({partition.n_clients} clients) p={p:g}: "
+                        f"  {spec} ({partition.n_clients} clients) p={p}: "
                         f"{args.rounds} rounds ...",
                         flush=True,
                     )
@@ -594,7 +595,7 @@ def table_rows(outcomes: list[Outcome]) -> list[list[str]]:
             [
                 o.case.dataset,
                 f"{o.case.partition} ({o.clients})",
-                f"{o.case.participation:g}",
+                o.case.participation,
                 o.case.loss,
                 f"{o.lam:g}",
                 rounds,
@@ -632,7 +633,7 @@ def print_table(outcomes: list[Outcome], env: dict) -> None:
     notes = [(o, note) for o in outcomes for note in o.notes]
     for o, note in notes:
         c = o.case
-        print(f"note: {c.dataset} {c.partition} p={c.participation:g} {c.loss}: {note}")
+        print(f"note: {c.dataset} {c.partition} p={c.participation} {c.loss}: {note}")
 
 
 def environment() -> dict:
@@ -694,7 +695,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=MNIST_PARTITIONS,
         help=f"partition specs for MNIST (default {MNIST_PARTITIONS})",
     )
-    parser.add_argument("--participation", default=None, help="comma-separated fractions in (0, 1]")
+    parser.add_argument("--participation", default=None,
+                        help="comma-separated fractions in (0, 1] or cyclic:C")
     parser.add_argument("--losses", default=None, help="comma-separated: hinge,logistic")
     parser.add_argument("--rounds", type=int, default=None, help="outer iterations (default 800)")
     parser.add_argument("--eval-every", type=int, default=None, help="default 5")
@@ -742,12 +744,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     bad_losses = sorted(set(args.losses) - {"hinge", "logistic"})
     if bad_losses or not args.losses:
         parser.error(f"unknown loss(es) {bad_losses}; choose from hinge, logistic")
-    try:
-        args.participation = [float(p) for p in _split(args.participation)]
-    except ValueError:
-        parser.error("--participation takes comma-separated numbers, e.g. 0.5,1.0")
-    if not args.participation or not all(0 < p <= 1 for p in args.participation):
-        parser.error("--participation fractions must be in (0, 1]")
+    args.participation = _split(args.participation)
+    from hyfl.errors import HyflError
+    from hyfl.partition import parse_participation
+
+    for spec in args.participation:  # as hyfl run reads them (checked for 4 clients here)
+        try:
+            parse_participation(spec, 4)
+        except HyflError as error:
+            parser.error(f"--participation {spec!r}: {error}")
+    if not args.participation:
+        parser.error("--participation takes comma-separated fractions or cyclic:C, e.g. 0.5,1")
     if args.rounds < 1 or args.eval_every < 1:
         parser.error("--rounds and --eval-every must be >= 1")
     if args.time_limit is not None and args.time_limit <= 0:

@@ -195,6 +195,14 @@ class ReferenceCocoa:
     model's residual on the client's own features formed explicitly as
     ``x_i[own] - Q[own] phi_i``; the aggregates are recomputed from scratch, and the
     running averages are dense.
+
+    Where every client's samples have one set of holders (hyfl.algorithms.hyfdca_groups)
+    the directions are those of the group's *composite* weights (on each member's
+    features, the weights it last computed inner products with), kept per round; a
+    client's margins are moved to the server's ``w`` by ``x_i^T Q Q^T (w - w~)``; and the
+    absent members' image of a move is the least-norm vector on their features whose
+    products with the directions match ``D^T X^T d / (lam N)`` (taken here from the
+    pooled rows, not from remembered margins) minus the active members' part.
     """
 
     SHORT, FULL, SHRINK = 0.5, 0.95, 0.8
@@ -211,12 +219,24 @@ class ReferenceCocoa:
         for c in self.clients:
             for i in c.samples:
                 self.holders[int(i)].append(c.k)
+        # Sample groups: clients whose samples all have the same holders, which hold
+        # disjoint features; else None (the server's own w is the history).
+        holder_sets = [{tuple(self.holders[int(i)]) for i in c.samples} for c in self.clients]
+        self.group_of = None
+        if all(len(h) == 1 for h in holder_sets):
+            keys = [next(iter(h)) for h in holder_sets]
+            if all(len(set().union(*[set(self.clients[j].features.tolist()) for j in key]))
+                   == sum(len(self.clients[j].features) for j in key) for key in keys):
+                self.group_of = keys  # a group is named by its members
+        self.sip_w = {c.k: np.zeros((len(c.features), C)) for c in self.clients}
+        self.composite_of_round = {}  # round -> {group: composite weights (M, C)}
+        self.estimate = {c.k: np.zeros((len(c.features), C)) for c in self.clients}
         self.sq_norm = np.asarray(problem.X.multiply(problem.X).sum(axis=1)).ravel()
         H = hyfdca.steps_per_client(N, len(self.clients))
         self.counts = np.array([len(c.samples) if H is None else min(H, len(c.samples))
                                 for c in self.clients])
         self.depth = hyfdca.history_depth(problem.n_features)
-        self.window = 2 * self.depth
+        self.window = hyfdca.history_window(N, problem.n_features, C)
         self.alpha = np.zeros((N, C))
         self.ip = {}
         self.hat_w = {c.k: np.zeros((len(c.features), C)) for c in self.clients}
@@ -280,6 +300,8 @@ class ReferenceCocoa:
         self.alpha = self.cert_alpha.copy()
         self.previous_step = np.zeros_like(self.previous_step)
         self.previous_dw = np.zeros_like(self.previous_dw)
+        for k in self.estimate:
+            self.estimate[k][:] = 0.0
         for cl in self.clients:
             cl.alpha = self.alpha[cl.samples].copy()
             self.hat_w[cl.k] = cl.primal_part()
@@ -304,16 +326,32 @@ class ReferenceCocoa:
         for c in self.clients:
             for local, m in enumerate(c.features):
                 total[m] += self.hat_w[c.k][local]
-        return total / (self.problem.lam * self.problem.n_samples)
+        total /= self.problem.lam * self.problem.n_samples
+        for c in self.clients:  # what w holds for the absent members' missing images
+            total[c.features] += self.estimate[c.k]
+        return total
 
-    def transform(self, k, c):
-        """(directions as round pairs, T) of client k's model for output c."""
+    def model_of_round(self, k, r):
+        """The weights client k's margins of round r were taken with: w, or its group's
+        composite."""
+        if self.group_of is None:
+            return self.w_of_round[r]
+        return self.composite_of_round[r][self.group_of[k]]
+
+    def directions(self, k, c):
+        """(round pairs, D (M, R)) of client k's directions for output c."""
         rounds = [r for r, _ in self.history[k]][: self.depth]
         pairs = [(rounds[0], None)] + [(rounds[j - 1], rounds[j]) for j in range(1, len(rounds))]
         D = np.column_stack([
-            self.w_of_round[p][:, c] - (self.w_of_round[b][:, c] if b is not None else 0.0)
+            self.model_of_round(k, p)[:, c]
+            - (self.model_of_round(k, b)[:, c] if b is not None else 0.0)
             for p, b in pairs
         ])
+        return pairs, D
+
+    def transform(self, k, c):
+        """(directions as round pairs, T) of client k's model for output c."""
+        pairs, D = self.directions(k, c)
         values, vectors = np.linalg.eigh(D.T @ D)
         keep = values > 1e-10 * max(values.max(), 1e-300)
         T = np.zeros((len(pairs), len(pairs)))
@@ -336,6 +374,7 @@ class ReferenceCocoa:
             c = self.clients[k]
             c.alpha = self.alpha[c.samples].copy()
             self.hat_w[k] = c.primal_part()
+            self.estimate[k][:] = 0.0  # its exact part replaces the estimate
         self.w = self.aggregate_primal()
         rho = max(2.0 / (t + 1.0), 0.1)
         if not active:  # an empty round: only the running averages move on
@@ -359,8 +398,16 @@ class ReferenceCocoa:
             self.cert_current and all(k in active for i in sip for k in self.holders[i]))
         for k in active:
             c = self.clients[k]
+            self.sip_w[k] = c.w.copy()
             for i in c.samples:
                 self.ip[(k, int(i))] = c.inner_product(int(i))
+        if self.group_of is not None:
+            self.composite_of_round[t] = {}
+            for key in set(self.group_of):
+                composite = np.zeros_like(self.w)
+                for j in key:
+                    composite[self.clients[j].features] = self.sip_w[j]
+                self.composite_of_round[t][key] = composite
         z = {i: sum((self.ip.get((k, i), np.zeros(C)) for k in self.holders[i]), np.zeros(C))
              for i in range(N)}
         self.w_of_round[t] = self.w.copy()
@@ -370,6 +417,18 @@ class ReferenceCocoa:
             self.history[k] = h[: self.depth]
         for k in self.history:  # rounds older than the window are forgotten
             self.history[k] = [(r, v) for r, v in self.history[k] if r > t - self.window]
+
+        # Margin offsets: x_i^T Q Q^T (w - w~) with Q = D T, per active client and sample.
+        offset = {}
+        for k in active:
+            for c in range(C):
+                pairs, T = self.transform(k, c)
+                _, D = self.directions(k, c)
+                towards = (T.T @ D.T @ (self.w - self.model_of_round(k, t))[:, c]
+                           if self.group_of is not None else np.zeros(T.shape[1]))
+                for i in self.clients[k].samples:
+                    offset.setdefault((k, int(i)), np.zeros(C))[c] = (
+                        self.phi(k, int(i), c, pairs, T) @ towards)
 
         # Local subproblems, sample by sample.
         coef = self.sigma / (lam * N)
@@ -381,10 +440,7 @@ class ReferenceCocoa:
                 pairs, T = self.transform(k, c)
                 # Q: orthonormal basis of the directions' span; the client knows it on
                 # its own features (its blocks of the weights it received).
-                D = np.column_stack([
-                    self.w_of_round[p][:, c] - (self.w_of_round[b][:, c] if b is not None else 0.0)
-                    for p, b in pairs
-                ])
+                _, D = self.directions(k, c)
                 Q_own = (D @ T)[cl.features]
                 S = np.zeros(T.shape[1])
                 S_own = np.zeros(len(cl.features))  # sum d r_own
@@ -394,7 +450,8 @@ class ReferenceCocoa:
                     resid = max(self.sq_norm[i] - phi @ phi, 0.0)
                     rest = resid - min(r_own @ r_own, resid)  # other holders' part: diagonal
                     q = max(coef * (phi @ phi + resid), 1e-300)
-                    margin = z[i][c] + coef * (phi @ S + r_own @ S_own + rest * delta[i][c])
+                    margin = (z[i][c] + offset[(k, i)][c]
+                              + coef * (phi @ S + r_own @ S_own + rest * delta[i][c]))
                     d = loss.dual_step(np.array([self.alpha[i, c] + delta[i][c]]),
                                        np.array([margin]), np.array([q]), p.Y[i:i + 1, c])[0]
                     delta[i][c] += d
@@ -426,11 +483,46 @@ class ReferenceCocoa:
                                    lo, hi) - self.alpha[i]
             direction[i][np.abs(direction[i]) < 1e-9] = 0.0  # rounding, not a step
         dw = image(direction)
+        # The absent members' image, per group, least-norm in the span of the directions.
+        estimates, spanned = {}, set()  # spanned: samples whose absent image is exact
+        if self.group_of is not None:
+            for key in sorted({self.group_of[k] for k in active}):
+                present = [j for j in key if j in active]
+                absent = [j for j in key if j not in active]
+                moved = [i for i in U if tuple(self.holders[i]) == key]
+                if not absent or not moved:
+                    continue
+                sender = present[0]
+                features = np.concatenate([self.clients[j].features for j in absent])
+                whole = sum(np.outer(p.X[i].toarray().ravel(), direction[i]) for i in moved)
+                mine = np.zeros_like(self.w)
+                for i in moved:
+                    for j in present:
+                        cl = self.clients[j]
+                        mine[cl.features] += np.outer(cl.X[cl.position[i]], direction[i])
+                y = np.zeros((features.size, C))
+                spans = True
+                for c in range(C):
+                    _, D = self.directions(sender, c)
+                    b = D.T @ (whole[:, c] - mine[:, c]) / (lam * N)
+                    y[:, c] = np.linalg.pinv(D[features].T, rcond=np.sqrt(1e-9)) @ b
+                    spans = spans and np.linalg.matrix_rank(D[features]) >= features.size
+                dw[features] += y
+                start = 0
+                for j in absent:
+                    n_j = len(self.clients[j].features)
+                    estimates[j] = y[start:start + n_j]
+                    start += n_j
+                if spans:
+                    spanned.update(moved)
 
         # Line search on the estimated dual change phi(t), per output.
         full = sum(self.sq_norm[i] * direction[i] ** 2 for i in U)
         act = np.zeros(C)
         for i in U:
+            if i in spanned:  # the absent part of this sample's image is known
+                act += self.sq_norm[i] * direction[i] ** 2
+                continue
             for k in self.holders[i]:
                 if k in active:
                     cl = self.clients[k]
@@ -448,7 +540,8 @@ class ReferenceCocoa:
         def phi_t(s):
             conj = sum(loss.conjugate(self.alpha[i], p.Y[i])
                        - loss.conjugate(self.alpha[i] + s * direction[i], p.Y[i]) for i in U)
-            margin = sum(z[i] * direction[i] for i in U)
+            margin = sum((z[i] + offset[(min(k for k in self.holders[i] if k in active), i)])
+                         * direction[i] for i in U)
             return (conj - s * margin) / N - s * s * curvature
 
         limit = 1.0 if exact else self.trust  # the certificate's trust bounds the step
@@ -475,6 +568,8 @@ class ReferenceCocoa:
             cl = self.clients[k]
             cl.alpha = self.alpha[cl.samples].copy()
             self.hat_w[k] = cl.primal_part()
+        for j, part in estimates.items():
+            self.estimate[j] = self.estimate[j] + part * step
         self.w = self.aggregate_primal()
         self.previous_dw = dw * step
         mean = float(np.mean(step / limit))

@@ -286,13 +286,15 @@ def _walk(obj, seen=None):
 
 ALLOWED_PLAINTEXT = ("w", "primal_parts", "primal_sum", "saved", "beta", "beta_min", "public",
                      "average_w", "sigma", "sigma_ceiling", "limit", "decisions", "leave",
-                     "exact", "stepped", "checkpoint_w", "cert")
+                     "exact", "stepped", "checkpoint_w", "cert", "group_history", "snapshot",
+                     "estimates", "direction_estimates")
 """Server attributes that are meant to be plaintext: the model, its parts and its running
 average (not secret in HyFDCA, which encrypts the duals instead), the safe rule's and the
 cocoa rule's step scalings, the certificate's bookkeeping (the certified and checkpoint
 models and parts, which clients are stale, the notices, the trust; its duals and
-conjugate sums are ciphertexts), and public facts (sizes, the layout, who holds which
-sample)."""
+conjugate sums are ciphertexts), the cocoa rule's model of absent holders (composite
+weights, the weights each client last used, the estimated images: functions of the model
+and the primal parts), and public facts (sizes, the layout, who holds which sample)."""
 
 
 @pytest.mark.parametrize("step_rule, cipher_name", [("safe", "paillier"), ("cocoa", "paillier"),
@@ -355,6 +357,11 @@ def test_server_never_holds_or_receives_a_dual_or_inner_product_in_plaintext(pro
         for leaf in _walk(payload):
             if isinstance(leaf, np.ndarray) and leaf.dtype.kind == "f" and kind == "step":
                 assert leaf.shape == (1,)  # the line search's step size, public like w
+            elif (isinstance(leaf, np.ndarray) and leaf.dtype.kind == "f"
+                  and kind == "direction" and "span_sums" in payload
+                  and leaf is payload["span_sums"]):
+                # cocoa's span sums of a group's move: R numbers per output
+                assert leaf.shape == (problem.n_outputs, hyfdca.history_depth(m))
             elif isinstance(leaf, np.ndarray) and leaf.dtype.kind == "f":
                 assert kind in ("primal_part", "direction")  # primal images (cocoa: direction)
                 assert leaf.shape[0] == len(_features(grid(n, m, 3, 3), client))
@@ -362,6 +369,9 @@ def test_server_never_holds_or_receives_a_dual_or_inner_product_in_plaintext(pro
                 raise AssertionError(f"plaintext scalar {leaf} from client {client} ({kind})")
         if kind in ("inner_products", "dual_steps", "setup", "proposals", "direction"):
             assert any(isinstance(leaf, EncryptedVector) for leaf in _walk(payload))
+    if step_rule != "safe":  # the groups' span sums were among what the server received
+        assert any(kind == "direction" and "span_sums" in payload
+                   for _, kind, payload in wire.received)
 
 
 ALLOWED_RECEIVED = ("primal_part", "step")

@@ -240,13 +240,15 @@ def _number_or_text(value: str) -> object:
 @app.command(epilog=TRIVIAL_EPILOG)
 def demo(
     out: Annotated[Path, typer.Option(help="Folder for the outputs.")] = Path("hyfl-demo"),
-    iterations: Iterations = 1500,
+    iterations: Annotated[int | None, typer.Option(
+        help="Outer iterations (default 300: where HyFDCA's default has settled).")] = None,
 ):
     """HyFDCA on a 3x3 hybrid grid of the bundled breast-cancer data, half the clients per round."""
     from hyfl.experiments.demo import DEMO_SPEC
     from hyfl.experiments.runner import execute
 
-    spec = dataclasses.replace(DEMO_SPEC, iterations=iterations)
+    spec = (DEMO_SPEC if iterations is None else
+            dataclasses.replace(DEMO_SPEC, iterations=iterations))
     console.print(
         f"[bold]hyfl demo[/]: {spec.algorithm} on [cyan]{spec.data}[/] ({spec.loss} loss), "
         f"partition {spec.partition_spec()}, participation {spec.participation}"

@@ -71,12 +71,10 @@ DEFAULT_MAX_ITER = 5000
 """Default most outer iterations (rounds) of a fit."""
 DEFAULT_TOL = 1e-4
 """Default relative duality-gap tolerance: stop once ``P - D <= tol * |P|``."""
-DEFAULT_STEP_RULE = "safe"
-"""The estimators' step rule. Not the library's ``cocoa``: on small data with partial
-participation (small ``lam N``, the hard regime of docs/convergence.md) ``cocoa`` stalls --
-the breast-cancer acceptance case (grid:3x3, half participation, hinge, lam 1e-3) is at
-relative loss 1.7e-3 after 8,000 rounds -- while ``safe`` certifies a relative gap of 1e-4
-in 3,873 rounds (3.5 s)."""
+DEFAULT_STEP_RULE = HyFDCA.step_rule
+"""The estimators' step rule: the library's default (``cocoa``, certified). On the
+breast-cancer acceptance case (min-max scaled, grid:3x3, half participation, hinge,
+lam 1e-3) it settles at relative loss 1e-3 within 300 rounds (docs/convergence.md)."""
 
 _CAPPABLE = re.compile(r"^\s*(grid|horizontal|vertical)\s*:\s*(\d+)\s*(?:[xX,*]\s*(\d+)\s*)?$")
 
@@ -260,11 +258,9 @@ _SHARED_PARAMETERS = """\
         Seed of the partition's sample permutation, the participation draws
         and the algorithm's own draws. An int ``s`` gives the same model as
         ``hyfl.simulate(..., seed=s)``.
-    step_rule : {"cocoa", "safe", "theory", "paper"}, default "safe"
-        HyFDCA's local dual method (see :class:`hyfl.algorithms.hyfdca.HyFDCA`).
-        ``safe`` needs no tuning and keeps converging on small data with partial
-        participation, where the library's default ``cocoa`` stalls (see
-        ``DEFAULT_STEP_RULE``); ``cocoa`` is much faster on large data.
+    step_rule : {"cocoa", "safe", "theory", "paper"}, default "cocoa"
+        HyFDCA's local dual method (see :class:`hyfl.algorithms.hyfdca.HyFDCA`);
+        the default is the library's.
     local_steps : int or None, default None
         ``H``, dual steps per active client and round (None: the rule's default).
     iic : float or None, default None

@@ -77,6 +77,15 @@ from hyfl.algorithms.hyfdca_certify import (
     conjugate_sums,
     next_trust,
 )
+from hyfl.algorithms.hyfdca_groups import (
+    GroupHistory,
+    SampleGroups,
+    absent_image,
+    directions_margins,
+    find_sample_groups,
+    margin_offsets,
+    span_sums,
+)
 from hyfl.algorithms.hyfdca_local import (
     RunningAverage,
     SpanHistory,
@@ -101,6 +110,15 @@ MAX_AUTO_HISTORY = 32
 """Most rounds of inner products a client remembers for the ``cocoa`` rule's model by default
 (``history=None``: one more than the number of features, so that the remembered directions can
 span low-dimensional data, and at most this many)."""
+HISTORY_WINDOW = 8
+"""Rounds a client's remembered inner products stay usable, as a multiple of its
+``history`` depth. At low participation a client's last ``depth`` active rounds lie far
+apart: with a window of ``2 * depth`` rounds a client taking part one round in ten kept a
+fifth of its directions (measured: ijcnn1 3x3 at participation 0.1, relative loss 5.6
+after 600 rounds with ``2``, 3e-4 with ``8``; docs/convergence.md)."""
+HISTORY_RING_BYTES = 256 * 2**20
+"""The window shrinks (not below ``2 * depth``) where the ring of remembered inner products,
+``N x window x C`` floats, would exceed this."""
 DEFAULT_MOMENTUM = 0.95
 """Largest momentum coefficient of the ``cocoa`` rule."""
 
@@ -247,6 +265,12 @@ class HyFDCA:
             return int(self.history)
         return min(n_features + 1, MAX_AUTO_HISTORY)
 
+    def history_window(self, n_samples: int, n_features: int, n_outputs: int) -> int:
+        """Slots of the ring of remembered rounds (see :data:`HISTORY_WINDOW`)."""
+        depth = self.history_depth(n_features)
+        fits = HISTORY_RING_BYTES // (8 * max(n_samples * n_outputs, 1))
+        return int(max(2 * depth, min(HISTORY_WINDOW * depth, fits)))
+
     def steps_per_client(self, n_samples: int, n_clients: int) -> int | None:
         """Resolve ``H`` from ``local_steps`` or the IIC (None: every local sample)."""
         if self.local_steps is not None:
@@ -269,9 +293,19 @@ class HyFDCA:
         sq_norms = _row_squared_norms(problem.X)
         local = None
         if self.step_rule == "cocoa":
+            depth = self.history_depth(problem.n_features)
+            window = self.history_window(N, problem.n_features, C)
+            rowptr = blocks.client_rowptr
+            groups = find_sample_groups(
+                [blocks.row_sample[rowptr[k]:rowptr[k + 1]] for k in range(blocks.n_clients)],
+                blocks.client_features, N)
             local = LocalState(
-                history=SpanHistory.empty(blocks.n_clients, N, problem.n_features, C,
-                                          self.history_depth(problem.n_features)),
+                history=SpanHistory.empty(blocks.n_clients, N, problem.n_features, C, depth,
+                                          window),
+                groups=groups,
+                group_history=(None if groups is None else
+                               GroupHistory.empty(groups, problem.n_features, C, depth, window)),
+                absent_estimate=[np.zeros((f.size, C)) for f in blocks.client_features],
                 sigma=initial_sigma(blocks.client_features, problem.n_features),
                 sigma_ceiling=sigma_ceiling(blocks.client_features, problem.n_features, sizes),
                 previous_step=np.zeros((N, C)),
@@ -381,6 +415,8 @@ class HyFDCA:
             refreshed = server_refresh_newcomers(state, newcomers, stale)
         if refreshed:
             state.w += primal_aggregation_rows(state, refreshed[0], refreshed[1])
+        if state.local is not None:  # their exact images replace the estimates
+            drop_absent_estimates(state, newcomers)
         state.snapshots.record(state.w, receivers)
 
         if self.step_rule == "cocoa":
@@ -519,6 +555,7 @@ class HyFDCA:
             local.average_alpha.advance(t)
         if clients.size == 0:  # nobody takes part: only the history and the average move on
             local.history.record(t, state.w, clients, clients, np.empty((0, C)))
+            record_composites(state, t)
             local.average_w *= 1.0 - average_weight(t)
             local.average_w += average_weight(t) * state.w
             return state, {"updated_samples": 0.0, "accepted": 0.0, "step": 0.0,
@@ -563,12 +600,30 @@ class HyFDCA:
             traffic["sip_down_all"] = active.copy()  # every sample of every active client
         tic = time.perf_counter()
         local.history.record(t, state.w, clients, sip_samples, z)
-        # The server sends each active client the Gram matrix of its directions.
+        # The server sends each active client the Gram matrix of its directions: of the
+        # composite weights its margins were taken with, where the split has sample
+        # groups (hyfl.algorithms.hyfdca_groups), and R numbers per output that move its
+        # margins from them to w.
         pairs, grams = local.history.directions(clients)
+        groups = local.groups
+        if groups is not None:
+            composites = record_composites(state, t)
+            grams = local.group_history.grams(clients, pairs, t)
+            towards_w = [local.group_history.inner_with_directions(
+                k, pairs[a], state.w - composites[groups.of_client[k]])
+                for a, k in enumerate(clients)]
         io.server_seconds += time.perf_counter() - tic
         R = pairs.shape[1]
+        transforms = span_transforms(grams)
         # Each client gets its Gram matrices (upper triangles) and the subproblem's scaling.
         io.floats_down += clients.size * (C * R * (R + 1) / 2 + 1)
+        offsets = None  # per active client, its samples' margin offsets (n_k, C)
+        if groups is not None:
+            io.floats_down += clients.size * C * R
+            offsets = [margin_offsets(
+                directions_margins(local.history.z, blocks.row_sample[rowptr[k]:rowptr[k + 1]],
+                                   pairs[a]), transforms[a], towards_w[a])
+                for a, k in enumerate(clients)]
 
         # 4. LocalDualMethod: every active client solves its subproblem, with its
         # block of the history directions (it received those weights).
@@ -582,7 +637,7 @@ class HyFDCA:
             alpha=state.alpha,  # active clients hold fresh copies (step 1)
             z_ring=local.history.z,
             pairs=pairs,
-            transforms=span_transforms(grams),
+            transforms=transforms,
             Y=problem.Y,
             sq_norms=state.sq_norms,
             coef=local.sigma / (lam * N),
@@ -591,6 +646,9 @@ class HyFDCA:
             feature_ptr=np.concatenate(([0], np.cumsum([f.size for f in own_features]))),
             features=np.concatenate(own_features),
             directions=directions,
+            margin_offset=(None if offsets is None else np.concatenate(
+                [offsets[a][drawn_rows[lo:hi] - rowptr[k]] for a, (k, lo, hi) in
+                 enumerate(zip(clients, *_segments(counts)))])),
         )
         del drawn_rows
         # With a full local pass every active client sends (and below receives) a
@@ -646,15 +704,30 @@ class HyFDCA:
         direction = momentum_direction(loss, alpha_before, proposal, previous, mu, y)
         dw = image(direction)
         io.floats_up += n_features[active].sum()
+        # The absent holders' part of the image, estimated in the span of each group's
+        # directions from R sums per output that one active member sends.
+        estimates: dict[int, np.ndarray] = {}
+        exact_samples = np.zeros(samples.size, dtype=bool)
+        if groups is not None:
+            tic = time.perf_counter()
+            dw_absent, estimates, exact_samples, senders = estimate_absent_images(
+                state, active, clients, pairs, samples, direction, updated_rows, updated_slot)
+            dw += dw_absent
+            io.floats_up += senders * C * R
+            io.server_seconds += time.perf_counter() - tic
 
         # 7. Line search: the clients' encrypted sums (conjugate terms, margin
         # term, squared norms) are decrypted by one of them, with the server's
         # ||dw||^2; the verdict is the step t.
         tic = time.perf_counter()
         weight = direction * direction
+        # The judge's margins: each sample's as its first active holder reports it.
+        line_margins = z if offsets is None else z + reporter_offsets(
+            blocks, active, clients, sip_samples, offsets)
         full = np.sum(state.sq_norms[samples][:, None] * weight, axis=0)
         at_sip = np.searchsorted(sip_samples, samples)  # the updated samples among the SIP's
-        fresh_sq = fresh_sq_sip[at_sip]
+        # Where a group's estimate is exact its absent part of ||A d||^2 is known too.
+        fresh_sq = np.where(exact_samples, state.sq_norms[samples], fresh_sq_sip[at_sip])
         active_part = np.sum(fresh_sq[:, None] * weight, axis=0)
         quadratic, local.coherence = line_search_curvature(
             np.sum(dw * dw, axis=0), full, active_part, samples.size, local.coherence, lam, N
@@ -664,7 +737,7 @@ class HyFDCA:
         step = line_search(
             loss,
             conjugate_gains(loss, alpha_before, direction, y, limit),
-            np.sum(z[at_sip] * direction, axis=0),
+            np.sum(line_margins[at_sip] * direction, axis=0),
             quadratic,
             N,
             limit,
@@ -683,6 +756,8 @@ class HyFDCA:
         state.alpha_local[updated_rows] += change[updated_slot]
         applied_dw = dw * step[None, :]
         state.w += applied_dw
+        for k, part in estimates.items():
+            local.absent_estimate[k] += part * step[None, :]
         moved = np.any(change != 0.0, axis=1)
         state.updated_at[samples[moved]] = t
         io.floats_down += n_features[active].sum() + clients.size * C
@@ -978,6 +1053,12 @@ class LocalState:
     previous_samples: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     coherence: np.ndarray = field(default_factory=lambda: np.zeros(1))  # see line_search_curvature
     certificate: Certificate | None = None  # see hyfl.algorithms.hyfdca_certify
+    # The model of the absent holders (hyfl.algorithms.hyfdca_groups; None: not a grid-like
+    # partition): the sample groups, their composite weights' history, and per client the
+    # estimate of its missing image that w holds until it returns, (|M_k|, C).
+    groups: SampleGroups | None = None
+    group_history: GroupHistory | None = None
+    absent_estimate: list = field(default_factory=list)
 
 
 @dataclass
@@ -1181,6 +1262,97 @@ def server_refresh_newcomers(
     return rows, change
 
 
+def _segments(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end of consecutive segments of the given lengths."""
+    ends = np.cumsum(counts)
+    return ends - counts, ends
+
+
+def record_composites(state: HyFDCAState, t: int) -> np.ndarray | None:
+    """Record round ``t``'s composite weights of every sample group (None without groups):
+    on each client's features, the weights it last computed inner products with."""
+    local = state.local
+    if local.groups is None:
+        return None
+    snapshots = state.snapshots
+    composites = local.groups.composite(state.w,
+                                        lambda k: snapshots.store[snapshots.slot[k]])
+    local.group_history.record(t, composites)
+    return composites
+
+
+def drop_absent_estimates(state: HyFDCAState, clients: np.ndarray) -> None:
+    """The flagged clients re-sent their exact primal parts: drop the estimates of their
+    missing images that ``w`` held (:mod:`hyfl.algorithms.hyfdca_groups`)."""
+    for k in np.flatnonzero(clients):
+        estimate = state.local.absent_estimate[k]
+        if estimate.any():
+            state.w[state.blocks.client_features[k]] -= estimate
+            estimate[:] = 0.0
+
+
+def reporter_offsets(blocks, active, clients, sip_samples, offsets) -> np.ndarray:
+    """Per SIP sample, the margin offset of its first active holder (who reports it to
+    the line search), shape (n, C)."""
+    rows, slot, holders = hyfdca_kernels.holder_rows(blocks, sip_samples)
+    keep = active[holders]
+    rows, slot, holders = rows[keep], slot[keep], holders[keep]
+    first = np.ones(slot.size, dtype=bool)
+    first[1:] = slot[1:] != slot[:-1]  # rows come sample by sample, holders ascending
+    rows, slot, holders = rows[first], slot[first], holders[first]
+    out = np.zeros((sip_samples.size, offsets[0].shape[1]))
+    at = np.searchsorted(clients, holders)
+    for a in np.unique(at):
+        sel = at == a
+        out[slot[sel]] = offsets[a][rows[sel] - blocks.client_rowptr[clients[a]]]
+    return out
+
+
+def estimate_absent_images(state: HyFDCAState, active, clients, pairs, samples, direction,
+                           updated_rows, updated_slot):
+    """The absent holders' image of the round's direction, per sample group
+    (:func:`hyfl.algorithms.hyfdca_groups.absent_image`).
+
+    Returns the image on the absent features (M, C), each absent client's part of it
+    (``{k: (|M_k|, C)}``), which of ``samples`` had an exact estimate, and how many
+    clients sent span sums.
+    """
+    local, problem = state.local, state.problem
+    groups, history = local.groups, local.group_history
+    lam_n = problem.lam * problem.n_samples
+    total = np.zeros_like(state.w)
+    parts: dict[int, np.ndarray] = {}
+    exact_samples = np.zeros(samples.size, dtype=bool)
+    of_sample = groups.of_sample[samples]
+    senders = 0
+    for g in np.unique(of_sample):
+        members = groups.members[g]
+        present, absent = members[active[members]], members[~active[members]]
+        if absent.size == 0 or present.size == 0:
+            continue
+        sel = np.flatnonzero(of_sample == g)
+        sender = int(present[0])
+        a = int(np.searchsorted(clients, sender))
+        margins = directions_margins(local.history.z, samples[sel], pairs[a])
+        sums = span_sums(margins, direction[sel], lam_n)
+        in_group = np.isin(updated_slot, sel)
+        active_image = primal_aggregation_rows(state, updated_rows[in_group],
+                                               direction[updated_slot[in_group]])
+        features = groups.features(absent)
+        estimate, exact = absent_image(
+            history.vectors(sender, pairs[a], features), sums,
+            history.inner_with_directions(sender, pairs[a], active_image))
+        total[features] += estimate
+        start = 0
+        for k in absent:
+            size = groups.client_features[k].size
+            parts[int(k)] = estimate[start:start + size]
+            start += size
+        exact_samples[sel] = exact
+        senders += 1
+    return total, parts, exact_samples, senders
+
+
 def primal_aggregation_rows(state: HyFDCAState, rows: np.ndarray, dual_change: np.ndarray):
     """Change of ``w`` when the clients owning the stacked ``rows`` re-send their primal part.
 
@@ -1326,6 +1498,8 @@ def _certify_checkpoint(state: HyFDCAState, t: int) -> None:
     # images and ciphertexts, every client its copy.
     state.alpha[:] = cert.alpha
     state.w[:] = cert.w
+    for estimate in local.absent_estimate:  # the certified w is exact
+        estimate[:] = 0.0
     state.alpha_local[:] = cert.alpha[state.blocks.row_sample]
     local.previous_step[:] = 0.0
     local.previous_dw[:] = 0.0

@@ -196,14 +196,15 @@ def _kernels():
     @nb.njit(nogil=True)
     def solve(step, params, seg, row_sample, rows, indptr, indices, data, alpha, Y, sq_norms,
               ring, pairs, transforms, c, coef, passes, feature_ptr, features, basis,
-              basis_grams, inverse):
+              basis_grams, inverse, offset):
         # Per client a: rows seg[a]:seg[a + 1] (sample row_sample[j], data row rows[j] of
         # the CSR arrays); its directions pairs[a] into the ring of inner products (the
         # current round's slot first) and transforms[a] = T give the rows' coordinates
         # phi in the span, computed client by client (an (n, R) array for all draws
         # would be 20x the data on Covtype); basis[feature_ptr[a]:feature_ptr[a + 1]] is
         # the span's orthonormal basis Q on the client's own features and
-        # basis_grams[a] = Q^T Q there. inverse (M,) is scratch, -1 filled.
+        # basis_grams[a] = Q^T Q there. inverse (M,) is scratch, -1 filled. offset[j]
+        # moves row j's remembered margin to the server's w (hyfl.algorithms.hyfdca_groups).
         # The model: <x_i, x_j> ~ phi_i.phi_j + r_i.r_j (own features) + diagonal rest.
         n, R = row_sample.size, pairs.shape[1]
         delta = np.zeros(n)
@@ -257,7 +258,8 @@ def _kernels():
                     resid = max(sq_norms[i] - pn, 0.0)
                     own_sq = min(max(own_sq, 0.0), resid)
                     q = max(coef * (pn + resid), 1e-300)
-                    margin = ring[i, now, c] + coef * (ps + own + (resid - own_sq) * delta[j])
+                    margin = (ring[i, now, c] + offset[j]
+                              + coef * (ps + own + (resid - own_sq) * delta[j]))
                     d = step(alpha[i] + delta[j], margin, q, Y[i], params)
                     if d != 0.0:
                         delta[j] += d
@@ -306,6 +308,7 @@ def solve_subproblems(
     features: np.ndarray,
     directions: np.ndarray,
     passes: int = 1,
+    margin_offset: np.ndarray | None = None,
 ) -> np.ndarray:
     """Every active client's local subproblem, solved by sequential dual coordinate ascent.
 
@@ -357,6 +360,10 @@ def solve_subproblems(
         (:meth:`SpanHistory.direction_vectors`, :meth:`ClientMemory.direction_vectors`).
     passes : int, default 1
         Passes over each client's drawn rows.
+    margin_offset : ndarray, shape (n, C), optional
+        Added to each drawn row's remembered margin: its move from the composite
+        weights the margin was taken with to the server's ``w``
+        (:func:`hyfl.algorithms.hyfdca_groups.margin_offsets`; default zero).
 
     Returns
     -------
@@ -405,6 +412,8 @@ def solve_subproblems(
             basis,
             basis_grams,
             inverse,
+            np.zeros(n) if margin_offset is None
+            else np.ascontiguousarray(margin_offset[:, c], dtype=np.float64),
         )
     return out
 
@@ -701,9 +710,10 @@ class SpanHistory:
 
     @classmethod
     def empty(cls, n_clients: int, n_samples: int | None, n_features: int, n_outputs: int,
-              depth: int) -> SpanHistory:
-        """An empty history (``n_samples=None``: the server's part, without inner products)."""
-        size = 2 * depth
+              depth: int, size: int | None = None) -> SpanHistory:
+        """An empty history (``n_samples=None``: the server's part, without inner products)
+        of ``size`` slots (default ``2 * depth``)."""
+        size = 2 * depth if size is None else int(size)
         return cls(
             z=None if n_samples is None else np.zeros((n_samples, size, n_outputs)),
             moves=np.zeros((size, n_features, n_outputs)),
@@ -817,8 +827,9 @@ class ClientMemory:
     server can name the directions and send their Gram matrix.
     """
 
-    def __init__(self, n_samples: int, n_features: int, n_outputs: int, depth: int):
-        size = 2 * depth
+    def __init__(self, n_samples: int, n_features: int, n_outputs: int, depth: int,
+                 size: int | None = None):
+        size = 2 * depth if size is None else int(size)
         self.z = np.zeros((n_samples, size, n_outputs))
         self.w = np.zeros((size, n_features, n_outputs))
         self.slots = np.full(depth, -1, dtype=np.int64)

@@ -70,6 +70,14 @@ from hyfl.algorithms.hyfdca import (
     step_verdict,
 )
 from hyfl.algorithms.hyfdca_certify import EVENTS, accepts, next_trust
+from hyfl.algorithms.hyfdca_groups import (
+    GroupHistory,
+    absent_image,
+    directions_margins,
+    find_sample_groups,
+    margin_offsets,
+    span_sums,
+)
 from hyfl.algorithms.hyfdca_local import (
     ClientMemory,
     SpanHistory,
@@ -138,7 +146,9 @@ class Client:
         self.round: dict = {}
         if public.hyfdca.step_rule == "cocoa":
             depth = public.hyfdca.history_depth(public.n_features)
-            self.memory = ClientMemory(self.samples.size, self.features.size, C, depth)
+            window = public.hyfdca.history_window(public.n_samples, public.n_features, C)
+            self.memory = ClientMemory(self.samples.size, self.features.size, C, depth, window)
+            self.offsets = np.zeros((self.samples.size, C))  # see hyfdca_groups
             self.previous_step = np.zeros((self.samples.size, C))
         if public.hyfdca.certified:  # its samples' certified duals and checkpoint's
             self.cert_alpha = np.zeros((self.samples.size, C))
@@ -147,7 +157,7 @@ class Client:
     #: What changes between messages: a transport that cannot keep the object
     #: alive (Flower starts a new process per message) saves and restores these.
     STATE = ("alpha", "w", "sq_norms", "round", "z", "previous", "memory", "previous_step",
-             "proposal", "direction", "cert_alpha", "ckpt_alpha")
+             "proposal", "direction", "cert_alpha", "ckpt_alpha", "offsets")
 
     def get_state(self) -> dict:
         """The client's changing state (see :attr:`STATE`), by attribute name."""
@@ -359,7 +369,12 @@ class Client:
         """Remember the round's inner products, solve the subproblem, send the proposals.
 
         ``message`` has the encrypted ``z`` of all the client's samples, the
-        Gram matrices of its directions and the subproblem's ``coef``.
+        Gram matrices of its directions and the subproblem's ``coef``; where the
+        split has sample groups (:mod:`hyfl.algorithms.hyfdca_groups`) also
+        ``towards_w`` (``<w - w~, u_j>``, which moves its margins to the server's
+        ``w``) and two flags for the round's direction: ``span_sums`` (this client
+        sends its group's span sums) and ``exact`` (its group's absent image is
+        known exactly).
         """
         pub = self.public
         if pub.horizontal:  # whole samples: the inner products are local
@@ -367,6 +382,15 @@ class Client:
         else:
             self.z = decrypt_samples(self.cipher, pub.layout, message["z"], self.samples)
         self.memory.record(self.round["t"], self.z, self.w)
+        transforms = span_transforms(_symmetric(message["grams"])[None])
+        self.offsets = np.zeros_like(self.z)
+        if message.get("towards_w") is not None:
+            self.offsets = margin_offsets(
+                directions_margins(self.memory.z, np.arange(self.samples.size),
+                                   self.memory.pairs()[0]),
+                transforms[0], np.asarray(message["towards_w"], dtype=float))
+        self.round["span_sums"] = bool(message.get("span_sums", False))
+        self.round["exact"] = bool(message.get("exact", False))
         order = self.round["order_local"]  # the drawn samples, in the order to visit them
         proposals = solve_subproblems(
             self.loss,
@@ -375,7 +399,7 @@ class Client:
             alpha=self.alpha,
             z_ring=self.memory.z,
             pairs=self.memory.pairs(),
-            transforms=span_transforms(_symmetric(message["grams"])[None]),
+            transforms=transforms,
             Y=self.Y,
             sq_norms=self.sq_norms,
             coef=float(message["coef"]),
@@ -384,6 +408,7 @@ class Client:
             feature_ptr=np.array([0, self.features.size]),
             features=np.arange(self.features.size),
             directions=self.memory.direction_vectors(),
+            margin_offset=self.offsets[order],
         )
         scale = 1.0 / pub.n_holders[self.samples[order]]
         return encrypt_samples(self.cipher, self._round_layout(), self.samples[order],
@@ -417,15 +442,24 @@ class Client:
         reports = self.round["reports_local"]  # samples this client is first active holder of
         gains = conjugate_gains(self.loss, alpha[reports], d[reports], y[reports],
                                 self.round["limit"])
-        margin = np.sum((self.z[updated] * d)[reports], axis=0)
+        margins = self.z[updated] + self.offsets[updated]  # moved to the server's w
+        margin = np.sum((margins * d)[reports], axis=0)
         full = np.sum((self.sq_norms[updated][:, None] * d * d)[reports], axis=0)
-        own = np.sum(self.own_sq[updated][:, None] * d * d, axis=0)
+        # The observed part of ||A d||^2: the client's own, or -- where its group's absent
+        # image is known exactly -- the whole samples' (reported once per sample).
+        own = (full if self.round.get("exact") else
+               np.sum(self.own_sq[updated][:, None] * d * d, axis=0))
         totals = np.concatenate([gains, margin[None], full[None], own[None]]).T  # (C, P + 3)
-        return {
+        reply = {
             "primal_part": np.asarray(self.X[updated].T @ d),
             "totals": encrypt_samples(self.cipher, _totals_layout(self.cipher, totals.size),
                                       np.array([0]), totals.reshape(1, -1)),
         }
+        if self.round.get("span_sums"):  # its group's moves on its directions
+            reply["span_sums"] = span_sums(
+                directions_margins(self.memory.z, updated, self.memory.pairs()[0]), d,
+                self.public.lam * self.public.n_samples)
+        return reply
 
     def cocoa_step(self, message: dict) -> dict:
         """(One client, for all) decrypt the summed sums and take the line search's step.
@@ -527,7 +561,18 @@ class Server:
         self.compact_steps = False  # whether this round's dual steps travel compact
         if public.hyfdca.step_rule == "cocoa":
             M = public.n_features
-            self.history = SpanHistory.empty(K, None, M, C, public.hyfdca.history_depth(M))
+            depth = public.hyfdca.history_depth(M)
+            window = public.hyfdca.history_window(public.n_samples, M, C)
+            self.history = SpanHistory.empty(K, None, M, C, depth, window)
+            # The absent holders' model (hyfl.algorithms.hyfdca_groups): the sample groups,
+            # their composite weights' history, the weights each client last computed
+            # inner products with, and the estimates of missing images that w holds.
+            self.groups = find_sample_groups(self.client_samples, self.client_features,
+                                             public.n_samples)
+            self.group_history = (None if self.groups is None else
+                                  GroupHistory.empty(self.groups, M, C, depth, window))
+            self.snapshot = [np.zeros((f.size, C)) for f in self.client_features]
+            self.estimates = [np.zeros((f.size, C)) for f in self.client_features]
             self.sigma = initial_sigma(self.client_features, M)
             self.sigma_ceiling = sigma_ceiling(self.client_features, M, sizes)
             self.previous_dw = np.zeros((M, C))
@@ -640,6 +685,10 @@ class Server:
                 self.cert.checkpoint["pending"][k] = False
             if "primal_part" in reply:
                 self._set_primal_part(k, reply["primal_part"])
+        if self.public.hyfdca.step_rule == "cocoa":  # exact images replace the estimates
+            for k in replies:
+                if "primal_part" in replies[k]:
+                    self.estimates[k][:] = 0.0
         self._update_w()
         if self.public.hyfdca.step_rule == "cocoa":  # every active client needs the new w
             return {int(k): self.w[self.client_features[k]] for k in self.active}
@@ -729,7 +778,18 @@ class Server:
         layout, pub = self.public.layout, self.public
         active = self.active
         self.history.record(self.t, self.w, active)
-        _, grams = self.history.directions(active)
+        pairs, grams = self.history.directions(active)
+        self.pairs = dict(zip(active.tolist(), pairs))
+        towards_w, roles = {}, {}
+        if self.groups is not None:
+            for k in active:  # they compute this round's inner products with w
+                self.snapshot[k] = self.w[self.client_features[k]].copy()
+            composites = self._record_composites()
+            grams = self.group_history.grams(active, pairs, self.t)
+            for a, k in enumerate(active.tolist()):
+                towards_w[k] = self.group_history.inner_with_directions(
+                    k, pairs[a], self.w - composites[self.groups.of_client[k]])
+            roles = self._group_roles()
         upper = np.triu_indices(grams.shape[-1])
         coef = self.sigma / (pub.lam * pub.n_samples)
         if pub.horizontal:
@@ -746,6 +806,11 @@ class Server:
                 "z": None if z is None else self._select(z, layout, self.client_samples[k]),
                 "grams": grams[a][:, upper[0], upper[1]],  # symmetric: the upper triangles
                 "coef": coef,
+                **({} if self.groups is None else {
+                    "towards_w": towards_w[int(k)],
+                    "span_sums": int(k) in roles.get("senders", {}),
+                    "exact": bool(roles.get("exact", {}).get(int(k), False)),
+                }),
             }
             for a, k in enumerate(active)
         }
@@ -776,9 +841,13 @@ class Server:
         return momentum_coefficient(dw, self.previous_dw, self.public.hyfdca.momentum)
 
     def cocoa_totals(self, replies: dict[int, dict]):
-        """The direction's primal image; the summed line-search sums for one client."""
+        """The direction's primal image (with the absent holders' part estimated where the
+        split has sample groups); the summed line-search sums for one client."""
         self.direction_dw = self._image({k: r["primal_part"] for k, r in replies.items()})
         self.direction_parts = {k: r["primal_part"] for k, r in replies.items()}
+        self.direction_estimates = {}
+        if self.groups is not None:
+            self._estimate_absent(replies)
         totals = [reply["totals"] for reply in replies.values()]
         acc = totals[0].ciphertexts
         for vec in totals[1:]:
@@ -804,6 +873,8 @@ class Server:
             features = self.client_features[k]
             self.primal_parts[k] = self.primal_parts[k] + part * step[None, :]
             self.primal_sum[features] += part * step[None, :]
+        for k, part in self.direction_estimates.items():
+            self.estimates[k] = self.estimates[k] + part * step[None, :]
         self._update_w()
         self.previous_dw = self.direction_dw * step[None, :]
         self.sigma = next_sigma(self.sigma, step / self.limit, self.sigma_ceiling)
@@ -813,7 +884,65 @@ class Server:
     def cocoa_idle(self) -> None:
         """A round nobody takes part in: the history and the running average move on."""
         self.history.record(self.t, self.w, np.empty(0, dtype=np.int64))
+        if self.groups is not None:
+            self._record_composites()
         self.cocoa_average()
+
+    # -- the absent holders' model (hyfl.algorithms.hyfdca_groups) ---------------------------
+    def _record_composites(self) -> np.ndarray:
+        composites = self.groups.composite(self.w, lambda k: self.snapshot[k])
+        self.group_history.record(self.t, composites)
+        return composites
+
+    def _group_roles(self) -> dict:
+        """Per group with active and absent members: its first active member sends the span
+        sums; whether its directions span the absent members' features (an exact estimate)."""
+        active = np.zeros(self.K, dtype=bool)
+        active[self.active] = True
+        senders, exact = {}, {}
+        for g, members in enumerate(self.groups.members):
+            present, absent = members[active[members]], members[~active[members]]
+            if present.size == 0 or absent.size == 0:
+                continue
+            sender = int(present[0])
+            features = self.groups.features(absent)
+            U = self.group_history.vectors(sender, self.pairs[sender], features)
+            _, is_exact = absent_image(U, np.zeros((U.shape[2], U.shape[1])),
+                                       np.zeros((U.shape[2], U.shape[1])))
+            senders[sender] = g
+            exact.update(dict.fromkeys(present.tolist(), is_exact))
+        self.roles = {"senders": senders, "exact": exact}
+        return self.roles
+
+    def _estimate_absent(self, replies: dict[int, dict]) -> None:
+        """Each sender's group: the least-norm image on its absent members' features."""
+        lam_n = self.public.lam * self.public.n_samples
+        active = np.zeros(self.K, dtype=bool)
+        active[self.active] = True
+        for sender, g in self.roles["senders"].items():
+            members = self.groups.members[g]
+            absent = members[~active[members]]
+            active_image = np.zeros_like(self.w)
+            for k in members[active[members]]:
+                active_image[self.client_features[k]] += replies[int(k)]["primal_part"] / lam_n
+            features = self.groups.features(absent)
+            pairs = self.pairs[sender]
+            sums = replies[sender].get("span_sums")
+            if sums is None or np.shape(sums) != (self.public.n_outputs, pairs.shape[0]):
+                raise fail(f"party {sender}",
+                           f"sent span sums of shape {np.shape(sums)} with its direction, "
+                           f"expected {(self.public.n_outputs, pairs.shape[0])}",
+                           "Run the same hyfl version on every party and the server.")
+            estimate, _ = absent_image(
+                self.group_history.vectors(sender, pairs, features),
+                np.asarray(sums, dtype=float),
+                self.group_history.inner_with_directions(sender, pairs, active_image))
+            self.direction_dw[features] += estimate
+            start = 0
+            for k in absent:
+                size = self.client_features[k].size
+                self.direction_estimates[int(k)] = estimate[start:start + size]
+                start += size
 
     def cocoa_average(self) -> None:
         """Move the running average of the model on by one round."""
@@ -911,6 +1040,8 @@ class Server:
             self.primal_sum = np.zeros_like(self.primal_sum)
             for k, part in enumerate(self.primal_parts):
                 self.primal_sum[self.client_features[k]] += part
+            for estimate in self.estimates:  # the certified w is exact
+                estimate[:] = 0.0
             self._update_w()
             self.enc_previous = {}
             self.previous_dw = np.zeros_like(self.previous_dw)
@@ -946,6 +1077,9 @@ class Server:
 
     def _update_w(self) -> None:
         self.w = self.primal_sum / (self.public.lam * self.public.n_samples)
+        for k, estimate in enumerate(getattr(self, "estimates", ())):
+            if estimate.any():
+                self.w[self.client_features[k]] += estimate
 
     def _sum_received(self, vectors: dict[int, EncryptedVector], n_chunks: int) -> np.ndarray:
         """Chunk-wise sums of the received vectors: the first ciphertext of a chunk is

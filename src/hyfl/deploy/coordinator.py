@@ -111,7 +111,7 @@ REPLY_FIELDS: dict[str, dict[str, str]] = {
     "commit": {"inner_products": "vector?"},
     "proposals": {"proposals": "vector"},
     "image": {"primal_part": "matrix"},
-    "direction": {"primal_part": "matrix", "totals": "vector"},
+    "direction": {"primal_part": "matrix", "totals": "vector", "span_sums": "matrix?"},
     "step": {"step": "floats", "coherence": "floats", "conjugate_change": "vector?"},
     "certify": {"accepted": "bool"},
     "changes": {"changes": "vector"},

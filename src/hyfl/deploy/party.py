@@ -91,7 +91,8 @@ MESSAGE_FIELDS: dict[str, dict[str, str]] = {
     "duals": {"duals": "vector"},
     "verdict": {"totals": "vector", "dw_sq": "number"},
     "commit": {"deliveries": "dict?", "inner_products": "bool?"},
-    "proposals": {"z": "vector?", "grams": "matrix", "coef": "number"},
+    "proposals": {"z": "vector?", "grams": "matrix", "coef": "number", "towards_w": "matrix?",
+                  "span_sums": "bool?", "exact": "bool?"},
     "image": {"proposal": "vector", "previous": "vector?"},
     "direction": {"mu": "floats"},
     "step": {"totals": "vector", "dw_sq": "floats", "coherence": "floats", "updated": "int"},
@@ -397,6 +398,8 @@ class Party:
         depth = client.memory.slots.size
         self._check_shape(payload["grams"], (self._outputs, depth * (depth + 1) // 2),
                           kind, "grams")
+        if payload.get("towards_w") is not None:
+            self._check_shape(payload["towards_w"], (self._outputs, depth), kind, "towards_w")
         return {"proposals": client.cocoa_proposals(payload)}
 
     def _image(self, client, payload: dict) -> dict:

@@ -1,0 +1,250 @@
+"""The cocoa rule's model of the absent holders: sample groups and composite weights.
+
+In a hybrid split with partial participation the server's ``w`` and the inner
+products the clients receive disagree. A sample's SecureInnerProduct adds each
+holder's part ``x_i[F_k]^T w_k`` with the weights ``w_k`` that holder received in
+its last active round: the clients see the margins of a *composite* ``w~``
+(current weights on the active holders' features, older ones on the absent
+holders'), while the server's history of its own ``w`` -- the directions whose Gram
+matrix it sends -- never was the model those margins were taken with. And when
+the round moves a sample, only its active holders send the primal image of the
+move: ``w`` misses the absent holders' part of it until they return. Measured
+(docs/convergence.md, section 6), these two gaps are why the default stalled with
+few clients a round and on small dense data.
+
+Where every sample of a client has the same holders (grids, horizontal and
+vertical splits, the quadrant split, party files that share their ids) the clients
+fall into *sample groups*: the clients holding one set of samples, each on its own
+features. For those partitions this module
+
+* records, per group, the history of the composite weights ``w~_g`` (on each
+  member's features, the weights that member last computed inner products with),
+  so that the Gram matrices the server sends describe the directions the
+  clients' remembered margins were really taken along;
+* moves a client's margins from ``w~_g`` to the server's ``w`` inside its model's
+  span (:func:`margin_offsets`): the server sends ``g_j = <w - w~_g, u_j>`` for the
+  client's directions ``u_j``, ``R`` numbers per output, and the client adds
+  ``m_i^T G^+ g`` (``m_i`` its remembered margins of sample ``i`` on the directions,
+  ``G`` their Gram matrix) -- ``x_i^T P (w - w~_g)`` with ``P`` the projection on the span;
+* estimates the absent holders' image of a round's dual move inside the span
+  (:func:`absent_image`): one active member of the group sends
+  ``s_j = <X_g^T d, u_j> / (lam N)`` from its margins (``R`` numbers per output); the
+  server subtracts the active members' image, which it has, and applies the
+  least-norm ``y`` on the absent members' features with ``U_abs^T y = b``. The
+  estimate is exact when the directions span those features. It is kept per absent
+  member and replaced by the exact image when that member returns and re-sends its
+  primal part.
+
+Other partitions (the nonzero split, party files whose ids partly overlap) keep
+the server's own history, as before. Every function here is shared by the stacked
+engine (:mod:`hyfl.algorithms.hyfdca`) and the message-level parties
+(:mod:`hyfl.algorithms.hyfdca_parties`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from hyfl.algorithms.hyfdca_local import SpanHistory
+
+RCOND = 1e-9
+"""Relative cut-off of the absent features' Gram matrix in the least-norm estimate."""
+
+
+@dataclass(frozen=True)
+class SampleGroups:
+    """Clients grouped by the samples they hold (see the module docstring).
+
+    Attributes
+    ----------
+    of_client : ndarray of int, shape (K,)
+        Group of each client.
+    of_sample : ndarray of int, shape (N,)
+        Group of each sample.
+    members : tuple of ndarray of int
+        Clients of each group, ascending.
+    client_features : tuple of ndarray of int
+        Each client's features (global ids).
+    """
+
+    of_client: np.ndarray
+    of_sample: np.ndarray
+    members: tuple[np.ndarray, ...]
+    client_features: tuple[np.ndarray, ...]
+
+    @property
+    def n_groups(self) -> int:
+        return len(self.members)
+
+    def features(self, clients) -> np.ndarray:
+        """The features of the given clients, concatenated."""
+        clients = list(clients)
+        if not clients:
+            return np.empty(0, dtype=np.int64)
+        return np.concatenate([self.client_features[k] for k in clients])
+
+    def composite(self, w: np.ndarray, snapshot_of) -> np.ndarray:
+        """``w~_g`` of every group, shape (G, M, C): on member ``k``'s features the weights
+        ``snapshot_of(k)`` (shape (M, C) or (F_k, C)); zero on features no member holds."""
+        out = np.zeros((self.n_groups,) + w.shape)
+        for g, members in enumerate(self.members):
+            for k in members:
+                f = self.client_features[k]
+                weights = snapshot_of(int(k))
+                out[g, f] = weights[f] if weights.shape[0] == w.shape[0] else weights
+        return out
+
+
+def find_sample_groups(client_samples, client_features, n_samples: int) -> SampleGroups | None:
+    """The sample groups of a partition, or None where some client's samples do not all
+    have the same holders or the holders of a sample share a feature."""
+    K = len(client_samples)
+    sizes = np.array([len(s) for s in client_samples])
+    if K == 0 or np.any(sizes == 0):
+        return None
+    incidence = sp.csr_matrix(
+        (np.ones(int(sizes.sum())), (np.concatenate(client_samples), np.repeat(np.arange(K),
+                                                                              sizes))),
+        shape=(n_samples, K))
+    incidence.sum_duplicates()
+    keys: dict[tuple, int] = {}
+    of_client = np.empty(K, dtype=np.int64)
+    for k, samples in enumerate(client_samples):
+        rows = incidence[np.asarray(samples)]
+        first = rows[0]
+        if (rows - sp.csr_matrix(np.ones((rows.shape[0], 1))) @ first).count_nonzero():
+            return None  # its samples have different holders
+        of_client[k] = keys.setdefault(tuple(first.indices.tolist()), len(keys))
+    members = tuple(np.array(key, dtype=np.int64) for key in keys)
+    of_sample = np.full(n_samples, -1, dtype=np.int64)
+    for k, samples in enumerate(client_samples):
+        of_sample[np.asarray(samples)] = of_client[k]
+    features = tuple(np.asarray(f, dtype=np.int64) for f in client_features)
+    for group in members:
+        held = np.concatenate([features[k] for k in group])
+        if np.unique(held).size != held.size:
+            return None  # two holders of one sample share a feature
+    return SampleGroups(of_client, of_sample, members, features)
+
+
+class GroupHistory:
+    """Per sample group, the composite weights of the recent rounds (server side).
+
+    Each group's :class:`~hyfl.algorithms.hyfdca_local.SpanHistory` (without inner
+    products) records ``w~_g`` in every round, in the same ring of slots as the
+    clients' remembered margins, so a client's directions -- named by slot pairs --
+    are read from its group's history: their Gram matrices, and their values on any
+    features.
+    """
+
+    def __init__(self, groups: SampleGroups, histories: list[SpanHistory]):
+        self.groups, self.histories = groups, histories
+
+    @classmethod
+    def empty(cls, groups: SampleGroups, n_features: int, n_outputs: int, depth: int,
+              size: int) -> GroupHistory:
+        K = groups.of_client.size
+        return cls(groups, [SpanHistory.empty(K, None, n_features, n_outputs, depth, size)
+                            for _ in groups.members])
+
+    def record(self, t: int, composites: np.ndarray) -> None:
+        none = np.empty(0, dtype=np.int64)
+        for history, composite in zip(self.histories, composites):
+            history.record(t, composite, none)
+
+    def grams(self, clients: np.ndarray, pairs: np.ndarray, t: int) -> np.ndarray:
+        """Gram matrices of the clients' directions (pairs (A, R, 2)): (A, C, R, R)."""
+        C = self.histories[0].w.shape[1]
+        R = pairs.shape[1]
+        out = np.zeros((clients.size, C, R, R))
+        of = self.groups.of_client[clients]
+        for g in np.unique(of):
+            sel = np.flatnonzero(of == g)
+            out[sel] = self.histories[g].direction_grams(pairs[sel], t)
+        return out
+
+    def vectors(self, k: int, pairs: np.ndarray, features: np.ndarray) -> np.ndarray:
+        """Client ``k``'s directions (pairs (R, 2)) on ``features``: (F, R, C)."""
+        return self.histories[self.groups.of_client[k]].direction_vectors(pairs, features)
+
+    def inner_with_directions(self, k: int, pairs: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """``<v, u_j>`` for client ``k``'s directions ``u_j``, per output: (C, R)."""
+        support = np.flatnonzero(np.any(v != 0.0, axis=1))
+        if support.size == 0:
+            return np.zeros((v.shape[1], pairs.shape[0]))
+        U = self.vectors(k, pairs, support)  # (F, R, C)
+        return np.einsum("frc,fc->cr", U, v[support])
+
+
+def directions_margins(ring: np.ndarray, samples: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+    """``x_i^T u_j`` of the samples on one client's directions (pairs (R, 2)), from the
+    remembered inner products ``ring`` (N', W, C): shape (n, R, C)."""
+    p, b = pairs[:, 0], pairs[:, 1]
+    rows = ring[samples]
+    newer = np.where((p >= 0)[None, :, None], rows[:, np.maximum(p, 0)], 0.0)
+    older = np.where((b >= 0)[None, :, None], rows[:, np.maximum(b, 0)], 0.0)
+    return newer - older
+
+
+def margin_offsets(margins: np.ndarray, transforms: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """``x_i^T P (w - w~)`` for one client's samples: ``m_i^T T T^T g``.
+
+    Parameters
+    ----------
+    margins : ndarray, shape (n, R, C)
+        The samples' margins on the client's directions.
+    transforms : ndarray, shape (C, R, R)
+        The client's span transforms ``T`` (``T T^T = G^+``).
+    g : ndarray, shape (C, R)
+        ``<w - w~, u_j>`` from the server.
+
+    Returns
+    -------
+    ndarray, shape (n, C)
+    """
+    h = np.einsum("crs,cts,ct->cr", transforms, transforms, g)
+    return np.einsum("nrc,cr->nc", margins, h)
+
+
+def span_sums(margins: np.ndarray, change: np.ndarray, lam_n: float) -> np.ndarray:
+    """``s_j = <X^T d, u_j> / (lam N)`` of a dual change ``d`` (n, C) of the samples whose
+    margins on the directions are ``margins`` (n, R, C): shape (C, R)."""
+    return np.einsum("nrc,nc->cr", margins, change) / lam_n
+
+
+def absent_image(U_absent: np.ndarray, sums: np.ndarray, active_sums: np.ndarray):
+    """The least-norm image on the absent features consistent with the span sums.
+
+    Parameters
+    ----------
+    U_absent : ndarray, shape (F, R, C)
+        The directions on the absent members' features.
+    sums : ndarray, shape (C, R)
+        :func:`span_sums` of the move (all features).
+    active_sums : ndarray, shape (C, R)
+        ``<image on the active members' features, u_j>``.
+
+    Returns
+    -------
+    estimate : ndarray, shape (F, C)
+    exact : bool
+        Whether the directions span the absent features (then the estimate is the image).
+    """
+    F, R, C = U_absent.shape
+    estimate = np.zeros((F, C))
+    exact = F > 0
+    b = sums - active_sums
+    for c in range(C):
+        # U = P S V^T: the least-norm y with U^T y = b is P S^+ V^T b, singular values
+        # below sqrt(RCOND) of the largest dropped (RCOND on U^T U's eigenvalues).
+        left, singular, right_t = np.linalg.svd(U_absent[:, :, c], full_matrices=False)
+        top = singular.max(initial=0.0)
+        keep = singular > np.sqrt(RCOND) * top
+        estimate[:, c] = left[:, keep] @ ((right_t[keep] @ b[c]) / singular[keep])
+        # numpy's matrix_rank tolerance: the directions span all F absent features
+        rank = np.count_nonzero(singular > top * max(F, R) * np.finfo(float).eps)
+        exact = exact and rank >= F
+    return estimate, bool(exact)
