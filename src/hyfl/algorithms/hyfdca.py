@@ -609,9 +609,12 @@ class HyFDCA:
         if groups is not None:
             composites = record_composites(state, t)
             grams = local.group_history.grams(clients, pairs, t)
-            towards_w = [local.group_history.inner_with_directions(
-                k, pairs[a], state.w - composites[groups.of_client[k]])
-                for a, k in enumerate(clients)]
+            towards_w = np.empty((clients.size, C, pairs.shape[1]))
+            of = groups.of_client[clients]
+            for g in np.unique(of):  # one pass over the group's moves for all its clients
+                sel = np.flatnonzero(of == g)
+                towards_w[sel] = local.group_history.inner_with_directions(
+                    clients[sel[0]], pairs[sel], state.w - composites[g])
         io.server_seconds += time.perf_counter() - tic
         R = pairs.shape[1]
         transforms = span_transforms(grams)

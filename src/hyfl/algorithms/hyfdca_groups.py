@@ -171,12 +171,9 @@ class GroupHistory:
         return self.histories[self.groups.of_client[k]].direction_vectors(pairs, features)
 
     def inner_with_directions(self, k: int, pairs: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """``<v, u_j>`` for client ``k``'s directions ``u_j``, per output: (C, R)."""
-        support = np.flatnonzero(np.any(v != 0.0, axis=1))
-        if support.size == 0:
-            return np.zeros((v.shape[1], pairs.shape[0]))
-        U = self.vectors(k, pairs, support)  # (F, R, C)
-        return np.einsum("frc,fc->cr", U, v[support])
+        """``<v, u_j>`` for client ``k``'s directions ``u_j`` (pairs (R, 2)) or, with pairs
+        (A, R, 2), for several clients of ``k``'s group: (C, R) or (A, C, R)."""
+        return self.histories[self.groups.of_client[k]].direction_products(v, pairs)
 
 
 def directions_margins(ring: np.ndarray, samples: np.ndarray, pairs: np.ndarray) -> np.ndarray:

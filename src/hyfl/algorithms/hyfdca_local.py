@@ -790,6 +790,28 @@ class SpanHistory:
         vectors[p < 0] = 0.0
         return np.moveaxis(vectors, 0, 1)
 
+    def direction_products(self, v: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+        """``<v, u_j>`` per output for the directions ``pairs`` ((..., R, 2), see
+        :func:`direction_pairs`): shape (..., C, R).
+
+        What :meth:`direction_vectors` on every feature followed by a product with ``v``
+        gives, from ``v``'s products with each slot's move (one pass over the moves
+        instead of one per client).
+        """
+        W = self.size
+        position, chrono = self._chronology(int(self.slot_round.max()))
+        per_slot = np.einsum("mc,smc->sc", v, self.moves)[chrono]  # (W, C)
+        cumulative = np.zeros((W + 1, v.shape[1]))
+        np.cumsum(per_slot, axis=0, out=cumulative[1:])
+        p, b = pairs[..., 0], pairs[..., 1]
+        hi = np.where(p >= 0, position[np.maximum(p, 0)] + 1, 0)
+        lo = np.where(b >= 0, position[np.maximum(b, 0)] + 1, 0)
+        out = cumulative[hi] - cumulative[lo]  # (..., R, C)
+        first = (p >= 0) & (b < 0)  # w itself
+        out[first] = np.sum(v * self.w, axis=0) - (cumulative[W] - cumulative[hi[first]])
+        out[p < 0] = 0.0
+        return np.swapaxes(out, -1, -2)
+
     def direction_grams(self, pairs: np.ndarray, t: int) -> np.ndarray:
         """Gram matrices of the directions ``pairs`` (see :func:`direction_pairs`) at round t."""
         W, C = self.size, self.w.shape[1]

@@ -786,9 +786,12 @@ class Server:
                 self.snapshot[k] = self.w[self.client_features[k]].copy()
             composites = self._record_composites()
             grams = self.group_history.grams(active, pairs, self.t)
-            for a, k in enumerate(active.tolist()):
-                towards_w[k] = self.group_history.inner_with_directions(
-                    k, pairs[a], self.w - composites[self.groups.of_client[k]])
+            of = self.groups.of_client[active]
+            for g in np.unique(of):  # one pass over the group's moves for all its clients
+                sel = np.flatnonzero(of == g)
+                products = self.group_history.inner_with_directions(
+                    int(active[sel[0]]), pairs[sel], self.w - composites[g])
+                towards_w.update(zip(active[sel].tolist(), products))
             roles = self._group_roles()
         upper = np.triu_indices(grams.shape[-1])
         coef = self.sigma / (pub.lam * pub.n_samples)
