@@ -1278,8 +1278,9 @@ def record_composites(state: HyFDCAState, t: int) -> np.ndarray | None:
     if local.groups is None:
         return None
     snapshots = state.snapshots
-    composites = local.groups.composite(state.w,
-                                        lambda k: snapshots.store[snapshots.slot[k]])
+    features = state.blocks.client_features
+    composites = local.groups.composite(
+        state.w, lambda k: snapshots.store[snapshots.slot[k]][features[k]])
     local.group_history.record(t, composites)
     return composites
 

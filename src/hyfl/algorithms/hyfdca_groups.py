@@ -88,13 +88,11 @@ class SampleGroups:
 
     def composite(self, w: np.ndarray, snapshot_of) -> np.ndarray:
         """``w~_g`` of every group, shape (G, M, C): on member ``k``'s features the weights
-        ``snapshot_of(k)`` (shape (M, C) or (F_k, C)); zero on features no member holds."""
+        ``snapshot_of(k)`` (shape (|M_k|, C)); zero on features no member holds."""
         out = np.zeros((self.n_groups,) + w.shape)
         for g, members in enumerate(self.members):
             for k in members:
-                f = self.client_features[k]
-                weights = snapshot_of(int(k))
-                out[g, f] = weights[f] if weights.shape[0] == w.shape[0] else weights
+                out[g, self.client_features[k]] = snapshot_of(int(k))
         return out
 
 
