@@ -30,7 +30,12 @@ Partitions: ``--grids`` entries ``KxQ`` mean ``grid:KxQ`` (a full spec such as
 of the paper's 5/500/5000 settings as ``configs/paper/make_configs.py``
 builds them). Participation 1 is :class:`~hyfl.partition.Full`, a fraction
 below 1 is :class:`~hyfl.partition.RandomFraction`, ``cyclic:C`` is
-:class:`~hyfl.partition.Cyclic`, as ``hyfl run`` parses them.
+:class:`~hyfl.partition.Cyclic`, as ``hyfl run`` parses them. ``dropout:P`` is
+a trace with drop-outs (:func:`dropout_trace`): each client goes offline and
+comes back as a two-state Markov chain, online a fraction P of the rounds and
+offline for 10 rounds on average, so some clients miss long stretches. The
+trace is written next to ``--out`` and ``hyfl run --participation
+trace:FILE`` replays it.
 
 Usage::
 
@@ -199,6 +204,72 @@ def max_rebound(values: np.ndarray) -> float:
     return float(max(1.0, np.max(positive[1:] / best_before)))
 
 
+DROPOUT_MEAN_OFFLINE = 10.0  # rounds a client stays away, on average, once it drops out
+
+
+def dropout_trace(n_clients: int, availability: float, rounds: int, seed: int) -> np.ndarray:
+    """Masks of a participation trace where clients drop out for stretches of rounds.
+
+    Each client is a two-state Markov chain. Offline, it comes back with
+    probability ``b = 1 / DROPOUT_MEAN_OFFLINE`` a round; online, it drops out
+    with probability ``a = b (1 - P) / P``, so that it is online a fraction
+    ``P = b / (a + b)`` of the rounds. Round 1 draws each client's state from
+    that stationary split.
+
+    Parameters
+    ----------
+    n_clients : int
+    availability : float
+        P in (0, 1].
+    rounds : int
+    seed : int
+
+    Returns
+    -------
+    ndarray of bool, shape (rounds, n_clients)
+    """
+    rng = np.random.default_rng([seed, 0xD80])
+    back = 1.0 / DROPOUT_MEAN_OFFLINE
+    leave = back * (1.0 - availability) / availability
+    masks = np.empty((rounds, n_clients), dtype=bool)
+    online = rng.random(n_clients) < availability
+    for t in range(rounds):  # a loop over rounds, each a vector over clients
+        masks[t] = online
+        draw = rng.random(n_clients)
+        online = np.where(online, draw >= leave, draw < back)
+    return masks
+
+
+def dropout_availability(spec: str) -> float | None:
+    """P of a ``dropout:P`` spec, None for any other spec; raises ValueError if P is bad."""
+    name, _, argument = spec.partition(":")
+    if name.strip().lower() != "dropout":
+        return None
+    value = float(argument)
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"P must be in (0, 1], got {value:g}")
+    return value
+
+
+def participation_of(case: Case, partition, args):
+    """The participation schedule of a case; a ``dropout:P`` trace is also written to a file."""
+    from hyfl.partition import Trace, parse_participation
+
+    availability = dropout_availability(case.participation)
+    if availability is None:
+        return parse_participation(case.participation, partition.n_clients)
+    masks = dropout_trace(partition.n_clients, availability, args.rounds, args.seed)
+    stem = f"{case.dataset}-{case.partition}-{case.participation}-seed{args.seed}"
+    path = Path(args.out).with_name(
+        Path(args.out).stem + "-trace-" + "".join(c if c.isalnum() else "_" for c in stem) + ".txt"
+    )
+    lines = [f"# bench_convergence dropout trace: {case.participation}, seed {args.seed}"]
+    lines += [" ".join(map(str, np.flatnonzero(row))) or "-" for row in masks]
+    path.write_text("\n".join(lines) + "\n")
+    print(f"    trace: {path} ({masks.mean():.2f} of clients online on average)", flush=True)
+    return Trace(masks)
+
+
 def run_case(case: Case, problem, partition, optimum, args, outcome: Outcome) -> Outcome:
     """Run HyFDCA's defaults on one case and fill ``outcome`` in.
 
@@ -220,11 +291,10 @@ def run_case(case: Case, problem, partition, optimum, args, outcome: Outcome) ->
     """
     from hyfl.algorithms.hyfdca import HyFDCA
     from hyfl.errors import HyflError
-    from hyfl.partition import parse_participation
     from hyfl.runtime.simulation import first_round_below, settled_round_below, simulate
 
     algorithm = TimedAlgorithm(HyFDCA())
-    participation = parse_participation(case.participation, partition.n_clients)
+    participation = participation_of(case, partition, args)
     time_limit_reached = _time_limit_error()
     started = time.perf_counter()
     eval_wall = [0.0]
@@ -696,7 +766,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         help=f"partition specs for MNIST (default {MNIST_PARTITIONS})",
     )
     parser.add_argument("--participation", default=None,
-                        help="comma-separated fractions in (0, 1] or cyclic:C")
+                        help="comma-separated fractions in (0, 1], cyclic:C or dropout:P "
+                             "(a trace where clients drop out for ~10 rounds)")
     parser.add_argument("--losses", default=None, help="comma-separated: hinge,logistic")
     parser.add_argument("--rounds", type=int, default=None, help="outer iterations (default 800)")
     parser.add_argument("--eval-every", type=int, default=None, help="default 5")
@@ -750,11 +821,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 
     for spec in args.participation:  # as hyfl run reads them (checked for 4 clients here)
         try:
-            parse_participation(spec, 4)
-        except HyflError as error:
+            if dropout_availability(spec) is None:
+                parse_participation(spec, 4)
+        except (HyflError, ValueError) as error:
             parser.error(f"--participation {spec!r}: {error}")
     if not args.participation:
-        parser.error("--participation takes comma-separated fractions or cyclic:C, e.g. 0.5,1")
+        parser.error(
+            "--participation takes comma-separated fractions, cyclic:C or dropout:P, e.g. 0.5,1"
+        )
     if args.rounds < 1 or args.eval_every < 1:
         parser.error("--rounds and --eval-every must be >= 1")
     if args.time_limit is not None and args.time_limit <= 0:
