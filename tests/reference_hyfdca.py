@@ -197,12 +197,15 @@ class ReferenceCocoa:
     running averages are dense.
 
     Where every client's samples have one set of holders (hyfl.algorithms.hyfdca_groups)
-    the directions are those of the group's *composite* weights (on each member's
-    features, the weights it last computed inner products with), kept per round; a
-    client's margins are moved to the server's ``w`` by ``x_i^T Q Q^T (w - w~)``; and the
-    absent members' image of a move is the least-norm vector on their features whose
-    products with the directions match ``D^T X^T d / (lam N)`` (taken here from the
-    pooled rows, not from remembered margins) minus the active members' part.
+    the directions are those of the group's *composite* weights, kept per round in the
+    group's coordinates: one per (member, feature of that member), member after member,
+    so that members may share features; on each member's slice, the weights it last
+    computed inner products with. A client's margins are moved to the server's ``w`` by
+    ``x_i^T Q Q^T (w - w~)``; and the absent members' image of a move is the least-norm
+    vector on their slices whose products with the directions match the image of the
+    move in those coordinates (each member's rows on its slice, taken here from the
+    rows, not from remembered margins) minus the active members' part, summed back onto
+    the features.
     """
 
     SHORT, FULL, SHRINK = 0.5, 0.95, 0.8
@@ -219,17 +222,14 @@ class ReferenceCocoa:
         for c in self.clients:
             for i in c.samples:
                 self.holders[int(i)].append(c.k)
-        # Sample groups: clients whose samples all have the same holders, which hold
-        # disjoint features; else None (the server's own w is the history).
+        # Sample groups: clients whose samples all have the same holders; else None (the
+        # server's own w is the history).
         holder_sets = [{tuple(self.holders[int(i)]) for i in c.samples} for c in self.clients]
         self.group_of = None
         if all(len(h) == 1 for h in holder_sets):
-            keys = [next(iter(h)) for h in holder_sets]
-            if all(len(set().union(*[set(self.clients[j].features.tolist()) for j in key]))
-                   == sum(len(self.clients[j].features) for j in key) for key in keys):
-                self.group_of = keys  # a group is named by its members
+            self.group_of = [next(iter(h)) for h in holder_sets]  # named by its members
         self.sip_w = {c.k: np.zeros((len(c.features), C)) for c in self.clients}
-        self.composite_of_round = {}  # round -> {group: composite weights (M, C)}
+        self.composite_of_round = {}  # round -> {group: composite weights (L_g, C)}
         self.estimate = {c.k: np.zeros((len(c.features), C)) for c in self.clients}
         self.sq_norm = np.asarray(problem.X.multiply(problem.X).sum(axis=1)).ravel()
         H = hyfdca.steps_per_client(N, len(self.clients))
@@ -338,8 +338,23 @@ class ReferenceCocoa:
             return self.w_of_round[r]
         return self.composite_of_round[r][self.group_of[k]]
 
+    def slice_of(self, k):
+        """Client k's coordinates in its group's (its members' features, member after
+        member)."""
+        key = self.group_of[k]
+        start = sum(len(self.clients[j].features) for j in key[:key.index(k)])
+        return np.arange(start, start + len(self.clients[k].features))
+
+    def columns(self, key):
+        """The feature of each coordinate of the group named ``key``."""
+        return np.concatenate([self.clients[j].features for j in key])
+
+    def own(self, k):
+        """Client k's rows of the directions: its features, or its slice of its group's."""
+        return self.clients[k].features if self.group_of is None else self.slice_of(k)
+
     def directions(self, k, c):
-        """(round pairs, D (M, R)) of client k's directions for output c."""
+        """(round pairs, D (M or L_g, R)) of client k's directions for output c."""
         rounds = [r for r, _ in self.history[k]][: self.depth]
         pairs = [(rounds[0], None)] + [(rounds[j - 1], rounds[j]) for j in range(1, len(rounds))]
         D = np.column_stack([
@@ -404,10 +419,7 @@ class ReferenceCocoa:
         if self.group_of is not None:
             self.composite_of_round[t] = {}
             for key in set(self.group_of):
-                composite = np.zeros_like(self.w)
-                for j in key:
-                    composite[self.clients[j].features] = self.sip_w[j]
-                self.composite_of_round[t][key] = composite
+                self.composite_of_round[t][key] = np.concatenate([self.sip_w[j] for j in key])
         z = {i: sum((self.ip.get((k, i), np.zeros(C)) for k in self.holders[i]), np.zeros(C))
              for i in range(N)}
         self.w_of_round[t] = self.w.copy()
@@ -424,7 +436,8 @@ class ReferenceCocoa:
             for c in range(C):
                 pairs, T = self.transform(k, c)
                 _, D = self.directions(k, c)
-                towards = (T.T @ D.T @ (self.w - self.model_of_round(k, t))[:, c]
+                towards = (T.T @ D.T @ (self.w[self.columns(self.group_of[k])]
+                                        - self.model_of_round(k, t))[:, c]
                            if self.group_of is not None else np.zeros(T.shape[1]))
                 for i in self.clients[k].samples:
                     offset.setdefault((k, int(i)), np.zeros(C))[c] = (
@@ -441,7 +454,7 @@ class ReferenceCocoa:
                 # Q: orthonormal basis of the directions' span; the client knows it on
                 # its own features (its blocks of the weights it received).
                 _, D = self.directions(k, c)
-                Q_own = (D @ T)[cl.features]
+                Q_own = (D @ T)[self.own(k)]
                 S = np.zeros(T.shape[1])
                 S_own = np.zeros(len(cl.features))  # sum d r_own
                 for i in drawn[k]:
@@ -493,21 +506,21 @@ class ReferenceCocoa:
                 if not absent or not moved:
                     continue
                 sender = present[0]
-                features = np.concatenate([self.clients[j].features for j in absent])
-                whole = sum(np.outer(p.X[i].toarray().ravel(), direction[i]) for i in moved)
-                mine = np.zeros_like(self.w)
+                # The move's image on the absent members' slices (each member's rows).
+                hidden = np.concatenate([self.slice_of(j) for j in absent])
+                theirs = np.zeros((len(self.columns(key)), C))
                 for i in moved:
-                    for j in present:
+                    for j in absent:
                         cl = self.clients[j]
-                        mine[cl.features] += np.outer(cl.X[cl.position[i]], direction[i])
-                y = np.zeros((features.size, C))
+                        theirs[self.slice_of(j)] += np.outer(cl.X[cl.position[i]], direction[i])
+                y = np.zeros((hidden.size, C))
                 spans = True
                 for c in range(C):
                     _, D = self.directions(sender, c)
-                    b = D.T @ (whole[:, c] - mine[:, c]) / (lam * N)
-                    y[:, c] = np.linalg.pinv(D[features].T, rcond=np.sqrt(1e-9)) @ b
-                    spans = spans and np.linalg.matrix_rank(D[features]) >= features.size
-                dw[features] += y
+                    b = D.T @ theirs[:, c] / (lam * N)
+                    y[:, c] = np.linalg.pinv(D[hidden].T, rcond=np.sqrt(1e-9)) @ b
+                    spans = spans and np.linalg.matrix_rank(D[hidden]) >= hidden.size
+                np.add.at(dw, self.columns(key)[hidden], y)
                 start = 0
                 for j in absent:
                     n_j = len(self.clients[j].features)

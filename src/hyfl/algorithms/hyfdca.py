@@ -304,7 +304,7 @@ class HyFDCA:
                                           window),
                 groups=groups,
                 group_history=(None if groups is None else
-                               GroupHistory.empty(groups, problem.n_features, C, depth, window)),
+                               GroupHistory.empty(groups, C, depth, window)),
                 absent_estimate=[np.zeros((f.size, C)) for f in blocks.client_features],
                 sigma=initial_sigma(blocks.client_features, problem.n_features),
                 sigma_ceiling=sigma_ceiling(blocks.client_features, problem.n_features, sizes),
@@ -614,7 +614,7 @@ class HyFDCA:
             for g in np.unique(of):  # one pass over the group's moves for all its clients
                 sel = np.flatnonzero(of == g)
                 towards_w[sel] = local.group_history.inner_with_directions(
-                    clients[sel[0]], pairs[sel], state.w - composites[g])
+                    clients[sel[0]], pairs[sel], groups.lift(g, state.w) - composites[g])
         io.server_seconds += time.perf_counter() - tic
         R = pairs.shape[1]
         transforms = span_transforms(grams)
@@ -1271,16 +1271,17 @@ def _segments(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ends - counts, ends
 
 
-def record_composites(state: HyFDCAState, t: int) -> np.ndarray | None:
+def record_composites(state: HyFDCAState, t: int) -> list[np.ndarray] | None:
     """Record round ``t``'s composite weights of every sample group (None without groups):
-    on each client's features, the weights it last computed inner products with."""
+    on each client's slice of its group's coordinates, the weights it last computed inner
+    products with."""
     local = state.local
     if local.groups is None:
         return None
     snapshots = state.snapshots
     features = state.blocks.client_features
     composites = local.groups.composite(
-        state.w, lambda k: snapshots.store[snapshots.slot[k]][features[k]])
+        lambda k: snapshots.store[snapshots.slot[k]][features[k]])
     local.group_history.record(t, composites)
     return composites
 
@@ -1340,13 +1341,13 @@ def estimate_absent_images(state: HyFDCAState, active, clients, pairs, samples, 
         margins = directions_margins(local.history.z, samples[sel], pairs[a])
         sums = span_sums(margins, direction[sel], lam_n)
         in_group = np.isin(updated_slot, sel)
-        active_image = primal_aggregation_rows(state, updated_rows[in_group],
-                                               direction[updated_slot[in_group]])
-        features = groups.features(absent)
+        active_image = group_image(state, g, updated_rows[in_group],
+                                   direction[updated_slot[in_group]])
+        coordinates = groups.coordinates(absent)
         estimate, exact = absent_image(
-            history.vectors(sender, pairs[a], features), sums,
+            history.vectors(sender, pairs[a], coordinates), sums,
             history.inner_with_directions(sender, pairs[a], active_image))
-        total[features] += estimate
+        groups.add_to_features(total, g, coordinates, estimate)
         start = 0
         for k in absent:
             size = groups.client_features[k].size
@@ -1355,6 +1356,23 @@ def estimate_absent_images(state: HyFDCAState, active, clients, pairs, samples, 
         exact_samples[sel] = exact
         senders += 1
     return total, parts, exact_samples, senders
+
+
+def group_image(state: HyFDCAState, g: int, rows: np.ndarray, dual_change: np.ndarray):
+    """The image of a dual change on the stacked ``rows`` (of group ``g``'s members), in
+    the group's coordinates (L_g, C): each member's on its own slice."""
+    groups = state.local.groups
+    if groups.disjoint:  # the coordinates are distinct features: read them off w's change
+        return groups.lift(g, primal_aggregation_rows(state, rows, dual_change))
+    out = np.zeros((groups.size(g), dual_change.shape[1]))
+    rowptr = state.blocks.client_rowptr
+    owner = np.searchsorted(rowptr, rows, side="right") - 1
+    for k in np.unique(owner):
+        mine = owner == k
+        image = primal_aggregation_rows(state, rows[mine], dual_change[mine])
+        features = groups.client_features[k]
+        out[groups.start[k]:groups.start[k] + features.size] = image[features]
+    return out
 
 
 def primal_aggregation_rows(state: HyFDCAState, rows: np.ndarray, dual_change: np.ndarray):

@@ -13,12 +13,20 @@ move: ``w`` misses the absent holders' part of it until they return. Measured
 few clients a round and on small dense data.
 
 Where every sample of a client has the same holders (grids, horizontal and
-vertical splits, the quadrant split, party files that share their ids) the clients
-fall into *sample groups*: the clients holding one set of samples, each on its own
-features. For those partitions this module
+vertical splits, the quadrant split, the paper's nonzero split, party files that
+share their ids) the clients fall into *sample groups*: the clients holding one set
+of samples. Each group has its own coordinates, one per (member, feature of that
+member): member ``k``'s features form one slice of them. Where members hold
+disjoint features (grids) these are the group's features; where they share some
+(the nonzero split deals each sample's entries to the members, so one column can
+be held by several) a shared column has one coordinate per member, and what the
+group model computes there is summed back onto the column. A sample's margin is
+the sum of its members' parts, each with the weights that member holds, so in
+these coordinates the composite below is one vector even where the members'
+versions of a shared column differ. For those partitions this module
 
 * records, per group, the history of the composite weights ``w~_g`` (on each
-  member's features, the weights that member last computed inner products with),
+  member's slice, the weights that member last computed inner products with),
   so that the Gram matrices the server sends describe the directions the
   clients' remembered margins were really taken along;
 * moves a client's margins from ``w~_g`` to the server's ``w`` inside its model's
@@ -30,15 +38,15 @@ features. For those partitions this module
   (:func:`absent_image`): one active member of the group sends
   ``s_j = <X_g^T d, u_j> / (lam N)`` from its margins (``R`` numbers per output); the
   server subtracts the active members' image, which it has, and applies the
-  least-norm ``y`` on the absent members' features with ``U_abs^T y = b``. The
-  estimate is exact when the directions span those features. It is kept per absent
+  least-norm ``y`` on the absent members' slices with ``U_abs^T y = b``. The
+  estimate is exact when the directions span those slices. It is kept per absent
   member and replaced by the exact image when that member returns and re-sends its
   primal part.
 
-Other partitions (the nonzero split, party files whose ids partly overlap) keep
-the server's own history, as before. Every function here is shared by the stacked
-engine (:mod:`hyfl.algorithms.hyfdca`) and the message-level parties
-(:mod:`hyfl.algorithms.hyfdca_parties`).
+Other partitions (party files whose ids partly overlap, any split where a client's
+samples have different holders) keep the server's own history, as before. Every
+function here is shared by the stacked engine (:mod:`hyfl.algorithms.hyfdca`) and
+the message-level parties (:mod:`hyfl.algorithms.hyfdca_parties`).
 """
 
 from __future__ import annotations
@@ -68,37 +76,81 @@ class SampleGroups:
         Clients of each group, ascending.
     client_features : tuple of ndarray of int
         Each client's features (global ids).
+    columns : tuple of ndarray of int
+        Per group, the feature (global id) of each of its coordinates: its members'
+        features, member after member, shape (L_g,).
+    start : ndarray of int, shape (K,)
+        Where client ``k``'s slice starts in its group's coordinates (it has
+        ``len(client_features[k])`` of them, in the order of its features).
+    disjoint : bool
+        No two members of a group share a feature (then a group's coordinates are
+        distinct features, and images on them need no summing).
     """
 
     of_client: np.ndarray
     of_sample: np.ndarray
     members: tuple[np.ndarray, ...]
     client_features: tuple[np.ndarray, ...]
+    columns: tuple[np.ndarray, ...]
+    start: np.ndarray
+    disjoint: bool
+
+    @classmethod
+    def build(cls, of_client, of_sample, members, client_features) -> SampleGroups:
+        """The groups with their coordinates laid out member after member."""
+        start = np.zeros(of_client.size, dtype=np.int64)
+        columns, disjoint = [], True
+        for group in members:
+            offset = 0
+            for k in group:
+                start[k] = offset
+                offset += client_features[k].size
+            held = (np.concatenate([client_features[k] for k in group]) if group.size
+                    else np.empty(0, dtype=np.int64))
+            columns.append(held)
+            disjoint = disjoint and np.unique(held).size == held.size
+        return cls(of_client, of_sample, members, client_features, tuple(columns), start,
+                   bool(disjoint))
 
     @property
     def n_groups(self) -> int:
         return len(self.members)
 
-    def features(self, clients) -> np.ndarray:
-        """The features of the given clients, concatenated."""
-        clients = list(clients)
+    def size(self, g: int) -> int:
+        """L_g, the number of group ``g``'s coordinates."""
+        return int(self.columns[g].size)
+
+    def coordinates(self, clients) -> np.ndarray:
+        """The slices of the given clients (of one group) in its coordinates, concatenated."""
+        clients = [int(k) for k in clients]
         if not clients:
             return np.empty(0, dtype=np.int64)
-        return np.concatenate([self.client_features[k] for k in clients])
+        return np.concatenate([np.arange(self.start[k], self.start[k] + self.client_features[k].size)
+                               for k in clients])
 
-    def composite(self, w: np.ndarray, snapshot_of) -> np.ndarray:
-        """``w~_g`` of every group, shape (G, M, C): on member ``k``'s features the weights
-        ``snapshot_of(k)`` (shape (|M_k|, C)); zero on features no member holds."""
-        out = np.zeros((self.n_groups,) + w.shape)
-        for g, members in enumerate(self.members):
-            for k in members:
-                out[g, self.client_features[k]] = snapshot_of(int(k))
+    def lift(self, g: int, v: np.ndarray) -> np.ndarray:
+        """A vector on the features (M, C) in group ``g``'s coordinates (L_g, C)."""
+        return v[self.columns[g]]
+
+    def add_to_features(self, out: np.ndarray, g: int, coordinates: np.ndarray,
+                        values: np.ndarray) -> None:
+        """Add ``values`` (n, C) on group ``g``'s ``coordinates`` onto their features of
+        ``out`` (M, C), summing a feature that several of them share."""
+        np.add.at(out, self.columns[g][coordinates], values)
+
+    def composite(self, snapshot_of) -> list[np.ndarray]:
+        """``w~_g`` of every group, each (L_g, C): on member ``k``'s slice the weights
+        ``snapshot_of(k)`` (shape (|M_k|, C))."""
+        out = []
+        for group in self.members:
+            parts = [snapshot_of(int(k)) for k in group]
+            out.append(np.concatenate(parts) if parts else np.empty((0, 0)))
         return out
 
 
 def find_sample_groups(client_samples, client_features, n_samples: int) -> SampleGroups | None:
     """The sample groups of a partition, or None where some client's samples do not all
-    have the same holders or the holders of a sample share a feature."""
+    have the same holders."""
     K = len(client_samples)
     sizes = np.array([len(s) for s in client_samples])
     if K == 0 or np.any(sizes == 0):
@@ -121,11 +173,7 @@ def find_sample_groups(client_samples, client_features, n_samples: int) -> Sampl
     for k, samples in enumerate(client_samples):
         of_sample[np.asarray(samples)] = of_client[k]
     features = tuple(np.asarray(f, dtype=np.int64) for f in client_features)
-    for group in members:
-        held = np.concatenate([features[k] for k in group])
-        if np.unique(held).size != held.size:
-            return None  # two holders of one sample share a feature
-    return SampleGroups(of_client, of_sample, members, features)
+    return SampleGroups.build(of_client, of_sample, members, features)
 
 
 class GroupHistory:
@@ -142,11 +190,11 @@ class GroupHistory:
         self.groups, self.histories = groups, histories
 
     @classmethod
-    def empty(cls, groups: SampleGroups, n_features: int, n_outputs: int, depth: int,
-              size: int) -> GroupHistory:
+    def empty(cls, groups: SampleGroups, n_outputs: int, depth: int, size: int) -> GroupHistory:
+        """Empty histories, each in its group's coordinates (L_g of them)."""
         K = groups.of_client.size
-        return cls(groups, [SpanHistory.empty(K, None, n_features, n_outputs, depth, size)
-                            for _ in groups.members])
+        return cls(groups, [SpanHistory.empty(K, None, groups.size(g), n_outputs, depth, size)
+                            for g in range(groups.n_groups)])
 
     def record(self, t: int, composites: np.ndarray) -> None:
         none = np.empty(0, dtype=np.int64)
@@ -164,13 +212,15 @@ class GroupHistory:
             out[sel] = self.histories[g].direction_grams(pairs[sel], t)
         return out
 
-    def vectors(self, k: int, pairs: np.ndarray, features: np.ndarray) -> np.ndarray:
-        """Client ``k``'s directions (pairs (R, 2)) on ``features``: (F, R, C)."""
-        return self.histories[self.groups.of_client[k]].direction_vectors(pairs, features)
+    def vectors(self, k: int, pairs: np.ndarray, coordinates: np.ndarray) -> np.ndarray:
+        """Client ``k``'s directions (pairs (R, 2)) on its group's ``coordinates``:
+        (F, R, C)."""
+        return self.histories[self.groups.of_client[k]].direction_vectors(pairs, coordinates)
 
     def inner_with_directions(self, k: int, pairs: np.ndarray, v: np.ndarray) -> np.ndarray:
         """``<v, u_j>`` for client ``k``'s directions ``u_j`` (pairs (R, 2)) or, with pairs
-        (A, R, 2), for several clients of ``k``'s group: (C, R) or (A, C, R)."""
+        (A, R, 2), for several clients of ``k``'s group: (C, R) or (A, C, R). ``v`` is in
+        the group's coordinates, shape (L_g, C)."""
         return self.histories[self.groups.of_client[k]].direction_products(v, pairs)
 
 
@@ -216,17 +266,17 @@ def absent_image(U_absent: np.ndarray, sums: np.ndarray, active_sums: np.ndarray
     Parameters
     ----------
     U_absent : ndarray, shape (F, R, C)
-        The directions on the absent members' features.
+        The directions on the absent members' slices of the group's coordinates.
     sums : ndarray, shape (C, R)
         :func:`span_sums` of the move (all features).
     active_sums : ndarray, shape (C, R)
-        ``<image on the active members' features, u_j>``.
+        ``<image on the active members' slices, u_j>``.
 
     Returns
     -------
     estimate : ndarray, shape (F, C)
     exact : bool
-        Whether the directions span the absent features (then the estimate is the image).
+        Whether the directions span the absent slices (then the estimate is the image).
     """
     F, R, C = U_absent.shape
     estimate = np.zeros((F, C))

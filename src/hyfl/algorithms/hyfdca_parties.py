@@ -570,7 +570,7 @@ class Server:
             self.groups = find_sample_groups(self.client_samples, self.client_features,
                                              public.n_samples)
             self.group_history = (None if self.groups is None else
-                                  GroupHistory.empty(self.groups, M, C, depth, window))
+                                  GroupHistory.empty(self.groups, C, depth, window))
             self.snapshot = [np.zeros((f.size, C)) for f in self.client_features]
             self.estimates = [np.zeros((f.size, C)) for f in self.client_features]
             self.sigma = initial_sigma(self.client_features, M)
@@ -790,7 +790,7 @@ class Server:
             for g in np.unique(of):  # one pass over the group's moves for all its clients
                 sel = np.flatnonzero(of == g)
                 products = self.group_history.inner_with_directions(
-                    int(active[sel[0]]), pairs[sel], self.w - composites[g])
+                    int(active[sel[0]]), pairs[sel], self.groups.lift(g, self.w) - composites[g])
                 towards_w.update(zip(active[sel].tolist(), products))
             roles = self._group_roles()
         upper = np.triu_indices(grams.shape[-1])
@@ -893,7 +893,7 @@ class Server:
 
     # -- the absent holders' model (hyfl.algorithms.hyfdca_groups) ---------------------------
     def _record_composites(self) -> np.ndarray:
-        composites = self.groups.composite(self.w, lambda k: self.snapshot[k])
+        composites = self.groups.composite(lambda k: self.snapshot[k])
         self.group_history.record(self.t, composites)
         return composites
 
@@ -908,8 +908,8 @@ class Server:
             if present.size == 0 or absent.size == 0:
                 continue
             sender = int(present[0])
-            features = self.groups.features(absent)
-            U = self.group_history.vectors(sender, self.pairs[sender], features)
+            U = self.group_history.vectors(sender, self.pairs[sender],
+                                           self.groups.coordinates(absent))
             _, is_exact = absent_image(U, np.zeros((U.shape[2], U.shape[1])),
                                        np.zeros((U.shape[2], U.shape[1])))
             senders[sender] = g
@@ -925,10 +925,12 @@ class Server:
         for sender, g in self.roles["senders"].items():
             members = self.groups.members[g]
             absent = members[~active[members]]
-            active_image = np.zeros_like(self.w)
-            for k in members[active[members]]:
-                active_image[self.client_features[k]] += replies[int(k)]["primal_part"] / lam_n
-            features = self.groups.features(absent)
+            active_image = np.zeros((self.groups.size(g), self.public.n_outputs))
+            for k in members[active[members]]:  # each member's image on its own slice
+                start = self.groups.start[k]
+                active_image[start:start + self.client_features[k].size] = (
+                    replies[int(k)]["primal_part"] / lam_n)
+            coordinates = self.groups.coordinates(absent)
             pairs = self.pairs[sender]
             sums = replies[sender].get("span_sums")
             if sums is None or np.shape(sums) != (self.public.n_outputs, pairs.shape[0]):
@@ -937,10 +939,10 @@ class Server:
                            f"expected {(self.public.n_outputs, pairs.shape[0])}",
                            "Run the same hyfl version on every party and the server.")
             estimate, _ = absent_image(
-                self.group_history.vectors(sender, pairs, features),
+                self.group_history.vectors(sender, pairs, coordinates),
                 np.asarray(sums, dtype=float),
                 self.group_history.inner_with_directions(sender, pairs, active_image))
-            self.direction_dw[features] += estimate
+            self.groups.add_to_features(self.direction_dw, g, coordinates, estimate)
             start = 0
             for k in absent:
                 size = self.client_features[k].size
