@@ -25,7 +25,7 @@ from hyfl.privacy.ciphers import PaillierCiphertext, PlainCipher, make_cipher
 from hyfl.privacy.layout import EncryptedVector
 from hyfl.problem import make_problem
 from hyfl.runtime.protocol import Wire, run_protocol
-from hyfl.runtime.simulation import simulate
+from hyfl.runtime.simulation import simulate, stack
 from synthetic_data import synthetic
 
 KEY_BITS = 512  # small keys keep the tests fast; the scheme is the same at 2048 bits
@@ -90,6 +90,23 @@ def test_protocol_reproduces_the_stacked_engine(problem, ciphers, setting, ciphe
     stacked = simulate(hyfdca, problem, partition, participation, iterations, seed=3,
                        cipher=cipher)
     secure = run_protocol(hyfdca, problem, partition, participation, iterations, cipher, seed=3)
+    _assert_same_run(secure, stacked, cipher_name)
+
+
+@pytest.mark.parametrize("cipher_name", ["none", "packed", "ckks"])
+def test_protocol_reproduces_the_stacked_engine_where_group_members_share_features(
+        ciphers, cipher_name):
+    """The cocoa rule's group model on the nonzero split of sparse data, where the
+    members of a sample group share features (hyfl.algorithms.hyfdca_groups)."""
+    problem = make_problem(synthetic(sparsity=0.3), "hinge", 0.05)
+    partition = nonzero_balanced(problem.X, 2, 2, seed=1)
+    groups = HyFDCA().setup(problem, stack(partition, problem.X)).local.groups
+    assert groups is not None and not groups.disjoint
+    participation = RandomFraction(4, 0.5)
+    stacked = simulate(HyFDCA(), problem, partition, participation, 12, seed=3,
+                       cipher=ciphers[cipher_name])
+    secure = run_protocol(HyFDCA(), problem, partition, participation, 12,
+                          ciphers[cipher_name], seed=3)
     _assert_same_run(secure, stacked, cipher_name)
 
 
