@@ -125,7 +125,7 @@ class SampleGroups:
         clients = [int(k) for k in clients]
         if not clients:
             return np.empty(0, dtype=np.int64)
-        return np.concatenate([np.arange(self.start[k], self.start[k] + self.client_features[k].size)
+        return np.concatenate([self.start[k] + np.arange(self.client_features[k].size)
                                for k in clients])
 
     def lift(self, g: int, v: np.ndarray) -> np.ndarray:
@@ -141,11 +141,7 @@ class SampleGroups:
     def composite(self, snapshot_of) -> list[np.ndarray]:
         """``w~_g`` of every group, each (L_g, C): on member ``k``'s slice the weights
         ``snapshot_of(k)`` (shape (|M_k|, C))."""
-        out = []
-        for group in self.members:
-            parts = [snapshot_of(int(k)) for k in group]
-            out.append(np.concatenate(parts) if parts else np.empty((0, 0)))
-        return out
+        return [np.concatenate([snapshot_of(int(k)) for k in group]) for group in self.members]
 
 
 def find_sample_groups(client_samples, client_features, n_samples: int) -> SampleGroups | None:
