@@ -93,7 +93,7 @@ def test_protocol_reproduces_the_stacked_engine(problem, ciphers, setting, ciphe
     _assert_same_run(secure, stacked, cipher_name)
 
 
-@pytest.mark.parametrize("cipher_name", ["none", "packed", "ckks"])
+@pytest.mark.parametrize("cipher_name", ["none", "ckks"])
 def test_protocol_reproduces_the_stacked_engine_where_group_members_share_features(
         ciphers, cipher_name):
     """The cocoa rule's group model on the nonzero split of sparse data, where the
