@@ -620,13 +620,14 @@ class HyFDCA:
         transforms = span_transforms(grams)
         # Each client gets its Gram matrices (upper triangles) and the subproblem's scaling.
         io.floats_down += clients.size * (C * R * (R + 1) / 2 + 1)
-        offsets = None  # per active client, its samples' margin offsets (n_k, C)
+        offsets = None  # offsets(a, rows): margin offsets (n, C) of active client a's rows
         if groups is not None:
             io.floats_down += clients.size * C * R
-            offsets = [margin_offsets(
-                directions_margins(local.history.z, blocks.row_sample[rowptr[k]:rowptr[k + 1]],
-                                   pairs[a]), transforms[a], towards_w[a])
-                for a, k in enumerate(clients)]
+
+            def offsets(a, rows):  # each client computes them for the rows it uses
+                return margin_offsets(directions_margins(local.history.z,
+                                                         blocks.row_sample[rows], pairs[a]),
+                                      transforms[a], towards_w[a])
 
         # 4. LocalDualMethod: every active client solves its subproblem, with its
         # block of the history directions (it received those weights).
@@ -650,8 +651,8 @@ class HyFDCA:
             features=np.concatenate(own_features),
             directions=directions,
             margin_offset=(None if offsets is None else np.concatenate(
-                [offsets[a][drawn_rows[lo:hi] - rowptr[k]] for a, (k, lo, hi) in
-                 enumerate(zip(clients, *_segments(counts)))])),
+                [offsets(a, drawn_rows[lo:hi]) for a, (lo, hi) in
+                 enumerate(zip(*_segments(counts)))])),
         )
         del drawn_rows
         # With a full local pass every active client sends (and below receives) a
@@ -725,10 +726,12 @@ class HyFDCA:
         tic = time.perf_counter()
         weight = direction * direction
         # The judge's margins: each sample's as its first active holder reports it.
-        line_margins = z if offsets is None else z + reporter_offsets(
-            blocks, active, clients, sip_samples, offsets)
-        full = np.sum(state.sq_norms[samples][:, None] * weight, axis=0)
         at_sip = np.searchsorted(sip_samples, samples)  # the updated samples among the SIP's
+        line_margins = z[at_sip]
+        if offsets is not None:
+            line_margins = line_margins + reporter_offsets(blocks, active, clients, samples,
+                                                           offsets, C)
+        full = np.sum(state.sq_norms[samples][:, None] * weight, axis=0)
         # Where a group's estimate is exact its absent part of ||A d||^2 is known too.
         fresh_sq = np.where(exact_samples, state.sq_norms[samples], fresh_sq_sip[at_sip])
         active_part = np.sum(fresh_sq[:, None] * weight, axis=0)
@@ -740,7 +743,7 @@ class HyFDCA:
         step = line_search(
             loss,
             conjugate_gains(loss, alpha_before, direction, y, limit),
-            np.sum(line_margins[at_sip] * direction, axis=0),
+            np.sum(line_margins * direction, axis=0),
             quadratic,
             N,
             limit,
@@ -1296,20 +1299,20 @@ def drop_absent_estimates(state: HyFDCAState, clients: np.ndarray) -> None:
             estimate[:] = 0.0
 
 
-def reporter_offsets(blocks, active, clients, sip_samples, offsets) -> np.ndarray:
-    """Per SIP sample, the margin offset of its first active holder (who reports it to
-    the line search), shape (n, C)."""
-    rows, slot, holders = hyfdca_kernels.holder_rows(blocks, sip_samples)
+def reporter_offsets(blocks, active, clients, samples, offsets, n_outputs: int) -> np.ndarray:
+    """Per sample, the margin offset of its first active holder (who reports it to the
+    line search), shape (n, C); ``offsets(a, rows)`` gives active client ``a``'s."""
+    rows, slot, holders = hyfdca_kernels.holder_rows(blocks, samples)
     keep = active[holders]
     rows, slot, holders = rows[keep], slot[keep], holders[keep]
     first = np.ones(slot.size, dtype=bool)
     first[1:] = slot[1:] != slot[:-1]  # rows come sample by sample, holders ascending
     rows, slot, holders = rows[first], slot[first], holders[first]
-    out = np.zeros((sip_samples.size, offsets[0].shape[1]))
+    out = np.zeros((samples.size, n_outputs))
     at = np.searchsorted(clients, holders)
     for a in np.unique(at):
         sel = at == a
-        out[slot[sel]] = offsets[a][rows[sel] - blocks.client_rowptr[clients[a]]]
+        out[slot[sel]] = offsets(int(a), rows[sel])
     return out
 
 
