@@ -118,6 +118,20 @@ def test_bad_flags_give_clear_errors(tmp_path):
         assert culprit in result.output, (flags, result.output)
 
 
+def test_errors_show_the_users_text_as_typed_and_tracebacks_no_locals(tmp_path):
+    """An error quoting the user's text prints it as typed (Rich would turn ':x:' into an
+    emoji), and an unexpected error's traceback never lists local variables (key records,
+    party data) in either command-line app."""
+    from hyfl.deploy.cli import app as deploy_app
+
+    result = runner.invoke(app, ["run", "--iterations", "1", "--no-progress",
+                                 "--out", str(tmp_path / "x"), "--data", ":x: [b]no[/b]"])
+    assert result.exit_code == 2
+    assert ":x: [b]no[/b]" in " ".join(result.output.split())
+    assert app.pretty_exceptions_show_locals is False
+    assert deploy_app.pretty_exceptions_show_locals is False
+
+
 def test_compare_runs_algorithms_on_one_trace(tmp_path):
     out = tmp_path / "cmp"
     result = runner.invoke(app, [

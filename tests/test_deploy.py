@@ -840,6 +840,17 @@ def breast_cancer_blocks(tmp_path_factory):
     return problem, partition, files
 
 
+def test_the_local_results_folder_is_private_to_its_owner(tmp_path):
+    """`hyfl deploy local` keeps the private key and the parties' plaintext states in its
+    out folder: other local users may neither read nor enter it, even where it existed."""
+    from hyfl.deploy.local import _prepare_out
+
+    out = tmp_path / "out"
+    out.mkdir(mode=0o755)
+    _prepare_out(out, overwrite=False)
+    assert out.stat().st_mode & 0o777 == 0o700
+
+
 @pytest.mark.slow
 def test_loopback_deployment_reproduces_run_protocol(tmp_path, breast_cancer_blocks,
                                                     monkeypatch):
@@ -865,6 +876,8 @@ def test_loopback_deployment_reproduces_run_protocol(tmp_path, breast_cancer_blo
     # Seed 6: the objective falls over the 3 rounds (3.65 -> 2.24 in process), so the
     # run also passes the no-progress judgement (with seed 3 cocoa overshoots to 3.66).
     assert result.exit_code == 0, result.output
+    # The results folder holds the private key and the parties' plaintext states.
+    assert out.stat().st_mode & 0o777 == 0o700
     results = json.loads((out / "deploy.json").read_text())
     assert results["status"] == "completed" and results["cipher"]["name"] == "paillier"
     assert [r["active"] for r in results["rounds"]] == [[0, 1, 2], [0, 2], [0, 1, 2]]

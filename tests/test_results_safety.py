@@ -4,6 +4,7 @@ atomically, and every JSON file is strict JSON (no bare NaN)."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from typer.testing import CliRunner
@@ -95,3 +96,25 @@ def test_a_private_key_is_never_world_readable(tmp_path):
     path = tmp_path / "private.json"
     write_json(path, {"p": "0x5"}, permissions=0o600)
     assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_planted_temporary_file_or_symlink_is_never_written_through(tmp_path, monkeypatch):
+    """Another local user who guesses the temporary name and plants a symlink there (to a
+    file of theirs, or to one they want overwritten) gets nothing: the write takes a fresh
+    name, and the private key is still 0600."""
+    from hyfl import _io
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("untouched")
+    path = tmp_path / "private.json"
+    names = iter(["planted", "planted", "fresh"])
+    monkeypatch.setattr(_io.secrets, "token_hex", lambda n: next(names))
+    planted = tmp_path / ".private.json.planted.tmp"
+    planted.symlink_to(victim)
+    # The name an earlier version used (the process id) is no use either.
+    (tmp_path / f".private.json.{os.getpid()}.tmp").symlink_to(victim)
+    write_json(path, {"p": "0x5"}, permissions=0o600)
+    assert victim.read_text() == "untouched"
+    assert path.stat().st_mode & 0o777 == 0o600 and not path.is_symlink()
+    assert _strict(path.read_text()) == {"p": "0x5"}
+    assert planted.is_symlink()  # left as it was, not followed or removed

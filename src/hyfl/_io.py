@@ -13,6 +13,7 @@ import contextlib
 import json
 import math
 import os
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,8 +35,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", *, permissions: int |
     ``permissions`` (e.g. ``0o600`` for a private key) are set before any byte is written.
     """
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, permissions or 0o666)
+    tmp, fd = _create_temporary(path, permissions or 0o666)
     try:
         with os.fdopen(fd, mode, **({} if "b" in mode else {"newline": newline})) as f:
             yield f
@@ -46,6 +46,25 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", *, permissions: int |
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _create_temporary(path: Path, mode: int, attempts: int = 100) -> tuple[Path, int]:
+    """A new file next to ``path`` under an unguessable name, created by this call.
+
+    ``O_EXCL`` refuses a name that exists (a planted file or symlink: another local user
+    could otherwise make a private key readable or send its bytes elsewhere), and the
+    random name makes one hard to plant in the first place.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    for _ in range(attempts):
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+        try:
+            return tmp, os.open(tmp, flags, mode)
+        except FileExistsError:
+            continue
+    raise fail(f"folder {str(path.parent)!r}",
+               f"already holds {attempts} temporary files for {path.name!r}",
+               "Remove the stale .*.tmp files there (or check who creates them).")
 
 
 def write_text(path: str | os.PathLike, text: str, **options) -> Path:

@@ -34,8 +34,11 @@ app = typer.Typer(
     add_completion=True,  # --install-completion: the shell completes choices
     no_args_is_help=True,
     help="Hybrid federated learning of linear models (HyFDCA and baselines).",
+    # A traceback's locals can hold key material and data ids: never print them.
+    pretty_exceptions_show_locals=False,
 )
-console = Console()
+# No emoji codes: an error quoting a user's text shows ":x:" as typed.
+console = Console(emoji=False)
 
 
 def _show_version(value: bool) -> None:

@@ -27,8 +27,9 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Run HyFDCA on Flower: keys, party blocks, SuperLink, parties, jobs, or all of it "
     "on loopback (`hyfl deploy local`).",
+    pretty_exceptions_show_locals=False,  # key records and party data stay out of tracebacks
 )
-console = Console()
+console = Console(emoji=False)  # an error quoting a user's text shows it as typed
 
 # Job options shared by `run` and `local`.
 Iterations = Annotated[int, typer.Option(help="Outer iterations (rounds).")]

@@ -675,6 +675,9 @@ def _prepare_out(out: Path, overwrite: bool) -> None:
         else:
             path.unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
+    # It will hold the private key, the parties' plaintext states and Flower's files:
+    # no other local user may read or enter it.
+    out.chmod(0o700)
 
 
 def _local_keys(out: Path, keys_dir, key_bits: int, insecure_test_keys: bool,

@@ -945,7 +945,7 @@ def _loss_kind(trials) -> str | None:
 def _console():
     from rich.console import Console
 
-    return Console(stderr=True, highlight=False)
+    return Console(stderr=True, highlight=False, emoji=False)
 
 
 def _progress_line(trial: dict, n: int, elapsed: float, budget: float) -> str:
