@@ -168,6 +168,24 @@ def test_a_checkpoint_of_another_run_is_refused(tmp_path):
         run("hyfdca", 8, checkpoint=path, resume=True)
 
 
+def test_a_checkpoint_of_an_older_state_format_is_refused(tmp_path):
+    """A checkpoint written before the saved state changed shape (its format number is
+    older) is refused with the way out, not resumed into the wrong state."""
+    from hyfl.runtime.simulation import CHECKPOINT_FORMAT
+
+    path = tmp_path / "checkpoint.npz"
+    run("hyfdca", 4, checkpoint=path)
+    with np.load(path, allow_pickle=False) as f:
+        arrays = {name: f[name] for name in f.files}
+    header = json.loads(arrays["__header__"].tobytes())
+    header["format"] = CHECKPOINT_FORMAT - 1
+    arrays["__header__"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+    with pytest.raises(HyflError, match="not a hyfl checkpoint of this version"):
+        run("hyfdca", 8, checkpoint=path, resume=True)
+
+
 def test_sim_time_budget_stops_after_the_round_that_crosses_it():
     # Full participation: FedAvg has one round trip per round, so sim_time after
     # round t is 10 t seconds of latency plus microseconds of compute.

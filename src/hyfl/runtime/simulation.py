@@ -80,7 +80,10 @@ WALL_TIME_COLUMNS = (
 between an interrupted-and-resumed run and an uninterrupted one); all others are reproducible.
 (``client_share_max`` is a ratio of measured times for FedHybrid, exact for the others.)"""
 
-CHECKPOINT_FORMAT = 2
+# Raised whenever an algorithm's saved state changes shape (3: the cocoa rule's sample
+# groups keep their own coordinates), so that an older checkpoint is refused with a
+# clear message instead of resuming into the wrong state.
+CHECKPOINT_FORMAT = 3
 DEFAULT_CHECKPOINT_SECONDS = 60.0
 
 
