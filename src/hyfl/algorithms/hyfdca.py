@@ -80,7 +80,6 @@ from hyfl.algorithms.hyfdca_certify import (
 from hyfl.algorithms.hyfdca_groups import (
     GroupHistory,
     SampleGroups,
-    absent_image,
     directions_margins,
     find_sample_groups,
     margin_offsets,
@@ -609,12 +608,7 @@ class HyFDCA:
         if groups is not None:
             composites = record_composites(state, t)
             grams = local.group_history.grams(clients, pairs, t)
-            towards_w = np.empty((clients.size, C, pairs.shape[1]))
-            of = groups.of_client[clients]
-            for g in np.unique(of):  # one pass over the group's moves for all its clients
-                sel = np.flatnonzero(of == g)
-                towards_w[sel] = local.group_history.inner_with_directions(
-                    clients[sel[0]], pairs[sel], groups.lift(g, state.w) - composites[g])
+            towards_w = local.group_history.towards_w(clients, pairs, state.w, composites)
         io.server_seconds += time.perf_counter() - tic
         R = pairs.shape[1]
         transforms = span_transforms(grams)
@@ -1346,16 +1340,9 @@ def estimate_absent_images(state: HyFDCAState, active, clients, pairs, samples, 
         in_group = np.isin(updated_slot, sel)
         active_image = group_image(state, g, updated_rows[in_group],
                                    direction[updated_slot[in_group]])
-        coordinates = groups.coordinates(absent)
-        estimate, exact = absent_image(
-            history.vectors(sender, pairs[a], coordinates), sums,
-            history.inner_with_directions(sender, pairs[a], active_image))
-        groups.add_to_features(total, g, coordinates, estimate)
-        start = 0
-        for k in absent:
-            size = groups.client_features[k].size
-            parts[int(k)] = estimate[start:start + size]
-            start += size
+        estimates, exact = history.estimate_absent(g, sender, pairs[a], absent, sums,
+                                                   active_image, total)
+        parts.update(estimates)
         exact_samples[sel] = exact
         senders += 1
     return total, parts, exact_samples, senders
@@ -1367,15 +1354,11 @@ def group_image(state: HyFDCAState, g: int, rows: np.ndarray, dual_change: np.nd
     groups = state.local.groups
     if groups.disjoint:  # the coordinates are distinct features: read them off w's change
         return groups.lift(g, primal_aggregation_rows(state, rows, dual_change))
-    out = np.zeros((groups.size(g), dual_change.shape[1]))
-    rowptr = state.blocks.client_rowptr
-    owner = np.searchsorted(rowptr, rows, side="right") - 1
-    for k in np.unique(owner):
-        mine = owner == k
-        image = primal_aggregation_rows(state, rows[mine], dual_change[mine])
-        features = groups.client_features[k]
-        out[groups.start[k]:groups.start[k] + features.size] = image[features]
-    return out
+    owner = np.searchsorted(state.blocks.client_rowptr, rows, side="right") - 1
+    return groups.place(g, {
+        int(k): primal_aggregation_rows(state, rows[owner == k],
+                                        dual_change[owner == k])[groups.client_features[k]]
+        for k in np.unique(owner)})
 
 
 def primal_aggregation_rows(state: HyFDCAState, rows: np.ndarray, dual_change: np.ndarray):

@@ -138,6 +138,26 @@ class SampleGroups:
         ``out`` (M, C), summing a feature that several of them share."""
         np.add.at(out, self.columns[g][coordinates], values)
 
+    def place(self, g: int, parts: dict) -> np.ndarray:
+        """Members' values ``{k: (|M_k|, C)}`` on their slices of group ``g``'s coordinates,
+        zero elsewhere: (L_g, C)."""
+        out = None
+        for k, values in parts.items():
+            if out is None:
+                out = np.zeros((self.size(g), values.shape[1]))
+            out[self.start[k]:self.start[k] + self.client_features[k].size] = values
+        return out
+
+    def split(self, clients, values: np.ndarray) -> dict[int, np.ndarray]:
+        """Values on the clients' slices (as :meth:`coordinates` concatenates them), per
+        client: ``{k: (|M_k|, C)}``."""
+        out, start = {}, 0
+        for k in clients:
+            size = self.client_features[k].size
+            out[int(k)] = values[start:start + size]
+            start += size
+        return out
+
     def composite(self, snapshot_of) -> list[np.ndarray]:
         """``w~_g`` of every group, each (L_g, C): on member ``k``'s slice the weights
         ``snapshot_of(k)`` (shape (|M_k|, C))."""
@@ -207,6 +227,30 @@ class GroupHistory:
             sel = np.flatnonzero(of == g)
             out[sel] = self.histories[g].direction_grams(pairs[sel], t)
         return out
+
+    def towards_w(self, clients: np.ndarray, pairs: np.ndarray, w: np.ndarray,
+                  composites: list[np.ndarray]) -> np.ndarray:
+        """``<w - w~_g, u_j>`` for each client's directions (pairs (A, R, 2)) with its
+        group's composite: (A, C, R), one pass over each group's moves."""
+        out = np.empty((clients.size, w.shape[1], pairs.shape[1]))
+        of = self.groups.of_client[clients]
+        for g in np.unique(of):
+            sel = np.flatnonzero(of == g)
+            out[sel] = self.inner_with_directions(int(clients[sel[0]]), pairs[sel],
+                                                  self.groups.lift(g, w) - composites[g])
+        return out
+
+    def estimate_absent(self, g: int, sender: int, pairs: np.ndarray, absent: np.ndarray,
+                        sums: np.ndarray, active_image: np.ndarray, out: np.ndarray):
+        """Group ``g``'s absent members' image of a move (:func:`absent_image`) from the
+        sender's span sums (C, R) and the active members' image in the group's coordinates
+        (L_g, C); added onto ``out`` (M, C). Returns each absent member's part
+        ``{k: (|M_k|, C)}`` and whether it is exact."""
+        coordinates = self.groups.coordinates(absent)
+        estimate, exact = absent_image(self.vectors(sender, pairs, coordinates), sums,
+                                       self.inner_with_directions(sender, pairs, active_image))
+        self.groups.add_to_features(out, g, coordinates, estimate)
+        return self.groups.split(absent, estimate), exact
 
     def vectors(self, k: int, pairs: np.ndarray, coordinates: np.ndarray) -> np.ndarray:
         """Client ``k``'s directions (pairs (R, 2)) on its group's ``coordinates``:

@@ -786,12 +786,8 @@ class Server:
                 self.snapshot[k] = self.w[self.client_features[k]].copy()
             composites = self._record_composites()
             grams = self.group_history.grams(active, pairs, self.t)
-            of = self.groups.of_client[active]
-            for g in np.unique(of):  # one pass over the group's moves for all its clients
-                sel = np.flatnonzero(of == g)
-                products = self.group_history.inner_with_directions(
-                    int(active[sel[0]]), pairs[sel], self.groups.lift(g, self.w) - composites[g])
-                towards_w.update(zip(active[sel].tolist(), products))
+            towards_w = dict(zip(active.tolist(), self.group_history.towards_w(
+                active, pairs, self.w, composites)))
             roles = self._group_roles()
         upper = np.triu_indices(grams.shape[-1])
         coef = self.sigma / (pub.lam * pub.n_samples)
@@ -925,12 +921,8 @@ class Server:
         for sender, g in self.roles["senders"].items():
             members = self.groups.members[g]
             absent = members[~active[members]]
-            active_image = np.zeros((self.groups.size(g), self.public.n_outputs))
-            for k in members[active[members]]:  # each member's image on its own slice
-                start = self.groups.start[k]
-                active_image[start:start + self.client_features[k].size] = (
-                    replies[int(k)]["primal_part"] / lam_n)
-            coordinates = self.groups.coordinates(absent)
+            active_image = self.groups.place(g, {  # each member's image on its own slice
+                int(k): replies[int(k)]["primal_part"] / lam_n for k in members[active[members]]})
             pairs = self.pairs[sender]
             sums = replies[sender].get("span_sums")
             if sums is None or np.shape(sums) != (self.public.n_outputs, pairs.shape[0]):
@@ -938,16 +930,10 @@ class Server:
                            f"sent span sums of shape {np.shape(sums)} with its direction, "
                            f"expected {(self.public.n_outputs, pairs.shape[0])}",
                            "Run the same hyfl version on every party and the server.")
-            estimate, _ = absent_image(
-                self.group_history.vectors(sender, pairs, coordinates),
-                np.asarray(sums, dtype=float),
-                self.group_history.inner_with_directions(sender, pairs, active_image))
-            self.groups.add_to_features(self.direction_dw, g, coordinates, estimate)
-            start = 0
-            for k in absent:
-                size = self.client_features[k].size
-                self.direction_estimates[int(k)] = estimate[start:start + size]
-                start += size
+            estimates, _ = self.group_history.estimate_absent(
+                g, sender, pairs, absent, np.asarray(sums, dtype=float), active_image,
+                self.direction_dw)
+            self.direction_estimates.update(estimates)
 
     def cocoa_average(self) -> None:
         """Move the running average of the model on by one round."""
