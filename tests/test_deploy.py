@@ -267,14 +267,14 @@ def test_node_config_errors_are_clear(tmp_path, keys):
             NodeSettings.from_node_config(node, 3)
     # What the server hears when a party starts with a bad node config: the
     # party's hello fails with the same message (Flower returns it as an error reply).
-    run = run_config_for(parties=3, cipher="paillier", public_key=str(keys[1]), data="syn",
+    run = run_config_for(parties=3, cipher="paillier", public_key=str(keys[1]),
                          partition="grid:3x1", insecure_test_keys=True)
     hello = encode(_announcement(keys))
     with pytest.raises(HyflError, match="does not exist on this machine"):
         handle_message("hello", hello, None, {"party": 0, "key": str(tmp_path / "x")}, run)
     node = node_for(0, "paillier", private)
-    with pytest.raises(HyflError, match="has no data"):
-        handle_message("hello", hello, None, node, {**run, "data": ""})
+    with pytest.raises(HyflError, match="node config data is not set"):
+        handle_message("hello", hello, None, node, run)
     with pytest.raises(HyflError, match="fewer than the 2048"):  # small keys must be admitted
         handle_message("hello", hello, None, {"party": 0, "key": str(private)}, run)
 
@@ -291,14 +291,14 @@ def test_a_job_cannot_switch_a_keyed_partys_encryption_off(tmp_path, keys):
     """The attack: a job with cipher=none sent to a party that holds the private key."""
     private, public = keys
     node = node_for(0, "paillier", private, data="syn")
-    attack = run_config_for(parties=3, cipher="none", data="syn", partition="grid:3x1")
+    attack = run_config_for(parties=3, cipher="none", partition="grid:3x1")
     for kind, payload in [("hello", {"cipher": "none", "fingerprint": ""}),
                           ("round", {"configure": {"t": 1}}), ("duals", {"duals": None})]:
         with pytest.raises(HyflError, match="party 0 refuses the job: the job asks for cipher "
                            "'none', but this party's policy .* is cipher 'paillier'"):
             handle_message(kind, encode(payload), None, node, attack)
     # Another encrypted cipher than the party's is refused just the same.
-    packed = run_config_for(parties=3, cipher="packed", public_key=str(public), data="syn",
+    packed = run_config_for(parties=3, cipher="packed", public_key=str(public),
                             partition="grid:3x1", insecure_test_keys=True)
     with pytest.raises(HyflError, match="asks for cipher 'packed'"):
         handle_message("hello", encode(_announcement(keys)), None, node, packed)

@@ -108,7 +108,7 @@ def test_app_flags_set_the_run_config_defaults(tmp_path, monkeypatch):
                            "--seed", "3", "--loss", "logistic", "--lam", "0.01",
                            "--param", "local_steps=5", "--param", "step_rule=theory",
                            "--cipher", "packed", "--public-key", "keys/public-key.json",
-                           "--data", "breast_cancer", "--partition", "grid:2x2",
+                           "--partition", "grid:2x2",
                            "--results", "results", "--reply-timeout", "30",
                            "--insecure-test-keys")
     assert result.exit_code == 0, output
@@ -117,7 +117,7 @@ def test_app_flags_set_the_run_config_defaults(tmp_path, monkeypatch):
     expected = {**RUN_DEFAULTS, "parties": 4, "iterations": 7, "participation": "0.5",
                 "seed": 3, "loss": "logistic", "lam": 0.01,
                 "hyper": "local_steps=5,step_rule=theory", "cipher": "packed",
-                "public-key": str(public.resolve()), "data": "breast_cancer",
+                "public-key": str(public.resolve()),
                 "partition": "grid:2x2", "out": str(tmp_path / "results"),
                 "reply-timeout": 30.0, "insecure-test-keys": True}
     assert config == expected

@@ -17,15 +17,26 @@ class HyflError(ValueError):
     """Invalid input, configuration or data; the message names culprit and fix."""
 
 
+class JobRefused(HyflError):
+    """A deployed party refuses the job for a reason the job's submitter must hear.
+
+    Its text names only the job's own settings and public facts (the cipher
+    the job asked for, a key fingerprint), never the party's files or data:
+    it is the one kind of party error whose text goes back to the server
+    (:func:`hyfl.deploy.party.server_text`).
+    """
+
+
 class TrivialModelWarning(UserWarning):
     """A fitted model is no better than trivial: its primal objective is not below the zero
     model's, or its accuracy not above always predicting the majority class (see
     :func:`hyfl.runtime.trivial.judge_trivial`)."""
 
 
-def fail(culprit: str, problem: str, fix: str) -> HyflError:
-    """Build the standard error: ``"<culprit> <problem>. <fix>"``."""
-    return HyflError(f"{culprit} {problem}. {fix}")
+def fail(culprit: str, problem: str, fix: str, *,
+         error: type[HyflError] = HyflError) -> HyflError:
+    """Build the standard error: ``"<culprit> <problem>. <fix>"`` (of class ``error``)."""
+    return error(f"{culprit} {problem}. {fix}")
 
 
 def check_positive(name: str, value: float, *, fix: str = "") -> float:

@@ -27,6 +27,7 @@ come from node 1, not from the party).
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -39,8 +40,8 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
 from hyfl.deploy.codec import bundle, decode, encode, encoded_bytes, unbundle
-from hyfl.deploy.party import KINDS, QUERY_KINDS, handle_message
-from hyfl.errors import fail
+from hyfl.deploy.party import KINDS, QUERY_KINDS, handle_message, server_text
+from hyfl.errors import HyflError, fail
 
 __all__ = ["AUDIT_DIR_VARIABLE", "FlowerTransport", "client_app", "load_state", "pack",
            "read_received", "run_server", "save_state", "server_app", "unpack"]
@@ -120,9 +121,15 @@ def _handler(kind: str):
         timing = {"until_handler": started - msg.metadata.created_at,
                   "until_process": process - msg.metadata.created_at,
                   "process_start": started - process}
-        reply, new_state = handle_message(kind, unpack(msg.content, "the server"),
-                                          load_state(context), context.node_config,
-                                          context.run_config, timing)
+        try:
+            reply, new_state = handle_message(kind, unpack(msg.content, "the server"),
+                                              load_state(context), context.node_config,
+                                              context.run_config, timing)
+        except Exception as err:  # noqa: BLE001 (the details stay here, see server_text)
+            from flwr.common.logger import log
+
+            log(logging.ERROR, "hyfl party, %r message: %s: %s", kind, type(err).__name__, err)
+            raise HyflError(server_text(err, kind)) from None
         save_state(context, new_state)  # only after success: an exception keeps the old one
         return Message(pack(*reply), reply_to=msg)
 

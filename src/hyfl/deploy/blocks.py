@@ -8,10 +8,12 @@ config ``data``:
 * a **block file** ``party-K.npz`` (``hyfl deploy split`` writes one per
   party from a dataset and a partition, :func:`write_blocks`): the party's
   machine needs nothing else of the data set;
-* a **dataset name or LIBSVM file** (or, without ``data``, the run config's
-  ``data``): the party loads the data set, builds the run config's partition
-  spec with the run's seed and keeps its block -- convenient on loopback and
-  for demonstrations where every machine has the public data set anyway.
+* a **dataset name or LIBSVM file** (with the node config's ``data-dir``): the
+  party loads the data set, builds the run config's partition spec with the
+  run's seed and keeps its block -- convenient on loopback and for
+  demonstrations where every machine has the public data set anyway.
+
+The job never names a file: a party reads only what its own node config names.
 
 Block files are plain ``.npz`` archives of numeric arrays and strings (read
 with ``allow_pickle=False``).
@@ -123,18 +125,21 @@ def read_block(path: str | os.PathLike, party: int | None = None) -> Block:
     return block
 
 
-def load_block(party: int, data: str, config) -> Block:
-    """The block of ``party``: from a block file, or cut from a data set (module docstring).
+def load_block(node, config) -> Block:
+    """The block of ``node``'s party: from a block file, or cut from a data set.
 
-    ``data`` is the node config's ``data`` ("" = the run config's); ``config``
-    the :class:`~hyfl.deploy.config.DeployConfig`.
+    Only the data the node config names are read (its ``data`` and
+    ``data-dir``); the job -- ``config``, the
+    :class:`~hyfl.deploy.config.DeployConfig` -- gives at most the partition
+    spec and seed that cut a named dataset (module docstring).
     """
-    source = data or config.data
+    party, source = node.party, node.data
     if not source:
         raise fail(
-            f"party {party}", "has no data",
+            "node config data", f"is not set: party {party} reads only the data its node "
+            "config names",
             "Give the node its block file (node config data='party-K.npz', from `hyfl deploy "
-            "split`), or name a dataset in the run config (data=... partition=...).",
+            "split`; hyfl deploy party --data), or a dataset name with the run's partition spec.",
         )
     if source.endswith(".npz"):
         return read_block(source, party)
@@ -153,7 +158,7 @@ def load_block(party: int, data: str, config) -> Block:
         raise fail("run config partition", "is not set",
                    f"Parties that cut their block from {source!r} need the partition spec, "
                    "e.g. partition=grid:2x2 (K*Q = parties).")
-    dataset = load_data(source, config.data_dir or None)
+    dataset = load_data(source, node.data_dir or None)
     lam_default = default_lambda(source) or _fallback_lambda()
     problem = make_problem(dataset, config.loss, config.lam or lam_default)
     partition = parse_partition(config.partition, problem.X, seed=config.seed,

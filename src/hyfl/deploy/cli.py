@@ -225,7 +225,10 @@ def party(
                                                     "accepts (from public-key.json).")] = None,
     insecure_test_keys: InsecureKeys = False,
     data: Annotated[str | None, typer.Option(help="This party's block file (party-K.npz), or a "
-                                             "dataset name; default: the run's data.")] = None,
+                                             "dataset name (with the job's partition spec): "
+                                             "the only data the party reads.")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="Folder with dataset files, for a "
+                                                  "dataset name.")] = None,
     out: Annotated[Path | None, typer.Option(help="Folder for the party's final duals and "
                                              "weights (party-K.npz).")] = None,
     insecure: Insecure = False,
@@ -269,6 +272,8 @@ def party(
         if data is not None:
             resolved = Path(data)
             node.append(f"data={_quoted(resolved.resolve() if resolved.exists() else data)}")
+        if data_dir is not None:
+            node.append(f"data-dir={_quoted(data_dir.resolve())}")
         if out is not None:
             node.append(f"out={_quoted(out.resolve())}")
         if worker:
@@ -317,8 +322,8 @@ def run(
     lam: Lam = 0.0,
     param: Param = None,
     cipher: Cipher = "paillier",
-    data: Annotated[str, typer.Option(help="Dataset for parties without their own data.")] = "",
-    partition: Annotated[str, typer.Option(help="Its partition spec.")] = "",
+    partition: Annotated[str, typer.Option(help="Partition spec, for parties whose node config "
+                                           "names a dataset.")] = "",
     reply_timeout: ReplyTimeout = 120.0,
     insecure: Insecure = False,
     root_certificates: RootCerts = None,
@@ -354,8 +359,8 @@ def run(
         out = out.resolve()
         config = run_config_for(
             parties=parties, iterations=iterations, participation=participation, seed=seed,
-            loss=loss, lam=lam, hyper=_hyper(param), cipher=cipher, data=data,
-            partition=partition, reply_timeout=reply_timeout, out=str(out),
+            loss=loss, lam=lam, hyper=_hyper(param), cipher=cipher, partition=partition,
+            reply_timeout=reply_timeout, out=str(out),
             public_key=str(public_key.resolve()) if public_key is not None else "",
             insecure_test_keys=insecure_test_keys,
         )
@@ -447,9 +452,8 @@ def flower_app(
                                                "no encryption, tests).")] = None,
     public_key: Annotated[Path | None, typer.Option(help="public-key.json, on the SuperLink's "
                                                     "machine.")] = None,
-    data: Annotated[str | None, typer.Option(help="Dataset for parties without their own "
-                                             "data.")] = None,
-    partition: Annotated[str | None, typer.Option(help="Its partition spec.")] = None,
+    partition: Annotated[str | None, typer.Option(help="Partition spec, for parties whose "
+                                                  "node config names a dataset.")] = None,
     results: Annotated[Path | None, typer.Option(help="Results folder (run config out), on "
                                                  "the SuperLink's machine.")] = None,
     reply_timeout: Annotated[float | None, typer.Option(help="Seconds a party has to answer "
@@ -467,7 +471,7 @@ def flower_app(
         folder = write_flower_app(out, {
             "parties": parties, "iterations": iterations, "participation": participation,
             "seed": seed, "loss": loss, "lam": lam, "hyper": _hyper(param) if param else None,
-            "cipher": cipher, "public-key": _server_path(public_key), "data": data,
+            "cipher": cipher, "public-key": _server_path(public_key),
             "partition": partition, "out": _server_path(results), "reply-timeout": reply_timeout,
             "insecure-test-keys": insecure_test_keys or None,
         }, overwrite=overwrite)

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from hyfl.errors import HyflError, check_choice, check_int, check_positive, fail
+from hyfl.errors import HyflError, JobRefused, check_choice, check_int, check_positive, fail
 
 __all__ = [
     "NODE_HELP",
@@ -54,8 +54,6 @@ RUN_DEFAULTS: dict[str, Any] = {
     "seed": 0,
     "loss": "hinge",
     "lam": 0.0,
-    "data": "",
-    "data-dir": "",
     "partition": "",
     "cipher": "paillier",
     "precision-bits": 32,
@@ -78,9 +76,7 @@ RUN_HELP: dict[str, str] = {
     "seed": "seed of the participation schedule and the draws",
     "loss": "hinge, logistic, squared or smoothed_hinge",
     "lam": "regularization; 0 = the data's default (reported by the parties)",
-    "data": "dataset name or LIBSVM file, for parties without a block file",
-    "data-dir": "folder with dataset files",
-    "partition": "partition spec of that dataset, e.g. grid:2x2",
+    "partition": "partition spec, for parties whose node config names a dataset, e.g. grid:2x2",
     "cipher": "paillier, packed, ckks or none (no encryption: tests only); every party's own",
     "precision-bits": "fixed-point encoding, the same for all",
     "guard-bits": "fixed-point encoding, the same for all",
@@ -104,9 +100,9 @@ NODE_HELP: dict[str, str] = {
               "none (no key; tests only); a job asking for another is refused",
     "fingerprint": "optional pin: the key fingerprint (from public-key.json) it accepts",
     "insecure-test-keys": "true admits keys below 2048 bits (tests only)",
-    "data": "its block file party-K.npz, or a dataset name / LIBSVM file; default: the "
-            "job's data",
-    "data-dir": "folder with dataset files",
+    "data": "its block file party-K.npz, or a dataset name / LIBSVM file (required: a party "
+            "reads only the data its node config names)",
+    "data-dir": "folder with dataset files (for a dataset name)",
     "out": "folder where the party writes party-K.npz (its final duals and weights)",
 }
 
@@ -177,8 +173,6 @@ class DeployConfig:
     seed: int = 0
     loss: str = "hinge"
     lam: float = 0.0
-    data: str = ""
-    data_dir: str = ""
     partition: str = ""
     cipher: str = "paillier"
     precision_bits: int = 32
@@ -197,10 +191,8 @@ class DeployConfig:
         from hyfl.algorithms.hyfdca import HyFDCA
         from hyfl.losses import LOSSES
 
-        unknown = sorted(set(config) - set(RUN_DEFAULTS))
-        if unknown:
-            raise fail(f"run config key {unknown[0]!r}", "is not known",
-                       f"Known keys: {', '.join(RUN_DEFAULTS)}.")
+        for key in config:
+            _check_run_key(key)
         parties = config.get("parties", 0)
         parties = check_int("run config parties", parties, minimum=1,
                             fix="Set parties=K, the number of parties of the partition.")
@@ -242,7 +234,6 @@ class DeployConfig:
         return cls(
             parties=parties, algorithm=algorithm, hyper=hyper, iterations=iterations,
             participation=participation, seed=seed, loss=loss, lam=lam,
-            data=_text(config, "data"), data_dir=_text(config, "data-dir"),
             partition=_text(config, "partition"), cipher=cipher,
             precision_bits=precision_bits, guard_bits=guard_bits, public_key=public_key,
             insecure_test_keys=_flag(config.get("insecure-test-keys", False),
@@ -269,11 +260,21 @@ def run_config_for(**values: Any) -> dict[str, Any]:
         if value is None:
             continue
         name = key.replace("_", "-")
-        if name not in RUN_DEFAULTS:
-            raise fail(f"run config key {name!r}", "is not known",
-                       f"Known keys: {', '.join(RUN_DEFAULTS)}.")
+        _check_run_key(name)
         out[name] = value
     return out
+
+
+def _check_run_key(key: str) -> None:
+    """A run config key must be known; the data are not the job's to choose."""
+    if key in ("data", "data-dir"):
+        raise fail(f"run config key {key!r}", "is not the job's to set: a party reads only the "
+                   "data its own node config names",
+                   f"Set {key} in each party's node config (hyfl deploy party --{key}, or "
+                   f"--node-config \"{key}='...'\"); the job gives the partition spec only.")
+    if key not in RUN_DEFAULTS:
+        raise fail(f"run config key {key!r}", "is not known",
+                   f"Known keys: {', '.join(RUN_DEFAULTS)}.")
 
 
 @dataclass(frozen=True)
@@ -285,8 +286,9 @@ class NodeSettings:
     ``none``, which a party without a key must state explicitly),
     ``fingerprint`` (optional: the key fingerprint this party insists on),
     ``insecure-test-keys`` (admit a key below 2048 bits; tests only),
-    ``data`` (block file, dataset name or LIBSVM file; optional),
-    ``data-dir`` and ``out`` (folder for the party's final state; optional).
+    ``data`` (block file, dataset name or LIBSVM file: the only data the
+    party reads), ``data-dir`` (where a named dataset's files are) and
+    ``out`` (folder for the party's final state; optional).
 
     The policy comes only from here: :meth:`check_job` refuses a job whose
     run config asks for another cipher, :meth:`check_key` a server announcing
@@ -331,7 +333,8 @@ class NodeSettings:
                        f"refuses the job: the job asks for cipher {config.cipher!r}, but this "
                        f"party's policy (its node config) is cipher {self.cipher!r}{plain}",
                        f"Submit the job with cipher={self.cipher}; only the party's own node "
-                       "config (hyfl deploy party --cipher) can change its cipher.")
+                       "config (hyfl deploy party --cipher) can change its cipher.",
+                       error=JobRefused)
 
     def check_key(self, own: str, announced: Any) -> None:
         """Refuse a server that announces another key than this party's own (or pinned) one.
@@ -348,12 +351,13 @@ class NodeSettings:
         if not isinstance(announced, str) or not announced:
             raise fail(f"party {self.party}", "refuses the job: the server did not say which "
                        f"public key it uses (this party's key is {own})",
-                       "Run the server with the same hyfl version as the parties.")
+                       "Run the server with the same hyfl version as the parties.",
+                       error=JobRefused)
         if announced != own:
             raise fail(f"party {self.party}", f"refuses the job: the server's public key has "
                        f"fingerprint {announced}, this party's key {own}",
                        "Give the server the public-key.json written together with this party's "
-                       "private-key.json by `hyfl deploy keys`.")
+                       "private-key.json by `hyfl deploy keys`.", error=JobRefused)
 
 
 def _node_party(config: Mapping[str, Any], n_parties: int | None) -> int:

@@ -45,8 +45,10 @@ __all__ = [
     "APP_NAME",
     "APP_PACKAGE",
     "APP_PUBLISHER",
+    "BUNDLE_MAX_BYTES",
     "FLOWER_VERSION",
     "check_app_config",
+    "check_bundle",
     "hyfl_version",
     "toml_value",
     "write_flower_app",
@@ -58,6 +60,9 @@ APP_COMPONENTS = {"serverapp": "hyfl.deploy.app:server_app",
 #: The project's package (its components are ``hyfl_app.server_app:app`` and
 #: ``hyfl_app.client_app:app``).
 APP_PACKAGE = "hyfl_app"
+#: The project's components, as its pyproject.toml names them.
+_PROJECT_COMPONENTS = {"serverapp": f"{APP_PACKAGE}.server_app:app",
+                       "clientapp": f"{APP_PACKAGE}.client_app:app"}
 APP_NAME = "hyfl-app"
 APP_PUBLISHER = "hyfl"
 #: The Flower version hyfl[flower] pins (pyproject.toml) and the project requires.
@@ -65,6 +70,11 @@ FLOWER_VERSION = "1.41.0"
 #: Files of the project; ``--overwrite`` replaces these, nothing else.
 APP_FILES = ("pyproject.toml", "README.md", f"{APP_PACKAGE}/__init__.py",
              f"{APP_PACKAGE}/server_app.py", f"{APP_PACKAGE}/client_app.py")
+#: Largest app bundle (FAB) a party's worker looks into, packed or unpacked; hyfl's own
+#: is a few kilobytes.
+BUNDLE_MAX_BYTES = 1 << 20
+#: The manifest Flower adds to every bundle (``flwr build``).
+_MANIFEST = ".info/CONTENT"
 # Names used in the README's examples.
 _EXAMPLE_CONNECTION = "my-superlink"
 _EXAMPLE_ADDRESS = "link.example.org:8000"
@@ -164,14 +174,8 @@ def write_flower_app(out: str | os.PathLike, run_config: Mapping[str, Any] | Non
     config = run_config_for(**dict(run_config or {}))
     check_app_config(config)
     version = hyfl_version()
-    texts = {
-        "pyproject.toml": _pyproject(config, version),
-        "README.md": _readme(config, version),
-        f"{APP_PACKAGE}/__init__.py": '"""HyFDCA with hyfl on Flower: the ServerApp and the '
-                                      'ClientApp of this Flower App (see README.md)."""\n',
-        f"{APP_PACKAGE}/server_app.py": _component("serverapp"),
-        f"{APP_PACKAGE}/client_app.py": _component("clientapp"),
-    }
+    texts = {"pyproject.toml": _pyproject(config, version),
+             "README.md": _readme(config, version), **_package_texts()}
     for name, text in texts.items():
         path = out / name
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -179,7 +183,84 @@ def write_flower_app(out: str | os.PathLike, run_config: Mapping[str, Any] | Non
     return out
 
 
+def check_bundle(content: bytes, what: str = "the app bundle") -> None:
+    """Check that a Flower app bundle (FAB) is hyfl's app, without running any of it.
+
+    A party's worker holds the private key: it never installs or imports a
+    job's bundle, it serves hyfl's installed ClientApp. This check makes sure
+    the job asked for that app, reading the bundle as data only (a zip
+    archive and a TOML file): its files are the ones :func:`write_flower_app`
+    writes (plus Flower's manifest), its Python modules are byte for byte
+    hyfl's, and ``pyproject.toml`` names hyfl's components.
+
+    Parameters
+    ----------
+    content : bytes
+        The bundle, as the SuperNode received it.
+    what : str, default "the app bundle"
+        How errors name it (e.g. ``"app hyfl/hyfl-app 0.4.0"``).
+
+    Raises
+    ------
+    HyflError
+        Naming the file that differs, and the fix.
+    """
+    import io
+    import zipfile
+
+    fix = ("A party's worker serves hyfl's own app only: submit the project `hyfl deploy app` "
+           "writes, unchanged (or run other apps on a SuperNode without the worker)")
+    if not isinstance(content, bytes) or len(content) > BUNDLE_MAX_BYTES:
+        raise fail(what, f"is not a bundle of at most {BUNDLE_MAX_BYTES} bytes", fix)
+    try:
+        with zipfile.ZipFile(io.BytesIO(content)) as bundle:
+            members = bundle.infolist()
+            allowed = {*APP_FILES, _MANIFEST}
+            stray = sorted({m.filename for m in members} - allowed)
+            if stray or len(members) > len(allowed):
+                raise fail(what, f"holds {stray[0] if stray else 'a file twice'!r}, which is "
+                           "not part of hyfl's app", fix)
+            # Sizes are checked before anything is unpacked (a zip bomb stops here).
+            if sum(m.file_size for m in members) > BUNDLE_MAX_BYTES:
+                raise fail(what, f"unpacks to more than {BUNDLE_MAX_BYTES} bytes", fix)
+            files = {m.filename: bundle.read(m) for m in members}
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, RuntimeError,
+            NotImplementedError) as err:  # not a zip, encrypted, or an unknown compression
+        raise fail(what, f"is not a readable zip archive ({type(err).__name__})", fix) from None
+    for name, text in _package_texts().items():
+        if files.get(name) != text.encode():
+            raise fail(what, f"has a {name} that is not hyfl's "
+                       f"({'missing' if name not in files else 'changed'})", fix)
+    try:
+        project = _load_toml(files["pyproject.toml"].decode())
+        components = project["tool"]["flwr"]["app"]["components"]
+    except (KeyError, TypeError, ValueError):  # missing, not UTF-8, not TOML, no table
+        raise fail(what, "has no readable pyproject.toml naming its components", fix) from None
+    if components != _PROJECT_COMPONENTS:
+        raise fail(what, f"names the components {components!r}, not hyfl's "
+                   f"{_PROJECT_COMPONENTS!r}", fix)
+
+
+def _load_toml(text: str) -> dict:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    return tomllib.loads(text)
+
+
 # ----------------------------------------------------------------------------- the files
+
+
+def _package_texts() -> dict[str, str]:
+    """The project's Python modules (the same bytes in every hyfl app of this version)."""
+    return {
+        f"{APP_PACKAGE}/__init__.py": '"""HyFDCA with hyfl on Flower: the ServerApp and the '
+                                      'ClientApp of this Flower App (see README.md)."""\n',
+        f"{APP_PACKAGE}/server_app.py": _component("serverapp"),
+        f"{APP_PACKAGE}/client_app.py": _component("clientapp"),
+    }
+
 
 _COMPONENT_DOCS = {
     "serverapp": (
@@ -237,8 +318,7 @@ def _pyproject(config: Mapping[str, Any], version: str) -> str:
         f"publisher = {toml_value(APP_PUBLISHER)}",
         "",
         "[tool.flwr.app.components]",
-        f'serverapp = "{APP_PACKAGE}.server_app:app"',
-        f'clientapp = "{APP_PACKAGE}.client_app:app"',
+        *(f'{kind} = "{component}"' for kind, component in _PROJECT_COMPONENTS.items()),
         "",
         "# The run config: every key hyfl's ServerApp reads, with this app's defaults.",
         '# Override any of them per run: flwr run ... --run-config "iterations=20 seed=1"',

@@ -846,8 +846,10 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
         lam_default = default_lambda(data) or FALLBACK_LAMBDA
         problem = make_problem(dataset, loss, lam or lam_default)
         parts = parse_partition(partition, problem.X, seed=seed, meta=dataset.meta)
-        data_keys = [{} for _ in range(parts.n_clients)]
-        run_data = {"data": data, "partition": partition}
+        # Each party names the dataset in its own node config; the job gives the partition.
+        named = str(Path(data).resolve()) if Path(data).is_file() else str(data)
+        data_keys = [{"data": named} for _ in range(parts.n_clients)]
+        run_data = {"partition": partition}
         dataset_meta, data_name = dataset.meta, str(data)
     K = parts.n_clients if parties is None else parties
     if K != parts.n_clients:

@@ -34,7 +34,10 @@ Security policy. The party's cipher, key and minimum key size come from its
 node config (:class:`~hyfl.deploy.config.NodeSettings`), never from the job:
 a job whose run config asks for another cipher -- ``none`` included -- is
 refused before anything is decoded, and so is a ``hello`` announcing a
-public key with another fingerprint (see :func:`own_cipher`).
+public key with another fingerprint (see :func:`own_cipher`). Only such
+refusals of the job go back to the server word for word; every other error
+reaches it as a generic text (:func:`server_text`), its details stay in the
+party's log: they may quote the party's files or tell what it decrypted.
 
 The private key is read from the key file for every message; it is never
 part of the state. Commits and the set-up's row norms travel as
@@ -64,9 +67,10 @@ import scipy.sparse as sp
 from hyfl._io import atomic_write
 from hyfl.deploy.codec import check_fields, decode, encode
 from hyfl.deploy.config import DeployConfig, NodeSettings, structure_blocks
-from hyfl.errors import HyflError, fail
+from hyfl.errors import HyflError, JobRefused, fail
 
-__all__ = ["KINDS", "QUERY_KINDS", "Party", "handle_message", "open_party", "own_cipher"]
+__all__ = ["KINDS", "QUERY_KINDS", "Party", "handle_message", "open_party", "own_cipher",
+           "server_text"]
 
 #: Message kinds a party handles (Flower message types ``train.<kind>`` or ``query.<kind>``).
 KINDS = ("hello", "setup", "round", "weights", "steps", "duals", "verdict", "commit",
@@ -155,7 +159,10 @@ def open_party(node_config: Mapping[str, Any], run_config: Mapping[str, Any],
     party that has not seen ``hello``); a state saved without its block has
     the block loaded again from the party's data (and checked to be the same).
     """
-    config = DeployConfig.from_run_config(run_config)
+    try:
+        config = DeployConfig.from_run_config(run_config)
+    except HyflError as err:  # the job's own settings: its submitter must hear why
+        raise JobRefused(str(err)) from None
     node = NodeSettings.from_node_config(node_config, config.parties)
     node.check_job(config)  # before the key is even read: the job cannot choose the cipher
     cipher = own_cipher(node, config)
@@ -164,6 +171,21 @@ def open_party(node_config: Mapping[str, Any], run_config: Mapping[str, Any],
     if "block_ids" in tree:
         party.reload_block()
     return party
+
+
+def server_text(err: BaseException, kind: str) -> str:
+    """What the server hears of a party's error on a ``kind`` message.
+
+    A :class:`~hyfl.errors.JobRefused` (the job asked for something the
+    party's policy refuses) word for word; anything else as one generic
+    sentence. The details stay with the party (its log): an error may quote
+    the party's files (a data file's first bad token), name its paths, or
+    tell the server something about a value it decrypted.
+    """
+    if isinstance(err, JobRefused):
+        return str(err)
+    return (f"the party could not handle the server's {kind!r} message; the reason is in the "
+            "party's own log (it is not sent: it may quote the party's files or data)")
 
 
 def own_cipher(node: NodeSettings, config: DeployConfig):
@@ -296,7 +318,7 @@ class Party:
         """The party's block from its data, as a state tree and as loaded."""
         from hyfl.deploy.blocks import load_block
 
-        block = load_block(self.node.party, self.node.data, self.config)
+        block = load_block(self.node, self.config)
         X = block.X.tocsr()
         return {"samples": block.samples, "features": block.features, "data": X.data,
                 "indices": X.indices, "indptr": X.indptr, "shape": list(X.shape),

@@ -13,11 +13,13 @@ The worker replaces that process, not Flower's transport:
   runs each one in memory, through the same Runtime API calls as
   ``flwr-clientapp`` (pull the task's message and context, push the reply
   and the context, task heartbeats while it works);
-* it serves hyfl's own ClientApp (:data:`hyfl.deploy.app.client_app`, also
-  when a Flower App re-exports it) through :class:`Sessions`: one
-  :class:`~hyfl.deploy.party.Party` per run, kept between messages with its
-  cipher and ``Client``. Any other app is refused: the worker holds the
-  party's private key in memory, where another app's code could read it.
+* it serves hyfl's own installed ClientApp (:data:`hyfl.deploy.app.client_app`)
+  through :class:`Sessions`: one :class:`~hyfl.deploy.party.Party` per run,
+  kept between messages with its cipher and ``Client``. It never installs or
+  imports a job's app bundle: the worker holds the party's private key in
+  memory, where the bundle's code could read it. The bundle is read as data
+  and must be hyfl's app unchanged (:func:`hyfl.deploy.flower_app.check_bundle`);
+  any other is refused.
 
 After every message the party's state -- without its data block, which the
 party can load again -- is saved in Flower's ``context.state``, which the
@@ -171,7 +173,7 @@ class Worker:
         self.root_certificates = root_certificates
         self.log = log or (lambda line: None)
         self.sessions = Sessions()
-        self.apps: dict[str, Any] = {}  # FAB hash -> its ClientApp
+        self.apps: dict[str, Any] = {}  # SHA-256 of a checked bundle -> hyfl's ClientApp
 
     def _client(self, component: str, *extra):
         from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
@@ -241,10 +243,18 @@ class Worker:
                 except Exception as err:  # noqa: BLE001 (reported to the server, as Flower does)
                     from flwr.clientapp.client_app import LoadClientAppError
 
+                    from hyfl.deploy.party import server_text
+                    from hyfl.errors import HyflError
+
                     code = (ErrorCode.LOAD_CLIENT_APP_EXCEPTION
                             if isinstance(err, LoadClientAppError)
                             else ErrorCode.CLIENT_APP_RAISED_EXCEPTION)
-                    details = f"{type(err)}:<'{err}'>"
+                    # The job's own bundle may be named; other details stay in this log.
+                    kind = (message.metadata.message_type.partition(".")[2]
+                            if message is not None else "?")
+                    shown = (err if isinstance(err, LoadClientAppError)
+                             else HyflError(server_text(err, kind)))
+                    details = f"{type(shown)}:<'{shown}'>"
                     self.log(f"message failed: {type(err).__name__}: {err}")
                     if message is not None:
                         reply = Message(Error(code=code, reason=details), reply_to=message)
@@ -258,28 +268,32 @@ class Worker:
             self.log(f"could not finish a task ({type(err).__name__}: {err}); going on")
 
     def _check_app(self, run, fab) -> None:
-        """Only hyfl's ClientApp runs here (checked once per app bundle).
+        """Only hyfl's ClientApp runs here, and nothing of the job's bundle.
 
-        The worker holds the party's private key in memory: code of another app
-        running in this process could read it. Other apps need a SuperNode
-        without the worker.
+        The worker holds the party's private key in memory: code from a job's
+        bundle running in this process could read it. So the bundle is never
+        installed or imported; :func:`~hyfl.deploy.flower_app.check_bundle`
+        reads it as data and the worker serves hyfl's installed ClientApp.
+        Checked once per bundle (by its SHA-256, not the hash the job names).
         """
-        if fab.hash_str in self.apps:
-            return
-        from flwr.cli.install import install_from_fab
-        from flwr.clientapp.client_app import LoadClientAppError
-        from flwr.clientapp.utils import get_load_client_app_fn
+        import hashlib
 
-        install_from_fab(fab.content, skip_prompt=True)
-        app = get_load_client_app_fn("", None, multi_app=True)(
-            run.fab_id, run.fab_version, fab.hash_str)
-        if app is not _hyfl_client_app():
+        from flwr.clientapp.client_app import LoadClientAppError
+
+        from hyfl.deploy.flower_app import check_bundle
+        from hyfl.errors import HyflError
+
+        content = fab.content
+        digest = hashlib.sha256(content).hexdigest() if isinstance(content, bytes) else ""
+        if digest in self.apps:
+            return
+        try:
+            check_bundle(content, f"app {run.fab_id} {run.fab_version}")
+        except HyflError as err:
             raise LoadClientAppError(
-                f"app {run.fab_id} {run.fab_version}: this SuperNode runs hyfl's party worker, "
-                "which serves hyfl's ClientApp (hyfl.deploy.app:client_app) only; run other "
-                "apps on a SuperNode without it (hyfl deploy party --per-message, or "
-                "flower-supernode)")
-        self.apps[fab.hash_str] = app
+                f"{err} (this SuperNode runs hyfl's party worker; other apps need a SuperNode "
+                "without it: flower-supernode)") from None
+        self.apps[digest] = _hyfl_client_app()
 
     def _hyfl(self, message, context, started: float):
         """hyfl's ClientApp, with the party kept in :attr:`sessions`."""
