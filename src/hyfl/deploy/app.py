@@ -44,7 +44,7 @@ from hyfl.deploy.party import KINDS, QUERY_KINDS, handle_message, server_text
 from hyfl.errors import HyflError, fail
 
 __all__ = ["AUDIT_DIR_VARIABLE", "FlowerTransport", "client_app", "load_state", "pack",
-           "read_received", "run_server", "save_state", "server_app", "unpack"]
+           "read_received", "refuse_run", "run_server", "save_state", "server_app", "unpack"]
 
 # A party's app raised (a configuration error or a bug): stop the run and say so.
 # Every other error reply (node unavailable, app crashed, message lost) means
@@ -52,6 +52,10 @@ __all__ = ["AUDIT_DIR_VARIABLE", "FlowerTransport", "client_app", "load_state", 
 _FATAL_CODES = (ErrorCode.LOAD_CLIENT_APP_EXCEPTION, ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
                 ErrorCode.INVALID_FAB)
 _STATE_ARRAYS, _STATE_TREE = "hyfl.arrays", "hyfl.tree"
+#: Set in ``context.state`` once the party failed or refused a message of the run: an
+#: honest server stops a run at a party's error, so a party answers nothing more of it
+#: (a refusal must not be a question the server can ask again).
+_REFUSED = "hyfl.refused"
 #: With this environment variable set to a folder, the ServerApp keeps every reply it
 #: receives there as it arrived (``PID-SEQ-PARTY-KIND.npz``: the encoded arrays plus the
 #: description under ``__spec__``); :func:`read_received` reads them back. For audits.
@@ -99,10 +103,18 @@ def _process_start() -> float:
 
 def load_state(context: Context) -> tuple[dict, str] | None:
     """The party's encoded state Flower kept in ``context.state`` (None before the first)."""
+    if _REFUSED in context.state:
+        raise fail("the party", "failed or refused an earlier message of this run and answers "
+                   "no more of it", "Start a new run (the party's log says what went wrong).")
     if _STATE_TREE not in context.state:
         return None
     return unpack(RecordDict({"arrays": context.state[_STATE_ARRAYS],
                               "tree": context.state[_STATE_TREE]}), "the party's saved state")
+
+
+def refuse_run(context: Context) -> None:
+    """Mark the run refused in ``context.state`` (Flower keeps it with the error reply)."""
+    context.state[_REFUSED] = ConfigRecord({"refused": True})
 
 
 def save_state(context: Context, state: tuple[dict, str]) -> None:
@@ -129,6 +141,7 @@ def _handler(kind: str):
             from flwr.common.logger import log
 
             log(logging.ERROR, "hyfl party, %r message: %s: %s", kind, type(err).__name__, err)
+            refuse_run(context)
             raise HyflError(server_text(err, kind)) from None
         save_state(context, new_state)  # only after success: an exception keeps the old one
         return Message(pack(*reply), reply_to=msg)

@@ -67,6 +67,7 @@ import scipy.sparse as sp
 from hyfl._io import atomic_write
 from hyfl.deploy.codec import check_fields, decode, encode
 from hyfl.deploy.config import DeployConfig, NodeSettings, structure_blocks
+from hyfl.deploy.guard import Guard
 from hyfl.errors import HyflError, JobRefused, fail
 
 __all__ = ["KINDS", "QUERY_KINDS", "Party", "handle_message", "open_party", "own_cipher",
@@ -82,6 +83,9 @@ PER_SAMPLE_KINDS = ("steps", "duals", "verdict", "commit")
 COCOA_KINDS = ("proposals", "image", "direction", "step", "changes", "certify")
 #: Kinds that belong to the round the party is in (a ``round`` message opened it).
 _IN_ROUND = ("weights", "steps", "duals", "verdict", *COCOA_KINDS)
+
+_FORGED_FIX = ("The server does not follow hyfl's protocol (a bug, or a forged message); the "
+               "party answers no more messages of this run.")
 
 #: The fields of each message kind a party reads (types of :func:`~hyfl.deploy.codec.check_fields`).
 MESSAGE_FIELDS: dict[str, dict[str, str]] = {
@@ -288,9 +292,11 @@ class Party:
         client = self._client()
         start = counts.snapshot()
         self._deliver(client, payload.get("deliveries") or {})
+        self._guard.admit(kind)
         middle = counts.snapshot()
         tic = time.perf_counter()
         reply = getattr(self, "_" + kind)(client, payload)
+        self._guard.answered(kind)
         reply["seconds"] = time.perf_counter() - tic
         reply["ops"] = _ops(counts - middle)
         reply["delivery_ops"] = _ops(middle - start)
@@ -304,8 +310,10 @@ class Party:
 
         own = cipher_fingerprint(self.cipher)
         self.node.check_key(own, payload.get("fingerprint"))
+        guard = self.state.get("guard", {})
+        Guard(guard, self.node.party).hello()
         tree, block = self._load_block()
-        self.state = {"party": self.node.party, "block": tree}
+        self.state = {"party": self.node.party, "block": tree, "guard": guard}
         self._live = None
         return {"party": self.node.party, "n_samples": block.n_samples,
                 "n_features": block.n_features, "n_outputs": int(block.Y.shape[1]),
@@ -329,6 +337,7 @@ class Party:
         from hyfl.algorithms.hyfdca_parties import public_info
 
         k = self.node.party
+        self._guard.setup()
         samples = np.split(payload["samples"], np.cumsum(payload["sample_counts"])[:-1])
         features = np.split(payload["features"], np.cumsum(payload["feature_counts"])[:-1])
         block = self.state["block"]
@@ -372,14 +381,18 @@ class Party:
                        f"step rule is {self.config.algorithm.step_rule!r}",
                        "Both sides must run the same hyfl version and job.")
         self._close_abandoned(client)
+        self._guard.open_round(int(configure["t"]), configure.get("stale") is not None,
+                               self.config.parties, self.config.iterations)
         self.state["open"] = int(configure["t"])
         # Everything the round may change, copied (the cocoa rule's memory and last step
         # too): an abandoned round is undone from it.
         self.state["snapshot"] = _copied(_client_state(client))
         refresh = client.configure(configure)
         if refresh is not None:  # returning: the weights come first
+            self._guard.expect_weights()
             return dict(refresh)
         if payload.get("wait"):
+            self._guard.expect_weights()
             return {}
         return self._with_weights(client, payload.get("model"), "round")
 
@@ -398,7 +411,10 @@ class Party:
         if model is None:
             return {"inner_products": client.inner_products()}
         check_fields(model, MESSAGE_FIELDS["proposals"], self._from_server(kind) + " field model")
-        return self._proposals(client, model, kind)
+        self._guard.admit("proposals")
+        reply = self._proposals(client, model, kind)
+        self._guard.answered("proposals")
+        return reply
 
     def _steps(self, client, payload: dict) -> dict:
         return {"steps": client.dual_steps(payload["z"])}
@@ -407,6 +423,7 @@ class Party:
         return dict(client.new_duals(payload["duals"]))
 
     def _verdict(self, client, payload: dict) -> dict:
+        self._check_range(np.array([payload["dw_sq"]]), 0.0, np.inf, "verdict", "dw_sq")
         return {"accepted": bool(client.verdict(payload["totals"], float(payload["dw_sq"])))}
 
     def _commit(self, client, payload: dict) -> dict:
@@ -432,12 +449,17 @@ class Party:
     def _direction(self, client, payload: dict) -> dict:
         """The momentum coefficient -> the direction's primal image, encrypted sums."""
         self._check_shape(payload["mu"], (self._outputs,), "direction", "mu")
+        self._check_range(payload["mu"], 0.0, self.config.algorithm.momentum, "direction", "mu")
         return dict(client.cocoa_direction(payload["mu"]))
 
     def _step(self, client, payload: dict) -> dict:
         """(One party, for all) the summed line-search sums -> the step and coherence."""
         for name in ("dw_sq", "coherence"):
             self._check_shape(payload[name], (self._outputs,), "step", name)
+            self._check_range(payload[name], 0.0, np.inf, "step", name)
+        if not 1 <= payload["updated"] <= client.public.n_samples:
+            raise fail(self._from_server("step"), f"field updated is {payload['updated']}, "
+                       f"not a number of samples in 1..{client.public.n_samples}", _FORGED_FIX)
         return dict(client.cocoa_step(payload))
 
     def _changes(self, client, payload: dict) -> dict:
@@ -447,17 +469,20 @@ class Party:
         another party misses this message, the server restarts the round.
         """
         self._check_shape(payload["step"], (self._outputs,), "changes", "step")
+        self._check_range(payload["step"], 0.0, float(client.round["limit"]), "changes", "step")
         w = self._checked_weights(client, payload["w"], "changes", "w")
         return {"changes": client.cocoa_commit(payload["step"], w, bool(payload.get("leave")))}
 
     def _certify(self, client, payload: dict) -> dict:
         """(One party, for all) decide on a checkpoint (hyfl.algorithms.hyfdca_certify)."""
         self._check_shape(payload["w_sq"], (2,), "certify", "w_sq")
+        self._check_range(payload["w_sq"], 0.0, np.inf, "certify", "w_sq")
         return dict(client.certify_verdict(payload))
 
     def _finish(self, client, payload: dict) -> dict:
         """End of the run: close any abandoned round, write the party's state if asked."""
         self._close_abandoned(client)
+        self._guard.finish()
         if self.node.out:
             out = Path(self.node.out)
             out.mkdir(parents=True, exist_ok=True)
@@ -492,6 +517,18 @@ class Party:
                        "The server opens every round with a 'round' message; the message may "
                        "be out of order or forged.")
 
+    @property
+    def _guard(self) -> Guard:
+        return Guard(self.state.setdefault("guard", {}), self.node.party)
+
+    def _check_range(self, value: np.ndarray, low: float, high: float, kind: str,
+                     field: str) -> None:
+        """Numbers the honest server sends within [low, high] (finite), refused otherwise."""
+        value = np.asarray(value, dtype=float)
+        if not (np.all(np.isfinite(value)) and np.all(value >= low) and np.all(value <= high)):
+            raise fail(self._from_server(kind), f"field {field} holds {value.tolist()!r}, "
+                       f"outside [{low:g}, {high:g}]", _FORGED_FIX)
+
     def _check_shape(self, value: np.ndarray, shape: tuple, kind: str, field: str) -> None:
         if value.shape != shape:
             raise fail(self._from_server(kind), f"field {field} has shape {value.shape}, not "
@@ -517,9 +554,11 @@ class Party:
         # Only the round still open may be committed; a repeated commit is ignored.
         if commit is not None and int(commit["round"]) == self.state.get("open"):
             client.commit(bool(commit["accepted"]), commit["w"])
+            self._guard.closed(self.state["open"])
             self.state["open"], self.state["snapshot"] = 0, None
         # The cocoa rule: the round every participant answered stands (its commit applied).
         if deliveries.get("closed") is not None and deliveries["closed"] == self.state.get("open"):
+            self._guard.closed(self.state["open"])
             self.state["open"], self.state["snapshot"] = 0, None
 
     def _checked_weights(self, client, w: np.ndarray, kind: str, field: str) -> np.ndarray:

@@ -299,14 +299,18 @@ class Worker:
         """hyfl's ClientApp, with the party kept in :attr:`sessions`."""
         from flwr.app import Message
 
-        from hyfl.deploy.app import load_state, pack, save_state, unpack
+        from hyfl.deploy.app import load_state, pack, refuse_run, save_state, unpack
 
         kind = message.metadata.message_type.partition(".")[2]
         timing = {"until_handler": started - message.metadata.created_at}
         before = self.sessions.opened
-        reply, state = self.sessions.handle(
-            context.run_id, kind, unpack(message.content, "the server"), load_state(context),
-            context.node_config, context.run_config, timing)
+        try:
+            reply, state = self.sessions.handle(
+                context.run_id, kind, unpack(message.content, "the server"),
+                load_state(context), context.node_config, context.run_config, timing)
+        except Exception:
+            refuse_run(context)  # pushed with the error reply: the run gets no more answers
+            raise
         if self.sessions.opened != before and kind != "hello":
             self.log(f"run {context.run_id}: party restored from its saved state at {kind!r}")
         save_state(context, state)

@@ -1,0 +1,150 @@
+"""A party's guard: which of the server's messages it answers, when, and how often.
+
+A deployed party decrypts what the server sends and returns values computed
+from it. An honest server sends each message kind once per round, in the
+protocol's order, rounds in increasing order, and restarts a round only when
+a party went missing (each restart without at least one more party). A
+server that sends well-formed messages of its own choosing could otherwise
+query a party again and again: send ``hello`` mid-run to reset it, restart
+one round for ever, ask the judge for the step of chosen sums a thousand
+times, or hand a party its own "stale" duals every round. The guard holds a
+party to the honest protocol's shape:
+
+* ``hello`` and ``setup`` once per run (a repeated ``hello`` before the
+  set-up is answered again: the server may have missed the first reply);
+* rounds never go back, nor beyond the job's number of rounds; a round may be
+  restarted at most ``n_parties - 1`` times (every honest restart drops a
+  missing party) -- so a run asks a party at most ``rounds * n_parties``
+  attempts' worth of questions;
+* within one attempt of a round, each kind at most once
+  (:data:`ONCE_PER_ATTEMPT`), the checkpoint decision at most
+  :data:`CERTIFY_MAX` times, and each only after the kind it follows in the
+  protocol (:data:`AFTER`);
+* ``weights`` only where the round said they follow (a returning party, or
+  one told to wait for the refreshed weights);
+* stale duals only for a party that really missed a round: not in the round
+  right after one it took part in to the end.
+
+What the guard does *not* do: it bounds how often the server can ask, not
+what one question reveals. A single forged ciphertext in one allowed message
+still decrypts into the reply (docs/privacy.md, "An active server").
+
+The guard's state is a small dict kept in the party's state beside, not
+inside, the round's snapshot: undoing an abandoned round does not give back
+its attempts. A message the guard refuses is a
+:class:`~hyfl.errors.HyflError`; the transport then refuses every later
+message of the run (see :mod:`hyfl.deploy.app`).
+"""
+
+from __future__ import annotations
+
+from hyfl.errors import fail
+
+__all__ = ["AFTER", "CERTIFY_MAX", "ONCE_PER_ATTEMPT", "Guard"]
+
+#: Kinds a party answers at most once per attempt of a round.
+ONCE_PER_ATTEMPT = ("weights", "proposals", "image", "direction", "step", "changes",
+                    "steps", "duals", "verdict", "commit")
+#: Checkpoint decisions per attempt: one, and after an accepted one the next checkpoint
+#: may be decided at once (hyfl.algorithms.hyfdca_parties.Server.cocoa_certify_request).
+CERTIFY_MAX = 2
+#: The kind a party must have answered in the same attempt before each of these.
+AFTER = {"image": "proposals", "direction": "image", "step": "direction",
+         "changes": "direction", "certify": "changes", "duals": "steps", "verdict": "duals"}
+
+_FORGED = ("The server does not follow hyfl's protocol (a bug, or a forged message); the "
+           "party answers no more messages of this run.")
+
+
+class Guard:
+    """The round control of one party, on the ``state`` dict it keeps (see the module).
+
+    Parameters
+    ----------
+    state : dict
+        The guard's part of the party's state (updated in place); empty for a
+        new party.
+    party : int
+        The party's index (named in errors).
+    """
+
+    def __init__(self, state: dict, party: int):
+        self.state, self.party = state, party
+        for key, value in (("phase", "new"), ("t", 0), ("attempts", 0), ("done", []),
+                           ("certify", 0), ("closed", 0), ("weights_due", False)):
+            state.setdefault(key, value)
+
+    def _refuse(self, problem: str):
+        return fail(f"party {self.party}", problem, _FORGED)
+
+    # -- the run -------------------------------------------------------------------------
+    def hello(self) -> None:
+        """A ``hello``: only before the set-up."""
+        if self.state["phase"] not in ("new", "hello"):
+            raise self._refuse("got a second 'hello' after its set-up (it would reset the party)")
+        self.state["phase"] = "hello"
+
+    def setup(self) -> None:
+        """The ``setup``: once, after ``hello``."""
+        phase = self.state["phase"]
+        if phase != "hello":
+            raise self._refuse("got a 'setup' message " + ("before 'hello'" if phase == "new"
+                                                            else "a second time"))
+        self.state["phase"] = "running"
+
+    def finish(self) -> None:
+        """The run ended: nothing but ``ping`` is answered any more."""
+        self.state["phase"] = "finished"
+
+    # -- rounds --------------------------------------------------------------------------
+    def open_round(self, t: int, stale: bool, n_parties: int, rounds: int) -> None:
+        """A ``round`` message for round ``t`` (``stale``: it carries stale duals) of a
+        run of ``n_parties`` and ``rounds`` rounds (the job's run config)."""
+        last = self.state["t"]
+        if not 1 <= t <= rounds:
+            raise self._refuse(f"was sent round {t} of a run of {rounds} rounds")
+        if t < last:
+            raise self._refuse(f"was sent round {t} after round {last} (rounds never go back)")
+        attempts = self.state["attempts"] + 1 if t == last else 1
+        if attempts > max(n_parties, 1):
+            raise self._refuse(f"was sent round {t} for the {attempts}th time; an honest server "
+                               f"restarts a round only without a missing party, at most "
+                               f"{n_parties - 1} times")
+        if stale and t == self.state["closed"] + 1:
+            raise self._refuse(f"was sent stale duals in round {t}, right after round "
+                               f"{self.state['closed']}, which it took part in to the end")
+        self.state.update(t=int(t), attempts=attempts, done=[], certify=0, weights_due=False)
+
+    def expect_weights(self) -> None:
+        """The round said the weights follow in a ``weights`` message."""
+        self.state["weights_due"] = True
+
+    def closed(self, t: int) -> None:
+        """Round ``t`` stands with this party in it (its commit or ``closed`` delivery)."""
+        self.state["closed"] = max(int(t), self.state["closed"])
+
+    def admit(self, kind: str) -> None:
+        """Refuse a kind the protocol does not allow here (before anything is decoded)."""
+        done = self.state["done"]
+        if self.state["phase"] == "finished" and kind != "ping":
+            raise self._refuse(f"was sent {kind!r} after the run finished")
+        if kind == "weights" and not self.state["weights_due"]:
+            raise self._refuse("was sent 'weights' in a round that did not announce them")
+        if kind in ONCE_PER_ATTEMPT and kind in done:
+            raise self._refuse(f"was sent {kind!r} twice in one attempt of round "
+                               f"{self.state['t']}")
+        if kind == "certify" and self.state["certify"] >= CERTIFY_MAX:
+            raise self._refuse(f"was asked for more than {CERTIFY_MAX} checkpoint decisions in "
+                               f"one attempt of round {self.state['t']}")
+        before = AFTER.get(kind)
+        if before is not None and before not in done:
+            raise self._refuse(f"was sent {kind!r} before {before!r} in round {self.state['t']}")
+
+    def answered(self, kind: str) -> None:
+        """The party answered ``kind`` in this attempt."""
+        if kind == "certify":
+            self.state["certify"] += 1
+        elif kind not in self.state["done"]:
+            self.state["done"].append(kind)
+        if kind == "weights":
+            self.state["weights_due"] = False

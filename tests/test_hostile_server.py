@@ -1,0 +1,285 @@
+"""A dishonest server against a real party: well-formed messages of its own choosing.
+
+Issue 26, point 2 (the party's guard, :mod:`hyfl.deploy.guard`). A genuine run is
+recorded message by message with each party's state before and after; the attacks
+replay, reorder or alter those messages against the party's state, through
+:func:`~hyfl.deploy.party.handle_message` (what every transport runs). Each test
+performs an attack the guard must stop and checks that it is refused before any
+reply is produced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from hyfl.deploy.blocks import write_blocks
+from hyfl.deploy.codec import decode, encode
+from hyfl.deploy.config import DeployConfig, run_config_for
+from hyfl.deploy.coordinator import Coordinator
+from hyfl.deploy.guard import CERTIFY_MAX
+from hyfl.deploy.keys import generate_keys, server_cipher
+from hyfl.deploy.party import handle_message
+from hyfl.errors import HyflError
+from hyfl.partition import grid
+from hyfl.problem import make_problem
+from synthetic_data import synthetic
+
+PARTIES = 3
+ROUNDS = 8
+FORGED = "does not follow hyfl's protocol"
+
+
+@dataclass
+class Record:
+    """One message a party handled: what it was sent, its state before and after."""
+
+    party: int
+    kind: str
+    message: tuple
+    before: tuple | None
+    after: tuple
+    cipher: object  # the server's (public key only): decodes the ciphertexts
+
+    @property
+    def payload(self) -> dict:
+        """The message as the server built it (to alter and send again)."""
+        return decode(*self.message, self.cipher)
+
+
+class RecordingTransport:
+    """The coordinator's transport to per-message parties in this process, recording all."""
+
+    def __init__(self, nodes, run_config, cipher):
+        self.nodes, self.run_config, self.cipher = nodes, run_config, cipher
+        self.states = dict.fromkeys(range(len(nodes)))
+        self.records: list[Record] = []
+        self.sent_bytes = self.received_bytes = 0  # the coordinator reads these
+
+    def _deliver(self, k, kind, payload):
+        message = encode(payload)
+        before = self.states[k]
+        reply, self.states[k] = handle_message(kind, message, before, self.nodes[k],
+                                               self.run_config)
+        self.records.append(Record(k, kind, message, before, self.states[k], self.cipher))
+        return decode(*reply, self.cipher)
+
+    def connect(self, n_parties, timeout, hello):
+        return {k: self._deliver(k, "hello", hello) for k in range(n_parties)}
+
+    def exchange(self, messages, timeout):
+        replies = {k: self._deliver(k, kind, payload) for k, (kind, payload) in messages.items()}
+        return replies, set()
+
+    def post(self, k, kind, payload):
+        return self._deliver(k, kind, payload) is not None
+
+    def poll(self, handle):
+        return "replied" if handle else "failed"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A genuine encrypted run (cocoa rule, its certificate, 3 parties holding features)."""
+    tmp = tmp_path_factory.mktemp("hostile")
+    private, public = generate_keys(tmp / "keys", 256, insecure_test_keys=True)
+    problem = make_problem(synthetic(n=60, m=6), "hinge", 0.05)
+    partition = grid(problem.n_samples, problem.n_features, 1, PARTIES)
+    files = write_blocks(problem, partition, tmp / "blocks", lam_default=problem.lam)
+    config = run_config_for(parties=PARTIES, iterations=ROUNDS, cipher="paillier",
+                            public_key=str(public), seed=1, insecure_test_keys=True,
+                            participation="0.67")  # absences: returning parties, checkpoints
+    nodes = [{"party": k, "key": str(private), "cipher": "paillier",
+              "insecure-test-keys": True, "data": str(f)} for k, f in enumerate(files)]
+    deploy = DeployConfig.from_run_config(config)
+    cipher = server_cipher("paillier", public, **deploy.cipher_options(),
+                           insecure_test_keys=True)
+    transport = RecordingTransport(nodes, config, cipher)
+    Coordinator(deploy, transport, cipher, log=lambda line: None).run()
+    return transport
+
+
+def _find(run, kind, party=None, t=None) -> Record:
+    """The first record of ``kind`` (to ``party``, in round ``t``)."""
+    opened = {}
+    for record in run.records:
+        if record.kind == "round":
+            opened[record.party] = int(record.payload["configure"]["t"])
+        if (record.kind == kind and (party is None or record.party == party)
+                and (t is None or opened.get(record.party) == t)):
+            return record
+    raise LookupError(f"no {kind!r} message (party {party}, round {t}) in the run")
+
+
+def _took_part(run, record: Record) -> bool:
+    """A round message to a party that took part in the round before it, to the end."""
+    t = int(record.payload["configure"]["t"])
+    return t >= 2 and _has(run, "changes", record.party, t - 1)
+
+
+def _has(run, kind, party, t) -> bool:
+    try:
+        _find(run, kind, party, t)
+    except LookupError:
+        return False
+    return True
+
+
+def _send(run, record: Record, payload: dict | None = None, state=None, kind=None):
+    """Send a party a message (``payload``, else the record's) at a state (else before)."""
+    message = record.message if payload is None else encode(payload)
+    return handle_message(kind or record.kind, message,
+                          record.before if state is None else state,
+                          run.nodes[record.party], run.run_config)
+
+
+def test_the_recorded_run_is_genuine_and_replays_exactly(run):
+    """The harness: a message replayed at the state it met gives the same reply."""
+    kinds = {r.kind for r in run.records}
+    assert {"hello", "setup", "round", "proposals", "image", "direction", "step",
+            "changes"} <= kinds
+    record = _find(run, "step", t=2)
+    _, state = _send(run, record)
+    replayed, recorded = decode(*state, run.cipher), decode(*record.after, run.cipher)
+    assert np.array_equal(replayed["client"]["alpha"], recorded["client"]["alpha"])
+    assert replayed["guard"] == recorded["guard"]
+
+
+@pytest.mark.parametrize("kind", ["step", "image", "direction", "proposals", "changes"])
+def test_a_second_query_in_one_attempt_is_refused(run, kind):
+    """The oracles of point 2 need the same question asked many times: each kind is
+    answered once per attempt of a round (the judge's step: one coherence, one step)."""
+    record = _find(run, kind, t=2)
+    with pytest.raises(HyflError, match=f"{FORGED}|sent '{kind}' twice"):
+        _send(run, record, state=record.after)
+
+
+def test_the_judges_step_takes_no_numbers_out_of_range(run):
+    record = _find(run, "step", t=2)
+    genuine = record.payload
+    C = genuine["dw_sq"].size
+    for field, value, problem in [("dw_sq", -np.ones(C), "field dw_sq holds"),
+                                  ("coherence", np.full(C, np.nan), "field 'coherence' is"),
+                                  ("updated", 0, "field updated is 0")]:
+        with pytest.raises(HyflError, match=problem):
+            _send(run, record, {**genuine, field: value})
+
+
+def test_direction_and_changes_take_no_numbers_out_of_range(run):
+    record = _find(run, "direction", t=2)
+    mu = record.payload["mu"]
+    for forged in (mu + 1.0, mu - 1.0, np.full_like(mu, np.inf)):
+        with pytest.raises(HyflError, match="field mu holds|field 'mu' is array"):
+            _send(run, record, {"mu": forged})
+    record = _find(run, "changes", t=2)
+    genuine = record.payload
+    for forged in (genuine["step"] - 2.0, genuine["step"] + 2.0):
+        with pytest.raises(HyflError, match="field step holds"):
+            _send(run, record, {**genuine, "step": forged})
+
+
+def test_rounds_never_go_back_and_restart_a_bounded_number_of_times(run):
+    later = _find(run, "round", party=0, t=3)
+    earlier = _find(run, "round", party=0, t=2)
+    with pytest.raises(HyflError, match="was sent round 2 after round 3"):
+        _send(run, earlier, state=later.after)
+    beyond = later.payload
+    beyond["configure"]["t"] = ROUNDS + 1
+    with pytest.raises(HyflError, match=f"was sent round {ROUNDS + 1} of a run of {ROUNDS}"):
+        _send(run, later, beyond, state=later.after)
+    # A restart of round 3 (the same round again) is honest up to PARTIES - 1 times.
+    state = later.after
+    for _ in range(PARTIES - 1):
+        _, state = _send(run, later, state=state)
+    with pytest.raises(HyflError, match=f"round 3 for the {PARTIES + 1}th time"):
+        _send(run, later, state=state)
+
+
+def test_stale_duals_go_only_to_a_party_that_missed_a_round(run):
+    """The rows-and-labels attack: stale duals of the server's choosing to a party that
+    took part in the previous round to the end; refused before anything is decrypted."""
+    record = next(r for r in run.records if r.kind == "round" and _took_part(run, r))
+    payload = record.payload
+    t = int(payload["configure"]["t"])
+    assert payload["configure"]["stale"] is None
+    chosen = _find(run, "image", party=record.party, t=t - 1).payload["proposal"]  # any vector
+    payload["configure"]["stale"] = chosen
+    with pytest.raises(HyflError, match=f"was sent stale duals in round {t}"):
+        _send(run, record, payload)
+
+
+def test_hello_and_setup_come_once(run):
+    hello = _find(run, "hello", party=0)
+    setup = _find(run, "setup", party=0)
+    mid_run = _find(run, "round", party=0, t=2).after
+    with pytest.raises(HyflError, match="second 'hello' after its set-up"):
+        _send(run, hello, state=mid_run)
+    with pytest.raises(HyflError, match="'setup' message a second time"):
+        _send(run, setup, state=mid_run)
+    # Before the set-up a repeated hello is answered (the server may have lost the reply).
+    _send(run, hello, state=hello.after)
+
+
+def test_kinds_out_of_the_protocols_order_are_refused(run):
+    opened = next(r for r in run.records if r.kind == "round" and not r.payload.get("wait")
+                  and r.payload["configure"]["stale"] is None and _took_part(run, r))
+    party, t = opened.party, int(opened.payload["configure"]["t"])
+    for kind, before in [("image", "proposals"), ("direction", "image"),
+                         ("changes", "direction")]:
+        record = _find(run, kind, party=party, t=t)
+        with pytest.raises(HyflError, match=f"sent '{kind}' before '{before}'"):
+            _send(run, record, state=opened.after)
+    weights = {"w": decode(*opened.after, run.cipher)["client"]["w"]}
+    with pytest.raises(HyflError, match="'weights' in a round that did not announce them"):
+        _send(run, opened, weights, state=opened.after, kind="weights")
+
+
+def test_checkpoint_decisions_are_bounded_per_attempt(run):
+    record = _find(run, "certify")
+    state = record.after
+    answered = 1
+    while answered < CERTIFY_MAX:
+        _, state = _send(run, record, state=state)
+        answered += 1
+    with pytest.raises(HyflError, match=f"more than {CERTIFY_MAX} checkpoint decisions"):
+        _send(run, record, state=state)
+    with pytest.raises(HyflError, match="field w_sq holds"):
+        _send(run, record, {**record.payload, "w_sq": np.array([-1.0, 0.0])})
+
+
+def test_nothing_is_answered_after_the_run_finished(run):
+    finish = _find(run, "finish", party=0)
+    last = max(r for r in range(1, 20) if _has(run, "round", 0, r))
+    record = _find(run, "round", party=0, t=last)
+    payload = record.payload
+    payload["configure"]["t"] = last + 1  # the next round, as if the run went on
+    with pytest.raises(HyflError, match="after the run finished"):
+        _send(run, record, payload, state=finish.after)
+
+
+def test_a_refusal_ends_the_run_for_the_server(run, monkeypatch):
+    """The transport marks the run refused: the genuine next message gets no answer
+    either, so a refusal is not a question the server can ask again."""
+    from flwr.app import Context, Message, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from hyfl.deploy.app import _handler, pack, save_state
+
+    for name in ("_task_id", "_run_id", "_node_id"):
+        monkeypatch.setattr(TaskIdentity, name, 1)
+    record = _find(run, "step", t=2)
+    context = Context(run_id=1, node_id=1, node_config=run.nodes[record.party],
+                      state=RecordDict(), run_config=run.run_config)
+    save_state(context, record.after)
+    replayed = Message(pack(*record.message), dst_node_id=1, message_type="query.step")
+    with pytest.raises(HyflError, match="could not handle the server's 'step' message"):
+        _handler("step")(replayed, context)
+    save_state(context, record.before)  # even a state where the message was fine
+    with pytest.raises(HyflError, match="could not handle"):
+        _handler("step")(replayed, context)
+    from hyfl.deploy.app import load_state
+
+    with pytest.raises(HyflError, match="answers no more of it"):
+        load_state(context)
