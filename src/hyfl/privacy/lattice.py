@@ -136,7 +136,10 @@ def _tenseal_frame(slots: int, scale: float) -> tuple[bytes, bytes]:
 
 
 def _scale_text(scale: float) -> str:
-    return f"2**{math.log2(scale):.6g}" if math.isfinite(scale) and scale > 0 else repr(scale)
+    """``2**k`` for a power of two, else the float itself (one ulp off 2**60 shows)."""
+    if math.isfinite(scale) and scale > 0 and math.frexp(scale)[0] == 0.5:
+        return f"2**{math.frexp(scale)[1] - 1}"
+    return repr(scale)
 
 
 def _tenseal():
