@@ -57,6 +57,29 @@ Key-recovery risk of CKKS decryptions (Li and Micciancio, EUROCRYPT 2021)
     (the budget's failure chance, below 1e-15 per value, bounds what could
     leak). The server therefore never sees a raw CKKS decryption. See
     ``docs/privacy.md`` for the message-by-message argument.
+
+Received ciphertexts are checked before anything decrypts them
+    That argument holds for ciphertexts made the way this cipher makes them,
+    and a forged scale breaks it: a ciphertext of zeros at scale 2**20, made
+    with the public key, decrypts through the rounding to raw noise in every
+    slot. HyFDCA only encrypts at the global scale ``2**scale_bits`` and adds,
+    so every genuine ciphertext -- fresh, a sum of any number of them, or one
+    read back from the wire -- has exactly one SEAL ciphertext of ``slots``
+    values, of size 2 (no unrelinearized product), at the data level (the
+    context's ``first_parms_id``: its two data primes, no modulus switch or
+    rescale) and at scale exactly ``2**scale_bits``; its serialized form is
+    the canonical TenSEAL one. :meth:`CKKSCipher.deserialize` and
+    :meth:`CKKSCipher.decrypt` refuse anything else, deciding on this
+    metadata alone (never on a decrypted value, so a refusal tells the sender
+    nothing it did not know). Genuine metadata is necessary, not sufficient:
+    an encryption of zero at scale 2**20, multiplied twice by the plaintext 1
+    encoded at scale 2**20, has size 2, the data level and scale 2**60, and
+    decrypts through the rounding to its noise times 2**-20; a ciphertext
+    under another key of the same parameters decrypts to a linear function of
+    the secret key. No check of a ciphertext alone can tell those from a
+    genuine sum; the protection against them is that nothing a key holder
+    computes from a decryption of a ciphertext the server chose reaches the
+    server (``tests/test_hostile_ciphertexts.py`` marks this limit).
 """
 
 from __future__ import annotations
@@ -64,6 +87,7 @@ from __future__ import annotations
 import hashlib
 import math
 import secrets
+import struct
 
 import numpy as np
 
@@ -88,6 +112,34 @@ MAX_MODULUS_BITS_128 = {1024: 27, 2048: 54, 4096: 109, 8192: 218, 16384: 438, 32
 SECURITY_BITS = 128
 NOISE_SIGMA = 3.2  # SEAL's error standard deviation
 Z_SIGMA = 8.0  # margin of the noise budget, in standard deviations
+
+
+_FORGED = ("Discard the message: it was forged or corrupted (or its sender runs other cipher "
+           "parameters: run every party with the same ones).")
+
+
+def _varint(n: int) -> bytes:
+    """Protocol buffers' base-128 varint of ``n >= 0``."""
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _tenseal_frame(slots: int, scale: float) -> tuple[bytes, bytes]:
+    """What TenSEAL writes before and after the SEAL ciphertext of one ``CKKSVector``."""
+    sizes = _varint(slots)
+    return (b"\x0a" + _varint(len(sizes)) + sizes + b"\x12",
+            b"\x19" + struct.pack("<d", scale))
+
+
+def _scale_text(scale: float) -> str:
+    """``2**k`` for a power of two, else the float itself (one ulp off 2**60 shows)."""
+    if math.isfinite(scale) and scale > 0 and math.frexp(scale)[0] == 0.5:
+        return f"2**{math.frexp(scale)[1] - 1}"
+    return repr(scale)
 
 
 def _tenseal():
@@ -172,6 +224,13 @@ class CKKSCipher(Cipher):
         self.slots = self.poly_modulus_degree // 2
         self.key_bits = int(seal.key_context_data().total_coeff_modulus_bit_count())
         self.data_bits = int(seal.first_context_data().total_coeff_modulus_bit_count())
+        # What every genuine ciphertext has (the module doc): fresh encryptions are at the
+        # data level (first_parms_id, a hash of the parameters and of that level's primes;
+        # SEAL's chain index is the prime count minus one) and the global scale.
+        self._parms_id = list(seal.first_parms_id())
+        self._data_primes = int(seal.first_context_data().chain_index()) + 1
+        self._scale = 2.0**scale_bits
+        self._frame = _tenseal_frame(self.slots, self._scale)
         self.has_private_key = bool(context.is_private())
         self.counts = OpCounts()
         self._tag = secrets.randbits(64) if _tag is None else _tag
@@ -221,6 +280,8 @@ class CKKSCipher(Cipher):
         self._check(a, "ciphertexts")
         out = np.zeros((a.size, self.slots))
         live = [i for i, x in enumerate(a) if x.vector is not None]
+        for i in live:  # all of them, before decrypting any
+            self._check_vector(a[i].vector, f"ciphertexts[{i}]")
         # With the secret key given: a vector may be bound to another view's context (an
         # in-process server's sum), and the key is what decrypts.
         key = self._context.secret_key()
@@ -307,14 +368,16 @@ class CKKSCipher(Cipher):
             if not blob:
                 out.append(LatticeCiphertext(None, 0, tag))
                 continue
+            if not self._canonical(blob):
+                raise fail(f"ciphertexts[{i}]", "is not a CKKS ciphertext of this context: "
+                           f"not one serialized vector of {self.slots} values at scale "
+                           f"2**{self.scale_bits}, the only form this cipher writes", _FORGED)
             try:
                 vector = ts.ckks_vector_from(self._context, blob)
             except Exception:  # SEAL raises plain exceptions on malformed input
                 raise fail(f"ciphertexts[{i}]", "is not a CKKS ciphertext of this context",
                            "The message was altered, or the parties use different keys.") from None
-            if vector.size() != self.slots:
-                raise fail(f"ciphertexts[{i}]", f"holds {vector.size()} values, not "
-                           f"{self.slots}", "Run every party with the same cipher parameters.")
+            self._check_vector(vector, f"ciphertexts[{i}]")
             out.append(LatticeCiphertext(vector, k, tag))
         return _objects(out)
 
@@ -335,6 +398,48 @@ class CKKSCipher(Cipher):
 
     def _check(self, a: np.ndarray, what: str) -> None:
         check_ciphertexts(a, LatticeCiphertext, self._tag, self.name, what, self.max_addends)
+
+    def _canonical(self, blob: bytes) -> bool:
+        """Whether ``blob`` is TenSEAL's serialization of one ciphertext of ``slots`` values.
+
+        ``CKKSVectorProto``: field 1 the chunk sizes (packed: exactly ``[slots]``), field 2
+        one SEAL ciphertext, field 3 TenSEAL's scale (``2**scale_bits``), in that order and
+        nothing else. (TenSEAL would accept several chunks, and decrypts each with the size
+        the message gives, unchecked against the ciphertext.)
+        """
+        head, tail = self._frame
+        body = len(blob) - len(head) - len(tail)
+        if body < 2 or not (blob.startswith(head) and blob.endswith(tail)):
+            return False
+        # The body is the SEAL ciphertext's byte count (a minimal varint) and its bytes.
+        return any(blob[len(head):len(head) + k] == _varint(body - k) for k in range(1, 6))
+
+    def _check_vector(self, vector, what: str) -> None:
+        """Refuse a CKKS vector whose metadata no genuine ciphertext of this cipher has.
+
+        Size, level, scale and parameters against this cipher's own context (see the
+        module doc); it reads metadata only, so it runs before any decryption and its
+        verdict depends on nothing the secret key would reveal.
+        """
+        cts = vector.ciphertext()
+        if len(cts) != 1 or vector.size() != self.slots:
+            raise fail(what, f"holds {len(cts)} ciphertexts of {vector.size()} values, not one "
+                       f"of {self.slots}", _FORGED)
+        ct = cts[0]
+        if (ct.poly_modulus_degree() != self.poly_modulus_degree or not ct.is_ntt_form()
+                or ct.coeff_modulus_size() != self._data_primes
+                or list(ct.parms_id()) != self._parms_id):
+            raise fail(what, f"is at another level or under other parameters "
+                       f"({ct.coeff_modulus_size()} of {self._data_primes} data primes, ring "
+                       f"dimension {ct.poly_modulus_degree()}) than every fresh or summed "
+                       "ciphertext of this cipher; refused before decrypting", _FORGED)
+        if ct.size() != 2:
+            raise fail(what, f"has {ct.size()} polynomials, not 2 (a product of ciphertexts, "
+                       "which this protocol never makes); refused before decrypting", _FORGED)
+        if not ct.scale == self._scale:  # exact: every genuine ciphertext has this very scale
+            raise fail(what, f"has CKKS scale {_scale_text(ct.scale)}, not this cipher's "
+                       f"2**{self.scale_bits} (decrypting it would expose raw noise, the "
+                       "material of key recovery); refused before decrypting", _FORGED)
 
 
 def make_ckks(*, key_bits: int | None = None, precision_bits: int | None = None,
