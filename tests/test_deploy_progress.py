@@ -335,15 +335,15 @@ class _FakeFlwrRun(_ThreadRun):
 def test_run_follows_the_job_and_exits_3_when_no_round_is_accepted(tmp_path, monkeypatch):
     """``hyfl deploy run`` on the coordinator: rounds from deploy.json as they appear; only
     "no round accepted" can be judged there (the coordinator has no data)."""
-    monkeypatch.setattr(_FakeFlwrRun, "nodes", [{"party": k, "cipher": "none"}
-                                                for k in range(4)])
+    monkeypatch.setattr(_FakeFlwrRun, "nodes", [{"party": k, "cipher": "none",
+                                                 "data": "breast_cancer"} for k in range(4)])
     monkeypatch.setattr(subprocess, "Popen", _FakeFlwrRun)
     out = tmp_path / "out"
     out.mkdir()
     (out / "deploy.json").write_text('{"status": "completed", "rounds": [{"iteration": 9}]}')
     os.utime(out / "deploy.json", (0, 0))  # an earlier run's: ignored
     common = ["deploy", "run", "--superlink", "127.0.0.1:1", "--insecure", "--parties", "4",
-              "--cipher", "none", "--data", "breast_cancer", "--partition", "grid:2x2",
+              "--cipher", "none", "--partition", "grid:2x2",
               "--iterations", "2", "--out", str(out)]
     result = runner.invoke(app, [*common, "--param", "step_rule=safe"])
     assert result.exit_code == NO_PROGRESS_EXIT, result.output
