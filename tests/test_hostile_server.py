@@ -283,3 +283,28 @@ def test_a_refusal_ends_the_run_for_the_server(run, monkeypatch):
 
     with pytest.raises(HyflError, match="answers no more of it"):
         load_state(context)
+
+
+def test_the_setup_partition_is_the_one_the_parties_announced(run):
+    """A forged partition (another party's features, other sizes, another lam) would
+    change what a party computes and sends later: each must carry the parties' tags."""
+    record = _find(run, "setup", party=0)
+    genuine = record.payload
+    assert genuine["tags"].shape == (PARTIES, 32)
+    counts = genuine["feature_counts"]
+    moved = genuine["features"].copy()  # party 1 claims one of party 2's features
+    moved[counts[0] + counts[1] - 1], moved[counts[0] + counts[1]] = (
+        moved[counts[0] + counts[1]], moved[counts[0] + counts[1] - 1])
+    for change, problem in [
+        ({"features": moved}, "a partition or sizes that party 1 did not announce"),
+        ({"n_samples": genuine["n_samples"] + 1}, "did not announce"),
+        ({"lam": genuine["lam"] * 2}, "sets lam"),
+        ({"n_outputs": 2}, "sets 2 outputs"),
+        ({"tags": None}, "does not relay every party's announcement"),
+    ]:
+        with pytest.raises(HyflError, match=problem):
+            _send(run, record, {**genuine, **change})
+    # The set-up of an earlier hello (another nonce) does not verify either.
+    _, again = _send(run, _find(run, "hello", party=0), state=record.before)
+    with pytest.raises(HyflError, match="another nonce than the one this party announced"):
+        _send(run, record, state=again)

@@ -100,7 +100,7 @@ REPLY_FIELDS: dict[str, dict[str, str]] = {
     "hello": {"party": "int", "n_samples": "int", "n_features": "int", "n_outputs": "int",
               "samples": "ids", "features": "ids", "lam_default": "number",
               "fingerprint": "str", "cipher": "str", "key_bits": "int", "slots": "int",
-              "name": "str?", "node": "int?"},
+              "name": "str?", "node": "int?", "nonce": "ids?", "tag": "ids?"},
     "setup": {"norms": "vector"},
     "round": {"inner_products": "vector?", "primal_part": "matrix?", "proposals": "vector?",
               "checkpoint_part": "matrix?"},
@@ -301,6 +301,14 @@ class Coordinator:
             "features": np.concatenate(features),
             "feature_counts": np.array([f.size for f in features]),
         }
+        if all(self.hellos[k].get("tag") is not None for k in range(K)):
+            # Each party's announcement, relayed unchanged: a party checks the partition
+            # against them (hyfl.deploy.guard.check_announcements).
+            payload.update(
+                nonces=np.stack([self.hellos[k]["nonce"] for k in range(K)]).astype(np.uint8),
+                tags=np.stack([self.hellos[k]["tag"] for k in range(K)]).astype(np.uint8),
+                lam_defaults=np.array([float(self.hellos[k]["lam_default"])
+                                       for k in range(K)]))
         wire = Wire(int(self.cipher.ciphertext_bytes))
         tally = _Tally(self.transport)
         before = self.cipher.counts.snapshot()

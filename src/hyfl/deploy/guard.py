@@ -23,7 +23,12 @@ party to the honest protocol's shape:
 * ``weights`` only where the round said they follow (a returning party, or
   one told to wait for the refreshed weights);
 * stale duals only for a party that really missed a round: not in the round
-  right after one it took part in to the end.
+  right after one it took part in to the end;
+* the set-up's partition is the one the parties announced: each party's
+  ``hello`` carries a fresh nonce and a tag over its ids and sizes, keyed
+  with a secret derived from the private key (which the server lacks), and
+  ``setup`` must relay every party's announcement unchanged
+  (:func:`check_announcements`), with the regularization they agree on.
 
 What the guard does *not* do: it bounds how often the server can ask, not
 what one question reveals. A single forged ciphertext in one allowed message
@@ -38,9 +43,15 @@ message of the run (see :mod:`hyfl.deploy.app`).
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+
+import numpy as np
+
 from hyfl.errors import fail
 
-__all__ = ["AFTER", "CERTIFY_MAX", "ONCE_PER_ATTEMPT", "Guard"]
+__all__ = ["AFTER", "CERTIFY_MAX", "ONCE_PER_ATTEMPT", "Guard", "announcement_tag",
+           "check_announcements"]
 
 #: Kinds a party answers at most once per attempt of a round.
 ONCE_PER_ATTEMPT = ("weights", "proposals", "image", "direction", "step", "changes",
@@ -148,3 +159,58 @@ class Guard:
             self.state["done"].append(kind)
         if kind == "weights":
             self.state["weights_due"] = False
+
+
+# -- the set-up's partition, authenticated ----------------------------------------------
+
+def announcement_tag(secret: bytes, party: int, sizes: tuple[int, int, int],
+                     lam_default: float, samples: np.ndarray, features: np.ndarray,
+                     nonce: bytes) -> bytes:
+    """A party's tag over what its ``hello`` announces (keyed BLAKE2b, 32 bytes).
+
+    ``sizes`` = (n_samples, n_features, n_outputs) of the data set; ``nonce``
+    the party's fresh 16 bytes, so that an announcement of another run does
+    not verify.
+    """
+    mac = hashlib.blake2b(key=secret, digest_size=32, person=b"hyfl announce")
+    mac.update(np.array([party, *sizes], dtype="<i8").tobytes())
+    mac.update(np.array([lam_default], dtype="<f8").tobytes())
+    for ids in (samples, features):
+        ids = np.asarray(ids, dtype="<i8")
+        mac.update(np.array([ids.size], dtype="<i8").tobytes())
+        mac.update(ids.tobytes())
+    mac.update(nonce)
+    return mac.digest()
+
+
+def check_announcements(secret: bytes, party: int, own_nonce: bytes, setup: dict,
+                        samples: list, features: list, lam: float) -> None:
+    """Refuse a set-up whose partition or regularization the parties did not announce.
+
+    ``setup`` is the message (its ``nonces``, ``tags`` and ``lam_defaults`` rows,
+    one per party); ``samples``/``features`` its per-party ids; ``lam`` the job's
+    regularization (0: the data's default, which every party must announce
+    alike).
+    """
+    culprit = f"the server's 'setup' message to party {party}"
+    K = len(samples)
+    nonces, tags, defaults = setup.get("nonces"), setup.get("tags"), setup.get("lam_defaults")
+    if (nonces is None or tags is None or defaults is None or nonces.shape != (K, 16)
+            or tags.shape != (K, 32) or defaults.shape != (K,)):
+        raise fail(culprit, "does not relay every party's announcement (nonce, tag, "
+                   "regularization)", _FORGED)
+    if bytes(nonces[party].astype(np.uint8)) != own_nonce:
+        raise fail(culprit, "relays another nonce than the one this party announced", _FORGED)
+    sizes = (int(setup["n_samples"]), int(setup["n_features"]), int(setup["n_outputs"]))
+    for k in range(K):
+        expected = announcement_tag(secret, k, sizes, float(defaults[k]), samples[k],
+                                    features[k], bytes(nonces[k].astype(np.uint8)))
+        if not hmac.compare_digest(expected, bytes(tags[k].astype(np.uint8))):
+            raise fail(culprit, f"holds a partition or sizes that party {k} did not announce",
+                       _FORGED)
+    agreed = lam if lam > 0 else float(defaults[0])
+    if lam == 0 and np.any(defaults != defaults[0]):
+        raise fail(culprit, "sets the data's default regularization, but the parties announced "
+                   "different ones", _FORGED)
+    if float(setup["lam"]) != agreed:
+        raise fail(culprit, f"sets lam = {setup['lam']!r}, not the job's {agreed!r}", _FORGED)

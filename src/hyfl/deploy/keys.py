@@ -389,6 +389,28 @@ def cipher_fingerprint(cipher: Cipher) -> str:
     return "" if key is None else fingerprint(int(key.n))
 
 
+def party_secret(cipher: Cipher) -> bytes | None:
+    """32 bytes every holder of the private key derives alike, and no one else can.
+
+    A hash of the private key (Paillier's ``p`` and ``q``; the ckks context with
+    its secret key, whose serialization is deterministic): the parties share
+    it, the server -- which holds only the public key -- cannot compute it.
+    ``None`` for a cipher without a private key (``none``, a server's cipher).
+    """
+    import hashlib
+
+    if cipher.name == "ckks":
+        if not getattr(cipher, "has_private_key", False):
+            return None
+        material = cipher.context_bytes(secret=True)
+    else:
+        private = getattr(getattr(cipher, "_key", None), "private_key", None)
+        if private is None:
+            return None
+        material = f"{int(private.p):x}:{int(private.q):x}".encode()
+    return hashlib.blake2b(material, digest_size=32, person=b"hyfl party key").digest()
+
+
 def paillier_bits(cipher: Cipher) -> int | None:
     """The Paillier modulus size of a cipher (None for ``none`` and ``ckks``, whose
     parameters are fixed at 128-bit security): what the insecure-key warning checks."""

@@ -56,6 +56,7 @@ other rule.
 from __future__ import annotations
 
 import dataclasses
+import secrets
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -67,7 +68,8 @@ import scipy.sparse as sp
 from hyfl._io import atomic_write
 from hyfl.deploy.codec import check_fields, decode, encode
 from hyfl.deploy.config import DeployConfig, NodeSettings, structure_blocks
-from hyfl.deploy.guard import Guard
+from hyfl.deploy.guard import Guard, announcement_tag, check_announcements
+from hyfl.deploy.keys import party_secret
 from hyfl.errors import HyflError, JobRefused, fail
 
 __all__ = ["KINDS", "QUERY_KINDS", "Party", "handle_message", "open_party", "own_cipher",
@@ -92,7 +94,8 @@ MESSAGE_FIELDS: dict[str, dict[str, str]] = {
     "hello": {"cipher": "str?", "fingerprint": "str?"},
     "setup": {"n_samples": "int", "n_features": "int", "n_outputs": "int", "lam": "number",
               "samples": "ids", "sample_counts": "ids", "features": "ids",
-              "feature_counts": "ids"},
+              "feature_counts": "ids", "nonces": "matrix?", "tags": "matrix?",
+              "lam_defaults": "floats?"},
     "round": {"deliveries": "dict?", "configure": "dict", "wait": "bool?", "model": "dict?"},
     "weights": {"w": "matrix", "model": "dict?"},
     "steps": {"z": "vector?"},
@@ -315,12 +318,22 @@ class Party:
         tree, block = self._load_block()
         self.state = {"party": self.node.party, "block": tree, "guard": guard}
         self._live = None
-        return {"party": self.node.party, "n_samples": block.n_samples,
-                "n_features": block.n_features, "n_outputs": int(block.Y.shape[1]),
-                "samples": block.samples, "features": block.features,
-                "lam_default": block.lam_default, "fingerprint": own,
-                "cipher": self.node.cipher, "key_bits": int(self.cipher.key_bits),
-                "slots": int(self.cipher.slots), "name": block.name}
+        reply = {"party": self.node.party, "n_samples": block.n_samples,
+                 "n_features": block.n_features, "n_outputs": int(block.Y.shape[1]),
+                 "samples": block.samples, "features": block.features,
+                 "lam_default": block.lam_default, "fingerprint": own,
+                 "cipher": self.node.cipher, "key_bits": int(self.cipher.key_bits),
+                 "slots": int(self.cipher.slots), "name": block.name}
+        secret = party_secret(self.cipher)
+        if secret is not None:  # the announcement the set-up must relay unchanged
+            nonce = secrets.token_bytes(16)
+            guard["nonce"] = nonce.hex()
+            sizes = (block.n_samples, block.n_features, int(block.Y.shape[1]))
+            tag = announcement_tag(secret, self.node.party, sizes, float(block.lam_default),
+                                   block.samples, block.features, nonce)
+            reply["nonce"] = np.frombuffer(nonce, dtype=np.uint8).copy()
+            reply["tag"] = np.frombuffer(tag, dtype=np.uint8).copy()
+        return reply
 
     def _load_block(self):
         """The party's block from its data, as a state tree and as loaded."""
@@ -345,6 +358,13 @@ class Party:
                 and np.array_equal(features[k], block["features"])):
             raise fail(f"party {k}", "was sent a partition in which its block differs from its "
                        "data", "Restart the run; every party must keep its data during a run.")
+        if payload["n_outputs"] != block["Y"].shape[1]:
+            raise fail(self._from_server("setup"), f"sets {payload['n_outputs']} outputs, but "
+                       f"this party's labels have {block['Y'].shape[1]}", _FORGED_FIX)
+        secret = party_secret(self.cipher)
+        if secret is not None:
+            check_announcements(secret, k, bytes.fromhex(self.state["guard"]["nonce"]), payload,
+                                samples, features, self.config.lam)
         blocks = structure_blocks(payload["n_samples"], payload["n_features"], samples, features)
         public = public_info(self.config.algorithm, blocks, payload["n_outputs"], payload["lam"],
                              self.cipher.slots)
