@@ -328,11 +328,26 @@ def test_party_hand_written_nasty_messages(deployment):
                          fresh), "'setup' message", "party 0")
 
 
+def _admitted(state, kind):
+    """``state`` with the kinds ``kind`` follows answered in its round (and ``kind`` not):
+    the party's guard (hyfl.deploy.guard) lets it through, so a case reaches the checks of
+    the message's own fields. The guard itself is attacked in test_hostile_server.py."""
+    from hyfl.deploy.guard import AFTER
+
+    tree = decode(*state)
+    guard = tree.get("guard")
+    if guard is None or "done" not in guard:
+        return state
+    guard["done"] = [k for k in (*AFTER.values(),) if k != kind]
+    return encode(tree)
+
+
 def test_party_refuses_cocoa_messages_that_do_not_fit(deployment, cocoa_deployment):
     d = cocoa_deployment
     inside = d["open_state"]
 
     def send(kind, payload, state=inside, d=d):
+        state = _admitted(state, kind)
         return lambda: handle_message(kind, encode(payload), state, d["nodes"][0], d["run"])
 
     vec = EncryptedVector(np.array([0]), np.array([0.5], dtype=object))
