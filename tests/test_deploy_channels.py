@@ -266,3 +266,21 @@ def test_a_secret_file_readable_by_others_is_refused(tmp_path):
         capture_output=True, text=True, timeout=60,
         env={**os.environ, "FLWR_HOME": str(tmp_path)})
     assert result.returncode != 0 and "readable by others" in result.stderr
+
+
+def test_hyfl_deploy_party_says_per_message_leaves_the_runtime_api_open(monkeypatch):
+    from typer.testing import CliRunner
+
+    from hyfl.cli import app
+
+    started = []
+    monkeypatch.setattr("hyfl.deploy.cli._exec", lambda command, env: started.append(command))
+    party = ["deploy", "party", "--party", "0", "--superlink", "link:8000", "--cipher", "none",
+             "--insecure"]
+    for mode, warned in (("--worker", False), ("--per-message", True)):
+        result = CliRunner().invoke(app, [*party, mode])
+        output = " ".join(result.output.split())  # without rich's line breaks
+        assert result.exit_code == 0, output
+        assert ("every user of this machine can take" in output) == warned
+    worker, per_message = started
+    assert "--hyfl-worker" in worker and "--hyfl-worker" not in per_message
