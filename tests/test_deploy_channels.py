@@ -84,6 +84,16 @@ def _status(call) -> int:
     return 200
 
 
+def _healthy(address: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{address}/health", timeout=2):
+            return True
+    except OSError:
+        return False
+
+
 def _listening(pids: set[int]) -> list[str]:
     """``HOST:PORT`` (hex, as in /proc/net/tcp*) of every TCP socket these processes listen on."""
     inodes = set()
@@ -131,17 +141,38 @@ def test_a_runtime_api_secret_is_a_private_file_in_a_private_folder(tmp_path):
     assert "readable by others" in _check_private(str(first))
 
 
+def test_the_secret_file_goes_once_flower_has_read_it(tmp_path):
+    import importlib
+
+    from hyfl.deploy.supernode import _forget_once_loaded, runtime_api_secret
+
+    path = runtime_api_secret(tmp_path)
+    secret = path.read_bytes()
+    cli = importlib.import_module("flwr.supernode.cli.flower_supernode")
+    original = cli.load_superexec_auth_secret
+    try:
+        assert _forget_once_loaded(path)
+        assert cli.load_superexec_auth_secret(secret_file=str(path)) == secret
+    finally:
+        cli.load_superexec_auth_secret = original
+    assert not path.parent.exists() and list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.skipif(not LINUX, reason="needs Linux /proc")
-def test_a_partys_runtime_api_hands_its_tasks_only_to_its_worker(tmp_path):
-    """The attack: another local user's client calls the party's Runtime API. Without the
-    party's secret (or with a wrong one) ``AcquireTask`` is refused (401), and so is every
-    task call with a guessed token; the party's worker, holding the secret, polls the
-    same API without an error. Every port of the deployment is on 127.0.0.1."""
+def test_a_partys_runtime_api_hands_its_tasks_only_to_its_worker(tmp_path, monkeypatch):
+    """The attack, on a deployment as ``hyfl deploy local`` starts it: another local user's
+    client calls the party's Runtime API. Without the party's secret (or with a wrong
+    one) ``AcquireTask`` is refused (401), and so is a task call with a guessed token;
+    the party's worker, holding the secret, polls the same API without an error. The
+    secret's file is gone once Flower has read it; every port is on 127.0.0.1."""
     from flwr.proto.runtime_pb2 import AcquireTaskRequest, PullTaskInputRequest
     from flwr.supercore.constant import TaskType
 
     from hyfl.deploy.local import LocalDeployment
 
+    private = tmp_path / "run"  # where the SuperNode writes its secret's folder
+    private.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(private))
     lines: list[str] = []
     work = tmp_path / "flower"
     with LocalDeployment([{"party": 0}], work, log=lines.append) as local:
@@ -150,16 +181,13 @@ def test_a_partys_runtime_api_hands_its_tasks_only_to_its_worker(tmp_path):
         supernode = int(Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[1])
         argv = Path(f"/proc/{worker}/cmdline").read_bytes().split(b"\0")
         assert argv[argv.index(b"--parent-pid") + 1] == str(supernode).encode()
-        secret_file = Path(argv[argv.index(b"--superexec-auth-secret-file") + 1].decode())
-        assert stat.S_IMODE(secret_file.stat().st_mode) == 0o600
-        assert stat.S_IMODE(secret_file.parent.stat().st_mode) == 0o700
-        assert secret_file.stat().st_uid == os.getuid()
-        secret = secret_file.read_bytes()
-        for pid in (worker, supernode):  # the path is visible in /proc, the secret is not
-            assert secret not in Path(f"/proc/{pid}/cmdline").read_bytes()
-            assert secret not in Path(f"/proc/{pid}/environ").read_bytes()
+        assert b"--superexec-auth-secret-fd" in argv  # from a pipe, not a file
+        assert b"--superexec-auth-secret-file" not in argv
+        # The secret's folder was made here, and removed once Flower had read the file.
+        _wait_for(lambda: not any(private.iterdir()), 30, "the secret's folder to go")
 
         address = local.runtime_apis[0]
+        _wait_for(lambda: _healthy(address), 60, "party 0's Runtime API")
         request = AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP])
         for key in (None, b"not the party's secret"):
             stranger = _runtime_client(address, secret=key)
@@ -168,10 +196,6 @@ def test_a_partys_runtime_api_hands_its_tasks_only_to_its_worker(tmp_path):
         guesser = _runtime_client(address, token="a-guessed-task-token")
         assert _status(lambda: guesser.PullTaskInput(PullTaskInputRequest())) == 401
         guesser.close()
-        # The same call signed with the party's secret is served (no task waits: none).
-        party = _runtime_client(address, secret=secret)
-        assert not party.AcquireTask(request).HasField("task")
-        party.close()
 
         # The worker polls with the secret: it keeps running (a refused poll would end
         # it, and its SuperNode would start another) and logs no error.
@@ -183,7 +207,61 @@ def test_a_partys_runtime_api_hands_its_tasks_only_to_its_worker(tmp_path):
         listening = _listening(_deployment_processes(work / "flwr_home"))
         assert len(listening) == 2, listening  # the SuperLink's port, the Runtime API's
         assert all(entry.startswith("0100007F:") for entry in listening), listening
-    assert not secret_file.parent.exists()  # removed with its SuperNode
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] not in "ZX":
+            found.append(int(entry))
+    return found
+
+
+@pytest.mark.skipif(not LINUX, reason="needs Linux /proc")
+def test_a_partys_secret_signs_the_calls_its_runtime_api_serves(tmp_path):
+    """The same SuperNode with a secret file of the user's own (no SuperLink needed: the
+    Runtime API starts first): a call signed with it is served, an unsigned one is
+    refused; the worker runs with it; the user's file stays, and the secret is on no
+    command line and in no environment."""
+    from flwr.proto.runtime_pb2 import AcquireTaskRequest
+    from flwr.supercore.constant import TaskType
+
+    from hyfl.deploy.local import _free_port, flower_env
+
+    secret_file = tmp_path / "secret"
+    secret_file.write_bytes(os.urandom(16).hex().encode())
+    secret_file.chmod(0o600)
+    secret = secret_file.read_bytes()
+    port = _free_port()
+    node = subprocess.Popen(
+        [sys.executable, "-m", "hyfl.deploy.supernode", "--hyfl-worker", "--insecure",
+         "--superlink", f"127.0.0.1:{_free_port()}", "--host", "127.0.0.1", "--port", str(port),
+         "--superexec-auth-secret-file", str(secret_file)],
+        env=flower_env(tmp_path / "flwr_home"), stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        _wait_for(lambda: _healthy(f"127.0.0.1:{port}"), 60, "the SuperNode's Runtime API")
+        worker = _wait_for(lambda: _children(node.pid), 30, "the worker")[0]
+        request = AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP])
+        party = _runtime_client(f"127.0.0.1:{port}", secret=secret)
+        assert not party.AcquireTask(request).HasField("task")  # served: no task waits
+        party.close()
+        stranger = _runtime_client(f"127.0.0.1:{port}")
+        assert _status(lambda: stranger.AcquireTask(request)) == 401
+        stranger.close()
+        time.sleep(2.0)
+        assert _children(node.pid) == [worker]  # not restarted: its polls are served
+        for pid in (worker, node.pid):
+            assert secret not in Path(f"/proc/{pid}/cmdline").read_bytes()
+            assert secret not in Path(f"/proc/{pid}/environ").read_bytes()
+        assert secret_file.read_bytes() == secret  # the user's own file is left alone
+    finally:
+        os.killpg(node.pid, 9)
+        node.wait(timeout=10)
 
 
 _PARENT = """

@@ -12,12 +12,13 @@ starts the ordinary SuperNode with these changes:
   message gets Flower's "ClientApp crashed" reply, which the server counts as
   an absence), so a restarted worker is back within seconds.
   The Runtime API is then closed to other local users: a new random secret
-  (:func:`runtime_api_secret`, a 0600 file in a new 0700 folder) is given to
-  Flower's ``--superexec-auth-secret-file`` and to the worker, and the
+  (:func:`runtime_api_secret`, a 0600 file in a new 0700 folder, removed as
+  soon as Flower has read it) is given to Flower's
+  ``--superexec-auth-secret-file`` and, through a pipe, to each worker; the
   SuperNode hands out tasks (``AcquireTask``, which returns a task's token,
   the key to its message and ``context.state``) only to requests signed with
   it. ``--superexec-auth-secret-file FILE`` uses that file instead (it must be
-  readable by its owner only).
+  readable by its owner only, and is left in place).
 * A SuperNode with nothing to do asks the SuperLink for new messages every
   3 s, and waits for its ClientApp's reply in steps of 0.5 s; both intervals
   are hard-coded in ``flwr.supernode.start_client_internal`` (1.41.0). Each
@@ -235,10 +236,11 @@ def runtime_api_secret(folder: str | os.PathLike | None = None) -> Path:
     The file (mode 0600, written through :func:`hyfl._io.atomic_write`) is the
     only one in a new folder of mode 0700 (``tempfile.mkdtemp``) in ``folder``,
     by default ``$XDG_RUNTIME_DIR`` when that is this user's private folder (a
-    tmpfs on most Linux systems), else the temporary folder. The folder is
-    removed when this process exits (after SIGKILL it stays: the secret of a
-    SuperNode that no longer runs). 256 random bits, as 64 hexadecimal digits:
-    Flower reads the file's bytes as they are.
+    tmpfs on most Linux systems), else the temporary folder. :func:`main`
+    removes the folder as soon as Flower has read the file
+    (:func:`_forget_once_loaded`); at the latest it goes when this process
+    exits. 256 random bits, as 64 hexadecimal digits: Flower reads the file's
+    bytes as they are.
     """
     from hyfl._io import atomic_write
 
@@ -249,6 +251,32 @@ def runtime_api_secret(folder: str | os.PathLike | None = None) -> Path:
     with atomic_write(path, "wb", permissions=0o600) as f:
         f.write(secrets.token_hex(32).encode())
     return path
+
+
+def _forget_once_loaded(path: Path) -> bool:
+    """Remove the secret's folder as soon as Flower's SuperNode has read the secret.
+
+    The SuperNode keeps it in memory; the workers get it through a pipe
+    (:func:`supervise_worker`), so no copy stays on disk, even if the SuperNode
+    is killed later. False (the folder stays until exit) if Flower reads it
+    elsewhere than in 1.41.0.
+    """
+    import importlib
+
+    # (``import ... as`` would give the function the package re-exports under this name)
+    cli = importlib.import_module("flwr.supernode.cli.flower_supernode")
+    load = getattr(cli, "load_superexec_auth_secret", None)
+    if load is None:
+        return False
+
+    def load_and_forget(secret_file):
+        try:
+            return load(secret_file)
+        finally:
+            shutil.rmtree(path.parent, ignore_errors=True)
+
+    cli.load_superexec_auth_secret = load_and_forget
+    return True
 
 
 def _check_private(path: str) -> str | None:
@@ -264,7 +292,7 @@ def _check_private(path: str) -> str | None:
 
 
 def supervise_worker(runtime_api_address: str, stop: threading.Event,
-                     secret_file: str | os.PathLike | None = None) -> threading.Thread:
+                     secret: bytes | None = None) -> threading.Thread:
     """Keep one :mod:`hyfl.deploy.worker` running until ``stop``; restart it when it dies
     (a crash, SIGKILL), not when it is told to stop (SIGTERM, SIGINT: the party stops).
 
@@ -274,14 +302,13 @@ def supervise_worker(runtime_api_address: str, stop: threading.Event,
 
     The worker is told this process's id (``--parent-pid``) and arms ``SIGKILL``
     as its own parent-death signal (Linux), so it never outlives this process.
-    ``secret_file`` is the Runtime API's secret (:func:`runtime_api_secret`): the
-    worker reads it and signs its task requests with it; its path, not its
-    content, is on the worker's command line.
+    ``secret`` is the Runtime API's secret (:func:`runtime_api_secret`): each
+    worker reads it from a pipe this process fills and closes
+    (``--superexec-auth-secret-fd``; neither command line nor environment
+    holds it) and signs its task requests with it.
     """
     command = [sys.executable, "-m", "hyfl.deploy.worker", "--runtime-api-address",
                runtime_api_address, "--parent-pid", str(os.getpid())]
-    if secret_file is not None:
-        command += ["--superexec-auth-secret-file", str(secret_file)]
 
     current: list = []
 
@@ -297,10 +324,21 @@ def supervise_worker(runtime_api_address: str, stop: threading.Event,
 
     def run() -> None:
         while not stop.is_set():
+            extra, fds = [], ()
+            if secret is not None:  # at most PIPE_BUF bytes: written whole, no reader yet
+                read, write = os.pipe()
+                os.write(write, secret)
+                os.close(write)
+                extra, fds = ["--superexec-auth-secret-fd", str(read)], (read,)
             # No preexec_fn (unsafe in this threaded process): the worker arms its own
             # parent-death signal.
-            worker = _subprocess.Popen(  # noqa: S603 (our own interpreter and module)
-                [*command, "--wake-on-stdin"], stdin=_subprocess.PIPE)
+            try:
+                worker = _subprocess.Popen(  # noqa: S603 (our own interpreter and module)
+                    [*command, *extra, "--wake-on-stdin"], stdin=_subprocess.PIPE,
+                    pass_fds=fds)
+            finally:
+                for fd in fds:
+                    os.close(fd)
             os.set_blocking(worker.stdin.fileno(), False)
             current[:] = [worker]
             code = worker.wait()
@@ -345,21 +383,20 @@ def main() -> None:
         host = _option(argv, "--host", "127.0.0.1")
         address = f"{'127.0.0.1' if host in ('0.0.0.0', '') else host}:" \
                   f"{_option(argv, '--port', '9094')}"
-        secret = _option(argv, "--superexec-auth-secret-file", "")
-        if secret:
-            problem = _check_private(secret)
+        given = _option(argv, "--superexec-auth-secret-file", "")
+        if given:
+            problem = _check_private(given)
             if problem is not None:
-                sys.exit(f"hyfl: --superexec-auth-secret-file {secret} {problem}")
+                sys.exit(f"hyfl: --superexec-auth-secret-file {given} {problem}")
+            path = Path(given)
         else:  # Flower's SuperNode and the worker share a new secret
-            from flwr.supercore.exit import add_exit_handler
-
             path = runtime_api_secret()
-            # Flower ends on a signal through its exit handlers, and may os._exit after
-            # 5 s: remove the secret's folder first (atexit covers the other exits).
-            add_exit_handler(lambda: shutil.rmtree(path.parent, ignore_errors=True),
-                             run_before_force_exit=True)
-            secret = str(path)
-            argv = [*argv, "--superexec-auth-secret-file", secret]
+            _forget_once_loaded(path)
+            argv = [*argv, "--superexec-auth-secret-file", str(path)]
+        secret = path.read_bytes()
+        if not 0 < len(secret) <= 4096:  # (handed to each worker through a pipe)
+            sys.exit(f"hyfl: --superexec-auth-secret-file {path}: a secret of 1 to 4096 bytes, "
+                     f"not {len(secret)}")
         supervise_worker(address, threading.Event(), secret)
     from flwr.supernode.cli.flower_supernode import flower_supernode
 

@@ -28,9 +28,10 @@ absent for that round, and its next message finds the state of the last
 message that was answered: the party rejoins as a returning party.
 
 Run as ``python -m hyfl.deploy.worker --runtime-api-address HOST:PORT
-[--superexec-auth-secret-file FILE] [--parent-pid PID]``: with the secret of a
-SuperNode started with ``--superexec-auth-secret-file FILE``, which then gives
-its tasks to no one else (:mod:`hyfl.deploy.supernode` does both).
+[--superexec-auth-secret-file FILE | --superexec-auth-secret-fd FD] [--parent-pid
+PID]``: with the secret of a SuperNode started with
+``--superexec-auth-secret-file FILE``, which then gives its tasks to no one
+else (:mod:`hyfl.deploy.supernode` does both, the secret through a pipe).
 """
 
 from __future__ import annotations
@@ -383,6 +384,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--superexec-auth-secret-file", default=None,
                         help="the secret file of a SuperNode started with the same option: "
                              "task requests are signed with it")
+    parser.add_argument("--superexec-auth-secret-fd", type=int, default=None,
+                        help="the same secret, read from this inherited file descriptor "
+                             "(a pipe; read to its end, then closed)")
     parser.add_argument("--parent-pid", type=int, default=0,
                         help="die with this parent process (Linux: SIGKILL as the parent-death "
                              "signal); exit at once if it is not the parent any more")
@@ -392,7 +396,12 @@ def main(argv: list[str] | None = None) -> None:
     if not die_with_parent(args.parent_pid):
         sys.exit(f"hyfl worker: the parent process {args.parent_pid} is gone; not starting")
     secret = None
-    if args.superexec_auth_secret_file:
+    if args.superexec_auth_secret_fd is not None:
+        with os.fdopen(args.superexec_auth_secret_fd, "rb") as pipe:
+            secret = pipe.read()
+        if not secret:
+            sys.exit("hyfl worker: the Runtime API secret (--superexec-auth-secret-fd) is empty")
+    elif args.superexec_auth_secret_file:
         from flwr.supercore.auth import load_superexec_auth_secret
 
         try:
