@@ -69,6 +69,22 @@ def prctl(option: int, value: int) -> bool:
         return False
 
 
+def die_with_parent(parent: int, sig: int = signal.SIGKILL) -> bool:
+    """A child's own parent-death signal: ``sig`` when ``parent`` dies; False if it is gone.
+
+    Called by the child itself as it starts -- instead of a ``preexec_fn``, which runs
+    between ``fork`` and ``exec`` and is unsafe in a parent with threads (a SuperNode
+    has several). The signal is armed first, then ``getppid()`` is compared with
+    ``parent``: a parent that died before the signal was armed has re-parented the
+    child already, which the comparison sees, so no window is left. Elsewhere (no
+    ``prctl``) only the comparison is made. ``parent`` 0 checks nothing.
+    """
+    if parent == 0:
+        return True
+    prctl(PR_SET_PDEATHSIG, sig)
+    return os.getppid() == parent
+
+
 def _stat(pid: str) -> tuple[str, int] | None:
     """(state, parent pid) of a process, or None if it is gone."""
     try:

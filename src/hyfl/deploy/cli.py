@@ -276,6 +276,10 @@ def party(
             node.append(f"data-dir={_quoted(data_dir.resolve())}")
         if out is not None:
             node.append(f"out={_quoted(out.resolve())}")
+        if not worker:
+            _warn("--per-message: every user of this machine can take this party's tasks and "
+                  "saved state from its Runtime API (Flower's subprocess isolation takes no "
+                  "secret); the worker (the default) closes it")
         if worker:
             env["HYFL_SUPERNODE_POLL"] = str(0.1 if poll is None else poll)
             command = [sys.executable, "-m", "hyfl.deploy.supernode", "--hyfl-worker"]

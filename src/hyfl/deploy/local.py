@@ -19,6 +19,18 @@ Flower 1.41 needs, besides the installed packages:
   (:func:`write_connection`); every deployment gets its own ``FLWR_HOME``;
 * the interpreter's ``bin`` folder on ``PATH``: SuperLink and SuperNodes
   start ``flower-superexec``, ``flwr-serverapp`` and ``flwr-clientapp`` by name.
+
+**Who else can reach it.** Every port listens on 127.0.0.1 only (the
+SuperLink's one HTTP port, each SuperNode's Runtime API; Flower's legacy
+gRPC servers, which would listen on 0.0.0.0, stay off), so no other machine
+can. Other users of *this* machine can: the SuperLink's Control API (what
+``flwr run`` calls) has no authentication in open-source Flower 1.41, so any
+of them could submit a job, which would run as the deploying user. Each
+party's Runtime API hands its tasks only to its worker, which holds the
+party's secret (:func:`hyfl.deploy.supernode.runtime_api_secret`); with
+``worker=False`` it hands them to anyone. :data:`REACHABLE` says so in the
+deployment's output; docs/deployment.md ("Who can reach a local deployment")
+has the details.
 """
 
 from __future__ import annotations
@@ -64,6 +76,13 @@ __all__ = [
 ]
 
 CONNECTION = "hyfl-local"
+#: Said at the start of every local deployment (format with ``address``).
+REACHABLE = ("SuperLink on {address} (loopback only: no other machine can reach it). Every "
+             "user of this machine can: its Control API has no authentication in open-source "
+             "Flower, so any of them could submit a job (flwr run) that runs as you. Deploy on "
+             "a machine you do not share with people you do not trust.")
+#: Flower 1.41's switches for its legacy gRPC servers, which listen on 0.0.0.0.
+_LEGACY_GRPC = ("FLWR_INTERNAL_GRPC_CONTROL_API", "FLWR_INTERNAL_GRPC_FLEET_API")
 
 
 def write_app(app_dir: str | os.PathLike, defaults: Mapping[str, Any] | None = None) -> Path:
@@ -279,6 +298,7 @@ class LocalDeployment:
         self.worker = worker and node_poll is not None
         self.superlink: subprocess.Popen | None = None
         self.supernodes: dict[int, subprocess.Popen] = {}
+        self.runtime_apis: dict[int, str] = {}  # party -> its SuperNode's Runtime API
         self.runs: list[subprocess.Popen] = []
 
     # -- start and stop ------------------------------------------------------------
@@ -287,6 +307,8 @@ class LocalDeployment:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.home = self.workdir / "flwr_home"
         self.env = flower_env(self.home, self.superexec_poll)
+        for name in _LEGACY_GRPC:  # they would listen on 0.0.0.0: loopback only here
+            self.env.pop(name, None)
         self.logs = self.workdir / "logs"
         self.logs.mkdir(exist_ok=True)
         self.port = _free_port()
@@ -298,7 +320,7 @@ class LocalDeployment:
             "--port", str(self.port), "--disable-runtime-dependency-installation",
         ])
         self._wait(lambda: _healthy(f"http://{self.address}/health"), timeout, "the SuperLink")
-        self.log(f"SuperLink on {self.address}")
+        self.log(REACHABLE.format(address=self.address))
         for config in self.node_configs:
             self.start_party(int(config["party"]))
         return self
@@ -315,12 +337,17 @@ class LocalDeployment:
             self.env["HYFL_SUPERNODE_POLL"] = str(self.node_poll)
             supernode = [sys.executable, "-m", "hyfl.deploy.supernode",
                          *(["--hyfl-worker"] if self.worker else [])]
+        self.runtime_apis[party] = f"127.0.0.1:{_free_port()}"
         self.supernodes[party] = self._spawn(f"party-{party}", [
-            *supernode, "--insecure", "--superlink", self.address, "--port",
-            str(_free_port()), "--node-config", str(node_file),
+            *supernode, "--insecure", "--superlink", self.address, "--host", "127.0.0.1",
+            "--port", self.runtime_apis[party].rpartition(":")[2], "--node-config",
+            str(node_file),
         ])
-        self.log(f"SuperNode of party {party} started"
-                 + (" with its worker" if self.worker else ""))
+        self.log(f"SuperNode of party {party} started, its Runtime API on "
+                 f"{self.runtime_apis[party]} "
+                 + ("(tasks only for its worker, which holds the party's secret)"
+                    if self.worker else "(open to every user of this machine: its tasks and "
+                    "the party's saved state; use the worker to close it)"))
 
     def worker_pid(self, party: int) -> int | None:
         """The process id of a party's worker (None if it has none right now)."""

@@ -11,6 +11,14 @@ starts the ordinary SuperNode with these changes:
   sending heartbeats after :data:`TASK_PATIENCE` seconds instead of 60 (the
   message gets Flower's "ClientApp crashed" reply, which the server counts as
   an absence), so a restarted worker is back within seconds.
+  The Runtime API is then closed to other local users: a new random secret
+  (:func:`runtime_api_secret`, a 0600 file in a new 0700 folder, removed as
+  soon as Flower has read it) is given to Flower's
+  ``--superexec-auth-secret-file`` and, through a pipe, to each worker; the
+  SuperNode hands out tasks (``AcquireTask``, which returns a task's token,
+  the key to its message and ``context.state``) only to requests signed with
+  it. ``--superexec-auth-secret-file FILE`` uses that file instead (it must be
+  readable by its owner only, and is left in place).
 * A SuperNode with nothing to do asks the SuperLink for new messages every
   3 s, and waits for its ClientApp's reply in steps of 0.5 s; both intervals
   are hard-coded in ``flwr.supernode.start_client_internal`` (1.41.0). Each
@@ -29,17 +37,24 @@ killing the SuperNode, even with SIGKILL, ends its SuperExec at once
 instead of leaving it re-parented to init. The ClientApp processes it had
 started then stop through Flower's own ``--parent-pid`` monitor; under
 :mod:`hyfl.deploy._reaper` (``hyfl deploy local``, ``hyfl deploy party``)
-the reaper kills them as well. The worker gets the same parent-death signal.
+the reaper kills them as well. The worker arms the same parent-death signal
+itself as it starts (:func:`hyfl.deploy._reaper.die_with_parent`).
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import secrets
+import shutil
 import signal
+import stat
 import subprocess as _subprocess
 import sys
+import tempfile
 import threading
 import time as _time
+from pathlib import Path
 
 PATCHED_VERSION = "1.41.0"
 #: Seconds without a heartbeat after which the SuperNode gives up on a worker's task.
@@ -198,7 +213,86 @@ def _option(argv: list[str], name: str, default: str) -> str:
     return default
 
 
-def supervise_worker(runtime_api_address: str, stop: threading.Event) -> threading.Thread:
+#: The secret's file name in its private folder (:func:`runtime_api_secret`).
+SECRET_NAME = "superexec-auth-secret"
+
+
+def _private_runtime_dir() -> str | None:
+    """``$XDG_RUNTIME_DIR`` if it is this user's own private folder, else None."""
+    folder = os.environ.get("XDG_RUNTIME_DIR", "")
+    try:
+        info = os.stat(folder) if folder else None
+    except OSError:
+        return None
+    if (info is None or not stat.S_ISDIR(info.st_mode) or info.st_mode & 0o077
+            or info.st_uid != os.getuid()):
+        return None
+    return folder
+
+
+def runtime_api_secret(folder: str | os.PathLike | None = None) -> Path:
+    """A new random secret for a SuperNode's Runtime API, in a file only this user can read.
+
+    The file (mode 0600, written through :func:`hyfl._io.atomic_write`) is the
+    only one in a new folder of mode 0700 (``tempfile.mkdtemp``) in ``folder``,
+    by default ``$XDG_RUNTIME_DIR`` when that is this user's private folder (a
+    tmpfs on most Linux systems), else the temporary folder. :func:`main`
+    removes the folder as soon as Flower has read the file
+    (:func:`_forget_once_loaded`); at the latest it goes when this process
+    exits. 256 random bits, as 64 hexadecimal digits: Flower reads the file's
+    bytes as they are.
+    """
+    from hyfl._io import atomic_write
+
+    private = Path(tempfile.mkdtemp(prefix="hyfl-supernode-",
+                                    dir=folder if folder is not None else _private_runtime_dir()))
+    atexit.register(shutil.rmtree, private, True)
+    path = private / SECRET_NAME
+    with atomic_write(path, "wb", permissions=0o600) as f:
+        f.write(secrets.token_hex(32).encode())
+    return path
+
+
+def _forget_once_loaded(path: Path) -> bool:
+    """Remove the secret's folder as soon as Flower's SuperNode has read the secret.
+
+    The SuperNode keeps it in memory; the workers get it through a pipe
+    (:func:`supervise_worker`), so no copy stays on disk, even if the SuperNode
+    is killed later. False (the folder stays until exit) if Flower reads it
+    elsewhere than in 1.41.0.
+    """
+    import importlib
+
+    # (``import ... as`` would give the function the package re-exports under this name)
+    cli = importlib.import_module("flwr.supernode.cli.flower_supernode")
+    load = getattr(cli, "load_superexec_auth_secret", None)
+    if load is None:
+        return False
+
+    def load_and_forget(secret_file):
+        try:
+            return load(secret_file)
+        finally:
+            shutil.rmtree(path.parent, ignore_errors=True)
+
+    cli.load_superexec_auth_secret = load_and_forget
+    return True
+
+
+def _check_private(path: str) -> str | None:
+    """Why a secret file given by the user is not private (None: it is)."""
+    try:
+        info = os.stat(path)
+    except OSError as err:
+        return f"cannot be read ({err.strerror})"
+    if info.st_uid != os.getuid() or info.st_mode & 0o077:
+        return (f"is readable by others (mode {stat.S_IMODE(info.st_mode):04o}, owner uid "
+                f"{info.st_uid}); chmod 600 it")
+    return None
+
+
+def supervise_worker(runtime_api_address: str, stop: threading.Event,
+                     secret: bytes | None = None) -> threading.Thread:
     """Keep one :mod:`hyfl.deploy.worker` running until ``stop``; restart it when it dies
     (a crash, SIGKILL), not when it is told to stop (SIGTERM, SIGINT: the party stops).
 
@@ -206,13 +300,15 @@ def supervise_worker(runtime_api_address: str, stop: threading.Event) -> threadi
     stores wakes the worker at once (:data:`ON_MESSAGE`), so it need not poll
     often; when this process dies, the worker reads end-of-file and exits.
 
-    The worker gets ``SIGKILL`` as its parent-death signal (Linux), so it never
-    outlives this process.
+    The worker is told this process's id (``--parent-pid``) and arms ``SIGKILL``
+    as its own parent-death signal (Linux), so it never outlives this process.
+    ``secret`` is the Runtime API's secret (:func:`runtime_api_secret`): each
+    worker reads it from a pipe this process fills and closes
+    (``--superexec-auth-secret-fd``; neither command line nor environment
+    holds it) and signs its task requests with it.
     """
-    from hyfl.deploy._reaper import LINUX, PR_SET_PDEATHSIG, prctl
-
     command = [sys.executable, "-m", "hyfl.deploy.worker", "--runtime-api-address",
-               runtime_api_address]
+               runtime_api_address, "--parent-pid", str(os.getpid())]
 
     current: list = []
 
@@ -228,10 +324,21 @@ def supervise_worker(runtime_api_address: str, stop: threading.Event) -> threadi
 
     def run() -> None:
         while not stop.is_set():
-            worker = _subprocess.Popen(  # noqa: S603 (our own interpreter and module)
-                [*command, "--wake-on-stdin"], stdin=_subprocess.PIPE,
-                preexec_fn=(lambda: prctl(PR_SET_PDEATHSIG, signal.SIGKILL))
-                if LINUX else None)
+            extra, fds = [], ()
+            if secret is not None:  # at most PIPE_BUF bytes: written whole, no reader yet
+                read, write = os.pipe()
+                os.write(write, secret)
+                os.close(write)
+                extra, fds = ["--superexec-auth-secret-fd", str(read)], (read,)
+            # No preexec_fn (unsafe in this threaded process): the worker arms its own
+            # parent-death signal.
+            try:
+                worker = _subprocess.Popen(  # noqa: S603 (our own interpreter and module)
+                    [*command, *extra, "--wake-on-stdin"], stdin=_subprocess.PIPE,
+                    pass_fds=fds)
+            finally:
+                for fd in fds:
+                    os.close(fd)
             os.set_blocking(worker.stdin.fileno(), False)
             current[:] = [worker]
             code = worker.wait()
@@ -267,12 +374,30 @@ def main() -> None:
         if not patched or not shorten_task_patience():
             sys.exit(f"hyfl: the party worker needs Flower {PATCHED_VERSION}; install "
                      f"flwr=={PATCHED_VERSION} or start the party without the worker")
+        if _option(argv, "--isolation", "process") != "process":
+            sys.exit("hyfl: the party worker needs --isolation process (in subprocess "
+                     "isolation Flower starts a SuperExec of its own, which the worker would "
+                     "compete with, and ignores the Runtime API's secret)")
         if "--isolation" not in argv:
             argv = ["--isolation", "process", *argv]
         host = _option(argv, "--host", "127.0.0.1")
         address = f"{'127.0.0.1' if host in ('0.0.0.0', '') else host}:" \
                   f"{_option(argv, '--port', '9094')}"
-        supervise_worker(address, threading.Event())
+        given = _option(argv, "--superexec-auth-secret-file", "")
+        if given:
+            problem = _check_private(given)
+            if problem is not None:
+                sys.exit(f"hyfl: --superexec-auth-secret-file {given} {problem}")
+            path = Path(given)
+        else:  # Flower's SuperNode and the worker share a new secret
+            path = runtime_api_secret()
+            _forget_once_loaded(path)
+            argv = [*argv, "--superexec-auth-secret-file", str(path)]
+        secret = path.read_bytes()
+        if not 0 < len(secret) <= 4096:  # (handed to each worker through a pipe)
+            sys.exit(f"hyfl: --superexec-auth-secret-file {path}: a secret of 1 to 4096 bytes, "
+                     f"not {len(secret)}")
+        supervise_worker(address, threading.Event(), secret)
     from flwr.supernode.cli.flower_supernode import flower_supernode
 
     sys.argv = ["flower-supernode", *argv]

@@ -29,7 +29,11 @@ the message it was working on gets no reply, so the server counts the party
 absent for that round, and its next message finds the state of the last
 message that was answered: the party rejoins as a returning party.
 
-Run as ``python -m hyfl.deploy.worker --runtime-api-address HOST:PORT``.
+Run as ``python -m hyfl.deploy.worker --runtime-api-address HOST:PORT
+[--superexec-auth-secret-file FILE | --superexec-auth-secret-fd FD] [--parent-pid
+PID]``: with the secret of a SuperNode started with
+``--superexec-auth-secret-file FILE``, which then gives its tasks to no one
+else (:mod:`hyfl.deploy.supernode` does both, the secret through a pipe).
 """
 
 from __future__ import annotations
@@ -164,25 +168,45 @@ class Worker:
         the latest every ``poll`` seconds; end of file means the SuperNode is gone.
     log : callable, optional
         Receives one line per event (start, restore, errors).
+    superexec_auth_secret : bytes, optional
+        The secret of a SuperNode started with ``--superexec-auth-secret-file``
+        (:func:`hyfl.deploy.supernode.runtime_api_secret`): the worker signs its
+        task requests with it as ``flower-superexec`` does (Flower's own
+        ``SuperExecAuthHttpInterceptor``); such a SuperNode refuses unsigned ones.
     """
 
     def __init__(self, runtime_api_address: str, *, poll: float = DEFAULT_POLL,
                  root_certificates: bytes | None = None, wake: int | None = None,
-                 log: Callable[[str], None] | None = None):
+                 log: Callable[[str], None] | None = None,
+                 superexec_auth_secret: bytes | None = None):
         self.address, self.poll, self.wake = runtime_api_address, poll, wake
         self.root_certificates = root_certificates
+        self.superexec_auth_secret = superexec_auth_secret or None
         self.log = log or (lambda line: None)
         self.sessions = Sessions()
         self.apps: dict[str, Any] = {}  # SHA-256 of a checked bundle -> hyfl's ClientApp
 
     def _client(self, component: str, *extra):
-        from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
+        from flwr.supercore.interceptors import (
+            RuntimeVersionHttpInterceptor,
+            SuperExecAuthHttpInterceptor,
+        )
         from flwr.supercore.runtime import RuntimeHttpClient
 
+        interceptors = [RuntimeVersionHttpInterceptor(component_name=component), *extra]
+        if self.superexec_auth_secret is not None:
+            # What flower-superexec signs (Flower 1.41: AcquireTask), signed the same way.
+            try:
+                from flwr.supercore.superexec.run_superexec import (
+                    _SUPEREXEC_AUTH_METHODS as methods,
+                )
+            except ImportError:
+                methods = frozenset({"/flwr.proto.Runtime/AcquireTask"})
+            interceptors.append(SuperExecAuthHttpInterceptor(
+                master_secret=self.superexec_auth_secret, protected_methods=methods))
         return RuntimeHttpClient.from_server_address(
             server_address=self.address, insecure=self.root_certificates is None,
-            root_certificates=self.root_certificates,
-            interceptors=[RuntimeVersionHttpInterceptor(component_name=component), *extra],
+            root_certificates=self.root_certificates, interceptors=interceptors,
             retry_invoker=_retry_invoker())
 
     def serve(self, stop: threading.Event | None = None) -> None:
@@ -375,7 +399,33 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--wake-on-stdin", action="store_true",
                         help="the SuperNode's process writes a byte on stdin per message "
                              "(and closes it when it ends)")
+    parser.add_argument("--superexec-auth-secret-file", default=None,
+                        help="the secret file of a SuperNode started with the same option: "
+                             "task requests are signed with it")
+    parser.add_argument("--superexec-auth-secret-fd", type=int, default=None,
+                        help="the same secret, read from this inherited file descriptor "
+                             "(a pipe; read to its end, then closed)")
+    parser.add_argument("--parent-pid", type=int, default=0,
+                        help="die with this parent process (Linux: SIGKILL as the parent-death "
+                             "signal); exit at once if it is not the parent any more")
     args = parser.parse_args(argv)
+    from hyfl.deploy._reaper import die_with_parent
+
+    if not die_with_parent(args.parent_pid):
+        sys.exit(f"hyfl worker: the parent process {args.parent_pid} is gone; not starting")
+    secret = None
+    if args.superexec_auth_secret_fd is not None:
+        with os.fdopen(args.superexec_auth_secret_fd, "rb") as pipe:
+            secret = pipe.read()
+        if not secret:
+            sys.exit("hyfl worker: the Runtime API secret (--superexec-auth-secret-fd) is empty")
+    elif args.superexec_auth_secret_file:
+        from flwr.supercore.auth import load_superexec_auth_secret
+
+        try:
+            secret = load_superexec_auth_secret(args.superexec_auth_secret_file)
+        except ValueError as err:
+            sys.exit(f"hyfl worker: {err}")
     certificates = None
     if args.root_certificates:
         with open(args.root_certificates, "rb") as f:
@@ -392,7 +442,7 @@ def main(argv: list[str] | None = None) -> None:
     # Woken per message, the worker's own poll is only a safety net.
     poll = args.poll if wake is None else max(args.poll, WOKEN_POLL)
     Worker(args.runtime_api_address, poll=poll, root_certificates=certificates, wake=wake,
-           log=log).serve()
+           log=log, superexec_auth_secret=secret).serve()
 
 
 if __name__ == "__main__":
