@@ -1069,10 +1069,10 @@ def test_loopback_worker_that_hangs_and_is_killed_rejoins(tmp_path, breast_cance
              for k, f in enumerate(files)]
     work, out = tmp_path / "flower", tmp_path / "out"
     with LocalDeployment(nodes, work) as local:
-        # Eight rounds: party 2 hangs in round 2 and, restarted, has rejoined by round 4 in
-        # both runs measured (1024- and 512-bit keys, loaded 2-core machine); the rounds after
-        # it are margin.
-        run = run_config_for(parties=3, iterations=8, public_key=str(public),
+        # Six rounds: party 2 hangs in round 2 and, restarted, has rejoined by round 4 in
+        # every run measured (1024- and 512-bit keys, loaded 2-core machine); the rounds
+        # after it are margin.
+        run = run_config_for(parties=3, iterations=6, public_key=str(public),
                              insecure_test_keys=True, seed=3, out=str(out),
                              # Room for three fresh workers compiling the cocoa solver at once
                              # on a loaded 2-core machine (5 s left every party absent).
@@ -1112,26 +1112,6 @@ def test_loopback_worker_that_hangs_and_is_killed_rejoins(tmp_path, breast_cance
             np.testing.assert_array_equal(saved["alpha"], duals[k])
     print(f"\nworker restart: absent from round {first_absent}, rounds "
           f"{[(r['active'], round(r['round_seconds'], 1)) for r in rounds]}")
-
-
-@pytest.mark.slow
-def test_loopback_deployment_with_eight_parties(tmp_path):
-    """Scale on one machine: eight parties (SuperNodes with their workers) on loopback give
-    the in-process engine's iterates exactly."""
-    out = tmp_path / "out"
-    result = runner.invoke(app, [
-        "deploy", "local", "--data", "breast_cancer", "--partition", "grid:4x2",
-        "--iterations", "2", "--cipher", "none", "--compare", "--out", str(out),
-        "--timeout", "600",
-    ])
-    results = json.loads((out / "deploy.json").read_text())
-    assert results["status"] == "completed", result.output
-    assert [r["active"] for r in results["rounds"]] == [list(range(8))] * 2
-    comparison = json.loads((out / "comparison.json").read_text())
-    assert comparison["max_abs_weight_difference"] == 0.0 and comparison["bytes_equal"]
-    assert _no_flower_processes_of(out) == []
-    print(f"\neight parties: seconds per round {comparison['deploy_round_seconds']} "
-          f"(run_protocol: {comparison['protocol_round_seconds']})")
 
 
 _DRIVER = """
