@@ -73,6 +73,11 @@ def run_once(parties: int, mode: str, args, out: Path) -> dict:
         raise SystemExit(f"K={parties} {mode} failed:\n{done.stdout[-2000:]}\n"
                          f"{done.stderr[-2000:]}")
     comparison = json.loads((out / "comparison.json").read_text())
+    if comparison["max_abs_weight_difference"] != 0.0 or not comparison["bytes_equal"]:
+        # The deployment must be the in-process engine exactly, at every scale.
+        raise SystemExit(f"K={parties} {mode}: the deployed run differs from run_protocol "
+                         f"(weights by {comparison['max_abs_weight_difference']}, bytes "
+                         f"equal: {comparison['bytes_equal']}); see {out}")
     rounds = json.loads((out / "deploy.json").read_text())["rounds"]
 
     def mean(key: str) -> float:
