@@ -1,10 +1,16 @@
-"""Writing result files: atomically, as strict JSON, never over earlier results unasked.
+"""Result files: written atomically, as strict JSON, never over earlier results unasked;
+``.npz`` files read back with bounded memory.
 
 A results folder is the user's record of a run, so a crash or Ctrl-C while writing must
 leave the previous version of each file whole (write a temporary file next to it, flush
 it to disk, then rename it over the old one: :func:`atomic_write`), JSON must be JSON
 (NaN and infinities become ``null``: :func:`dumps_json`), and a new run must not replace
 an earlier one unless asked (:func:`check_results_folder`).
+
+Model files, checkpoints and data blocks come back from disk, possibly from someone
+else: :func:`read_npz` reads an ``.npz`` member by member, each only after its ``.npy``
+header has been checked against the size the archive declares for it and against a
+byte cap (:func:`max_file_bytes`), so a small file cannot make hyfl allocate gigabytes.
 """
 
 from __future__ import annotations
@@ -14,7 +20,8 @@ import json
 import math
 import os
 import secrets
-from collections.abc import Iterator
+import zipfile
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +29,20 @@ import numpy as np
 
 from hyfl.errors import fail
 
-__all__ = ["atomic_write", "check_results_folder", "dumps_json", "strict_json",
-           "write_json", "write_text"]
+__all__ = ["MAX_FILE_BYTES", "MAX_FILE_BYTES_VARIABLE", "atomic_write", "check_results_folder",
+           "dumps_json", "max_file_bytes", "read_npz", "strict_json", "write_json",
+           "write_text"]
+
+#: Default cap on the bytes of the arrays of one ``.npz`` file hyfl reads (4 GiB: a
+#: checkpoint or data block of a few million samples); the environment variable
+#: :data:`MAX_FILE_BYTES_VARIABLE` raises it.
+MAX_FILE_BYTES = 4 << 30
+MAX_FILE_BYTES_VARIABLE = "HYFL_MAX_FILE_BYTES"
+#: hyfl writes ``.npz`` members uncompressed; a compressed one (written by other tools)
+#: may expand at most this many times (a zip bomb expands a thousandfold) ...
+MAX_EXPANSION = 32
+#: ... unless it is this small anyway.
+_SMALL_MEMBER = 1 << 20
 
 
 @contextlib.contextmanager
@@ -127,3 +146,139 @@ def check_results_folder(out: str | os.PathLike, *, overwrite: bool = False,
                    + (f" ({kept})" if kept else "")
                    + (" (or --resume to continue it)." if resumable else "."))
     return out
+
+
+def max_file_bytes() -> int:
+    """The cap :func:`read_npz` applies: ``$HYFL_MAX_FILE_BYTES`` or :data:`MAX_FILE_BYTES`."""
+    return _bytes_setting(MAX_FILE_BYTES_VARIABLE, MAX_FILE_BYTES)
+
+
+def _bytes_setting(variable: str, default: int) -> int:
+    """A byte count from the environment (a positive integer), else ``default``."""
+    text = os.environ.get(variable, "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise fail(f"${variable}", f"is {text!r}, not a positive number of bytes",
+                   f"Set it to a byte count such as {default}, or unset it.")
+    return value
+
+
+def read_npz(path: str | os.PathLike, culprit: str, fix: str, *, kinds: str = "biuf",
+             expect: Mapping[str, tuple[str, int]] | None = None,
+             only: Collection[str] | None = None) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` file, each read only after its header was checked.
+
+    ``np.load`` allocates what a member's ``.npy`` header declares and inflates
+    what its zip entry holds before anything can be checked: a 1 MB file could
+    take a gigabyte. Here every member is checked first -- an ``.npy`` header
+    (format 1 or 2) whose dtype is of ``kinds`` (never objects), whose array fills
+    exactly the size the zip directory declares for the member, a member that
+    expands at most :data:`MAX_EXPANSION`-fold if it is compressed, and arrays of
+    at most :func:`max_file_bytes` in all -- and read only then, so reading
+    allocates at most about the declared sizes.
+
+    Parameters
+    ----------
+    path : path-like
+    culprit : str
+        Names the file in errors (``"model file m.npz"``).
+    fix : str
+        What to do about a file that fails a check (``"Retrain, or restore it."``).
+    kinds : str, default "biuf"
+        Accepted dtype kinds (``numpy.dtype.kind``; add ``"U"`` for strings).
+    expect : mapping of str to (str, int), optional
+        Members that must be present, with their dtype kinds and number of dimensions.
+    only : collection of str, optional
+        Read only these members (the others are not even checked).
+
+    Returns
+    -------
+    dict of str to ndarray
+        By member name (without ``.npy``).
+
+    Raises
+    ------
+    HyflError
+        The file is missing or not a zip archive, a member is not a plain ``.npy``
+        array of an accepted dtype, or it is larger than declared or allowed.
+    """
+    expect = dict(expect or {})
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = _npz_members(archive, culprit, fix, kinds, expect, only)
+            arrays = {}
+            for name, (info, dtype, shape, fortran) in members.items():
+                with archive.open(info) as f:
+                    _npy_header(f, name, culprit, fix)  # skip it (checked above)
+                    data = bytearray(dtype.itemsize * math.prod(shape))
+                    if f.readinto(data) != len(data):
+                        raise fail(culprit, f"has member {name!r} cut short", fix)
+                arrays[name] = np.frombuffer(data, dtype=dtype).reshape(
+                    shape, order="F" if fortran else "C")
+    except (OSError, zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, NotImplementedError,
+            RuntimeError) as err:  # RuntimeError: an encrypted member
+        raise fail(culprit, f"cannot be read as an .npz archive ({type(err).__name__}: "
+                   f"{err})", fix) from None
+    return arrays
+
+
+def _npz_members(archive: zipfile.ZipFile, culprit: str, fix: str, kinds: str,
+                 expect: dict[str, tuple[str, int]], only: Collection[str] | None
+                 ) -> dict[str, tuple]:
+    """Every member's zip entry, dtype, shape and order, checked; nothing read but headers."""
+    members: dict[str, tuple] = {}
+    total, cap = 0, max_file_bytes()
+    for info in archive.infolist():
+        name = info.filename.removesuffix(".npy")
+        if only is not None and name not in only:
+            continue
+        if not info.filename.endswith(".npy") or name in members:
+            raise fail(culprit, f"has member {info.filename!r}, which is not one array of its "
+                       "own (.npz files hold NAME.npy members, once each)", fix)
+        if (info.compress_type != zipfile.ZIP_STORED
+                and info.file_size > max(MAX_EXPANSION * info.compress_size, _SMALL_MEMBER)):
+            raise fail(culprit, f"has member {name!r} of {info.compress_size} compressed bytes "
+                       f"that would expand to {info.file_size} (a zip bomb?)", fix)
+        with archive.open(info) as f:
+            dtype, shape, fortran = _npy_header(f, name, culprit, fix)
+            header = f.tell()
+        kind, ndim = expect.get(name, (kinds, len(shape)))
+        if dtype.hasobject or dtype.kind not in kind or dtype.kind not in kinds:
+            raise fail(culprit, f"has member {name!r} of dtype {dtype}, not one of the kinds "
+                       f"{kind!r} it must have (numpy dtype kinds)", fix)
+        if len(shape) != ndim:
+            raise fail(culprit, f"has member {name!r} of shape {shape}, not {ndim}-D", fix)
+        size = dtype.itemsize * math.prod(shape)
+        if header + size != info.file_size:
+            raise fail(culprit, f"has member {name!r} whose header declares {size} bytes of "
+                       f"shape {shape}, but the archive holds {info.file_size - header}", fix)
+        total += size
+        if total > cap:
+            raise fail(culprit, f"holds arrays of more than {cap} bytes (the cap, "
+                       f"${MAX_FILE_BYTES_VARIABLE})", f"{fix} If the file is genuine, raise "
+                       f"${MAX_FILE_BYTES_VARIABLE} (a byte count) to read it.")
+        members[name] = (info, dtype, shape, fortran)
+    missing = sorted(set(expect) - set(members))
+    if missing:
+        raise fail(culprit, f"lacks member {missing[0]!r}", fix)
+    return members
+
+
+def _npy_header(f, name: str, culprit: str, fix: str) -> tuple[np.dtype, tuple, bool]:
+    """Dtype, shape and Fortran order of the ``.npy`` file ``f``, left at its data."""
+    try:
+        version = np.lib.format.read_magic(f)
+        read = {(1, 0): np.lib.format.read_array_header_1_0,
+                (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+        if read is None:
+            raise ValueError(f"format version {version}")
+        shape, fortran, dtype = read(f)
+    except (ValueError, TypeError, SyntaxError, EOFError) as err:
+        raise fail(culprit, f"has member {name!r} that is not a readable .npy array ({err})",
+                   fix) from None
+    return dtype, tuple(int(n) for n in shape), bool(fortran)
