@@ -30,7 +30,7 @@ import numpy as np
 from hyfl.errors import fail
 
 __all__ = ["MAX_FILE_BYTES", "MAX_FILE_BYTES_VARIABLE", "atomic_write", "check_results_folder",
-           "dumps_json", "max_file_bytes", "read_npz", "strict_json", "write_json",
+           "dumps_json", "max_file_bytes", "read_header", "read_npz", "strict_json", "write_json",
            "write_text"]
 
 #: Default cap on the bytes of the arrays of one ``.npz`` file hyfl reads (4 GiB: a
@@ -168,8 +168,8 @@ def _bytes_setting(variable: str, default: int) -> int:
     return value
 
 
-def read_npz(path: str | os.PathLike, culprit: str, fix: str, *, kinds: str = "biuf",
-             expect: Mapping[str, tuple[str, int]] | None = None,
+def read_npz(path: str | os.PathLike, culprit: str, what: str, fix: str, *,
+             kinds: str = "biuf", expect: Mapping[str, tuple[str, int]] | None = None,
              only: Collection[str] | None = None) -> dict[str, np.ndarray]:
     """The arrays of an ``.npz`` file, each read only after its header was checked.
 
@@ -180,13 +180,15 @@ def read_npz(path: str | os.PathLike, culprit: str, fix: str, *, kinds: str = "b
     exactly the size the zip directory declares for the member, a member that
     expands at most :data:`MAX_EXPANSION`-fold if it is compressed, and arrays of
     at most :func:`max_file_bytes` in all -- and read only then, so reading
-    allocates at most about the declared sizes.
+    allocates no more than the checked sizes.
 
     Parameters
     ----------
     path : path-like
     culprit : str
         Names the file in errors (``"model file m.npz"``).
+    what : str
+        What it should be (``"a hyfl model"``): errors say it "cannot be read as" that.
     fix : str
         What to do about a file that fails a check (``"Retrain, or restore it."``).
     kinds : str, default "biuf"
@@ -207,69 +209,92 @@ def read_npz(path: str | os.PathLike, culprit: str, fix: str, *, kinds: str = "b
         The file is missing or not a zip archive, a member is not a plain ``.npy``
         array of an accepted dtype, or it is larger than declared or allowed.
     """
-    expect = dict(expect or {})
+    cap = max_file_bytes()
     try:
         with zipfile.ZipFile(path) as archive:
-            members = _npz_members(archive, culprit, fix, kinds, expect, only)
+            members = _npz_members(archive, kinds, dict(expect or {}), only, cap)
             arrays = {}
             for name, (info, dtype, shape, fortran) in members.items():
                 with archive.open(info) as f:
-                    _npy_header(f, name, culprit, fix)  # skip it (checked above)
+                    _npy_header(f, name)  # skip it (checked above)
                     data = bytearray(dtype.itemsize * math.prod(shape))
                     if f.readinto(data) != len(data):
-                        raise fail(culprit, f"has member {name!r} cut short", fix)
+                        raise _Refused(f"member {name!r} is cut short")
                 arrays[name] = np.frombuffer(data, dtype=dtype).reshape(
                     shape, order="F" if fortran else "C")
-    except (OSError, zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, NotImplementedError,
-            RuntimeError) as err:  # RuntimeError: an encrypted member
-        raise fail(culprit, f"cannot be read as an .npz archive ({type(err).__name__}: "
-                   f"{err})", fix) from None
+    except _TooLarge as err:
+        raise fail(culprit, f"cannot be read as {what} ({err})",
+                   f"{fix} If the file is genuine, raise ${MAX_FILE_BYTES_VARIABLE} (a byte "
+                   f"count, now {cap}) to read it.") from None
+    except (_Refused, OSError, zipfile.BadZipFile, zipfile.LargeZipFile, EOFError,
+            NotImplementedError, RuntimeError) as err:  # RuntimeError: an encrypted member
+        detail = str(err) if isinstance(err, _Refused) else f"{type(err).__name__}: {err}"
+        raise fail(culprit, f"cannot be read as {what} ({detail})", fix) from None
     return arrays
 
 
-def _npz_members(archive: zipfile.ZipFile, culprit: str, fix: str, kinds: str,
-                 expect: dict[str, tuple[str, int]], only: Collection[str] | None
-                 ) -> dict[str, tuple]:
+def read_header(blob: np.ndarray, culprit: str, what: str, fix: str) -> dict:
+    """The JSON object an ``.npz`` keeps as uint8 bytes (``__header__``), or a clear error."""
+    try:
+        header = json.loads(blob.tobytes())
+    except (ValueError, RecursionError) as err:  # not UTF-8, not JSON, nested too deep
+        raise fail(culprit, f"cannot be read as {what} (its header is not JSON: "
+                   f"{type(err).__name__})", fix) from None
+    if not isinstance(header, dict):
+        raise fail(culprit, f"cannot be read as {what} (its header is a "
+                   f"{type(header).__name__}, not a JSON object)", fix)
+    return header
+
+
+class _Refused(Exception):
+    """A member :func:`read_npz` does not read (the message says why)."""
+
+
+class _TooLarge(_Refused):
+    """Arrays beyond the cap (the message says how large)."""
+
+
+def _npz_members(archive: zipfile.ZipFile, kinds: str, expect: dict[str, tuple[str, int]],
+                 only: Collection[str] | None, cap: int) -> dict[str, tuple]:
     """Every member's zip entry, dtype, shape and order, checked; nothing read but headers."""
     members: dict[str, tuple] = {}
-    total, cap = 0, max_file_bytes()
+    total = 0
     for info in archive.infolist():
         name = info.filename.removesuffix(".npy")
         if only is not None and name not in only:
             continue
         if not info.filename.endswith(".npy") or name in members:
-            raise fail(culprit, f"has member {info.filename!r}, which is not one array of its "
-                       "own (.npz files hold NAME.npy members, once each)", fix)
+            raise _Refused(f"member {info.filename!r} is not one array of its own: .npz files "
+                           "hold NAME.npy members, once each")
         if (info.compress_type != zipfile.ZIP_STORED
                 and info.file_size > max(MAX_EXPANSION * info.compress_size, _SMALL_MEMBER)):
-            raise fail(culprit, f"has member {name!r} of {info.compress_size} compressed bytes "
-                       f"that would expand to {info.file_size} (a zip bomb?)", fix)
+            raise _Refused(f"member {name!r} of {info.compress_size} compressed bytes would "
+                           f"expand to {info.file_size}: a zip bomb?")
         with archive.open(info) as f:
-            dtype, shape, fortran = _npy_header(f, name, culprit, fix)
+            dtype, shape, fortran = _npy_header(f, name)
             header = f.tell()
         kind, ndim = expect.get(name, (kinds, len(shape)))
-        if dtype.hasobject or dtype.kind not in kind or dtype.kind not in kinds:
-            raise fail(culprit, f"has member {name!r} of dtype {dtype}, not one of the kinds "
-                       f"{kind!r} it must have (numpy dtype kinds)", fix)
+        if dtype.hasobject or dtype.kind not in kind or dtype.kind not in kinds \
+                or not dtype.itemsize:
+            raise _Refused(f"member {name!r} has dtype {dtype}, not of the dtype kinds "
+                           f"{kind!r}")
         if len(shape) != ndim:
-            raise fail(culprit, f"has member {name!r} of shape {shape}, not {ndim}-D", fix)
+            raise _Refused(f"member {name!r} has shape {shape}, not {ndim}-D")
         size = dtype.itemsize * math.prod(shape)
         if header + size != info.file_size:
-            raise fail(culprit, f"has member {name!r} whose header declares {size} bytes of "
-                       f"shape {shape}, but the archive holds {info.file_size - header}", fix)
+            raise _Refused(f"member {name!r} declares {size} bytes (shape {shape}), but the "
+                           f"archive holds {info.file_size - header}")
         total += size
         if total > cap:
-            raise fail(culprit, f"holds arrays of more than {cap} bytes (the cap, "
-                       f"${MAX_FILE_BYTES_VARIABLE})", f"{fix} If the file is genuine, raise "
-                       f"${MAX_FILE_BYTES_VARIABLE} (a byte count) to read it.")
+            raise _TooLarge(f"its arrays hold more than {cap} bytes, the cap")
         members[name] = (info, dtype, shape, fortran)
     missing = sorted(set(expect) - set(members))
     if missing:
-        raise fail(culprit, f"lacks member {missing[0]!r}", fix)
+        raise _Refused(f"it lacks member {missing[0]!r}")
     return members
 
 
-def _npy_header(f, name: str, culprit: str, fix: str) -> tuple[np.dtype, tuple, bool]:
+def _npy_header(f, name: str) -> tuple[np.dtype, tuple, bool]:
     """Dtype, shape and Fortran order of the ``.npy`` file ``f``, left at its data."""
     try:
         version = np.lib.format.read_magic(f)
@@ -279,6 +304,5 @@ def _npy_header(f, name: str, culprit: str, fix: str) -> tuple[np.dtype, tuple, 
             raise ValueError(f"format version {version}")
         shape, fortran, dtype = read(f)
     except (ValueError, TypeError, SyntaxError, EOFError) as err:
-        raise fail(culprit, f"has member {name!r} that is not a readable .npy array ({err})",
-                   fix) from None
+        raise _Refused(f"member {name!r} is not a readable .npy array: {err}") from None
     return dtype, tuple(int(n) for n in shape), bool(fortran)
