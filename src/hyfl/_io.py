@@ -169,7 +169,7 @@ def _bytes_setting(variable: str, default: int) -> int:
 
 
 def read_npz(path: str | os.PathLike, culprit: str, what: str, fix: str, *,
-             kinds: str = "biuf", expect: Mapping[str, tuple[str, int]] | None = None,
+             kinds: str = "biuf", expect: Mapping[str, tuple[str, int | None]] | None = None,
              only: Collection[str] | None = None) -> dict[str, np.ndarray]:
     """The arrays of an ``.npz`` file, each read only after its header was checked.
 
@@ -193,8 +193,9 @@ def read_npz(path: str | os.PathLike, culprit: str, what: str, fix: str, *,
         What to do about a file that fails a check (``"Retrain, or restore it."``).
     kinds : str, default "biuf"
         Accepted dtype kinds (``numpy.dtype.kind``; add ``"U"`` for strings).
-    expect : mapping of str to (str, int), optional
-        Members that must be present, with their dtype kinds and number of dimensions.
+    expect : mapping of str to (str, int or None), optional
+        Members that must be present, with their dtype kinds and number of dimensions
+        (None: any).
     only : collection of str, optional
         Read only these members (the others are not even checked).
 
@@ -254,7 +255,8 @@ class _TooLarge(_Refused):
     """Arrays beyond the cap (the message says how large)."""
 
 
-def _npz_members(archive: zipfile.ZipFile, kinds: str, expect: dict[str, tuple[str, int]],
+def _npz_members(archive: zipfile.ZipFile, kinds: str,
+                 expect: dict[str, tuple[str, int | None]],
                  only: Collection[str] | None, cap: int) -> dict[str, tuple]:
     """Every member's zip entry, dtype, shape and order, checked; nothing read but headers."""
     members: dict[str, tuple] = {}
@@ -278,7 +280,7 @@ def _npz_members(archive: zipfile.ZipFile, kinds: str, expect: dict[str, tuple[s
                 or not dtype.itemsize:
             raise _Refused(f"member {name!r} has dtype {dtype}, not of the dtype kinds "
                            f"{kind!r}")
-        if len(shape) != ndim:
+        if ndim is not None and len(shape) != ndim:
             raise _Refused(f"member {name!r} has shape {shape}, not {ndim}-D")
         size = dtype.itemsize * math.prod(shape)
         if header + size != info.file_size:
