@@ -146,7 +146,7 @@ class _Budget:
         if self.left < 0:
             raise fail(self.where, f"would decode to more than {self.cap} bytes ({what})",
                        f"{_GARBLED} If a genuine run needs more, raise "
-                       f"${MAX_MESSAGE_BYTES_VARIABLE} (a byte count) on every node")
+                       f"${MAX_MESSAGE_BYTES_VARIABLE} (a byte count) on every node.")
 
     def take(self, arrays: dict[str, np.ndarray], ref: Any, field: str) -> np.ndarray:
         """The array ``ref`` names, which no other field may name."""
