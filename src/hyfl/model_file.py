@@ -29,6 +29,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -37,8 +38,8 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from hyfl._io import atomic_write
-from hyfl.errors import fail
+from hyfl._io import atomic_write, read_header, read_npz
+from hyfl.errors import HyflError, fail
 
 MODEL_FORMAT = 1
 MODEL_KIND = "hyfl-model"
@@ -234,27 +235,26 @@ def load_model(path: str | os.PathLike) -> Model:
     Raises
     ------
     HyflError
-        The file is missing, not an ``.npz``, holds pickled objects, is not a hyfl
-        model, has another format version, or was edited (its arrays or header do
-        not match its ``content_sha256``).
+        The file is missing, not an ``.npz``, holds pickled objects or arrays
+        larger than declared, is not a hyfl model, has another format version,
+        was edited (its arrays or header do not match its ``content_sha256``), or
+        a field does not fit the others (see :func:`check_model_fields`).
     """
     path = Path(path)
     culprit = f"model file {path}"
     if not path.is_file():
         raise fail(culprit, "does not exist", "Pass the model.npz of a results folder "
                    "(`hyfl run --out DIR` writes DIR/model.npz).")
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            arrays = {name: f[name] for name in f.files}
-        header = json.loads(arrays.pop("__header__").tobytes())
-    except Exception as err:  # not an npz, truncated, pickled objects, no/bad header
-        raise fail(culprit, f"cannot be read as a hyfl model ({type(err).__name__}: {err})",
-                   "Pass a model.npz written by hyfl (it never holds pickled objects).") from None
-    if isinstance(header, dict) and header.get("kind") == "hyfl-neural-model":
+    arrays = read_npz(path, culprit, "a hyfl model",
+                      "Pass a model.npz written by hyfl (it never holds pickled objects).",
+                      expect={"__header__": ("u", 1)})
+    header = read_header(arrays.pop("__header__"), culprit, "a hyfl model",
+                         "Pass a model.npz written by hyfl.")
+    if header.get("kind") == "hyfl-neural-model":
         raise fail(culprit, f"holds a neural model ({header.get('algorithm')}), which this "
                    "reader of linear models cannot use",
                    "Use hyfl predict, or hyfl.neural.model_file.load_neural_model.")
-    if not isinstance(header, dict) or header.get("kind") != MODEL_KIND:
+    if header.get("kind") != MODEL_KIND:
         raise fail(culprit, "is not a hyfl model file", "Pass a model.npz written by hyfl.")
     if header.get("format") != MODEL_FORMAT:
         provenance = header.get("provenance")
@@ -264,33 +264,84 @@ def load_model(path: str | os.PathLike) -> Model:
                    f"Use the hyfl version that wrote it ({version or 'unknown'}), or "
                    "retrain with this one.")
     missing = [name for name in _ARRAYS if name not in arrays]
-    bad = [name for name in _ARRAYS if name in arrays and arrays[name].dtype.kind not in "biuf"]
+    bad = [name for name in _ARRAYS if name in arrays and arrays[name].dtype.kind != "f"]
     if missing or bad:
-        raise fail(culprit, f"lacks numeric arrays {missing + bad}",
+        raise fail(culprit, f"lacks float arrays {missing + bad}",
                    "The file is damaged; retrain or restore it.")
     if header.get("content_sha256") != _content_hash(arrays, header):
         raise fail(culprit, "does not match its checksum (it was edited or damaged)",
                    "Retrain, or restore the file the run wrote.")
-    weights = np.asarray(arrays["weights"], dtype=np.float64)
-    task = header.get("task")
-    if (weights.ndim != 2 or task not in _TASKS
-            or weights.shape != (header.get("n_features"), header.get("n_outputs"))):
-        raise fail(culprit, "has an inconsistent header", "Retrain, or restore the file.")
-    classes = np.asarray(arrays["classes"], dtype=np.float64)
-    labels = np.asarray(arrays["labels"], dtype=np.float64)
-    try:
-        if classes.shape != labels.shape or classes.ndim != 1:
-            raise ValueError("classes and labels differ in shape")
-        return Model(
-            weights=weights, task=task, classes=classes, labels=labels,
-            loss=str(header["loss"]), lam=float(header["lam"]),
-            partition=str(header.get("partition", "")),
-            algorithm=str(header.get("algorithm", "")),
-            provenance=dict(header.get("provenance") or {}),
-        )
-    except (KeyError, TypeError, ValueError) as err:
-        raise fail(culprit, f"has an inconsistent header ({type(err).__name__}: {err})",
-                   "Retrain, or restore the file.") from None
+    # The checksum catches accidents, not forgeries (anyone can recompute it): every
+    # field is checked on its own too.
+    return check_model_fields(culprit, header, arrays)
+
+
+#: Header fields of a model file: name -> (test, what it must be).
+_HEADER_FIELDS = {
+    "task": (lambda v: v in _TASKS, f"one of {', '.join(_TASKS)}"),
+    "loss": (lambda v: isinstance(v, str), "a string"),
+    "lam": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+            and math.isfinite(v) and v >= 0, "a finite number >= 0"),
+    "n_features": (lambda v: type(v) is int and v >= 1, "a positive integer"),
+    "n_outputs": (lambda v: type(v) is int and v >= 1, "a positive integer"),
+    "partition": (lambda v: isinstance(v, str), "a string"),
+    "algorithm": (lambda v: isinstance(v, str), "a string"),
+    "provenance": (lambda v: isinstance(v, dict)
+                   and isinstance(v.get("zero_based", False), bool), "a mapping (with "
+                   "zero_based true or false, if given)"),
+}
+
+
+def check_model_fields(culprit: str, header: dict, arrays: dict[str, np.ndarray]) -> Model:
+    """The :class:`Model` a model file's header and arrays describe, each field checked.
+
+    Weights finite, of shape ``(n_features, n_outputs)``; ``classes`` and
+    ``labels`` finite, of one length, each without repeats, ``classes`` sorted
+    (predictions look labels up in them); one output and classes ``[-1, 1]`` for
+    binary classification, one output per class (at least two) for multiclass,
+    one output and no classes for regression; the header's fields of their types.
+    """
+    fix = "The file was edited or damaged; retrain, or restore the file the run wrote."
+
+    def refuse(field: str, problem: str) -> HyflError:
+        return fail(culprit, f"has {field} {problem}", fix)
+
+    for name, (test, described) in _HEADER_FIELDS.items():
+        if not test(header.get(name)):
+            raise refuse(f"header field {name!r}", f"= {_short(header.get(name))}, not "
+                         f"{described}")
+    weights, classes, labels = (np.asarray(arrays[name], dtype=np.float64) for name in _ARRAYS)
+    task, n_outputs = header["task"], header["n_outputs"]
+    if weights.shape != (header["n_features"], n_outputs):
+        raise refuse("weights", f"of shape {weights.shape}, not (n_features, n_outputs) = "
+                     f"({header['n_features']}, {n_outputs}) as its header says")
+    for name, values in zip(_ARRAYS, (weights, classes, labels)):
+        if not np.all(np.isfinite(values)):
+            raise refuse(name, "that are not all finite (NaN or infinite values)")
+    if classes.ndim != 1 or classes.shape != labels.shape:
+        raise refuse("classes and labels", f"of shapes {classes.shape} and {labels.shape} "
+                     "(they must be 1-D, one label per class)")
+    if np.any(np.diff(classes) <= 0):
+        raise refuse("classes", f"{_short(classes.tolist())} that are not sorted and distinct")
+    if np.unique(labels).size != labels.size:
+        raise refuse("labels", f"{_short(labels.tolist())} with one label for several classes")
+    expected = {"binary": (1, 2), "multiclass": (n_outputs, n_outputs), "regression": (1, 0)}
+    outputs, n_classes = expected[task]
+    if (n_outputs, classes.size) != (outputs, n_classes) or (task == "multiclass"
+                                                             and n_outputs < 2):
+        raise refuse("n_outputs", f"= {n_outputs} for {classes.size} classes, which a {task} "
+                     "model cannot have (binary: one output for two classes; multiclass: one "
+                     "output per class, at least two; regression: one output, no classes)")
+    if task == "binary" and classes.tolist() != [-1.0, 1.0]:
+        raise refuse("classes", f"{classes.tolist()}, not [-1, 1] as a binary model's are")
+    return Model(weights=weights, task=task, classes=classes, labels=labels,
+                 loss=header["loss"], lam=float(header["lam"]), partition=header["partition"],
+                 algorithm=header["algorithm"], provenance=dict(header["provenance"]))
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _label_text(value: float) -> str:
@@ -383,5 +434,5 @@ def _original(dataset) -> np.ndarray | None:
     return None
 
 
-__all__ = ["MODEL_FILE", "MODEL_FORMAT", "Model", "Prediction", "data_checksum",
-                      "load_model", "model_from_problem", "predict_data", "save_model"]
+__all__ = ["MODEL_FILE", "MODEL_FORMAT", "Model", "Prediction", "check_model_fields",
+           "data_checksum", "load_model", "model_from_problem", "predict_data", "save_model"]

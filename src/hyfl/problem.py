@@ -22,8 +22,9 @@ import numpy as np
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
+from hyfl._io import read_npz
 from hyfl.data.dataset import Dataset
-from hyfl.errors import check_positive, fail
+from hyfl.errors import HyflError, check_positive, fail
 from hyfl.losses import Loss, get_loss
 
 
@@ -224,12 +225,10 @@ def solve_centralized(problem: Problem, tol: float = 1e-10, cache: bool = True) 
     """
     use_cache = cache and os.environ.get("HYFL_NO_CACHE", "") in ("", "0")
     path = _cache_dir() / f"{_problem_key(problem, tol)}.npz"
-    if use_cache and path.exists():
-        with np.load(path, allow_pickle=False) as f:
-            w = f["w"]
-            return Optimum(
-                w=w, primal=problem.primal(w), method=str(f["method"]), info={"cached": True}
-            )
+    cached = _read_optimum(path, problem) if use_cache and path.exists() else None
+    if cached is not None:
+        w, method = cached
+        return Optimum(w=w, primal=problem.primal(w), method=method, info={"cached": True})
     columns, method = [], ""
     for c in range(problem.n_outputs):
         w_c, method = _solve_column(problem, c, tol)
@@ -251,6 +250,19 @@ def solve_centralized(problem: Problem, tol: float = 1e-10, cache: bool = True) 
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
     return opt
+
+
+def _read_optimum(path: Path, problem: Problem) -> tuple[np.ndarray, str] | None:
+    """A cached optimum's ``(w, method)``; None (solve again) if the file does not fit."""
+    try:
+        f = read_npz(path, f"cached optimum {path}", "a cached optimum", "",
+                     kinds="fU", expect={"w": ("f", 2), "method": ("U", 0)})
+    except HyflError:
+        return None
+    w = f["w"]
+    if w.shape != (problem.n_features, problem.n_outputs) or not np.all(np.isfinite(w)):
+        return None
+    return w, str(f["method"])
 
 
 def _solve_column(problem: Problem, c: int, tol: float) -> tuple[np.ndarray, str]:

@@ -66,6 +66,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
+from hyfl._io import read_npz
 from hyfl.data import fetch
 from hyfl.data.dataset import Dataset
 from hyfl.data.fetch import DataFile, cache_dir, download_dir, downloads_allowed, sha256_of
@@ -866,15 +867,15 @@ def _read_cache(path: Path | None) -> Dataset | None:
     if path is None or not path.is_file():
         return None
     try:
-        with np.load(path, allow_pickle=False) as z:
-            X = sp.csr_matrix(
-                (z["data"], z["indices"], z["indptr"]), shape=tuple(int(s) for s in z["shape"])
-            )
-            meta = {
-                key: tuple(value) if isinstance(value, list) else value
-                for key, value in json.loads(str(z["meta"])).items()
-            }
-            return Dataset(X=X, y=z["y"], name=str(z["name"]), task=str(z["task"]), meta=meta)
+        z = read_npz(path, f"cache file {path}", "a parsed data set", "", kinds="biufU")
+        X = sp.csr_matrix(
+            (z["data"], z["indices"], z["indptr"]), shape=tuple(int(s) for s in z["shape"])
+        )
+        meta = {
+            key: tuple(value) if isinstance(value, list) else value
+            for key, value in json.loads(str(z["meta"])).items()
+        }
+        return Dataset(X=X, y=z["y"], name=str(z["name"]), task=str(z["task"]), meta=meta)
     except Exception:  # a broken or foreign cache file is only a cache miss
         return None
 

@@ -39,6 +39,7 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
+from hyfl._io import read_npz
 from hyfl.deploy.codec import bundle, decode, encode, encoded_bytes, unbundle
 from hyfl.deploy.party import KINDS, QUERY_KINDS, handle_message, server_text
 from hyfl.errors import HyflError, fail
@@ -308,9 +309,10 @@ def read_received(folder: str | os.PathLike, cipher=None) -> list[tuple[str, str
     out = []
     for path in sorted(Path(folder).glob("*.npz")):
         _, _, *party, kind = path.stem.split("-")
-        with np.load(path) as f:
-            spec = str(f["__spec__"])
-            arrays = {name: f[name] for name in f.files if name != "__spec__"}
+        arrays = read_npz(path, f"recorded reply {path}", "a recorded reply",
+                          f"Remove it from ${AUDIT_DIR_VARIABLE}'s folder.", kinds="biufU",
+                          expect={"__spec__": ("U", 0)})
+        spec = str(arrays.pop("__spec__"))
         out.append(("-".join(party), kind, decode(arrays, spec, cipher)))
     return out
 

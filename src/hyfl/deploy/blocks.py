@@ -28,12 +28,20 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from hyfl._io import atomic_write
+from hyfl._io import atomic_write, read_npz
 from hyfl.errors import fail
 
 __all__ = ["BLOCK_FORMAT", "Block", "load_block", "read_block", "write_blocks"]
 
 BLOCK_FORMAT = "hyfl-party-block"
+#: The members of a block file: dtype kinds and dimensions (checked before any is read).
+_MEMBERS = {
+    "format": ("U", 0), "version": ("iu", 0), "party": ("iu", 0), "n_parties": ("iu", 0),
+    "n_samples": ("iu", 0), "n_features": ("iu", 0), "samples": ("iu", 1),
+    "features": ("iu", 1), "X_data": ("biuf", 1), "X_indices": ("iu", 1),
+    "X_indptr": ("iu", 1), "X_shape": ("iu", 1), "Y": ("biuf", None),
+    "lam_default": ("iuf", 0), "name": ("U", 0), "partition": ("U", 0),
+}
 
 
 @dataclass(frozen=True)
@@ -103,22 +111,30 @@ def read_block(path: str | os.PathLike, party: int | None = None) -> Block:
     if not where.is_file():
         raise fail(f"block file {where}", "does not exist on this machine",
                    "Copy the party's file from `hyfl deploy split` here, or pass a dataset name.")
+    culprit, fix = f"block file {where}", "Pass a party-K.npz written by `hyfl deploy split`."
+    f = read_npz(where, culprit, f"a {BLOCK_FORMAT} file", fix, kinds="biufU", expect=_MEMBERS)
+    if str(f["format"]) != BLOCK_FORMAT:
+        raise fail(culprit, f"is not a {BLOCK_FORMAT} file", fix)
+    samples, features = f["samples"].astype(np.int64), f["features"].astype(np.int64)
+    n_samples, n_features = int(f["n_samples"]), int(f["n_features"])
+    for name, ids, n in (("samples", samples, n_samples), ("features", features, n_features)):
+        if np.any(np.diff(ids) <= 0) or (ids.size and (ids[0] < 0 or ids[-1] >= n)):
+            raise fail(culprit, f"has {name} that are not ascending ids below n_{name} = {n}",
+                       fix)
+    shape = tuple(int(v) for v in f["X_shape"])
+    if shape != (samples.size, features.size):
+        raise fail(culprit, f"has X_shape {shape}, not (samples, features) = "
+                   f"({samples.size}, {features.size})", fix)
     try:
-        with np.load(where, allow_pickle=False) as f:
-            if str(f["format"]) != BLOCK_FORMAT:
-                raise ValueError
-            shape = tuple(int(v) for v in f["X_shape"])
-            block = Block(
-                party=int(f["party"]), samples=f["samples"].astype(np.int64),
-                features=f["features"].astype(np.int64),
-                X=sp.csr_matrix((f["X_data"], f["X_indices"], f["X_indptr"]), shape=shape),
-                Y=np.asarray(f["Y"], dtype=float).reshape(shape[0], -1),
-                n_samples=int(f["n_samples"]), n_features=int(f["n_features"]),
-                lam_default=float(f["lam_default"]), name=str(f["name"]),
-            )
-    except (OSError, ValueError, KeyError):
-        raise fail(f"block file {where}", f"is not a {BLOCK_FORMAT} file",
-                   "Pass a party-K.npz written by `hyfl deploy split`.") from None
+        X = sp.csr_matrix((f["X_data"], f["X_indices"], f["X_indptr"]), shape=shape)
+        X.check_format(full_check=True)  # column indices within the shape, too
+        Y = np.asarray(f["Y"], dtype=float).reshape(shape[0], -1)
+    except ValueError as err:
+        raise fail(culprit, f"has a matrix or labels that do not fit its shape ({err})",
+                   fix) from None
+    block = Block(party=int(f["party"]), samples=samples, features=features, X=X, Y=Y,
+                  n_samples=n_samples, n_features=n_features,
+                  lam_default=float(f["lam_default"]), name=str(f["name"]))
     if party is not None and block.party != party:
         raise fail(f"block file {where}", f"is party {block.party}'s, but this node is party "
                    f"{party}", f"Give this node party-{party}.npz, or set party={block.party}.")

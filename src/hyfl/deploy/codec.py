@@ -29,6 +29,13 @@ ciphertext arrays of matching sizes -- and :func:`check_fields` checks the
 fields a receiver reads (present, no unknown ones, of the expected type and
 shape). Each problem is a :class:`~hyfl.errors.HyflError` naming the sender
 and the field, never a ``KeyError`` or a ``RecursionError``.
+
+Decoding is bounded by what was received: each array may be referenced once
+(a description naming one array a hundred times would otherwise copy it a
+hundred times), ciphertext widths and counts are checked against the arrays
+that carry them before any ciphertext object is built, and one message or
+state may decode to at most :func:`max_message_bytes` (its arrays, what its
+JSON description may cost parsed, and the Python objects of its ciphertexts).
 """
 
 from __future__ import annotations
@@ -41,15 +48,32 @@ from typing import Any
 import numpy as np
 from gmpy2 import mpz
 
+from hyfl._io import _bytes_setting
 from hyfl.errors import HyflError, fail
 from hyfl.privacy.ciphers import Cipher, PaillierCiphertext
 from hyfl.privacy.lattice import LatticeCiphertext
 from hyfl.privacy.layout import EncryptedVector
 
-__all__ = ["MAX_DEPTH", "bundle", "check_fields", "decode", "encode", "encoded_bytes", "unbundle"]
+__all__ = ["MAX_DEPTH", "MAX_MESSAGE_BYTES", "MAX_MESSAGE_BYTES_VARIABLE", "bundle",
+           "check_fields", "decode", "encode", "encoded_bytes", "max_message_bytes",
+           "unbundle"]
 
 #: Deepest nesting of a received description (messages and states nest < 10 deep).
 MAX_DEPTH = 32
+#: Default cap on what one message or saved state may decode to, in bytes (1 GiB). Real
+#: ones weigh far less: covtype (581,012 samples, 3 parties, ckks) sends at most 19 MB and
+#: keeps party states of 99 MB (with the data block); 2048-bit Paillier would send about
+#: 530 bytes per sample, 230 MB for covtype's largest message. The environment variable
+#: :data:`MAX_MESSAGE_BYTES_VARIABLE` raises it (set it for the SuperNodes and the
+#: SuperLink's ServerApp alike).
+MAX_MESSAGE_BYTES = 1 << 30
+MAX_MESSAGE_BYTES_VARIABLE = "HYFL_MAX_MESSAGE_BYTES"
+#: Bytes charged per character of a JSON description (or bundle layout): parsed, ``[{},``
+#: becomes a dict and a list slot, about 20 bytes per character at worst.
+_JSON_COST = 32
+#: Bytes charged per received ciphertext beyond its own bytes: its Python objects (a
+#: gmpy2 integer or a TenSEAL vector, the ciphertext object, its addend count).
+_CIPHERTEXT_COST = 256
 _GARBLED = ("Both sides must run the same hyfl version; if they do, the message was garbled "
             "or forged.")
 _VECTOR_KEYS = {"paillier": {"e", "kind", "width", "ct", "addends"}, "float": {"e", "kind", "ct"},
@@ -93,11 +117,48 @@ def decode(arrays: dict[str, np.ndarray], spec: str, cipher: Cipher | None = Non
         if not isinstance(array, np.ndarray) or array.dtype.kind not in "biuf":
             raise fail(where, f"has array {name!r} of type "
                        f"{getattr(array, 'dtype', type(array).__name__)}, not numeric", _GARBLED)
+    budget = _Budget(where)
+    # The arrays may each be referenced once: all of them is the most a description can use.
+    budget.charge(sum(int(a.nbytes) for a in arrays.values()) + _JSON_COST * len(spec),
+                  f"{len(arrays)} arrays and a description of {len(spec)} characters")
     try:
         description = json.loads(spec)
     except (ValueError, RecursionError):  # RecursionError: JSON nested thousands deep
         raise fail(where, "has no readable description (not JSON)", _GARBLED) from None
-    return _decode(description, arrays, cipher, where, "", 0)
+    return _decode(description, arrays, cipher, where, "", 0, budget)
+
+
+def max_message_bytes() -> int:
+    """The cap on one decoded message or state: ``$HYFL_MAX_MESSAGE_BYTES`` or the default."""
+    return _bytes_setting(MAX_MESSAGE_BYTES_VARIABLE, MAX_MESSAGE_BYTES)
+
+
+class _Budget:
+    """What one message may still decode to, and the arrays its description has used."""
+
+    def __init__(self, where: str):
+        self.where, self.cap = where, max_message_bytes()
+        self.left, self.used = self.cap, set()
+
+    def charge(self, nbytes: int, what: str) -> None:
+        """Count ``nbytes`` about to be allocated; refuse the message past the cap."""
+        self.left -= nbytes
+        if self.left < 0:
+            raise fail(self.where, f"would decode to more than {self.cap} bytes ({what})",
+                       f"{_GARBLED} If a genuine run needs more, raise "
+                       f"${MAX_MESSAGE_BYTES_VARIABLE} (a byte count) on every node.")
+
+    def take(self, arrays: dict[str, np.ndarray], ref: Any, field: str) -> np.ndarray:
+        """The array ``ref`` names, which no other field may name."""
+        if not isinstance(ref, str) or ref not in arrays:
+            raise fail(self.where, f"{field} refers to array {_short(ref)}, which the message "
+                       "does not hold", _GARBLED)
+        if ref in self.used:
+            raise fail(self.where, f"{field} refers to array {ref!r} again (each array is "
+                       "referenced once; a description that reuses one would copy it each "
+                       "time)", _GARBLED)
+        self.used.add(ref)
+        return arrays[ref]
 
 
 def encoded_bytes(arrays: dict[str, np.ndarray], spec: str) -> int:
@@ -127,16 +188,25 @@ def bundle(arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, str]:
 def unbundle(buffer: np.ndarray, layout: str, *, sender: str = "") -> dict[str, np.ndarray]:
     """The arrays :func:`bundle` packed; a clear error when the layout does not fit."""
     where = f"message from {sender}" if sender else "message"
+    if not isinstance(layout, str):
+        raise fail(where, f"has a bundle layout of type {type(layout).__name__}, not JSON "
+                   "text", _GARBLED)
+    data = np.asarray(buffer, dtype=np.uint8).ravel()
+    # Its arrays are copied out of the buffer, whole (the layout must account for every byte).
+    _Budget(where).charge(int(data.size) + _JSON_COST * len(layout),
+                          f"a bundle of {data.size} bytes and a layout of {len(layout)} "
+                          "characters")
     try:
         entries = json.loads(layout)
         arrays, offset = {}, 0
-        data = np.asarray(buffer, dtype=np.uint8).ravel()
         for name, dtype_str, shape in entries:
             dtype = np.dtype(dtype_str)
             if dtype.kind not in "biuf" or not all(isinstance(n, int) and n >= 0
                                                    for n in shape):
                 raise ValueError(f"array {name!r}: dtype {dtype_str}, shape {shape}")
-            size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            if str(name) in arrays:
+                raise ValueError(f"array {name!r} twice")
+            size = math.prod(shape) * dtype.itemsize
             if offset + size > data.size:
                 raise ValueError(f"array {name!r} runs past the end of the buffer")
             arrays[str(name)] = data[offset:offset + size].view(dtype).reshape(shape).copy()
@@ -144,8 +214,9 @@ def unbundle(buffer: np.ndarray, layout: str, *, sender: str = "") -> dict[str, 
         if offset != data.size:
             raise ValueError(f"{data.size - offset} bytes left over")
         return arrays
-    except (ValueError, TypeError, OverflowError) as err:
-        raise fail(where, f"has a garbled array bundle ({err})", _GARBLED) from None
+    except (ValueError, TypeError, OverflowError, RecursionError) as err:
+        raise fail(where, f"has a garbled array bundle ({type(err).__name__}: {err})",
+                   _GARBLED) from None
 
 
 def _put(arrays: dict[str, np.ndarray], value: np.ndarray) -> str:
@@ -213,7 +284,7 @@ def _encode_vector(vector: EncryptedVector, arrays: dict[str, np.ndarray]) -> di
 
 
 def _decode(spec: Any, arrays: dict[str, np.ndarray], cipher: Cipher | None, where: str,
-            path: str, depth: int) -> Any:
+            path: str, depth: int, budget: _Budget) -> Any:
     """One node of the description; ``path`` names it in errors (``configure.stale``)."""
     field = f"field {path or '(top)'}"
     if depth > MAX_DEPTH:
@@ -230,16 +301,16 @@ def _decode(spec: Any, arrays: dict[str, np.ndarray], cipher: Cipher | None, whe
                        "number, string, bool or null", _GARBLED)
         return value
     if tag == "a":
-        return np.array(_array(arrays, value, where, field))  # a writable copy: updated in place
+        return np.array(budget.take(arrays, value, field))  # a writable copy: updated in place
     if tag == "d" and isinstance(value, dict):
         return {key: _decode(item, arrays, cipher, where, f"{path}.{key}" if path else key,
-                             depth + 1) for key, item in value.items()}
+                             depth + 1, budget) for key, item in value.items()}
     if tag in ("l", "t") and isinstance(value, list):
-        items = [_decode(item, arrays, cipher, where, f"{path}[{i}]", depth + 1)
+        items = [_decode(item, arrays, cipher, where, f"{path}[{i}]", depth + 1, budget)
                  for i, item in enumerate(value)]
         return tuple(items) if tag == "t" else items
     if tag == "e":
-        _check_vector(spec, arrays, where, field)
+        _check_vector(spec, arrays, where, field, budget)
         try:
             return _decode_vector(spec, arrays, cipher)
         except HyflError as err:  # its checks of the ciphertexts: say whose and where
@@ -252,21 +323,17 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _array(arrays: dict[str, np.ndarray], ref: Any, where: str, field: str) -> np.ndarray:
-    """The array a description refers to, or an error naming the field."""
-    if not isinstance(ref, str) or ref not in arrays:
-        raise fail(where, f"{field} refers to array {_short(ref)}, which the message does not "
-                   "hold", _GARBLED)
-    return arrays[ref]
+def _check_vector(spec: dict, arrays: dict[str, np.ndarray], where: str, field: str,
+                  budget: _Budget) -> None:
+    """The structure of an encrypted vector: known kind and keys, 1-D arrays of one size.
 
-
-def _check_vector(spec: dict, arrays: dict[str, np.ndarray], where: str, field: str) -> None:
-    """The structure of an encrypted vector: known kind and keys, 1-D arrays of one size."""
+    Its ciphertexts' Python objects are charged to ``budget`` before any is built.
+    """
     kind = spec.get("kind")
     if kind not in _VECTOR_KEYS or set(spec) != _VECTOR_KEYS[kind]:
         raise fail(where, f"{field} is an encrypted vector with kind {_short(kind)} and keys "
                    f"{sorted(spec)}", _GARBLED)
-    chunks = _array(arrays, spec["e"], where, field)
+    chunks = budget.take(arrays, spec["e"], field)
     if chunks.ndim != 1 or chunks.dtype.kind not in "iu" or (chunks.size and chunks.min() < 0):
         raise fail(where, f"{field} has chunk ids that are not a 1-D array of non-negative "
                    f"integers (dtype {chunks.dtype}, shape {chunks.shape})", _GARBLED)
@@ -275,21 +342,28 @@ def _check_vector(spec: dict, arrays: dict[str, np.ndarray], where: str, field: 
             raise fail(where, f"{field} names {chunks.size} chunks but holds no ciphertexts",
                        _GARBLED)
         return
-    ct = _array(arrays, spec["ct"], where, field)
+    ct = budget.take(arrays, spec["ct"], field)
+    budget.charge(_CIPHERTEXT_COST * chunks.size, f"{field}: {chunks.size} ciphertexts")
     if kind == "float":
         if ct.ndim != 1 or ct.size != chunks.size:
             raise fail(where, f"{field} has {ct.size} values of shape {ct.shape} for "
                        f"{chunks.size} chunks", _GARBLED)
         return
     if kind == "lattice":
-        sizes, addends = (_array(arrays, spec[k], where, field) for k in ("sizes", "addends"))
+        sizes, addends = (budget.take(arrays, spec[k], field) for k in ("sizes", "addends"))
         if (ct.dtype != np.uint8 or ct.ndim != 1 or sizes.ndim != 1 or addends.ndim != 1
                 or sizes.dtype.kind not in "iu" or addends.dtype.kind not in "iu"
                 or sizes.size != chunks.size or addends.size != chunks.size):
             raise fail(where, f"{field} has lattice ciphertext bytes, sizes or addend counts "
                        "that are not 1-D uint8 and integer arrays, one per chunk", _GARBLED)
+        # Python integers: an int64 sum of forged sizes could wrap around and pass.
+        # (When every ciphertext is the empty public zero, one placeholder byte travels.)
+        lengths = sizes.tolist()
+        if min(lengths, default=0) < 0 or ct.size != (sum(lengths) or 1):
+            raise fail(where, f"{field} has ciphertext sizes that do not add up to its "
+                       f"{ct.size} bytes", _GARBLED)
         return
-    width, addends = spec["width"], _array(arrays, spec["addends"], where, field)
+    width, addends = spec["width"], budget.take(arrays, spec["addends"], field)
     if isinstance(width, bool) or not isinstance(width, int) or not 0 < width <= 1 << 16:
         raise fail(where, f"{field} has ciphertext width {_short(width)}, not a byte count",
                    _GARBLED)
@@ -297,6 +371,9 @@ def _check_vector(spec: dict, arrays: dict[str, np.ndarray], where: str, field: 
             or addends.dtype.kind not in "iu":
         raise fail(where, f"{field} has ciphertext bytes of dtype {ct.dtype} or addend counts "
                    f"of dtype {addends.dtype} (expected 1-D uint8 and integers)", _GARBLED)
+    if ct.size != width * chunks.size or addends.size != chunks.size:
+        raise fail(where, f"{field} has {ct.size} ciphertext bytes and {addends.size} addend "
+                   f"counts for {chunks.size} ciphertexts of {width} bytes", _GARBLED)
 
 
 def _finite(value: int | float) -> bool:
@@ -380,11 +457,11 @@ def _decode_vector(spec: dict, arrays: dict[str, np.ndarray], cipher: Cipher | N
             raise fail("received ciphertexts", "are Paillier ciphertexts, but this party's cipher "
                        "is not Paillier", "Run every party and the server with the same cipher.")
         width = int(spec["width"])
+        if width > getattr(cipher, "_wire_bytes", width):  # integers mod n^2 of this key
+            raise fail("received ciphertexts", f"are {width} bytes wide, wider than any of "
+                       "this key", "Run every party and the server with the same key.")
         blob = np.asarray(arrays[spec["ct"]], dtype=np.uint8).tobytes()
         addends = np.asarray(arrays[spec["addends"]], dtype=np.int64)
-        if len(blob) != width * chunks.size or addends.size != chunks.size:
-            raise fail("received ciphertexts", "are truncated",
-                       "Both sides must run the same hyfl version.")
         out[:] = [
             PaillierCiphertext(mpz(int.from_bytes(blob[i * width:(i + 1) * width], "big")),
                                int(addends[i]), tag)
@@ -396,15 +473,10 @@ def _decode_vector(spec: dict, arrays: dict[str, np.ndarray], cipher: Cipher | N
                        f"cipher is {getattr(cipher, 'name', 'none')!r}",
                        "Run every party and the server with the same cipher.")
         blob = np.asarray(arrays[spec["ct"]], dtype=np.uint8).tobytes()
-        sizes = np.asarray(arrays[spec["sizes"]], dtype=np.int64)
-        addends = np.asarray(arrays[spec["addends"]], dtype=np.int64)
-        if (sizes.size != chunks.size or addends.size != chunks.size or np.any(sizes < 0)
-                or int(sizes.sum()) > len(blob)):
-            raise fail("received ciphertexts", "are truncated",
-                       "Both sides must run the same hyfl version.")
-        ends = np.cumsum(sizes)
-        out[:] = cipher.deserialize([blob[e - n:e] for e, n in zip(ends.tolist(), sizes.tolist())],
-                                    addends.tolist())
+        sizes = arrays[spec["sizes"]].tolist()  # checked: they add up to the blob's length
+        ends = np.cumsum(sizes, dtype=np.int64).tolist()
+        out[:] = cipher.deserialize([blob[e - n:e] for e, n in zip(ends, sizes)],
+                                    arrays[spec["addends"]].tolist())
     elif kind == "float":
         if getattr(cipher, "name", "none") != "none":
             raise fail("received ciphertexts", "are plaintext floats (cipher none), but this "

@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from hyfl._io import check_results_folder, write_json
+from hyfl._io import check_results_folder, read_npz, write_json
 from hyfl.deploy.coordinator import LATEST_WEIGHTS
 from hyfl.deploy.flower_app import APP_COMPONENTS, write_flower_app
 from hyfl.deploy.flower_app import toml_value as _toml_value
@@ -787,10 +787,16 @@ def _latest_weights(out: Path, iteration: int) -> np.ndarray | None:
     """The server's ``w`` after round ``iteration`` if the coordinator's latest file holds
     that round (a later round may already have replaced it: then None)."""
     try:
-        with np.load(out / LATEST_WEIGHTS) as f:
-            return f["w"] if int(f["iteration"]) == iteration else None
-    except (OSError, KeyError, ValueError):  # not there yet, or being replaced
+        f = _read_weights(out / LATEST_WEIGHTS, iteration=("iu", 0))
+    except HyflError:  # not there yet, or being replaced
         return None
+    return f["w"] if int(f["iteration"]) == iteration else None
+
+
+def _read_weights(path: Path, **more: tuple[str, int]) -> dict[str, np.ndarray]:
+    """A weights file the ServerApp wrote (``w`` and the ``more`` members)."""
+    return read_npz(path, f"weights file {path}", "the ServerApp's weights",
+                    "Run the deployment again.", expect={"w": ("f", None), **more})
 
 
 def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str = "",
@@ -916,8 +922,7 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
         log(f"{K} parties on loopback; running {iterations} rounds (cipher {cipher}, "
             f"step rule {config.algorithm.step_rule})")
         results = deployment.run(run_config, timeout=timeout, on_progress=progress)
-    with np.load(out / "weights.npz") as f:
-        weights = f["w"]
+    weights = _read_weights(out / "weights.npz")["w"]
     rows = deployment_metrics(results, weights, problem, optimum, labels)
     write_metrics(rows, out / "metrics.csv")
     from hyfl.model_file import MODEL_FILE, model_from_problem, save_model

@@ -35,8 +35,9 @@ from pathlib import Path
 
 import numpy as np
 
-from hyfl._io import atomic_write
-from hyfl.errors import fail
+from hyfl._io import atomic_write, read_header, read_npz
+from hyfl.errors import HyflError, fail
+from hyfl.model_file import _short
 
 NEURAL_MODEL_KIND = "hyfl-neural-model"
 NEURAL_MODEL_FORMAT = 1
@@ -138,19 +139,17 @@ def save_neural_model(path: str | os.PathLike, outcome, setup) -> Path:
 
 
 def load_neural_model(path: str | os.PathLike) -> NeuralModel:
-    """Read a neural ``model.npz``; refuses other files and edited ones with a clear error."""
+    """Read a neural ``model.npz``; refuses other files, edited ones and forged fields
+    (see :func:`check_neural_fields`) with a clear error."""
     path = Path(path)
     culprit = f"model file {path}"
     if not path.is_file():
         raise fail(culprit, "does not exist", "Pass the model.npz of a neural run's folder.")
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            arrays = {name: f[name] for name in f.files}
-        header = json.loads(arrays.pop("__header__").tobytes())
-    except Exception as err:
-        raise fail(culprit, f"cannot be read as a hyfl model ({type(err).__name__}: {err})",
-                   "Pass a model.npz written by hyfl.") from None
-    if not isinstance(header, dict) or header.get("kind") != NEURAL_MODEL_KIND:
+    arrays = read_npz(path, culprit, "a hyfl model", "Pass a model.npz written by hyfl.",
+                      expect={"__header__": ("u", 1)})
+    header = read_header(arrays.pop("__header__"), culprit, "a hyfl model",
+                         "Pass a model.npz written by hyfl.")
+    if header.get("kind") != NEURAL_MODEL_KIND:
         raise fail(culprit, "is not a neural hyfl model",
                    "Pass the model.npz of a hyfem-nn or fedbcd-nn run.")
     if header.get("format") != NEURAL_MODEL_FORMAT:
@@ -159,30 +158,107 @@ def load_neural_model(path: str | os.PathLike) -> NeuralModel:
     if header.get("content_sha256") != _content_hash(arrays, header):
         raise fail(culprit, "does not match its checksum (it was edited or damaged)",
                    "Retrain, or restore the file the run wrote.")
-    params = {k[len("param:"):]: v for k, v in arrays.items() if k.startswith("param:")}
+    return check_neural_fields(culprit, header, arrays)
+
+
+def _ints(value, low: int, high: int) -> bool:
+    """Whether ``value`` is a list of integers in ``[low, high)``."""
+    return isinstance(value, list) and all(type(v) is int and low <= v < high for v in value)
+
+
+def check_neural_fields(culprit: str, header: dict, arrays: dict[str, np.ndarray]
+                        ) -> NeuralModel:
+    """The :class:`NeuralModel` a file's header and arrays describe, each field checked.
+
+    The checksum catches accidents, not forgeries (anyone can recompute it), so:
+    header fields of their types (``input_features``, ``dropped`` columns within it,
+    ``n_features`` what is left, ``client_views`` naming existing views); views of
+    distinct columns within ``n_features``, image boxes and positions that fit them;
+    classes finite, sorted and distinct; parameters finite floats; and one forward
+    pass on a zero sample giving one score per class (parameters that do not fit
+    the architecture, or a class count that does not fit the outputs, fail there).
+    """
+    def refuse(field: str, problem: str) -> HyflError:
+        return fail(culprit, f"has {field} {problem}",
+                    "The file was edited or damaged; retrain, or restore the file the run "
+                    "wrote.")
+
+    inputs = header.get("input_features")
+    if type(inputs) is not int or inputs < 1:
+        raise refuse("header field 'input_features'", f"= {inputs!r}, not a positive integer")
+    dropped = header.get("dropped")
+    if not _ints(dropped, 0, inputs) or len(set(dropped)) != len(dropped):
+        raise refuse("header field 'dropped'", f"= {dropped!r}, not distinct columns below "
+                     f"input_features = {inputs}")
+    n_features = inputs - len(dropped)
+    if header.get("n_features") != n_features:
+        raise refuse("header field 'n_features'", f"= {header.get('n_features')!r}, not "
+                     f"input_features - len(dropped) = {n_features}")
+    for key, kind in (("algorithm", str), ("config", dict)):
+        if not isinstance(header.get(key), kind):
+            raise refuse(f"header field {key!r}", f"of type {type(header.get(key)).__name__}, "
+                         f"not {kind.__name__}")
     n_views = sum(k.startswith("view:") for k in arrays)
+    views, shapes, positions = [], [], []
+    for d in range(n_views):
+        view, box, where = (arrays.get(f"{name}:{d}") for name in
+                            ("view", "view_shape", "view_position"))
+        if view is None or box is None or where is None:
+            raise refuse(f"{n_views} views", f"but lacks view:{d}, view_shape:{d} or "
+                         f"view_position:{d}")
+        if (view.ndim != 1 or view.dtype.kind not in "iu" or not view.size
+                or np.unique(view).size != view.size or view.min() < 0
+                or view.max() >= n_features):
+            raise refuse(f"view:{d}", f"that is not a list of distinct columns below "
+                         f"n_features = {n_features}")
+        box_ok = box.ndim == 1 and box.dtype.kind in "iu" and box.size in (0, 2) \
+            and bool(np.all(box > 0))
+        if not box_ok or (box.size and (where.ndim != 1 or where.dtype.kind not in "iu"
+                                        or where.size != view.size or where.min() < 0
+                                        or where.max() >= box.prod())):
+            raise refuse(f"view_shape:{d} or view_position:{d}", "that do not place the "
+                         "view's columns in an image")
+        views.append(view)
+        shapes.append(tuple(int(v) for v in box) or None)
+        positions.append(where if box.size else None)
+    client_views = header.get("client_views")
+    if not isinstance(client_views, list) or not client_views or not all(
+            _ints(v, 0, n_views) and v for v in client_views):
+        raise refuse("header field 'client_views'", f"= {_short(client_views)}, not a list of "
+                     f"lists of view indices below {n_views}")
+    classes = arrays.get("classes")
+    if (classes is None or classes.ndim != 1 or classes.dtype.kind not in "iuf"
+            or classes.size < 2 or not np.all(np.isfinite(classes))
+            or np.any(np.diff(classes) <= 0)):
+        raise refuse("classes", f"{_short(None if classes is None else classes.tolist())}, "
+                     "not at least two finite labels, sorted and distinct")
+    params = {k[len("param:"):]: v for k, v in arrays.items() if k.startswith("param:")}
+    for key, value in params.items():
+        if value.dtype.kind != "f" or not np.all(np.isfinite(value)):
+            raise refuse(f"parameter {key!r}", f"of dtype {value.dtype} with values that are "
+                         "not all finite floats")
+    model = NeuralModel(params, tuple(views), classes.astype(np.float64), header,
+                        tuple(shapes), tuple(positions))
     try:
-        views = tuple(arrays[f"view:{d}"] for d in range(n_views))
-        shapes = tuple(tuple(int(v) for v in arrays[f"view_shape:{d}"]) or None
-                       for d in range(n_views))
-        positions = tuple(arrays[f"view_position:{d}"] if shapes[d] else None
-                          for d in range(n_views))
-        for key in ("algorithm", "config", "client_views", "input_features", "dropped"):
-            header[key]  # noqa: B018 - checked here, used by NeuralModel.scores
-        return NeuralModel(params, views, arrays["classes"], header, shapes, positions)
-    except KeyError as err:
-        raise fail(culprit, f"lacks {err} (an incomplete or older neural model file)",
-                   "Retrain with this hyfl version.") from None
+        scores = model.scores(np.zeros((1, inputs), dtype=np.float32))
+    except Exception as err:  # noqa: BLE001 - whatever the forged fields break, say so
+        raise refuse("parameters and header fields", f"that do not make a network "
+                     f"({type(err).__name__}: {_short(str(err))})") from None
+    if np.shape(scores) != (1, classes.size):
+        raise refuse("classes", f"({classes.size}) that do not match the network's "
+                     f"{np.shape(scores)[-1]} outputs")
+    return model
 
 
 def is_neural_model(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a readable ``.npz`` whose header says it is a neural model."""
     try:
-        with np.load(path, allow_pickle=False) as f:
-            header = json.loads(f["__header__"].tobytes())
-    except Exception:
+        arrays = read_npz(path, "model file", "a hyfl model", "", only=("__header__",),
+                          expect={"__header__": ("u", 1)})
+        header = read_header(arrays["__header__"], "model file", "a hyfl model", "")
+    except HyflError:
         return False
-    return isinstance(header, dict) and header.get("kind") == NEURAL_MODEL_KIND
+    return header.get("kind") == NEURAL_MODEL_KIND
 
 
 def predict_neural_data(model_path, data, out, *, data_dir=None):

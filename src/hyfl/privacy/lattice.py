@@ -368,6 +368,12 @@ class CKKSCipher(Cipher):
             if not blob:
                 out.append(LatticeCiphertext(None, 0, tag))
                 continue
+            # A genuine ciphertext is incompressible (uniform mod q): a much shorter blob would
+            # be inflated by SEAL to a full ciphertext, a small message to gigabytes.
+            if not self.ciphertext_bytes // 2 <= len(blob) <= 2 * self.ciphertext_bytes:
+                raise fail(f"ciphertexts[{i}]", f"is not a CKKS ciphertext of this context "
+                           f"({len(blob)} bytes; one takes {self.ciphertext_bytes})",
+                           "The message was altered, or the parties use different parameters.")
             if not self._canonical(blob):
                 raise fail(f"ciphertexts[{i}]", "is not a CKKS ciphertext of this context: "
                            f"not one serialized vector of {self.slots} values at scale "

@@ -37,6 +37,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import time
 from collections.abc import Callable
@@ -47,6 +48,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from hyfl._io import read_header, read_npz
 from hyfl.algorithms.base import Algorithm
 from hyfl.costs import COST_COLUMNS, TIME_COMPONENTS, CostMeter, CostModel
 from hyfl.errors import HyflError, check_int, check_positive, fail
@@ -747,6 +749,7 @@ class _StateCodec:
         self.objects = objects
         self.tokens = {id(obj): path for path, obj in objects.items()}
         self.hashes = hashes
+        self.used: set[str] = set()  # arrays decoded so far (each may be referenced once)
 
     # -- writing -------------------------------------------------------------------
     def encode(self, value: Any, arrays: dict[str, np.ndarray]) -> Any:
@@ -803,7 +806,11 @@ class _StateCodec:
         if "float" in spec:
             return float(spec["float"])
         if "a" in spec:
-            array = arrays[spec["a"]]
+            name = spec["a"]
+            if not isinstance(name, str) or name in self.used:  # would copy it again
+                raise ValueError(f"array {name!r} is referenced twice (each is stored once)")
+            self.used.add(name)
+            array = arrays[name]
             return array[()] if spec.get("scalar") else np.array(array)
         if "csr" in spec:
             data, indices, indptr = (self.decode(x, arrays) for x in spec["csr"])
@@ -860,6 +867,7 @@ class _Checkpointer:
         hashes = {id(obj): _hash_arrays(obj) for obj in objects.values()
                   if isinstance(obj, np.ndarray)}
         self.codec = _StateCodec(objects, hashes)
+        self.setup_state = setup_state  # what a restored state must look like (load)
         self.saved_at: int | None = None
 
     def save(self, state: Any, run: _RunProgress, rngs: dict, participation) -> None:
@@ -896,20 +904,21 @@ class _Checkpointer:
     def load(self, run: _RunProgress, rngs: dict, participation) -> Any:
         """Restore ``run``, the generators and the schedule; return the algorithm state."""
         start_over = "Delete it (or run without --resume) to start over."
-        try:
-            with np.load(self.path, allow_pickle=False) as f:
-                arrays = {name: f[name] for name in f.files}
-            header = json.loads(arrays.pop("__header__").tobytes())
-        except Exception as err:  # not an npz, truncated, pickled objects, bad JSON
-            raise fail(f"checkpoint {self.path}",
-                       f"cannot be read as a hyfl checkpoint ({type(err).__name__}: {err})",
-                       start_over) from None
-        if not isinstance(header, dict) or header.get("format") != CHECKPOINT_FORMAT:
+        culprit = f"checkpoint {self.path}"
+        # Not an npz, truncated, pickled objects, arrays larger than their file: refused
+        # before any array is read.
+        arrays = read_npz(self.path, culprit, "a hyfl checkpoint", start_over, kinds="biufc",
+                          expect={"__header__": ("u", 1), "__body__": ("u", 1)})
+        header = read_header(arrays.pop("__header__"), culprit, "a hyfl checkpoint",
+                             start_over)
+        if header.get("format") != CHECKPOINT_FORMAT:
             raise fail(f"checkpoint {self.path}", "is not a hyfl checkpoint of this version",
                        start_over)
         self._check(header.get("fingerprint"))
         try:
+            self.codec.used.clear()
             body = self.codec.decode(json.loads(arrays.pop("__body__").tobytes()), arrays)
+            _check_like(body["state"], self.setup_state, "state")
             rng_states = body["rngs"]
             for name, rng in rngs.items():
                 rng.bit_generator.state = rng_states[name]
@@ -957,6 +966,74 @@ class _Checkpointer:
             "Resume with the configuration that wrote it, or delete the checkpoint "
             "(or run without --resume) to start over.",
         )
+
+
+def _check_like(restored: Any, fresh: Any, path: str) -> None:
+    """Raise ``ValueError`` naming the first place where a restored state does not fit.
+
+    ``fresh`` is the state ``algorithm.setup`` returned for this run's problem: where
+    it holds an array, the restored state must hold one of the same kind (bool, integer,
+    float, complex) and shape (its first axis may have grown; finite if the fresh one
+    is); where a hyfl object, one of the same class with its
+    attributes; where a number, a number (finite if the fresh one is); dicts, lists
+    and tuples are compared where both have the entry. So a forged or foreign
+    checkpoint is refused at resume, naming the field, instead of failing rounds later
+    or silently computing with NaN.
+    """
+    if restored is fresh or fresh is None:  # set-up data by reference; an unset slot
+        return
+    if isinstance(fresh, np.ndarray) or sp.issparse(fresh):
+        sparse = sp.issparse(fresh)
+        if sparse != sp.issparse(restored) or not (sparse or isinstance(restored, np.ndarray)):
+            raise ValueError(f"{path} is a {type(restored).__name__}, not a "
+                             f"{type(fresh).__name__}")
+        # Buffers may grow along their first axis (WeightSnapshots.store; an empty int64
+        # placeholder becomes int32 sample ids), never shrink or change kind.
+        if (_KINDS[restored.dtype.kind] != _KINDS[fresh.dtype.kind]
+                or restored.shape[1:] != fresh.shape[1:] or restored.ndim != fresh.ndim
+                or restored.shape[:1] < fresh.shape[:1]):
+            raise ValueError(f"{path} is of dtype {restored.dtype} and shape {restored.shape}, "
+                             f"this run's is of {fresh.dtype} and {fresh.shape}")
+        values, reference = (x.data if sparse else x for x in (restored, fresh))
+        if (values.dtype.kind in "fc" and not np.all(np.isfinite(values))
+                and np.all(np.isfinite(reference))):
+            raise ValueError(f"{path} holds NaN or infinite values")
+        return
+    if isinstance(fresh, (bool, np.bool_)) or not isinstance(fresh, (int, float, np.number)):
+        if isinstance(fresh, (dict, list, tuple)) or type(fresh).__module__.startswith(
+                "hyfl."):
+            if type(restored) is not type(fresh):
+                raise ValueError(f"{path} is a {type(restored).__name__}, not a "
+                                 f"{type(fresh).__name__}")
+        if isinstance(fresh, dict):
+            for key in fresh.keys() & restored.keys():
+                _check_like(restored[key], fresh[key], f"{path}[{key!r}]")
+        elif isinstance(fresh, (list, tuple)):
+            if len(restored) == len(fresh):
+                for i, (a, b) in enumerate(zip(restored, fresh)):
+                    _check_like(a, b, f"{path}[{i}]")
+        elif type(fresh).__module__.startswith("hyfl.") and hasattr(fresh, "__dict__"):
+            for name, value in vars(fresh).items():
+                if name not in vars(restored):
+                    raise ValueError(f"{path} lacks attribute {name!r}")
+                _check_like(vars(restored)[name], value, f"{path}.{name}")
+        return
+    if isinstance(restored, (bool, np.bool_)) or not isinstance(restored,
+                                                                (int, float, np.number)):
+        raise ValueError(f"{path} is a {type(restored).__name__}, not a number")
+    if _finite(fresh) and not _finite(restored):
+        raise ValueError(f"{path} is {restored:.6g}, not a finite number")
+
+
+#: Dtype kinds a restored array may have instead of the fresh one's (integers of any width).
+_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "f", "c": "c"}
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond float range
+        return False
 
 
 def _json_array(tree: Any) -> np.ndarray:
