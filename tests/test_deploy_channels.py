@@ -26,18 +26,10 @@ from pathlib import Path
 
 import pytest
 
+from test_deploy import _wait_for
+
 LINUX = Path("/proc/self/stat").exists()
 ACQUIRE = "/flwr.proto.Runtime/AcquireTask"
-
-
-def _wait_for(condition, timeout: float, what: str):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _alive(pid: int) -> bool:

@@ -34,6 +34,7 @@ from hyfl.privacy.lattice import (
     COEFF_MOD_BITS,
     POLY_MODULUS_DEGREE,
     LatticeCiphertext,
+    _varint,
     make_ckks,
 )
 from hyfl.privacy.layout import EncryptedVector
@@ -61,15 +62,6 @@ def server(party):
 def genuine(party):
     """One genuine fresh ciphertext (serialized) of the party's key, as a server sees it."""
     return party.encrypt(np.full((1, party.slots), 0.25))[0].vector.serialize()
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def _frame(seal: list[bytes], sizes: list[int], scale: float) -> bytes:
