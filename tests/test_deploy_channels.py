@@ -26,18 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from test_deploy import _wait_for
+from test_deploy import _alive, _wait_for
 
 LINUX = Path("/proc/self/stat").exists()
 ACQUIRE = "/flwr.proto.Runtime/AcquireTask"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in "ZX"
 
 
 def _runtime_client(address: str, secret: bytes | None = None, token: str | None = None):
