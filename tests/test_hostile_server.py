@@ -308,3 +308,23 @@ def test_the_setup_partition_is_the_one_the_parties_announced(run):
     _, again = _send(run, _find(run, "hello", party=0), state=record.before)
     with pytest.raises(HyflError, match="another nonce than the one this party announced"):
         _send(run, record, state=again)
+
+
+def test_a_party_decrypts_only_the_chunks_it_reads(run):
+    """Extra, repeated or reordered chunks in a vector are refused before decryption."""
+    from hyfl.privacy.layout import EncryptedVector
+
+    record = _find(run, "image", t=2)
+    genuine = record.payload
+    vec = genuine["proposal"]
+    spare = vec.ciphertexts[:1]
+    for chunks, ciphertexts in [
+        (np.append(vec.chunks, vec.chunks.max() + 1), np.concatenate([vec.ciphertexts, spare])),
+        (np.append(vec.chunks, vec.chunks[-1]), np.concatenate([vec.ciphertexts, spare])),
+        (vec.chunks[::-1], vec.ciphertexts[::-1]),
+    ]:
+        if np.array_equal(chunks, vec.chunks):
+            continue  # one chunk reversed is itself
+        forged = {**genuine, "proposal": EncryptedVector(chunks, ciphertexts)}
+        with pytest.raises(HyflError, match="not exactly those of the samples"):
+            _send(run, record, forged)

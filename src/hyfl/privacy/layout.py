@@ -324,9 +324,25 @@ def encrypt_samples(cipher, layout: SlotLayout, samples, values) -> EncryptedVec
 
 
 def decrypt_samples(cipher, layout: SlotLayout, vector: EncryptedVector, samples) -> np.ndarray:
-    """A client decrypts ``vector`` and reads the values of ``samples`` (n, C)."""
+    """A client decrypts ``vector`` and reads the values of ``samples`` (n, C).
+
+    ``vector`` must hold exactly the chunks of ``samples``, each once, in order:
+    a receiver decrypts nothing it was not meant to read (a sender cannot make
+    it decrypt, and spend time on, chunks of its choosing).
+    """
+    samples = np.asarray(samples, dtype=np.int64)
+    needed = np.unique(layout.positions(samples) // layout.slots) if samples.size else \
+        np.empty(0, dtype=np.int64)
+    if not np.array_equal(np.asarray(vector.chunks), needed):
+        raise KeyError(f"the encrypted vector holds chunks {_ids(vector.chunks)}, not exactly "
+                       f"those of the samples it is read for ({_ids(needed)})")
     dense = cipher.decrypt(vector.ciphertexts)
     return layout.unpack(vector.chunks, np.asarray(dense, dtype=float), samples)
+
+
+def _ids(ids) -> str:
+    ids = np.asarray(ids).ravel()
+    return np.array2string(ids[:8], separator=",") + (" ..." if ids.size > 8 else "")
 
 
 def holder_matrix(blocks: StackedBlocks) -> np.ndarray:
