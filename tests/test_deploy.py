@@ -910,6 +910,9 @@ def test_loopback_deployment_reproduces_run_protocol(tmp_path, breast_cancer_blo
     assert comparison["max_abs_weight_difference"] == 0.0 and comparison["bytes_equal"]
     metrics = (out / "metrics.csv").read_text().splitlines()
     assert len(metrics) == 5 and metrics[0].startswith("iteration,primal,relative_loss")
+    # The comparison's loss is of the same w as the deployment's (identical iterates).
+    reported = float(metrics[-1].split(",")[2])
+    assert comparison["protocol_relative_loss"] == pytest.approx(reported, rel=1e-12)
     assert _no_flower_processes_of(out) == []
     # The Flower path's privacy audit: the same iterates, so the same private values as
     # the reference run's parties encrypted and decrypted, plus their duals and data.
