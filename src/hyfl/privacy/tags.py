@@ -1,0 +1,112 @@
+"""Keyed linear tags: a key holder checks that an encrypted sum is exactly what it expects.
+
+Work in progress for issue 26, point 2 (not yet used by the protocol).
+
+An active server holds the public key: it can encrypt any value and add it
+to a genuine sum, and a party that decrypts ``Enc(own + others + delta)``
+cannot tell it from ``Enc(own + others)``. The parties share one secret the
+server lacks -- the private key -- and derive from it (``party_secret``)
+a tag key. A sender appends to the fixed-point integers ``u`` of what it
+encrypts one more integer::
+
+    tau = (sum_j a_j u_j + b(context)) mod P
+
+with coefficients ``a`` of the vector's *family* (the same for every sender:
+the sums stay checkable) and an offset ``b`` of the sender's *context*
+(message kind, round, attempt, sender...). Tags add up with the values, so a
+sum of contributions from contexts ``c_1 .. c_m`` carries
+``T = sum_i tau_i`` with ``T = a . U + sum_i b(c_i) (mod P)`` for the summed
+integers ``U``. A server that adds anything else -- a chosen value, a scaled
+or repeated ciphertext, another context's contribution -- must guess how
+``a`` weighs it: it passes with probability about ``1/P``.
+
+Conditions for that bound (the protocol must keep them): a context is used
+for one plaintext only (else two ciphertexts of one context subtract to a
+tag-free difference), and the receiver knows the contexts it expects from
+facts it holds or can verify.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+__all__ = ["TAG_PRIME", "TagKey"]
+
+#: The tags' modulus: the largest prime below 2**40 (a forgery passes with chance 2**-40;
+#: a tag, as a fixed-point value with 32 fractional bits, stays below 2**8).
+TAG_PRIME = 2**40 - 87
+
+
+class TagKey:
+    """Coefficients and offsets of the tags, derived from the parties' shared secret.
+
+    Parameters
+    ----------
+    secret : bytes
+        What :func:`hyfl.deploy.keys.party_secret` returns (32 bytes).
+    """
+
+    def __init__(self, secret: bytes):
+        self.secret = bytes(secret)
+
+    def _stream(self, label: bytes, n: int) -> list[int]:
+        """``n`` integers in ``[0, TAG_PRIME)``, a deterministic function of the key and label."""
+        out: list[int] = []
+        block = 0
+        while len(out) < n:
+            digest = hashlib.blake2b(label + block.to_bytes(8, "little"), key=self.secret,
+                                     digest_size=64, person=b"hyfl tag stream").digest()
+            # 8 values of 64 bits per block, reduced mod P (bias below 2**-24).
+            out.extend(int.from_bytes(digest[i:i + 8], "little") % TAG_PRIME
+                       for i in range(0, 64, 8))
+            block += 1
+        return out[:n]
+
+    def coefficients(self, family: str, n: int) -> list[int]:
+        """The ``a_j`` of the first ``n`` integers of a vector of ``family``."""
+        return self._stream(b"a\0" + family.encode(), n)
+
+    def offset(self, context: Sequence) -> int:
+        """``b(context)`` for a context of strings and integers."""
+        return self._stream(b"b\0" + _context_bytes(context), 1)[0]
+
+    def tag(self, family: str, integers: Sequence[int], context: Sequence) -> int:
+        """The tag of one contribution: its fixed-point integers in ``context``."""
+        a = self.coefficients(family, len(integers))
+        return (sum(x * int(u) for x, u in zip(a, integers)) + self.offset(context)) % TAG_PRIME
+
+    def verify(self, family: str, integers: Sequence[int], tag: int,
+               contexts: Iterable[Sequence]) -> bool:
+        """Is ``tag`` the summed tag of ``integers`` summed over exactly ``contexts``?
+
+        ``tag`` is the decrypted sum of the contributions' tags (an integer in
+        ``[0, m * TAG_PRIME)`` for ``m`` contributions), ``integers`` the decrypted
+        sum of their values.
+        """
+        contexts = list(contexts)
+        tag = int(tag)
+        if not 0 <= tag < max(len(contexts), 1) * TAG_PRIME:
+            return False
+        a = self.coefficients(family, len(integers))
+        expected = sum(x * int(u) for x, u in zip(a, integers))
+        expected += sum(self.offset(c) for c in contexts)
+        return (tag - expected) % TAG_PRIME == 0
+
+
+def _context_bytes(context: Sequence) -> bytes:
+    """An unambiguous encoding of a context (type-tagged, length-prefixed items)."""
+    out = bytearray()
+    for item in context:
+        if isinstance(item, (bool, np.bool_)):
+            raise TypeError("a tag context holds strings and integers, not booleans")
+        if isinstance(item, (int, np.integer)):
+            data = b"i" + int(item).to_bytes(16, "little", signed=True)
+        elif isinstance(item, str):
+            data = b"s" + item.encode()
+        else:
+            raise TypeError(f"a tag context holds strings and integers, not {type(item).__name__}")
+        out += len(data).to_bytes(4, "little") + data
+    return bytes(out)
