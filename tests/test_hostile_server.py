@@ -328,3 +328,31 @@ def test_a_party_decrypts_only_the_chunks_it_reads(run):
         forged = {**genuine, "proposal": EncryptedVector(chunks, ciphertexts)}
         with pytest.raises(HyflError, match="not exactly those of the samples"):
             _send(run, record, forged)
+
+
+def test_the_judge_decrypts_only_the_active_parties_totals(run):
+    """The issue's reproducer: a chosen value added into the judge's summed totals (the
+    'own' slot, read back through the coherence) -- or a sum of fewer parties' totals --
+    is refused before anything computed from it leaves (hyfl.privacy.tags)."""
+    from hyfl.privacy.layout import EncryptedVector
+
+    record = _find(run, "step", t=2)
+    genuine = record.payload
+    totals = genuine["totals"]
+    _, state = _send(run, record)  # the genuine message verifies
+    own = totals.ciphertexts.size - 2  # the last value before the tag: 'own' of the last output
+    for delta in (1e-6, 1.0, -3.5):
+        ciphertexts = totals.ciphertexts.copy()
+        ciphertexts[own:own + 1] = run.cipher.add(ciphertexts[own:own + 1],
+                                                  run.cipher.encrypt(np.array([[delta]])))
+        forged = {**genuine, "totals": EncryptedVector(totals.chunks, ciphertexts)}
+        with pytest.raises(HyflError, match="their tag does not verify"):
+            _send(run, record, forged)
+    active = genuine["active"]
+    judge = record.party
+    if active.size > 1:  # the same sum claimed to be of fewer parties
+        fewer = active[active == judge]
+        with pytest.raises(HyflError, match="their tag does not verify"):
+            _send(run, record, {**genuine, "active": fewer})
+    with pytest.raises(HyflError, match="do not include the judge"):
+        _send(run, record, {**genuine, "active": active[active != judge]})

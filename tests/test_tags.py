@@ -1,5 +1,6 @@
-"""Keyed linear tags (hyfl.privacy.tags), work in progress for issue 26 point 2: sums of
-genuine contributions verify through real encryption; anything a server can add does not."""
+"""Keyed linear tags (hyfl.privacy.tags, issue 26 point 2): sums of genuine contributions
+verify through real encryption; anything a server can add does not. The protocol's use (the
+judge's totals) is attacked in test_hostile_server.py."""
 
 from __future__ import annotations
 

@@ -743,8 +743,11 @@ class HyFDCA:
             limit,
         )
         io.server_seconds += time.perf_counter() - tic
-        traffic["totals"] = (int(clients.size), C * (line_search_points(loss, limit).size + 3))
+        # ... and their tag (hyfl.privacy.tags), one more value.
+        traffic["totals"] = (int(clients.size),
+                             C * (line_search_points(loss, limit).size + 3) + 1)
         io.floats_down += 2 * C  # ||dw||^2 and the remembered coherence to the judging client
+        io.ids_down += int(clients.size)  # the active clients, whose tags the judge checks
         io.floats_up += 2 * C  # the judge's step and the coherence to remember
 
         # 8. Commit: every active client learns t and its new weights; for each

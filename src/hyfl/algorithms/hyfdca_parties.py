@@ -105,6 +105,7 @@ from hyfl.privacy.layout import (
     encrypt_samples,
     holder_matrix,
 )
+from hyfl.privacy.tags import tag_key
 from hyfl.problem import Problem
 
 GAIN_TERMS = 3  # first-order sum, full-sample weight, active-part weight
@@ -450,10 +451,11 @@ class Client:
         own = (full if self.round.get("exact") else
                np.sum(self.own_sq[updated][:, None] * d * d, axis=0))
         totals = np.concatenate([gains, margin[None], full[None], own[None]]).T  # (C, P + 3)
+        values = np.append(totals.ravel(), self._totals_tag(totals.ravel(), self.k))
         reply = {
             "primal_part": np.asarray(self.X[updated].T @ d),
-            "totals": encrypt_samples(self.cipher, _totals_layout(self.cipher, totals.size),
-                                      np.array([0]), totals.reshape(1, -1)),
+            "totals": encrypt_samples(self.cipher, _totals_layout(self.cipher, values.size),
+                                      np.array([0]), values.reshape(1, -1)),
         }
         if self.round.get("span_sums"):  # its group's moves on its directions
             reply["span_sums"] = span_sums(
@@ -472,8 +474,8 @@ class Client:
         C = pub.n_outputs
         limit = self.round["limit"]
         points = line_search_points(self.loss, limit).size
-        values = decrypt_samples(self.cipher, _totals_layout(self.cipher, C * (points + 3)),
-                                 message["totals"], np.array([0])).reshape(C, points + 3)
+        values = self._open_totals(message["totals"], C * (points + 3),
+                                   message["active"]).reshape(C, points + 3)
         gains, margin, full, own = (values[:, :points].T, values[:, points],
                                     values[:, points + 1], values[:, points + 2])
         quadratic, coherence = line_search_curvature(
@@ -488,6 +490,46 @@ class Client:
                 self.cipher, _totals_layout(self.cipher, 1), np.array([0]),
                 np.array([[change]]))
         return reply
+
+    # -- the line search's sums, tagged (hyfl.privacy.tags) ---------------------------------
+    def _tag_context(self, sender: int) -> tuple:
+        return ("totals", int(self.round["t"]), int(self.round.get("attempt", 1)), int(sender))
+
+    def _totals_tag(self, values: np.ndarray, sender: int) -> float:
+        """The tag of this client's totals as one more value (0 without a private key).
+
+        Keyed with the parties' secret, so that the judge can check the sum it
+        decrypts is exactly the active clients' totals of this attempt: a server
+        that added a value of its choosing would otherwise read it back through
+        the step and the coherence.
+        """
+        key = tag_key(self.cipher)
+        if key is None:
+            return 0.0
+        fixed = self.cipher.fixed_point
+        tag = key.tag("totals", fixed.encode(values), self._tag_context(sender))
+        return float(np.ldexp(float(tag), -fixed.precision_bits))  # tag < 2**40: exact
+
+    def _open_totals(self, vector: EncryptedVector, n: int, active: np.ndarray) -> np.ndarray:
+        """The judge decrypts the summed totals (``n`` values and their tag) and checks the
+        tag against exactly the ``active`` clients' contributions, before using any."""
+        layout = _totals_layout(self.cipher, n + 1)
+        key = tag_key(self.cipher)
+        if key is None:  # no private key: nothing is hidden, nothing to check
+            return decrypt_samples(self.cipher, layout, vector, np.array([0])).ravel()[:n]
+        active = np.asarray(active, dtype=np.int64)
+        if self.k not in active or np.unique(active).size != active.size:
+            raise fail("the summed totals", f"name the active clients {active.tolist()}, which "
+                       f"do not include the judge (client {self.k}) once",
+                       "The server does not follow hyfl's protocol.")
+        ints = decrypt_samples(self.cipher, layout, vector, np.array([0]),
+                               integers=True).ravel()
+        contexts = [self._tag_context(k) for k in active.tolist()]
+        if not key.verify("totals", list(ints[:n]), ints[n], contexts):
+            raise fail("the summed totals", "are not the sum of the active clients' totals of "
+                       "this round (their tag does not verify): the server changed them",
+                       "The server does not follow hyfl's protocol; nothing was sent back.")
+        return self.cipher.fixed_point.decode(ints[:n])
 
     def certify_verdict(self, message: dict) -> dict:
         """(One client, for all) decide on a checkpoint: is its dual no lower than the
@@ -854,7 +896,8 @@ class Server:
         judge = int(self.active[0])
         dw_sq = np.sum(self.direction_dw * self.direction_dw, axis=0)
         return judge, {"totals": EncryptedVector(totals[0].chunks, acc), "dw_sq": dw_sq,
-                       "coherence": self.coherence, "updated": int(self.updated.size)}
+                       "coherence": self.coherence, "updated": int(self.updated.size),
+                       "active": self.active.astype(np.int64)}
 
     def cocoa_commit(self, verdict: dict) -> dict[int, np.ndarray]:
         """Apply the judge's step to ``w``; every active client gets its weights (and the step)."""

@@ -390,25 +390,10 @@ def cipher_fingerprint(cipher: Cipher) -> str:
 
 
 def party_secret(cipher: Cipher) -> bytes | None:
-    """32 bytes every holder of the private key derives alike, and no one else can.
+    """The secret the parties share, the server lacks (:func:`~hyfl.privacy.tags.cipher_secret`)."""
+    from hyfl.privacy.tags import cipher_secret
 
-    A hash of the private key (Paillier's ``p`` and ``q``; the ckks context with
-    its secret key, whose serialization is deterministic): the parties share
-    it, the server -- which holds only the public key -- cannot compute it.
-    ``None`` for a cipher without a private key (``none``, a server's cipher).
-    """
-    import hashlib
-
-    if cipher.name == "ckks":
-        if not getattr(cipher, "has_private_key", False):
-            return None
-        material = cipher.context_bytes(secret=True)
-    else:
-        private = getattr(getattr(cipher, "_key", None), "private_key", None)
-        if private is None:
-            return None
-        material = f"{int(private.p):x}:{int(private.q):x}".encode()
-    return hashlib.blake2b(material, digest_size=32, person=b"hyfl party key").digest()
+    return cipher_secret(cipher)
 
 
 def paillier_bits(cipher: Cipher) -> int | None:

@@ -106,7 +106,8 @@ MESSAGE_FIELDS: dict[str, dict[str, str]] = {
                   "span_sums": "bool?", "exact": "bool?"},
     "image": {"proposal": "vector", "previous": "vector?"},
     "direction": {"mu": "floats"},
-    "step": {"totals": "vector", "dw_sq": "floats", "coherence": "floats", "updated": "int"},
+    "step": {"totals": "vector", "dw_sq": "floats", "coherence": "floats", "updated": "int",
+             "active": "ids"},
     "changes": {"step": "floats", "w": "matrix", "leave": "bool?"},
     "certify": {"certified": "vector", "checkpoint": "vector", "w_sq": "floats"},
     "ping": {},
@@ -407,7 +408,9 @@ class Party:
         # Everything the round may change, copied (the cocoa rule's memory and last step
         # too): an abandoned round is undone from it.
         self.state["snapshot"] = _copied(_client_state(client))
-        refresh = client.configure(configure)
+        # The attempt the party counted (its tags name it; every party of an attempt was in
+        # all the attempts of the round before it, so they count alike).
+        refresh = client.configure({**configure, "attempt": self._guard.state["attempts"]})
         if refresh is not None:  # returning: the weights come first
             self._guard.expect_weights()
             return dict(refresh)

@@ -121,6 +121,13 @@ class Cipher(ABC):
     def decrypt(self, ciphertexts: np.ndarray) -> np.ndarray:
         """1-D object array of ``n`` ciphertexts -> float array ``(n, slots)``."""
 
+    def decrypt_integers(self, ciphertexts: np.ndarray) -> np.ndarray:
+        """Like :meth:`decrypt`, as the exact fixed-point integers ``round(v * 2**p)`` of the
+        decrypted sums (object array ``(n, slots)``), where the cipher encodes values so;
+        ``decrypt`` equals their ``int / 2**p``. For checks that need every bit
+        (:mod:`hyfl.privacy.tags`) of sums beyond float64's 53."""
+        raise NotImplementedError(f"the {self.name!r} cipher has no fixed-point integers")
+
     @abstractmethod
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Elementwise homomorphic sum of two equal-length ciphertext arrays."""
@@ -544,6 +551,9 @@ class PaillierCipher(_PaillierBase):
         return _objects([PaillierCiphertext(c, 1, tag) for c in cs])
 
     def decrypt(self, ciphertexts: np.ndarray) -> np.ndarray:
+        return self.fixed_point.decode(self.decrypt_integers(ciphertexts)).reshape(-1, 1)
+
+    def decrypt_integers(self, ciphertexts: np.ndarray) -> np.ndarray:
         a, plain, _ = self._decrypt_raw(ciphertexts)
         n, max_int = self._key.n, self._key.max_int
         signed = []
@@ -561,7 +571,7 @@ class PaillierCipher(_PaillierBase):
                     "Keep sums within range: lower precision_bits or the number of additions, "
                     "or use a larger key_bits.",
                 )
-        return self.fixed_point.decode(signed).reshape(a.size, 1)
+        return np.array(signed, dtype=object).reshape(a.size, 1)
 
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         a, b = self._pair(a, b)
@@ -688,6 +698,10 @@ class PackedPaillierCipher(_PaillierBase):
         return _objects([PaillierCiphertext(c, 1, tag) for c in cs])
 
     def decrypt(self, ciphertexts: np.ndarray) -> np.ndarray:
+        return self.fixed_point.decode(self.decrypt_integers(ciphertexts)).reshape(
+            -1, self.slots)
+
+    def decrypt_integers(self, ciphertexts: np.ndarray) -> np.ndarray:
         a, plain, addends = self._decrypt_raw(ciphertexts)
         slots, w, limit = self.slots, self.slot_bits, self._plain_limit
         flat = []
@@ -706,7 +720,7 @@ class PackedPaillierCipher(_PaillierBase):
             flat.extend([0] * (slots - len(parts)))
         values = np.array(flat, dtype=object).reshape(a.size, slots)
         shift = np.array([k * self._offset for k in addends], dtype=object).reshape(a.size, 1)
-        return self.fixed_point.decode(values - shift).reshape(a.size, slots)
+        return values - shift
 
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         a, b = self._pair(a, b)

@@ -323,8 +323,11 @@ def encrypt_samples(cipher, layout: SlotLayout, samples, values) -> EncryptedVec
     return EncryptedVector(chunks, cipher.encrypt(dense))
 
 
-def decrypt_samples(cipher, layout: SlotLayout, vector: EncryptedVector, samples) -> np.ndarray:
-    """A client decrypts ``vector`` and reads the values of ``samples`` (n, C).
+def decrypt_samples(cipher, layout: SlotLayout, vector: EncryptedVector, samples, *,
+                    integers: bool = False) -> np.ndarray:
+    """A client decrypts ``vector`` and reads the values of ``samples`` (n, C); with
+    ``integers``, their exact fixed-point integers (object array, see
+    :meth:`~hyfl.privacy.ciphers.Cipher.decrypt_integers`).
 
     ``vector`` must hold exactly the chunks of ``samples``, each once, in order:
     a receiver decrypts nothing it was not meant to read (a sender cannot make
@@ -336,6 +339,8 @@ def decrypt_samples(cipher, layout: SlotLayout, vector: EncryptedVector, samples
     if not np.array_equal(np.asarray(vector.chunks), needed):
         raise KeyError(f"the encrypted vector holds chunks {_ids(vector.chunks)}, not exactly "
                        f"those of the samples it is read for ({_ids(needed)})")
+    if integers:
+        return layout.unpack(vector.chunks, cipher.decrypt_integers(vector.ciphertexts), samples)
     dense = cipher.decrypt(vector.ciphertexts)
     return layout.unpack(vector.chunks, np.asarray(dense, dtype=float), samples)
 

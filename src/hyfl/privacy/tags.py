@@ -1,6 +1,7 @@
 """Keyed linear tags: a key holder checks that an encrypted sum is exactly what it expects.
 
-Work in progress for issue 26, point 2 (not yet used by the protocol).
+Used today for the line search's sums (``totals``), which one party decrypts
+for all (issue 26, point 2); the other sums are still to come.
 
 An active server holds the public key: it can encrypt any value and add it
 to a genuine sum, and a party that decrypts ``Enc(own + others + delta)``
@@ -33,7 +34,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["TAG_PRIME", "TagKey"]
+__all__ = ["TAG_PRIME", "TagKey", "cipher_secret", "tag_key"]
 
 #: The tags' modulus: the largest prime below 2**40 (a forgery passes with chance 2**-40;
 #: a tag, as a fixed-point value with 32 fractional bits, stays below 2**8).
@@ -94,6 +95,32 @@ class TagKey:
         expected = sum(x * int(u) for x, u in zip(a, integers))
         expected += sum(self.offset(c) for c in contexts)
         return (tag - expected) % TAG_PRIME == 0
+
+
+def cipher_secret(cipher) -> bytes | None:
+    """32 bytes every holder of the private key derives alike, and no one else can.
+
+    A hash of the private key (Paillier's ``p`` and ``q``; the ckks context with
+    its secret key, whose serialization is deterministic): the parties share
+    it, the server -- which holds only the public key -- cannot compute it.
+    ``None`` for a cipher without a private key (``none``, a server's cipher).
+    """
+    if cipher.name == "ckks":
+        if not getattr(cipher, "has_private_key", False):
+            return None
+        material = cipher.context_bytes(secret=True)
+    else:
+        private = getattr(getattr(cipher, "_key", None), "private_key", None)
+        if private is None:
+            return None
+        material = f"{int(private.p):x}:{int(private.q):x}".encode()
+    return hashlib.blake2b(material, digest_size=32, person=b"hyfl party key").digest()
+
+
+def tag_key(cipher) -> TagKey | None:
+    """The tag key of a key holder's cipher (None without a private key: no tags)."""
+    secret = cipher_secret(cipher)
+    return None if secret is None else TagKey(secret)
 
 
 def _context_bytes(context: Sequence) -> bytes:
