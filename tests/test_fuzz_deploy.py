@@ -251,7 +251,8 @@ def _valid_payload(kind: str, d: dict) -> dict:
             # grams: (C, R(R+1)/2) for the R = 7 directions of 6 features
             "proposals": {"z": vec, "grams": np.zeros((1, 28)), "coef": 1.0},
             "image": {"proposal": vec, "previous": None}, "direction": {"mu": one},
-            "step": {"totals": vec, "dw_sq": one, "coherence": one, "updated": 2},
+            "step": {"totals": vec, "dw_sq": one, "coherence": one, "updated": 2,
+                     "active": np.array([0])},
             "changes": {"step": one, "w": np.zeros((d["n_features"], 1))},
             "certify": {"certified": vec, "checkpoint": vec, "w_sq": np.zeros(2)}}[kind]
 
@@ -379,9 +380,11 @@ def test_party_refuses_cocoa_messages_that_do_not_fit(deployment, cocoa_deployme
         (send("direction", {"mu": np.zeros(3)}), "field mu has shape (3,)"),
         (send("direction", {"mu": np.array([np.inf])}), "field 'mu'"),
         (send("direction", {"mu": np.zeros((1, 1))}), "field 'mu'"),
-        (send("step", {"totals": vec, "dw_sq": np.zeros(2), "coherence": one, "updated": 2}),
+        (send("step", {"totals": vec, "dw_sq": np.zeros(2), "coherence": one, "updated": 2,
+                       "active": np.array([0])}),
          "field dw_sq has shape"),
-        (send("step", {"totals": None, "dw_sq": one, "coherence": one, "updated": 2}),
+        (send("step", {"totals": None, "dw_sq": one, "coherence": one, "updated": 2,
+                       "active": np.array([0])}),
          "field 'totals'"),
         (send("changes", {"step": np.zeros(2), "w": np.zeros((2, 1))}), "field step has shape"),
         (send("changes", {"step": one, "w": np.zeros((99, 1))}), "'changes' message"),
