@@ -55,6 +55,7 @@ One outer iteration (see :mod:`hyfl.algorithms.hyfdca` for the algorithm):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -492,6 +493,11 @@ class Client:
         return reply
 
     # -- the line search's sums, tagged (hyfl.privacy.tags) ---------------------------------
+    @functools.cached_property
+    def _tag_key(self):
+        """The tag key (None without a private key), derived once: it hashes the key."""
+        return tag_key(self.cipher)
+
     def _tag_context(self, sender: int) -> tuple:
         return ("totals", int(self.round["t"]), int(self.round.get("attempt", 1)), int(sender))
 
@@ -503,7 +509,7 @@ class Client:
         that added a value of its choosing would otherwise read it back through
         the step and the coherence.
         """
-        key = tag_key(self.cipher)
+        key = self._tag_key
         if key is None:
             return 0.0
         fixed = self.cipher.fixed_point
@@ -514,7 +520,7 @@ class Client:
         """The judge decrypts the summed totals (``n`` values and their tag) and checks the
         tag against exactly the ``active`` clients' contributions, before using any."""
         layout = _totals_layout(self.cipher, n + 1)
-        key = tag_key(self.cipher)
+        key = self._tag_key
         if key is None:  # no private key: nothing is hidden, nothing to check
             return decrypt_samples(self.cipher, layout, vector, np.array([0])).ravel()[:n]
         active = np.asarray(active, dtype=np.int64)

@@ -389,13 +389,6 @@ def cipher_fingerprint(cipher: Cipher) -> str:
     return "" if key is None else fingerprint(int(key.n))
 
 
-def party_secret(cipher: Cipher) -> bytes | None:
-    """The secret the parties share, the server lacks (:func:`~hyfl.privacy.tags.cipher_secret`)."""
-    from hyfl.privacy.tags import cipher_secret
-
-    return cipher_secret(cipher)
-
-
 def paillier_bits(cipher: Cipher) -> int | None:
     """The Paillier modulus size of a cipher (None for ``none`` and ``ckks``, whose
     parameters are fixed at 128-bit security): what the insecure-key warning checks."""

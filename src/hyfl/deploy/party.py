@@ -69,8 +69,8 @@ from hyfl._io import atomic_write
 from hyfl.deploy.codec import check_fields, decode, encode
 from hyfl.deploy.config import DeployConfig, NodeSettings, structure_blocks
 from hyfl.deploy.guard import Guard, announcement_tag, check_announcements
-from hyfl.deploy.keys import party_secret
 from hyfl.errors import HyflError, JobRefused, fail
+from hyfl.privacy.tags import cipher_secret
 
 __all__ = ["KINDS", "QUERY_KINDS", "Party", "handle_message", "open_party", "own_cipher",
            "server_text"]
@@ -325,7 +325,7 @@ class Party:
                  "lam_default": block.lam_default, "fingerprint": own,
                  "cipher": self.node.cipher, "key_bits": int(self.cipher.key_bits),
                  "slots": int(self.cipher.slots), "name": block.name}
-        secret = party_secret(self.cipher)
+        secret = cipher_secret(self.cipher)
         if secret is not None:  # the announcement the set-up must relay unchanged
             nonce = secrets.token_bytes(16)
             guard["nonce"] = nonce.hex()
@@ -362,7 +362,7 @@ class Party:
         if payload["n_outputs"] != block["Y"].shape[1]:
             raise fail(self._from_server("setup"), f"sets {payload['n_outputs']} outputs, but "
                        f"this party's labels have {block['Y'].shape[1]}", _FORGED_FIX)
-        secret = party_secret(self.cipher)
+        secret = cipher_secret(self.cipher)
         if secret is not None:
             check_announcements(secret, k, bytes.fromhex(self.state["guard"]["nonce"]), payload,
                                 samples, features, self.config.lam)

@@ -6,7 +6,7 @@ for all (issue 26, point 2); the other sums are still to come.
 An active server holds the public key: it can encrypt any value and add it
 to a genuine sum, and a party that decrypts ``Enc(own + others + delta)``
 cannot tell it from ``Enc(own + others)``. The parties share one secret the
-server lacks -- the private key -- and derive from it (``party_secret``)
+server lacks -- the private key -- and derive from it (:func:`cipher_secret`)
 a tag key. A sender appends to the fixed-point integers ``u`` of what it
 encrypts one more integer::
 
@@ -47,7 +47,7 @@ class TagKey:
     Parameters
     ----------
     secret : bytes
-        What :func:`hyfl.deploy.keys.party_secret` returns (32 bytes).
+        What :func:`cipher_secret` returns (32 bytes).
     """
 
     def __init__(self, secret: bytes):
