@@ -39,6 +39,14 @@ def fail(culprit: str, problem: str, fix: str, *,
     return error(f"{culprit} {problem}. {fix}")
 
 
+def is_finite(value: int | float) -> bool:
+    """``math.isfinite``, False (not an OverflowError) for an int beyond float range."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def check_positive(name: str, value: float, *, fix: str = "") -> float:
     """Return ``value`` as float if it is finite and > 0, else raise."""
     try:

@@ -49,7 +49,7 @@ import numpy as np
 from gmpy2 import mpz
 
 from hyfl._io import _bytes_setting
-from hyfl.errors import HyflError, fail
+from hyfl.errors import HyflError, fail, is_finite
 from hyfl.privacy.ciphers import Cipher, PaillierCiphertext
 from hyfl.privacy.lattice import LatticeCiphertext
 from hyfl.privacy.layout import EncryptedVector
@@ -376,18 +376,11 @@ def _check_vector(spec: dict, arrays: dict[str, np.ndarray], where: str, field: 
                    f"counts for {chunks.size} ciphertexts of {width} bytes", _GARBLED)
 
 
-def _finite(value: int | float) -> bool:
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an int beyond float range
-        return False
-
-
 #: Field types :func:`check_fields` knows; a trailing ``?`` allows None or absence.
 _TYPES = {
     "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
     "number": lambda v: (isinstance(v, (int, float)) and not isinstance(v, bool)
-                         and _finite(v)),
+                         and is_finite(v)),
     "bool": lambda v: isinstance(v, bool),
     "str": lambda v: isinstance(v, str),
     "dict": lambda v: isinstance(v, dict),

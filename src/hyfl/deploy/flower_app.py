@@ -39,6 +39,11 @@ from typing import Any
 from hyfl._io import check_results_folder, write_text
 from hyfl.errors import fail
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
 __all__ = [
     "APP_COMPONENTS",
     "APP_FILES",
@@ -232,21 +237,13 @@ def check_bundle(content: bytes, what: str = "the app bundle") -> None:
             raise fail(what, f"has a {name} that is not hyfl's "
                        f"({'missing' if name not in files else 'changed'})", fix)
     try:
-        project = _load_toml(files["pyproject.toml"].decode())
+        project = tomllib.loads(files["pyproject.toml"].decode())
         components = project["tool"]["flwr"]["app"]["components"]
     except (KeyError, TypeError, ValueError):  # missing, not UTF-8, not TOML, no table
         raise fail(what, "has no readable pyproject.toml naming its components", fix) from None
     if components != _PROJECT_COMPONENTS:
         raise fail(what, f"names the components {components!r}, not hyfl's "
                    f"{_PROJECT_COMPONENTS!r}", fix)
-
-
-def _load_toml(text: str) -> dict:
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib
-    return tomllib.loads(text)
 
 
 # ----------------------------------------------------------------------------- the files

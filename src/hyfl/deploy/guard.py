@@ -50,7 +50,7 @@ import numpy as np
 
 from hyfl.errors import fail
 
-__all__ = ["AFTER", "CERTIFY_MAX", "ONCE_PER_ATTEMPT", "Guard", "announcement_tag",
+__all__ = ["AFTER", "CERTIFY_MAX", "FORGED_FIX", "ONCE_PER_ATTEMPT", "Guard", "announcement_tag",
            "check_announcements"]
 
 #: Kinds a party answers at most once per attempt of a round.
@@ -63,7 +63,7 @@ CERTIFY_MAX = 2
 AFTER = {"image": "proposals", "direction": "image", "step": "direction",
          "changes": "direction", "certify": "changes", "duals": "steps", "verdict": "duals"}
 
-_FORGED = ("The server does not follow hyfl's protocol (a bug, or a forged message); the "
+FORGED_FIX = ("The server does not follow hyfl's protocol (a bug, or a forged message); the "
            "party answers no more messages of this run.")
 
 
@@ -86,7 +86,7 @@ class Guard:
             state.setdefault(key, value)
 
     def _refuse(self, problem: str):
-        return fail(f"party {self.party}", problem, _FORGED)
+        return fail(f"party {self.party}", problem, FORGED_FIX)
 
     # -- the run -------------------------------------------------------------------------
     def hello(self) -> None:
@@ -198,19 +198,19 @@ def check_announcements(secret: bytes, party: int, own_nonce: bytes, setup: dict
     if (nonces is None or tags is None or defaults is None or nonces.shape != (K, 16)
             or tags.shape != (K, 32) or defaults.shape != (K,)):
         raise fail(culprit, "does not relay every party's announcement (nonce, tag, "
-                   "regularization)", _FORGED)
+                   "regularization)", FORGED_FIX)
     if bytes(nonces[party].astype(np.uint8)) != own_nonce:
-        raise fail(culprit, "relays another nonce than the one this party announced", _FORGED)
+        raise fail(culprit, "relays another nonce than the one this party announced", FORGED_FIX)
     sizes = (int(setup["n_samples"]), int(setup["n_features"]), int(setup["n_outputs"]))
     for k in range(K):
         expected = announcement_tag(secret, k, sizes, float(defaults[k]), samples[k],
                                     features[k], bytes(nonces[k].astype(np.uint8)))
         if not hmac.compare_digest(expected, bytes(tags[k].astype(np.uint8))):
             raise fail(culprit, f"holds a partition or sizes that party {k} did not announce",
-                       _FORGED)
+                       FORGED_FIX)
     agreed = lam if lam > 0 else float(defaults[0])
     if lam == 0 and np.any(defaults != defaults[0]):
         raise fail(culprit, "sets the data's default regularization, but the parties announced "
-                   "different ones", _FORGED)
+                   "different ones", FORGED_FIX)
     if float(setup["lam"]) != agreed:
-        raise fail(culprit, f"sets lam = {setup['lam']!r}, not the job's {agreed!r}", _FORGED)
+        raise fail(culprit, f"sets lam = {setup['lam']!r}, not the job's {agreed!r}", FORGED_FIX)

@@ -68,7 +68,7 @@ import scipy.sparse as sp
 from hyfl._io import atomic_write
 from hyfl.deploy.codec import check_fields, decode, encode
 from hyfl.deploy.config import DeployConfig, NodeSettings, structure_blocks
-from hyfl.deploy.guard import Guard, announcement_tag, check_announcements
+from hyfl.deploy.guard import FORGED_FIX, Guard, announcement_tag, check_announcements
 from hyfl.errors import HyflError, JobRefused, fail
 from hyfl.privacy.tags import cipher_secret
 
@@ -85,9 +85,6 @@ PER_SAMPLE_KINDS = ("steps", "duals", "verdict", "commit")
 COCOA_KINDS = ("proposals", "image", "direction", "step", "changes", "certify")
 #: Kinds that belong to the round the party is in (a ``round`` message opened it).
 _IN_ROUND = ("weights", "steps", "duals", "verdict", *COCOA_KINDS)
-
-_FORGED_FIX = ("The server does not follow hyfl's protocol (a bug, or a forged message); the "
-               "party answers no more messages of this run.")
 
 #: The fields of each message kind a party reads (types of :func:`~hyfl.deploy.codec.check_fields`).
 MESSAGE_FIELDS: dict[str, dict[str, str]] = {
@@ -361,7 +358,7 @@ class Party:
                        "data", "Restart the run; every party must keep its data during a run.")
         if payload["n_outputs"] != block["Y"].shape[1]:
             raise fail(self._from_server("setup"), f"sets {payload['n_outputs']} outputs, but "
-                       f"this party's labels have {block['Y'].shape[1]}", _FORGED_FIX)
+                       f"this party's labels have {block['Y'].shape[1]}", FORGED_FIX)
         secret = cipher_secret(self.cipher)
         if secret is not None:
             check_announcements(secret, k, bytes.fromhex(self.state["guard"]["nonce"]), payload,
@@ -482,7 +479,7 @@ class Party:
             self._check_range(payload[name], 0.0, np.inf, "step", name)
         if not 1 <= payload["updated"] <= client.public.n_samples:
             raise fail(self._from_server("step"), f"field updated is {payload['updated']}, "
-                       f"not a number of samples in 1..{client.public.n_samples}", _FORGED_FIX)
+                       f"not a number of samples in 1..{client.public.n_samples}", FORGED_FIX)
         return dict(client.cocoa_step(payload))
 
     def _changes(self, client, payload: dict) -> dict:
@@ -550,7 +547,7 @@ class Party:
         value = np.asarray(value, dtype=float)
         if not (np.all(np.isfinite(value)) and np.all(value >= low) and np.all(value <= high)):
             raise fail(self._from_server(kind), f"field {field} holds {value.tolist()!r}, "
-                       f"outside [{low:g}, {high:g}]", _FORGED_FIX)
+                       f"outside [{low:g}, {high:g}]", FORGED_FIX)
 
     def _check_shape(self, value: np.ndarray, shape: tuple, kind: str, field: str) -> None:
         if value.shape != shape:

@@ -334,8 +334,7 @@ def decrypt_samples(cipher, layout: SlotLayout, vector: EncryptedVector, samples
     it decrypt, and spend time on, chunks of its choosing).
     """
     samples = np.asarray(samples, dtype=np.int64)
-    needed = np.unique(layout.positions(samples) // layout.slots) if samples.size else \
-        np.empty(0, dtype=np.int64)
+    needed = layout.chunks_of(samples)
     if not np.array_equal(np.asarray(vector.chunks), needed):
         raise KeyError(f"the encrypted vector holds chunks {_ids(vector.chunks)}, not exactly "
                        f"those of the samples it is read for ({_ids(needed)})")

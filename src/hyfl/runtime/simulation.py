@@ -37,7 +37,6 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-import math
 import os
 import time
 from collections.abc import Callable
@@ -51,7 +50,7 @@ import scipy.sparse as sp
 from hyfl._io import read_header, read_npz
 from hyfl.algorithms.base import Algorithm
 from hyfl.costs import COST_COLUMNS, TIME_COMPONENTS, CostMeter, CostModel
-from hyfl.errors import HyflError, check_int, check_positive, fail
+from hyfl.errors import HyflError, check_int, check_positive, fail, is_finite
 from hyfl.partition import Partition, StackedBlocks, stack
 from hyfl.privacy.ciphers import make_cipher
 from hyfl.problem import Optimum, Problem
@@ -1021,19 +1020,12 @@ def _check_like(restored: Any, fresh: Any, path: str) -> None:
     if isinstance(restored, (bool, np.bool_)) or not isinstance(restored,
                                                                 (int, float, np.number)):
         raise ValueError(f"{path} is a {type(restored).__name__}, not a number")
-    if _finite(fresh) and not _finite(restored):
+    if is_finite(fresh) and not is_finite(restored):
         raise ValueError(f"{path} is {restored:.6g}, not a finite number")
 
 
 #: Dtype kinds a restored array may have instead of the fresh one's (integers of any width).
 _KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "f", "c": "c"}
-
-
-def _finite(value: float) -> bool:
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an int beyond float range
-        return False
 
 
 def _json_array(tree: Any) -> np.ndarray:
