@@ -246,7 +246,8 @@ def _valid_payload(kind: str, d: dict) -> dict:
     return {"hello": {"cipher": "none", "fingerprint": ""}, "setup": d["setup"],
             "round": {"configure": configure, "deliveries": {}},
             "weights": {"w": np.zeros((d["n_features"], 1))}, "steps": {"z": vec},
-            "duals": {"duals": vec}, "verdict": {"totals": vec, "dw_sq": 0.0},
+            "duals": {"duals": vec}, "verdict": {"totals": vec, "dw_sq": 0.0,
+                                                         "active": np.array([0])},
             "commit": {"inner_products": True}, "ping": {}, "finish": {},
             # grams: (C, R(R+1)/2) for the R = 7 directions of 6 features
             "proposals": {"z": vec, "grams": np.zeros((1, 28)), "coef": 1.0},

@@ -356,3 +356,78 @@ def test_the_judge_decrypts_only_the_active_parties_totals(run):
             _send(run, record, {**genuine, "active": fewer})
     with pytest.raises(HyflError, match="do not include the judge"):
         _send(run, record, {**genuine, "active": active[active != judge]})
+
+
+def test_the_image_is_only_of_the_drawers_summed_proposals(run):
+    """The strongest oracle of issue 26 point 2: ``image`` returns ``X_k^T p`` for the
+    proposal sum ``p`` the party decrypts, so ``p = Enc(e_i)`` gave a feature row and,
+    after that, any ciphertext's value. Each holder group's sum now carries the keyed
+    tags of its drawers' proposals: a chosen value, a genuine sum plus anything, or a
+    sum missing a drawer is refused before the image is computed."""
+    from hyfl.privacy.layout import EncryptedVector
+
+    record = _find(run, "image", t=2)
+    genuine = record.payload
+    vec = genuine["proposal"]
+    reply, _ = _send(run, record)  # the genuine sum verifies
+    assert "primal_part" in decode(*reply, run.cipher)
+    chosen = vec.ciphertexts.copy()
+    chosen[0] = run.cipher.encrypt(np.array([[1.0]]))[0]  # e_i in the first sample's slot
+    added = vec.ciphertexts.copy()
+    added[:1] = run.cipher.add(added[:1], run.cipher.encrypt(np.array([[1e-6]])))
+    for ciphertexts in (chosen, added):
+        forged = {**genuine, "proposal": EncryptedVector(vec.chunks, ciphertexts)}
+        with pytest.raises(HyflError, match="tag does not verify"):
+            _send(run, record, forged)
+    # The party's own proposals alone, as if its co-drawers had sent nothing.
+    asked = _find(run, "proposals", party=record.party, t=2)
+    own = decode(*_send(run, asked)[0], run.cipher)["proposals"]
+    assert np.array_equal(own.chunks, vec.chunks)
+    with pytest.raises(HyflError, match="tag does not verify"):
+        _send(run, record, {**genuine, "proposal": own})
+    # Another round's genuine sum (same chunks) is not this attempt's.
+    later = _find(run, "image", party=record.party, t=3).payload["proposal"]
+    if np.array_equal(later.chunks, vec.chunks):
+        with pytest.raises(HyflError, match="tag does not verify"):
+            _send(run, record, {**genuine, "proposal": later})
+
+
+def test_the_safe_rules_verdict_is_only_of_the_active_parties_gain_terms(monkeypatch):
+    """The per-sample safe rule's judge decrypts the summed gain terms and answers a bit:
+    a server that adds a value of its choosing (a comparison oracle at a threshold it
+    picks) or drops a party's terms is refused before the verdict is computed."""
+    from hyfl.algorithms.hyfdca import HyFDCA
+    from hyfl.algorithms.hyfdca_parties import Server
+    from hyfl.partition import RandomFraction
+    from hyfl.privacy.ciphers import make_cipher
+    from hyfl.privacy.layout import EncryptedVector
+    from hyfl.runtime.protocol import run_protocol
+
+    problem = make_problem(synthetic(n=40, m=6), "hinge", 0.05)
+    partition = grid(problem.n_samples, problem.n_features, 2, 2)
+    cipher = make_cipher("paillier", key_bits=256)
+    hyfdca = HyFDCA(local_steps=2, step_rule="safe")
+    run_protocol(hyfdca, problem, partition, RandomFraction(4, 0.75), 2, cipher, seed=0)
+    genuine = Server.aggregate_primal
+
+    def forge(change):
+        def aggregate(self, replies):
+            check = genuine(self, replies)
+            if check is not None:
+                change(self, check[1])
+            return check
+        return aggregate
+
+    def add_value(server, message):
+        totals = message["totals"]
+        extra = server.cipher.encrypt(np.array([[0.5]]))
+        message["totals"] = EncryptedVector(totals.chunks, np.concatenate(
+            [server.cipher.add(totals.ciphertexts[:1], extra), totals.ciphertexts[1:]]))
+
+    def drop_party(server, message):
+        message["active"] = message["active"][:1]
+
+    for change in (add_value, drop_party):
+        monkeypatch.setattr(Server, "aggregate_primal", forge(change))
+        with pytest.raises(HyflError, match="their tag does not verify"):
+            run_protocol(hyfdca, problem, partition, RandomFraction(4, 0.75), 2, cipher, seed=0)

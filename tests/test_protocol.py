@@ -22,7 +22,7 @@ from hyfl.errors import HyflError
 from hyfl.partition import Full, RandomFraction, grid, horizontal, nonzero_balanced
 from hyfl.privacy.audit import RecordingCipher, audit, private_values
 from hyfl.privacy.ciphers import PaillierCiphertext, PlainCipher, make_cipher
-from hyfl.privacy.layout import EncryptedVector
+from hyfl.privacy.layout import EncryptedVector, TaggedLayout
 from hyfl.problem import make_problem
 from hyfl.runtime.protocol import Wire, run_protocol
 from hyfl.runtime.simulation import simulate, stack
@@ -468,7 +468,7 @@ def test_each_client_receives_only_its_own_duals_and_weights(problem, step_rule)
     run_protocol(hyfdca, problem, partition, RandomFraction(9, 0.6), 6,
                  make_cipher("packed", key_bits=KEY_BITS), seed=0, wire=wire, on_round=keep)
     server, clients = parties["server"], parties["clients"]
-    layout = server.public.layout
+    layout = TaggedLayout(server.public.layout)  # the proposals' sums carry tag chunks
     assert wire.sent
     for k, kind, payload in wire.sent:
         client = clients[k]
@@ -497,16 +497,16 @@ def test_each_client_receives_only_its_own_duals_and_weights(problem, step_rule)
 def test_counts_follow_what_really_travels(problem, ciphers):
     # With one value per ciphertext, a full-participation drawn-scope round encrypts
     # exactly: inner products of the updated samples' holders, one step per draw,
-    # and 3 gain terms per client; one client decrypts the 3 totals.
+    # and 3 gain terms and their tag per client; one client decrypts the 4 totals.
     n, m = problem.n_samples, problem.n_features
     result = simulate(HyFDCA(local_steps=2, sip_scope="drawn", step_rule="safe"), problem,
                       grid(n, m, 1, 2),
                       Full(2), 1, cipher=ciphers["none"])
     row = result.final
     updated = row["updated_samples"]
-    assert row["encryptions"] == 2 * updated + 2 * 2 + 2 * 3
-    assert row["decryptions"] == 2 * updated + 2 * updated + 3
-    assert row["additions"] == updated + 2 * 2 + 3
+    assert row["encryptions"] == 2 * updated + 2 * 2 + 2 * 4
+    assert row["decryptions"] == 2 * updated + 2 * updated + 4
+    assert row["additions"] == updated + 2 * 2 + 4
 
 
 def test_drawn_scope_refuses_partial_participation(problem, ciphers):

@@ -60,7 +60,7 @@ import numpy as np
 
 from hyfl._io import dumps_json, write_text
 from hyfl.errors import HyflError, check_positive, fail
-from hyfl.privacy.layout import compact_steps
+from hyfl.privacy.layout import TaggedLayout, compact_steps
 
 FLOAT_BYTES = 8  # float64 on the wire
 ID_BYTES = 4  # int32 sample or chunk ids
@@ -547,7 +547,9 @@ def count_he_operations(traffic: dict, layout, value_slots: int | None = None) -
         ``cocoa``: the drawn samples' proposed dual changes; encrypted and summed
         per sample by the server (not into the stored duals). ``proposals_up_all``:
         the flagged clients send every sample they hold (a full local pass);
-        ``samples`` are the distinct samples.
+        ``samples`` are the distinct samples. The proposals and their sums
+        (``dual_down``) carry one tag chunk per sender or receiver and holder
+        group (:class:`~hyfl.privacy.layout.TaggedLayout`).
     ``momentum_down`` (clients, samples)
         ``cocoa``: the previous dual steps sent to returning clients; decrypted.
     ``dual_commit`` (samples)
@@ -607,24 +609,25 @@ def count_he_operations(traffic: dict, layout, value_slots: int | None = None) -
             up += n
             enc += n
             add += n  # each received ciphertext is added into the stored duals
-    if "proposals_up" in traffic:
-        duals = compact
+    cocoa = "proposals_up" in traffic or "proposals_up_all" in traffic
+    if cocoa:  # the summed proposals, with a tag chunk per holder group
+        duals = TaggedLayout(compact)
     n = _chunks(duals, traffic, "dual_down")
     down += n
     dec += n
     if "proposals_up" in traffic:
         clients, samples = traffic["proposals_up"]
-        n = compact.count_chunks(clients, samples)
+        n = duals.count_chunks(clients, samples)
         up += n
         enc += n
         # The server sums each chunk's proposals: the first is kept, the others added.
-        add += n - (int(compact.chunks_of(samples).size) if len(samples) else 0)
+        add += n - (int(duals.chunks_of(samples).size) if len(samples) else 0)
     if "proposals_up_all" in traffic:  # every flagged client sends all of its samples
         clients, samples = traffic["proposals_up_all"]
-        n = _flagged_chunks(layout, clients)
+        n = _flagged_chunks(duals, clients)
         up += n
         enc += n
-        add += n - (int(layout.chunks_of(samples).size) if len(samples) else 0)
+        add += n - (int(duals.chunks_of(samples).size) if len(samples) else 0)
     n = _chunks(layout, traffic, "momentum_down") + _chunks(layout, traffic, "checkpoint_down")
     down += n
     dec += n

@@ -509,11 +509,13 @@ class HyFDCA:
             beta = next_beta(accepted, state.beta, state.beta_min, drawn_rows.size)
             state = replace(state, beta=beta)
             io.server_seconds += time.perf_counter() - tic
-            # Encrypted totals from every active client, decrypted by one of them;
-            # the server sends it ||dw||^2 (its verdict is a control bit), and
-            # every active client beta with the round's instructions.
-            traffic["totals"] = (int(clients.size), 3)
+            # Encrypted totals and their tag (hyfl.privacy.tags) from every active
+            # client, decrypted by one of them; the server sends it ||dw||^2 (its
+            # verdict is a control bit) and the active clients, whose tags it
+            # checks, and every active client beta with the round's instructions.
+            traffic["totals"] = (int(clients.size), 3 + 1)  # 3 gain terms, 1 tag
             io.floats_down += 1 + clients.size
+            io.ids_down += int(clients.size)
 
         # 6. Apply: server duals, clients' copies, and the aggregated primal weights.
         if accepted:

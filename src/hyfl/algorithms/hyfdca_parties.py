@@ -101,9 +101,12 @@ from hyfl.privacy.layout import (
     EncryptedVector,
     RoundLayout,
     SlotLayout,
+    TaggedLayout,
     compact_steps,
     decrypt_samples,
+    decrypt_tagged,
     encrypt_samples,
+    encrypt_tagged,
     holder_matrix,
 )
 from hyfl.privacy.tags import tag_key
@@ -246,14 +249,19 @@ class Client:
         """
         if not self.public.compact:
             return self.public.layout
+        return self.public.layout.compact(self.samples[self.round["updated_local"]],
+                                          self._drawn_by())
+
+    def _drawn_by(self) -> np.ndarray:
+        """Which holders drew each of the client's updated samples, (n_updated, width)."""
         layout, updated = self.public.layout, self.round["updated_local"]
-        drawn_by = self.round["drawn_by_local"]
+        drawn_by = np.asarray(self.round["drawn_by_local"], dtype=bool)
         width = layout.chunk_holders.shape[1]
         if drawn_by.size != updated.size * width:
             raise fail("the round's instructions", f"name the drawers of {drawn_by.size} "
                        f"(sample, holder) pairs, not {updated.size} x {width}",
                        "Run every party with the same hyfl version; the message may be garbled.")
-        return layout.compact(self.samples[updated], drawn_by.reshape(updated.size, width))
+        return drawn_by.reshape(updated.size, width)
 
     def _sip_layout(self) -> SlotLayout | RoundLayout:
         """Where the round's inner products sit: stored (scope all) or summed only."""
@@ -347,18 +355,23 @@ class Client:
             first = np.sum((conj - self.z * step)[reports])
             full = np.sum((self.sq_norms[updated] * weight)[reports])
             own = np.sum(self.own_sq[updated] * weight)
-            totals = np.array([[first, full, own]])
+            totals = np.array([first, full, own])
+            values = np.append(totals, self._totals_tag(totals, self.k, "gains"))
             reply["totals"] = encrypt_samples(
-                self.cipher, _totals_layout(self.cipher), np.array([0]), totals
-            )
+                self.cipher, _totals_layout(self.cipher, values.size), np.array([0]),
+                values.reshape(1, -1))
         return reply
 
-    def verdict(self, totals: EncryptedVector, dw_sq: float) -> bool:
-        """Decrypt the summed gain terms and judge the round (the safe rule's test)."""
-        first, full, own = decrypt_samples(
-            self.cipher, _totals_layout(self.cipher), totals, np.array([0])
-        ).ravel()
-        gain, scale = dual_gain(first, full, own, dw_sq, self.public.lam, self.public.n_samples)
+    def verdict(self, message: dict) -> bool:
+        """Decrypt the summed gain terms and judge the round (the safe rule's test).
+
+        ``message`` has the summed ``totals``, the server's ``dw_sq`` and the
+        ``active`` clients whose gain terms (and tags) the sum must hold exactly.
+        """
+        first, full, own = self._open_totals(message["totals"], GAIN_TERMS, message["active"],
+                                             "gains")
+        gain, scale = dual_gain(first, full, own, float(message["dw_sq"]), self.public.lam,
+                                self.public.n_samples)
         return step_verdict(gain, scale, self.round["beta"], self.round["n_draws"])
 
     def commit(self, accepted: bool, w_local: np.ndarray) -> None:
@@ -413,15 +426,24 @@ class Client:
             margin_offset=self.offsets[order],
         )
         scale = 1.0 / pub.n_holders[self.samples[order]]
-        return encrypt_samples(self.cipher, self._round_layout(), self.samples[order],
-                               proposals * scale[:, None])
+        return encrypt_tagged(self.cipher, TaggedLayout(self._round_layout()),
+                              self.samples[order], proposals * scale[:, None], self._tag_key,
+                              "proposal", self._round_context("proposal"), self.k)
 
     def cocoa_image(self, message: dict) -> np.ndarray:
-        """Adopt the aggregated proposal of the round's samples; send its primal image."""
+        """Adopt the aggregated proposal of the round's samples; send its primal image.
+
+        The sums are checked first: each holder group's must hold exactly the
+        proposals of the holders that drew its samples this attempt (their tags),
+        since the image of a chosen vector would give the server feature rows.
+        """
         updated = self.round["updated_local"]
         layout = self.public.layout  # the last steps are stored: fixed layout
-        self.proposal = decrypt_samples(self.cipher, self._round_layout(), message["proposal"],
-                                        self.samples[updated])
+        proposal_layout = TaggedLayout(self._round_layout())
+        self.proposal = decrypt_tagged(
+            self.cipher, proposal_layout, message["proposal"], self.samples[updated],
+            self._tag_key, "proposal", self._round_context("proposal"),
+            self._drawers(proposal_layout), "the summed proposals")
         if message.get("previous") is not None:  # returning: the last steps, made by others
             self.previous_step = np.zeros_like(self.previous_step)
             vec = message["previous"]
@@ -452,7 +474,7 @@ class Client:
         own = (full if self.round.get("exact") else
                np.sum(self.own_sq[updated][:, None] * d * d, axis=0))
         totals = np.concatenate([gains, margin[None], full[None], own[None]]).T  # (C, P + 3)
-        values = np.append(totals.ravel(), self._totals_tag(totals.ravel(), self.k))
+        values = np.append(totals.ravel(), self._totals_tag(totals.ravel(), self.k, "totals"))
         reply = {
             "primal_part": np.asarray(self.X[updated].T @ d),
             "totals": encrypt_samples(self.cipher, _totals_layout(self.cipher, values.size),
@@ -475,8 +497,8 @@ class Client:
         C = pub.n_outputs
         limit = self.round["limit"]
         points = line_search_points(self.loss, limit).size
-        values = self._open_totals(message["totals"], C * (points + 3),
-                                   message["active"]).reshape(C, points + 3)
+        values = self._open_totals(message["totals"], C * (points + 3), message["active"],
+                                   "totals").reshape(C, points + 3)
         gains, margin, full, own = (values[:, :points].T, values[:, points],
                                     values[:, points + 1], values[:, points + 2])
         quadratic, coherence = line_search_curvature(
@@ -498,10 +520,24 @@ class Client:
         """The tag key (None without a private key), derived once: it hashes the key."""
         return tag_key(self.cipher)
 
-    def _tag_context(self, sender: int) -> tuple:
-        return ("totals", int(self.round["t"]), int(self.round.get("attempt", 1)), int(sender))
+    def _round_context(self, kind: str) -> tuple:
+        """What names this attempt's contributions of one kind (a sender is appended)."""
+        return (kind, int(self.round["t"]), int(self.round.get("attempt", 1)))
 
-    def _totals_tag(self, values: np.ndarray, sender: int) -> float:
+    def _tag_context(self, kind: str, sender: int) -> tuple:
+        return (*self._round_context(kind), int(sender))
+
+    def _drawers(self, layout: TaggedLayout) -> dict[int, np.ndarray]:
+        """The holders that drew samples of each of the client's holder groups this round:
+        the senders whose proposals its sums hold."""
+        fixed, samples = self.public.layout, self.samples[self.round["updated_local"]]
+        drawn_by = self._drawn_by()
+        holders = fixed.chunk_holders[fixed.base[samples] // fixed.slots]
+        groups = np.broadcast_to(layout.sample_groups(samples)[:, None], holders.shape)
+        senders, groups = holders[drawn_by], groups[drawn_by]
+        return {int(g): np.unique(senders[groups == g]) for g in np.unique(groups)}
+
+    def _totals_tag(self, values: np.ndarray, sender: int, kind: str) -> float:
         """The tag of this client's totals as one more value (0 without a private key).
 
         Keyed with the parties' secret, so that the judge can check the sum it
@@ -513,12 +549,14 @@ class Client:
         if key is None:
             return 0.0
         fixed = self.cipher.fixed_point
-        tag = key.tag("totals", fixed.encode(values), self._tag_context(sender))
+        tag = key.tag(kind, fixed.encode(values), self._tag_context(kind, sender))
         return float(np.ldexp(float(tag), -fixed.precision_bits))  # tag < 2**40: exact
 
-    def _open_totals(self, vector: EncryptedVector, n: int, active: np.ndarray) -> np.ndarray:
-        """The judge decrypts the summed totals (``n`` values and their tag) and checks the
-        tag against exactly the ``active`` clients' contributions, before using any."""
+    def _open_totals(self, vector: EncryptedVector, n: int, active: np.ndarray,
+                     kind: str) -> np.ndarray:
+        """The judge decrypts the summed totals of ``kind`` (``n`` values and their tag)
+        and checks the tag against exactly the ``active`` clients' contributions,
+        before using any."""
         layout = _totals_layout(self.cipher, n + 1)
         key = self._tag_key
         if key is None:  # no private key: nothing is hidden, nothing to check
@@ -530,8 +568,8 @@ class Client:
                        "The server does not follow hyfl's protocol.")
         ints = decrypt_samples(self.cipher, layout, vector, np.array([0]),
                                integers=True).ravel()
-        contexts = [self._tag_context(k) for k in active.tolist()]
-        if not key.verify("totals", list(ints[:n]), ints[n], contexts):
+        contexts = [self._tag_context(kind, k) for k in active.tolist()]
+        if not key.verify(kind, list(ints[:n]), ints[n], contexts):
             raise fail("the summed totals", "are not the sum of the active clients' totals of "
                        "this round (their tag does not verify): the server changed them",
                        "The server does not follow hyfl's protocol; nothing was sent back.")
@@ -669,8 +707,8 @@ class Server:
         mine = {k: np.isin(self.client_samples[k], self.updated) for k in self.active.tolist()}
         draws = _pairs({k: self.client_samples[k][p] for k, p in drawn.items()})
         self.round_layout, self.compact_steps = pub.layout, False
+        _, drawn_by = pub.layout.drawers(*draws)  # rows: self.updated
         if pub.compact:
-            _, drawn_by = pub.layout.drawers(*draws)  # rows: self.updated
             self.round_layout = pub.layout.compact(self.updated, drawn_by)
             if hy.step_rule != "cocoa":
                 self.compact_steps = compact_steps(
@@ -697,9 +735,10 @@ class Server:
                 "n_draws": self.n_draws,
                 "stale": None,
             }
-            if pub.compact:  # which holders drew each updated sample: places it compactly
-                rows = np.searchsorted(self.updated, samples[mine[k]])
-                message["drawn_by_local"] = drawn_by[rows].ravel()
+            # Which holders drew each updated sample: places it compactly, and names
+            # whose proposals the client's sums hold (their tags are checked).
+            rows = np.searchsorted(self.updated, samples[mine[k]])
+            message["drawn_by_local"] = drawn_by[rows].ravel()
             if hy.step_rule == "cocoa":  # the drawn samples in the order to visit them
                 message["order_local"] = np.asarray(drawn[k])
             else:
@@ -806,7 +845,8 @@ class Server:
         for vec in totals[1:]:
             acc = self.cipher.add(acc, vec.ciphertexts)
         judge = int(self.active[0])
-        return judge, EncryptedVector(totals[0].chunks, acc), float(np.sum(dw * dw))
+        return judge, {"totals": EncryptedVector(totals[0].chunks, acc),
+                       "dw_sq": float(np.sum(dw * dw)), "active": self.active.astype(np.int64)}
 
     def commit(self, accepted: bool) -> dict[int, np.ndarray]:
         """Keep or drop the round; every active client gets its features' weights."""
@@ -867,10 +907,11 @@ class Server:
         """Sum the scaled proposals; each active client gets its updated samples' sums
         (returning clients also the last steps of their samples)."""
         layout = self.public.layout  # the stored last steps
-        total = self._sum_received(proposals, layout.n_chunks)
+        tagged = self.proposal_layout
+        total = self._sum_received(proposals, tagged.n_chunks)
         out = {}
         for k in self.active.tolist():
-            message = {"proposal": self._select(total, self.round_layout, self._updated_of(k)),
+            message = {"proposal": self._select(total, tagged, self._updated_of(k)),
                        "previous": None}
             if newcomers[k] and self.enc_previous:
                 # Only the chunks that moved last round travel; the rest were zero steps.
@@ -881,6 +922,11 @@ class Server:
                 )
             out[k] = message
         return out
+
+    @property
+    def proposal_layout(self) -> TaggedLayout:
+        """Where the round's proposals travel: its layout with a tag chunk per holder group."""
+        return TaggedLayout(self.round_layout)
 
     def cocoa_momentum(self, images: dict[int, np.ndarray]) -> np.ndarray:
         """The proposal's primal image -> the momentum coefficient, per output."""

@@ -474,8 +474,8 @@ class Coordinator:
                                          for k in configure})
         accepted = True
         if check is not None:
-            judge, totals, dw_sq = check
-            message = wire.down(judge, "totals", {"totals": totals, "dw_sq": dw_sq})
+            judge, message = check
+            message = wire.down(judge, "totals", message)
             reply = self._exchange({judge: ("verdict", message)}, tally)[judge]
             accepted = bool(wire.up(judge, "verdict", bool(reply["accepted"])))
 
@@ -600,7 +600,7 @@ class Coordinator:
         if public is None:  # hello: nothing to compare with yet
             return
         # The proposals travel in the round's compact layout, the row norms in their own.
-        layouts = {"norms": public.norm_layout, "proposals": self.server.round_layout}
+        layouts = {"norms": public.norm_layout, "proposals": self.server.proposal_layout}
         for name in ("norms", "inner_products", "steps", "changes", "proposals"):
             layout = layouts.get(name, public.layout)
             chunks = getattr(reply.get(name), "chunks", None)

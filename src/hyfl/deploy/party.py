@@ -97,7 +97,7 @@ MESSAGE_FIELDS: dict[str, dict[str, str]] = {
     "weights": {"w": "matrix", "model": "dict?"},
     "steps": {"z": "vector?"},
     "duals": {"duals": "vector"},
-    "verdict": {"totals": "vector", "dw_sq": "number"},
+    "verdict": {"totals": "vector", "dw_sq": "number", "active": "ids"},
     "commit": {"deliveries": "dict?", "inner_products": "bool?"},
     "proposals": {"z": "vector?", "grams": "matrix", "coef": "number", "towards_w": "matrix?",
                   "span_sums": "bool?", "exact": "bool?"},
@@ -444,7 +444,7 @@ class Party:
 
     def _verdict(self, client, payload: dict) -> dict:
         self._check_range(np.array([payload["dw_sq"]]), 0.0, np.inf, "verdict", "dw_sq")
-        return {"accepted": bool(client.verdict(payload["totals"], float(payload["dw_sq"])))}
+        return {"accepted": bool(client.verdict(payload))}
 
     def _commit(self, client, payload: dict) -> dict:
         if payload.get("inner_products"):  # the optional second SecureInnerProduct

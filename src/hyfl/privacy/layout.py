@@ -307,6 +307,86 @@ class RoundLayout(_Packing):
 
 
 @dataclass(frozen=True)
+class TaggedLayout(_Packing):
+    """A layout whose vectors carry, per holder group, one more chunk: a keyed tag.
+
+    An active server holds the public key, so it can add a value of its choosing
+    to any sum it relays; the receiver decrypts the sum and would hand back
+    quantities computed from it. A sender therefore adds to its values of each
+    holder group one ciphertext holding their tag (:mod:`hyfl.privacy.tags`,
+    in the first slot), which the server sums with the values. The receiver
+    checks the summed tag against the senders the round entitles it to
+    (:func:`decrypt_tagged`) before it uses a single value.
+
+    Data chunks keep the ids of ``inner``; group ``g``'s tag chunk is
+    ``inner.n_chunks + g``, groups numbered in chunk order. A sender sends one
+    tag chunk per group it has values in, a receiver gets one per group of the
+    samples it reads: sums, selections and counts of chunks work unchanged.
+    """
+
+    inner: SlotLayout | RoundLayout
+
+    @property
+    def slots(self) -> int:
+        return self.inner.slots
+
+    @property
+    def n_outputs(self) -> int:
+        return self.inner.n_outputs
+
+    @cached_property
+    def _fixed(self) -> SlotLayout:
+        return getattr(self.inner, "fixed", self.inner)
+
+    @cached_property
+    def group_firsts(self) -> np.ndarray:
+        """First data chunk of each holder group, ascending."""
+        return np.unique(self._fixed.group_start)
+
+    @property
+    def n_chunks(self) -> int:
+        return self.inner.n_chunks + int(self.group_firsts.size)
+
+    @cached_property
+    def chunk_holders(self) -> np.ndarray:
+        holders = self.inner.chunk_holders
+        return np.concatenate([holders, holders[self.group_firsts]])
+
+    @cached_property
+    def client_chunks(self) -> np.ndarray:
+        """Data and tag chunks covering all of each client's samples, shape (K,)."""
+        holders = self.inner.chunk_holders[self.group_firsts]
+        groups = np.bincount(holders[holders >= 0], minlength=self._fixed.client_chunks.size)
+        return self._fixed.client_chunks + groups
+
+    def positions(self, samples: np.ndarray) -> np.ndarray:
+        return self.inner.positions(samples)
+
+    def groups_of(self, chunks: np.ndarray) -> np.ndarray:
+        """The holder group (index) of each data chunk."""
+        starts = self._fixed.group_start[np.asarray(chunks, dtype=np.int64)]
+        return np.searchsorted(self.group_firsts, starts)
+
+    def sample_groups(self, samples: np.ndarray) -> np.ndarray:
+        """The holder group (index) of each sample."""
+        fixed = self._fixed
+        return self.groups_of(fixed.base[np.asarray(samples, dtype=np.int64)] // fixed.slots)
+
+    def chunks_of(self, samples: np.ndarray) -> np.ndarray:
+        data = self.inner.chunks_of(samples)
+        tags = self.inner.n_chunks + np.unique(self.groups_of(data))
+        return np.concatenate([data, tags])  # tag ids follow every data id: still sorted
+
+    def count_chunks(self, clients: np.ndarray, samples: np.ndarray) -> int:
+        clients = np.asarray(clients, dtype=np.int64)
+        if clients.size == 0:
+            return 0
+        groups = self.sample_groups(samples)
+        tags = np.unique(clients * self.group_firsts.size + groups).size
+        return self.inner.count_chunks(clients, samples) + int(tags)
+
+
+@dataclass(frozen=True)
 class EncryptedVector:
     """Ciphertexts of some chunks of a :class:`SlotLayout` (sorted chunk ids)."""
 
@@ -334,14 +414,91 @@ def decrypt_samples(cipher, layout: SlotLayout, vector: EncryptedVector, samples
     it decrypt, and spend time on, chunks of its choosing).
     """
     samples = np.asarray(samples, dtype=np.int64)
-    needed = layout.chunks_of(samples)
-    if not np.array_equal(np.asarray(vector.chunks), needed):
-        raise KeyError(f"the encrypted vector holds chunks {_ids(vector.chunks)}, not exactly "
-                       f"those of the samples it is read for ({_ids(needed)})")
+    _check_chunks(layout, vector, samples)
     if integers:
         return layout.unpack(vector.chunks, cipher.decrypt_integers(vector.ciphertexts), samples)
     dense = cipher.decrypt(vector.ciphertexts)
     return layout.unpack(vector.chunks, np.asarray(dense, dtype=float), samples)
+
+
+def encrypt_tagged(cipher, layout: TaggedLayout, samples, values, key, family: str,
+                   context: tuple, sender: int) -> EncryptedVector:
+    """A sender encrypts its values for ``samples`` and, per holder group they fall in,
+    one tag chunk (see :class:`TaggedLayout`).
+
+    ``key`` is the sender's :class:`~hyfl.privacy.tags.TagKey` (None without a
+    private key: the tags are zeros, still sent, so the counts are those of an
+    encrypted run); ``context`` names this contribution (kind, round, attempt),
+    to which the sender and, per group, the group's first chunk are appended.
+    """
+    chunks, dense = layout.pack(samples, values)
+    groups = layout.groups_of(chunks)
+    distinct = np.unique(groups)
+    tags = np.zeros((distinct.size, layout.slots))
+    if key is not None:
+        fixed = cipher.fixed_point
+        ints = np.asarray(fixed.encode(dense), dtype=object)
+        where = _slot_positions(chunks, layout.slots)
+        for j, group in enumerate(distinct.tolist()):
+            mine = np.repeat(groups == group, layout.slots)
+            tag = key.tag(family, ints[mine], _group_context((*context, int(sender)), layout,
+                                                             group), positions=where[mine])
+            tags[j, 0] = np.ldexp(float(tag), -fixed.precision_bits)  # tag < 2**40: exact
+    chunks = np.concatenate([chunks, layout.inner.n_chunks + distinct])
+    return EncryptedVector(chunks, cipher.encrypt(np.vstack([dense, tags])))
+
+
+def decrypt_tagged(cipher, layout: TaggedLayout, vector: EncryptedVector, samples, key,
+                   family: str, context: tuple, senders, what: str) -> np.ndarray:
+    """A receiver decrypts ``vector`` and reads the values of ``samples`` (n, C), after it
+    checked each holder group's summed tag against exactly the contributions of
+    ``senders`` (a mapping: group index -> the senders it expects in that group).
+
+    Raises a HyflError naming ``what`` when a tag does not verify: the sum holds
+    something besides those senders' values of this ``context`` (a value the
+    server chose, another round's, a sender left out or repeated), and nothing
+    computed from it may leave. ``context`` is the senders' without the sender.
+    Without a key (nothing hidden) nothing is checked.
+    """
+    from hyfl.errors import fail
+
+    samples = np.asarray(samples, dtype=np.int64)
+    _check_chunks(layout, vector, samples)
+    data = layout.inner.n_chunks > vector.chunks
+    chunks = vector.chunks[data]
+    if key is None:  # the tags are decrypted all the same: the counts of an encrypted run
+        dense = np.asarray(cipher.decrypt(vector.ciphertexts), dtype=float)[data]
+        return layout.unpack(chunks, dense, samples)
+    ints = cipher.decrypt_integers(vector.ciphertexts)
+    values, tags = ints[data], ints[~data, 0]
+    groups = layout.groups_of(chunks)
+    where = _slot_positions(chunks, layout.slots)
+    for group, tag in zip(np.unique(groups).tolist(), tags):
+        mine = np.repeat(groups == group, layout.slots)
+        contexts = [_group_context((*context, int(s)), layout, group) for s in senders[group]]
+        if not key.verify(family, values.ravel()[mine], tag, contexts, positions=where[mine]):
+            raise fail(what, "is not the sum of the contributions this round entitles it to "
+                       f"(holder group {group}'s tag does not verify): the server changed it",
+                       "The server does not follow hyfl's protocol; nothing was sent back.")
+    dense = cipher.fixed_point.decode(values.ravel()).reshape(values.shape)
+    return layout.unpack(chunks, dense, samples)
+
+
+def _slot_positions(chunks: np.ndarray, slots: int) -> np.ndarray:
+    """Flat positions of every slot of the given chunks (chunk-major)."""
+    return (np.asarray(chunks, dtype=np.int64)[:, None] * slots + np.arange(slots)).ravel()
+
+
+def _group_context(context: tuple, layout: TaggedLayout, group: int) -> tuple:
+    return (*context, int(layout.group_firsts[group]))
+
+
+def _check_chunks(layout, vector: EncryptedVector, samples: np.ndarray) -> None:
+    """``vector`` must hold exactly the chunks of ``samples``, each once, in order."""
+    needed = layout.chunks_of(samples)
+    if not np.array_equal(np.asarray(vector.chunks), needed):
+        raise KeyError(f"the encrypted vector holds chunks {_ids(vector.chunks)}, not exactly "
+                       f"those of the samples it is read for ({_ids(needed)})")
 
 
 def _ids(ids) -> str:

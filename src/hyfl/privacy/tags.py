@@ -1,7 +1,8 @@
 """Keyed linear tags: a key holder checks that an encrypted sum is exactly what it expects.
 
-Used today for the line search's sums (``totals``), which one party decrypts
-for all (issue 26, point 2); the other sums are still to come.
+Used for the line search's sums (``totals``), which one party decrypts for
+all, and for the cocoa rule's summed proposals (per holder group, see
+:class:`hyfl.privacy.layout.TaggedLayout`).
 
 An active server holds the public key: it can encrypt any value and add it
 to a genuine sum, and a party that decrypts ``Enc(own + others + delta)``
@@ -52,6 +53,7 @@ class TagKey:
 
     def __init__(self, secret: bytes):
         self.secret = bytes(secret)
+        self._streams: dict[str, np.ndarray] = {}  # family -> its longest coefficient prefix yet
 
     def _stream(self, label: bytes, n: int) -> list[int]:
         """``n`` integers in ``[0, TAG_PRIME)``, a deterministic function of the key and label."""
@@ -68,33 +70,60 @@ class TagKey:
 
     def coefficients(self, family: str, n: int) -> list[int]:
         """The ``a_j`` of the first ``n`` integers of a vector of ``family``."""
-        return self._stream(b"a\0" + family.encode(), n)
+        return self.coefficients_at(family, np.arange(n)).tolist()
+
+    def coefficients_at(self, family: str, positions) -> np.ndarray:
+        """The ``a_j`` of the given positions (object array of ints), from a cached prefix."""
+        positions = np.asarray(positions, dtype=np.int64)
+        need = int(positions.max()) + 1 if positions.size else 0
+        have = self._streams.get(family)
+        if have is None or have.size < need:
+            size = max(need, 2 * (0 if have is None else have.size))
+            stream = np.empty(size, dtype=object)
+            stream[:] = self._stream(b"a\0" + family.encode(), size)
+            self._streams[family] = have = stream
+        return have[positions]
 
     def offset(self, context: Sequence) -> int:
         """``b(context)`` for a context of strings and integers."""
         return self._stream(b"b\0" + _context_bytes(context), 1)[0]
 
-    def tag(self, family: str, integers: Sequence[int], context: Sequence) -> int:
-        """The tag of one contribution: its fixed-point integers in ``context``."""
-        a = self.coefficients(family, len(integers))
-        return (sum(x * int(u) for x, u in zip(a, integers)) + self.offset(context)) % TAG_PRIME
+    def tag(self, family: str, integers: Sequence[int], context: Sequence,
+            positions=None) -> int:
+        """The tag of one contribution: its fixed-point integers in ``context``.
+
+        ``positions``: where each integer sits in the family's vectors (default
+        ``0 .. n-1``); the coefficients are those of the positions.
+        """
+        return (self._weighted(family, integers, positions) + self.offset(context)) % TAG_PRIME
 
     def verify(self, family: str, integers: Sequence[int], tag: int,
-               contexts: Iterable[Sequence]) -> bool:
+               contexts: Iterable[Sequence], positions=None) -> bool:
         """Is ``tag`` the summed tag of ``integers`` summed over exactly ``contexts``?
 
         ``tag`` is the decrypted sum of the contributions' tags (an integer in
         ``[0, m * TAG_PRIME)`` for ``m`` contributions), ``integers`` the decrypted
-        sum of their values.
+        sum of their values (at ``positions``, as in :meth:`tag`).
         """
         contexts = list(contexts)
         tag = int(tag)
         if not 0 <= tag < max(len(contexts), 1) * TAG_PRIME:
             return False
-        a = self.coefficients(family, len(integers))
-        expected = sum(x * int(u) for x, u in zip(a, integers))
+        expected = self._weighted(family, integers, positions)
         expected += sum(self.offset(c) for c in contexts)
         return (tag - expected) % TAG_PRIME == 0
+
+    def _weighted(self, family: str, integers: Sequence[int], positions) -> int:
+        """``sum_j a_j u_j`` over the integers (Python ints: exact at any size)."""
+        u = np.empty(len(integers), dtype=object)
+        u[:] = [int(x) for x in integers]
+        if positions is None:
+            positions = np.arange(u.size)
+        nonzero = np.flatnonzero(u != 0)
+        if nonzero.size == 0:
+            return 0
+        a = self.coefficients_at(family, np.asarray(positions, dtype=np.int64)[nonzero])
+        return int(np.dot(a, u[nonzero]))
 
 
 def cipher_secret(cipher) -> bytes | None:

@@ -419,10 +419,9 @@ def _one_round(server, clients, active, was_active, wire: Wire, clock: _Clock) -
     check = clock.run("server", server.aggregate_primal, replies)
     accepted = True
     if check is not None:
-        judge, totals, dw_sq = check
-        wire.down(judge, "totals", {"totals": totals, "dw_sq": dw_sq})
-        accepted = bool(wire.up(judge, "verdict", clock.run(judge, clients[judge].verdict,
-                                                            totals, dw_sq)))
+        judge, message = check
+        accepted = bool(wire.up(judge, "verdict", clock.run(
+            judge, clients[judge].verdict, wire.down(judge, "totals", message))))
     for k, w_local in clock.run("server", server.commit, accepted).items():
         clock.run(k, clients[k].commit, accepted, wire.down(k, "weights", w_local))
     if server.public.hyfdca.refresh_inner_products:
