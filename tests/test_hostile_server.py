@@ -431,3 +431,128 @@ def test_the_safe_rules_verdict_is_only_of_the_active_parties_gain_terms(monkeyp
         monkeypatch.setattr(Server, "aggregate_primal", forge(change))
         with pytest.raises(HyflError, match="their tag does not verify"):
             run_protocol(hyfdca, problem, partition, RandomFraction(4, 0.75), 2, cipher, seed=0)
+
+
+def _with_stale(run) -> Record:
+    """A round message that carries stale duals (a party that missed rounds)."""
+    for record in run.records:
+        if record.kind == "round":
+            stale = record.payload["configure"].get("stale")
+            if stale is not None and len(stale):
+                return record
+    raise LookupError("no stale duals in the recorded run")
+
+
+def test_stale_duals_are_states_a_holder_made(run):
+    """The issue's second reproducer: stale duals ``Enc(e_i v)`` (then rolled back) gave,
+    through the primal part, one sample's feature row and label. The server stores each
+    chunk's state as its reporter encrypted it, with a tag, and says who made it; a
+    chosen value, a genuine state plus anything, or a state attributed to anyone or any
+    round else is refused before the primal part is computed."""
+    from hyfl.privacy.layout import EncryptedVector
+
+    record = _with_stale(run)
+    genuine = record.payload
+    configure = genuine["configure"]
+    vec, contexts = configure["stale"], configure["stale_contexts"]
+    reply, _ = _send(run, record)  # the genuine states verify
+    assert "primal_part" in decode(*reply, run.cipher)
+
+    def send(ciphertexts=None, forged_contexts=None):
+        forged = {**configure,
+                  "stale": EncryptedVector(vec.chunks, vec.ciphertexts if ciphertexts is None
+                                           else ciphertexts),
+                  "stale_contexts": contexts if forged_contexts is None else forged_contexts}
+        return _send(run, record, {**genuine, "configure": forged})
+
+    chosen = vec.ciphertexts.copy()
+    chosen[0] = run.cipher.encrypt(np.array([[1.0]]))[0]
+    added = vec.ciphertexts.copy()
+    added[:1] = run.cipher.add(added[:1], run.cipher.encrypt(np.array([[1e-6]])))
+    for ciphertexts in (chosen, added):
+        with pytest.raises(HyflError, match="tag does not verify"):
+            send(ciphertexts)
+    t = int(configure["t"])
+    made = contexts.reshape(-1, 3)
+    assert (made[:, 0] > 0).any() and (made[:, 0] < t).all()
+    first = int(np.flatnonzero(made[:, 0] > 0)[0])
+    for column, value, refusal in [(0, t, "not a state a holder made"),  # made this round
+                                   (2, 99, "not a state a holder made"),  # by a non-holder
+                                   (0, 0, "tag does not verify"),  # the zeros it started from
+                                   (1, 2, "tag does not verify")]:  # in another attempt
+        forged = made.copy()
+        forged[first, column] = value
+        with pytest.raises(HyflError, match=refusal):
+            send(forged_contexts=forged.reshape(-1))
+
+
+def test_the_last_steps_and_the_checkpoint_are_states_a_holder_made(run):
+    """A returning party's last steps (``previous``: the states before last round's
+    step) and a checkpoint's duals enter its direction and its checkpoint image: a
+    chosen value in either is refused (their tags)."""
+    from hyfl.privacy.layout import EncryptedVector
+
+    def forge(vec):
+        ciphertexts = vec.ciphertexts.copy()
+        ciphertexts[0] = run.cipher.encrypt(np.array([[0.5]]))[0]
+        return EncryptedVector(vec.chunks, ciphertexts)
+
+    tried = 0
+    for record in run.records:
+        payload = record.payload
+        if record.kind == "image" and payload.get("previous") is not None \
+                and len(payload["previous"]):
+            _send(run, record)  # genuine
+            with pytest.raises(HyflError, match="tag does not verify"):
+                _send(run, record, {**payload, "previous": forge(payload["previous"])})
+            tried |= 1
+        if record.kind == "round" and payload["configure"].get("checkpoint_duals") is not None \
+                and len(payload["configure"]["checkpoint_duals"]):
+            configure = payload["configure"]
+            _send(run, record)  # genuine
+            forged = {**configure, "checkpoint_duals": forge(configure["checkpoint_duals"])}
+            with pytest.raises(HyflError, match="tag does not verify"):
+                _send(run, record, {**payload, "configure": forged})
+            tried |= 2
+    assert tried == 3, f"the recorded run lacks last steps or checkpoint duals ({tried})"
+
+
+def test_the_row_norms_are_the_holders_sums(run):
+    """The set-up's squared row norms (delivered with the first round) enter the
+    subproblem and the line search: a chosen value, or one holder's part alone, is
+    refused (each holder group's sum carries its holders' tags)."""
+    from hyfl.privacy.layout import EncryptedVector
+
+    record = next(r for r in run.records if r.kind == "round"
+                  and (r.payload.get("deliveries") or {}).get("norms") is not None)
+    genuine = record.payload
+    norms = genuine["deliveries"]["norms"]
+    _send(run, record)  # genuine
+    chosen = norms.ciphertexts.copy()
+    chosen[0] = run.cipher.add(chosen[:1], run.cipher.encrypt(np.array([[2.0]])))[0]
+    forged = {**genuine, "deliveries": {**genuine["deliveries"],
+                                        "norms": EncryptedVector(norms.chunks, chosen)}}
+    with pytest.raises(HyflError, match="tag does not verify"):
+        _send(run, record, forged)
+
+
+def test_the_inner_products_are_the_holders_parts(run):
+    """The inner products ``z`` a party decrypts are remembered and reach its proposals,
+    span sums and line-search sums: a chosen value added, or a holder's part claimed
+    to be of another round (or its own of an older one), is refused."""
+    from hyfl.privacy.layout import EncryptedVector
+
+    record = _find(run, "proposals", t=3)
+    genuine = record.payload
+    z, made = genuine["z"], genuine["z_made"]
+    _send(run, record)  # genuine
+    chosen = z.ciphertexts.copy()
+    chosen[0] = run.cipher.add(chosen[:1], run.cipher.encrypt(np.array([[0.25]])))[0]
+    with pytest.raises(HyflError, match="tag does not verify"):
+        _send(run, record, {**genuine, "z": EncryptedVector(z.chunks, chosen)})
+    parts = made.reshape(-1, 2)
+    for row in range(parts.shape[0]):
+        forged = parts.copy()
+        forged[row, 0] = 1 if parts[row, 0] != 1 else 2  # made in another round
+        with pytest.raises(HyflError, match="tag does not verify|not a part it can"):
+            _send(run, record, {**genuine, "z_made": forged.reshape(-1)})

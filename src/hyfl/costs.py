@@ -454,7 +454,7 @@ class CostMeter:
         )
         bytes_down = (
             FLOAT_BYTES * stats.get("floats_down", 0.0)
-            + ID_BYTES * stats.get("ids_down", 0.0)
+            + ID_BYTES * (stats.get("ids_down", 0.0) + he.get("ids_down", 0))
             + ct * he["ciphertexts_down"]
         )
         server = float(stats.get("server_seconds", 0.0))
@@ -553,8 +553,14 @@ def count_he_operations(traffic: dict, layout, value_slots: int | None = None) -
     ``momentum_down`` (clients, samples)
         ``cocoa``: the previous dual steps sent to returning clients; decrypted.
     ``dual_commit`` (samples)
-        ``cocoa``: the applied dual changes, encrypted by one active holder per
-        sample and added into the stored duals.
+        ``cocoa``: the new dual states of the chunks whose samples moved, encrypted
+        by one active holder per sample (with a tag chunk each); they replace the
+        stored ones.
+    ``stored_states`` (bool)
+        ``cocoa``: the stored duals are states with tags, so the stored chunks sent
+        down (``refresh_down``, ``momentum_down``, ``checkpoint_down``) travel with
+        their tag chunks and 3 ids each (who made the state). Counted in the
+        returned ``ids_down``.
     ``checkpoint_down`` (clients, samples)
         ``cocoa`` with the certificate: the checkpoint's duals sent to the clients
         whose image of it is missing; decrypted.
@@ -573,15 +579,30 @@ def count_he_operations(traffic: dict, layout, value_slots: int | None = None) -
     one active holder per updated sample sends its dual's change in
     ``layout``, added into the stored duals.
     """
-    enc = dec = add = up = down = 0
+    enc = dec = add = up = down = context_ids = 0
+    # The cocoa rule's stored duals are states: each chunk travels with its tag chunk,
+    # and down with who made it (round, attempt, reporter).
+    states = bool(traffic.get("stored_states"))
+
+    def stored(n: int) -> int:
+        nonlocal context_ids
+        if not states:
+            return n
+        context_ids += 3 * n
+        return 2 * n
+
     draws = _round_draws(traffic)
     updated = None if draws is None else np.unique(np.asarray(draws[1], dtype=np.int64))
     compact = layout if draws is None else layout.round_layout(*draws)
-    n = _chunks(layout, traffic, "refresh_down")
+    n = stored(_chunks(layout, traffic, "refresh_down"))
     down += n
     dec += n
     # Inner products of the drawn samples only are summed, never stored: compact.
     sip = compact if "sip_up" in traffic else layout
+    if states:  # cocoa: a tag chunk per holder group, and who made each holder's part
+        sip = TaggedLayout(layout)
+        if "sip_down_all" in traffic:
+            context_ids += 2 * _flagged_holders(sip, traffic["sip_down_all"])
     # sip_again_all: the optional second SecureInnerProduct
     n = _chunks(sip, traffic, "sip_up") + _chunks(layout, traffic, "sip_again")
     up += n
@@ -628,7 +649,8 @@ def count_he_operations(traffic: dict, layout, value_slots: int | None = None) -
         up += n
         enc += n
         add += n - (int(duals.chunks_of(samples).size) if len(samples) else 0)
-    n = _chunks(layout, traffic, "momentum_down") + _chunks(layout, traffic, "checkpoint_down")
+    n = stored(_chunks(layout, traffic, "momentum_down")) + stored(
+        _chunks(layout, traffic, "checkpoint_down"))
     down += n
     dec += n
     n = int(traffic.get("conjugate_up", 0))
@@ -640,9 +662,9 @@ def count_he_operations(traffic: dict, layout, value_slots: int | None = None) -
     dec += n
     if "dual_commit" in traffic:
         n = int(layout.chunks_of(traffic["dual_commit"]).size) if len(traffic["dual_commit"]) else 0
-        up += n
-        enc += n
-        add += n
+        up += 2 * n if states else n
+        enc += 2 * n if states else n
+        add += 0 if states else n  # a state replaces what was stored, a change is added
     if "totals" in traffic:
         senders, values = traffic["totals"]
         per_sender = -(-values // int(value_slots or layout.slots))
@@ -657,6 +679,7 @@ def count_he_operations(traffic: dict, layout, value_slots: int | None = None) -
         "additions": add,
         "ciphertexts_up": up,
         "ciphertexts_down": down,
+        "ids_down": context_ids,
     }
 
 
@@ -676,6 +699,15 @@ def _chunks(layout, traffic: dict, key: str) -> int:
     if f"{key}_all" in traffic:
         n += _flagged_chunks(layout, traffic[f"{key}_all"])
     return n
+
+
+def _flagged_holders(layout, flags) -> int:
+    """Holders of every holder group of the clients flagged in ``flags``, counted once per
+    (client, group, holder)."""
+    holders = layout.chunk_holders[layout.inner.n_chunks:]
+    n_holders = np.count_nonzero(holders >= 0, axis=1)
+    flagged = np.flatnonzero(np.asarray(flags, dtype=bool))
+    return int(sum(n_holders[(holders == k).any(axis=1)].sum() for k in flagged))
 
 
 def _flagged_chunks(layout, flags) -> int:

@@ -390,6 +390,8 @@ class HyFDCA:
         self.check_participation(active, t)
         newcomers = active & ~state.was_active
         io = RoundIO()
+        if self.step_rule == "cocoa":  # see hyfl.costs.count_he_operations
+            io.traffic["stored_states"] = True
         n_features = state.feature_counts * state.w.shape[1]  # floats of a client's weights
 
         # 1. Newcomers receive the duals of their samples that changed while

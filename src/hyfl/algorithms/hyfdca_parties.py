@@ -176,17 +176,24 @@ class Client:
 
     # -- set-up ----------------------------------------------------------------
     def setup_messages(self) -> dict:
-        """Encrypted squared norms of the client's parts of its samples."""
+        """Encrypted squared norms of the client's parts of its samples (a tag per group)."""
         return {
-            "norms": encrypt_samples(
-                self.cipher, self.public.norm_layout, self.samples, self.own_sq[:, None]
-            ),
+            "norms": encrypt_tagged(self.cipher, TaggedLayout(self.public.norm_layout),
+                                    self.samples, self.own_sq[:, None], self._tag_key,
+                                    "norms", ("norms",), self.k),
         }
 
     def learn_norms(self, norms: EncryptedVector) -> None:
-        self.sq_norms = decrypt_samples(
-            self.cipher, self.public.norm_layout, norms, self.samples
-        ).ravel()
+        """The full squared norms of the client's samples: each group's sum must hold
+        exactly its holders' parts (their tags), since the norms enter the subproblem
+        and the line search's sums."""
+        layout = TaggedLayout(self.public.norm_layout)
+        holders = layout.chunk_holders[layout.inner.n_chunks:]
+        expected = {group: [("norms", int(h)) for h in holders[group] if h >= 0]
+                    for group in range(holders.shape[0])}
+        self.sq_norms = decrypt_tagged(self.cipher, layout, norms, self.samples,
+                                       self._tag_key, "norms", expected,
+                                       "the squared row norms").ravel()
 
     # -- 1. configure and refresh --------------------------------------------------
     def configure(self, message: dict) -> dict | None:
@@ -199,24 +206,62 @@ class Client:
         reply = {}
         if message.get("certificate") is not None:  # before the refresh: of the old copy
             reply.update(self._certificate(message["certificate"],
-                                           message.get("checkpoint_duals")))
+                                           message.get("checkpoint_duals"),
+                                           message.get("checkpoint_contexts")))
         if message.get("stale") is not None:
-            local = self._samples_in(message["stale"])
-            self.alpha[local] = self._feasible(
-                decrypt_samples(self.cipher, self.public.layout, message["stale"],
-                                self.samples[local]), local
-            )
+            local, values = self._stored_duals(message["stale"], message.get("stale_contexts"),
+                                               "the stale duals")
+            self.alpha[local] = self._feasible(values, local)
             reply["primal_part"] = self.primal_part()
         return reply or None
 
-    def _samples_in(self, vec: EncryptedVector) -> np.ndarray:
-        """Local positions of our samples inside the chunks of ``vec`` (the chunk ids name
-        the samples: every sample of ours inside them)."""
+    def _samples_in(self, chunks: np.ndarray) -> np.ndarray:
+        """Local positions of our samples inside the given chunks (the chunk ids name the
+        samples: every sample of ours inside them)."""
         layout = self.public.layout
         chunk_of = layout.positions(self.samples).reshape(self.samples.size, -1) // layout.slots
-        return np.flatnonzero(np.isin(chunk_of, vec.chunks).any(axis=1))
+        return np.flatnonzero(np.isin(chunk_of, chunks).any(axis=1))
 
-    def _certificate(self, events: np.ndarray, duals: EncryptedVector | None) -> dict:
+    def _stored_duals(self, vec: EncryptedVector, contexts, what: str):
+        """Decrypt duals the server stored: ``(local samples, values)`` of every sample in
+        the vector's chunks.
+
+        With the cocoa rule the server stores each chunk's *state*, encrypted by the
+        holder that reported it with a tag per chunk, and says who made it and when
+        (``contexts``: round, attempt and reporter per chunk, round 0 for the public
+        zeros it starts from); the tags are checked before any value is used, so a
+        value of the server's choosing never reaches a reply (issue 26, point 2).
+        The per-sample rules' stored duals are running sums of steps, not checked.
+        """
+        layout = self.public.layout
+        if self.public.hyfdca.step_rule != "cocoa":
+            local = self._samples_in(vec.chunks)
+            return local, decrypt_samples(self.cipher, layout, vec, self.samples[local])
+        data = vec.chunks[vec.chunks < layout.n_chunks]
+        local = self._samples_in(data)
+        contexts = np.asarray([] if contexts is None else contexts, dtype=np.int64)
+        if contexts.size != 3 * data.size:
+            raise fail(what, f"come with {contexts.size} context numbers for {data.size} "
+                       "chunks, not 3 per chunk", "The server does not follow hyfl's protocol.")
+        expected = {}
+        for chunk, (t, attempt, reporter) in zip(data.tolist(),
+                                                 contexts.reshape(-1, 3).tolist()):
+            if t == 0:  # the public zeros the run starts from: no contribution
+                expected[chunk] = []
+            elif 0 < t < self.round["t"] and attempt >= 1 and \
+                    reporter in layout.chunk_holders[chunk]:
+                expected[chunk] = [("state", t, attempt, reporter)]
+            else:
+                raise fail(what, f"name chunk {chunk}'s state as made in round {t}, attempt "
+                           f"{attempt}, by party {reporter}: not a state a holder made "
+                           f"before round {self.round['t']}",
+                           "The server does not follow hyfl's protocol.")
+        values = decrypt_tagged(self.cipher, TaggedLayout(layout, per_chunk=True), vec,
+                                self.samples[local], self._tag_key, "duals", expected, what)
+        return local, values
+
+    def _certificate(self, events: np.ndarray, duals: EncryptedVector | None,
+                     contexts: np.ndarray | None = None) -> dict:
         """Apply the certificate's notices missed while away (hyfl.algorithms.hyfdca_certify);
         a client whose image of the open checkpoint is missing gets the checkpoint's duals
         where its copy differs and sends that image."""
@@ -235,9 +280,8 @@ class Client:
                            "Run every party with the same hyfl version.")
         if duals is None:
             return {}
-        local = self._samples_in(duals)
-        self.ckpt_alpha[local] = self._feasible(
-            decrypt_samples(self.cipher, self.public.layout, duals, self.samples[local]), local)
+        local, values = self._stored_duals(duals, contexts, "the checkpoint's duals")
+        self.ckpt_alpha[local] = self._feasible(values, local)
         return {"checkpoint_part": np.asarray(self.X.T @ self.ckpt_alpha)}
 
     def _round_layout(self) -> SlotLayout | RoundLayout:
@@ -286,6 +330,10 @@ class Client:
         if every or self.public.hyfdca.sip_scope == "all":  # stored by the server
             local, layout = np.arange(self.samples.size), self.public.layout
         values = np.asarray(self.X[local] @ self.w)
+        if self.public.hyfdca.step_rule == "cocoa":  # a tag per holder group (see proposals)
+            return encrypt_tagged(self.cipher, TaggedLayout(layout), self.samples[local],
+                                  values, self._tag_key, "ip", self._round_context("ip"),
+                                  self.k)
         return encrypt_samples(self.cipher, layout, self.samples[local], values)
 
     # -- 3. LocalDualMethod ----------------------------------------------------------
@@ -395,7 +443,11 @@ class Client:
         if pub.horizontal:  # whole samples: the inner products are local
             self.z = np.asarray(self.X @ self.w)
         else:
-            self.z = decrypt_samples(self.cipher, pub.layout, message["z"], self.samples)
+            layout = TaggedLayout(pub.layout)
+            self.z = decrypt_tagged(self.cipher, layout, message["z"], self.samples,
+                                    self._tag_key, "ip",
+                                    self._inner_product_parts(layout, message.get("z_made")),
+                                    "the inner products")
         self.memory.record(self.round["t"], self.z, self.w)
         transforms = span_transforms(_symmetric(message["grams"])[None])
         self.offsets = np.zeros_like(self.z)
@@ -438,21 +490,22 @@ class Client:
         since the image of a chosen vector would give the server feature rows.
         """
         updated = self.round["updated_local"]
-        layout = self.public.layout  # the last steps are stored: fixed layout
         proposal_layout = TaggedLayout(self._round_layout())
+        context = self._round_context("proposal")
+        expected = {group: [(*context, int(sender)) for sender in senders]
+                    for group, senders in self._drawers(proposal_layout).items()}
         self.proposal = decrypt_tagged(
             self.cipher, proposal_layout, message["proposal"], self.samples[updated],
-            self._tag_key, "proposal", self._round_context("proposal"),
-            self._drawers(proposal_layout), "the summed proposals")
+            self._tag_key, "proposal", expected, "the summed proposals")
         if message.get("previous") is not None:  # returning: the last steps, made by others
+            # The states before last round's step of the chunks it moved: the step is
+            # the difference to the states this client was refreshed with.
             self.previous_step = np.zeros_like(self.previous_step)
             vec = message["previous"]
-            chunk = layout.positions(self.samples[updated]) // layout.slots
-            sent = np.isin(chunk, vec.chunks).reshape(updated.size, -1).all(axis=1)
-            moved = updated[sent]
-            if moved.size:
-                self.previous_step[moved] = decrypt_samples(self.cipher, layout, vec,
-                                                            self.samples[moved])
+            if len(vec):
+                local, before = self._stored_duals(vec, message.get("previous_contexts"),
+                                                   "the last steps")
+                self.previous_step[local] = self.alpha[local] - before
         return np.asarray(self.X[updated].T @ self.proposal)
 
     def cocoa_direction(self, mu: np.ndarray) -> dict:
@@ -526,6 +579,38 @@ class Client:
 
     def _tag_context(self, kind: str, sender: int) -> tuple:
         return (*self._round_context(kind), int(sender))
+
+    def _inner_product_parts(self, layout: TaggedLayout, made) -> dict[int, list]:
+        """The parts each holder group's inner products must hold: every holder's last
+        one, made in the round and attempt the server names (``made``: per group of the
+        client's samples, per holder, ``(t, attempt)``; round 0: the zeros of the
+        set-up). Its own part is the one it sent this attempt."""
+        made = np.asarray([] if made is None else made, dtype=np.int64).reshape(-1, 2)
+        t, attempt = int(self.round["t"]), int(self.round.get("attempt", 1))
+        holders = layout.chunk_holders[layout.inner.n_chunks:]
+        groups = np.unique(layout.sample_groups(self.samples))
+        count = int(np.count_nonzero(holders[groups] >= 0))
+        if made.shape[0] != count:
+            raise fail("the inner products", f"name when {made.shape[0]} parts were made, "
+                       f"not the {count} of the holders of its groups",
+                       "The server does not follow hyfl's protocol.")
+        expected, row = {}, 0
+        for group in groups.tolist():
+            expected[group] = []
+            for holder in holders[group][holders[group] >= 0].tolist():
+                t_made, a_made = made[row].tolist()
+                row += 1
+                own = holder == self.k
+                if (t_made, a_made) == (0, 0) and not own:
+                    continue  # the zeros the server starts from
+                if (own and (t_made, a_made) != (t, attempt)) or not (
+                        0 < t_made <= t and a_made >= 1):
+                    raise fail("the inner products", f"name party {holder}'s part as made "
+                               f"in round {t_made}, attempt {a_made}: not a part it can "
+                               f"have sent by round {t}",
+                               "The server does not follow hyfl's protocol.")
+                expected[group].append(("ip", t_made, a_made, holder))
+        return expected
 
     def _drawers(self, layout: TaggedLayout) -> dict[int, np.ndarray]:
         """The holders that drew samples of each of the client's holder groups this round:
@@ -608,9 +693,13 @@ class Client:
         self.previous_step = np.zeros_like(self.previous_step)
         self.previous_step[updated] = change
         self.w = np.array(w_local, dtype=float)
-        send = reports & np.any(change != 0.0, axis=1)  # a zero step changes nothing
-        return encrypt_samples(self.cipher, self.public.layout, self.samples[updated[send]],
-                               change[send])
+        # The new state of every chunk holding a sample it reports that moved (a zero step
+        # changes nothing), with a tag per chunk: the server stores it as it is.
+        send = reports & np.any(change != 0.0, axis=1)
+        local = self._samples_in(self.public.layout.chunks_of(self.samples[updated[send]]))
+        return encrypt_tagged(self.cipher, TaggedLayout(self.public.layout, per_chunk=True),
+                              self.samples[local], self.alpha[local], self._tag_key, "duals",
+                              self._round_context("state"), self.k)
 
     def _feasible(self, values: np.ndarray, local: np.ndarray) -> np.ndarray:
         """Project decrypted duals into the dual domain (fixed-point rounding may step out)."""
@@ -629,8 +718,13 @@ class Server:
         C = public.n_outputs
         self.K = K
         n_chunks = public.layout.n_chunks
-        self.enc_alpha = np.empty(n_chunks, dtype=object)
-        self.enc_ip = np.empty((K, n_chunks), dtype=object)
+        self.stored = _StoredDuals.empty(n_chunks, states=public.hyfdca.step_rule == "cocoa")
+        # Each client's last inner products; with the cocoa rule a tag chunk per holder
+        # group, and when each group's part was made (round, attempt; 0: the zeros).
+        self.ip_layout = (TaggedLayout(public.layout) if public.hyfdca.step_rule == "cocoa"
+                          else public.layout)
+        self.enc_ip = np.empty((K, self.ip_layout.n_chunks), dtype=object)
+        self.ip_made = np.zeros((K, self.ip_layout.n_chunks - n_chunks, 2), dtype=np.int64)
         self.chunk_updated = np.zeros(n_chunks, dtype=np.int64)
         self.last_active = np.zeros(K, dtype=np.int64)
         self.primal_parts = [np.zeros((f.size, C)) for f in self.client_features]
@@ -662,29 +756,34 @@ class Server:
             self.sigma = initial_sigma(self.client_features, M)
             self.sigma_ceiling = sigma_ceiling(self.client_features, M, sizes)
             self.previous_dw = np.zeros((M, C))
-            self.enc_previous: dict[int, object] = {}  # chunk -> ciphertext of the last step
+            # chunk -> what it stored before last round's step (state, tag, context)
+            self.enc_previous: dict[int, tuple] = {}
             self.average_w = np.zeros((M, C))  # the running average of the model (plaintext)
             self.coherence = np.zeros(C)  # the line search's remembered coherence
         self.cert = _ServerCertificate.start(K) if public.hyfdca.certified else None
         self.limit = 1.0  # the round's longest step (the certificate's trust, or 1)
+        self.attempt = 1  # the attempt at the round (a deployment may restart one)
 
     # -- set-up ----------------------------------------------------------------
     def setup(self, messages: list[dict]) -> list[EncryptedVector]:
         """Start from (publicly known) zero duals and inner products; sum the row norms."""
         layout = self.public.layout
         self.enc_alpha[:] = self.cipher.zeros(layout.n_chunks)
+        if self.stored.tags is not None:  # the zeros' tags: zero (no contribution)
+            self.stored.tags[:] = self.cipher.zeros(layout.n_chunks)
         if self.cert is not None:  # the conjugate sum of the explored duals (all zero: 0)
             self.cert.explored_conj = self.cipher.zeros(1)
         for k, samples in enumerate(self.client_samples):
-            chunks = layout.chunks_of(samples)
+            chunks = self.ip_layout.chunks_of(samples)
             self.enc_ip[k, chunks] = self.cipher.zeros(chunks.size)
-        norms = np.empty(self.public.norm_layout.n_chunks, dtype=object)
+        norm_layout = TaggedLayout(self.public.norm_layout)
+        norms = np.empty(norm_layout.n_chunks, dtype=object)
         store = np.empty((self.K, norms.size), dtype=object)
         for k, message in enumerate(messages):
             store[k, message["norms"].chunks] = message["norms"].ciphertexts
         every = np.arange(norms.size)
-        norms[:] = self._sum_over_holders(store, every, self.public.norm_layout)
-        return [self._select(norms, self.public.norm_layout, s) for s in self.client_samples]
+        norms[:] = self._sum_over_holders(store, every, norm_layout)
+        return [self._select(norms, norm_layout, s) for s in self.client_samples]
 
     # -- 1. configure ----------------------------------------------------------------
     def configure(self, active: np.ndarray, was_active: np.ndarray) -> dict[int, dict]:
@@ -754,12 +853,16 @@ class Server:
                                                     dtype=np.int64)
                 cert.cursor[k] = len(cert.events)
                 if cert.checkpoint is not None and cert.checkpoint["pending"][k]:
-                    message["checkpoint_duals"] = self._select(
-                        cert.checkpoint["enc_alpha"], pub.layout,
-                        self._changed(k, cert.checkpoint["chunk_updated"], synced))
+                    message["checkpoint_duals"], message["checkpoint_contexts"] = \
+                        self._states(cert.checkpoint["stored"], self._changed(
+                            k, cert.checkpoint["chunk_updated"], synced))
             if not was_active[k] and t > 1:
-                message["stale"] = self._select(self.enc_alpha, pub.layout,
-                                                self._changed(k, self.chunk_updated, synced))
+                changed = self._changed(k, self.chunk_updated, synced)
+                if self.stored.tags is None:  # the per-sample rules: running sums of steps
+                    message["stale"] = self._select(self.enc_alpha, pub.layout, changed)
+                else:
+                    message["stale"], message["stale_contexts"] = self._states(self.stored,
+                                                                               changed)
             messages[k] = message
         self.last_active[self.active] = t
         return messages
@@ -879,18 +982,24 @@ class Server:
             roles = self._group_roles()
         upper = np.triu_indices(grams.shape[-1])
         coef = self.sigma / (pub.lam * pub.n_samples)
+        made = {}
         if pub.horizontal:
             z = None
         else:
+            layout = self.ip_layout
             for k, vec in parts.items():
                 self.enc_ip[k, vec.chunks] = vec.ciphertexts
+                tags = vec.chunks[vec.chunks >= pub.layout.n_chunks] - pub.layout.n_chunks
+                self.ip_made[k, tags] = (self.t, self.attempt)
             chunks = np.unique(np.concatenate([layout.chunks_of(self.client_samples[k])
                                                for k in active]))
             z = np.empty(layout.n_chunks, dtype=object)
             z[chunks] = self._sum_over_holders(self.enc_ip, chunks, layout)
+            made = {int(k): self._parts_made(k) for k in active}
         return {
             int(k): {
                 "z": None if z is None else self._select(z, layout, self.client_samples[k]),
+                **({"z_made": made[int(k)]} if made else {}),
                 "grams": grams[a][:, upper[0], upper[1]],  # symmetric: the upper triangles
                 "coef": coef,
                 **({} if self.groups is None else {
@@ -914,12 +1023,16 @@ class Server:
             message = {"proposal": self._select(total, tagged, self._updated_of(k)),
                        "previous": None}
             if newcomers[k] and self.enc_previous:
-                # Only the chunks that moved last round travel; the rest were zero steps.
+                # Only the chunks that moved last round travel (their states before it,
+                # the client has the states after); the rest were zero steps.
                 known = np.fromiter(self.enc_previous, dtype=np.int64, count=len(self.enc_previous))
                 chunks = np.intersect1d(layout.chunks_of(self._updated_of(k)), known)
+                before = [self.enc_previous[int(c)] for c in chunks]
                 message["previous"] = EncryptedVector(
-                    chunks, np.array([self.enc_previous[int(c)] for c in chunks], dtype=object)
-                )
+                    np.concatenate([chunks, layout.n_chunks + chunks]),
+                    np.array([b[0] for b in before] + [b[1] for b in before], dtype=object))
+                message["previous_contexts"] = np.array(
+                    [b[2] for b in before], dtype=np.int64).reshape(-1)
             out[k] = message
         return out
 
@@ -1035,15 +1148,23 @@ class Server:
         rho = average_weight(self.t)
         self.average_w = (1.0 - rho) * self.average_w + rho * self.w
 
-    def cocoa_store(self, changes: dict[int, EncryptedVector]) -> None:
-        """Add the reported dual changes into the encrypted duals; keep them as the last step."""
+    def cocoa_store(self, states: dict[int, EncryptedVector]) -> None:
+        """Store the chunks' new states as the reporters sent them (each with its tag, and
+        who made it); keep what they replace, for returning clients' last steps."""
+        n, stored = self.public.layout.n_chunks, self.stored
         self.enc_previous = {}
-        for vec in changes.values():
-            if len(vec):
-                self.enc_alpha[vec.chunks] = self.cipher.add(self.enc_alpha[vec.chunks],
-                                                             vec.ciphertexts)
-                self.enc_previous.update(zip(vec.chunks.tolist(), vec.ciphertexts))
-                self.chunk_updated[vec.chunks] = self.t
+        for k, vec in states.items():
+            data = vec.chunks < n
+            chunks = vec.chunks[data]
+            if not np.array_equal(vec.chunks[~data], n + chunks):
+                raise fail(f"party {k}'s dual states", "do not come with one tag per chunk",
+                           "Run every party with the same hyfl version.")
+            for c in chunks.tolist():
+                self.enc_previous[c] = (stored.alpha[c], stored.tags[c], stored.contexts[c].copy())
+            stored.alpha[chunks] = vec.ciphertexts[data]
+            stored.tags[chunks] = vec.ciphertexts[~data]
+            stored.contexts[chunks] = (self.t, self.attempt, k)
+            self.chunk_updated[chunks] = self.t
         if self.cert is not None:
             self._certificate_round_end()
 
@@ -1051,7 +1172,7 @@ class Server:
     def _keep_certified(self) -> None:
         """The exploration leaves the certified state: keep its ciphertexts and images."""
         cert = self.cert
-        cert.enc_alpha = self.enc_alpha.copy()
+        cert.stored = self.stored.copy()
         cert.parts = [part.copy() for part in self.primal_parts]
         cert.w = self.w.copy()
         cert.enc_conj = cert.explored_conj.copy()
@@ -1079,7 +1200,7 @@ class Server:
     def _open_checkpoint(self) -> None:
         cert = self.cert
         cert.checkpoint = {
-            "enc_alpha": self.enc_alpha.copy(),
+            "stored": self.stored.copy(),
             "chunk_updated": self.chunk_updated.copy(),
             "parts": [None if cert.stale[k] else part.copy()
                       for k, part in enumerate(self.primal_parts)],
@@ -1114,13 +1235,13 @@ class Server:
         self.decisions += 1
         if accepted:
             cert.events.append(EVENTS["accept"])
-            cert.enc_alpha, cert.enc_conj = ckpt["enc_alpha"], ckpt["enc_conj"]
+            cert.stored, cert.enc_conj = ckpt["stored"], ckpt["enc_conj"]
             cert.parts, cert.w = ckpt["parts"], self.checkpoint_w
             if not cert.stale.any() and ckpt["round"] == self.t:
                 cert.current = True
         else:
             cert.events.append(EVENTS["reject"])
-            self.enc_alpha = cert.enc_alpha.copy()
+            self.stored = cert.stored.copy()
             cert.explored_conj = cert.enc_conj.copy()
             self.primal_parts = [part.copy() for part in cert.parts]
             self.primal_sum = np.zeros_like(self.primal_sum)
@@ -1136,6 +1257,36 @@ class Server:
             cert.reset_at = self.t
         if cert.checkpoint is None and not cert.current:
             self._open_checkpoint()
+
+    @property
+    def enc_alpha(self) -> np.ndarray:
+        """The stored duals' ciphertexts, one per chunk (the fixed layout)."""
+        return self.stored.alpha
+
+    @enc_alpha.setter
+    def enc_alpha(self, ciphertexts: np.ndarray) -> None:
+        self.stored.alpha = ciphertexts
+
+    def _states(self, stored: _StoredDuals, samples: np.ndarray):
+        """The stored states of the chunks of ``samples``, each with its tag chunk (see
+        :class:`~hyfl.privacy.layout.TaggedLayout`), and who made each: (round, attempt,
+        reporter) per chunk, flattened."""
+        layout = self.public.layout
+        chunks = layout.chunks_of(samples) if len(samples) else np.empty(0, dtype=np.int64)
+        vector = EncryptedVector(np.concatenate([chunks, layout.n_chunks + chunks]),
+                                 np.concatenate([stored.alpha[chunks], stored.tags[chunks]]))
+        return vector, stored.contexts[chunks].reshape(-1)
+
+    def _parts_made(self, k: int) -> np.ndarray:
+        """When each holder's inner products in client ``k``'s groups were made: (round,
+        attempt) per group (ascending) and holder (ascending), flattened."""
+        layout = self.ip_layout
+        holders = layout.chunk_holders[layout.inner.n_chunks:]
+        groups = np.unique(layout.sample_groups(self.client_samples[k]))
+        rows = holders[groups]
+        group_of = np.broadcast_to(groups[:, None], rows.shape)
+        real = rows >= 0
+        return self.ip_made[rows[real], group_of[real]].reshape(-1)
 
     def _changed(self, k: int, chunk_updated: np.ndarray, after: int) -> np.ndarray:
         """Client ``k``'s samples whose stored duals changed after round ``after``."""
@@ -1199,6 +1350,33 @@ class Server:
 
 
 @dataclass
+class _StoredDuals:
+    """The server's encrypted duals, one ciphertext per chunk of the fixed layout.
+
+    With the cocoa rule each chunk holds the *state* its reporter last sent, with
+    its tag (:mod:`hyfl.privacy.tags`) and who made it (``contexts``: round,
+    attempt, reporter; round 0 for the zeros the run starts from), so that a
+    client can check what it is sent. The per-sample rules' duals are running
+    sums of steps (``tags`` and ``contexts`` None).
+    """
+
+    alpha: np.ndarray
+    tags: np.ndarray | None
+    contexts: np.ndarray | None
+
+    @classmethod
+    def empty(cls, n_chunks: int, states: bool) -> _StoredDuals:
+        if not states:
+            return cls(np.empty(n_chunks, dtype=object), None, None)
+        return cls(np.empty(n_chunks, dtype=object), np.empty(n_chunks, dtype=object),
+                   np.zeros((n_chunks, 3), dtype=np.int64))
+
+    def copy(self) -> _StoredDuals:
+        return _StoredDuals(*(None if a is None else a.copy()
+                              for a in (self.alpha, self.tags, self.contexts)))
+
+
+@dataclass
 class _ServerCertificate:
     """What the server keeps for the certificate (see hyfl.algorithms.hyfdca_certify)."""
 
@@ -1208,7 +1386,7 @@ class _ServerCertificate:
     trust: float = 1.0
     current: bool = True  # the certified state is the explored one
     reset_at: int = 0  # the last round the exploration restarted (every copy reset)
-    enc_alpha: np.ndarray | None = None  # the certified duals' ciphertexts
+    stored: _StoredDuals | None = None  # the certified duals' ciphertexts
     enc_conj: np.ndarray | None = None  # their conjugate sum's ciphertext
     explored_conj: np.ndarray | None = None  # the explored duals' conjugate sum's ciphertext
     parts: list | None = None  # every client's primal part of them

@@ -84,6 +84,7 @@ from hyfl._io import atomic_write, write_json
 from hyfl.deploy.codec import check_fields
 from hyfl.deploy.config import DeployConfig, structure_blocks
 from hyfl.errors import HyflError, fail
+from hyfl.privacy.layout import TaggedLayout
 
 __all__ = ["LATEST_WEIGHTS", "REPLY_FIELDS", "Coordinator", "PartyMissing", "Transport",
            "write_failure"]
@@ -348,6 +349,7 @@ class Coordinator:
             # an abandoned round is undone as if it never happened.
             saved = copy.deepcopy(self.server, memo={id(self.public): self.public,
                                                      id(self.cipher): self.cipher})
+            self.server.attempt = attempts  # what the parties count (their guard's)
             try:
                 record = self._attempt(t, active)
                 break
@@ -600,7 +602,11 @@ class Coordinator:
         if public is None:  # hello: nothing to compare with yet
             return
         # The proposals travel in the round's compact layout, the row norms in their own.
-        layouts = {"norms": public.norm_layout, "proposals": self.server.proposal_layout}
+        layouts = {"norms": TaggedLayout(public.norm_layout),
+                   "proposals": self.server.proposal_layout}
+        if public.hyfdca.step_rule == "cocoa":  # the duals' states, a tag chunk each
+            layouts["changes"] = TaggedLayout(public.layout, per_chunk=True)
+            layouts["inner_products"] = self.server.ip_layout
         for name in ("norms", "inner_products", "steps", "changes", "proposals"):
             layout = layouts.get(name, public.layout)
             chunks = getattr(reply.get(name), "chunks", None)

@@ -99,9 +99,9 @@ MESSAGE_FIELDS: dict[str, dict[str, str]] = {
     "duals": {"duals": "vector"},
     "verdict": {"totals": "vector", "dw_sq": "number", "active": "ids"},
     "commit": {"deliveries": "dict?", "inner_products": "bool?"},
-    "proposals": {"z": "vector?", "grams": "matrix", "coef": "number", "towards_w": "matrix?",
-                  "span_sums": "bool?", "exact": "bool?"},
-    "image": {"proposal": "vector", "previous": "vector?"},
+    "proposals": {"z": "vector?", "z_made": "ids?", "grams": "matrix", "coef": "number",
+                  "towards_w": "matrix?", "span_sums": "bool?", "exact": "bool?"},
+    "image": {"proposal": "vector", "previous": "vector?", "previous_contexts": "ids?"},
     "direction": {"mu": "floats"},
     "step": {"totals": "vector", "dw_sq": "floats", "coherence": "floats", "updated": "int",
              "active": "ids"},
@@ -114,7 +114,8 @@ _CONFIGURE_FIELDS = {"t": "int", "updated_local": "ids", "reports_local": "mask"
                      "n_draws": "int", "stale": "vector?", "drawn_local": "ids?",
                      "order_local": "ids?", "beta": "number?", "compact_steps": "bool?",
                      "drawn_by_local": "mask?", "limit": "number?", "certificate": "ids?",
-                     "checkpoint_duals": "vector?"}
+                     "checkpoint_duals": "vector?", "stale_contexts": "ids?",
+                     "checkpoint_contexts": "ids?"}
 _DELIVERY_FIELDS = {"norms": "vector?", "commit": "dict?", "closed": "int?"}
 _COMMIT_FIELDS = {"round": "int", "accepted": "bool", "w": "matrix"}
 

@@ -322,9 +322,13 @@ class TaggedLayout(_Packing):
     ``inner.n_chunks + g``, groups numbered in chunk order. A sender sends one
     tag chunk per group it has values in, a receiver gets one per group of the
     samples it reads: sums, selections and counts of chunks work unchanged.
+
+    ``per_chunk``: every data chunk is its own group (one tag chunk each), for
+    ciphertexts the server stores and sends on one by one (the duals' states).
     """
 
     inner: SlotLayout | RoundLayout
+    per_chunk: bool = False
 
     @property
     def slots(self) -> int:
@@ -340,7 +344,9 @@ class TaggedLayout(_Packing):
 
     @cached_property
     def group_firsts(self) -> np.ndarray:
-        """First data chunk of each holder group, ascending."""
+        """First data chunk of each holder group (of each chunk with ``per_chunk``)."""
+        if self.per_chunk:
+            return np.arange(self.inner.n_chunks)
         return np.unique(self._fixed.group_start)
 
     @property
@@ -355,6 +361,8 @@ class TaggedLayout(_Packing):
     @cached_property
     def client_chunks(self) -> np.ndarray:
         """Data and tag chunks covering all of each client's samples, shape (K,)."""
+        if self.per_chunk:
+            return 2 * self._fixed.client_chunks
         holders = self.inner.chunk_holders[self.group_firsts]
         groups = np.bincount(holders[holders >= 0], minlength=self._fixed.client_chunks.size)
         return self._fixed.client_chunks + groups
@@ -364,11 +372,13 @@ class TaggedLayout(_Packing):
 
     def groups_of(self, chunks: np.ndarray) -> np.ndarray:
         """The holder group (index) of each data chunk."""
+        if self.per_chunk:
+            return np.asarray(chunks, dtype=np.int64)
         starts = self._fixed.group_start[np.asarray(chunks, dtype=np.int64)]
         return np.searchsorted(self.group_firsts, starts)
 
     def sample_groups(self, samples: np.ndarray) -> np.ndarray:
-        """The holder group (index) of each sample."""
+        """The holder group (index) of each sample (holder groups, not ``per_chunk``)."""
         fixed = self._fixed
         return self.groups_of(fixed.base[np.asarray(samples, dtype=np.int64)] // fixed.slots)
 
@@ -381,6 +391,8 @@ class TaggedLayout(_Packing):
         clients = np.asarray(clients, dtype=np.int64)
         if clients.size == 0:
             return 0
+        if self.per_chunk:
+            return 2 * self.inner.count_chunks(clients, samples)
         groups = self.sample_groups(samples)
         tags = np.unique(clients * self.group_firsts.size + groups).size
         return self.inner.count_chunks(clients, samples) + int(tags)
@@ -449,16 +461,17 @@ def encrypt_tagged(cipher, layout: TaggedLayout, samples, values, key, family: s
 
 
 def decrypt_tagged(cipher, layout: TaggedLayout, vector: EncryptedVector, samples, key,
-                   family: str, context: tuple, senders, what: str) -> np.ndarray:
+                   family: str, expected, what: str) -> np.ndarray:
     """A receiver decrypts ``vector`` and reads the values of ``samples`` (n, C), after it
-    checked each holder group's summed tag against exactly the contributions of
-    ``senders`` (a mapping: group index -> the senders it expects in that group).
+    checked each group's summed tag against exactly the contributions it expects.
 
-    Raises a HyflError naming ``what`` when a tag does not verify: the sum holds
-    something besides those senders' values of this ``context`` (a value the
-    server chose, another round's, a sender left out or repeated), and nothing
-    computed from it may leave. ``context`` is the senders' without the sender.
-    Without a key (nothing hidden) nothing is checked.
+    ``expected`` maps each group (index) of the vector to the contexts of the
+    contributions its sum must hold (each as the sender passed it to
+    :func:`encrypt_tagged`, sender included; none: the public zeros). Raises a
+    HyflError naming ``what`` when a tag does not verify: the sum holds
+    something else (a value the server chose, another round's, a contribution
+    left out or repeated), and nothing computed from it may leave. Without a key
+    (nothing hidden) nothing is checked.
     """
     from hyfl.errors import fail
 
@@ -475,10 +488,12 @@ def decrypt_tagged(cipher, layout: TaggedLayout, vector: EncryptedVector, sample
     where = _slot_positions(chunks, layout.slots)
     for group, tag in zip(np.unique(groups).tolist(), tags):
         mine = np.repeat(groups == group, layout.slots)
-        contexts = [_group_context((*context, int(s)), layout, group) for s in senders[group]]
+        contexts = [_group_context(c, layout, group) for c in expected[group]]
+        if len(set(contexts)) < len(contexts):  # a contribution counted twice
+            tag = -1
         if not key.verify(family, values.ravel()[mine], tag, contexts, positions=where[mine]):
-            raise fail(what, "is not the sum of the contributions this round entitles it to "
-                       f"(holder group {group}'s tag does not verify): the server changed it",
+            raise fail(what, "is not the sum of the contributions the protocol entitles it to "
+                       f"(group {group}'s tag does not verify): the server changed it",
                        "The server does not follow hyfl's protocol; nothing was sent back.")
     dense = cipher.fixed_point.decode(values.ravel()).reshape(values.shape)
     return layout.unpack(chunks, dense, samples)

@@ -268,7 +268,7 @@ def run_protocol(
         cert = getattr(server, "cert", None)
         if cert is not None:  # every weight with the certified duals (as HyFDCA.models)
             if not cert.current and monitor_duals:
-                duals = _monitor_duals(server, cipher, problem, cert.enc_alpha)
+                duals = _monitor_duals(server, cipher, problem, cert.stored.alpha)
             candidates = [("last", server.w, duals)]
             if t > 0:
                 candidates += [("average", server.average_w, duals),
