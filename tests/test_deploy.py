@@ -70,6 +70,7 @@ def node_for(k: int, cipher: str, private, **more) -> dict:
     if cipher == "none":
         return {"party": k, "cipher": "none", **more}
     return {"party": k, "key": str(private), "cipher": cipher, "insecure-test-keys": True,
+            "unchecked-rules": True,
             **more}
 
 
@@ -277,6 +278,27 @@ def test_node_config_errors_are_clear(tmp_path, keys):
         handle_message("hello", hello, None, node, run)
     with pytest.raises(HyflError, match="fewer than the 2048"):  # small keys must be admitted
         handle_message("hello", hello, None, {"party": 0, "key": str(private)}, run)
+
+
+def test_a_party_refuses_rules_it_cannot_check_unless_admitted(keys):
+    """Issue 26, point 2: the per-sample rules keep the duals as running sums of steps,
+    which a party cannot check against an active server; a party with a key refuses
+    them (the job hears why) unless its own node config admits them."""
+    from hyfl.errors import JobRefused
+
+    private, public = keys
+    node = {"party": 0, "key": str(private), "insecure-test-keys": True}
+    for rule in ("safe", "theory", "paper"):
+        job = DeployConfig.from_run_config(run_config_for(
+            parties=3, cipher="paillier", public_key=str(public), partition="grid:3x1",
+            insecure_test_keys=True, hyper=f"local_steps=2,step_rule={rule}"))
+        with pytest.raises(JobRefused, match=f"step rule '{rule}'.*--unchecked-rules"):
+            NodeSettings.from_node_config(node, 3).check_job(job)
+        NodeSettings.from_node_config({**node, "unchecked-rules": True}, 3).check_job(job)
+    cocoa = DeployConfig.from_run_config(run_config_for(
+        parties=3, cipher="paillier", public_key=str(public), partition="grid:3x1",
+        insecure_test_keys=True))
+    NodeSettings.from_node_config(node, 3).check_job(cocoa)
 
 
 def _announcement(keys) -> dict:

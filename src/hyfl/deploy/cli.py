@@ -231,6 +231,10 @@ def party(
                                                   "dataset name.")] = None,
     out: Annotated[Path | None, typer.Option(help="Folder for the party's final duals and "
                                              "weights (party-K.npz).")] = None,
+    unchecked_rules: Annotated[bool, typer.Option(
+        "--unchecked-rules", help="Admit jobs with a per-sample step rule (safe, theory, "
+        "paper), whose stored duals this party cannot check against a dishonest server.")
+    ] = False,
     insecure: Insecure = False,
     root_certificates: RootCerts = None,
     port: Annotated[int, typer.Option(help="Local port of this SuperNode's own API (one per "
@@ -267,6 +271,10 @@ def party(
         if insecure_test_keys:
             node.append("insecure-test-keys=true")
             _warn("this party admits insecure test keys (< 2048 bits): tests only")
+        if unchecked_rules:
+            node.append("unchecked-rules=true")
+            _warn("this party admits the per-sample step rules, whose stored duals it cannot "
+                  "check: trust the server")
         NodeSettings.from_node_config({"party": party, "key": str(key or ""),
                                        "cipher": cipher or "", "fingerprint": fingerprint or ""})
         if data is not None:

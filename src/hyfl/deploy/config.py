@@ -89,8 +89,8 @@ RUN_HELP: dict[str, str] = {
 }
 
 #: Node config keys a party understands.
-NODE_KEYS = ("party", "key", "cipher", "fingerprint", "insecure-test-keys", "data", "data-dir",
-             "out")
+NODE_KEYS = ("party", "key", "cipher", "fingerprint", "insecure-test-keys", "unchecked-rules",
+             "data", "data-dir", "out")
 
 #: One line per node config key: what it means (the generated app's README).
 NODE_HELP: dict[str, str] = {
@@ -100,6 +100,8 @@ NODE_HELP: dict[str, str] = {
               "none (no key; tests only); a job asking for another is refused",
     "fingerprint": "optional pin: the key fingerprint (from public-key.json) it accepts",
     "insecure-test-keys": "true admits keys below 2048 bits (tests only)",
+    "unchecked-rules": "true admits the per-sample step rules (safe, theory, paper), whose "
+                       "stored duals the party cannot check against a dishonest server",
     "data": "its block file party-K.npz, or a dataset name / LIBSVM file (required: a party "
             "reads only the data its node config names)",
     "data-dir": "folder with dataset files (for a dataset name)",
@@ -286,6 +288,9 @@ class NodeSettings:
     ``none``, which a party without a key must state explicitly),
     ``fingerprint`` (optional: the key fingerprint this party insists on),
     ``insecure-test-keys`` (admit a key below 2048 bits; tests only),
+    ``unchecked-rules`` (admit the per-sample step rules with a private key:
+    their stored duals are running sums of steps, which the party cannot
+    check, so a dishonest server could read rows and labels through them),
     ``data`` (block file, dataset name or LIBSVM file: the only data the
     party reads), ``data-dir`` (where a named dataset's files are) and
     ``out`` (folder for the party's final state; optional).
@@ -300,6 +305,7 @@ class NodeSettings:
     cipher: str = "paillier"
     fingerprint: str = ""
     insecure_test_keys: bool = False
+    unchecked_rules: bool = False
     data: str = ""
     data_dir: str = ""
     out: str = ""
@@ -322,10 +328,23 @@ class NodeSettings:
             values[key.replace("-", "_")] = value.strip()
         cipher = _node_cipher(values.pop("cipher"), values["key"])
         insecure = _flag(config.get("insecure-test-keys", False), "node config insecure-test-keys")
-        return cls(party=party, cipher=cipher, insecure_test_keys=insecure, **values)
+        unchecked = _flag(config.get("unchecked-rules", False), "node config unchecked-rules")
+        return cls(party=party, cipher=cipher, insecure_test_keys=insecure,
+                   unchecked_rules=unchecked, **values)
 
     def check_job(self, config: DeployConfig) -> None:
-        """Refuse a job whose cipher is not this party's (the job cannot switch encryption off)."""
+        """Refuse a job whose cipher is not this party's (the job cannot switch encryption off),
+        or that runs a step rule whose decryptions the party cannot check, unless admitted."""
+        rule = getattr(config.algorithm, "step_rule", "cocoa")
+        if rule != "cocoa" and self.cipher != "none" and not self.unchecked_rules:
+            raise fail(f"party {self.party}",
+                       f"refuses the job: step rule {rule!r} keeps the duals as running sums "
+                       "of steps, which a party cannot check against a dishonest server (it "
+                       "could read rows and labels through them); only the cocoa rule's are "
+                       "checked",
+                       "Submit the job with the cocoa rule (the default), or admit the rule "
+                       "in the party's node config if you trust the server: "
+                       "hyfl deploy party --unchecked-rules.", error=JobRefused)
         if config.cipher != self.cipher:
             plain = (" (a party with a private key never sends its values in plaintext)"
                      if config.cipher == "none" else "")
