@@ -556,3 +556,28 @@ def test_the_inner_products_are_the_holders_parts(run):
         forged[row, 0] = 1 if parts[row, 0] != 1 else 2  # made in another round
         with pytest.raises(HyflError, match="tag does not verify|not a part it can"):
             _send(run, record, {**genuine, "z_made": forged.reshape(-1)})
+
+
+def test_the_checkpoint_decision_is_of_the_judges_changes(run):
+    """The certificate's judge compares two conjugate sums the server kept: with a chosen
+    value added (a comparison oracle at a threshold the server sets through ``w_sq``),
+    or a change left out of the list of who made them, it is refused."""
+    from hyfl.privacy.layout import EncryptedVector
+
+    record = _find(run, "certify")
+    genuine = record.payload
+    _send(run, record)  # genuine
+    for name in ("certified", "checkpoint"):
+        vec = genuine[name]
+        chosen = vec.ciphertexts.copy()
+        chosen[:1] = run.cipher.add(chosen[:1], run.cipher.encrypt(np.array([[-3.0]])))
+        with pytest.raises(HyflError, match="tag does not verify"):
+            _send(run, record, {**genuine, name: EncryptedVector(vec.chunks, chosen)})
+        made = genuine[f"{name}_made"].reshape(-1, 3)
+        if made.shape[0]:
+            with pytest.raises(HyflError, match="tag does not verify"):
+                _send(run, record, {**genuine, f"{name}_made": made[1:].reshape(-1)})
+            twice = np.concatenate([made, made[:1]])
+            with pytest.raises(HyflError, match="tag does not verify"):
+                _send(run, record, {**genuine, f"{name}_made": twice.reshape(-1)})
+    assert genuine["checkpoint_made"].size  # the run's checkpoint holds judges' changes

@@ -565,9 +565,10 @@ def count_he_operations(traffic: dict, layout, value_slots: int | None = None) -
         ``cocoa`` with the certificate: the checkpoint's duals sent to the clients
         whose image of it is missing; decrypted.
     ``conjugate_up`` (int)
-        Ciphertexts of the judge's conjugate-sum change, added into the server's sum.
+        Judges' conjugate-sum changes (a value and its tag), added into the server's sum.
     ``certify_down`` (int)
-        Ciphertexts of the conjugate sums a judge decrypts to decide on a checkpoint.
+        Conjugate sums (a value and its tag each) a judge decrypts to decide on a
+        checkpoint.
 
     Layouts (see :mod:`hyfl.privacy.layout`): what the server stores stays in
     ``layout``; values summed within the round travel in the round's compact
@@ -653,11 +654,13 @@ def count_he_operations(traffic: dict, layout, value_slots: int | None = None) -
         _chunks(layout, traffic, "checkpoint_down"))
     down += n
     dec += n
-    n = int(traffic.get("conjugate_up", 0))
+    # The judge's conjugate change and the sums a judge decides on: a value and its tag.
+    per_sum = -(-2 // int(value_slots or layout.slots))
+    n = int(traffic.get("conjugate_up", 0)) * per_sum
     up += n
     enc += n
     add += n
-    n = int(traffic.get("certify_down", 0))
+    n = int(traffic.get("certify_down", 0)) * per_sum
     down += n
     dec += n
     if "dual_commit" in traffic:

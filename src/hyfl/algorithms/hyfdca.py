@@ -787,10 +787,12 @@ class HyFDCA:
             # whose step is positive may have moved any of its samples (the server
             # cannot tell a zero change inside a packed ciphertext).
             traffic["conjugate_up"] = 1
-            certifications = certify_round(state, active, samples if np.any(step > 0)
-                                           else samples[:0], exact, t)
+            certificate.explored_changes += 1
+            certifications, made = certify_round(state, active, samples if np.any(step > 0)
+                                                 else samples[:0], exact, t)
             traffic["certify_down"] = 2 * certifications
             io.floats_down += 2 * certifications  # the two squared norms of w
+            io.ids_down += 3 * made  # who made each change the two sums hold
 
         stats = {
             "updated_samples": float(samples.size),
@@ -1418,6 +1420,7 @@ def materialize_certificate(state: HyFDCAState, active: np.ndarray) -> None:
     cert.alpha = state.alpha.copy()
     cert.w = state.w.copy()
     cert.conjugate = conjugate_sums(problem.loss, cert.alpha, problem.Y)
+    cert.certified_changes = cert.explored_changes
     cert.current = False
     cert.events += 1  # EVENTS["leave"]
     cert.cursor[active] = cert.events
@@ -1450,14 +1453,15 @@ def certificate_configure(state: HyFDCAState, active: np.ndarray, io: RoundIO) -
 
 
 def certify_round(state: HyFDCAState, active: np.ndarray, moved: np.ndarray, exact: bool,
-                  t: int) -> int:
+                  t: int) -> tuple[int, int]:
     """The certificate's bookkeeping at the end of a ``cocoa`` round.
 
     Marks which clients' block images became stale (absent holders of the
     samples that may have moved), certifies the open checkpoint once no
     client's image of it is missing, and opens the next one. An exact round
     from a certified state leaves the certified pair current. Returns how many
-    checkpoints a judge decided on (each one exchange).
+    checkpoints a judge decided on (each one exchange) and how many judges'
+    changes the sums it was sent held.
     """
     cert = state.local.certificate
     blocks = state.blocks
@@ -1466,15 +1470,17 @@ def certify_round(state: HyFDCAState, active: np.ndarray, moved: np.ndarray, exa
         _, _, holders = hyfdca_kernels.holder_rows(blocks, moved)
         cert.stale[holders[~active[holders]]] = True
     if exact and cert.current:
-        return 0
-    decided = 0
+        return 0, 0
+    decided = made = 0
     if cert.checkpoint is not None:
         cert.pending &= ~active
         if not cert.pending.any():
+            made += cert.certified_changes + cert.checkpoint_changes
             _certify_checkpoint(state, t)
             decided += 1
     if cert.checkpoint is None and not cert.current:
         cert.checkpoint = state.alpha.copy()
+        cert.checkpoint_changes = cert.explored_changes
         cert.pending = cert.stale.copy()
         cert.opened_at = t
         cert.events += 1  # EVENTS["checkpoint"]
@@ -1486,9 +1492,10 @@ def certify_round(state: HyFDCAState, active: np.ndarray, moved: np.ndarray, exa
                 problem.lam * problem.n_samples)
         else:
             cert.checkpoint_w = state.w.copy()
+            made += cert.certified_changes + cert.checkpoint_changes
             _certify_checkpoint(state, t)
             decided += 1
-    return decided
+    return decided, made
 
 
 def _certify_checkpoint(state: HyFDCAState, t: int) -> None:
@@ -1506,6 +1513,7 @@ def _certify_checkpoint(state: HyFDCAState, t: int) -> None:
     cert.events += 1  # EVENTS["accept"] or EVENTS["reject"]
     if accepted:
         cert.alpha, cert.w, cert.conjugate = checkpoint, checkpoint_w, checkpoint_conjugate
+        cert.certified_changes = cert.checkpoint_changes
         if not cert.stale.any() and cert.opened_at == t:
             cert.current = True  # the exploration has not moved since: it sits on it
         return
@@ -1513,6 +1521,7 @@ def _certify_checkpoint(state: HyFDCAState, t: int) -> None:
     # images and ciphertexts, every client its copy.
     state.alpha[:] = cert.alpha
     state.w[:] = cert.w
+    cert.explored_changes = cert.certified_changes
     for estimate in local.absent_estimate:  # the certified w is exact
         estimate[:] = 0.0
     state.alpha_local[:] = cert.alpha[state.blocks.row_sample]

@@ -121,6 +121,11 @@ class Certificate:
     opened_at: int = -1
     events: int = 0
     cursor: np.ndarray | None = None
+    # How many judges' changes the server's encrypted conjugate sums hold (each travels
+    # with who made it, 3 ids, when a judge decides on a checkpoint).
+    explored_changes: int = 0
+    certified_changes: int = 0
+    checkpoint_changes: int = 0
 
     @classmethod
     def zero(cls, n_samples: int, n_features: int, n_outputs: int, n_clients: int):

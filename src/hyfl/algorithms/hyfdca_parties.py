@@ -56,7 +56,7 @@ One outer iteration (see :mod:`hyfl.algorithms.hyfdca` for the algorithm):
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.sparse as sp
@@ -561,10 +561,11 @@ class Client:
         step = line_search(self.loss, gains, margin, quadratic, pub.n_samples, limit)
         reply = {"step": step, "coherence": coherence}
         if pub.hyfdca.certified:  # the conjugate sum's change, for the server's running sum
-            change = -np.sum(_gain_at(self.loss, gains, step, limit))
+            change = np.array([-np.sum(_gain_at(self.loss, gains, step, limit))])
+            values = np.append(change, self._totals_tag(change, self.k, "conjugate"))
             reply["conjugate_change"] = encrypt_samples(
-                self.cipher, _totals_layout(self.cipher, 1), np.array([0]),
-                np.array([[change]]))
+                self.cipher, _totals_layout(self.cipher, 2), np.array([0]),
+                values.reshape(1, -1))
         return reply
 
     # -- the line search's sums, tagged (hyfl.privacy.tags) ---------------------------------
@@ -651,12 +652,20 @@ class Client:
             raise fail("the summed totals", f"name the active clients {active.tolist()}, which "
                        f"do not include the judge (client {self.k}) once",
                        "The server does not follow hyfl's protocol.")
-        ints = decrypt_samples(self.cipher, layout, vector, np.array([0]),
-                               integers=True).ravel()
-        contexts = [self._tag_context(kind, k) for k in active.tolist()]
-        if not key.verify(kind, list(ints[:n]), ints[n], contexts):
-            raise fail("the summed totals", "are not the sum of the active clients' totals of "
-                       "this round (their tag does not verify): the server changed them",
+        return self._open_sum(vector, n, kind, [self._tag_context(kind, k)
+                                                for k in active.tolist()],
+                              "the summed totals", "the active clients' totals of this round")
+
+    def _open_sum(self, vector: EncryptedVector, n: int, kind: str, contexts: list,
+                  what: str, of: str) -> np.ndarray:
+        """Decrypt a sum of ``n`` values and their tag; check it holds exactly the
+        contributions of ``contexts`` before any value is used."""
+        ints = decrypt_samples(self.cipher, _totals_layout(self.cipher, n + 1), vector,
+                               np.array([0]), integers=True).ravel()
+        if len(set(contexts)) < len(contexts) or not self._tag_key.verify(
+                kind, list(ints[:n]), ints[n], contexts):
+            raise fail(what, f"are not the sum of {of} (their tag does not verify): the "
+                       "server changed them",
                        "The server does not follow hyfl's protocol; nothing was sent back.")
         return self.cipher.fixed_point.decode(ints[:n])
 
@@ -665,13 +674,29 @@ class Client:
         certified one? From the two conjugate sums (decrypted here) and the squared norms
         of the two primal images (the server's)."""
         pub = self.public
-        layout = _totals_layout(self.cipher, 1)
-        sums = [decrypt_samples(self.cipher, layout, message[name], np.array([0])).item()
+        sums = [self._conjugate_sum(message[name], message.get(f"{name}_made"), name)
                 for name in ("certified", "checkpoint")]
         squares = np.asarray(message["w_sq"], dtype=float)
         certified, checkpoint = (-0.5 * pub.lam * q - s / pub.n_samples
                                  for s, q in zip(sums, squares))
         return {"accepted": bool(accepts(checkpoint, certified))}
+
+    def _conjugate_sum(self, vector: EncryptedVector, made, name: str) -> float:
+        """A conjugate sum the server kept: the judges' changes of the rounds it names
+        (``made``: round, attempt, judge of each), checked by their tags."""
+        made = np.asarray([] if made is None else made, dtype=np.int64).reshape(-1, 3)
+        if self._tag_key is None:  # no private key: nothing hidden, nothing to check
+            return decrypt_samples(self.cipher, _totals_layout(self.cipher, 2), vector,
+                                   np.array([0])).ravel()[0]
+        t = int(self.round["t"])
+        if not np.all((made[:, 0] >= 1) & (made[:, 0] <= t) & (made[:, 1] >= 1)
+                      & (made[:, 2] >= 0)):
+            raise fail(f"the {name} conjugate sum", "names changes no judge can have made by "
+                       f"round {t}", "The server does not follow hyfl's protocol.")
+        contexts = [("conjugate", *row) for row in made.tolist()]
+        return float(self._open_sum(vector, 1, "conjugate", [tuple(c) for c in contexts],
+                                    f"the {name} conjugate sums",
+                                    "the judges' changes it names")[0])
 
     def cocoa_commit(self, step: np.ndarray, w_local: np.ndarray,
                      leave: bool = False) -> EncryptedVector:
@@ -772,7 +797,8 @@ class Server:
         if self.stored.tags is not None:  # the zeros' tags: zero (no contribution)
             self.stored.tags[:] = self.cipher.zeros(layout.n_chunks)
         if self.cert is not None:  # the conjugate sum of the explored duals (all zero: 0)
-            self.cert.explored_conj = self.cipher.zeros(1)
+            self.cert.explored_conj = self.cipher.zeros(
+                _totals_layout(self.cipher, 2).n_chunks)
         for k, samples in enumerate(self.client_samples):
             chunks = self.ip_layout.chunks_of(samples)
             self.enc_ip[k, chunks] = self.cipher.zeros(chunks.size)
@@ -1076,6 +1102,7 @@ class Server:
                 self.leave = True
             self.cert.explored_conj = self.cipher.add(self.cert.explored_conj,
                                             verdict["conjugate_change"].ciphertexts)
+            self.cert.explored_made.append((self.t, self.attempt, int(self.active[0])))
         for k, part in self.direction_parts.items():
             features = self.client_features[k]
             self.primal_parts[k] = self.primal_parts[k] + part * step[None, :]
@@ -1176,6 +1203,7 @@ class Server:
         cert.parts = [part.copy() for part in self.primal_parts]
         cert.w = self.w.copy()
         cert.enc_conj = cert.explored_conj.copy()
+        cert.conj_made = list(cert.explored_made)
         cert.current = False
         cert.events.append(EVENTS["leave"])
         cert.cursor[self.active] = len(cert.events)  # told with this round's commit
@@ -1205,6 +1233,7 @@ class Server:
             "parts": [None if cert.stale[k] else part.copy()
                       for k, part in enumerate(self.primal_parts)],
             "enc_conj": cert.explored_conj.copy(),
+            "conj_made": list(cert.explored_made),
             "pending": cert.stale.copy(),
             "round": self.t,
         }
@@ -1220,9 +1249,13 @@ class Server:
             return None
         ckpt = cert.checkpoint
         self.checkpoint_w = self._image(dict(enumerate(ckpt["parts"])))
+        chunks = np.arange(cert.enc_conj.size)
         return int(self.active[0]), {
-            "certified": EncryptedVector(np.array([0]), cert.enc_conj),
-            "checkpoint": EncryptedVector(np.array([0]), ckpt["enc_conj"]),
+            "certified": EncryptedVector(chunks, cert.enc_conj),
+            "checkpoint": EncryptedVector(chunks, ckpt["enc_conj"]),
+            # who made the changes each sum holds (round, attempt, judge): checked by tags
+            "certified_made": np.array(cert.conj_made, dtype=np.int64).reshape(-1),
+            "checkpoint_made": np.array(ckpt["conj_made"], dtype=np.int64).reshape(-1),
             "w_sq": np.array([np.sum(cert.w * cert.w), np.sum(self.checkpoint_w ** 2)]),
         }
 
@@ -1236,6 +1269,7 @@ class Server:
         if accepted:
             cert.events.append(EVENTS["accept"])
             cert.stored, cert.enc_conj = ckpt["stored"], ckpt["enc_conj"]
+            cert.conj_made = ckpt["conj_made"]
             cert.parts, cert.w = ckpt["parts"], self.checkpoint_w
             if not cert.stale.any() and ckpt["round"] == self.t:
                 cert.current = True
@@ -1243,6 +1277,7 @@ class Server:
             cert.events.append(EVENTS["reject"])
             self.stored = cert.stored.copy()
             cert.explored_conj = cert.enc_conj.copy()
+            cert.explored_made = list(cert.conj_made)
             self.primal_parts = [part.copy() for part in cert.parts]
             self.primal_sum = np.zeros_like(self.primal_sum)
             for k, part in enumerate(self.primal_parts):
@@ -1387,8 +1422,10 @@ class _ServerCertificate:
     current: bool = True  # the certified state is the explored one
     reset_at: int = 0  # the last round the exploration restarted (every copy reset)
     stored: _StoredDuals | None = None  # the certified duals' ciphertexts
-    enc_conj: np.ndarray | None = None  # their conjugate sum's ciphertext
-    explored_conj: np.ndarray | None = None  # the explored duals' conjugate sum's ciphertext
+    enc_conj: np.ndarray | None = None  # their conjugate sum's ciphertexts (sum and tag)
+    conj_made: list | None = None  # (round, attempt, judge) of each change it holds
+    explored_conj: np.ndarray | None = None  # the explored duals' conjugate sum's ciphertexts
+    explored_made: list = field(default_factory=list)
     parts: list | None = None  # every client's primal part of them
     w: np.ndarray | None = None  # their image
     checkpoint: dict | None = None  # the open checkpoint

@@ -106,7 +106,8 @@ MESSAGE_FIELDS: dict[str, dict[str, str]] = {
     "step": {"totals": "vector", "dw_sq": "floats", "coherence": "floats", "updated": "int",
              "active": "ids"},
     "changes": {"step": "floats", "w": "matrix", "leave": "bool?"},
-    "certify": {"certified": "vector", "checkpoint": "vector", "w_sq": "floats"},
+    "certify": {"certified": "vector", "checkpoint": "vector", "w_sq": "floats",
+                "certified_made": "ids?", "checkpoint_made": "ids?"},
     "ping": {},
     "finish": {"deliveries": "dict?"},
 }
