@@ -119,7 +119,6 @@ steps are a Python loop (and, for FedBCD-s only, so are the parties).
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -131,6 +130,7 @@ from hyfl.errors import check_choice, check_int, check_positive, fail
 from hyfl.losses import Loss
 from hyfl.partition import StackedBlocks
 from hyfl.problem import Problem
+from hyfl.runtime.work_clock import work_clock
 
 VARIANT_MODES = ("parallel", "sequential", "sgd")
 """Values of :attr:`FedBCD.variant`."""
@@ -297,9 +297,9 @@ class FedBCD:
             # 2. Exchange: partial margins of every party (absent ones with
             # their unchanged blocks), summed by the server.
             partial = client_partial_margins(X_batch, state.w).reshape(K, S, -1)
-            start = time.perf_counter()
+            start = work_clock()
             total = server_sum_margins(partial)
-            server_seconds += time.perf_counter() - start
+            server_seconds += work_clock() - start
             trips = 1.0
             # Ids down to every party asked for margins; margins up; sums down.
             traffic["ids_down"] = float((A + passive) * S)
@@ -320,9 +320,9 @@ class FedBCD:
                         # the sum, which goes to the next party (the last
                         # party's refresh is not sent: the next round exchanges afresh).
                         fresh = client_partial_margins(X_k, state.w)
-                        start = time.perf_counter()
+                        start = work_clock()
                         total = others + fresh
-                        server_seconds += time.perf_counter() - start
+                        server_seconds += work_clock() - start
                 traffic["floats_up"] += float((A - 1) * S * C)
                 passes[:-1] += 1
                 trips = float(parties.size)

@@ -60,7 +60,6 @@ Step rules (the quadratic in the one-dimensional dual step ``-l*(-(a+d)) - d z
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -104,6 +103,7 @@ from hyfl.algorithms.hyfdca_local import (
 from hyfl.errors import check_choice, check_int, check_positive, fail
 from hyfl.partition import StackedBlocks
 from hyfl.problem import Problem
+from hyfl.runtime.work_clock import work_clock
 
 MAX_AUTO_HISTORY = 32
 """Most rounds of inner products a client remembers for the ``cocoa`` rule's model by default
@@ -464,9 +464,9 @@ class HyFDCA:
         fresh = active[holder_clients]
         active_rows = holder_rows[fresh]
         parts, holder_sq = state.snapshots.row_inner_products(blocks.X, holder_rows, holder_clients)
-        tic = time.perf_counter()
+        tic = work_clock()
         z = server_sum_over_holders(parts, holder_slot, samples.size)
-        io.server_seconds += time.perf_counter() - tic
+        io.server_seconds += work_clock() - tic
         updated_pairs = (holder_clients[fresh], samples[holder_slot[fresh]])
         # The round's instructions name each client's draws and its updated samples.
         io.ids_down += drawn_rows.size + updated_pairs[0].size
@@ -486,9 +486,9 @@ class HyFDCA:
 
         # 5. Dual aggregation: alpha_i += gamma_t / |B_i| * sum of the steps for i,
         # sent to the active holders of each updated sample.
-        tic = time.perf_counter()
+        tic = work_clock()
         step = server_aggregate_duals(delta, drawn_slot, samples, blocks.n_holders, gamma_t)
-        io.server_seconds += time.perf_counter() - tic
+        io.server_seconds += work_clock() - tic
         traffic["dual_down"] = updated_pairs
         update_rows = active_rows  # active holders of the updated samples
         row_step = step[holder_slot[fresh]]
@@ -500,7 +500,7 @@ class HyFDCA:
 
         accepted = True
         if self.step_rule == "safe":
-            tic = time.perf_counter()
+            tic = work_clock()
             fresh_sq = np.bincount(
                 holder_slot[fresh], weights=holder_sq[fresh], minlength=samples.size
             )
@@ -510,7 +510,7 @@ class HyFDCA:
             accepted = step_verdict(gain, scale, state.beta, drawn_rows.size)
             beta = next_beta(accepted, state.beta, state.beta_min, drawn_rows.size)
             state = replace(state, beta=beta)
-            io.server_seconds += time.perf_counter() - tic
+            io.server_seconds += work_clock() - tic
             # Encrypted totals and their tag (hyfl.privacy.tags) from every active
             # client, decrypted by one of them; the server sends it ||dw||^2 (its
             # verdict is a control bit) and the active clients, whose tags it
@@ -594,14 +594,14 @@ class HyFDCA:
         certificate = local.certificate
         exact = certificate is None or bool(certificate.current and fresh.all())
         del holder_rows, holder_clients, holder_sq, fresh
-        tic = time.perf_counter()
+        tic = work_clock()
         z = server_sum_over_holders(parts, holder_slot, sip_samples.size)
-        io.server_seconds += time.perf_counter() - tic
+        io.server_seconds += work_clock() - tic
         if not state.horizontal:
             traffic["sip_up_all"] = active.copy()
             traffic["sip_sum"] = sip_samples
             traffic["sip_down_all"] = active.copy()  # every sample of every active client
-        tic = time.perf_counter()
+        tic = work_clock()
         local.history.record(t, state.w, clients, sip_samples, z)
         # The server sends each active client the Gram matrix of its directions: of the
         # composite weights its margins were taken with, where the split has sample
@@ -613,7 +613,7 @@ class HyFDCA:
             composites = record_composites(state, t)
             grams = local.group_history.grams(clients, pairs, t)
             towards_w = local.group_history.towards_w(clients, pairs, state.w, composites)
-        io.server_seconds += time.perf_counter() - tic
+        io.server_seconds += work_clock() - tic
         R = pairs.shape[1]
         transforms = span_transforms(grams)
         # Each client gets its Gram matrices (upper triangles) and the subproblem's scaling.
@@ -666,11 +666,11 @@ class HyFDCA:
         # a sample whose holders are partly absent -- whose inner product is
         # partly stale -- moves less. It sends the result to the sample's
         # active holders, who send back its primal image.
-        tic = time.perf_counter()
+        tic = work_clock()
         samples = hyfdca_kernels.distinct(drawn_samples)
         slot = np.searchsorted(samples, drawn_samples)
         proposal = server_aggregate_duals(proposals, slot, samples, blocks.n_holders, 1.0)
-        io.server_seconds += time.perf_counter() - tic
+        io.server_seconds += work_clock() - tic
         rows, rows_slot, rows_client = hyfdca_kernels.holder_rows(blocks, samples)
         rows_fresh = active[rows_client]
         updated_rows, updated_slot = rows[rows_fresh], rows_slot[rows_fresh]
@@ -692,9 +692,9 @@ class HyFDCA:
         # 6. Momentum: the previous step, with the coefficient that makes the
         # direction conjugate to it, then back into the dual domain. Newcomers
         # receive the previous steps of their samples (the others made them).
-        tic = time.perf_counter()
+        tic = work_clock()
         mu = momentum_coefficient(dw_proposal, local.previous_dw, self.momentum)
-        io.server_seconds += time.perf_counter() - tic
+        io.server_seconds += work_clock() - tic
         io.floats_down += clients.size * C
         previous = local.previous_step[samples]
         if newcomers.any() and state.t > 0:
@@ -711,17 +711,17 @@ class HyFDCA:
         estimates: dict[int, np.ndarray] = {}
         exact_samples = np.zeros(samples.size, dtype=bool)
         if groups is not None:
-            tic = time.perf_counter()
+            tic = work_clock()
             dw_absent, estimates, exact_samples, senders = estimate_absent_images(
                 state, active, clients, pairs, samples, direction, updated_rows, updated_slot)
             dw += dw_absent
             io.floats_up += senders * C * R
-            io.server_seconds += time.perf_counter() - tic
+            io.server_seconds += work_clock() - tic
 
         # 7. Line search: the clients' encrypted sums (conjugate terms, margin
         # term, squared norms) are decrypted by one of them, with the server's
         # ||dw||^2; the verdict is the step t.
-        tic = time.perf_counter()
+        tic = work_clock()
         weight = direction * direction
         # The judge's margins: each sample's as its first active holder reports it.
         at_sip = np.searchsorted(sip_samples, samples)  # the updated samples among the SIP's
@@ -746,7 +746,7 @@ class HyFDCA:
             N,
             limit,
         )
-        io.server_seconds += time.perf_counter() - tic
+        io.server_seconds += work_clock() - tic
         # ... and their tag (hyfl.privacy.tags), one more value.
         traffic["totals"] = (int(clients.size),
                              C * (line_search_points(loss, limit).size + 3) + 1)

@@ -44,6 +44,7 @@ from hyfl.runtime.simulation import (
     keep_best,
     random_streams,
 )
+from hyfl.runtime.work_clock import work_clock
 
 __all__ = ["Wire", "run_protocol", "METRIC_COLUMNS"]
 
@@ -309,9 +310,9 @@ def run_protocol(
             wire.reset()
             before = [c.snapshot() for c in counters]
             clock = _Clock(private, public_cipher)
-            start = time.perf_counter()
+            start = work_clock()
             accepted = _one_round(server, clients, active, was_active, wire, clock)
-            round_times.append(time.perf_counter() - start)
+            round_times.append(work_clock() - start)
             if average_duals is not None:
                 average_duals.advance(t)
                 for k in np.flatnonzero(active):
@@ -386,9 +387,9 @@ class _Clock:
     def run(self, who, fn, *args):
         cipher = self.public if who == "server" else self.private
         crypto_before = cipher.seconds
-        tic = time.perf_counter()
+        tic = work_clock()
         out = fn(*args)
-        elapsed = time.perf_counter() - tic
+        elapsed = work_clock() - tic
         crypto = cipher.seconds - crypto_before
         self.crypto += crypto
         if who == "server":

@@ -54,6 +54,7 @@ from hyfl.errors import HyflError, check_int, check_positive, fail, is_finite
 from hyfl.partition import Partition, StackedBlocks, stack
 from hyfl.privacy.ciphers import make_cipher
 from hyfl.problem import Optimum, Problem
+from hyfl.runtime.work_clock import work_clock
 
 METRIC_COLUMNS = (
     "iteration",
@@ -334,9 +335,9 @@ def simulate(
         while not done and t < iterations:
             t += 1
             active = participation.active(t, participation_rng)
-            start = time.perf_counter()
+            start = work_clock()
             state = algorithm.round(state, active, algorithm_rng)
-            seconds = time.perf_counter() - start
+            seconds = work_clock() - start
             metering.charge(run, algorithm.round_stats(state), getattr(state, "traffic", None),
                             seconds)
             run.t = t
