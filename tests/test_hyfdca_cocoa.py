@@ -259,3 +259,30 @@ def test_a_client_holding_whole_samples_solves_the_exact_cocoa_subproblem(loss_n
         delta[i] += loss.dual_step(alpha[i] + delta[i], np.array([margin]),
                                    np.array([coef * G[i, i]]), y[i])[0]
     np.testing.assert_allclose(got[:, 0], delta[order], rtol=1e-9, atol=1e-12)
+
+
+def test_ring_margin_offsets_are_the_offsets_of_the_margins():
+    """The fast offsets and span sums (weighted sums of ring slots) equal margin_offsets
+    and span_sums of the directions' margins, with absent (-1) and repeated slots."""
+    from hyfl.algorithms.hyfdca_groups import (
+        directions_margins,
+        margin_offsets,
+        ring_margin_offsets,
+        ring_span_sums,
+        span_sums,
+    )
+
+    rng = np.random.default_rng(0)
+    ring = rng.normal(size=(50, 6, 3))
+    samples = rng.choice(50, size=20, replace=False)
+    pairs = np.array([[0, -1], [1, 0], [3, 1], [-1, -1], [5, 3]])
+    transforms = rng.normal(size=(3, 5, 5))
+    g = rng.normal(size=(3, 5))
+    expected = margin_offsets(directions_margins(ring, samples, pairs), transforms, g)
+    np.testing.assert_allclose(ring_margin_offsets(ring, samples, pairs, transforms, g),
+                               expected, rtol=1e-12, atol=1e-12)
+    change = rng.normal(size=(20, 3))
+    np.testing.assert_allclose(
+        ring_span_sums(ring, samples, pairs, change, 7.0),
+        span_sums(directions_margins(ring, samples, pairs), change, 7.0), rtol=1e-12,
+        atol=1e-12)

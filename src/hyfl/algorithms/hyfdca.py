@@ -79,10 +79,9 @@ from hyfl.algorithms.hyfdca_certify import (
 from hyfl.algorithms.hyfdca_groups import (
     GroupHistory,
     SampleGroups,
-    directions_margins,
     find_sample_groups,
-    margin_offsets,
-    span_sums,
+    ring_margin_offsets,
+    ring_span_sums,
 )
 from hyfl.algorithms.hyfdca_local import (
     RunningAverage,
@@ -623,9 +622,8 @@ class HyFDCA:
             io.floats_down += clients.size * C * R
 
             def offsets(a, rows):  # each client computes them for the rows it uses
-                return margin_offsets(directions_margins(local.history.z,
-                                                         blocks.row_sample[rows], pairs[a]),
-                                      transforms[a], towards_w[a])
+                return ring_margin_offsets(local.history.z, blocks.row_sample[rows], pairs[a],
+                                           transforms[a], towards_w[a])
 
         # 4. LocalDualMethod: every active client solves its subproblem, with its
         # block of the history directions (it received those weights).
@@ -1344,8 +1342,7 @@ def estimate_absent_images(state: HyFDCAState, active, clients, pairs, samples, 
         sel = np.flatnonzero(of_sample == g)
         sender = int(present[0])
         a = int(np.searchsorted(clients, sender))
-        margins = directions_margins(local.history.z, samples[sel], pairs[a])
-        sums = span_sums(margins, direction[sel], lam_n)
+        sums = ring_span_sums(local.history.z, samples[sel], pairs[a], direction[sel], lam_n)
         in_group = np.isin(updated_slot, sel)
         active_image = group_image(state, g, updated_rows[in_group],
                                    direction[updated_slot[in_group]])

@@ -294,6 +294,42 @@ def margin_offsets(margins: np.ndarray, transforms: np.ndarray, g: np.ndarray) -
     return np.einsum("nrc,cr->nc", margins, h)
 
 
+def ring_margin_offsets(ring: np.ndarray, samples: np.ndarray, pairs: np.ndarray,
+                        transforms: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """:func:`margin_offsets` of :func:`directions_margins`, without the (n, R, C) margins.
+
+    A margin on direction ``j`` is the difference of two remembered inner
+    products (ring slots ``p_j`` and ``b_j``), so the offset is a weighted sum
+    of the samples' ring slots: ``sum_w ring[i, w, c] H[w, c]``. Each slot used
+    is read once, instead of gathering every slot of every sample and building
+    the margins (two thirds of a cocoa round's CPU on ijcnn1 12x12).
+    """
+    h = np.einsum("crs,cts,ct->cr", transforms, transforms, g)  # (C, R)
+    weights = np.zeros((ring.shape[1], h.shape[0]))  # (W, C): per ring slot and output
+    p, b = pairs[:, 0], pairs[:, 1]
+    np.add.at(weights, p[p >= 0], h.T[p >= 0])
+    np.subtract.at(weights, b[b >= 0], h.T[b >= 0])
+    out = np.zeros((len(samples), h.shape[0]))
+    for slot in np.flatnonzero(np.any(weights != 0.0, axis=1)).tolist():
+        out += ring[samples, slot] * weights[slot]
+    return out
+
+
+def ring_span_sums(ring: np.ndarray, samples: np.ndarray, pairs: np.ndarray,
+                   change: np.ndarray, lam_n: float) -> np.ndarray:
+    """:func:`span_sums` of :func:`directions_margins`, without the (n, R, C) margins:
+    each ring slot a direction uses is weighed with the change once, ``S[w, c] =
+    sum_i ring[i, w, c] d[i, c]``, and ``s_j = (S[p_j] - S[b_j]) / (lam N)``."""
+    p, b = pairs[:, 0], pairs[:, 1]
+    slots = np.unique(np.concatenate([p[p >= 0], b[b >= 0]]))
+    weighed = np.zeros((ring.shape[1], change.shape[1]))
+    for slot in slots.tolist():
+        weighed[slot] = np.sum(ring[samples, slot] * change, axis=0)
+    newer = np.where((p >= 0)[:, None], weighed[np.maximum(p, 0)], 0.0)
+    older = np.where((b >= 0)[:, None], weighed[np.maximum(b, 0)], 0.0)
+    return (newer - older).T / lam_n
+
+
 def span_sums(margins: np.ndarray, change: np.ndarray, lam_n: float) -> np.ndarray:
     """``s_j = <X^T d, u_j> / (lam N)`` of a dual change ``d`` (n, C) of the samples whose
     margins on the directions are ``margins`` (n, R, C): shape (C, R)."""

@@ -74,10 +74,9 @@ from hyfl.algorithms.hyfdca_certify import EVENTS, accepts, next_trust
 from hyfl.algorithms.hyfdca_groups import (
     GroupHistory,
     absent_image,
-    directions_margins,
     find_sample_groups,
-    margin_offsets,
-    span_sums,
+    ring_margin_offsets,
+    ring_span_sums,
 )
 from hyfl.algorithms.hyfdca_local import (
     ClientMemory,
@@ -452,9 +451,8 @@ class Client:
         transforms = span_transforms(_symmetric(message["grams"])[None])
         self.offsets = np.zeros_like(self.z)
         if message.get("towards_w") is not None:
-            self.offsets = margin_offsets(
-                directions_margins(self.memory.z, np.arange(self.samples.size),
-                                   self.memory.pairs()[0]),
+            self.offsets = ring_margin_offsets(
+                self.memory.z, np.arange(self.samples.size), self.memory.pairs()[0],
                 transforms[0], np.asarray(message["towards_w"], dtype=float))
         self.round["span_sums"] = bool(message.get("span_sums", False))
         self.round["exact"] = bool(message.get("exact", False))
@@ -534,9 +532,8 @@ class Client:
                                       np.array([0]), values.reshape(1, -1)),
         }
         if self.round.get("span_sums"):  # its group's moves on its directions
-            reply["span_sums"] = span_sums(
-                directions_margins(self.memory.z, updated, self.memory.pairs()[0]), d,
-                self.public.lam * self.public.n_samples)
+            reply["span_sums"] = ring_span_sums(self.memory.z, updated, self.memory.pairs()[0],
+                                                d, self.public.lam * self.public.n_samples)
         return reply
 
     def cocoa_step(self, message: dict) -> dict:
