@@ -252,3 +252,18 @@ def test_hyperparameters_are_validated():
         HyFDCA(iic=-1).validated()
     assert local_steps_from_iic(7.434e-4, 49990, 144) == 1
     assert local_steps_from_iic(0.07564, 7770, 144) == 5
+
+
+def test_distinct_equals_np_unique_dense_or_sparse():
+    """The compiled distinct (a mark-and-scan for dense ids, a sort otherwise) returns
+    what np.unique does: ascending distinct values, same dtype."""
+    from hyfl.algorithms import hyfdca_kernels
+
+    rng = np.random.default_rng(0)
+    cases = [rng.integers(0, N, size=n) for n, N in
+             [(10, 10**6), (300_000, 50_000), (5, 5), (0, 1), (1, 7), (1000, 2000)]]
+    cases += [np.array([-5, 3, -5, 2]), np.arange(10), np.arange(10)[::-1].copy(),
+              rng.integers(0, 100, size=50).astype(np.int32)]
+    for values in cases:
+        got, expected = hyfdca_kernels.distinct(values), np.unique(values)
+        assert got.dtype == expected.dtype and np.array_equal(got, expected)
