@@ -267,3 +267,15 @@ def test_distinct_equals_np_unique_dense_or_sparse():
     for values in cases:
         got, expected = hyfdca_kernels.distinct(values), np.unique(values)
         assert got.dtype == expected.dtype and np.array_equal(got, expected)
+
+
+def test_positions_in_equals_searchsorted_for_present_queries():
+    """The lookup-table positions equal np.searchsorted's where every query occurs."""
+    from hyfl.algorithms import hyfdca_kernels
+
+    rng = np.random.default_rng(1)
+    for N, n, q in [(50_000, 20_000, 300_000), (10**7, 50, 200), (10, 10, 0), (5, 3, 7)]:
+        values = np.unique(rng.integers(0, N, size=n))
+        queries = rng.choice(values, size=q)
+        np.testing.assert_array_equal(hyfdca_kernels.positions_in(values, queries),
+                                      np.searchsorted(values, queries))

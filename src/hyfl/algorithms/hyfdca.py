@@ -666,7 +666,7 @@ class HyFDCA:
         # active holders, who send back its primal image.
         tic = work_clock()
         samples = hyfdca_kernels.distinct(drawn_samples)
-        slot = np.searchsorted(samples, drawn_samples)
+        slot = hyfdca_kernels.positions_in(samples, drawn_samples)
         proposal = server_aggregate_duals(proposals, slot, samples, blocks.n_holders, 1.0)
         io.server_seconds += work_clock() - tic
         rows, rows_slot, rows_client = hyfdca_kernels.holder_rows(blocks, samples)
@@ -722,7 +722,7 @@ class HyFDCA:
         tic = work_clock()
         weight = direction * direction
         # The judge's margins: each sample's as its first active holder reports it.
-        at_sip = np.searchsorted(sip_samples, samples)  # the updated samples among the SIP's
+        at_sip = hyfdca_kernels.positions_in(sip_samples, samples)  # updated among the SIP's
         line_margins = z[at_sip]
         if offsets is not None:
             line_margins = line_margins + reporter_offsets(blocks, active, clients, samples,

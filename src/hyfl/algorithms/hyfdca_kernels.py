@@ -291,6 +291,26 @@ def distinct(values: np.ndarray) -> np.ndarray:
     return _kernels()["distinct"](np.ascontiguousarray(values))
 
 
+def positions_in(distinct_values: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """``np.searchsorted(distinct_values, queries)`` for queries that all occur there.
+
+    ``distinct_values`` ascending and distinct (sample ids). Where the ids are dense
+    (a round's samples among N), a lookup table over their range is built and read:
+    one gather instead of a binary search per query (33 ms of a cocoa round on
+    ijcnn1 12x12, for 300,000 draws).
+    """
+    distinct_values = np.asarray(distinct_values)
+    queries = np.asarray(queries)
+    if distinct_values.size == 0 or queries.size == 0:
+        return np.searchsorted(distinct_values, queries)
+    lo, hi = int(distinct_values[0]), int(distinct_values[-1])
+    if hi - lo >= 4 * (distinct_values.size + queries.size):  # sparse: search
+        return np.searchsorted(distinct_values, queries)
+    table = np.empty(hi - lo + 1, dtype=np.intp)
+    table[distinct_values - lo] = np.arange(distinct_values.size)
+    return table[queries - lo]
+
+
 def sum_by_slot(values: np.ndarray, slot: np.ndarray, n_slots: int) -> np.ndarray:
     """``out[slot[j]] += values[j]`` in order of ``j``, shape (n_slots, C).
 
