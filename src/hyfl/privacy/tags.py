@@ -1,8 +1,10 @@
 """Keyed linear tags: a key holder checks that an encrypted sum is exactly what it expects.
 
-Used for the line search's sums (``totals``), which one party decrypts for
-all, and for the cocoa rule's summed proposals (per holder group, see
-:class:`hyfl.privacy.layout.TaggedLayout`).
+Used on every sum a party decrypts under the cocoa rule: the judged sums
+(the line search's, the safe rule's gain terms, the certificate's conjugate
+sums: one more value) and, per holder group or chunk, the proposals, inner
+products, row norms and the stored duals' states
+(:class:`hyfl.privacy.layout.TaggedLayout`).
 
 An active server holds the public key: it can encrypt any value and add it
 to a genuine sum, and a party that decrypts ``Enc(own + others + delta)``
@@ -103,10 +105,13 @@ class TagKey:
 
         ``tag`` is the decrypted sum of the contributions' tags (an integer in
         ``[0, m * TAG_PRIME)`` for ``m`` contributions), ``integers`` the decrypted
-        sum of their values (at ``positions``, as in :meth:`tag`).
+        sum of their values (at ``positions``, as in :meth:`tag`). Each context
+        counts once: a list naming one twice is refused.
         """
-        contexts = list(contexts)
+        contexts = [tuple(c) for c in contexts]
         tag = int(tag)
+        if len(set(contexts)) < len(contexts):  # a contribution counted twice never verifies
+            return False
         if not 0 <= tag < max(len(contexts), 1) * TAG_PRIME:
             return False
         expected = self._weighted(family, integers, positions)

@@ -538,7 +538,7 @@ def _monitor_duals(server, cipher, problem: Problem, ciphertexts=None) -> np.nda
     (monitoring, not protocol)."""
     layout = server.public.layout
     every = np.arange(problem.n_samples)
-    ciphertexts = server.enc_alpha if ciphertexts is None else ciphertexts
+    ciphertexts = server.stored.alpha if ciphertexts is None else ciphertexts
     duals = decrypt_samples(cipher, layout, EncryptedVector(np.arange(layout.n_chunks),
                                                            ciphertexts), every)
     # Fixed-point sums of dual changes can leave the dual domain by a rounding unit;
