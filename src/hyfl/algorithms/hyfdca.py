@@ -33,28 +33,11 @@ dual copy (it is re-sent whenever that copy changes), so the server's ``w``
 is updated incrementally from changed rows; and active clients hold fresh
 duals after step 1, so the local steps use the server's duals directly.
 
-Step rules (the quadratic in the one-dimensional dual step ``-l*(-(a+d)) - d z
-- q d^2 / 2``):
-
-``safe`` (default)
-    ``q = beta ||x_i||^2 / (lam N)`` with ``beta`` adapted online: the round's
-    aggregated update is applied only if it does not decrease the dual
-    objective, estimated from the inner products the clients used and the
-    realized change of ``w`` (exact without stale clients, see
-    :func:`_dual_gain_estimate`); a rejected round doubles ``beta``, an
-    accepted one shrinks it by 5% towards ``1 / max |B_i|`` (the exact
-    coordinate step once the ``1/|B_i|`` averaging is accounted for). ``beta``
-    never exceeds the number of draws in the round, where every step is
-    provably safe by Cauchy-Schwarz, so it cannot stall. Needs no tuning.
-``theory``
-    Algorithm 3 with the correction its own proof implies (``u = -l'(z)``,
-    quadratic ``gamma_t ||x_i||^2 / (2 lam)``): a step towards ``c_k (u - a)``
-    with ``c_k = N_k / N``. Provably convergent and very slow.
-``paper``
-    Algorithm 5 as printed, for reproducing the paper's figures: for the hinge
-    loss the closed form of section 5, ``y clip(lam N (1 - z) + y a, 0, 1) - a``
-    (it drops ``||x_i||^2`` and a ``y``); for other losses the exact maximizer of
-    Algorithm 5's objective, ``q = 1 / (lam N)``.
+Step rules: ``cocoa`` (the default) solves a local subproblem per client and
+searches the step; ``safe``, ``theory`` and ``paper`` take one dual step per
+drawn sample. Each is a :class:`~hyfl.algorithms.step_rules.StepRule` in its
+own module of :mod:`hyfl.algorithms.step_rules`, resolved once
+(:attr:`HyFDCA.rule`); the engines ask it, never its name.
 """
 
 from __future__ import annotations
@@ -99,6 +82,8 @@ from hyfl.algorithms.hyfdca_local import (
     solve_subproblems,
     span_transforms,
 )
+from hyfl.algorithms.step_rules import StepRule, step_rule
+from hyfl.algorithms.step_rules.safe import dual_gain, next_beta, step_verdict
 from hyfl.errors import check_choice, check_int, check_positive, fail
 from hyfl.partition import StackedBlocks
 from hyfl.problem import Problem
@@ -122,15 +107,6 @@ DEFAULT_MOMENTUM = 0.95
 
 SIP_SCOPES = ("all", "drawn", "paper")
 """Which partial inner products travel in SecureInnerProduct (see :class:`HyFDCA`)."""
-
-# Safe rule: how fast beta moves. Doubling on rejection finds a stable value in
-# a few rounds; shrinking by 5% per accepted round probes for a faster one
-# without rejecting often (about one round in 14 near the boundary).
-_BETA_GROW = 2.0
-_BETA_SHRINK = 0.95
-# Relative rounding tolerance of the acceptance test: near the optimum the
-# estimated gain is the difference of nearly equal sums.
-_GAIN_TOLERANCE = 1e-10
 
 
 def local_steps_from_iic(iic: float, n_samples: int, n_clients: int) -> int:
@@ -214,7 +190,7 @@ class HyFDCA:
 
     def validated(self) -> HyFDCA:
         """Return self after checking every hyperparameter (raises HyflError)."""
-        check_choice("step_rule", self.step_rule, STEP_RULES)
+        rule = self.rule  # checks the name
         check_choice("client_weight", self.client_weight, ("N_k/N", "1"))
         check_choice("sip_scope", self.sip_scope, SIP_SCOPES)
         if self.local_steps is not None:
@@ -235,27 +211,22 @@ class HyFDCA:
         if not 0.0 <= momentum < 1.0:
             raise fail("momentum", f"must be in [0, 1), got {self.momentum!r}",
                        "Pass e.g. momentum=0.95, or 0 to disable momentum.")
-        if self.step_rule == "cocoa":
-            if self.sip_scope != "all":
-                raise fail(
-                    "sip_scope",
-                    f"is {self.sip_scope!r}, but the cocoa step rule models the data from the "
-                    "inner products of all the clients' samples",
-                    "Use sip_scope='all' with step_rule='cocoa' (or choose the safe or paper "
-                    "step rule)",
-                )
-            if self.gamma != 1.0:
-                raise fail("gamma", f"is {self.gamma!r}, but the cocoa step rule chooses its "
-                           "own step by line search", "Leave gamma at 1 with step_rule='cocoa'")
+        rule.check(self)
         return self
 
     def config(self) -> dict[str, Any]:
         return asdict(self)
 
     @property
+    def rule(self) -> StepRule:
+        """The step rule object named by ``step_rule`` (the one place a name is resolved)."""
+        check_choice("step_rule", self.step_rule, STEP_RULES)
+        return step_rule(self.step_rule)
+
+    @property
     def certified(self) -> bool:
-        """Whether the rule keeps the certificate (the ``cocoa`` rule with ``certify``)."""
-        return bool(self.certify) and self.step_rule == "cocoa"
+        """Whether the rule keeps the certificate (a subproblem rule with ``certify``)."""
+        return bool(self.certify) and self.rule.subproblem
 
     def history_depth(self, n_features: int) -> int:
         """``history``, or its default for data with ``n_features`` features."""
@@ -273,7 +244,7 @@ class HyFDCA:
         """Resolve ``H`` from ``local_steps`` or the IIC (None: every local sample)."""
         if self.local_steps is not None:
             return int(self.local_steps)
-        if self.iic is None and self.step_rule == "cocoa":
+        if self.iic is None and self.rule.subproblem:
             return None
         iic = self.iic if self.iic is not None else self.default_iic
         return local_steps_from_iic(iic, n_samples, n_clients)
@@ -290,7 +261,7 @@ class HyFDCA:
         # sum is the row norm of the pooled matrix (a smaller temporary).
         sq_norms = _row_squared_norms(problem.X)
         local = None
-        if self.step_rule == "cocoa":
+        if self.rule.subproblem:
             depth = self.history_depth(problem.n_features)
             window = self.history_window(N, problem.n_features, C)
             rowptr = blocks.client_rowptr
@@ -389,7 +360,8 @@ class HyFDCA:
         self.check_participation(active, t)
         newcomers = active & ~state.was_active
         io = RoundIO()
-        if self.step_rule == "cocoa":  # see hyfl.costs.count_he_operations
+        rule = self.rule
+        if rule.subproblem:  # see hyfl.costs.count_he_operations
             io.traffic["stored_states"] = True
         n_features = state.feature_counts * state.w.shape[1]  # floats of a client's weights
 
@@ -401,7 +373,7 @@ class HyFDCA:
         # The server logs last round's dual changes first: a newcomer's stale
         # copies are found from the changes made while it was away, so the
         # refresh costs those rows, not the newcomer's whole block.
-        receivers = active if self.step_rule == "cocoa" else newcomers
+        receivers = active if rule.subproblem else newcomers
         state.snapshots.record(state.w, active & ~receivers)
         log_last_round(state)
         if state.local is not None and state.local.certificate is not None:
@@ -419,7 +391,7 @@ class HyFDCA:
             drop_absent_estimates(state, newcomers)
         state.snapshots.record(state.w, receivers)
 
-        if self.step_rule == "cocoa":
+        if rule.subproblem:
             state, stats = self._cocoa_round(state, active, rng, io, t)
         else:
             state, stats = self._per_sample_round(state, active, rng, io, t)
@@ -498,7 +470,7 @@ class HyFDCA:
         io.floats_down += n_features[active].sum()
 
         accepted = True
-        if self.step_rule == "safe":
+        if self.rule.tests_round:
             tic = work_clock()
             fresh_sq = np.bincount(
                 holder_slot[fresh], weights=holder_sq[fresh], minlength=samples.size
@@ -538,7 +510,7 @@ class HyFDCA:
                 blocks, np.concatenate([drawn_rows, active_rows]), clients.size
             ),
         }
-        if self.step_rule == "safe":
+        if self.rule.tests_round:
             stats["beta"] = state.beta
         return state, stats
 
@@ -830,11 +802,8 @@ class HyFDCA:
         """
         problem = state.problem
         N = problem.n_samples
-        client_weight = None
-        if self.step_rule == "theory" and self.client_weight == "N_k/N":
-            client_weight = (np.diff(state.blocks.client_rowptr)[clients] / N)[:, None]
-        return local_dual_steps(
-            self.step_rule,
+        rule = self.rule
+        return rule.dual_steps(
             problem.loss,
             alpha=state.alpha[samples],  # active clients hold fresh copies (step 1)
             z=z,
@@ -844,7 +813,8 @@ class HyFDCA:
             n_samples=N,
             beta=state.beta,
             gamma_t=gamma_t,
-            client_weight=client_weight,
+            client_share=rule.client_shares(
+                self.client_weight, np.diff(state.blocks.client_rowptr)[clients], N),
         )
 
     def check_participation(self, active: np.ndarray, t: int) -> None:
@@ -858,121 +828,10 @@ class HyFDCA:
             )
 
     def round_trips(self, *, refreshed: bool, horizontal: bool) -> float:
-        """Round trips of one outer iteration, counted from the messages sent.
-
-        With partial participation this is the paper's 4.5: refreshing
-        returning clients 1.5 (duals down, primal part up, weights down;
-        ``refreshed``), SecureInnerProduct 1, dual updates up and new duals
-        down 1, PrimalAggregation 1. Section 3.1's reductions follow from what
-        is not sent: nobody to refresh (full participation) gives 3, and a
-        ``horizontal`` partition needs no SecureInnerProduct because each
-        client holds whole samples (2). The optional second SecureInnerProduct
-        adds 1. The safe rule's acceptance test adds 1: the server sends the
-        encrypted sums of the clients' gain terms and ``||dw||^2`` to one
-        client and waits for its verdict before it sends the new weights.
-        The ``cocoa`` rule exchanges more per round: proposals up and their
-        average down (1), the average's primal image up and the momentum
-        coefficient down (1), the direction's primal image and the encrypted
-        line-search sums up, to one client for the step and back (2), the step
-        and weights down and the encrypted dual changes up (1): 5 instead of 2
-        plus the acceptance test.
-        Both engines count with this method.
-        """
-        if self.step_rule == "cocoa":
-            return 5.0 + (1.5 if refreshed else 0.0) + (0.0 if horizontal else 1.0)
-        trips = 2.0
-        if refreshed:
-            trips += 1.5
-        if not horizontal:
-            trips += 1.0
-        if self.refresh_inner_products:
-            trips += 1.0
-        if self.step_rule == "safe":
-            trips += 1.0
-        return trips
-
-
-def local_dual_steps(
-    rule: str,
-    loss,
-    *,
-    alpha: np.ndarray,
-    z: np.ndarray,
-    y: np.ndarray,
-    sq_norms: np.ndarray,
-    lam: float,
-    n_samples: int,
-    beta: float,
-    gamma_t: float,
-    client_weight: np.ndarray | None = None,
-) -> np.ndarray:
-    """LocalDualMethod for a batch of drawn samples (pure; shared by every engine).
-
-    Parameters
-    ----------
-    rule : {"safe", "theory", "paper"}
-    loss : hyfl.losses.Loss
-    alpha, z, y : ndarray, shape (D, C)
-        The client's dual copies, global inner products and labels.
-    sq_norms : ndarray, shape (D,)
-        ``||x_i||^2`` of the full samples.
-    lam : float
-    n_samples : int
-    beta : float
-        Safe rule's curvature multiplier.
-    gamma_t : float
-    client_weight : ndarray of shape (D, 1), optional
-        ``c_k`` of the theory rule (1 when omitted).
-
-    Returns
-    -------
-    ndarray, shape (D, C)
-    """
-    N = n_samples
-    sq = sq_norms[:, None]
-    if rule == "paper":
-        if loss.name == "hinge":
-            return y * np.clip(lam * N * (1.0 - z) + y * alpha, 0.0, 1.0) - alpha
-        return loss.dual_step(alpha, z, np.full_like(alpha, 1.0 / (lam * N)), y)
-    if rule == "safe":
-        q = np.maximum(beta * sq / (lam * N), 1e-300)
-        return loss.dual_step(alpha, z, np.broadcast_to(q, alpha.shape).copy(), y)
-    # theory: maximize along the segment from alpha to alpha + c_k (u - alpha).
-    q = np.maximum(gamma_t * sq / lam, 1e-300)
-    best = loss.dual_step(alpha, z, np.broadcast_to(q, alpha.shape).copy(), y)
-    c = client_weight if client_weight is not None else 1.0
-    end = c * (loss.dual_target(z, y) - alpha)
-    return np.clip(best, np.minimum(0.0, end), np.maximum(0.0, end))
-
-
-def dual_gain(
-    first_order: float, full_weight: float, active_weight: float, dw_sq: float, lam: float, N: int
-) -> tuple[float, float]:
-    """Estimated dual gain of a round and the size of its terms (see :func:`_dual_gain_estimate`).
-
-    ``first_order`` is ``sum_i -(l*(-(a_i+d_i)) - l*(-a_i)) - z_i d_i``;
-    ``full_weight`` and ``active_weight`` are ``sum_i ||x_i||^2 ||d_i||^2``
-    with the full samples and with the active holders' parts; ``dw_sq`` is
-    ``||dw||^2`` of the active holders' weight change.
-    """
-    missing = full_weight / active_weight if active_weight > 0 else 1.0
-    quadratic = 0.5 * lam * dw_sq * missing
-    return first_order / N - quadratic, abs(first_order) / N + quadratic
-
-
-def step_verdict(gain: float, scale: float, beta: float, n_draws: int) -> bool:
-    """The safe rule's test: accept a round whose estimated dual gain is not negative.
-
-    ``beta`` at or above the number of draws makes every step provably safe
-    (Cauchy-Schwarz over the updated samples), so such a round is accepted.
-    """
-    return bool(gain >= -_GAIN_TOLERANCE * scale or beta >= max(1.0, float(n_draws)))
-
-
-def next_beta(accepted: bool, beta: float, beta_min: float, n_draws: int) -> float:
-    """Shrink ``beta`` after an accepted round, double it after a rejected one."""
-    beta = beta * _BETA_SHRINK if accepted else beta * _BETA_GROW
-    return float(np.clip(beta, beta_min, max(1.0, float(n_draws))))
+        """Round trips of one outer iteration (:meth:`StepRule.round_trips`; every engine
+        counts with this method)."""
+        return self.rule.round_trips(refreshed=refreshed, horizontal=horizontal,
+                                     refresh_inner_products=self.refresh_inner_products)
 
 
 class WeightSnapshots:

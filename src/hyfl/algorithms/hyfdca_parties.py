@@ -62,14 +62,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from hyfl.algorithms.base import draw_local_samples
-from hyfl.algorithms.hyfdca import (
-    HyFDCA,
-    _row_squared_norms,
-    dual_gain,
-    local_dual_steps,
-    next_beta,
-    step_verdict,
-)
+from hyfl.algorithms.hyfdca import HyFDCA, _row_squared_norms
 from hyfl.algorithms.hyfdca_certify import EVENTS, accepts, next_trust
 from hyfl.algorithms.hyfdca_groups import (
     GroupHistory,
@@ -94,6 +87,7 @@ from hyfl.algorithms.hyfdca_local import (
     solve_subproblems,
     span_transforms,
 )
+from hyfl.algorithms.step_rules.safe import dual_gain, next_beta, step_verdict
 from hyfl.errors import fail
 from hyfl.partition import StackedBlocks, client_block
 from hyfl.privacy.layout import (
@@ -148,7 +142,7 @@ class Client:
         self.own_sq = _row_squared_norms(self.X)
         self.sq_norms = np.zeros(self.samples.size)  # full ||x_i||^2, learned at set-up
         self.round: dict = {}
-        if public.hyfdca.step_rule == "cocoa":
+        if public.hyfdca.rule.subproblem:
             depth = public.hyfdca.history_depth(public.n_features)
             window = public.hyfdca.history_window(public.n_samples, public.n_features, C)
             self.memory = ClientMemory(self.samples.size, self.features.size, C, depth, window)
@@ -233,7 +227,7 @@ class Client:
         The per-sample rules' stored duals are running sums of steps, not checked.
         """
         layout = self.public.layout
-        if self.public.hyfdca.step_rule != "cocoa":
+        if not self.public.hyfdca.rule.subproblem:
             local = self._samples_in(vec.chunks)
             return local, decrypt_samples(self.cipher, layout, vec, self.samples[local])
         data = vec.chunks[vec.chunks < layout.n_chunks]
@@ -329,7 +323,7 @@ class Client:
         if every or self.public.hyfdca.sip_scope == "all":  # stored by the server
             local, layout = np.arange(self.samples.size), self.public.layout
         values = np.asarray(self.X[local] @ self.w)
-        if self.public.hyfdca.step_rule == "cocoa":  # a tag per holder group (see proposals)
+        if self.public.hyfdca.rule.subproblem:  # a tag per holder group (see proposals)
             return encrypt_tagged(self.cipher, TaggedLayout(layout), self.samples[local],
                                   values, self._tag_key, "ip", self._round_context("ip"),
                                   self.k)
@@ -346,11 +340,7 @@ class Client:
         drawn = self.round["drawn_local"]
         z_drawn = self.z[np.searchsorted(updated, drawn)]
         pub, hy = self.public, self.public.hyfdca
-        weight = None
-        if hy.step_rule == "theory" and hy.client_weight == "N_k/N":
-            weight = np.full((drawn.size, 1), self.samples.size / pub.n_samples)
-        delta = local_dual_steps(
-            hy.step_rule,
+        delta = hy.rule.dual_steps(
             self.loss,
             alpha=self.alpha[drawn],
             z=z_drawn,
@@ -360,7 +350,8 @@ class Client:
             n_samples=pub.n_samples,
             beta=self.round["beta"],
             gamma_t=self.round["gamma_t"],
-            client_weight=weight,
+            client_share=hy.rule.client_shares(
+                hy.client_weight, np.full(drawn.size, self.samples.size), pub.n_samples),
         )
         scale = self.round["gamma_t"] / pub.n_holders[self.samples[drawn]]
         layout = self._round_layout() if self.round.get("compact_steps") else pub.layout
@@ -393,7 +384,7 @@ class Client:
             reports = self.round["reports_local"]
             reply["changes"] = encrypt_samples(self.cipher, self.public.layout,
                                                self.samples[updated[reports]], step[reports])
-        if self.public.hyfdca.step_rule == "safe":
+        if self.public.hyfdca.rule.tests_round:
             old = self.previous[0]
             y = self.Y[updated]
             weight = np.sum(step * step, axis=1)
@@ -739,10 +730,10 @@ class Server:
         C = public.n_outputs
         self.K = K
         n_chunks = public.layout.n_chunks
-        self.stored = _StoredDuals.empty(n_chunks, states=public.hyfdca.step_rule == "cocoa")
+        self.stored = _StoredDuals.empty(n_chunks, states=public.hyfdca.rule.subproblem)
         # Each client's last inner products; with the cocoa rule a tag chunk per holder
         # group, and when each group's part was made (round, attempt; 0: the zeros).
-        self.ip_layout = (TaggedLayout(public.layout) if public.hyfdca.step_rule == "cocoa"
+        self.ip_layout = (TaggedLayout(public.layout) if public.hyfdca.rule.subproblem
                           else public.layout)
         self.enc_ip = np.empty((K, self.ip_layout.n_chunks), dtype=object)
         self.ip_made = np.zeros((K, self.ip_layout.n_chunks - n_chunks, 2), dtype=np.int64)
@@ -760,7 +751,7 @@ class Server:
         self.t = 0
         self.round_layout: SlotLayout | RoundLayout = public.layout  # set each round
         self.compact_steps = False  # whether this round's dual steps travel compact
-        if public.hyfdca.step_rule == "cocoa":
+        if public.hyfdca.rule.subproblem:
             M = public.n_features
             depth = public.hyfdca.history_depth(M)
             window = public.hyfdca.history_window(public.n_samples, M, C)
@@ -831,7 +822,7 @@ class Server:
         _, drawn_by = pub.layout.drawers(*draws)  # rows: self.updated
         if pub.compact:
             self.round_layout = pub.layout.compact(self.updated, drawn_by)
-            if hy.step_rule != "cocoa":
+            if not hy.rule.subproblem:
                 self.compact_steps = compact_steps(
                     pub.layout, draws,
                     _pairs({k: self.client_samples[k][m] for k, m in mine.items()}))
@@ -860,12 +851,12 @@ class Server:
             # whose proposals the client's sums hold (their tags are checked).
             rows = np.searchsorted(self.updated, samples[mine[k]])
             message["drawn_by_local"] = drawn_by[rows].ravel()
-            if hy.step_rule == "cocoa":  # the drawn samples in the order to visit them
+            if hy.rule.subproblem:  # the drawn samples in the order to visit them
                 message["order_local"] = np.asarray(drawn[k])
             else:
                 message["drawn_local"] = np.sort(drawn[k])
                 message["compact_steps"] = self.compact_steps  # a control bit
-            if hy.step_rule == "safe":
+            if hy.rule.tests_round:
                 message["beta"] = self.beta
             synced = self.last_active[k]
             if cert is not None:
@@ -897,12 +888,12 @@ class Server:
                 self.cert.checkpoint["pending"][k] = False
             if "primal_part" in reply:
                 self._set_primal_part(k, reply["primal_part"])
-        if self.public.hyfdca.step_rule == "cocoa":  # exact images replace the estimates
+        if self.public.hyfdca.rule.subproblem:  # exact images replace the estimates
             for k in replies:
                 if "primal_part" in replies[k]:
                     self.estimates[k][:] = 0.0
         self._update_w()
-        if self.public.hyfdca.step_rule == "cocoa":  # every active client needs the new w
+        if self.public.hyfdca.rule.subproblem:  # every active client needs the new w
             return {int(k): self.w[self.client_features[k]] for k in self.active}
         return {k: self.w[self.client_features[k]] for k in replies}
 
@@ -961,7 +952,7 @@ class Server:
         for k, reply in replies.items():
             self._set_primal_part(k, reply["primal_part"])
         self._update_w()
-        if self.public.hyfdca.step_rule != "safe" or not replies:
+        if not self.public.hyfdca.rule.tests_round or not replies:
             # Without active clients nothing moved: there is nothing to judge.
             return None
         dw = self.w - self.saved[2]
@@ -975,7 +966,7 @@ class Server:
 
     def commit(self, accepted: bool) -> dict[int, np.ndarray]:
         """Keep or drop the round; every active client gets its features' weights."""
-        if self.public.hyfdca.step_rule == "safe":
+        if self.public.hyfdca.rule.tests_round:
             self.beta = next_beta(accepted, self.beta, self.beta_min, self.n_draws)
         if accepted:
             self.stored.alpha = self.tentative

@@ -374,8 +374,8 @@ class Coordinator:
                                           horizontal=self.public.horizontal)
             + float(getattr(self.server, "decisions", 0)),  # the certificate's judges
             "updated_samples": int(self.server.updated.size),
-            "beta": float(self.server.beta) if hy.step_rule == "safe" else None,
-            "sigma": float(self.server.sigma) if hy.step_rule == "cocoa" else None,
+            "beta": float(self.server.beta) if hy.rule.tests_round else None,
+            "sigma": float(self.server.sigma) if hy.rule.subproblem else None,
             "round_seconds": time.perf_counter() - started,
         })
         self.results["rounds"].append(record)
@@ -393,7 +393,7 @@ class Coordinator:
         tally = _Tally(self.transport)
         before = self.cipher.counts.snapshot()
         configure = self.server.configure(active, self.was_active)
-        if self.public.hyfdca.step_rule == "cocoa":
+        if self.public.hyfdca.rule.subproblem:
             accepted = self._cocoa_round(t, active, configure, wire, tally)
         else:
             accepted = self._per_sample_round(t, configure, wire, tally)
@@ -412,7 +412,7 @@ class Coordinator:
         (or, when a party returns, with the refreshed weights).
         """
         server = self.server
-        cocoa = self.public.hyfdca.step_rule == "cocoa"
+        cocoa = self.public.hyfdca.rule.subproblem
         returning = [k for k, message in configure.items() if message["stale"] is not None]
         # The cocoa rule refreshes every party's weights when one returns (Server.refresh):
         # the others wait for them before they compute their inner products.
@@ -604,7 +604,7 @@ class Coordinator:
         # The proposals travel in the round's compact layout, the row norms in their own.
         layouts = {"norms": TaggedLayout(public.norm_layout),
                    "proposals": self.server.proposal_layout}
-        if public.hyfdca.step_rule == "cocoa":  # the duals' states, a tag chunk each
+        if public.hyfdca.rule.subproblem:  # the duals' states, a tag chunk each
             layouts["changes"] = TaggedLayout(public.layout, per_chunk=True)
             layouts["inner_products"] = self.server.ip_layout
         for name in ("norms", "inner_products", "steps", "changes", "proposals"):

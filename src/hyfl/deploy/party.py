@@ -520,7 +520,7 @@ class Party:
 
     @property
     def _cocoa(self) -> bool:
-        return self.config.algorithm.step_rule == "cocoa"
+        return self.config.algorithm.rule.subproblem
 
     @property
     def _outputs(self) -> int:

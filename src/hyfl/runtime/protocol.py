@@ -256,7 +256,7 @@ def run_protocol(
     # the clients' own records of what they reported (monitoring, not protocol).
     average_duals = (
         RunningAverage(np.zeros((problem.n_samples, server.w.shape[1])))
-        if hyfdca.step_rule == "cocoa" and monitor_duals else None
+        if hyfdca.rule.subproblem and monitor_duals else None
     )
     chosen = {"weights": server.w, "duals": None}
     kept = {"best": None}  # see hyfl.runtime.simulation.keep_best
@@ -401,7 +401,7 @@ class _Clock:
 
 def _one_round(server, clients, active, was_active, wire: Wire, clock: _Clock) -> bool:
     """One outer iteration, message by message. Returns the verdict."""
-    if server.public.hyfdca.step_rule == "cocoa":
+    if server.public.hyfdca.rule.subproblem:
         return _cocoa_round(server, clients, active, was_active, wire, clock)
     configure = _configure_and_refresh(server, clients, active, was_active, wire, clock)
     parts = _inner_product_parts(clients, configure, wire, clock)
@@ -508,9 +508,9 @@ def _round_stats(hyfdca: HyFDCA, server, active, newcomers, t, accepted) -> dict
         "updated_samples": float(server.updated.size),
         "accepted": float(accepted),
     }
-    if hyfdca.step_rule == "safe":
+    if hyfdca.rule.tests_round:
         stats["beta"] = server.beta
-    if hyfdca.step_rule == "cocoa":
+    if hyfdca.rule.subproblem:
         stats["sigma"] = server.sigma
     return stats
 

@@ -1,0 +1,44 @@
+"""The ``cocoa`` step rule (the default): a local subproblem per client and a line search.
+
+Every active client solves a subproblem over its draws -- by default one pass
+over its samples -- with a model of its data built from the inner products it
+remembers; the server aggregates the proposals, adds momentum and searches the
+step along the direction (:mod:`hyfl.algorithms.hyfdca_local`), and can keep a
+certified pair whose dual never falls (:mod:`hyfl.algorithms.hyfdca_certify`).
+
+What the rule asks of a round, besides: every sample's inner product (the
+model needs them), refreshed weights for every active client, and the duals
+stored as states a holder made, which a party checks before use
+(:mod:`hyfl.privacy.tags`).
+"""
+
+from __future__ import annotations
+
+from hyfl.algorithms.step_rules.base import StepRule
+from hyfl.errors import fail
+
+
+class CocoaRule(StepRule):
+    def round_trips(self, *, refreshed, horizontal, refresh_inner_products) -> float:
+        """Proposals up and their average down (1), the average's primal image up and the
+        momentum coefficient down (1), the direction's primal image and the encrypted
+        line-search sums up, to one client for the step and back (2), the step and
+        weights down and the encrypted dual changes up (1): 5, plus the refresh (1.5)
+        and SecureInnerProduct (1) as with the other rules."""
+        return 5.0 + (1.5 if refreshed else 0.0) + (0.0 if horizontal else 1.0)
+
+    def check(self, hyfdca) -> None:
+        if hyfdca.sip_scope != "all":
+            raise fail(
+                "sip_scope",
+                f"is {hyfdca.sip_scope!r}, but the cocoa step rule models the data from the "
+                "inner products of all the clients' samples",
+                "Use sip_scope='all' with step_rule='cocoa' (or choose the safe or paper "
+                "step rule)",
+            )
+        if hyfdca.gamma != 1.0:
+            raise fail("gamma", f"is {hyfdca.gamma!r}, but the cocoa step rule chooses its "
+                       "own step by line search", "Leave gamma at 1 with step_rule='cocoa'")
+
+
+RULE = CocoaRule("cocoa", subproblem=True)

@@ -1,0 +1,26 @@
+"""The ``paper`` step rule: Algorithm 5 of the HyFDCA paper as printed.
+
+For the hinge loss the closed form of its section 5,
+``y clip(lam N (1 - z) + y a, 0, 1) - a`` (which drops ``||x_i||^2`` and a
+``y`` from its own derivation); for other losses the exact maximizer of
+Algorithm 5's objective with ``q = 1 / (lam N)``. Kept for reproducing the
+paper's figures: it diverges on some losses and data (docs/convergence.md).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hyfl.algorithms.step_rules.base import StepRule
+
+
+class PaperRule(StepRule):
+    def dual_steps(self, loss, *, alpha, z, y, sq_norms, lam, n_samples, beta, gamma_t,
+                   client_share=None) -> np.ndarray:
+        N = n_samples
+        if loss.name == "hinge":
+            return y * np.clip(lam * N * (1.0 - z) + y * alpha, 0.0, 1.0) - alpha
+        return loss.dual_step(alpha, z, np.full_like(alpha, 1.0 / (lam * N)), y)
+
+
+RULE = PaperRule("paper")
