@@ -36,7 +36,15 @@ def test_the_work_clock_stops_while_numba_compiles():
 
 _RUN = """
 import json, sys
+import numba.core.event
 import numpy as np
+compiled = []
+class Compiles(numba.core.event.Listener):
+    def on_start(self, event):
+        pass
+    def on_end(self, event):
+        compiled.append(event.data["dispatcher"].py_func.__name__)
+numba.core.event.register("numba:compile", Compiles())
 from hyfl.algorithms.hyfdca import HyFDCA
 from hyfl.data import default_lambda, load_data
 from hyfl.partition import RandomFraction, grid
@@ -47,6 +55,7 @@ partition = grid(problem.n_samples, problem.n_features, 3, 3, seed=0)
 result = simulate(HyFDCA(), problem, partition, RandomFraction(9, 0.5), 10, seed=0)
 charged = np.diff(result.column("time_client") + result.column("time_server"))
 print(json.dumps(charged.tolist()))
+print(json.dumps(compiled))
 """
 
 
@@ -59,6 +68,14 @@ def test_a_runs_simulated_time_does_not_depend_on_a_warm_cache(tmp_path):
            "PYTHONPATH": str(ROOT / "src")}
     out = subprocess.run([sys.executable, "-c", _RUN], env=env, capture_output=True,
                          text=True, timeout=300, check=True)
-    charged = np.array(json.loads(out.stdout.strip().splitlines()[-1]))
+    charged, compiled = map(json.loads, out.stdout.strip().splitlines()[-2:])
+    charged = np.array(charged)
+    assert {"solve", "holder_rows"} <= set(compiled)  # the cache was empty
     assert charged[:5].sum() < 0.5, charged  # compiling took seconds
     assert charged[:5].sum() < charged[5:].sum() + 0.3, charged
+
+    # The next process loads every kernel from the cache (each used to be compiled again
+    # in every process, 3-4 s: closures and a function argument gave new cache keys).
+    again = subprocess.run([sys.executable, "-c", _RUN], env=env, capture_output=True,
+                           text=True, timeout=300, check=True)
+    assert json.loads(again.stdout.strip().splitlines()[-1]) == []

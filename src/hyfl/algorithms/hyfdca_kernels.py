@@ -18,189 +18,22 @@ are bitwise equal to it:
   rows in order, each row's entries in order, added into the output;
 * :func:`holder_rows` and :func:`stale_rows_from_log` only move integers.
 
-Compiled with ``cache=True`` (as :mod:`hyfl.algorithms.hyfdca_local`), so
-only the first use on a machine pays Numba's compile time.
+The compiled bodies are in :mod:`hyfl.algorithms.hyfdca_compiled` (cached on
+disk: only the first use on a machine pays Numba's compile time).
 """
 
 from __future__ import annotations
 
-import functools
 import weakref
 
 import numpy as np
 
-# Rows per bucket of the row -> client table (see :func:`client_table`).
-_BUCKET_SHIFT = 12
 
+def _compiled():
+    """The compiled kernels (imports Numba on first use; loads them from its disk cache)."""
+    from hyfl.algorithms import hyfdca_compiled
 
-@functools.cache
-def _kernels():
-    """Compile (or load from Numba's cache) the kernels of this module."""
-    import numba as nb
-
-    njit = functools.partial(nb.njit, cache=True, nogil=True)
-
-    @njit
-    def client_of(client_rowptr, table, row):
-        # np.searchsorted(client_rowptr, row, side="right") - 1: start at the
-        # client of the bucket's first row and step past the ends <= row.
-        k = table[row >> _BUCKET_SHIFT]
-        while client_rowptr[k + 1] <= row:
-            k += 1
-        return k
-
-    @njit
-    def holder_rows(samples, sample_rowptr, sample_rows, client_rowptr, table):
-        # |B_s| is read as sample_rowptr[s + 1] - sample_rowptr[s] (the same cache
-        # line; the stacked arrays are far larger than the caches).
-        total = 0
-        for s in samples:
-            total += sample_rowptr[s + 1] - sample_rowptr[s]
-        rows = np.empty(total, dtype=np.int64)
-        slot = np.empty(total, dtype=np.int64)
-        clients = np.empty(total, dtype=np.int64)
-        n = 0
-        for j in range(samples.size):
-            s = samples[j]
-            for h in range(sample_rowptr[s], sample_rowptr[s + 1]):
-                row = sample_rows[h]
-                rows[n] = row
-                slot[n] = j
-                clients[n] = client_of(client_rowptr, table, row)
-                n += 1
-        return rows, slot, clients
-
-    @njit
-    def gather_inner_products(indptr, indices, data, rows, versions, store, n_features):
-        n, C = rows.size, store.shape[1]
-        parts = np.zeros((n, C))
-        sq = np.zeros(n)
-        for j in range(n):
-            row = rows[j]
-            base = versions[j] * n_features
-            norm = 0.0
-            for e in range(indptr[row], indptr[row + 1]):
-                a = data[e]
-                col = base + indices[e]
-                for c in range(C):
-                    parts[j, c] += a * store[col, c]
-                norm += a * a
-            sq[j] = norm
-        return parts, sq
-
-    @njit
-    def rows_transpose_product(indptr, indices, data, rows, values, n_features):
-        C = values.shape[1]
-        out = np.zeros((n_features, C))
-        for j in range(rows.size):
-            row = rows[j]
-            for e in range(indptr[row], indptr[row + 1]):
-                a = data[e]
-                col = indices[e]
-                for c in range(C):
-                    out[col, c] += a * values[j, c]
-        return out
-
-    @njit
-    def distinct(values):
-        # np.unique of an int array: ascending distinct values (no sort when they
-        # already are: the draws of a full pass over one client often are).
-        ascending = True
-        for j in range(1, values.size):
-            if values[j] <= values[j - 1]:
-                ascending = False
-                break
-        if ascending:
-            return values.copy()
-        lo, hi = values.min(), values.max()
-        if hi - lo < 4 * values.size + 1024:  # dense (ids of a round's draws): mark, no sort
-            seen = np.zeros(hi - lo + 1, dtype=np.bool_)
-            for j in range(values.size):
-                seen[values[j] - lo] = True
-            out = np.empty(values.size, dtype=values.dtype)
-            n = 0
-            for v in range(seen.size):
-                if seen[v]:
-                    out[n] = v + lo
-                    n += 1
-            return out[:n].copy()
-        out = np.sort(values)
-        n = 0
-        for j in range(out.size):
-            if n == 0 or out[j] != out[n - 1]:
-                out[n] = out[j]
-                n += 1
-        return out[:n]
-
-    @njit
-    def stale_rows_from_log(samples, rounds, updated_at, sample_rowptr, sample_rows,
-                            client_rowptr, table, missed_after):
-        total = 0
-        for e in range(samples.size):
-            s = samples[e]
-            if updated_at[s] == rounds[e]:
-                total += sample_rowptr[s + 1] - sample_rowptr[s]
-        out = np.empty(total, dtype=np.int64)
-        n = 0
-        for e in range(samples.size):
-            s, r = samples[e], rounds[e]
-            if updated_at[s] != r:  # superseded: a later entry logs the sample's last change
-                continue
-            for h in range(sample_rowptr[s], sample_rowptr[s + 1]):
-                row = sample_rows[h]
-                if r > missed_after[client_of(client_rowptr, table, row)]:
-                    out[n] = row
-                    n += 1
-        return distinct(out[:n])
-
-    @njit
-    def client_nonzeros(indptr, client_rowptr, table, rows, n_clients):
-        work = np.zeros(n_clients)
-        for row in rows:
-            work[client_of(client_rowptr, table, row)] += indptr[row + 1] - indptr[row]
-        return work
-
-    @njit
-    def sum_by_slot(values, slot, n_slots):
-        # np.add.at(zeros, slot, values): the values in order, added into their slot.
-        out = np.zeros((n_slots, values.shape[1]))
-        for j in range(slot.size):
-            for c in range(values.shape[1]):
-                out[slot[j], c] += values[j, c]
-        return out
-
-    @njit
-    def refresh_copies(rows, row_sample, alpha, alpha_local):
-        # For ascending distinct rows: change = alpha[sample] - copy; the rows
-        # whose change is not all zero get copy += change; those then still
-        # unequal to alpha are reported too (see server_refresh_newcomers).
-        C = alpha.shape[1]
-        moved = np.zeros(rows.size, dtype=np.bool_)
-        inexact = np.zeros(rows.size, dtype=np.bool_)
-        change = np.empty((rows.size, C))
-        for j in range(rows.size):
-            r, i = rows[j], row_sample[rows[j]]
-            for c in range(C):
-                change[j, c] = alpha[i, c] - alpha_local[r, c]
-                if change[j, c] != 0.0:
-                    moved[j] = True
-            if moved[j]:
-                for c in range(C):
-                    alpha_local[r, c] += change[j, c]
-                    if alpha_local[r, c] != alpha[i, c]:
-                        inexact[j] = True
-        return moved, change, inexact
-
-    return {
-        "distinct": distinct,
-        "sum_by_slot": sum_by_slot,
-        "refresh_copies": refresh_copies,
-        "holder_rows": holder_rows,
-        "gather_inner_products": gather_inner_products,
-        "rows_transpose_product": rows_transpose_product,
-        "stale_rows_from_log": stale_rows_from_log,
-        "client_nonzeros": client_nonzeros,
-    }
+    return hyfdca_compiled
 
 
 def holder_rows(blocks, samples: np.ndarray):
@@ -217,7 +50,7 @@ def holder_rows(blocks, samples: np.ndarray):
         Sample by sample, the holders' rows in ``sample_rows`` order; ``slot``
         is the position in ``samples``, ``clients`` the client of each row.
     """
-    return _kernels()["holder_rows"](
+    return _compiled().holder_rows(
         np.ascontiguousarray(samples), blocks.sample_rowptr,
         blocks.sample_rows, blocks.client_rowptr, client_table(blocks.client_rowptr),
     )
@@ -243,7 +76,7 @@ def gather_inner_products(X, rows: np.ndarray, versions: np.ndarray, store: np.n
         the row norms of :func:`hyfl.algorithms.hyfdca._row_squared_norms`.
     """
     V, M, C = store.shape
-    return _kernels()["gather_inner_products"](
+    return _compiled().gather_inner_products(
         X.indptr, X.indices, X.data, np.ascontiguousarray(rows),
         np.ascontiguousarray(versions), store.reshape(V * M, C), M,
     )
@@ -254,7 +87,7 @@ def rows_transpose_product(X, rows: np.ndarray, values: np.ndarray) -> np.ndarra
 
     ``values`` has shape (n, C), one row per entry of ``rows``.
     """
-    return _kernels()["rows_transpose_product"](
+    return _compiled().rows_transpose_product(
         X.indptr, X.indices, X.data, np.ascontiguousarray(rows),
         np.ascontiguousarray(values, dtype=np.float64), X.shape[1],
     )
@@ -267,7 +100,7 @@ def stale_rows_from_log(blocks, samples, rounds, updated_at, missed_after) -> np
     equals its round; its holder row ``r`` of client ``k`` missed it if
     ``rounds[e] > missed_after[k]``. Returns int64 rows, shape (S,).
     """
-    return _kernels()["stale_rows_from_log"](
+    return _compiled().stale_rows_from_log(
         samples, rounds, updated_at, blocks.sample_rowptr,
         blocks.sample_rows, blocks.client_rowptr, client_table(blocks.client_rowptr), missed_after,
     )
@@ -275,7 +108,7 @@ def stale_rows_from_log(blocks, samples, rounds, updated_at, missed_after) -> np
 
 def client_nonzeros(blocks, rows: np.ndarray) -> np.ndarray:
     """Stored entries of the given rows summed per client, float64 shape (K,)."""
-    return _kernels()["client_nonzeros"](
+    return _compiled().client_nonzeros(
         blocks.X.indptr, blocks.client_rowptr, client_table(blocks.client_rowptr),
         np.ascontiguousarray(rows), blocks.n_clients,
     )
@@ -288,7 +121,7 @@ def distinct(values: np.ndarray) -> np.ndarray:
     microsecond per value (a hash table, 30x a sort) on large arrays and half a
     dozen calls on the few hundred draws of a one-step round.
     """
-    return _kernels()["distinct"](np.ascontiguousarray(values))
+    return _compiled().distinct(np.ascontiguousarray(values))
 
 
 def positions_in(distinct_values: np.ndarray, queries: np.ndarray) -> np.ndarray:
@@ -317,7 +150,7 @@ def sum_by_slot(values: np.ndarray, slot: np.ndarray, n_slots: int) -> np.ndarra
     Bitwise equal to ``np.add.at(np.zeros((n_slots, C)), slot, values)``,
     which costs about 100 us for a thousand rows of one column.
     """
-    return _kernels()["sum_by_slot"](
+    return _compiled().sum_by_slot(
         np.ascontiguousarray(values, dtype=np.float64), np.ascontiguousarray(slot), int(n_slots)
     )
 
@@ -344,14 +177,14 @@ def refresh_copies(rows, row_sample, alpha, alpha_local):
     inexact : ndarray of bool, shape (S,)
         Updated rows whose copy still differs from the dual (rounding).
     """
-    return _kernels()["refresh_copies"](np.ascontiguousarray(rows), row_sample, alpha, alpha_local)
+    return _compiled().refresh_copies(np.ascontiguousarray(rows), row_sample, alpha, alpha_local)
 
 
 _TABLES: dict[int, tuple[weakref.ref, np.ndarray]] = {}
 
 
 def client_table(client_rowptr: np.ndarray) -> np.ndarray:
-    """Client of the first row of every bucket of ``2**_BUCKET_SHIFT`` stacked rows.
+    """Client of the first row of every bucket of ``2**BUCKET_SHIFT`` stacked rows.
 
     The kernels find a row's client from its bucket's entry and a step or
     two along ``client_rowptr`` (a binary search per row cost about 40 ns,
@@ -364,7 +197,8 @@ def client_table(client_rowptr: np.ndarray) -> np.ndarray:
         return hit[1]
     for stale in [k for k, (ref, _) in _TABLES.items() if ref() is None]:
         del _TABLES[stale]
-    starts = np.arange(0, int(client_rowptr[-1]) + 1, 1 << _BUCKET_SHIFT, dtype=np.int64)
+    shift = _compiled().BUCKET_SHIFT
+    starts = np.arange(0, int(client_rowptr[-1]) + 1, 1 << shift, dtype=np.int64)
     table = np.searchsorted(client_rowptr, starts, side="right").astype(np.int64) - 1
     _TABLES[key] = (weakref.ref(client_rowptr), table)
     return table

@@ -97,197 +97,18 @@ GRID = np.arange(1, 9) / 8.0
 AVERAGE_FLOOR = 0.1
 
 
-# ---------------------------------------------------------------------------
-# Scalar dual steps (compiled): the maximizer of -l*(-(a+d)) - m d - q d^2 / 2
-# ---------------------------------------------------------------------------
+def step_bundle(loss: Loss):
+    """The loss's constants for the compiled step; their type chooses the step."""
+    from hyfl.algorithms import hyfdca_compiled as compiled
 
-
-def _numba():
-    import numba
-
-    return numba
-
-
-@functools.cache
-def _kernels():
-    """Compile (or load from Numba's cache) the step functions and the solver."""
-    nb = _numba()
-    njit = functools.partial(nb.njit, cache=True, nogil=True)
-
-    @njit
-    def hinge_step(a, m, q, y, params):
-        s = y * a + (1.0 - y * m) / q
-        s = min(max(s, 0.0), 1.0)
-        return y * s - a
-
-    @njit
-    def smoothed_hinge_step(a, m, q, y, params):
-        smoothing = params[0]
-        s = (1.0 - y * m + q * y * a) / (smoothing + q)
-        s = min(max(s, 0.0), 1.0)
-        return y * s - a
-
-    @njit
-    def squared_step(a, m, q, y, params):
-        return (y - m - a) / (1.0 + q)
-
-    @njit
-    def logistic_step(a, m, q, y, params):
-        # Same bracketed Newton method as hyfl.losses.Logistic.dual_step on
-        # t = logit(s): g(t) = t + y m + q (sigmoid(t) - s0) = 0.
-        iterations, tolerance = int(params[0]), params[1]
-        s0 = y * a
-        ym = y * m
-        lo = -ym - q * (1.0 - s0)
-        hi = -ym + q * s0
-        if s0 <= 0.0:
-            t_stay = lo
-        elif s0 >= 1.0:
-            t_stay = hi
-        else:
-            t_stay = min(max(np.log(s0) - np.log1p(-s0), lo), hi)
-        t_free = min(max(-ym, lo), hi)
-        g_stay = t_stay + ym + q * (1.0 / (1.0 + np.exp(-t_stay)) - s0)
-        g_free = t_free + ym + q * (1.0 / (1.0 + np.exp(-t_free)) - s0)
-        t = t_stay if abs(g_stay) < abs(g_free) else t_free
-        for _ in range(iterations):
-            s = 1.0 / (1.0 + np.exp(-t))
-            g = t + ym + q * (s - s0)
-            if g < 0:
-                lo = t
-            if g > 0:
-                hi = t
-            t_new = t - g / (1.0 + q * s * (1.0 - s))
-            if t_new <= lo or t_new >= hi:
-                t_new = 0.5 * (lo + hi)
-            done = abs(t_new - t) <= tolerance * (1.0 + abs(t))
-            t = t_new
-            if done:
-                break
-        return y / (1.0 + np.exp(-t)) - a
-
-    @njit(fastmath=True)
-    def coordinates(ring, pairs, T, row_sample, c, phi):
-        # phi = T^T m for one client's rows: their coordinates in its span, from the
-        # inner products m of their samples with the client's directions (pairs).
-        R = pairs.shape[0]
-        m = np.zeros(R)
-        for j in range(row_sample.size):
-            i = row_sample[j]
-            for r in range(R):
-                p, b = pairs[r, 0], pairs[r, 1]
-                if p < 0:
-                    m[r] = 0.0
-                elif b < 0:
-                    m[r] = ring[i, p, c]
-                else:
-                    m[r] = ring[i, p, c] - ring[i, b, c]
-            for col in range(R):
-                phi[j, col] = 0.0
-            for r in range(R):
-                if m[r] != 0.0:
-                    for col in range(R):
-                        phi[j, col] += m[r] * T[r, col]
-
-    # Not cached on disk: its signature holds the step function's type, and Numba
-    # (0.68) cannot save a cache index holding such types that another process loaded
-    # (their weak references are dead: "ReferenceError: underlying object has
-    # vanished" at the next compilation of a new signature). Compiled once per process.
-    @nb.njit(nogil=True)
-    def solve(step, params, seg, row_sample, rows, indptr, indices, data, alpha, Y, sq_norms,
-              ring, pairs, transforms, c, coef, passes, feature_ptr, features, basis,
-              basis_grams, inverse, offset):
-        # Per client a: rows seg[a]:seg[a + 1] (sample row_sample[j], data row rows[j] of
-        # the CSR arrays); its directions pairs[a] into the ring of inner products (the
-        # current round's slot first) and transforms[a] = T give the rows' coordinates
-        # phi in the span, computed client by client (an (n, R) array for all draws
-        # would be 20x the data on Covtype); basis[feature_ptr[a]:feature_ptr[a + 1]] is
-        # the span's orthonormal basis Q on the client's own features and
-        # basis_grams[a] = Q^T Q there. inverse (M,) is scratch, -1 filled. offset[j]
-        # moves row j's remembered margin to the server's w (hyfl.algorithms.hyfdca_groups).
-        # The model: <x_i, x_j> ~ phi_i.phi_j + r_i.r_j (own features) + diagonal rest.
-        n, R = row_sample.size, pairs.shape[1]
-        delta = np.zeros(n)
-        S = np.zeros(R)  # sum d phi
-        V = np.zeros(R)  # sum d u, u = Q_own^T x_own
-        u = np.zeros(R)
-        for a in range(seg.size - 1):
-            lo, hi = seg[a], seg[a + 1]
-            f0, f1 = feature_ptr[a], feature_ptr[a + 1]
-            for f in range(f0, f1):
-                inverse[features[f]] = f - f0
-            Q = basis[f0:f1]
-            G = basis_grams[a]
-            phi = np.empty((hi - lo, R))
-            coordinates(ring, pairs[a], transforms[a], row_sample[lo:hi], c, phi)
-            psi = np.zeros((hi - lo, R))  # G phi
-            for j in range(hi - lo):
-                for r in range(R):
-                    p = phi[j, r]
-                    if p != 0.0:
-                        for col in range(R):
-                            psi[j, col] += p * G[r, col]
-            now = pairs[a, 0, 0]  # the current round's slot: the margins x_i^T w
-            Sx = np.zeros(f1 - f0)  # sum d x_own, on the own features
-            S[:] = 0.0
-            V[:] = 0.0
-            for _ in range(passes):
-                for j in range(lo, hi):
-                    i = row_sample[j]
-                    row = rows[j]
-                    u[:] = 0.0
-                    xs = 0.0
-                    xx = 0.0
-                    for k in range(indptr[row], indptr[row + 1]):
-                        f = inverse[indices[k]]
-                        v = data[k]
-                        xs += v * Sx[f]
-                        xx += v * v
-                        for col in range(R):
-                            u[col] += v * Q[f, col]
-                    pn = 0.0
-                    ps = 0.0
-                    own = xs
-                    own_sq = xx
-                    for col in range(R):
-                        p = phi[j - lo, col]
-                        pn += p * p
-                        ps += p * S[col]
-                        own += psi[j - lo, col] * S[col] - u[col] * S[col] - p * V[col]
-                        own_sq += p * psi[j - lo, col] - 2.0 * u[col] * p
-                    resid = max(sq_norms[i] - pn, 0.0)
-                    own_sq = min(max(own_sq, 0.0), resid)
-                    q = max(coef * (pn + resid), 1e-300)
-                    margin = (ring[i, now, c] + offset[j]
-                              + coef * (ps + own + (resid - own_sq) * delta[j]))
-                    d = step(alpha[i] + delta[j], margin, q, Y[i], params)
-                    if d != 0.0:
-                        delta[j] += d
-                        for col in range(R):
-                            S[col] += d * phi[j - lo, col]
-                            V[col] += d * u[col]
-                        for k in range(indptr[row], indptr[row + 1]):
-                            Sx[inverse[indices[k]]] += d * data[k]
-            for f in range(f0, f1):
-                inverse[features[f]] = -1
-        return delta
-
-    return {
-        "hinge": hinge_step,
-        "smoothed_hinge": smoothed_hinge_step,
-        "squared": squared_step,
-        "logistic": logistic_step,
-        "solve": solve,
+    bundles = {
+        "hinge": lambda: compiled.HingeStep(),
+        "smoothed_hinge": lambda: compiled.SmoothedHingeStep(float(loss.smoothing)),
+        "squared": lambda: compiled.SquaredStep(),
+        "logistic": lambda: compiled.LogisticStep(int(loss.newton_iterations),
+                                                  float(loss.newton_tolerance)),
     }
-
-
-def step_parameters(loss: Loss) -> np.ndarray:
-    """The loss's constants the compiled step needs (smoothing, Newton settings)."""
-    if loss.name == "smoothed_hinge":
-        return np.array([loss.smoothing])
-    if loss.name == "logistic":
-        return np.array([float(loss.newton_iterations), loss.newton_tolerance])
-    return np.zeros(1)
+    return bundles[loss.name]()
 
 
 def solve_subproblems(
@@ -370,15 +191,21 @@ def solve_subproblems(
     ndarray, shape (n, C)
         Each drawn row's proposed dual change.
     """
-    kernels = _kernels()
+    from hyfl.algorithms import hyfdca_compiled as compiled
+
+    step = step_bundle(loss)
     segments = np.asarray(segments, dtype=np.int64)
     row_sample = np.ascontiguousarray(row_sample, dtype=np.int64)
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
     pairs = np.ascontiguousarray(pairs, dtype=np.int64)
     n, C = row_sample.size, alpha.shape[1]
     out = np.zeros((n, C))
     transforms = np.ascontiguousarray(transforms, dtype=np.float64)
     inverse = np.full(X.shape[1], -1, dtype=np.int64)
     feature_ptr = np.asarray(feature_ptr, dtype=np.int64)
+    features = np.asarray(features, dtype=np.int64)
+    sq_norms = np.ascontiguousarray(sq_norms, dtype=np.float64)
+    csr = compiled.Csr(X.indptr, X.indices, X.data)
     for c in range(C):
         # Q = D T on each client's own features and its Gram (BLAS, one thread: many
         # small products, see _single_threaded_blas).
@@ -389,32 +216,17 @@ def solve_subproblems(
                 own = slice(feature_ptr[a], feature_ptr[a + 1])
                 basis[own] = directions[own, :, c] @ transforms[a, c]
                 basis_grams[a] = basis[own].T @ basis[own]
-        out[:, c] = kernels["solve"](
-            kernels[loss.name],
-            step_parameters(loss),
-            segments,
-            row_sample,
-            np.ascontiguousarray(rows, dtype=np.int64),
-            X.indptr,
-            X.indices,
-            X.data,
-            np.ascontiguousarray(alpha[:, c]),
-            np.ascontiguousarray(Y[:, c], dtype=np.float64),
-            np.ascontiguousarray(sq_norms, dtype=np.float64),
-            z_ring,
-            pairs,
-            np.ascontiguousarray(transforms[:, c]),
-            c,
-            float(coef),
-            int(passes),
-            feature_ptr,
-            np.asarray(features, dtype=np.int64),
-            basis,
-            basis_grams,
-            inverse,
-            np.zeros(n) if margin_offset is None
-            else np.ascontiguousarray(margin_offset[:, c], dtype=np.float64),
+        draws = compiled.Draws(
+            segments, row_sample, rows,
+            alpha=np.ascontiguousarray(alpha[:, c]),
+            y=np.ascontiguousarray(Y[:, c], dtype=np.float64),
+            sq_norms=sq_norms,
+            offset=(np.zeros(n) if margin_offset is None
+                    else np.ascontiguousarray(margin_offset[:, c], dtype=np.float64)),
         )
+        span = compiled.Span(z_ring, pairs, np.ascontiguousarray(transforms[:, c]), feature_ptr,
+                             features, basis, basis_grams, inverse)
+        out[:, c] = compiled.solve(step, draws, csr, span, c, float(coef), int(passes))
     return out
 
 

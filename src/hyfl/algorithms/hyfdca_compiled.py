@@ -1,0 +1,432 @@
+"""HyFDCA's compiled kernels (Numba), cached on disk across processes.
+
+The Python wrappers that validate and prepare their arguments are
+:mod:`hyfl.algorithms.hyfdca_kernels` (gathers over the stacked rows) and
+:func:`hyfl.algorithms.hyfdca_local.solve_subproblems` (the cocoa rule's local
+solver); they import this module on first use, so importing hyfl does not import
+Numba.
+
+Every kernel is a module-level function compiled with ``cache=True``: a kernel
+defined in a closure, or one that takes another compiled function as an argument,
+gets a new cache key in every process (Numba keys a closure by its pickled cells,
+and a dispatcher pickles with a per-process id), and was compiled again by every
+process: 3-4 s at the start of every run. The loss's step is chosen by the *type*
+of a small bundle of its constants (:class:`HingeStep`, ...; :func:`dual_step`),
+which the cache keys by the bundle's class.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numba as nb
+import numpy as np
+from numba.extending import overload
+
+njit = nb.njit(cache=True, nogil=True)
+
+# Rows per bucket of the row -> client table (see hyfdca_kernels.client_table).
+BUCKET_SHIFT = 12
+
+
+# ---------------------------------------------------------------------------
+# The losses' scalar dual steps: the maximizer of -l*(-(a+d)) - m d - q d^2 / 2
+# (the same formulas as hyfl.losses, one sample at a time)
+# ---------------------------------------------------------------------------
+
+
+class HingeStep(NamedTuple):
+    pass
+
+
+class SmoothedHingeStep(NamedTuple):
+    smoothing: float
+
+
+class SquaredStep(NamedTuple):
+    pass
+
+
+class LogisticStep(NamedTuple):
+    iterations: int
+    tolerance: float
+
+
+@njit
+def hinge_step(a, m, q, y):
+    s = y * a + (1.0 - y * m) / q
+    s = min(max(s, 0.0), 1.0)
+    return y * s - a
+
+
+@njit
+def smoothed_hinge_step(a, m, q, y, smoothing):
+    s = (1.0 - y * m + q * y * a) / (smoothing + q)
+    s = min(max(s, 0.0), 1.0)
+    return y * s - a
+
+
+@njit
+def squared_step(a, m, q, y):
+    return (y - m - a) / (1.0 + q)
+
+
+@njit
+def logistic_step(a, m, q, y, iterations, tolerance):
+    # Same bracketed Newton method as hyfl.losses.Logistic.dual_step on
+    # t = logit(s): g(t) = t + y m + q (sigmoid(t) - s0) = 0.
+    s0 = y * a
+    ym = y * m
+    lo = -ym - q * (1.0 - s0)
+    hi = -ym + q * s0
+    if s0 <= 0.0:
+        t_stay = lo
+    elif s0 >= 1.0:
+        t_stay = hi
+    else:
+        t_stay = min(max(np.log(s0) - np.log1p(-s0), lo), hi)
+    t_free = min(max(-ym, lo), hi)
+    g_stay = t_stay + ym + q * (1.0 / (1.0 + np.exp(-t_stay)) - s0)
+    g_free = t_free + ym + q * (1.0 / (1.0 + np.exp(-t_free)) - s0)
+    t = t_stay if abs(g_stay) < abs(g_free) else t_free
+    for _ in range(iterations):
+        s = 1.0 / (1.0 + np.exp(-t))
+        g = t + ym + q * (s - s0)
+        if g < 0:
+            lo = t
+        if g > 0:
+            hi = t
+        t_new = t - g / (1.0 + q * s * (1.0 - s))
+        if t_new <= lo or t_new >= hi:
+            t_new = 0.5 * (lo + hi)
+        done = abs(t_new - t) <= tolerance * (1.0 + abs(t))
+        t = t_new
+        if done:
+            break
+    return y / (1.0 + np.exp(-t)) - a
+
+
+def dual_step(loss, a, m, q, y):
+    """The dual step of the loss whose constants ``loss`` bundles (compiled code only)."""
+    raise NotImplementedError("dual_step is called from compiled kernels")
+
+
+@overload(dual_step, jit_options={"cache": True})
+def _dual_step(loss, a, m, q, y):
+    kind = getattr(loss, "instance_class", None)
+    if kind is HingeStep:
+        return lambda loss, a, m, q, y: hinge_step(a, m, q, y)
+    if kind is SmoothedHingeStep:
+        return lambda loss, a, m, q, y: smoothed_hinge_step(a, m, q, y, loss.smoothing)
+    if kind is SquaredStep:
+        return lambda loss, a, m, q, y: squared_step(a, m, q, y)
+    if kind is LogisticStep:
+        return lambda loss, a, m, q, y: logistic_step(a, m, q, y, loss.iterations,
+                                                      loss.tolerance)
+    return None
+
+
+# ---------------------------------------------------------------------------
+# The cocoa rule's local solver (see hyfl.algorithms.hyfdca_local.solve_subproblems)
+# ---------------------------------------------------------------------------
+
+
+class Draws(NamedTuple):
+    """The drawn rows, client after client, and their samples' values."""
+
+    segments: np.ndarray  # (A + 1,) client a's rows are segments[a]:segments[a + 1]
+    row_sample: np.ndarray  # (n,) sample of each drawn row
+    rows: np.ndarray  # (n,) its row of the CSR matrix
+    alpha: np.ndarray  # (N,) duals of output c
+    y: np.ndarray  # (N,) labels of output c
+    sq_norms: np.ndarray  # (N,) ||x_i||^2
+    offset: np.ndarray  # (n,) margin offsets of output c
+
+
+class Csr(NamedTuple):
+    indptr: np.ndarray
+    indices: np.ndarray
+    data: np.ndarray
+
+
+class Span(NamedTuple):
+    """Each client's model of its data: directions, their coordinates and basis."""
+
+    ring: np.ndarray  # (N, W, C) remembered inner products
+    pairs: np.ndarray  # (A, R, 2) each client's directions as slot pairs
+    transforms: np.ndarray  # (A, R, R) T of output c
+    feature_ptr: np.ndarray  # (A + 1,) client a's own features
+    features: np.ndarray  # its columns of the CSR matrix
+    basis: np.ndarray  # (len(features), R) orthonormal basis Q on them
+    basis_grams: np.ndarray  # (A, R, R) Q^T Q per client
+    inverse: np.ndarray  # (M,) scratch, -1 filled
+
+
+@nb.njit(cache=True, nogil=True, fastmath=True)
+def coordinates(ring, pairs, T, row_sample, c, phi):
+    # phi = T^T m for one client's rows: their coordinates in its span, from the
+    # inner products m of their samples with the client's directions (pairs).
+    R = pairs.shape[0]
+    m = np.zeros(R)
+    for j in range(row_sample.size):
+        i = row_sample[j]
+        for r in range(R):
+            p, b = pairs[r, 0], pairs[r, 1]
+            if p < 0:
+                m[r] = 0.0
+            elif b < 0:
+                m[r] = ring[i, p, c]
+            else:
+                m[r] = ring[i, p, c] - ring[i, b, c]
+        for col in range(R):
+            phi[j, col] = 0.0
+        for r in range(R):
+            if m[r] != 0.0:
+                for col in range(R):
+                    phi[j, col] += m[r] * T[r, col]
+
+
+@njit
+def solve(step, draws, csr, span, c, coef, passes):
+    # Per client a: rows seg[a]:seg[a + 1] (sample row_sample[j], data row rows[j] of
+    # the CSR arrays); its directions pairs[a] into the ring of inner products (the
+    # current round's slot first) and transforms[a] = T give the rows' coordinates
+    # phi in the span, computed client by client (an (n, R) array for all draws
+    # would be 20x the data on Covtype); basis[feature_ptr[a]:feature_ptr[a + 1]] is
+    # the span's orthonormal basis Q on the client's own features and
+    # basis_grams[a] = Q^T Q there. inverse (M,) is scratch, -1 filled. offset[j]
+    # moves row j's remembered margin to the server's w (hyfl.algorithms.hyfdca_groups).
+    seg, row_sample, rows, alpha, Y, sq_norms, offset = draws
+    indptr, indices, data = csr
+    ring, pairs, transforms, feature_ptr, features, basis, basis_grams, inverse = span
+    # The model: <x_i, x_j> ~ phi_i.phi_j + r_i.r_j (own features) + diagonal rest.
+    n, R = row_sample.size, pairs.shape[1]
+    delta = np.zeros(n)
+    S = np.zeros(R)  # sum d phi
+    V = np.zeros(R)  # sum d u, u = Q_own^T x_own
+    u = np.zeros(R)
+    for a in range(seg.size - 1):
+        lo, hi = seg[a], seg[a + 1]
+        f0, f1 = feature_ptr[a], feature_ptr[a + 1]
+        for f in range(f0, f1):
+            inverse[features[f]] = f - f0
+        Q = basis[f0:f1]
+        G = basis_grams[a]
+        phi = np.empty((hi - lo, R))
+        coordinates(ring, pairs[a], transforms[a], row_sample[lo:hi], c, phi)
+        psi = np.zeros((hi - lo, R))  # G phi
+        for j in range(hi - lo):
+            for r in range(R):
+                p = phi[j, r]
+                if p != 0.0:
+                    for col in range(R):
+                        psi[j, col] += p * G[r, col]
+        now = pairs[a, 0, 0]  # the current round's slot: the margins x_i^T w
+        Sx = np.zeros(f1 - f0)  # sum d x_own, on the own features
+        S[:] = 0.0
+        V[:] = 0.0
+        for _ in range(passes):
+            for j in range(lo, hi):
+                i = row_sample[j]
+                row = rows[j]
+                u[:] = 0.0
+                xs = 0.0
+                xx = 0.0
+                for k in range(indptr[row], indptr[row + 1]):
+                    f = inverse[indices[k]]
+                    v = data[k]
+                    xs += v * Sx[f]
+                    xx += v * v
+                    for col in range(R):
+                        u[col] += v * Q[f, col]
+                pn = 0.0
+                ps = 0.0
+                own = xs
+                own_sq = xx
+                for col in range(R):
+                    p = phi[j - lo, col]
+                    pn += p * p
+                    ps += p * S[col]
+                    own += psi[j - lo, col] * S[col] - u[col] * S[col] - p * V[col]
+                    own_sq += p * psi[j - lo, col] - 2.0 * u[col] * p
+                resid = max(sq_norms[i] - pn, 0.0)
+                own_sq = min(max(own_sq, 0.0), resid)
+                q = max(coef * (pn + resid), 1e-300)
+                margin = (ring[i, now, c] + offset[j]
+                          + coef * (ps + own + (resid - own_sq) * delta[j]))
+                d = dual_step(step, alpha[i] + delta[j], margin, q, Y[i])
+                if d != 0.0:
+                    delta[j] += d
+                    for col in range(R):
+                        S[col] += d * phi[j - lo, col]
+                        V[col] += d * u[col]
+                    for k in range(indptr[row], indptr[row + 1]):
+                        Sx[inverse[indices[k]]] += d * data[k]
+        for f in range(f0, f1):
+            inverse[features[f]] = -1
+    return delta
+
+
+# ---------------------------------------------------------------------------
+# Gathers over the stacked rows (see hyfl.algorithms.hyfdca_kernels)
+# ---------------------------------------------------------------------------
+
+
+@njit
+def client_of(client_rowptr, table, row):
+    # np.searchsorted(client_rowptr, row, side="right") - 1: start at the
+    # client of the bucket's first row and step past the ends <= row.
+    k = table[row >> BUCKET_SHIFT]
+    while client_rowptr[k + 1] <= row:
+        k += 1
+    return k
+
+
+@njit
+def holder_rows(samples, sample_rowptr, sample_rows, client_rowptr, table):
+    # |B_s| is read as sample_rowptr[s + 1] - sample_rowptr[s] (the same cache
+    # line; the stacked arrays are far larger than the caches).
+    total = 0
+    for s in samples:
+        total += sample_rowptr[s + 1] - sample_rowptr[s]
+    rows = np.empty(total, dtype=np.int64)
+    slot = np.empty(total, dtype=np.int64)
+    clients = np.empty(total, dtype=np.int64)
+    n = 0
+    for j in range(samples.size):
+        s = samples[j]
+        for h in range(sample_rowptr[s], sample_rowptr[s + 1]):
+            row = sample_rows[h]
+            rows[n] = row
+            slot[n] = j
+            clients[n] = client_of(client_rowptr, table, row)
+            n += 1
+    return rows, slot, clients
+
+
+@njit
+def gather_inner_products(indptr, indices, data, rows, versions, store, n_features):
+    n, C = rows.size, store.shape[1]
+    parts = np.zeros((n, C))
+    sq = np.zeros(n)
+    for j in range(n):
+        row = rows[j]
+        base = versions[j] * n_features
+        norm = 0.0
+        for e in range(indptr[row], indptr[row + 1]):
+            a = data[e]
+            col = base + indices[e]
+            for c in range(C):
+                parts[j, c] += a * store[col, c]
+            norm += a * a
+        sq[j] = norm
+    return parts, sq
+
+
+@njit
+def rows_transpose_product(indptr, indices, data, rows, values, n_features):
+    C = values.shape[1]
+    out = np.zeros((n_features, C))
+    for j in range(rows.size):
+        row = rows[j]
+        for e in range(indptr[row], indptr[row + 1]):
+            a = data[e]
+            col = indices[e]
+            for c in range(C):
+                out[col, c] += a * values[j, c]
+    return out
+
+
+@njit
+def distinct(values):
+    # np.unique of an int array: ascending distinct values (no sort when they
+    # already are: the draws of a full pass over one client often are).
+    ascending = True
+    for j in range(1, values.size):
+        if values[j] <= values[j - 1]:
+            ascending = False
+            break
+    if ascending:
+        return values.copy()
+    lo, hi = values.min(), values.max()
+    if hi - lo < 4 * values.size + 1024:  # dense (ids of a round's draws): mark, no sort
+        seen = np.zeros(hi - lo + 1, dtype=np.bool_)
+        for j in range(values.size):
+            seen[values[j] - lo] = True
+        out = np.empty(values.size, dtype=values.dtype)
+        n = 0
+        for v in range(seen.size):
+            if seen[v]:
+                out[n] = v + lo
+                n += 1
+        return out[:n].copy()
+    out = np.sort(values)
+    n = 0
+    for j in range(out.size):
+        if n == 0 or out[j] != out[n - 1]:
+            out[n] = out[j]
+            n += 1
+    return out[:n]
+
+
+@njit
+def stale_rows_from_log(samples, rounds, updated_at, sample_rowptr, sample_rows,
+                        client_rowptr, table, missed_after):
+    total = 0
+    for e in range(samples.size):
+        s = samples[e]
+        if updated_at[s] == rounds[e]:
+            total += sample_rowptr[s + 1] - sample_rowptr[s]
+    out = np.empty(total, dtype=np.int64)
+    n = 0
+    for e in range(samples.size):
+        s, r = samples[e], rounds[e]
+        if updated_at[s] != r:  # superseded: a later entry logs the sample's last change
+            continue
+        for h in range(sample_rowptr[s], sample_rowptr[s + 1]):
+            row = sample_rows[h]
+            if r > missed_after[client_of(client_rowptr, table, row)]:
+                out[n] = row
+                n += 1
+    return distinct(out[:n])
+
+
+@njit
+def client_nonzeros(indptr, client_rowptr, table, rows, n_clients):
+    work = np.zeros(n_clients)
+    for row in rows:
+        work[client_of(client_rowptr, table, row)] += indptr[row + 1] - indptr[row]
+    return work
+
+
+@njit
+def sum_by_slot(values, slot, n_slots):
+    # np.add.at(zeros, slot, values): the values in order, added into their slot.
+    out = np.zeros((n_slots, values.shape[1]))
+    for j in range(slot.size):
+        for c in range(values.shape[1]):
+            out[slot[j], c] += values[j, c]
+    return out
+
+
+@njit
+def refresh_copies(rows, row_sample, alpha, alpha_local):
+    # For ascending distinct rows: change = alpha[sample] - copy; the rows
+    # whose change is not all zero get copy += change; those then still
+    # unequal to alpha are reported too (see server_refresh_newcomers).
+    C = alpha.shape[1]
+    moved = np.zeros(rows.size, dtype=np.bool_)
+    inexact = np.zeros(rows.size, dtype=np.bool_)
+    change = np.empty((rows.size, C))
+    for j in range(rows.size):
+        r, i = rows[j], row_sample[rows[j]]
+        for c in range(C):
+            change[j, c] = alpha[i, c] - alpha_local[r, c]
+            if change[j, c] != 0.0:
+                moved[j] = True
+        if moved[j]:
+            for c in range(C):
+                alpha_local[r, c] += change[j, c]
+                if alpha_local[r, c] != alpha[i, c]:
+                    inexact[j] = True
+    return moved, change, inexact
