@@ -39,7 +39,7 @@ def test_no_engine_compares_a_rule_name():
 
 def test_an_unknown_rule_names_the_choices():
     with pytest.raises(HyflError, match="cocoa, safe, theory, paper"):
-        HyFDCA(step_rule="fast").rule
+        _ = HyFDCA(step_rule="fast").rule
 
 
 def _dual_objective(loss, alpha, z, y, q, d):

@@ -1162,12 +1162,9 @@ def drop_absent_estimates(state: HyFDCAState, clients: np.ndarray) -> None:
 def reporter_offsets(blocks, active, clients, samples, offsets, n_outputs: int) -> np.ndarray:
     """Per sample, the margin offset of its first active holder (who reports it to the
     line search), shape (n, C); ``offsets(a, rows)`` gives active client ``a``'s."""
-    rows, slot, holders = hyfdca_kernels.holder_rows(blocks, samples)
-    keep = active[holders]
-    rows, slot, holders = rows[keep], slot[keep], holders[keep]
-    first = np.ones(slot.size, dtype=bool)
-    first[1:] = slot[1:] != slot[:-1]  # rows come sample by sample, holders ascending
-    rows, slot, holders = rows[first], slot[first], holders[first]
+    rows, holders = hyfdca_kernels.first_active_holders(blocks, samples, active)
+    slot = np.flatnonzero(rows >= 0)
+    rows, holders = rows[slot], holders[slot]
     out = np.zeros((samples.size, n_outputs))
     at = np.searchsorted(clients, holders)
     for a in np.unique(at):
@@ -1192,6 +1189,7 @@ def estimate_absent_images(state: HyFDCAState, active, clients, pairs, samples, 
     parts: dict[int, np.ndarray] = {}
     exact_samples = np.zeros(samples.size, dtype=bool)
     of_sample = groups.of_sample[samples]
+    of_updated = of_sample[updated_slot]  # the group of each updated row's sample
     senders = 0
     for g in np.unique(of_sample):
         members = groups.members[g]
@@ -1202,7 +1200,7 @@ def estimate_absent_images(state: HyFDCAState, active, clients, pairs, samples, 
         sender = int(present[0])
         a = int(np.searchsorted(clients, sender))
         sums = ring_span_sums(local.history.z, samples[sel], pairs[a], direction[sel], lam_n)
-        in_group = np.isin(updated_slot, sel)
+        in_group = of_updated == g
         active_image = group_image(state, g, updated_rows[in_group],
                                    direction[updated_slot[in_group]])
         estimates, exact = history.estimate_absent(g, sender, pairs[a], absent, sums,

@@ -305,6 +305,24 @@ def holder_rows(samples, sample_rowptr, sample_rows, client_rowptr, table):
 
 
 @njit
+def first_active_holders(samples, sample_rowptr, sample_rows, client_rowptr, table, active):
+    # Per sample, its first holder row (in sample_rows' order) whose client is active,
+    # and that client; -1 where no holder is active.
+    rows = np.full(samples.size, -1, dtype=np.int64)
+    clients = np.full(samples.size, -1, dtype=np.int64)
+    for j in range(samples.size):
+        s = samples[j]
+        for h in range(sample_rowptr[s], sample_rowptr[s + 1]):
+            row = sample_rows[h]
+            k = client_of(client_rowptr, table, row)
+            if active[k]:
+                rows[j] = row
+                clients[j] = k
+                break
+    return rows, clients
+
+
+@njit
 def gather_inner_products(indptr, indices, data, rows, versions, store, n_features):
     n, C = rows.size, store.shape[1]
     parts = np.zeros((n, C))

@@ -93,6 +93,19 @@ def rows_transpose_product(X, rows: np.ndarray, values: np.ndarray) -> np.ndarra
     )
 
 
+def first_active_holders(blocks, samples: np.ndarray, active: np.ndarray):
+    """Per sample, its first active holder: the row and the client, int64 shape (n,) each.
+
+    "First" in the order of ``blocks.sample_rows`` (clients ascending); -1 where none
+    of the sample's holders is ``active`` (bool, shape (K,)).
+    """
+    return _compiled().first_active_holders(
+        np.ascontiguousarray(samples, dtype=np.int64), blocks.sample_rowptr, blocks.sample_rows,
+        blocks.client_rowptr, client_table(blocks.client_rowptr),
+        np.ascontiguousarray(active, dtype=np.bool_),
+    )
+
+
 def stale_rows_from_log(blocks, samples, rounds, updated_at, missed_after) -> np.ndarray:
     """Ascending distinct holder rows of live log entries that their holder missed.
 
