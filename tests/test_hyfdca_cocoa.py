@@ -259,6 +259,27 @@ def test_a_client_holding_whole_samples_solves_the_exact_cocoa_subproblem(loss_n
         delta[i] += loss.dual_step(alpha[i] + delta[i], np.array([margin]),
                                    np.array([coef * G[i, i]]), y[i])[0]
     np.testing.assert_allclose(got[:, 0], delta[order], rtol=1e-9, atol=1e-12)
+    # Reading the remembered inner products in ascending sample order changes nothing.
+    again = solve_subproblems(
+        loss, segments=np.array([0, n]), row_sample=order, alpha=alpha, z_ring=z_ring,
+        pairs=pairs, transforms=transforms, Y=y, sq_norms=sq_norms, coef=coef, X=X,
+        rows=order, feature_ptr=np.array([0, m]), features=np.arange(m),
+        directions=D[:, :, None], ascending=np.argsort(order),
+    )
+    np.testing.assert_array_equal(again, got)
+
+
+def test_ascending_draws_orders_a_full_pass_by_its_stored_rows():
+    from hyfl.algorithms.hyfdca_local import ascending_draws
+
+    # Client 0 draws all 4 of its rows, client 1 two of its 5, client 2 all 3.
+    positions = np.array([2, 0, 3, 1, 4, 1, 1, 2, 0])
+    counts, sizes = np.array([4, 2, 3]), np.array([4, 5, 3])
+    order = ascending_draws(positions, counts, sizes)
+    np.testing.assert_array_equal(order, [1, 3, 0, 2, 0, 1, 2, 0, 1])
+    starts = np.repeat([0, 4, 6], counts)
+    np.testing.assert_array_equal(positions[starts + order][:4], np.arange(4))
+    np.testing.assert_array_equal(positions[starts + order][6:], np.arange(3))
 
 
 def test_ring_margin_offsets_are_the_offsets_of_the_margins():

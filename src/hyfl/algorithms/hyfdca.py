@@ -69,6 +69,7 @@ from hyfl.algorithms.hyfdca_groups import (
 from hyfl.algorithms.hyfdca_local import (
     RunningAverage,
     SpanHistory,
+    ascending_draws,
     average_weight,
     conjugate_gains,
     initial_sigma,
@@ -541,6 +542,7 @@ class HyFDCA:
         counts = state.counts[clients]
         positions = draw_local_samples(rng, sizes, counts)
         drawn_rows = np.repeat(rowptr[clients], counts) + positions
+        ascending = ascending_draws(positions, counts, sizes)  # for the solver's reads
         del positions
         drawn_samples = blocks.row_sample[drawn_rows]
         io.ids_down += drawn_rows.size
@@ -594,6 +596,15 @@ class HyFDCA:
             io.floats_down += clients.size * C * R
 
             def offsets(a, rows):  # each client computes them for the rows it uses
+                k = clients[a]
+                if rows.size == sizes[a]:  # a full pass: a permutation of the client's rows
+                    # Computed in the rows' stored order (ascending samples, so the ring is
+                    # read forward: half the time of the draw order) and handed out in the
+                    # draw order; each row's offset is its own, so the values are the same.
+                    stored = np.arange(rowptr[k], rowptr[k + 1])
+                    return ring_margin_offsets(local.history.z, blocks.row_sample[stored],
+                                               pairs[a], transforms[a],
+                                               towards_w[a])[rows - rowptr[k]]
                 return ring_margin_offsets(local.history.z, blocks.row_sample[rows], pairs[a],
                                            transforms[a], towards_w[a])
 
@@ -621,8 +632,9 @@ class HyFDCA:
             margin_offset=(None if offsets is None else np.concatenate(
                 [offsets(a, drawn_rows[lo:hi]) for a, (lo, hi) in
                  enumerate(zip(*_segments(counts)))])),
+            ascending=ascending,
         )
-        del drawn_rows
+        del drawn_rows, ascending
         # With a full local pass every active client sends (and below receives) a
         # value for each of its samples: the record names the clients, not the 6.3
         # million (client, sample) pairs on Covtype, which would stay allocated

@@ -56,6 +56,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
+from hyfl.algorithms import hyfdca_kernels
 from hyfl.algorithms.hyfdca_local import SpanHistory
 
 RCOND = 1e-9
@@ -309,10 +310,8 @@ def ring_margin_offsets(ring: np.ndarray, samples: np.ndarray, pairs: np.ndarray
     p, b = pairs[:, 0], pairs[:, 1]
     np.add.at(weights, p[p >= 0], h.T[p >= 0])
     np.subtract.at(weights, b[b >= 0], h.T[b >= 0])
-    out = np.zeros((len(samples), h.shape[0]))
-    for slot in np.flatnonzero(np.any(weights != 0.0, axis=1)).tolist():
-        out += ring[samples, slot] * weights[slot]
-    return out
+    used = np.flatnonzero(np.any(weights != 0.0, axis=1))
+    return hyfdca_kernels.weighted_slot_sums(ring, samples, used, weights)
 
 
 def ring_span_sums(ring: np.ndarray, samples: np.ndarray, pairs: np.ndarray,

@@ -106,6 +106,18 @@ def first_active_holders(blocks, samples: np.ndarray, active: np.ndarray):
     )
 
 
+def weighted_slot_sums(ring: np.ndarray, samples: np.ndarray, slots: np.ndarray,
+                       weights: np.ndarray) -> np.ndarray:
+    """``sum_s ring[samples, s] * weights[s]`` over ``slots`` in order, shape (n, C).
+
+    ``ring`` (N, W, C), ``weights`` (W, C). Bitwise what the NumPy loop over the
+    slots gives, in one pass over the samples' ring rows.
+    """
+    return _compiled().weighted_slot_sums(
+        ring, np.ascontiguousarray(samples, dtype=np.int64),
+        np.ascontiguousarray(slots, dtype=np.int64), np.ascontiguousarray(weights))
+
+
 def stale_rows_from_log(blocks, samples, rounds, updated_at, missed_after) -> np.ndarray:
     """Ascending distinct holder rows of live log entries that their holder missed.
 

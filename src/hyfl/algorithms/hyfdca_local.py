@@ -130,6 +130,7 @@ def solve_subproblems(
     directions: np.ndarray,
     passes: int = 1,
     margin_offset: np.ndarray | None = None,
+    ascending: np.ndarray | None = None,
 ) -> np.ndarray:
     """Every active client's local subproblem, solved by sequential dual coordinate ascent.
 
@@ -185,6 +186,10 @@ def solve_subproblems(
         Added to each drawn row's remembered margin: its move from the composite
         weights the margin was taken with to the server's ``w``
         (:func:`hyfl.algorithms.hyfdca_groups.margin_offsets`; default zero).
+    ascending : ndarray of int, shape (n,), optional
+        Per client, its draws by ascending sample, as offsets from ``segments[a]``
+        (:func:`ascending_draws`): the remembered inner products are then read in
+        storage order. The results do not depend on it (default: the draw order).
 
     Returns
     -------
@@ -206,6 +211,9 @@ def solve_subproblems(
     features = np.asarray(features, dtype=np.int64)
     sq_norms = np.ascontiguousarray(sq_norms, dtype=np.float64)
     csr = compiled.Csr(X.indptr, X.indices, X.data)
+    if ascending is None:
+        ascending = np.arange(n) - np.repeat(segments[:-1], np.diff(segments))
+    ascending = np.ascontiguousarray(ascending, dtype=np.int64)
     for c in range(C):
         # Q = D T on each client's own features and its Gram (BLAS, one thread: many
         # small products, see _single_threaded_blas).
@@ -223,6 +231,7 @@ def solve_subproblems(
             sq_norms=sq_norms,
             offset=(np.zeros(n) if margin_offset is None
                     else np.ascontiguousarray(margin_offset[:, c], dtype=np.float64)),
+            ascending=ascending,
         )
         span = compiled.Span(z_ring, pairs, np.ascontiguousarray(transforms[:, c]), feature_ptr,
                              features, basis, basis_grams, inverse)
@@ -233,6 +242,23 @@ def solve_subproblems(
 # ---------------------------------------------------------------------------
 # The learned model: history directions and their orthonormal coordinates
 # ---------------------------------------------------------------------------
+
+
+def ascending_draws(positions: np.ndarray, counts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Per client, its draws in the order of its stored rows (ascending samples), as
+    offsets from the client's first draw; ``solve_subproblems``'s ``ascending``.
+
+    ``positions`` (n,) are the draws' rows among their client's, client after client
+    (``counts[a]`` each, of ``sizes[a]`` rows). A client that draws every row (a full
+    pass) has its inverse permutation; one that draws fewer keeps the draw order
+    (sorting them would cost more than it saves).
+    """
+    counts, sizes = np.asarray(counts), np.asarray(sizes)
+    starts = np.repeat(np.cumsum(counts) - counts, counts)
+    order = np.arange(positions.size) - starts  # the draw order
+    full = np.repeat(counts == sizes, counts)
+    order[starts[full] + positions[full]] = order[full].copy()
+    return order
 
 
 def direction_pairs(slots: np.ndarray) -> np.ndarray:
