@@ -570,6 +570,7 @@ class HyFDCA:
         tic = work_clock()
         z = server_sum_over_holders(parts, holder_slot, sip_samples.size)
         io.server_seconds += work_clock() - tic
+        del parts, holder_slot
         if not state.horizontal:
             traffic["sip_up_all"] = active.copy()
             traffic["sip_sum"] = sip_samples
@@ -653,6 +654,7 @@ class HyFDCA:
         slot = hyfdca_kernels.positions_in(samples, drawn_samples)
         proposal = server_aggregate_duals(proposals, slot, samples, blocks.n_holders, 1.0)
         io.server_seconds += work_clock() - tic
+        del proposals, slot, drawn_samples  # (kept in the traffic record without a full pass)
         rows, rows_slot, rows_client = hyfdca_kernels.holder_rows(blocks, samples)
         rows_fresh = active[rows_client]
         updated_rows, updated_slot = rows[rows_fresh], rows_slot[rows_fresh]
@@ -666,7 +668,7 @@ class HyFDCA:
         io.ids_down += updated_rows.size  # which of its samples each holder updates
 
         def image(change):  # the server's w change when the active holders re-send
-            return primal_aggregation_rows(state, updated_rows, change[updated_slot])
+            return primal_aggregation_rows(state, updated_rows, change, updated_slot)
 
         dw_proposal = image(proposal)
         io.floats_up += n_features[active].sum()
@@ -742,7 +744,7 @@ class HyFDCA:
             materialize_certificate(state, active)
         change = direction * step[None, :]
         state.alpha[samples] += change
-        state.alpha_local[updated_rows] += change[updated_slot]
+        hyfdca_kernels.add_rows(state.alpha_local, updated_rows, change, updated_slot)
         applied_dw = dw * step[None, :]
         state.w += applied_dw
         for k, part in estimates.items():
@@ -1236,17 +1238,19 @@ def group_image(state: HyFDCAState, g: int, rows: np.ndarray, dual_change: np.nd
         for k in np.unique(owner)})
 
 
-def primal_aggregation_rows(state: HyFDCAState, rows: np.ndarray, dual_change: np.ndarray):
+def primal_aggregation_rows(state: HyFDCAState, rows: np.ndarray, dual_change: np.ndarray,
+                            slot: np.ndarray | None = None):
     """Change of ``w`` when the clients owning the stacked ``rows`` re-send their primal part.
 
     Each client's part is ``sum_i alpha_{k,i} x_{k,i}`` over its samples, so a
     change of its dual copy on some rows changes the server's sum over ``K_m``
     by ``X[rows]^T dual_change``; ``w`` is that sum over ``lam N``. The rows are
     read in place (a compiled kernel adds in the order of SciPy's product),
-    without SciPy's fixed cost of gathering them.
+    without SciPy's fixed cost of gathering them. With ``slot``, row ``j``'s change
+    is ``dual_change[slot[j]]`` (no gathered copy).
     """
     problem = state.problem
-    change = hyfdca_kernels.rows_transpose_product(state.blocks.X, rows, dual_change)
+    change = hyfdca_kernels.rows_transpose_product(state.blocks.X, rows, dual_change, slot)
     return change / (problem.lam * problem.n_samples)
 
 
@@ -1333,8 +1337,7 @@ def certify_round(state: HyFDCAState, active: np.ndarray, moved: np.ndarray, exa
     blocks = state.blocks
     cert.stale[active] = False
     if moved.size:
-        _, _, holders = hyfdca_kernels.holder_rows(blocks, moved)
-        cert.stale[holders[~active[holders]]] = True
+        cert.stale |= hyfdca_kernels.holding_clients(blocks, moved) & ~active
     if exact and cert.current:
         return 0, 0
     decided = made = 0

@@ -364,17 +364,53 @@ def gather_inner_products(indptr, indices, data, rows, versions, store, n_featur
 
 
 @njit
-def rows_transpose_product(indptr, indices, data, rows, values, n_features):
+def rows_transpose_product(indptr, indices, data, rows, values, slot, n_features):
+    # Row j's values are values[slot[j]] (values[j] where slot is None: compiled apart).
     C = values.shape[1]
     out = np.zeros((n_features, C))
     for j in range(rows.size):
         row = rows[j]
+        v = j if slot is None else slot[j]
         for e in range(indptr[row], indptr[row + 1]):
             a = data[e]
             col = indices[e]
             for c in range(C):
-                out[col, c] += a * values[j, c]
+                out[col, c] += a * values[v, c]
     return out
+
+
+@njit
+def add_rows(target, rows, values, slot):
+    # target[rows[j]] += values[slot[j]] for distinct rows, in place.
+    for j in range(rows.size):
+        for c in range(target.shape[1]):
+            target[rows[j], c] += values[slot[j], c]
+
+
+@njit
+def holding_clients(samples, sample_rowptr, sample_rows, client_rowptr, table, n_clients):
+    # Which clients hold any of the samples (bool, shape (K,)).
+    held = np.zeros(n_clients, dtype=np.bool_)
+    for s in samples:
+        for h in range(sample_rowptr[s], sample_rowptr[s + 1]):
+            held[client_of(client_rowptr, table, sample_rows[h])] = True
+    return held
+
+
+@njit
+def ascending_draws(positions, counts, sizes):
+    # See hyfl.algorithms.hyfdca_local.ascending_draws.
+    order = np.empty(positions.size, dtype=np.int64)
+    start = 0
+    for a in range(counts.size):
+        if counts[a] == sizes[a]:  # a full pass: the inverse permutation
+            for d in range(counts[a]):
+                order[start + positions[start + d]] = d
+        else:
+            for d in range(counts[a]):
+                order[start + d] = d
+        start += counts[a]
+    return order
 
 
 @njit

@@ -82,14 +82,36 @@ def gather_inner_products(X, rows: np.ndarray, versions: np.ndarray, store: np.n
     )
 
 
-def rows_transpose_product(X, rows: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """``X[rows].T @ values``, shape (M, C), without building ``X[rows]``.
+def rows_transpose_product(X, rows: np.ndarray, values: np.ndarray,
+                           slot: np.ndarray | None = None) -> np.ndarray:
+    """``X[rows].T @ values[slot]``, shape (M, C), without building ``X[rows]`` or
+    ``values[slot]``.
 
-    ``values`` has shape (n, C), one row per entry of ``rows``.
+    ``values`` has shape (n, C), one row per entry of ``rows`` -- or, with ``slot``
+    (int, shape (n,)), row ``slot[j]`` for ``rows[j]``.
     """
     return _compiled().rows_transpose_product(
         X.indptr, X.indices, X.data, np.ascontiguousarray(rows),
-        np.ascontiguousarray(values, dtype=np.float64), X.shape[1],
+        np.ascontiguousarray(values, dtype=np.float64),
+        None if slot is None else np.ascontiguousarray(slot), X.shape[1],
+    )
+
+
+def add_rows(target: np.ndarray, rows: np.ndarray, values: np.ndarray,
+             slot: np.ndarray) -> None:
+    """``target[rows] += values[slot]`` in place for distinct ``rows``, without the
+    two gathered (n, C) copies NumPy makes. ``target`` C-contiguous float64."""
+    _compiled().add_rows(target, np.ascontiguousarray(rows),
+                         np.ascontiguousarray(values, dtype=np.float64),
+                         np.ascontiguousarray(slot))
+
+
+def holding_clients(blocks, samples: np.ndarray) -> np.ndarray:
+    """Which clients hold any of ``samples``: bool, shape (K,)."""
+    return _compiled().holding_clients(
+        np.ascontiguousarray(samples, dtype=np.int64), blocks.sample_rowptr,
+        blocks.sample_rows, blocks.client_rowptr, client_table(blocks.client_rowptr),
+        blocks.n_clients,
     )
 
 

@@ -253,12 +253,11 @@ def ascending_draws(positions: np.ndarray, counts: np.ndarray, sizes: np.ndarray
     pass) has its inverse permutation; one that draws fewer keeps the draw order
     (sorting them would cost more than it saves).
     """
-    counts, sizes = np.asarray(counts), np.asarray(sizes)
-    starts = np.repeat(np.cumsum(counts) - counts, counts)
-    order = np.arange(positions.size) - starts  # the draw order
-    full = np.repeat(counts == sizes, counts)
-    order[starts[full] + positions[full]] = order[full].copy()
-    return order
+    from hyfl.algorithms import hyfdca_compiled as compiled
+
+    return compiled.ascending_draws(np.ascontiguousarray(positions, dtype=np.int64),
+                                    np.asarray(counts, dtype=np.int64),
+                                    np.asarray(sizes, dtype=np.int64))
 
 
 def direction_pairs(slots: np.ndarray) -> np.ndarray:
