@@ -279,3 +279,54 @@ def test_positions_in_equals_searchsorted_for_present_queries():
         queries = rng.choice(values, size=q)
         np.testing.assert_array_equal(hyfdca_kernels.positions_in(values, queries),
                                       np.searchsorted(values, queries))
+
+
+def test_compiled_row_kernels_equal_numpy_bit_for_bit():
+    """The in-place gathers of the cocoa round equal the NumPy they replace exactly:
+    X[rows].T @ values[slot], target[rows] += values[slot], the clients holding some
+    samples, each sample's first active holder and the weighted ring slots."""
+    import scipy.sparse as sp
+
+    from hyfl.algorithms import hyfdca_kernels
+    from hyfl.partition import grid, stack
+
+    rng = np.random.default_rng(2)
+    X = sp.random(60, 9, density=0.5, random_state=3, format="csr")
+    blocks = stack(grid(60, 9, 3, 3, seed=0), X)
+    rows = rng.choice(blocks.X.shape[0], size=40, replace=False)
+    values = rng.normal(size=(25, 2))
+    slot = rng.integers(0, 25, size=40)
+    np.testing.assert_array_equal(
+        hyfdca_kernels.rows_transpose_product(blocks.X, rows, values, slot),
+        hyfdca_kernels.rows_transpose_product(blocks.X, rows, values[slot]))
+    np.testing.assert_array_equal(
+        hyfdca_kernels.rows_transpose_product(blocks.X, rows, values[slot]),
+        np.asarray(blocks.X[rows].T @ values[slot]))
+    target = rng.normal(size=(blocks.X.shape[0], 2))
+    expected = target.copy()
+    expected[rows] += values[slot]
+    hyfdca_kernels.add_rows(target, rows, values, slot)
+    np.testing.assert_array_equal(target, expected)
+
+    samples = rng.choice(60, size=7, replace=False)
+    holder, _, client = hyfdca_kernels.holder_rows(blocks, samples)
+    held = np.zeros(blocks.n_clients, dtype=bool)
+    held[client] = True
+    np.testing.assert_array_equal(hyfdca_kernels.holding_clients(blocks, samples), held)
+    active = rng.random(blocks.n_clients) < 0.5
+    first_rows, first_clients = hyfdca_kernels.first_active_holders(blocks, samples, active)
+    for j, s in enumerate(samples):  # the first of the sample's holder rows that is active
+        mine = blocks.sample_rows[blocks.sample_rowptr[s]:blocks.sample_rowptr[s + 1]]
+        owners = np.searchsorted(blocks.client_rowptr, mine, side="right") - 1
+        on = np.flatnonzero(active[owners])
+        assert (first_rows[j], first_clients[j]) == ((mine[on[0]], owners[on[0]]) if on.size
+                                                     else (-1, -1))
+
+    ring = rng.normal(size=(60, 8, 2))
+    slots = np.array([0, 3, 5])
+    weights = rng.normal(size=(8, 2))
+    out = np.zeros((samples.size, 2))
+    for s in slots:
+        out += ring[samples, s] * weights[s]
+    np.testing.assert_array_equal(
+        hyfdca_kernels.weighted_slot_sums(ring, samples, slots, weights), out)
