@@ -547,3 +547,34 @@ def test_protocol_refuses_other_algorithms(problem, ciphers):
     with pytest.raises(HyflError, match="hyfdca"):
         run_protocol(make_algorithm("fedavg", {}), problem, grid(n, m, 2, 2), Full(4), 2,
                      ciphers["none"])
+
+
+def test_layout_bookkeeping_equals_np_unique():
+    """The layout's distinct rows and chunks (a lexsort, a table, a comparison pass
+    instead of np.unique's hashing) are what np.unique gives."""
+    import scipy.sparse as sp
+
+    from hyfl.partition import stack
+    from hyfl.privacy.layout import SlotLayout, _distinct_rows, holder_matrix
+
+    rng = np.random.default_rng(3)
+    rows = rng.integers(-1, 4, size=(500, 3))
+    sets, inverse = _distinct_rows(rows)
+    expected_sets, expected_inverse = np.unique(rows, axis=0, return_inverse=True)
+    np.testing.assert_array_equal(sets, expected_sets)
+    np.testing.assert_array_equal(inverse, expected_inverse.ravel())
+
+    X = sp.random(80, 10, density=0.4, random_state=4, format="csr")
+    blocks = stack(grid(80, 10, 4, 2, seed=1), X)
+    holders = holder_matrix(blocks)
+    np.testing.assert_array_equal(_distinct_rows(holders)[0], np.unique(holders, axis=0))
+    layout = SlotLayout.build(blocks, slots=7, n_outputs=2)
+    tagged = TaggedLayout(layout)
+    for samples in (rng.choice(80, size=13, replace=False), np.arange(80), np.array([5])):
+        np.testing.assert_array_equal(layout.chunks_of(samples),
+                                      np.unique(layout.positions(samples) // layout.slots))
+        data = layout.chunks_of(samples)
+        np.testing.assert_array_equal(
+            tagged.chunks_of(samples),
+            np.concatenate([data, layout.n_chunks + np.unique(tagged.groups_of(data))]))
+    np.testing.assert_array_equal(tagged.group_firsts, np.unique(layout.group_start))
