@@ -35,8 +35,9 @@ from hyfl.partition import RandomFraction, parse_partition
 from hyfl.problem import make_problem
 from hyfl.runtime.simulation import simulate
 data, spec, p, lam, warmup, rounds = sys.argv[2:8]
-problem = make_problem(load_data(data), "hinge", float(lam))
-partition = parse_partition(spec, problem.X, seed=0)
+dataset = load_data(data)
+problem = make_problem(dataset, "hinge", float(lam))
+partition = parse_partition(spec, problem.X, seed=0, meta=dataset.meta)  # (quadrant:K needs it)
 K = partition.n_clients
 simulate(HyFDCA(), problem, partition, RandomFraction(K, float(p)), int(warmup), seed=0,
          progress=False)
