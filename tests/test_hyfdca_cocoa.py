@@ -268,6 +268,26 @@ def test_a_client_holding_whole_samples_solves_the_exact_cocoa_subproblem(loss_n
     )
     np.testing.assert_array_equal(again, got)
 
+    # With margin offsets (sample groups): each row's margin moves by m . h, m its
+    # margins on the directions -- the reference adds the same offsets.
+    from hyfl.algorithms.hyfdca_groups import directions_margins
+
+    h = rng.standard_normal((1, 1, 2))
+    shifted = solve_subproblems(
+        loss, segments=np.array([0, n]), row_sample=order, alpha=alpha, z_ring=z_ring,
+        pairs=pairs, transforms=transforms, Y=y, sq_norms=sq_norms, coef=coef, X=X,
+        rows=order, feature_ptr=np.array([0, m]), features=np.arange(m),
+        directions=D[:, :, None], offset_weights=h,
+    )
+    m_dirs = directions_margins(z_ring, np.arange(n), pairs[0])  # (n, R, 1)
+    offsets = np.einsum("nrc,cr->nc", m_dirs, h[0])[:, 0]
+    delta = np.zeros(n)
+    for i in order:
+        margin = float((X[i] @ w2)[0, 0]) + offsets[i] + coef * float(G[i] @ delta)
+        delta[i] += loss.dual_step(alpha[i] + delta[i], np.array([margin]),
+                                   np.array([coef * G[i, i]]), y[i])[0]
+    np.testing.assert_allclose(shifted[:, 0], delta[order], rtol=1e-9, atol=1e-12)
+
 
 def test_ascending_draws_orders_a_full_pass_by_its_stored_rows():
     from hyfl.algorithms.hyfdca_local import ascending_draws

@@ -63,6 +63,7 @@ from hyfl.algorithms.hyfdca_groups import (
     GroupHistory,
     SampleGroups,
     find_sample_groups,
+    offset_weights,
     ring_margin_offsets,
     ring_span_sums,
 )
@@ -596,7 +597,7 @@ class HyFDCA:
         if groups is not None:
             io.floats_down += clients.size * C * R
 
-            def offsets(a, rows):  # each client computes them for the rows it uses
+            def offsets(a, rows):  # margin offsets of the rows a client reports
                 k = clients[a]
                 if rows.size == sizes[a]:  # a full pass: a permutation of the client's rows
                     # Computed in the rows' stored order (ascending samples, so the ring is
@@ -630,9 +631,10 @@ class HyFDCA:
             feature_ptr=np.concatenate(([0], np.cumsum([f.size for f in own_features]))),
             features=np.concatenate(own_features),
             directions=directions,
-            margin_offset=(None if offsets is None else np.concatenate(
-                [offsets(a, drawn_rows[lo:hi]) for a, (lo, hi) in
-                 enumerate(zip(*_segments(counts)))])),
+            # Each row's margin moves to the server's w by m . h, m its margins on the
+            # client's directions, which the solver reads anyway (hyfdca_groups).
+            offset_weights=(None if groups is None else np.stack(
+                [offset_weights(transforms[a], towards_w[a]) for a in range(clients.size)])),
             ascending=ascending,
         )
         del drawn_rows, ascending
@@ -1140,12 +1142,6 @@ def server_refresh_newcomers(
     if rows.size == 0:
         return None
     return rows, change
-
-
-def _segments(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Start and end of consecutive segments of the given lengths."""
-    ends = np.cumsum(counts)
-    return ends - counts, ends
 
 
 def record_composites(state: HyFDCAState, t: int) -> list[np.ndarray] | None:

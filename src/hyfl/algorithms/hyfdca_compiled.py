@@ -140,7 +140,6 @@ class Draws(NamedTuple):
     alpha: np.ndarray  # (N,) duals of output c
     y: np.ndarray  # (N,) labels of output c
     sq_norms: np.ndarray  # (N,) ||x_i||^2
-    offset: np.ndarray  # (n,) margin offsets of output c
     # (n,) per client, its draws in the order their coordinates are computed (offsets
     # from segments[a]): with ascending samples the ring is read forward, which on a
     # full pass in a random order halves the gather's time; any order gives the same.
@@ -163,17 +162,21 @@ class Span(NamedTuple):
     features: np.ndarray  # its columns of the CSR matrix
     basis: np.ndarray  # (len(features), R) orthonormal basis Q on them
     basis_grams: np.ndarray  # (A, R, R) Q^T Q per client
+    offset_weights: np.ndarray  # (A, R) h of output c: a row's margin offset is m . h
     inverse: np.ndarray  # (M,) scratch, -1 filled
 
 
 @nb.njit(cache=True, nogil=True, fastmath=True)
-def coordinates(ring, pairs, T, row_sample, c, phi):
+def coordinates(ring, pairs, T, h, row_sample, c, phi, offset):
     # phi = T^T m for one client's rows: their coordinates in its span, from the
-    # inner products m of their samples with the client's directions (pairs).
+    # inner products m of their samples with the client's directions (pairs); and
+    # offset = m . h, the move of each row's margin to the server's w
+    # (hyfl.algorithms.hyfdca_groups.offset_weights; h = 0 without sample groups).
     R = pairs.shape[0]
     m = np.zeros(R)
     for j in range(row_sample.size):
         i = row_sample[j]
+        moved = 0.0
         for r in range(R):
             p, b = pairs[r, 0], pairs[r, 1]
             if p < 0:
@@ -182,6 +185,8 @@ def coordinates(ring, pairs, T, row_sample, c, phi):
                 m[r] = ring[i, p, c]
             else:
                 m[r] = ring[i, p, c] - ring[i, b, c]
+            moved += m[r] * h[r]
+        offset[j] = moved
         for col in range(R):
             phi[j, col] = 0.0
         for r in range(R):
@@ -198,11 +203,11 @@ def solve(step, draws, csr, span, c, coef, passes):
     # phi in the span, computed client by client (an (n, R) array for all draws
     # would be 20x the data on Covtype); basis[feature_ptr[a]:feature_ptr[a + 1]] is
     # the span's orthonormal basis Q on the client's own features and
-    # basis_grams[a] = Q^T Q there. inverse (M,) is scratch, -1 filled. offset[j]
-    # moves row j's remembered margin to the server's w (hyfl.algorithms.hyfdca_groups).
-    seg, row_sample, rows, alpha, Y, sq_norms, offset, ascending = draws
+    # basis_grams[a] = Q^T Q there. inverse (M,) is scratch, -1 filled. offset moves a
+    # row's remembered margin to the server's w (hyfl.algorithms.hyfdca_groups).
+    seg, row_sample, rows, alpha, Y, sq_norms, ascending = draws
     indptr, indices, data = csr
-    ring, pairs, transforms, feature_ptr, features, basis, basis_grams, inverse = span
+    ring, pairs, transforms, feature_ptr, features, basis, basis_grams, h, inverse = span
     # The model: <x_i, x_j> ~ phi_i.phi_j + r_i.r_j (own features) + diagonal rest.
     n, R = row_sample.size, pairs.shape[1]
     delta = np.zeros(n)
@@ -218,10 +223,14 @@ def solve(step, draws, csr, span, c, coef, passes):
         G = basis_grams[a]
         order = ascending[lo:hi]
         phi_ordered = np.empty((hi - lo, R))
-        coordinates(ring, pairs[a], transforms[a], row_sample[lo:hi][order], c, phi_ordered)
+        offset_ordered = np.empty(hi - lo)
+        coordinates(ring, pairs[a], transforms[a], h[a], row_sample[lo:hi][order], c,
+                    phi_ordered, offset_ordered)
         phi = np.empty((hi - lo, R))
+        offset = np.empty(hi - lo)
         for t in range(hi - lo):
             phi[order[t]] = phi_ordered[t]
+            offset[order[t]] = offset_ordered[t]
         psi = np.zeros((hi - lo, R))  # G phi
         for j in range(hi - lo):
             for r in range(R):
@@ -260,7 +269,7 @@ def solve(step, draws, csr, span, c, coef, passes):
                 resid = max(sq_norms[i] - pn, 0.0)
                 own_sq = min(max(own_sq, 0.0), resid)
                 q = max(coef * (pn + resid), 1e-300)
-                margin = (ring[i, now, c] + offset[j]
+                margin = (ring[i, now, c] + offset[j - lo]
                           + coef * (ps + own + (resid - own_sq) * delta[j]))
                 d = dual_step(step, alpha[i] + delta[j], margin, q, Y[i])
                 if d != 0.0:

@@ -291,8 +291,15 @@ def margin_offsets(margins: np.ndarray, transforms: np.ndarray, g: np.ndarray) -
     -------
     ndarray, shape (n, C)
     """
-    h = np.einsum("crs,cts,ct->cr", transforms, transforms, g)
-    return np.einsum("nrc,cr->nc", margins, h)
+    return np.einsum("nrc,cr->nc", margins, offset_weights(transforms, g))
+
+
+def offset_weights(transforms: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """``h = T T^T g`` per output, shape (C, R): a row's margin offset is ``m_i . h``.
+
+    ``transforms`` (C, R, R) and ``g`` (C, R) as in :func:`margin_offsets`.
+    """
+    return np.einsum("crs,cts,ct->cr", transforms, transforms, g)
 
 
 def ring_margin_offsets(ring: np.ndarray, samples: np.ndarray, pairs: np.ndarray,
@@ -305,7 +312,7 @@ def ring_margin_offsets(ring: np.ndarray, samples: np.ndarray, pairs: np.ndarray
     is read once, instead of gathering every slot of every sample and building
     the margins (two thirds of a cocoa round's CPU on ijcnn1 12x12).
     """
-    h = np.einsum("crs,cts,ct->cr", transforms, transforms, g)  # (C, R)
+    h = offset_weights(transforms, g)  # (C, R)
     weights = np.zeros((ring.shape[1], h.shape[0]))  # (W, C): per ring slot and output
     p, b = pairs[:, 0], pairs[:, 1]
     np.add.at(weights, p[p >= 0], h.T[p >= 0])

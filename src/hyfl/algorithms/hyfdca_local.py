@@ -129,7 +129,7 @@ def solve_subproblems(
     features: np.ndarray,
     directions: np.ndarray,
     passes: int = 1,
-    margin_offset: np.ndarray | None = None,
+    offset_weights: np.ndarray | None = None,
     ascending: np.ndarray | None = None,
 ) -> np.ndarray:
     """Every active client's local subproblem, solved by sequential dual coordinate ascent.
@@ -182,10 +182,11 @@ def solve_subproblems(
         (:meth:`SpanHistory.direction_vectors`, :meth:`ClientMemory.direction_vectors`).
     passes : int, default 1
         Passes over each client's drawn rows.
-    margin_offset : ndarray, shape (n, C), optional
-        Added to each drawn row's remembered margin: its move from the composite
-        weights the margin was taken with to the server's ``w``
-        (:func:`hyfl.algorithms.hyfdca_groups.margin_offsets`; default zero).
+    offset_weights : ndarray, shape (A, C, R), optional
+        Per client and output, ``h`` with which a drawn row's remembered margin moves
+        by ``m . h`` from the composite weights it was taken with to the server's
+        ``w``, ``m`` its margins on the client's directions
+        (:func:`hyfl.algorithms.hyfdca_groups.offset_weights`; default zero).
     ascending : ndarray of int, shape (n,), optional
         Per client, its draws by ascending sample, as offsets from ``segments[a]``
         (:func:`ascending_draws`): the remembered inner products are then read in
@@ -229,12 +230,14 @@ def solve_subproblems(
             alpha=np.ascontiguousarray(alpha[:, c]),
             y=np.ascontiguousarray(Y[:, c], dtype=np.float64),
             sq_norms=sq_norms,
-            offset=(np.zeros(n) if margin_offset is None
-                    else np.ascontiguousarray(margin_offset[:, c], dtype=np.float64)),
             ascending=ascending,
         )
         span = compiled.Span(z_ring, pairs, np.ascontiguousarray(transforms[:, c]), feature_ptr,
-                             features, basis, basis_grams, inverse)
+                             features, basis, basis_grams,
+                             np.zeros((segments.size - 1, pairs.shape[1]))
+                             if offset_weights is None
+                             else np.ascontiguousarray(offset_weights[:, c], dtype=np.float64),
+                             inverse)
         out[:, c] = compiled.solve(step, draws, csr, span, c, float(coef), int(passes))
     return out
 

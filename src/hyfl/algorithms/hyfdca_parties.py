@@ -68,6 +68,7 @@ from hyfl.algorithms.hyfdca_groups import (
     GroupHistory,
     absent_image,
     find_sample_groups,
+    offset_weights,
     ring_margin_offsets,
     ring_span_sums,
 )
@@ -464,7 +465,8 @@ class Client:
             feature_ptr=np.array([0, self.features.size]),
             features=np.arange(self.features.size),
             directions=self.memory.direction_vectors(),
-            margin_offset=self.offsets[order],
+            offset_weights=(None if message.get("towards_w") is None else offset_weights(
+                transforms[0], np.asarray(message["towards_w"], dtype=float))[None]),
         )
         scale = 1.0 / pub.n_holders[self.samples[order]]
         return encrypt_tagged(self.cipher, TaggedLayout(self._round_layout()),
