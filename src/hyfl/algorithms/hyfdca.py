@@ -598,15 +598,8 @@ class HyFDCA:
             io.floats_down += clients.size * C * R
 
             def offsets(a, rows):  # margin offsets of the rows a client reports
-                k = clients[a]
-                if rows.size == sizes[a]:  # a full pass: a permutation of the client's rows
-                    # Computed in the rows' stored order (ascending samples, so the ring is
-                    # read forward: half the time of the draw order) and handed out in the
-                    # draw order; each row's offset is its own, so the values are the same.
-                    stored = np.arange(rowptr[k], rowptr[k + 1])
-                    return ring_margin_offsets(local.history.z, blocks.row_sample[stored],
-                                               pairs[a], transforms[a],
-                                               towards_w[a])[rows - rowptr[k]]
+                # (by ascending sample, as reporter_offsets lists them: the ring is read
+                # forward)
                 return ring_margin_offsets(local.history.z, blocks.row_sample[rows], pairs[a],
                                            transforms[a], towards_w[a])
 

@@ -101,14 +101,11 @@ def step_bundle(loss: Loss):
     """The loss's constants for the compiled step; their type chooses the step."""
     from hyfl.algorithms import hyfdca_compiled as compiled
 
-    bundles = {
-        "hinge": lambda: compiled.HingeStep(),
-        "smoothed_hinge": lambda: compiled.SmoothedHingeStep(float(loss.smoothing)),
-        "squared": lambda: compiled.SquaredStep(),
-        "logistic": lambda: compiled.LogisticStep(int(loss.newton_iterations),
-                                                  float(loss.newton_tolerance)),
-    }
-    return bundles[loss.name]()
+    if loss.name == "smoothed_hinge":
+        return compiled.SmoothedHingeStep(float(loss.smoothing))
+    if loss.name == "logistic":
+        return compiled.LogisticStep(int(loss.newton_iterations), float(loss.newton_tolerance))
+    return {"hinge": compiled.HingeStep, "squared": compiled.SquaredStep}[loss.name]()
 
 
 def solve_subproblems(

@@ -335,9 +335,8 @@ class NodeSettings:
     def check_job(self, config: DeployConfig) -> None:
         """Refuse a job whose cipher is not this party's (the job cannot switch encryption off),
         or that runs a step rule whose decryptions the party cannot check, unless admitted."""
-        rule = getattr(config.algorithm, "rule", None)
-        if rule is not None and not rule.subproblem and self.cipher != "none" \
-                and not self.unchecked_rules:
+        rule = config.algorithm.rule
+        if not rule.subproblem and self.cipher != "none" and not self.unchecked_rules:
             raise fail(f"party {self.party}",
                        f"refuses the job: step rule {rule.name!r} keeps the duals as running sums "
                        "of steps, which a party cannot check against a dishonest server (it "

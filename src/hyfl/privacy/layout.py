@@ -271,9 +271,9 @@ class SlotLayout(_Packing):
 
 def _distinct_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``np.unique(rows, axis=0, return_inverse=True)`` of a 2-D int array, by a lexsort
-    of its columns (np.unique sorts structured rows: 0.9 s for ijcnn1's 50,000 samples,
-    ~5 s for Covtype's, once per run). Returns the distinct rows in lexicographic order
-    and each row's index among them, shape (n,)."""
+    of its columns (np.unique sorts structured rows: 283 ms against 10 ms for ijcnn1
+    12x12's 50,000 samples, once per run). Returns the distinct rows in lexicographic
+    order and each row's index among them, shape (n,)."""
     if rows.shape[0] == 0:
         return rows[:0], np.zeros(0, dtype=np.int64)
     order = np.lexsort(rows.T[::-1])  # the first column is the primary key
