@@ -947,8 +947,10 @@ def predict(
     ],
     data: Annotated[
         str,
-        typer.Option(help="Dataset name (see `hyfl datasets`, NAME:test for a test split) or "
-                     "LIBSVM file, with the training data's features.", show_default=False),
+        typer.Option(help="Dataset name (see `hyfl datasets`, NAME:test for a test split), "
+                     "LIBSVM file or labelled party files (parties:a.csv,b.csv, in the "
+                     "training order), with the training data's features.",
+                     show_default=False),
     ],
     out: Annotated[
         Path, typer.Option(help="CSV to write: index, prediction, decision value(s).")

@@ -16,6 +16,8 @@ numeric arrays only:
     (the label mapping; e.g. breast-cancer's ``[0, 1]`` for ``[-1, +1]``).
 ``__header__``
     JSON bytes (uint8): ``format`` (checked on load), ``kind`` ("hyfl-model"),
+    ``label_names`` (only for text labels: the text of each original label, whose
+    ``labels`` entry is then its position in this list),
     ``task``, ``loss``, ``lam``, ``n_features``, ``n_outputs``, ``partition``,
     ``algorithm`` and ``provenance`` (``hyfl_version``, ``data`` (name or path),
     ``data_sha256`` (see :func:`data_checksum`), ``n_samples``, ``written`` and, for
@@ -95,6 +97,9 @@ class Model:
         How it was trained.
     provenance : dict
         ``hyfl_version``, ``data``, ``data_sha256``, ``n_samples``, ``written``.
+    label_names : tuple of str
+        For text labels (``"<=50K"``, ``">50K"``): the text of each original label,
+        ``labels`` then holding positions in it. Empty for numeric labels.
     """
 
     weights: np.ndarray
@@ -106,6 +111,7 @@ class Model:
     partition: str
     algorithm: str
     provenance: dict = field(default_factory=dict)
+    label_names: tuple = ()
 
     @property
     def n_features(self) -> int:
@@ -149,7 +155,10 @@ class Model:
         if self.task == "regression" or len(self.classes) == 0:
             return np.asarray(encoded, dtype=np.float64)
         position = np.searchsorted(self.classes, encoded)
-        return self.labels[np.clip(position, 0, len(self.labels) - 1)]
+        labels = self.labels[np.clip(position, 0, len(self.labels) - 1)]
+        if self.label_names:
+            return np.asarray(self.label_names, dtype=object)[labels.astype(np.int64)]
+        return labels
 
     def predict(self, X) -> np.ndarray:
         """Predicted labels, as the original labels of the training data."""
@@ -169,6 +178,9 @@ def model_from_problem(problem, weights, *, data_meta: dict | None = None,
     if weights.ndim == 1:
         weights = weights[:, None]
     original = tuple((data_meta or {}).get("classes") or ())
+    names: tuple = ()
+    if any(isinstance(label, str) for label in original):  # text: stored by position
+        names, original = tuple(str(label) for label in original), tuple(range(len(original)))
     if problem.classes is not None:
         task = "multiclass"
         classes = np.asarray(problem.classes, dtype=np.float64)
@@ -183,7 +195,7 @@ def model_from_problem(problem, weights, *, data_meta: dict | None = None,
     elif task == "binary" and len(original) == 2:
         labels = np.asarray(original, dtype=np.float64)
     else:
-        labels = classes.copy()
+        labels, names = classes.copy(), ()
     y = problem.Y[:, 0] if data_y is None else data_y
     from hyfl import __version__
 
@@ -195,13 +207,19 @@ def model_from_problem(problem, weights, *, data_meta: dict | None = None,
                     "data_sha256": data_checksum(problem.X, y),
                     "n_samples": int(problem.n_samples), "written": time.time(),
                     **_libsvm_reading(data_meta or {})},
+        label_names=names,
     )
 
 
 def _libsvm_reading(meta: dict) -> dict:
-    """How a LIBSVM training file was read (its index base), to read others alike."""
-    zero_based = meta.get("zero_based")
-    return {"zero_based": zero_based} if isinstance(zero_based, bool) else {}
+    """How the training data were read, to read others alike: a LIBSVM file's index
+    base, party files' feature names (their column order)."""
+    out: dict = {}
+    if isinstance(meta.get("zero_based"), bool):
+        out["zero_based"] = meta["zero_based"]
+    if meta.get("feature_names") and meta.get("format") == "parties":
+        out["feature_names"] = [str(name) for name in meta["feature_names"]]
+    return out
 
 
 def save_model(path: str | os.PathLike, model: Model) -> Path:
@@ -220,6 +238,8 @@ def save_model(path: str | os.PathLike, model: Model) -> Path:
         "algorithm": model.algorithm,
         "provenance": model.provenance,
     }
+    if model.label_names:
+        header["label_names"] = list(model.label_names)
     header["content_sha256"] = _content_hash(arrays, header)
     blob = json.dumps(header, sort_keys=True).encode()
     arrays["__header__"] = np.frombuffer(blob, dtype=np.uint8)
@@ -334,9 +354,16 @@ def check_model_fields(culprit: str, header: dict, arrays: dict[str, np.ndarray]
                      "output per class, at least two; regression: one output, no classes)")
     if task == "binary" and classes.tolist() != [-1.0, 1.0]:
         raise refuse("classes", f"{classes.tolist()}, not [-1, 1] as a binary model's are")
+    names = header.get("label_names", [])
+    if names and not (isinstance(names, list) and all(isinstance(n, str) for n in names)
+                      and len(set(names)) == len(names) == labels.size
+                      and labels.tolist() == list(range(labels.size))):
+        raise refuse("header field 'label_names'", f"= {_short(names)}, not one distinct text "
+                     "per label (with labels 0, 1, ...)")
     return Model(weights=weights, task=task, classes=classes, labels=labels,
                  loss=header["loss"], lam=float(header["lam"]), partition=header["partition"],
-                 algorithm=header["algorithm"], provenance=dict(header["provenance"]))
+                 algorithm=header["algorithm"], provenance=dict(header["provenance"]),
+                 label_names=tuple(names))
 
 
 def _short(value) -> str:
@@ -344,7 +371,9 @@ def _short(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _label_text(value: float) -> str:
+def _label_text(value) -> str:
+    if isinstance(value, str):
+        return value
     value = float(value)
     return str(int(value)) if value.is_integer() else repr(value)
 
@@ -377,12 +406,15 @@ def predict_data(model_path: str | os.PathLike, data: str | os.PathLike,
     with more features than the model, or a named dataset of another width, are
     refused.
     """
-    from hyfl.data import dataset_names, load_data
+    from hyfl.data import dataset_names, is_party_spec, load_data, load_party_spec
     from hyfl.data.loaders import load_libsvm
 
     model = load_model(model_path)
     name = str(data).partition(":")[0]
-    if name not in dataset_names() and Path(data).is_file():
+    if is_party_spec(data):  # labelled party files, read together here (no alignment needed)
+        dataset, _ = load_party_spec(data, psi=False)
+        _check_feature_names(model, dataset.meta.get("feature_names", ()), data)
+    elif name not in dataset_names() and Path(data).is_file():
         dataset = load_libsvm(data, zero_based=model.provenance.get("zero_based", "auto"))
         if dataset.n_features < model.n_features:  # trailing features the file never uses
             from hyfl.data.loaders import widen
@@ -403,7 +435,7 @@ def predict_data(model_path: str | os.PathLike, data: str | os.PathLike,
         columns = ["decision"]
         scores = scores[:, None]
     else:
-        columns = [f"decision_{_label_text(v)}" for v in model.labels]
+        columns = [f"decision_{_label_text(v)}" for v in model.original_labels(model.classes)]
     out = Path(out)
     if out.parent != Path(""):
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -417,6 +449,18 @@ def predict_data(model_path: str | os.PathLike, data: str | os.PathLike,
     return Prediction(out=out, n_samples=dataset.n_samples, accuracy=accuracy, same_data=same)
 
 
+def _check_feature_names(model: Model, names, data) -> None:
+    """Party files must bring the training columns in the training order."""
+    trained = model.provenance.get("feature_names")
+    if trained is None or list(trained) == list(names):
+        return
+    first = next((i for i, (a, b) in enumerate(zip(trained, names)) if a != b),
+                 min(len(trained), len(names)))
+    raise fail(f"data {str(data)!r}", f"have the feature columns {list(names)[:8]}, the "
+               f"model was trained on {list(trained)[:8]} (they differ at column {first + 1})",
+               "List the party files in the training order, with the training columns.")
+
+
 def _replace_X(dataset, X):
     from dataclasses import replace
 
@@ -427,10 +471,12 @@ def _original(dataset) -> np.ndarray | None:
     """The dataset's labels as its original values (None if its mapping is unknown)."""
     original = tuple(dataset.meta.get("classes") or ())
     y = np.asarray(dataset.y, dtype=np.float64)
+    text = any(isinstance(label, str) for label in original)
+    values = np.asarray(original, dtype=object if text else np.float64)
     if dataset.task == "binary" and len(original) == 2:
-        return np.where(y > 0, float(original[1]), float(original[0]))
+        return values[(y > 0).astype(np.int64)]
     if dataset.task == "multiclass" and original:
-        return np.asarray(original, dtype=np.float64)[y.astype(np.int64)]
+        return values[y.astype(np.int64)]
     return None
 
 
