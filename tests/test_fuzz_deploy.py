@@ -255,7 +255,14 @@ def _valid_payload(kind: str, d: dict) -> dict:
             "step": {"totals": vec, "dw_sq": one, "coherence": one, "updated": 2,
                      "active": np.array([0])},
             "changes": {"step": one, "w": np.zeros((d["n_features"], 1))},
-            "certify": {"certified": vec, "checkpoint": vec, "w_sq": np.zeros(2)}}[kind]
+            "certify": {"certified": vec, "checkpoint": vec, "w_sq": np.zeros(2)},
+            # the alignment of party files (refused by a party with a block, as here)
+            "align": {"peers": np.zeros((2, 32), np.uint8), "peer_counts": np.array([0, 1, 1]),
+                      "channels": np.zeros((3, 32), np.uint8), "task": "binary",
+                      "classes": ["a", "b"]},
+            "labels": {"shared_rows": np.array([0]), "shared_counts": np.array([0, 1, 0])},
+            "block": {"samples": np.arange(n_local), "features": np.arange(d["n_features"]),
+                      "n_samples": 30, "n_features": d["n_features"], "sealed": {}}}[kind]
 
 
 def _garble_payload(kind: str, payload: dict, rng) -> dict | None:

@@ -104,6 +104,7 @@ __all__ = [
     "load_parties",
     "load_party_spec",
     "parse_party_spec",
+    "read_party_file",
 ]
 
 #: File name endings read as party files.
@@ -434,6 +435,17 @@ def _read_table(
                 "unlabeled=drop) to leave out samples nobody labels.",
             )
     return _Table(party, path, parquet, ids, features, values, labels, known)
+
+
+def read_party_file(path: str | os.PathLike, *, party: str, id_column: str = "id",
+                    label_column: str | None = "label") -> _Table:
+    """One party's file, read and checked alone (a deployed party reads only its own).
+
+    Rows without a label are kept (``label_known`` is False there): another
+    party may label those samples.
+    """
+    return _read_table(party, Path(path), id_column=id_column, label_column=label_column,
+                       declared_columns=None, unlabeled="drop")
 
 
 # --------------------------------------------------------------------------- alignment

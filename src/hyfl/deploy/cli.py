@@ -224,11 +224,17 @@ def party(
     fingerprint: Annotated[str | None, typer.Option(help="Pin the key fingerprint this party "
                                                     "accepts (from public-key.json).")] = None,
     insecure_test_keys: InsecureKeys = False,
-    data: Annotated[str | None, typer.Option(help="This party's block file (party-K.npz), or a "
-                                             "dataset name (with the job's partition spec): "
-                                             "the only data the party reads.")] = None,
+    data: Annotated[str | None, typer.Option(help="This party's own file (CSV or Parquet with "
+                                             "an id column; the parties align their files "
+                                             "over the network), its block file "
+                                             "(party-K.npz), or a dataset name (with the job's "
+                                             "partition spec): the only data the party reads.")
+                    ] = None,
     data_dir: Annotated[Path | None, typer.Option(help="Folder with dataset files, for a "
                                                   "dataset name.")] = None,
+    id_column: Annotated[str, typer.Option(help="The party file's sample id column.")] = "id",
+    label_column: Annotated[str, typer.Option(help="The party file's label column, if it has "
+                                              "one.")] = "label",
     out: Annotated[Path | None, typer.Option(help="Folder for the party's final duals and "
                                              "weights (party-K.npz).")] = None,
     unchecked_rules: Annotated[bool, typer.Option(
@@ -282,6 +288,7 @@ def party(
             node.append(f"data={_quoted(resolved.resolve() if resolved.exists() else data)}")
         if data_dir is not None:
             node.append(f"data-dir={_quoted(data_dir.resolve())}")
+        node += [f"id-column={_quoted(id_column)}", f"label-column={_quoted(label_column)}"]
         if out is not None:
             node.append(f"out={_quoted(out.resolve())}")
         if not worker:

@@ -384,6 +384,7 @@ _TYPES = {
     "bool": lambda v: isinstance(v, bool),
     "str": lambda v: isinstance(v, str),
     "dict": lambda v: isinstance(v, dict),
+    "list": lambda v: isinstance(v, list),
     "ids": lambda v: isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind in "iu",
     "mask": lambda v: isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind == "b",
     "matrix": lambda v: isinstance(v, np.ndarray) and v.ndim == 2 and v.dtype.kind in "iuf",
@@ -394,7 +395,8 @@ _TYPES = {
     "numbers": lambda v: isinstance(v, dict) and all(_TYPES["number"](x) for x in v.values()),
 }
 _DESCRIBED = {"int": "an integer", "bool": "true or false", "str": "a string",
-              "dict": "a mapping", "ids": "a 1-D integer array", "mask": "a 1-D bool array",
+              "dict": "a mapping", "list": "a list", "ids": "a 1-D integer array",
+              "mask": "a 1-D bool array",
               "matrix": "a 2-D numeric array", "floats": "a 1-D array of finite numbers",
               "vector": "an encrypted vector",
               "counts": "a mapping to integers", "numbers": "a mapping to numbers",
@@ -410,7 +412,7 @@ def check_fields(tree: Any, schema: Mapping[str, str], where: str) -> dict:
         A decoded message (must be a dict).
     schema : mapping of str to str
         Field name -> type (keys of ``_TYPES``: ``int``, ``number``, ``bool``,
-        ``str``, ``dict``, ``ids``, ``mask``, ``matrix``, ``floats``,
+        ``str``, ``dict``, ``list``, ``ids``, ``mask``, ``matrix``, ``floats``,
         ``vector``, ``counts``, ``numbers``); a trailing ``?`` makes the field optional
         (absent or None).
     where : str

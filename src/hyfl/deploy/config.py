@@ -64,6 +64,7 @@ RUN_DEFAULTS: dict[str, Any] = {
     "reply-timeout": 120.0,
     "connect-timeout": 300.0,
     "poll": 0.05,
+    "min-common": 1,
 }
 
 #: One line per run config key: what it means (the generated app's comments and README).
@@ -86,11 +87,13 @@ RUN_HELP: dict[str, str] = {
     "reply-timeout": "seconds a party has to answer a message, or it is absent for the round",
     "connect-timeout": "seconds the parties have to connect at the start",
     "poll": "seconds between the server's pulls for replies",
+    "min-common": "parties with their own files: fewest samples two or more of them must "
+                  "share when their columns differ (0: no check)",
 }
 
 #: Node config keys a party understands.
 NODE_KEYS = ("party", "key", "cipher", "fingerprint", "insecure-test-keys", "unchecked-rules",
-             "data", "data-dir", "out")
+             "data", "data-dir", "id-column", "label-column", "out")
 
 #: One line per node config key: what it means (the generated app's README).
 NODE_HELP: dict[str, str] = {
@@ -102,9 +105,12 @@ NODE_HELP: dict[str, str] = {
     "insecure-test-keys": "true admits keys below 2048 bits (tests only)",
     "unchecked-rules": "true admits the per-sample step rules (safe, theory, paper), whose "
                        "stored duals the party cannot check against a dishonest server",
-    "data": "its block file party-K.npz, or a dataset name / LIBSVM file (required: a party "
-            "reads only the data its node config names)",
+    "data": "its own party file (CSV or Parquet with an id column, aligned with the others "
+            "over the network), its block file party-K.npz, or a dataset name / LIBSVM file "
+            "(required: a party reads only the data its node config names)",
     "data-dir": "folder with dataset files (for a dataset name)",
+    "id-column": "its party file's sample id column (default id)",
+    "label-column": "its party file's label column, if it has one (default label)",
     "out": "folder where the party writes party-K.npz (its final duals and weights)",
 }
 
@@ -185,6 +191,7 @@ class DeployConfig:
     reply_timeout: float = 120.0
     connect_timeout: float = 300.0
     poll: float = 0.05
+    min_common: int = 1
 
     @classmethod
     def from_run_config(cls, config: Mapping[str, Any]) -> DeployConfig:
@@ -233,6 +240,7 @@ class DeployConfig:
             timeouts[key] = check_positive(f"run config {key}", _number(config, key),
                                            fix=f"Pass {key} in seconds, > 0.")
         participation = _text(config, "participation") or "full"
+        min_common = check_int("run config min-common", config.get("min-common", 1), minimum=0)
         return cls(
             parties=parties, algorithm=algorithm, hyper=hyper, iterations=iterations,
             participation=participation, seed=seed, loss=loss, lam=lam,
@@ -242,6 +250,7 @@ class DeployConfig:
                                      "run config insecure-test-keys"),
             out=_text(config, "out"), reply_timeout=timeouts["reply-timeout"],
             connect_timeout=timeouts["connect-timeout"], poll=timeouts["poll"],
+            min_common=min_common,
         )
 
     def cipher_options(self) -> dict[str, Any]:
@@ -308,6 +317,8 @@ class NodeSettings:
     unchecked_rules: bool = False
     data: str = ""
     data_dir: str = ""
+    id_column: str = "id"
+    label_column: str = "label"
     out: str = ""
 
     @classmethod
@@ -320,8 +331,9 @@ class NodeSettings:
                        f"A party's node config takes: {', '.join(NODE_KEYS)}.")
         party = _node_party(config, n_parties)
         values = {}
-        for key in ("key", "cipher", "fingerprint", "data", "data-dir", "out"):
-            value = config.get(key, "")
+        for key in ("key", "cipher", "fingerprint", "data", "data-dir", "id-column",
+                    "label-column", "out"):
+            value = config.get(key, {"id-column": "id", "label-column": "label"}.get(key, ""))
             if not isinstance(value, str):
                 raise fail(f"node config {key}", f"is {value!r}, not a string",
                            f"Quote it: --node-config \"{key}='...'\".")

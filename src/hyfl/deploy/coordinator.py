@@ -97,11 +97,18 @@ _META_FIELDS = {"seconds": "number?", "ops": "counts?", "delivery_ops": "counts?
                 "timing": "numbers?"}
 _META = tuple(_META_FIELDS)
 #: The fields of each kind of reply the coordinator reads (besides the metadata).
+_HELLO_COMMON = {"party": "int", "fingerprint": "str", "cipher": "str", "key_bits": "int",
+                 "slots": "int", "name": "str?", "node": "int?"}
+_HELLO_BLOCK = {**_HELLO_COMMON, "n_samples": "int", "n_features": "int", "n_outputs": "int",
+                "samples": "ids", "features": "ids", "lam_default": "number", "nonce": "ids?",
+                "tag": "ids?"}
 REPLY_FIELDS: dict[str, dict[str, str]] = {
-    "hello": {"party": "int", "n_samples": "int", "n_features": "int", "n_outputs": "int",
-              "samples": "ids", "features": "ids", "lam_default": "number",
-              "fingerprint": "str", "cipher": "str", "key_bits": "int", "slots": "int",
-              "name": "str?", "node": "int?", "nonce": "ids?", "tag": "ids?"},
+    "hello": _HELLO_BLOCK,
+    # A party with its own file (hyfl.deploy.party_files): aligned before its block is known.
+    "hello (party file)": {**_HELLO_COMMON, "align": "dict"},
+    "align": {"reblinded": "matrix"},
+    "labels": {"sealed": "dict"},
+    "block": _HELLO_BLOCK,
     "setup": {"norms": "vector"},
     "round": {"inner_products": "vector?", "primal_part": "matrix?", "proposals": "vector?",
               "checkpoint_part": "matrix?"},
@@ -183,6 +190,7 @@ class Coordinator:
         for line in self.results["warnings"]:
             self.log(line)
         self.weights: list[np.ndarray] = []
+        self.setup_record: dict[str, Any] = {}
         try:
             tic = time.perf_counter()
             self._connect()
@@ -229,13 +237,16 @@ class Coordinator:
         hellos = self.transport.connect(K, self.config.connect_timeout,
                                         {"cipher": self.cipher.name, "fingerprint": own})
         for k, hello in hellos.items():
-            self._check_reply(k, "hello", hello)
+            party_file = isinstance(hello, dict) and hello.get("align") is not None
+            self._check_reply(k, "hello (party file)" if party_file else "hello", hello)
             if hello["party"] != k:
                 raise fail(f"party {k}", f"says in its hello that it is party {hello['party']}",
                            "Run every party with the same hyfl version.")
         if sorted(hellos) != list(range(K)):
             raise fail(f"the {K} parties' hellos", f"came from parties {sorted(hellos)}",
                        f"Number the parties 0 to {K - 1} (node config party=K).")
+        if any(hello.get("align") is not None for hello in hellos.values()):  # party files
+            hellos = self._align(hellos)
         _check_sizes(hellos)
         first = hellos[0]
         for k, hello in sorted(hellos.items()):
@@ -274,6 +285,34 @@ class Coordinator:
         self.results["n_samples"] = int(first["n_samples"])
         self.results["n_features"] = int(first["n_features"])
         self.log(f"parties connected: {', '.join(str(k) for k in sorted(hellos))}")
+
+    def _align(self, hellos: dict[int, dict]) -> dict[int, dict]:
+        """Parties with their own files: align them first (:mod:`hyfl.deploy.party_files`)."""
+        from hyfl.deploy.party_files import align_parties
+
+        files = sorted(k for k, hello in hellos.items() if hello.get("align") is not None)
+        others = sorted(set(hellos) - set(files))
+        if others:
+            raise fail(f"part{'ies' if len(others) > 1 else 'y'} {', '.join(map(str, others))}",
+                       f"bring a block file or a dataset, while parties {files} bring their "
+                       "own party files", "Give every party its own party file (node config "
+                       "data='....csv'), or every party a block from `hyfl deploy split`.")
+        tally = _Tally(self.transport)
+
+        def exchange(messages: dict[int, tuple[str, dict]]) -> dict[int, dict]:
+            try:
+                return self._exchange(messages, tally)
+            except PartyMissing as missing:
+                raise fail(f"part{'ies' if len(missing.parties) > 1 else 'y'} "
+                           f"{', '.join(map(str, sorted(missing.parties)))}",
+                           f"did not answer the alignment's {missing.kind!r} message within "
+                           f"{self.config.reply_timeout:g} s", "Every party takes part in the "
+                           "alignment; check its SuperNode log, raise reply-timeout for large "
+                           "files, and start the run again.") from None
+
+        aligned, record = align_parties(hellos, exchange, self.config, self.log)
+        self.results["alignment"] = {**record, **tally.record()}
+        return aligned
 
     def _setup(self) -> None:
         from hyfl.algorithms.hyfdca_parties import Server, public_info

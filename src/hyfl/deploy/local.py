@@ -684,6 +684,28 @@ def compare_with_protocol(results: dict, weights: np.ndarray, problem, partition
     }
 
 
+def _party_file_nodes(spec: str) -> tuple[list[dict], dict]:
+    """Each party's node config data keys and the run config keys of a party spec."""
+    from hyfl.data.parties import parse_party_spec
+
+    files, options = parse_party_spec(spec)
+    deployed = {"id_column", "label_column", "min_common", "psi", "name"}
+    unsupported = sorted(set(options) - deployed)
+    if unsupported:
+        raise fail(f"party spec option{'s' if len(unsupported) > 1 else ''} "
+                   f"{', '.join(unsupported)}", "cannot be deployed: deployed parties align "
+                   "their files themselves (task and classes follow the loss and the labels)",
+                   "Leave those options out, or run the files in-process (hyfl run).")
+    node = {"data": ""}
+    if "id_column" in options:
+        node["id-column"] = str(options["id_column"])
+    if options.get("label_column") is not None:
+        node["label-column"] = str(options["label_column"])
+    nodes = [{**node, "data": str(Path(path).resolve())} for path in files.values()]
+    run = {"min_common": int(options["min_common"])} if "min_common" in options else {}
+    return nodes, run
+
+
 def default_partition(parties: int) -> str:
     """A hybrid split for an even number of parties (two feature groups), else vertical."""
     if parties >= 4 and parties % 2 == 0:
@@ -852,7 +874,7 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
         a run that did not learn is reported there, not raised, so that its
         results are written all the same.
     """
-    from hyfl.data import default_lambda, load_data
+    from hyfl.data import default_lambda, is_party_spec, load_data, load_party_spec
     from hyfl.deploy.config import DeployConfig, run_config_for
     from hyfl.deploy.keys import party_cipher
     from hyfl.deploy.report import Judgement, judge_progress, summarize
@@ -879,6 +901,19 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
         data_keys = [{"data": str(f.resolve())} for f in files]
         run_data = {}
         dataset_meta, data_name = {}, str(party_data)
+    elif is_party_spec(data):  # each party names its own file; the alignment runs deployed
+        if partition is not None:
+            raise fail("--partition", f"is set, but {data!r} are party files, whose split is "
+                       "their own", "Leave --partition out with party files.")
+        if compare:
+            raise fail("--compare", "needs a dataset or block files: the in-process engine "
+                       "cannot number party files' samples as the deployed alignment did",
+                       "Leave --compare out with party files.")
+        data_keys, run_data = _party_file_nodes(data)
+        dataset, parts = load_party_spec(data, psi=False)  # pooled here, for the objective
+        lam_default = FALLBACK_LAMBDA
+        problem = make_problem(dataset, loss, lam or lam_default)
+        dataset_meta, data_name = dataset.meta, str(data)
     else:
         if partition is None:
             if parties is None:

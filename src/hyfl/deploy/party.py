@@ -69,6 +69,14 @@ from hyfl._io import atomic_write
 from hyfl.deploy.codec import check_fields, decode, encode
 from hyfl.deploy.config import DeployConfig, NodeSettings, structure_blocks
 from hyfl.deploy.guard import FORGED_FIX, Guard, announcement_tag, check_announcements
+from hyfl.deploy.party_files import (
+    ALIGN_KINDS,
+    is_party_file,
+    on_align,
+    on_block,
+    on_labels,
+    open_file,
+)
 from hyfl.errors import HyflError, JobRefused, fail
 from hyfl.privacy.tags import cipher_secret
 
@@ -76,7 +84,8 @@ __all__ = ["KINDS", "QUERY_KINDS", "Party", "handle_message", "open_party", "own
            "server_text"]
 
 #: Message kinds a party handles (Flower message types ``train.<kind>`` or ``query.<kind>``).
-KINDS = ("hello", "setup", "round", "weights", "steps", "duals", "verdict", "commit",
+KINDS = ("hello", "align", "labels", "block", "setup", "round", "weights", "steps", "duals",
+         "verdict", "commit",
          "proposals", "image", "direction", "step", "changes", "certify", "ping", "finish")
 #: Kinds sent as ``query.*`` (they change no model state); the rest are ``train.*``.
 QUERY_KINDS = ("hello", "ping", "verdict", "step", "certify", "finish")
@@ -89,6 +98,13 @@ _IN_ROUND = ("weights", "steps", "duals", "verdict", *COCOA_KINDS)
 #: The fields of each message kind a party reads (types of :func:`~hyfl.deploy.codec.check_fields`).
 MESSAGE_FIELDS: dict[str, dict[str, str]] = {
     "hello": {"cipher": "str?", "fingerprint": "str?"},
+    # The alignment of parties with their own files (hyfl.deploy.party_files).
+    "align": {"peers": "matrix", "peer_counts": "ids", "channels": "matrix",
+              "channel_nonces": "matrix?", "channel_tags": "matrix?", "task": "str",
+              "classes": "list"},
+    "labels": {"shared_rows": "ids", "shared_counts": "ids"},
+    "block": {"samples": "ids", "features": "ids", "n_samples": "int", "n_features": "int",
+              "sealed": "dict?"},
     "setup": {"n_samples": "int", "n_features": "int", "n_outputs": "int", "lam": "number",
               "samples": "ids", "sample_counts": "ids", "features": "ids",
               "feature_counts": "ids", "nonces": "matrix?", "tags": "matrix?",
@@ -259,7 +275,8 @@ class Party:
         for a party that can load its block again (:meth:`reload_block`)."""
         if self._live is not None and "client" in self.state:
             self.state["client"] = _client_state(self._live)
-        if with_block or "block" not in self.state:
+        if with_block or "block" not in self.state or "aligned" in self.state:
+            # (a party file's block needs the alignment: it cannot be loaded again)
             return encode(self.state)
         tree = {key: value for key, value in self.state.items() if key != "block"}
         block = self.state["block"]
@@ -280,6 +297,8 @@ class Party:
         check_fields(payload, MESSAGE_FIELDS[kind], self._from_server(kind))
         if kind == "hello":
             return self.hello(payload)
+        if kind in ALIGN_KINDS:
+            return self.align(kind, payload)
         if "block" not in self.state:
             raise fail(f"party {self.node.party}", f"got a {kind!r} message before 'hello'",
                        "The server starts every run with hello; restart the run.")
@@ -315,9 +334,21 @@ class Party:
         self.node.check_key(own, payload.get("fingerprint"))
         guard = self.state.get("guard", {})
         Guard(guard, self.node.party).hello()
+        self._live = None
+        if is_party_file(self.node.data):  # its block's ids come from the alignment
+            aligning, announce = open_file(self.node, self.config, cipher_secret(self.cipher),
+                                           self._log)
+            self.state = {"party": self.node.party, "alignment": aligning, "guard": guard}
+            return {"party": self.node.party, "fingerprint": own, "cipher": self.node.cipher,
+                    "key_bits": int(self.cipher.key_bits), "slots": int(self.cipher.slots),
+                    "name": aligning["name"], "align": announce}
         tree, block = self._load_block()
         self.state = {"party": self.node.party, "block": tree, "guard": guard}
-        self._live = None
+        return self._announce(block, own)
+
+    def _announce(self, block, own: str) -> dict:
+        """The ``hello`` reply of a party with its block: its ids, sizes, cipher and key."""
+        guard = self.state["guard"]
         reply = {"party": self.node.party, "n_samples": block.n_samples,
                  "n_features": block.n_features, "n_outputs": int(block.Y.shape[1]),
                  "samples": block.samples, "features": block.features,
@@ -335,15 +366,39 @@ class Party:
             reply["tag"] = np.frombuffer(tag, dtype=np.uint8).copy()
         return reply
 
+    def align(self, kind: str, payload: dict) -> dict:
+        """The alignment's messages (:mod:`hyfl.deploy.party_files`), once each, in order."""
+        aligning = self.state.get("alignment")
+        if aligning is None:
+            raise fail(f"party {self.node.party}", f"got an {kind!r} message, but its data "
+                       "are not a party file (or it was already aligned)", FORGED_FIX)
+        done = aligning.setdefault("done", [])
+        expected = ALIGN_KINDS[len(done)] if len(done) < len(ALIGN_KINDS) else None
+        if kind != expected:
+            raise fail(f"party {self.node.party}", f"got the alignment's {kind!r} message "
+                       f"where {expected!r} was due", FORGED_FIX)
+        done.append(kind)
+        party, secret = self.node.party, cipher_secret(self.cipher)
+        if kind == "align":
+            return on_align(aligning, payload, party, secret, self._log)
+        if kind == "labels":
+            return on_labels(aligning, payload, party)
+        block = on_block(aligning, payload, self.node, self._log)
+        del self.state["alignment"]
+        self.state["block"], self.state["aligned"] = _block_tree(block), True
+        from hyfl.deploy.keys import cipher_fingerprint
+
+        return self._announce(block, cipher_fingerprint(self.cipher))
+
+    def _log(self, line: str) -> None:
+        print(f"party {self.node.party}: {line}", flush=True)
+
     def _load_block(self):
         """The party's block from its data, as a state tree and as loaded."""
         from hyfl.deploy.blocks import load_block
 
         block = load_block(self.node, self.config)
-        X = block.X.tocsr()
-        return {"samples": block.samples, "features": block.features, "data": X.data,
-                "indices": X.indices, "indptr": X.indptr, "shape": list(X.shape),
-                "Y": block.Y}, block
+        return _block_tree(block), block
 
     def setup(self, payload: dict) -> dict:
         """Learn who holds what (the public layout); send the encrypted row norms."""
@@ -616,6 +671,13 @@ class Party:
             _set_client_state(client, self.state["client"])
         self._live = client
         return client
+
+
+def _block_tree(block) -> dict:
+    """A :class:`~hyfl.deploy.blocks.Block` as a state tree."""
+    X = block.X.tocsr()
+    return {"samples": block.samples, "features": block.features, "data": X.data,
+            "indices": X.indices, "indptr": X.indptr, "shape": list(X.shape), "Y": block.Y}
 
 
 def _client_state(client) -> dict:

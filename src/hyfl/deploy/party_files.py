@@ -1,0 +1,470 @@
+"""A party that brings its own file: its side of the alignment over the network.
+
+A party whose node config names a party file (``data='hospital.csv'``: CSV or
+Parquet with an id column, its feature columns and optionally a label column,
+the format of :mod:`hyfl.data.parties`) does not know its block's global ids
+when the run starts. Before the set-up the server runs the alignment of
+:mod:`hyfl.privacy.alignment` through four messages, all relayed by it:
+
+``hello``
+    The party reads its file and answers with its number of ids, its column
+    names, what its labels are (their kind, and for classification their
+    distinct values), its ids blinded with a fresh secret scalar, and the public
+    half of its label-channel key (tagged with the key holders' secret).
+``align``
+    Its peers' blinded ids -> the same, blinded again with its scalar. The
+    server joins the results (:func:`hyfl.privacy.alignment.join`) and numbers
+    the samples; the message also brings the task and its classes and the
+    peers' channel keys.
+``labels``
+    For each peer, the party's rows it shares with that peer, in an order the
+    server gives both -> their labels (as far as the party has them), sealed
+    for that peer.
+``block``
+    Its rows' global sample indices, its columns' global feature indices and
+    the labels its peers sealed for it -> the ``hello`` reply of any other
+    party (its block's ids and sizes, with the announcement tag), after which
+    the run goes on exactly as with a block file.
+
+What leaves the party: its number of ids and rows, its column names (the
+features' names are the schema every party and the server work with), the
+distinct values of a classification label (not which row has which), blinded
+ids, and labels sealed for the peers that hold the same samples. Never an id
+or a feature value.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from hyfl.deploy.blocks import Block
+from hyfl.errors import fail
+from hyfl.privacy.alignment import BlindingKey, ChannelKey, channel_tag, hash_ids, seal, unseal
+
+__all__ = ["ALIGN_KINDS", "HELLO_FIELDS", "align_parties", "is_party_file", "on_align", "on_block",
+           "on_labels", "open_file"]
+
+#: The alignment's messages after ``hello``, in protocol order.
+ALIGN_KINDS = ("align", "labels", "block")
+#: The most distinct label values a party reports for a classification task.
+MAX_CLASSES = 1000
+_UNKNOWN = np.nan
+
+
+def is_party_file(source: str) -> bool:
+    """Whether a node config's ``data`` names a party file (CSV or Parquet)."""
+    from hyfl.data.parties import PARTY_SUFFIXES
+
+    return source.lower().endswith(PARTY_SUFFIXES)
+
+
+def open_file(node, config, secret: bytes | None, log) -> tuple[dict, dict]:
+    """Read the party's file; its alignment state and what its ``hello`` adds.
+
+    Parameters
+    ----------
+    node : NodeSettings
+    config : DeployConfig
+    secret : bytes or None
+        The key holders' shared secret (tags the channel key), None without a key.
+    log : callable
+        Receives progress lines (the party's own log).
+
+    Returns
+    -------
+    state : dict
+        Kept by the party until the ``block`` message: its secrets, values and labels.
+    hello : dict
+        The ``align`` field of its ``hello`` reply.
+    """
+    from hyfl.data.parties import read_party_file
+    from hyfl.losses import get_loss
+
+    if not node.id_column:
+        raise fail("node config id-column", "is empty", "Name the id column, e.g. id-column='id'.")
+    path = Path(node.data)
+    table = read_party_file(path, party=f"party {node.party}", id_column=node.id_column,
+                            label_column=node.label_column or None)
+    if not table.features:
+        raise fail(table.culprit, "has no feature columns (only ids and labels)",
+                   "In a deployment every party holds features: add this party's feature "
+                   "columns, or give its labels to a party that holds the same samples.")
+    classification = get_loss(config.loss).classification
+    labels, label_info = _labels_of(table, classification)
+    key, channel = BlindingKey(), ChannelKey()
+    n = len(table.ids)
+    log(f"party file {path.name}: {n} ids, {len(table.features)} columns; blinding the ids")
+    blinded = key.apply(hash_ids(table.ids), _progress(log, "blinded", n), "the party's ids")
+    nonce = secrets.token_bytes(16)
+    public = channel.public
+    tag = b"" if secret is None else channel_tag(secret, node.party, public, nonce)
+    state = {"key": _bytes(key.secret), "channel": _bytes(channel.secret),
+             "values": table.values, "labels": labels, "name": path.name,
+             "columns": list(table.features)}
+    hello = {"n_ids": n, "columns": list(table.features), "labels": label_info,
+             "blinded": blinded, "channel": _bytes(public), "channel_nonce": _bytes(nonce),
+             "channel_tag": _bytes(tag) if tag else None}
+    return state, hello
+
+
+def _labels_of(table, classification: bool) -> tuple[Any, dict]:
+    """The party's labels as kept until the classes are known, and what it reports."""
+    if table.labels is None:
+        return None, {"kind": "none"}
+    known = table.label_known
+    if table.labels.dtype == object:
+        if not classification:
+            raise fail(f"label column of {table.culprit}", "holds text, which cannot be a "
+                       "regression target", "Use numeric labels, or a classification loss.")
+        values = sorted({str(v) for v in table.labels[known]})
+        kind = "text"
+    else:
+        values = sorted(set(table.labels[known].tolist())) if classification else []
+        kind = "number"
+    if len(values) > MAX_CLASSES:
+        raise fail(f"label column of {table.culprit}", f"holds {len(values)} distinct values, "
+                   f"more than the {MAX_CLASSES} classes a classification task may have",
+                   "Use a regression loss (loss=squared) for real-valued targets.")
+    raw = [v if k else None for v, k in zip(table.labels.tolist(), known.tolist())] \
+        if kind == "text" else np.where(known, table.labels, _UNKNOWN)
+    return {"kind": kind, "raw": raw}, {"kind": kind, "values": values}
+
+
+def on_align(state: dict, payload: dict, party: int, secret: bytes | None, log) -> dict:
+    """Blind the peers' ids again; learn the classes and the peers' channel keys."""
+    peers = np.asarray(payload["peers"], dtype=np.uint8)
+    counts = np.asarray(payload["peer_counts"], dtype=np.int64)
+    if counts.size < party + 1 or counts[party] != 0 or counts.sum() != peers.shape[0]:
+        raise fail("the server's 'align' message", "has peer lists that do not add up",
+                   "Both sides must run the same hyfl version.")
+    publics = np.asarray(payload["channels"], dtype=np.uint8)
+    if publics.shape != (counts.size, 32):
+        raise fail("the server's 'align' message", "has channel keys of the wrong shape",
+                   "Both sides must run the same hyfl version.")
+    if secret is not None:
+        nonces, tags = payload.get("channel_nonces"), payload.get("channel_tags")
+        if nonces is None or tags is None:
+            raise fail("the server's 'align' message", "carries the peers' channel keys "
+                       "without their tags", "The server does not follow hyfl's protocol.")
+        for j in range(counts.size):
+            expected = channel_tag(secret, j, publics[j].tobytes(), bytes(nonces[j]))
+            if j != party and not secrets.compare_digest(expected, bytes(tags[j])):
+                raise fail(f"party {j}'s channel key", "does not carry its tag (the server "
+                           "replaced it)", "The server does not follow hyfl's protocol; "
+                           "the party answers no more messages of this run.")
+    state["publics"] = publics
+    state["task"], state["classes"] = payload["task"], list(payload["classes"])
+    key = BlindingKey(bytes(state["key"]))
+    log(f"re-blinding {peers.shape[0]} ids of {counts.size - 1} peers")
+    return {"reblinded": key.apply(peers, _progress(log, "re-blinded", peers.shape[0]),
+                                   "the peers' blinded ids")}
+
+
+def on_labels(state: dict, payload: dict, party: int) -> dict:
+    """The party's labels of the rows it shares with each peer, sealed for that peer."""
+    rows, counts = _shared(payload, len(state["values"]))
+    state["shared"] = {"rows": rows, "counts": counts}
+    own = _label_values(state)
+    sealed = {}
+    for j, chunk in enumerate(np.split(rows, np.cumsum(counts)[:-1])):
+        if j == party or chunk.size == 0 or own is None:
+            continue
+        sealed[str(j)] = seal(_pair_key(state, party, j), own[chunk], _context(party, j))
+    return {"sealed": sealed}
+
+
+def on_block(state: dict, payload: dict, node, log) -> Block:
+    """Build the party's block from its global ids and the labels its peers sealed."""
+    party = node.party
+    values = state["values"]
+    n_rows, n_columns = values.shape
+    samples = np.asarray(payload["samples"], dtype=np.int64)
+    features = np.asarray(payload["features"], dtype=np.int64)
+    n_samples, n_features = int(payload["n_samples"]), int(payload["n_features"])
+    for name, ids, size, n in (("samples", samples, n_rows, n_samples),
+                               ("features", features, n_columns, n_features)):
+        if ids.shape != (size,) or np.unique(ids).size != size or (
+                size and (ids.min() < 0 or ids.max() >= n)):
+            raise fail(f"the server's 'block' message field {name}", "does not number this "
+                       f"party's {size} {'rows' if name == 'samples' else 'columns'} with "
+                       f"distinct ids below {n}", "Both sides must run the same hyfl version.")
+    labels = _label_values(state)
+    labels = np.full(n_rows, _UNKNOWN) if labels is None else labels.copy()
+    source = np.where(np.isnan(labels), -1, party)  # who gave each row its label
+    rows, counts = state["shared"]["rows"], state["shared"]["counts"]
+    sealed = payload.get("sealed") or {}
+    for j, chunk in enumerate(np.split(rows, np.cumsum(counts)[:-1])):
+        if str(j) not in sealed:
+            continue
+        theirs = unseal(_pair_key(state, party, j), sealed[str(j)], _context(j, party),
+                        f"the labels party {j} sealed for party {party}")
+        if theirs.shape != chunk.shape:
+            raise fail(f"the labels party {j} sent", f"are {theirs.size} for {chunk.size} "
+                       "shared samples", "Both sides must run the same hyfl version.")
+        mine = labels[chunk]
+        differ = ~np.isnan(mine) & ~np.isnan(theirs) & (mine != theirs)
+        if differ.any():
+            other = int(source[chunk][differ][0])
+            raise fail(f"parties {min(other, j)} and {max(other, j)}", f"give different labels "
+                       f"to {int(differ.sum())} samples they both hold (seen by party {party})",
+                       "Parties that both label a sample must give the same label: correct "
+                       "one file, or drop the label column from one.")
+        take = np.isnan(mine) & ~np.isnan(theirs)
+        labels[chunk[take]] = theirs[take]
+        source[chunk[take]] = j
+    missing = int(np.isnan(labels).sum())
+    if missing:
+        raise fail(f"party {party} ({state['name']})", f"holds {missing} samples that no party "
+                   "labels", "Give those samples a label in this file or in another party's "
+                   "that holds them, or delete those rows.")
+    order = np.argsort(samples)
+    columns = np.argsort(features)
+    X = sp.csr_matrix(values[np.ix_(order, columns)])
+    X.eliminate_zeros()
+    from hyfl.experiments.runner import FALLBACK_LAMBDA
+
+    log(f"aligned: {n_rows} of {n_samples} samples, {n_columns} of {n_features} features")
+    return Block(party=party, samples=samples[order], features=features[columns], X=X,
+                 Y=_encode(labels[order], state["task"], len(state["classes"])),
+                 n_samples=n_samples, n_features=n_features, lam_default=FALLBACK_LAMBDA,
+                 name=state["name"])
+
+
+def _label_values(state: dict) -> np.ndarray | None:
+    """The party's labels in the job's terms: class index (classification) or value; NaN
+    where the party has none."""
+    labels = state["labels"]
+    if labels is None:
+        return None
+    if state["task"] == "regression":
+        return np.asarray(labels["raw"], dtype=float)
+    position = {str(c) if labels["kind"] == "text" else float(c): i
+                for i, c in enumerate(state["classes"])}
+    raw = labels["raw"]
+    return np.array([_UNKNOWN if v is None or (isinstance(v, float) and np.isnan(v))
+                     else position[v] for v in (raw if isinstance(raw, list) else raw.tolist())],
+                    dtype=float)
+
+
+def _encode(index: np.ndarray, task: str, n_classes: int) -> np.ndarray:
+    """Labels as the loss reads them (as :func:`hyfl.problem.make_problem` encodes them)."""
+    if task == "regression":
+        return index[:, None]
+    if task == "binary":
+        return np.where(index == 1, 1.0, -1.0)[:, None]
+    return np.where(index[:, None] == np.arange(n_classes)[None, :], 1.0, -1.0)
+
+
+def _shared(payload: dict, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    rows = np.asarray(payload["shared_rows"], dtype=np.int64)
+    counts = np.asarray(payload["shared_counts"], dtype=np.int64)
+    if counts.sum() != rows.size or (rows.size and (rows.min() < 0 or rows.max() >= n_rows)):
+        raise fail("the server's 'labels' message", "names rows this party does not have",
+                   "Both sides must run the same hyfl version.")
+    return rows, counts
+
+
+def _pair_key(state: dict, party: int, peer: int) -> bytes:
+    channel = ChannelKey(bytes(state["channel"]))
+    return channel.shared(bytes(state["publics"][peer]), (party, peer))
+
+
+def _context(sender: int, receiver: int) -> bytes:
+    return b"hyfl labels %d->%d" % (sender, receiver)
+
+
+def _bytes(value: bytes) -> np.ndarray:
+    return np.frombuffer(value, dtype=np.uint8).copy()
+
+
+def _progress(log, what: str, total: int):
+    """A progress callback that logs about ten lines for a long list."""
+    step = max(total // 10, 50_000)
+    state = {"next": step}
+
+    def report(done: int) -> None:
+        if done >= state["next"] or (done == total and total >= step):
+            log(f"{what} {done:,} of {total:,} ids")
+            state["next"] = done + step
+
+    return report
+
+
+# -- the server's side ---------------------------------------------------------------------
+#: The ``align`` field of a party file's ``hello`` (types of hyfl.deploy.codec.check_fields).
+HELLO_FIELDS = {"n_ids": "int", "columns": "list", "labels": "dict", "blinded": "matrix",
+                "channel": "ids", "channel_nonce": "ids", "channel_tag": "ids?"}
+
+
+def align_parties(hellos: dict[int, dict], exchange, config, log) -> tuple[dict[int, dict], dict]:
+    """The server's side: run the alignment; return the parties' block hellos and a record.
+
+    Parameters
+    ----------
+    hellos : dict
+        Party -> its ``hello`` reply (each with an ``align`` field).
+    exchange : callable
+        ``exchange({party: (kind, payload)}) -> {party: reply}`` (the coordinator's,
+        replies checked against ``REPLY_FIELDS``).
+    config : DeployConfig
+    log : callable
+    """
+    from hyfl.deploy.codec import check_fields
+    from hyfl.privacy.alignment import POINT_BYTES, join, number_samples
+
+    tic = time.perf_counter()
+    K = len(hellos)
+    info = {k: check_fields(hellos[k]["align"], HELLO_FIELDS, f"party {k}'s hello field align")
+            for k in range(K)}
+    sizes = [int(info[k]["n_ids"]) for k in range(K)]
+    for k in range(K):
+        if np.shape(info[k]["blinded"]) != (sizes[k], POINT_BYTES) or sizes[k] < 1:
+            raise fail(f"party {k}'s hello", f"announces {sizes[k]} ids but sends "
+                       f"{np.shape(info[k]['blinded'])} blinded ones", _SAME_VERSION)
+    columns = [[str(c) for c in info[k]["columns"]] for k in range(K)]
+    features: dict[str, int] = {}  # column name -> global feature, by first appearance
+    for names in columns:
+        for name in names:
+            features.setdefault(name, len(features))
+    task, classes = _job_labels({k: info[k]["labels"] for k in range(K)}, config.loss)
+    log(f"aligning the parties' files: {', '.join(f'{n:,}' for n in sizes)} ids "
+        f"({_task_text(task, classes)})")
+
+    # 1. Each party blinds its peers' lists again.
+    channels = np.stack([np.asarray(info[k]["channel"], dtype=np.uint8) for k in range(K)])
+    tagged = all(info[k].get("channel_tag") is not None for k in range(K))
+    messages = {}
+    for k in range(K):
+        peers = [np.asarray(info[j]["blinded"], dtype=np.uint8) for j in range(K) if j != k]
+        payload = {"peers": np.concatenate(peers) if peers else np.empty((0, POINT_BYTES),
+                                                                           dtype=np.uint8),
+                   "peer_counts": np.array([0 if j == k else sizes[j] for j in range(K)]),
+                   "channels": channels, "task": task, "classes": classes}
+        if tagged:
+            payload["channel_nonces"] = np.stack([info[j]["channel_nonce"] for j in range(K)])
+            payload["channel_tags"] = np.stack([info[j]["channel_tag"] for j in range(K)])
+        messages[k] = ("align", payload)
+    replies = exchange(messages)
+    double = {}  # (owner, blinder) -> the owner's ids blinded by both, in the owner's order
+    for k in range(K):
+        reblinded = np.asarray(replies[k]["reblinded"], dtype=np.uint8)
+        expected = (sum(sizes) - sizes[k], POINT_BYTES)
+        if reblinded.shape != expected:
+            raise fail(f"party {k}'s reply to 'align'", f"has {reblinded.shape} points, not "
+                       f"{expected}", _SAME_VERSION)
+        start = 0
+        for j in range(K):
+            if j != k:
+                double[(j, k)] = reblinded[start:start + sizes[j]]
+                start += sizes[j]
+    matches = {}
+    for k in range(K):
+        for j in range(k):
+            rows_j, rows_k = join(double[(j, k)], double[(k, j)], (f"party {j}", f"party {k}"))
+            if rows_j.size:
+                matches[(j, k)] = (rows_j, rows_k)
+                both = sorted(set(columns[j]) & set(columns[k]))
+                if both:
+                    raise fail(f"parties {j} and {k}", f"share {rows_j.size:,} samples and "
+                               f"also the columns {both[:5]}", "A deployed party file's cells "
+                               "must be its own: rename or drop those columns in one of the "
+                               "two files (`hyfl deploy split` on files brought together "
+                               "resolves such overlaps).")
+    rng = np.random.default_rng(secrets.randbits(128))  # fresh: no file order shows through
+    index, n_samples = number_samples(sizes, matches, rng)
+    holders = np.bincount(np.concatenate(index), minlength=n_samples)
+    shared = [int(np.count_nonzero(holders[g] > 1)) for g in index]
+    _check_overlap(columns, sizes, shared, config.min_common)
+
+    # 2. Labels for the samples a peer holds too, in one order for both sides of a pair.
+    rows = {k: [np.empty(0, dtype=np.int64)] * K for k in range(K)}
+    for (j, k), (rows_j, rows_k) in matches.items():
+        order = rng.permutation(rows_j.size)
+        rows[j][k], rows[k][j] = rows_j[order], rows_k[order]
+    replies = exchange({k: ("labels", {"shared_rows": np.concatenate(rows[k]),
+                                       "shared_counts": np.array([r.size for r in rows[k]])})
+                        for k in range(K)})
+    sealed = {}
+    for j in range(K):
+        for key, value in replies[j]["sealed"].items():
+            if key not in {str(k) for k in range(K) if rows[j][k].size} or not (
+                    isinstance(value, np.ndarray) and value.dtype == np.uint8):
+                raise fail(f"party {j}'s reply to 'labels'", f"seals labels for {key!r}, not "
+                           "a peer it shares samples with", _SAME_VERSION)
+            sealed.setdefault(int(key), {})[str(j)] = value
+
+    # 3. Each party's block: its global ids, and the labels sealed for it.
+    replies = exchange({k: ("block", {
+        "samples": index[k], "n_samples": n_samples, "n_features": len(features),
+        "features": np.array([features[name] for name in columns[k]], dtype=np.int64),
+        "sealed": sealed.get(k, {})}) for k in range(K)})
+    seconds = time.perf_counter() - tic
+    record = {"ids": sizes, "n_samples": n_samples, "n_features": len(features),
+              "shared": shared, "task": task, "classes": classes, "seconds": seconds}
+    log(f"aligned in {seconds:.1f} s: {n_samples:,} samples "
+        f"({int(np.count_nonzero(holders > 1)):,} held by two or more parties), "
+        f"{len(features)} features")
+    return {k: {**replies[k], "node": hellos[k].get("node")} for k in range(K)}, record
+
+
+_SAME_VERSION = "Run every party with the same hyfl version; the reply may be garbled or forged."
+
+
+def _job_labels(labels: dict[int, dict], loss: str) -> tuple[str, list]:
+    """The task and its classes from what the parties report of their labels."""
+    from hyfl.losses import get_loss
+
+    kinds = {k: str(info.get("kind")) for k, info in labels.items()}
+    labelled = [k for k, kind in kinds.items() if kind != "none"]
+    if not labelled:
+        raise fail("the parties' files", "have no label column",
+                   "Give at least one party a label column (node config label-column names "
+                   "it; default 'label').")
+    if len({kinds[k] for k in labelled}) > 1:
+        text = [k for k in labelled if kinds[k] == "text"]
+        raise fail(f"part{'ies' if len(text) > 1 else 'y'} {', '.join(map(str, text))}",
+                   "label with text while others label with numbers",
+                   "Use one kind of label in every file: all numbers or all the same class "
+                   "names.")
+    if not get_loss(loss).classification:
+        return "regression", []
+    kind = kinds[labelled[0]]
+    values = set()
+    for k in labelled:
+        values |= {str(v) if kind == "text" else float(v) for v in labels[k].get("values", [])}
+    classes = sorted(values)
+    if len(classes) < 2:
+        raise fail("the parties' labels", f"hold a single class {classes}",
+                   "A classification task needs samples of two classes or more.")
+    if kind == "number" and len(classes) > 2 and not all(c == round(c) for c in classes):
+        raise fail("the parties' labels", "include non-integer numbers, which cannot be "
+                   "classes", "Use integer or text classes, or loss=squared for regression.")
+    return ("binary" if len(classes) == 2 else "multiclass"), classes
+
+
+def _task_text(task: str, classes: list) -> str:
+    if task == "regression":
+        return "regression"
+    return f"{task}: classes {', '.join(map(str, classes[:5]))}{' ...' if len(classes) > 5 else ''}"
+
+
+def _check_overlap(columns: list[list[str]], sizes: list[int], shared: list[int],
+                   min_common: int) -> None:
+    """Parties with different columns must share at least ``min_common`` samples each."""
+    if len(columns) < 2 or len({tuple(sorted(c)) for c in columns}) == 1:
+        return
+    low = [k for k, count in enumerate(shared) if count < min_common]
+    if low:
+        counts = ", ".join(f"party {k} ({sizes[k]:,} ids, {shared[k]:,} shared)" for k in low)
+        raise fail(counts, f"share{'s' if len(low) == 1 else ''} fewer than min-common="
+                   f"{min_common} samples with the other parties, although the parties hold "
+                   "different columns", "Check that every party uses the same id column "
+                   "and spelling of the ids (node config id-column); lower the run config "
+                   "min-common (0 turns the check off) only if the files are meant to share "
+                   "so few samples.")

@@ -1,0 +1,261 @@
+"""Aligning the parties' own files over the network: a join the server computes blind.
+
+Each party of a deployment brings its own file, keyed by its own sample ids
+(:mod:`hyfl.deploy.party_files`). Before the first round every sample must get
+one global index, the server must learn which party holds which sample (HyFDCA
+aggregates over each sample's holders, ``|B_i|``), and no raw id may leave its
+party. This module has the mathematics of that step; the deployment carries
+its messages.
+
+The join (Diffie-Hellman private set intersection, after Meadows 1986 and
+Huberman, Franklin and Hogg 1999)
+---------------------------------------------------------------------------
+Every party ``k`` draws a secret scalar ``a_k`` and hashes each id to a point
+``H(x)`` of Curve25519 (SHA-256 of the id under a domain label, read as an
+X25519 u-coordinate). Blinding is X25519 scalar multiplication, which
+commutes: ``(H(x)^a)^b = (H(x)^b)^a``.
+
+1. Each party sends its blinded ids ``H(x)^a_k``, in file order.
+2. The server hands each party its peers' lists; the party blinds them again
+   with its own scalar and sends them back, in the peer's order.
+3. For a pair ``(j, k)`` the server now holds ``H(x)^(a_j a_k)`` for the rows
+   of ``j`` and for the rows of ``k``, each in its owner's row order; equal
+   values are the same sample (:func:`join`). It numbers the samples
+   (:func:`number_samples`) in an order drawn afresh each run, so the global
+   indices reveal no party's file order.
+
+What each side learns (semi-honest parties and server, no collusion; the
+decisional Diffie-Hellman assumption on Curve25519 and its twist, which the
+curve was chosen to make hard; SHA-256 as a random oracle):
+
+* the **server**: every party's number of ids and, per pair, which row of one
+  is which row of the other -- the layout HyFDCA's server needs anyway. It
+  never sees an id, and cannot test a guessed id: that needs a party's
+  scalar.
+* a **party**: its peers' numbers of ids, and then only what the deployment
+  tells it (its samples' global indices, and the holder counts the set-up
+  sends). Unlike a PSI whose output goes to the parties, it does not learn
+  which of its rows a given peer holds.
+
+Cost: a party blinds its own ids once and each peer's once: ``n_k + sum_j
+n_j`` X25519 operations (OpenSSL's, about 30-60 microseconds each here, see
+docs/deployment.md), 32 bytes per id per message.
+
+The label channel
+-----------------
+A sample's holders all need its label, which often only one of them has. Two
+parties ``j`` and ``k`` agree a pairwise key by X25519 (:class:`ChannelKey`),
+its public halves relayed by the server and authenticated with the secret the
+key holders share (:func:`hyfl.privacy.tags.cipher_secret`: the server cannot
+substitute its own halves), and send each other labels sealed with AES-GCM
+(:func:`seal`, :func:`unseal`), in an order the server gives both.
+
+Point-hashing note: about half of all 32-byte strings are u-coordinates of
+the quadratic twist rather than the curve. X25519 is defined on both and
+clears the small cofactors by its scalar clamping; the twist's large prime
+subgroup (about 2^252) keeps the discrete logarithm as hard there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from hyfl.errors import fail
+
+__all__ = ["POINT_BYTES", "BlindingKey", "ChannelKey", "channel_tag", "hash_ids", "join",
+           "number_samples", "seal", "unseal"]
+
+#: Bytes of a blinded id (an X25519 u-coordinate).
+POINT_BYTES = 32
+_DOMAIN = b"hyfl sample id v1\0"
+#: Ids per progress report while blinding.
+_BATCH = 4096
+
+Progress = Callable[[int], None]
+
+
+def hash_ids(ids: Sequence[str]) -> np.ndarray:
+    """``H(x)`` of each id (its UTF-8 text), as an ``(n, 32)`` uint8 array."""
+    out = np.empty((len(ids), POINT_BYTES), dtype=np.uint8)
+    buffer = bytearray()
+    for value in ids:
+        buffer += hashlib.sha256(_DOMAIN + str(value).encode()).digest()
+    if ids:
+        out[:] = np.frombuffer(bytes(buffer), dtype=np.uint8).reshape(-1, POINT_BYTES)
+    return out
+
+
+class BlindingKey:
+    """A party's secret scalar for one alignment (never leaves the party).
+
+    Parameters
+    ----------
+    secret : bytes, optional
+        32 bytes; a fresh random scalar by default.
+    """
+
+    def __init__(self, secret: bytes | None = None):
+        self.secret = secrets.token_bytes(32) if secret is None else bytes(secret)
+
+    def apply(self, points: np.ndarray, progress: Progress | None = None,
+              what: str = "the blinded ids") -> np.ndarray:
+        """Raise every point to this scalar: ``(n, 32)`` uint8 in, ``(n, 32)`` out.
+
+        ``progress`` is called with the number of points done after each batch.
+        A point of low order (which no hashed id is; only a forged list has one)
+        is refused, naming ``what``.
+        """
+        points = np.ascontiguousarray(points, dtype=np.uint8)
+        if points.ndim != 2 or points.shape[1] != POINT_BYTES:
+            raise fail(what, f"have shape {points.shape}, not (n, {POINT_BYTES})",
+                       "Both sides must run the same hyfl version.")
+        key = X25519PrivateKey.from_private_bytes(self.secret)
+        load = X25519PublicKey.from_public_bytes
+        out = bytearray()
+        n = points.shape[0]
+        raw = points.tobytes()
+        for start in range(0, n, _BATCH):
+            stop = min(n, start + _BATCH)
+            try:
+                for i in range(start, stop):
+                    out += key.exchange(load(raw[i * POINT_BYTES:(i + 1) * POINT_BYTES]))
+            except ValueError:  # OpenSSL refuses an all-zero result: a low-order point
+                raise fail(what, "contain a point of low order (a forged list)",
+                           "The alignment stops: restart it with honest parties.") from None
+            if progress is not None:
+                progress(stop)
+        result = np.frombuffer(bytes(out), dtype=np.uint8).reshape(n, POINT_BYTES)
+        return result.copy()
+
+
+def join(double_a: np.ndarray, double_b: np.ndarray, names: tuple[str, str]
+         ) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of two parties that hold the same sample, from their doubly blinded ids.
+
+    Parameters
+    ----------
+    double_a, double_b : ndarray of uint8, shape (n_a, 32) and (n_b, 32)
+        ``H(x)^(a b)`` of each party's ids, in its row order.
+    names : (str, str)
+        The two parties, for errors.
+
+    Returns
+    -------
+    rows_a, rows_b : ndarray of int64
+        Matching row numbers (``rows_a`` ascending).
+    """
+    keys = []
+    for points, name in zip((double_a, double_b), names):
+        points = np.ascontiguousarray(points, dtype=np.uint8)
+        if points.ndim != 2 or points.shape[1] != POINT_BYTES:
+            raise fail(f"the blinded ids of {name}", f"have shape {points.shape}",
+                       "Both sides must run the same hyfl version.")
+        key = points.view(np.dtype((np.void, POINT_BYTES))).ravel()
+        if np.unique(key).size != key.size:
+            raise fail(f"the blinded ids of {name}", "repeat a value: the party sent an id "
+                       "twice, or blinded a peer's list wrongly",
+                       "Every party's ids must be unique; run every party with the same hyfl "
+                       "version.")
+        keys.append(key)
+    _, rows_a, rows_b = np.intersect1d(keys[0], keys[1], assume_unique=True,
+                                       return_indices=True)
+    order = np.argsort(rows_a)
+    return rows_a[order].astype(np.int64), rows_b[order].astype(np.int64)
+
+
+def number_samples(sizes: Sequence[int],
+                   matches: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]],
+                   rng: np.random.Generator) -> tuple[list[np.ndarray], int]:
+    """Give every sample one global index, from the pairwise matches.
+
+    Parameters
+    ----------
+    sizes : sequence of int
+        Each party's number of rows.
+    matches : dict
+        ``(j, k)`` with ``j < k`` -> matching rows of ``j`` and of ``k`` (:func:`join`).
+    rng : numpy.random.Generator
+        Draws the order of the samples (fresh each run: the indices then reveal
+        no party's file order).
+
+    Returns
+    -------
+    index : list of ndarray of int64
+        Each party's rows' global indices.
+    n_samples : int
+    """
+    index: list[np.ndarray] = []
+    n = 0
+    for k, size in enumerate(sizes):
+        g = np.full(size, -1, dtype=np.int64)
+        for j in range(k):
+            rows_j, rows_k = matches.get((j, k), (np.empty(0, np.int64), np.empty(0, np.int64)))
+            earlier = index[j][rows_j]
+            if np.any((g[rows_k] >= 0) & (g[rows_k] != earlier)):
+                raise fail(f"party {k}'s alignment", "matched one row to two different "
+                           "samples of earlier parties",
+                           "Blinded ids were altered on the way; restart the alignment.")
+            g[rows_k] = earlier
+        new = g < 0
+        g[new] = np.arange(n, n + int(new.sum()))
+        n += int(new.sum())
+        index.append(g)
+    shuffle = rng.permutation(n)
+    return [shuffle[g] for g in index], n
+
+
+class ChannelKey:
+    """One party's half of the pairwise label channels (X25519 key agreement)."""
+
+    def __init__(self, secret: bytes | None = None):
+        self.secret = secrets.token_bytes(32) if secret is None else bytes(secret)
+
+    @property
+    def public(self) -> bytes:
+        return X25519PrivateKey.from_private_bytes(self.secret).public_key().public_bytes_raw()
+
+    def shared(self, peer_public: bytes, pair: tuple[int, int]) -> bytes:
+        """The AES-GCM key this party shares with the peer of ``pair`` (sorted party pair)."""
+        try:
+            point = X25519PrivateKey.from_private_bytes(self.secret).exchange(
+                X25519PublicKey.from_public_bytes(bytes(peer_public)))
+        except ValueError:
+            raise fail(f"the channel key of party {pair}", "is not a valid X25519 key",
+                       "Both sides must run the same hyfl version.") from None
+        info = b"hyfl label channel %d %d" % tuple(sorted(pair))
+        return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(point)
+
+
+def channel_tag(secret: bytes, party: int, public: bytes, nonce: bytes) -> bytes:
+    """A party's tag over its channel key's public half (keyed with the key holders' secret)."""
+    mac = hashlib.blake2b(key=secret, digest_size=32, person=b"hyfl channel")
+    mac.update(party.to_bytes(8, "little") + bytes(public) + bytes(nonce))
+    return mac.digest()
+
+
+def seal(key: bytes, values: np.ndarray, context: bytes) -> np.ndarray:
+    """AES-GCM of float64 ``values``; a random nonce first. uint8 array out."""
+    nonce = secrets.token_bytes(12)
+    body = AESGCM(key).encrypt(nonce, np.ascontiguousarray(values, "<f8").tobytes(), context)
+    return np.frombuffer(nonce + body, dtype=np.uint8).copy()
+
+
+def unseal(key: bytes, sealed: np.ndarray, context: bytes, what: str) -> np.ndarray:
+    """The float64 values of :func:`seal`; a changed or misdirected message is refused."""
+    blob = np.ascontiguousarray(sealed, dtype=np.uint8).tobytes()
+    try:
+        plain = AESGCM(key).decrypt(blob[:12], blob[12:], context)
+    except (InvalidTag, ValueError):
+        raise fail(what, "do not open with the pairwise key (altered, or not for this party)",
+                   "Restart the run; the server relayed a message that is not the peer's.") \
+            from None
+    return np.frombuffer(plain, dtype="<f8").copy()

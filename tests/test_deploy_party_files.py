@@ -1,0 +1,337 @@
+"""Parties with their own files, aligned over the deployment's messages.
+
+* The alignment's mathematics (:mod:`hyfl.privacy.alignment`) against plain set
+  operations: the blind join finds exactly the shared ids, the numbering gives
+  one index per id, sealed labels open only with the pair's key.
+* The coordinator and the parties in this process (the real codec and
+  messages; only the network is left out): three organisations' files (CSV and
+  Parquet, string ids, partly overlapping, different columns, text labels held
+  by two of them) are aligned -- every party's block equals its file under
+  one global numbering, checked against the ids the test knows -- and HyFDCA
+  trained on them reaches the pooled optimum with real encryption.
+* Bad files and a forging server stop the job with a message naming the culprit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from hyfl.data import load_party_spec
+from hyfl.deploy.codec import decode, encode
+from hyfl.deploy.config import DeployConfig, run_config_for
+from hyfl.deploy.coordinator import Coordinator
+from hyfl.deploy.keys import generate_keys, server_cipher
+from hyfl.deploy.party import handle_message
+from hyfl.errors import HyflError
+from hyfl.privacy.alignment import (
+    BlindingKey,
+    ChannelKey,
+    hash_ids,
+    join,
+    number_samples,
+    seal,
+    unseal,
+)
+from hyfl.problem import make_problem, solve_centralized
+from hyfl.runtime.simulation import evaluate
+
+TEST_KEYS = {"insecure_test_keys": True}
+
+
+# ----------------------------------------------------------------------------- the mathematics
+
+def test_the_blind_join_finds_exactly_the_shared_ids():
+    rng = np.random.default_rng(0)
+    universe = np.array([f"id-{i}" for i in range(400)])
+    a_ids = list(rng.choice(universe, 150, replace=False))
+    b_ids = list(rng.choice(universe, 220, replace=False))
+    a, b = BlindingKey(), BlindingKey()
+    # Each blinds its own ids, then the other's; the join sees only the doubles.
+    double_a = b.apply(a.apply(hash_ids(a_ids)))
+    double_b = a.apply(b.apply(hash_ids(b_ids)))
+    rows_a, rows_b = join(double_a, double_b, ("a", "b"))
+    expected = sorted(set(a_ids) & set(b_ids))
+    assert sorted(a_ids[i] for i in rows_a) == expected
+    assert all(a_ids[i] == b_ids[j] for i, j in zip(rows_a, rows_b))
+    # Blinding commutes, and one scalar hides ids: a single blinding matches nothing.
+    assert np.array_equal(b.apply(a.apply(hash_ids(a_ids))), a.apply(b.apply(hash_ids(a_ids))))
+    assert join(a.apply(hash_ids(a_ids)), b.apply(hash_ids(b_ids)), ("a", "b"))[0].size == 0
+
+
+def test_numbering_gives_each_id_one_index_in_a_fresh_order():
+    ids = [["x", "y", "z"], ["y", "w"], ["z", "w", "v", "x"]]
+    keys = [BlindingKey() for _ in ids]
+    single = [key.apply(hash_ids(i)) for key, i in zip(keys, ids)]
+    matches = {}
+    for k in range(3):
+        for j in range(k):
+            matches[(j, k)] = join(keys[k].apply(single[j]), keys[j].apply(single[k]), ("j", "k"))
+    index, n = number_samples([len(i) for i in ids], matches, np.random.default_rng(1))
+    assert n == 5
+    seen: dict[str, int] = {}
+    for party, g in zip(ids, index):
+        for name, value in zip(party, g.tolist()):
+            assert seen.setdefault(name, value) == value
+    assert sorted(seen.values()) == list(range(5))
+
+
+def test_blinding_refuses_points_of_low_order_and_bad_shapes():
+    key = BlindingKey()
+    with pytest.raises(HyflError, match="low order"):
+        key.apply(np.zeros((3, 32), dtype=np.uint8), what="the peers' ids")
+    with pytest.raises(HyflError, match="shape"):
+        key.apply(np.zeros((3, 31), dtype=np.uint8))
+    with pytest.raises(HyflError, match="repeat a value"):
+        points = key.apply(hash_ids(["a", "b"]))
+        join(np.concatenate([points, points[:1]]), points, ("p", "q"))
+
+
+def test_sealed_labels_open_only_for_the_pair():
+    one, two, three = ChannelKey(), ChannelKey(), ChannelKey()
+    key_12 = one.shared(two.public, (0, 1))
+    assert key_12 == two.shared(one.public, (1, 0))
+    sealed = seal(key_12, np.array([0.0, 1.0, np.nan]), b"0->1")
+    opened = unseal(key_12, sealed, b"0->1", "labels")
+    assert np.array_equal(opened[:2], [0.0, 1.0]) and np.isnan(opened[2])
+    with pytest.raises(HyflError, match="pairwise key"):
+        unseal(three.shared(one.public, (0, 2)), sealed, b"0->1", "labels")
+    with pytest.raises(HyflError, match="pairwise key"):
+        unseal(key_12, sealed, b"1->0", "labels")  # sent the other way: refused
+    tampered = sealed.copy()
+    tampered[-1] ^= 1
+    with pytest.raises(HyflError, match="pairwise key"):
+        unseal(key_12, tampered, b"0->1", "labels")
+
+
+# ----------------------------------------------------------------------------- deployed, in process
+
+class Transport:
+    """The coordinator's transport in this process: every message through the real codec."""
+
+    def __init__(self, nodes, run_config, cipher, forge=None):
+        self.nodes, self.run_config, self.cipher, self.forge = nodes, run_config, cipher, forge
+        self.states = [None] * len(nodes)
+        self.sent: dict[tuple[int, str], dict] = {}
+        self.sent_bytes = self.received_bytes = 0
+
+    def _deliver(self, k, kind, payload):
+        if self.forge is not None:
+            payload = self.forge(k, kind, payload)
+        self.sent[(k, kind)] = payload
+        reply, self.states[k] = handle_message(kind, encode(payload), self.states[k],
+                                               self.nodes[k], self.run_config)
+        return decode(*reply, self.cipher)
+
+    def connect(self, n_parties, timeout, hello):
+        return {k: self._deliver(k, "hello", hello) for k in range(n_parties)}
+
+    def exchange(self, messages, timeout):
+        replies = {k: self._deliver(k, kind, payload) for k, (kind, payload) in messages.items()}
+        return replies, set()
+
+    def post(self, k, kind, payload):
+        return self._deliver(k, kind, payload) is not None
+
+    def poll(self, handle):
+        return "replied" if handle else "failed"
+
+
+def _organisations(folder, seed=0):
+    """Three organisations' files from a synthetic task: CSV, Parquet, CSV."""
+    rng = np.random.default_rng(seed)
+    n, m = 90, 9
+    X = rng.uniform(0, 1, (n, m))
+    w = rng.normal(size=m)
+    y = np.where(X @ w > np.median(X @ w), ">50K", "<=50K")
+    ids = np.array([f"cust-{i:03d}" for i in range(n)])
+
+    def write(rows, columns, labelled, name):
+        frame = pd.DataFrame({"customer": ids[rows]})
+        for c in columns:
+            frame[f"x{c}"] = X[rows, c]
+        if labelled:
+            frame["income"] = y[rows]
+        frame = frame.sample(frac=1.0, random_state=seed)  # each file in its own order
+        path = folder / name
+        frame.to_parquet(path) if name.endswith(".parquet") else frame.to_csv(path, index=False)
+        return path
+
+    files = [write(np.arange(0, 60), range(0, 3), True, "bank.csv"),
+             write(np.arange(20, 90), range(3, 6), False, "telco.parquet"),
+             write(np.arange(40, 90), range(6, 9), True, "shop.csv")]
+    return files, ids, X, y
+
+
+def _deploy(tmp_path, files, *, cipher="none", keys=(None, None), iterations=3, lam=0.05,
+            forge=None, node_extra=None, run_extra=None):
+    private, public = keys
+    run = run_config_for(parties=len(files), iterations=iterations, cipher=cipher, lam=lam,
+                         public_key=str(public or ""), insecure_test_keys=True,
+                         **(run_extra or {}))
+    nodes = []
+    for k, path in enumerate(files):
+        policy = ({"cipher": "none"} if cipher == "none" else
+                  {"key": str(private), "cipher": cipher, "insecure-test-keys": True})
+        nodes.append({"party": k, **policy, "data": str(path), "id-column": "customer",
+                      "label-column": "income", **(node_extra or {}).get(k, {})})
+    config = DeployConfig.from_run_config(run)
+    server = server_cipher(cipher, public, **config.cipher_options(), **TEST_KEYS)
+    transport = Transport(nodes, run, server, forge)
+    coordinator = Coordinator(config, transport, server, log=lambda line: None)
+    return coordinator, transport
+
+
+@pytest.fixture(scope="module")
+def ckks_keys(tmp_path_factory):
+    return generate_keys(tmp_path_factory.mktemp("ckks-keys"), cipher="ckks")
+
+
+def test_party_files_align_into_their_blocks_and_train_to_the_optimum(tmp_path, ckks_keys):
+    files, ids, X, y = _organisations(tmp_path)
+    coordinator, transport = _deploy(tmp_path, files, cipher="ckks", keys=ckks_keys,
+                                     iterations=12)
+    results = coordinator.run()
+    record = results["alignment"]
+    assert record["ids"] == [60, 70, 50] and record["n_samples"] == 90
+    assert record["n_features"] == 9 and record["classes"] == ["<=50K", ">50K"]
+
+    # Every party's block is its file under one numbering: the same id, the same index.
+    index_of: dict[str, int] = {}
+    frames = [pd.read_parquet(f) if f.suffix == ".parquet" else pd.read_csv(f) for f in files]
+    for k, frame in enumerate(frames):
+        given = transport.sent[(k, "block")]["samples"]
+        for name, g in zip(frame["customer"], given.tolist()):
+            assert index_of.setdefault(name, g) == g
+    assert sorted(index_of.values()) == list(range(90))
+    order = np.array([index_of[i] for i in ids])  # file id -> global sample
+
+    # The pooled problem in the deployment's numbering: X's rows and the labels by id.
+    held = np.zeros_like(X)  # the cells some party holds (the rest are zero when pooled)
+    held[0:60, 0:3], held[20:90, 3:6], held[40:90, 6:9] = (X[0:60, 0:3], X[20:90, 3:6],
+                                                           X[40:90, 6:9])
+    X_global = np.zeros_like(X)
+    X_global[order] = held
+    labels = np.where(y == ">50K", 1.0, -1.0)
+    Y_global = np.zeros(90)
+    Y_global[order] = labels
+    dataset, _ = load_party_spec(f"parties:{','.join(map(str, files))};id=customer;"
+                                 "label=income", psi=False)
+    problem = make_problem(dataset, "hinge", 0.05)
+    optimum = solve_centralized(problem, cache=False)
+    w = coordinator.weights[-1]
+    value = evaluate(problem, w, None, optimum, None)
+    assert value["relative_loss"] <= 1e-3, value
+    # The deployment's own pooled view agrees with the central one (features by first
+    # appearance, the labels the parties sealed for each other).
+    import scipy.sparse as sp
+
+    from hyfl.losses import get_loss
+    from hyfl.problem import Problem
+
+    pooled = Problem(X=sp.csr_matrix(X_global), Y=Y_global[:, None], loss=get_loss("hinge"),
+                     lam=0.05)
+    assert pooled.primal(w) == pytest.approx(problem.primal(w), rel=1e-12)
+
+
+def test_alignment_reports_bad_files_by_culprit(tmp_path):
+    files, ids, X, y = _organisations(tmp_path)
+    # Vertical parties that share no id: below min-common.
+    lonely = tmp_path / "lonely.csv"
+    pd.DataFrame({"customer": [f"other-{i}" for i in range(10)], "z": np.arange(10.0),
+                  "income": [">50K", "<=50K"] * 5}).to_csv(lonely, index=False)
+    coordinator, _ = _deploy(tmp_path, [files[0], lonely])
+    with pytest.raises(HyflError, match="party 1 .*fewer than min-common=1"):
+        coordinator.run()
+
+    # Two parties that label a shared sample differently.
+    frame = pd.read_csv(files[2])
+    frame["income"] = np.where(frame["income"] == ">50K", "<=50K", ">50K")
+    flipped = tmp_path / "flipped.csv"
+    frame.to_csv(flipped, index=False)
+    coordinator, _ = _deploy(tmp_path, [files[0], files[1], flipped])
+    with pytest.raises(HyflError, match="different labels to"):
+        coordinator.run()
+
+    # Samples nobody labels: the telco party alone, plus an unlabelled bank.
+    bank = pd.read_csv(files[0]).drop(columns="income")
+    unlabelled = tmp_path / "bank-unlabelled.csv"
+    bank.to_csv(unlabelled, index=False)
+    coordinator, _ = _deploy(tmp_path, [unlabelled, files[1], files[2]])
+    with pytest.raises(HyflError, match="samples that no party labels"):
+        coordinator.run()
+
+    # The same column at two parties that share samples.
+    shop = pd.read_csv(files[2]).rename(columns={"x6": "x3"})
+    clash = tmp_path / "clash.csv"
+    shop.to_csv(clash, index=False)
+    coordinator, _ = _deploy(tmp_path, [files[0], files[1], clash])
+    with pytest.raises(HyflError, match=r"parties 1 and 2.*columns \['x3'\]"):
+        coordinator.run()
+
+
+def test_a_forging_server_cannot_swap_channel_keys_or_labels(tmp_path, ckks_keys):
+    files, *_ = _organisations(tmp_path)
+    own = ChannelKey()
+
+    def swap_key(k, kind, payload):  # the server puts in its own half of party 0's channel
+        if kind == "align":
+            payload = dict(payload)
+            channels = payload["channels"].copy()
+            channels[0] = np.frombuffer(own.public, dtype=np.uint8)
+            payload["channels"] = channels
+        return payload
+
+    coordinator, _ = _deploy(tmp_path, files, cipher="ckks", keys=ckks_keys, forge=swap_key)
+    with pytest.raises(HyflError, match="party 0's channel key"):
+        coordinator.run()
+
+    def swap_labels(k, kind, payload):  # labels party 0 sealed for 1 handed to 2
+        if kind == "block" and k == 2 and "0" in payload["sealed"]:
+            payload = dict(payload)
+            payload["sealed"] = {"0": seal(b"\0" * 32, np.zeros(3), b"x")}
+        return payload
+
+    coordinator, _ = _deploy(tmp_path, files, cipher="ckks", keys=ckks_keys, forge=swap_labels)
+    with pytest.raises(HyflError, match="pairwise key"):
+        coordinator.run()
+
+
+# ----------------------------------------------------------------------------- on Flower
+
+def test_loopback_deployment_of_party_files_reaches_the_optimum(tmp_path, ckks_keys):
+    """``hyfl deploy local`` with three organisations' files: SuperLink, SuperNodes, the
+    alignment over Flower messages, then HyFDCA with CKKS to relative loss 1e-3."""
+    from hyfl.deploy.local import run_local
+
+    files, *_ = _organisations(tmp_path)
+    spec = f"parties:{','.join(map(str, files))};id=customer;label=income"
+    run = run_local(out=tmp_path / "out", data=spec, iterations=12, lam=0.05, cipher="ckks",
+                    keys_dir=ckks_keys[0].parent, timeout=600)
+    assert run.results["status"] == "completed"
+    assert run.results["alignment"]["n_samples"] == 90
+    assert run.metrics[-1]["relative_loss"] <= 1e-3
+    assert (tmp_path / "out" / "model.npz").is_file()
+
+
+def test_a_model_of_text_labelled_party_files_predicts_from_them(tmp_path):
+    """The model file keeps text labels; ``hyfl predict`` reads party files in their order."""
+    from hyfl.model_file import load_model, model_from_problem, predict_data, save_model
+
+    files, ids, X, y = _organisations(tmp_path)
+    spec = f"parties:{','.join(map(str, files))};id=customer;label=income"
+    dataset, _ = load_party_spec(spec, psi=False)
+    problem = make_problem(dataset, "hinge", 0.05)
+    w = solve_centralized(problem, cache=False).w
+    save_model(tmp_path / "model.npz", model_from_problem(problem, w, data_meta=dataset.meta))
+    model = load_model(tmp_path / "model.npz")
+    assert model.label_names == ("<=50K", ">50K")
+    prediction = predict_data(tmp_path / "model.npz", spec, tmp_path / "p.csv")
+    written = pd.read_csv(tmp_path / "p.csv")
+    assert set(written["prediction"]) <= {"<=50K", ">50K"} and prediction.same_data
+    expected = np.mean(np.where(problem.X @ w[:, 0] >= 0, 1.0, -1.0) == problem.Y[:, 0])
+    assert prediction.accuracy == pytest.approx(expected)
+    swapped = f"parties:{files[1]},{files[0]},{files[2]};id=customer;label=income"
+    with pytest.raises(HyflError, match="training order"):
+        predict_data(tmp_path / "model.npz", swapped, tmp_path / "q.csv")
