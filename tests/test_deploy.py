@@ -560,7 +560,8 @@ SETTINGS = {
 #: search's public step (as in tests/test_protocol.py), timings, operation counts (small
 #: integers that would otherwise be audited together with the line search's coherence,
 #: the one other scalar of a reply) and the data's default lambda.
-PLAINTEXT_REPLIES = ("primal_part", "step", "seconds", "timing", "ops", "delivery_ops",
+PLAINTEXT_REPLIES = ("primal_part", "step", "evaluation", "seconds", "timing", "ops",
+                     "delivery_ops",
                      "lam_default")
 
 

@@ -234,6 +234,18 @@ def test_party_files_align_into_their_blocks_and_train_to_the_optimum(tmp_path, 
                      lam=0.05)
     assert pooled.primal(w) == pytest.approx(problem.primal(w), rel=1e-12)
 
+    # Each round reports its start's certificate from the parties' secure sums: the
+    # objective of the weights it starts from, a dual below the optimum, their gap.
+    labels = problem.Y[:, 0]
+    for record, start in zip(results["rounds"], coordinator.weights):
+        certificate = record["certificate"]
+        assert certificate["primal"] == pytest.approx(problem.primal(start), rel=1e-6)
+        assert certificate["dual"] <= optimum.primal + 1e-6
+        assert certificate["gap"] == pytest.approx(certificate["primal"] - certificate["dual"])
+        expected = np.mean(np.where(problem.X @ start[:, 0] >= 0, 1.0, -1.0) == labels)
+        assert certificate["accuracy"] == pytest.approx(expected)
+    assert results["rounds"][-1]["certificate"]["gap"] <= 1e-2 * optimum.primal
+
 
 def test_alignment_reports_bad_files_by_culprit(tmp_path):
     files, ids, X, y = _organisations(tmp_path)

@@ -518,7 +518,12 @@ class Client:
         own = (full if self.round.get("exact") else
                np.sum(self.own_sq[updated][:, None] * d * d, axis=0))
         totals = np.concatenate([gains, margin[None], full[None], own[None]]).T  # (C, P + 3)
-        values = np.append(totals.ravel(), self._totals_tag(totals.ravel(), self.k, "totals"))
+        # The round's certificate: loss, conjugate and correct predictions of the reported
+        # samples at the round's start, summed with the other clients' before any is opened.
+        report = _evaluation_terms(self.loss, margins[reports], alpha[reports], y[reports],
+                                   self.public.n_samples)
+        values = np.concatenate([totals.ravel(), report])
+        values = np.append(values, self._totals_tag(values, self.k, "totals"))
         reply = {
             "primal_part": np.asarray(self.X[updated].T @ d),
             "totals": encrypt_samples(self.cipher, _totals_layout(self.cipher, values.size),
@@ -540,8 +545,9 @@ class Client:
         C = pub.n_outputs
         limit = self.round["limit"]
         points = line_search_points(self.loss, limit).size
-        values = self._open_totals(message["totals"], C * (points + 3), message["active"],
-                                   "totals").reshape(C, points + 3)
+        opened = self._open_totals(message["totals"], C * (points + 3) + evaluation_size(C),
+                                   message["active"], "totals")
+        values = opened[:C * (points + 3)].reshape(C, points + 3)
         gains, margin, full, own = (values[:, :points].T, values[:, points],
                                     values[:, points + 1], values[:, points + 2])
         quadratic, coherence = line_search_curvature(
@@ -549,7 +555,8 @@ class Client:
             pub.n_samples,
         )
         step = line_search(self.loss, gains, margin, quadratic, pub.n_samples, limit)
-        reply = {"step": step, "coherence": coherence}
+        reply = {"step": step, "coherence": coherence,
+                 "evaluation": opened[C * (points + 3):]}  # sums over all clients only
         if pub.hyfdca.certified:  # the conjugate sum's change, for the server's running sum
             change = np.array([-np.sum(_gain_at(self.loss, gains, step, limit))])
             values = np.append(change, self._totals_tag(change, self.k, "conjugate"))
@@ -830,12 +837,15 @@ class Server:
                     _pairs({k: self.client_samples[k][m] for k, m in mine.items()}))
         cert = self.cert
         self.decisions = 0  # checkpoints a judge decides on this round (one exchange each)
+        # Exact round: a certified state and every holder of every sample the round may
+        # move (all of the active clients' samples) takes part.
+        held = pub.holders[np.concatenate([self.client_samples[k] for k in self.active])
+                           if self.active.size else np.empty(0, dtype=np.int64)]
+        every_holder = bool(np.all(active[held[held >= 0]]))
+        self.evaluable = every_holder and (cert is None or cert.current)
+        self.evaluation: dict[str, float] = {}
         if cert is not None:
-            # Exact round: a certified state and every holder of every sample the
-            # round may move (all of the active clients' samples) takes part.
-            held = pub.holders[np.concatenate([self.client_samples[k] for k in self.active])
-                               if self.active.size else np.empty(0, dtype=np.int64)]
-            self.exact = bool(cert.current and np.all(active[held[held >= 0]]))
+            self.exact = bool(cert.current and every_holder)
             self.limit = 1.0 if self.exact else cert.trust
         messages = {}
         for k in self.active.tolist():
@@ -1070,6 +1080,7 @@ class Server:
         for vec in totals[1:]:
             acc = self.cipher.add(acc, vec.ciphertexts)
         judge = int(self.active[0])
+        self.start_w_sq = float(np.sum(self.w * self.w))  # the round start's, for its certificate
         dw_sq = np.sum(self.direction_dw * self.direction_dw, axis=0)
         return judge, {"totals": EncryptedVector(totals[0].chunks, acc), "dw_sq": dw_sq,
                        "coherence": self.coherence, "updated": int(self.updated.size),
@@ -1079,6 +1090,13 @@ class Server:
         """Apply the judge's step to ``w``; every active client gets its weights (and the step)."""
         step = np.asarray(verdict["step"], dtype=float)
         self.coherence = np.asarray(verdict["coherence"], dtype=float)
+        # The round start's certificate, where it is exact: every holder of every active
+        # client's sample took part, from a consistent (certified) state.
+        pub = self.public
+        covered = self.updated.size == pub.n_samples  # every sample reported once
+        self.evaluation = (round_certificate(np.asarray(verdict["evaluation"], dtype=float),
+                                             self.start_w_sq, pub.lam)
+                           if self.evaluable and covered else {})
         self.leave = False
         if self.cert is not None:
             self.stepped = bool(np.any(step > 0))
@@ -1469,6 +1487,46 @@ def _symmetric(upper: np.ndarray) -> np.ndarray:
     out[:, i, j] = upper
     out[:, j, i] = upper
     return out
+
+
+def evaluation_size(n_outputs: int) -> int:
+    """Values of a client's part of the round certificate: loss and conjugate terms per
+    output and the correct predictions."""
+    return 2 * n_outputs + 1
+
+
+def _evaluation_terms(loss, margins: np.ndarray, alpha: np.ndarray, y: np.ndarray,
+                      n_samples: int) -> np.ndarray:
+    """A client's part of the round certificate over the samples it reports, each a sum
+    over them divided by ``N`` (its share of the mean): ``loss(x_i^T w)`` and
+    ``loss*(alpha_i)`` per output, and its correct predictions (of a classification: the
+    sign, or the largest of the one-vs-rest scores)."""
+    if margins.shape[0] == 0:
+        return np.zeros(2 * y.shape[1] + 1)
+    if loss.classification:
+        if y.shape[1] == 1:
+            correct = np.count_nonzero(np.where(margins[:, 0] >= 0, 1.0, -1.0) == y[:, 0])
+        else:
+            correct = np.count_nonzero(np.argmax(margins, axis=1) == np.argmax(y, axis=1))
+    else:
+        correct = 0
+    return np.concatenate([np.sum(loss.value(margins, y), axis=0),
+                           np.sum(loss.conjugate(alpha, y), axis=0), [float(correct)]]) / n_samples
+
+
+def round_certificate(evaluation: np.ndarray, w_sq: float, lam: float) -> dict[str, float]:
+    """The objective, dual, gap and accuracy of a round's start from the summed terms.
+
+    ``P(w) = sum loss / N + lam/2 ||w||^2`` and ``D(alpha) = -sum loss* / N - lam/2
+    ||w||^2`` (``w`` the image of ``alpha``, and the terms over all samples: the caller
+    vouches for both). ``accuracy`` means something for a classification loss only (it
+    is 0 for a regression).
+    """
+    C = (evaluation.size - 1) // 2
+    primal = float(np.sum(evaluation[:C]) + 0.5 * lam * w_sq)
+    dual = float(-np.sum(evaluation[C:2 * C]) - 0.5 * lam * w_sq)
+    return {"primal": primal, "dual": dual, "gap": primal - dual,
+            "accuracy": float(evaluation[2 * C])}
 
 
 def _totals_layout(cipher, n_values: int = GAIN_TERMS) -> SlotLayout:

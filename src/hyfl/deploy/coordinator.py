@@ -84,6 +84,7 @@ from hyfl._io import atomic_write, write_json
 from hyfl.deploy.codec import check_fields
 from hyfl.deploy.config import DeployConfig, structure_blocks
 from hyfl.errors import HyflError, fail
+from hyfl.losses import get_loss
 from hyfl.privacy.layout import TaggedLayout
 
 __all__ = ["LATEST_WEIGHTS", "REPLY_FIELDS", "Coordinator", "PartyMissing", "Transport",
@@ -120,7 +121,8 @@ REPLY_FIELDS: dict[str, dict[str, str]] = {
     "proposals": {"proposals": "vector"},
     "image": {"primal_part": "matrix"},
     "direction": {"primal_part": "matrix", "totals": "vector", "span_sums": "matrix?"},
-    "step": {"step": "floats", "coherence": "floats", "conjugate_change": "vector?"},
+    "step": {"step": "floats", "coherence": "floats", "evaluation": "floats?",
+             "conjugate_change": "vector?"},
     "certify": {"accepted": "bool"},
     "changes": {"changes": "vector"},
     "ping": {},
@@ -417,6 +419,12 @@ class Coordinator:
             "sigma": float(self.server.sigma) if hy.rule.subproblem else None,
             "round_seconds": time.perf_counter() - started,
         })
+        # The round start's objective, dual, gap and accuracy, from secure sums (cocoa rule;
+        # empty where an absent holder makes them inexact).
+        certificate = dict(getattr(self.server, "evaluation", {}) or {})
+        if certificate and not get_loss(self.config.loss).classification:
+            certificate.pop("accuracy")
+        record["certificate"] = certificate or None
         self.results["rounds"].append(record)
         self.weights.append(self.server.w.copy())
         absent = f", absent {record['absent']}" if record["absent"] else ""
@@ -655,7 +663,8 @@ class Coordinator:
                            f"{layout.n_chunks - 1} or twice", "Run every party with the same "
                            "hyfl version; the reply may be garbled or forged.")
         shapes = {"primal_part": (self.server.client_features[k].size, public.n_outputs),
-                  "step": (public.n_outputs,), "coherence": (public.n_outputs,)}
+                  "step": (public.n_outputs,), "coherence": (public.n_outputs,),
+                  "evaluation": (2 * public.n_outputs + 1,)}
         for name, expected in shapes.items():
             value = reply.get(name)
             if value is not None and value.shape != expected:

@@ -323,11 +323,13 @@ def round_line(record: Mapping[str, Any], *, total: int | None = None,
                relative_loss: float | None = None, show_loss: bool = False) -> str:
     """One round of a deployed run as a line of plain text.
 
-    ``round 3/5  parties 0,1,3  absent 2  accepted  rel. loss 3.58  31.2 s  up 1.2 MB
-    down 3.4 MB`` -- the parties that took part, those the schedule chose but
-    that did not answer (absent), the verdict (``no parties`` when nobody took
-    part), the relative loss of the round's ``w`` (with ``show_loss``; ``-``
-    when not known), the round's wall time and the measured bytes of its
+    ``round 3/5  parties 0,1,3  absent 2  accepted  rel. loss 3.58  gap 0.12  acc. 0.912
+    31.2 s  up 1.2 MB down 3.4 MB`` -- the parties that took part, those the schedule
+    chose but that did not answer (absent), the verdict (``no parties`` when nobody
+    took part), the relative loss of the round's ``w`` (with ``show_loss``; ``-``
+    when not known), the duality gap and accuracy of the round's start that the
+    parties' secure sums certify (where they are exact), the round's wall time and
+    the measured bytes of its
     messages; ``N attempts`` when the round was restarted after an absence.
     """
     t = int(record["iteration"])
@@ -340,6 +342,11 @@ def round_line(record: Mapping[str, Any], *, total: int | None = None,
     if show_loss:
         known = relative_loss is not None and math.isfinite(relative_loss)
         parts.append(f"rel. loss {relative_loss:.3g}" if known else "rel. loss -")
+    certificate = record.get("certificate")
+    if certificate:  # the round start's, from the parties' secure sums
+        parts.append(f"gap {certificate['gap']:.3g}")
+        if "accuracy" in certificate:
+            parts.append(f"acc. {certificate['accuracy']:.3f}")
     parts.append(format_seconds(record.get("round_seconds")))
     parts.append(f"up {format_bytes(float(record.get('payload_bytes_up', 0)))}")
     parts.append(f"down {format_bytes(float(record.get('payload_bytes_down', 0)))}")

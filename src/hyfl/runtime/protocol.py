@@ -512,6 +512,10 @@ def _round_stats(hyfdca: HyFDCA, server, active, newcomers, t, accepted) -> dict
         stats["beta"] = server.beta
     if hyfdca.rule.subproblem:
         stats["sigma"] = server.sigma
+        # The round start's certificate from the parties' secure sums (NaN where inexact).
+        certificate = getattr(server, "evaluation", {}) or {}
+        for key in ("primal", "gap", "accuracy"):
+            stats[f"certified_{key}"] = float(certificate.get(key, np.nan))
     return stats
 
 
