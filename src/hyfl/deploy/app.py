@@ -44,8 +44,9 @@ from hyfl.deploy.codec import bundle, decode, encode, encoded_bytes, unbundle
 from hyfl.deploy.party import KINDS, QUERY_KINDS, handle_message, server_text
 from hyfl.errors import HyflError, fail
 
-__all__ = ["AUDIT_DIR_VARIABLE", "FlowerTransport", "client_app", "load_state", "pack",
-           "read_received", "refuse_run", "run_server", "save_state", "server_app", "unpack"]
+__all__ = ["AUDIT_DIR_VARIABLE", "FlowerTransport", "check_not_refused", "client_app",
+           "load_state", "pack", "read_received", "refuse_run", "run_server", "save_state",
+           "server_app", "unpack"]
 
 # A party's app raised (a configuration error or a bug): stop the run and say so.
 # Every other error reply (node unavailable, app crashed, message lost) means
@@ -102,11 +103,16 @@ def _process_start() -> float:
         return float("nan")
 
 
-def load_state(context: Context) -> tuple[dict, str] | None:
-    """The party's encoded state Flower kept in ``context.state`` (None before the first)."""
+def check_not_refused(context: Context) -> None:
+    """Raise if the party failed or refused an earlier message of this run (:func:`refuse_run`)."""
     if _REFUSED in context.state:
         raise fail("the party", "failed or refused an earlier message of this run and answers "
                    "no more of it", "Start a new run (the party's log says what went wrong).")
+
+
+def load_state(context: Context) -> tuple[dict, str] | None:
+    """The party's encoded state Flower kept in ``context.state`` (None before the first)."""
+    check_not_refused(context)
     if _STATE_TREE not in context.state:
         return None
     return unpack(RecordDict({"arrays": context.state[_STATE_ARRAYS],
