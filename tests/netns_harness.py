@@ -417,9 +417,10 @@ class NetnsDeployment:
 
     # -- runs ------------------------------------------------------------------------
     def run(self, run_config: Mapping[str, Any], *, timeout: float = 300.0,
-            name: str = "run") -> dict:
+            name: str = "run", on_progress=None) -> dict:
         """Submit a job with ``flwr run`` from the coordinator's namespace; wait; its
-        ``deploy.json``."""
+        ``deploy.json`` (``on_progress(record)`` as each round ends, see
+        :func:`hyfl.deploy.local.wait_for_results`)."""
         from hyfl.deploy.flower_app import toml_value
         from hyfl.deploy.local import CONNECTION, flower_command, wait_for_results
 
@@ -429,7 +430,24 @@ class NetnsDeployment:
             flower_command("flwr", self.env), "run", str(self.app), CONNECTION, "--stream",
             "--run-config", str(overrides)])
         return wait_for_results(process, Path(str(run_config["out"])),
-                                self.workdir / "logs" / f"{name}.log", timeout=timeout)
+                                self.workdir / "logs" / f"{name}.log", timeout=timeout,
+                                on_progress=on_progress)
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds (user + system) so far of the deployment's live processes: every
+        process carrying one of its ``FLWR_HOME``s (Flower's, the workers, the relay)."""
+        from hyfl.deploy.local import _with_home
+
+        tick = os.sysconf("SC_CLK_TCK")
+        total = 0
+        for pid in {pid for home in self.homes for pid in _with_home(str(home.resolve()))}:
+            try:
+                with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        return total / tick
 
     def relay_stats(self) -> dict:
         """The relay's counts (connections, peers and bytes per link); written when it stops."""
