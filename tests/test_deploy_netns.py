@@ -135,6 +135,47 @@ def test_the_relay_delays_paces_and_refuses_other_addresses(tmp_path):
         assert refused.returncode != 0 and "refused" in refused.stderr
 
 
+# ----------------------------------------------------------------------------- the harness
+
+
+def test_the_harness_says_why_it_cannot_run(monkeypatch):
+    import netns_harness
+
+    monkeypatch.setattr(netns_harness.os, "geteuid", lambda: 1000)
+    assert netns_harness.netns_unavailable() == "network namespaces need root (ip netns add)"
+    monkeypatch.setattr(netns_harness.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(netns_harness.shutil, "which", lambda name: None)
+    assert "the ip command" in netns_harness.netns_unavailable()
+    monkeypatch.setattr(netns_harness.shutil, "which", lambda name: "/sbin/ip")
+    monkeypatch.setattr(netns_harness, "_flower_missing", lambda: None)
+
+    def refused(*args, **kwargs):
+        return subprocess.CompletedProcess(["ip", *args], 1, "", "Operation not permitted")
+
+    monkeypatch.setattr(netns_harness, "_ip", refused)
+    assert netns_harness.netns_unavailable() == (
+        "ip netns add was refused: Operation not permitted")
+
+
+def test_the_harness_picks_a_subnet_clear_of_the_hosts_networks(monkeypatch):
+    import ipaddress
+
+    import netns_harness
+
+    taken = [ipaddress.ip_network("10.128.0.0/9")]  # every candidate: refused
+    monkeypatch.setattr(netns_harness, "_host_networks", lambda: taken)
+    with pytest.raises(RuntimeError, match="no free /24"):
+        netns_harness.pick_subnet(seed=5)
+    monkeypatch.setattr(netns_harness, "_host_networks", lambda: [])
+    first = netns_harness.pick_subnet(seed=5)
+    # The host uses the first candidate (a wider route than it): the next one is taken.
+    taken = [ipaddress.ip_network(f"{first.network_address}/23", strict=False)]
+    monkeypatch.setattr(netns_harness, "_host_networks", lambda: taken)
+    second = netns_harness.pick_subnet(seed=5)
+    assert second.prefixlen == 24 and not second.overlaps(taken[0])
+    assert second.subnet_of(ipaddress.ip_network("10.128.0.0/9"))
+
+
 # ----------------------------------------------------------------------------- a real job
 
 
