@@ -47,6 +47,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -245,6 +246,29 @@ except Exception:
 """
 
 
+def _stop_groups(processes: Sequence[subprocess.Popen], grace: float) -> None:
+    """SIGTERM to every process group at once, SIGKILL to what is left after ``grace``
+    seconds (all groups share the deadlines: stopping takes the slowest group's time,
+    not the sum)."""
+    from hyfl.deploy.local import _live_processes
+
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        for process in processes:
+            try:
+                os.killpg(process.pid, sig)
+            except ProcessLookupError:
+                pass
+        end = time.monotonic() + wait
+        while time.monotonic() < end:
+            for process in processes:
+                process.poll()
+            groups = {group for _, group, _ in _live_processes().values()}
+            if all(process.returncode is not None and process.pid not in groups
+                   for process in processes):
+                return
+            time.sleep(0.1)
+
+
 class NetnsDeployment:
     """SuperLink and parties in their own network namespaces, TLS and node authentication on,
     links with latency and a bandwidth limit (a relay in the coordinator's namespace).
@@ -392,13 +416,9 @@ class NetnsDeployment:
         if self._stopped:
             return
         self._stopped = True
-        from hyfl.deploy.local import _stop_group, _stop_stragglers
+        from hyfl.deploy.local import _stop_stragglers
 
-        runs = [p for name, p in self.processes.items() if name.startswith("run")]
-        parties = [p for name, p in self.processes.items() if name.startswith("party-")]
-        rest = [p for p in self.processes.values() if p not in runs and p not in parties]
-        for process in [*runs, *parties, *rest]:
-            _stop_group(process, grace=5.0)
+        _stop_groups(list(self.processes.values()), grace=5.0)
         for home in self.homes:
             _stop_stragglers(str(home.resolve()), grace=5.0)
         for ns in self.namespaces:
@@ -455,9 +475,7 @@ class NetnsDeployment:
 
     def stop_relay(self) -> dict:
         """Stop the relay now and return its counts."""
-        from hyfl.deploy.local import _stop_group
-
-        _stop_group(self.processes["relay"], grace=5.0)
+        _stop_groups([self.processes["relay"]], grace=5.0)
         return self.relay_stats()
 
     def leftovers(self) -> dict[str, list]:
