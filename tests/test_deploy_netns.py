@@ -40,13 +40,12 @@ from netns_harness import RELAY, NetnsDeployment, netns_unavailable
 DELAY_MS, RATE_MBIT = 20.0, 100.0
 
 
-def _hybrid3(n_samples: int, n_features: int, seed: int = 0):
-    """Three parties: two split the features of half the samples, one holds the rest."""
-    perm = np.random.default_rng(seed).permutation(n_samples)
-    a, b = np.sort(perm[: n_samples // 2]), np.sort(perm[n_samples // 2:])
+def _vertical2(n_samples: int, n_features: int):
+    """Two parties, each with half of the features of every sample."""
     half = n_features // 2
-    return from_blocks([(a, range(half)), (a, range(half, n_features)), (b, range(n_features))],
-                       n_samples, n_features, name="hybrid3")
+    return from_blocks([(range(n_samples), range(half)),
+                        (range(n_samples), range(half, n_features))],
+                       n_samples, n_features, name="vertical2")
 
 
 # ----------------------------------------------------------------------------- the relay
@@ -189,14 +188,14 @@ def netns():
 @pytest.mark.slow
 def test_a_job_across_network_namespaces_with_latency_equals_run_protocol(tmp_path, netns):
     problem = make_problem(load_data("breast_cancer"), "hinge", default_lambda("breast_cancer"))
-    partition = _hybrid3(problem.n_samples, problem.n_features)
+    partition = _vertical2(problem.n_samples, problem.n_features)
     files = write_blocks(problem, partition, tmp_path / "blocks", name="breast_cancer")
     # Each party's own node config (its data and policy), as `hyfl deploy party` sets it.
     nodes = [{"party": k, "cipher": "none", "data": str(f), "out": str(tmp_path / f"out-{k}")}
              for k, f in enumerate(files)]
     out = tmp_path / "results"
     hyper, seed, rounds = "local_steps=5", 6, 2
-    run_config = run_config_for(parties=3, iterations=rounds, cipher="none", hyper=hyper,
+    run_config = run_config_for(parties=2, iterations=rounds, cipher="none", hyper=hyper,
                                 seed=seed, out=str(out), reply_timeout=60.0)
     started = time.perf_counter()
     deployment = NetnsDeployment(nodes, tmp_path / "netns", delay_ms=DELAY_MS,
@@ -207,19 +206,19 @@ def test_a_job_across_network_namespaces_with_latency_equals_run_protocol(tmp_pa
         relay = deployment.stop_relay()
     elapsed = time.perf_counter() - started
     assert results["status"] == "completed"
-    assert [r["active"] for r in results["rounds"]] == [[0, 1, 2]] * rounds
+    assert [r["active"] for r in results["rounds"]] == [[0, 1]] * rounds
     # The same job in process: identical iterates and final duals.
-    config = DeployConfig.from_run_config(run_config_for(parties=3, cipher="none", hyper=hyper))
+    config = DeployConfig.from_run_config(run_config_for(parties=2, cipher="none", hyper=hyper))
     history, duals = [], []
     run_protocol(make_algorithm("hyfdca", config.hyper), problem, partition,
-                 parse_participation("full", 3), rounds, make_cipher("none"), seed=seed,
+                 parse_participation("full", 2), rounds, make_cipher("none"), seed=seed,
                  on_round=lambda s, c: (history.append(s.w.copy()),
                                         duals.__setitem__(slice(None),
                                                           [x.alpha.copy() for x in c])))
     with np.load(out / "weights.npz") as f:
         np.testing.assert_array_equal(f["w"][1:], np.stack(history))
         assert np.abs(f["w"][-1]).max() > 0
-    for k in range(3):
+    for k in range(2):
         with np.load(tmp_path / f"out-{k}" / f"party-{k}.npz") as saved:
             np.testing.assert_array_equal(saved["alpha"], duals[k])
     # Every party's traffic went through its own link, from its own address, both ways;
