@@ -1,6 +1,7 @@
 """Small synthetic datasets shared by the algorithm tests."""
 
 import numpy as np
+import pandas as pd
 import scipy.sparse as sp
 from sklearn.datasets import make_classification
 
@@ -23,3 +24,33 @@ def synthetic(n=120, m=10, seed=0, classes=2, sparsity=0.0):
     if classes == 2:
         return Dataset(sp.csr_matrix(X), np.where(y > 0, 1.0, -1.0), "syn")
     return Dataset(sp.csr_matrix(X), y, "syn3", task="multiclass")
+
+
+def organisation_files(folder, seed=0):
+    """Three organisations' files of one synthetic task (90 customers, 9 features, text
+    labels ``<=50K``/``>50K``), each in its own row order, keyed by ``customer``: a bank
+    (CSV, customers 0-59, x0-x2, labels), a telco (Parquet, 20-89, x3-x5, no labels) and
+    a shop (CSV, 40-89, x6-x8, labels). Returns (paths, ids, X, y)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    n, m = 90, 9
+    X = rng.uniform(0, 1, (n, m))
+    w = rng.normal(size=m)
+    y = np.where(X @ w > np.median(X @ w), ">50K", "<=50K")
+    ids = np.array([f"cust-{i:03d}" for i in range(n)])
+
+    def write(rows, columns, labelled, name):
+        frame = pd.DataFrame({"customer": ids[rows]})
+        for c in columns:
+            frame[f"x{c}"] = X[rows, c]
+        if labelled:
+            frame["income"] = y[rows]
+        frame = frame.sample(frac=1.0, random_state=seed)  # each file in its own order
+        path = folder / name
+        frame.to_parquet(path) if name.endswith(".parquet") else frame.to_csv(path, index=False)
+        return path
+
+    files = [write(np.arange(0, 60), range(0, 3), True, "bank.csv"),
+             write(np.arange(20, 90), range(3, 6), False, "telco.parquet"),
+             write(np.arange(40, 90), range(6, 9), True, "shop.csv")]
+    return files, ids, X, y
