@@ -525,9 +525,15 @@ def local(
     loss: Loss = "hinge",
     lam: Lam = 0.0,
     param: Param = None,
-    cipher: Cipher = "paillier",
-    key_bits: Annotated[int, typer.Option(help="Key size of a generated key pair (>= 2048; "
-                                          "smaller only with --insecure-test-keys).")] = 2048,
+    # ckks: about 1.2x the plaintext's time where per-value Paillier takes minutes a round,
+    # and no raw decryption reaches the server (docs/deployment.md, "Which cipher").
+    cipher: Annotated[str, typer.Option(click_type=click.Choice(list(CIPHER_NAMES)),
+                                        help="Cipher: ckks (the default: fast, 128-bit "
+                                        "lattice), packed or paillier (Paillier, exact; "
+                                        "slower), none (no encryption, tests).")] = "ckks",
+    key_bits: Annotated[int, typer.Option(help="Paillier key size of a generated key pair "
+                                          "(>= 2048; smaller only with "
+                                          "--insecure-test-keys).")] = 2048,
     keys_dir: Annotated[Path | None, typer.Option("--keys", help="Use this key folder instead "
                                                   "of OUT/keys.")] = None,
     insecure_test_keys: InsecureKeys = False,

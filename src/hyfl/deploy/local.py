@@ -835,7 +835,7 @@ def _read_weights(path: Path, **more: tuple[str, int]) -> dict[str, np.ndarray]:
 def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str = "",
               partition: str | None = None, party_data: str | os.PathLike | None = None,
               iterations: int = 5, participation: str = "full", seed: int = 0,
-              loss: str = "hinge", lam: float = 0.0, hyper: str = "", cipher: str = "paillier",
+              loss: str = "hinge", lam: float = 0.0, hyper: str = "", cipher: str = "ckks",
               key_bits: int = 2048, keys_dir: str | os.PathLike | None = None,
               insecure_test_keys: bool = False, overwrite: bool = False,
               reply_timeout: float = 120.0, compare: bool = False,
