@@ -19,11 +19,9 @@ import pandas as pd
 import pytest
 
 from hyfl.data import load_party_spec
-from hyfl.deploy.codec import decode, encode
 from hyfl.deploy.config import DeployConfig, run_config_for
 from hyfl.deploy.coordinator import Coordinator
 from hyfl.deploy.keys import generate_keys, server_cipher
-from hyfl.deploy.party import handle_message
 from hyfl.errors import HyflError
 from hyfl.privacy.alignment import (
     BlindingKey,
@@ -36,6 +34,7 @@ from hyfl.privacy.alignment import (
 )
 from hyfl.problem import make_problem, solve_centralized
 from hyfl.runtime.simulation import evaluate
+from in_process import RecordingTransport
 from synthetic_data import organisation_files
 
 TEST_KEYS = {"insecure_test_keys": True}
@@ -108,37 +107,6 @@ def test_sealed_labels_open_only_for_the_pair():
 
 # ----------------------------------------------------------------------------- deployed, in process
 
-class Transport:
-    """The coordinator's transport in this process: every message through the real codec."""
-
-    def __init__(self, nodes, run_config, cipher, forge=None):
-        self.nodes, self.run_config, self.cipher, self.forge = nodes, run_config, cipher, forge
-        self.states = [None] * len(nodes)
-        self.sent: dict[tuple[int, str], dict] = {}
-        self.sent_bytes = self.received_bytes = 0
-
-    def _deliver(self, k, kind, payload):
-        if self.forge is not None:
-            payload = self.forge(k, kind, payload)
-        self.sent[(k, kind)] = payload
-        reply, self.states[k] = handle_message(kind, encode(payload), self.states[k],
-                                               self.nodes[k], self.run_config)
-        return decode(*reply, self.cipher)
-
-    def connect(self, n_parties, timeout, hello):
-        return {k: self._deliver(k, "hello", hello) for k in range(n_parties)}
-
-    def exchange(self, messages, timeout):
-        replies = {k: self._deliver(k, kind, payload) for k, (kind, payload) in messages.items()}
-        return replies, set()
-
-    def post(self, k, kind, payload):
-        return self._deliver(k, kind, payload) is not None
-
-    def poll(self, handle):
-        return "replied" if handle else "failed"
-
-
 def _deploy(tmp_path, files, *, cipher="none", keys=(None, None), iterations=3, lam=0.05,
             forge=None, node_extra=None, run_extra=None):
     private, public = keys
@@ -153,7 +121,7 @@ def _deploy(tmp_path, files, *, cipher="none", keys=(None, None), iterations=3, 
                       "label-column": "income", **(node_extra or {}).get(k, {})})
     config = DeployConfig.from_run_config(run)
     server = server_cipher(cipher, public, **config.cipher_options(), **TEST_KEYS)
-    transport = Transport(nodes, run, server, forge)
+    transport = RecordingTransport(nodes, run, server, forge)
     coordinator = Coordinator(config, transport, server, log=lambda line: None)
     return coordinator, transport
 
@@ -176,7 +144,7 @@ def test_party_files_align_into_their_blocks_and_train_to_the_optimum(tmp_path, 
     index_of: dict[str, int] = {}
     frames = [pd.read_parquet(f) if f.suffix == ".parquet" else pd.read_csv(f) for f in files]
     for k, frame in enumerate(frames):
-        given = transport.sent[(k, "block")]["samples"]
+        given = transport.sent(k, "block")["samples"]
         for name, g in zip(frame["customer"], given.tolist()):
             assert index_of.setdefault(name, g) == g
     assert sorted(index_of.values()) == list(range(90))

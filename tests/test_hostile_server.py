@@ -10,8 +10,6 @@ reply is produced.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pytest
 
@@ -25,59 +23,12 @@ from hyfl.deploy.party import handle_message
 from hyfl.errors import HyflError
 from hyfl.partition import grid
 from hyfl.problem import make_problem
+from in_process import Record, RecordingTransport
 from synthetic_data import synthetic
 
 PARTIES = 3
 ROUNDS = 8
 FORGED = "does not follow hyfl's protocol"
-
-
-@dataclass
-class Record:
-    """One message a party handled: what it was sent, its state before and after."""
-
-    party: int
-    kind: str
-    message: tuple
-    before: tuple | None
-    after: tuple
-    cipher: object  # the server's (public key only): decodes the ciphertexts
-
-    @property
-    def payload(self) -> dict:
-        """The message as the server built it (to alter and send again)."""
-        return decode(*self.message, self.cipher)
-
-
-class RecordingTransport:
-    """The coordinator's transport to per-message parties in this process, recording all."""
-
-    def __init__(self, nodes, run_config, cipher):
-        self.nodes, self.run_config, self.cipher = nodes, run_config, cipher
-        self.states = dict.fromkeys(range(len(nodes)))
-        self.records: list[Record] = []
-        self.sent_bytes = self.received_bytes = 0  # the coordinator reads these
-
-    def _deliver(self, k, kind, payload):
-        message = encode(payload)
-        before = self.states[k]
-        reply, self.states[k] = handle_message(kind, message, before, self.nodes[k],
-                                               self.run_config)
-        self.records.append(Record(k, kind, message, before, self.states[k], self.cipher))
-        return decode(*reply, self.cipher)
-
-    def connect(self, n_parties, timeout, hello):
-        return {k: self._deliver(k, "hello", hello) for k in range(n_parties)}
-
-    def exchange(self, messages, timeout):
-        replies = {k: self._deliver(k, kind, payload) for k, (kind, payload) in messages.items()}
-        return replies, set()
-
-    def post(self, k, kind, payload):
-        return self._deliver(k, kind, payload) is not None
-
-    def poll(self, handle):
-        return "replied" if handle else "failed"
 
 
 @pytest.fixture(scope="module")
