@@ -1299,3 +1299,45 @@ def test_a_restored_worker_refuses_data_that_changed_and_forgets_finished_runs(
     for run_id in range(2, 3 + worker_module.MAX_RUNS):
         sessions.handle(run_id, "hello", encode(_announcement(keys)), None, node, run)
     assert list(sessions.parties) == list(range(3, 3 + worker_module.MAX_RUNS))
+
+
+@pytest.mark.slow
+def test_loopback_supernode_killed_and_restarted_rejoins_its_run(tmp_path,
+                                                                  breast_cancer_blocks):
+    """A party's whole SuperNode (not only its worker) is killed mid-run and started again:
+    from the state it kept in its ``state-dir`` it answers the server's ``ping`` from its
+    new node, is re-admitted, catches up as a returning party, and the run equals
+    ``run_protocol`` with the participation that actually happened."""
+    from hyfl.deploy.local import LocalDeployment, wait_for_results
+
+    problem, partition, files = breast_cancer_blocks
+    nodes = [node_for(k, "none", None, data=str(f), out=str(tmp_path / "parties"),
+                      **{"state-dir": str(tmp_path / f"state-{k}")})
+             for k, f in enumerate(files)]
+    work, out = tmp_path / "flower", tmp_path / "out"
+    run = run_config_for(parties=3, iterations=5, cipher="none", hyper="local_steps=5",
+                         seed=6, out=str(out), reply_timeout=10.0)
+    with LocalDeployment(nodes, work) as local:
+        process = local.submit(run, name="restart-run")
+        end = time.monotonic() + 300
+        while len(_round_records(out)) < 1:  # kill party 2's SuperNode after round 1
+            assert process.poll() is None and time.monotonic() < end, "no round 1"
+            time.sleep(0.2)
+        local.kill_party(2, signal.SIGKILL)
+        local.start_party(2)  # a new process: a new node id, an empty Flower context
+        results = wait_for_results(process, out, work / "logs" / "restart-run.log",
+                                   timeout=600)
+    assert results["status"] == "completed"
+    active = [r["active"] for r in results["rounds"]]
+    missed = [t for t, a in enumerate(active) if 2 not in a]
+    assert missed and missed[0] >= 1 and 2 in active[-1], active  # gone, then back
+    assert results["final"]["finished"] == [0, 1, 2]
+    # The same iterates as run_protocol with the participation that happened.
+    trace = Trace(np.array([[k in a for k in range(3)] for a in active], dtype=bool))
+    history = []
+    run_protocol(make_algorithm("hyfdca", {"local_steps": 5}), problem, partition, trace,
+                 len(active), make_cipher("none"), seed=6,
+                 on_round=lambda s, c: history.append(s.w.copy()))
+    with np.load(out / "weights.npz") as f:
+        np.testing.assert_array_equal(f["w"][1:], np.stack(history))
+    assert _no_flower_processes_of(work) == []

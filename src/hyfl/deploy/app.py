@@ -111,10 +111,20 @@ def check_not_refused(context: Context) -> None:
 
 
 def load_state(context: Context) -> tuple[dict, str] | None:
-    """The party's encoded state Flower kept in ``context.state`` (None before the first)."""
+    """The party's encoded state Flower kept in ``context.state`` (None before the first).
+
+    A SuperNode that restarted has an empty context: the state then comes from the
+    node config's ``state-dir``, if the party keeps one (:func:`save_state`).
+    """
     check_not_refused(context)
     if _STATE_TREE not in context.state:
-        return None
+        path = _state_file(context)
+        if path is None or not path.is_file():
+            return None
+        arrays = read_npz(path, f"the party's saved state {path}", "a saved party state",
+                          "Delete the file: the party then takes no further part in that run.",
+                          kinds="biufU", expect={"__spec__": ("U", 0)})
+        return arrays, str(arrays.pop("__spec__"))
     return unpack(RecordDict({"arrays": context.state[_STATE_ARRAYS],
                               "tree": context.state[_STATE_TREE]}), "the party's saved state")
 
@@ -125,10 +135,29 @@ def refuse_run(context: Context) -> None:
 
 
 def save_state(context: Context, state: tuple[dict, str]) -> None:
-    """Keep the party's encoded state in ``context.state`` (the SuperNode holds it per run)."""
+    """Keep the party's encoded state in ``context.state`` (the SuperNode holds it per run)
+    and, with a node config ``state-dir``, in a file of the run there (private to the
+    party's user), so that a restarted SuperNode rejoins the run where it left it."""
     content = pack(*state)
     context.state[_STATE_ARRAYS] = content["arrays"]
     context.state[_STATE_TREE] = content["tree"]
+    path = _state_file(context)
+    if path is not None:
+        from hyfl._io import atomic_write
+
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        arrays, spec = state
+        with atomic_write(path, "wb") as f:
+            np.savez(f, __spec__=np.array(spec), **arrays)
+        path.chmod(0o600)
+
+
+def _state_file(context: Context) -> Path | None:
+    """Where the party keeps its state of this run (None without a ``state-dir``)."""
+    folder = str(context.node_config.get("state-dir", "") or "")
+    if not folder:
+        return None
+    return Path(folder) / f"run-{context.run_id}-party-{context.node_config.get('party')}.npz"
 
 
 def _handler(kind: str):
@@ -187,6 +216,8 @@ class FlowerTransport:
         self.received_bytes = 0
         self.audit_dir = os.environ.get(AUDIT_DIR_VARIABLE, "")
         self.recorded = 0
+        self._probes: dict[str, int] = {}  # ping message id -> unknown node asked who it is
+        self._strangers: set[int] = set()  # nodes that are no absent party of this run
 
     def _message(self, node: int, kind: str, payload: dict) -> Message:
         arrays, spec = encode(payload)
@@ -298,6 +329,32 @@ class FlowerTransport:
 
     def post(self, party: int, kind: str, payload: dict) -> str:
         return self._push([self._message(self.nodes[party], kind, payload)])[0]
+
+    def rediscover(self, absent: set[int]) -> list[int]:
+        """Absent parties whose SuperNode came back under a new node id (a restart without
+        node authentication, which would keep its id): every unknown node is asked who it
+        is (a ``ping``); one that answers as an absent party -- which it can only do from
+        the state it kept of this run -- takes that party's place. Never waits."""
+        known = set(self.nodes.values()) | set(self._probes.values()) | self._strangers
+        new = [node for node in self.grid.get_node_ids() if node not in known]
+        if new:
+            ids = self._push([self._message(node, "ping", {}) for node in new])
+            self._probes.update(zip(ids, new))
+        back = []
+        if self._probes:
+            for reply in self.grid.pull_messages(list(self._probes)):
+                node = self._probes.pop(reply.metadata.reply_to_message_id, None)
+                if node is None:
+                    continue
+                payload = None if reply.has_error() else self._read(reply, f"on node {node}",
+                                                                     "ping")
+                party = (payload or {}).get("party")
+                if isinstance(party, int) and party in absent:
+                    self.nodes[party] = node
+                    back.append(party)
+                else:
+                    self._strangers.add(node)
+        return back
 
     def poll(self, handle: str) -> str:
         for reply in self.grid.pull_messages([handle]):

@@ -237,6 +237,10 @@ def party(
                                               "one.")] = "label",
     out: Annotated[Path | None, typer.Option(help="Folder for the party's final duals and "
                                              "weights (party-K.npz).")] = None,
+    state_dir: Annotated[Path | None, typer.Option(help="Folder where the party keeps its "
+                                                   "state of each run (private to you), so "
+                                                   "that it rejoins its run after a restart "
+                                                   "of its SuperNode.")] = None,
     unchecked_rules: Annotated[bool, typer.Option(
         "--unchecked-rules", help="Admit jobs with a per-sample step rule (safe, theory, "
         "paper), whose stored duals this party cannot check against a dishonest server.")
@@ -291,6 +295,8 @@ def party(
         node += [f"id-column={_quoted(id_column)}", f"label-column={_quoted(label_column)}"]
         if out is not None:
             node.append(f"out={_quoted(out.resolve())}")
+        if state_dir is not None:
+            node.append(f"state-dir={_quoted(state_dir.resolve())}")
         if not worker:
             _warn("--per-message: every user of this machine can take this party's tasks and "
                   "saved state from its Runtime API (Flower's subprocess isolation takes no "

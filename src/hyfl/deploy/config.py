@@ -93,7 +93,7 @@ RUN_HELP: dict[str, str] = {
 
 #: Node config keys a party understands.
 NODE_KEYS = ("party", "key", "cipher", "fingerprint", "insecure-test-keys", "unchecked-rules",
-             "data", "data-dir", "id-column", "label-column", "out")
+             "data", "data-dir", "id-column", "label-column", "out", "state-dir")
 
 #: One line per node config key: what it means (the generated app's README).
 NODE_HELP: dict[str, str] = {
@@ -112,6 +112,8 @@ NODE_HELP: dict[str, str] = {
     "id-column": "its party file's sample id column (default id)",
     "label-column": "its party file's label column, if it has one (default label)",
     "out": "folder where the party writes party-K.npz (its final duals and weights)",
+    "state-dir": "folder where the party keeps its state of each run after every message "
+                 "(private to its user), so that a restarted SuperNode rejoins its run",
 }
 
 CIPHER_NAMES = ("paillier", "packed", "ckks", "none")
@@ -320,6 +322,7 @@ class NodeSettings:
     id_column: str = "id"
     label_column: str = "label"
     out: str = ""
+    state_dir: str = ""
 
     @classmethod
     def from_node_config(cls, config: Mapping[str, Any], n_parties: int | None = None
@@ -332,7 +335,7 @@ class NodeSettings:
         party = _node_party(config, n_parties)
         values = {}
         for key in ("key", "cipher", "fingerprint", "data", "data-dir", "id-column",
-                    "label-column", "out"):
+                    "label-column", "out", "state-dir"):
             value = config.get(key, {"id-column": "id", "label-column": "label"}.get(key, ""))
             if not isinstance(value, str):
                 raise fail(f"node config {key}", f"is {value!r}, not a string",

@@ -125,7 +125,7 @@ REPLY_FIELDS: dict[str, dict[str, str]] = {
              "conjugate_change": "vector?"},
     "certify": {"accepted": "bool"},
     "changes": {"changes": "vector"},
-    "ping": {},
+    "ping": {"party": "int?"},
     "finish": {"written": "bool"},
 }
 #: Which optional fields a reply must hold depends on the round (a returning party, the
@@ -604,7 +604,14 @@ class Coordinator:
             self.absent[k] = {"since": len(self.results["rounds"]) + 1, "ping": None}
 
     def _check_absent(self) -> None:
-        """Ping absent parties in the background; those that answered take part again."""
+        """Ping absent parties in the background; those that answered take part again,
+        also from a new node after their SuperNode restarted (:meth:`rediscover`)."""
+        rediscover = getattr(self.transport, "rediscover", None)
+        if rediscover is not None and self.absent:
+            for k in rediscover(set(self.absent)):
+                del self.absent[k]
+                self.log(f"party {k} is back on a new node (its SuperNode restarted): it takes "
+                         "part from now on")
         for k in sorted(self.absent):
             entry = self.absent[k]
             if entry["ping"] is not None:

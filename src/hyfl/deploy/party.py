@@ -302,8 +302,8 @@ class Party:
         if "block" not in self.state:
             raise fail(f"party {self.node.party}", f"got a {kind!r} message before 'hello'",
                        "The server starts every run with hello; restart the run.")
-        if kind == "ping":
-            return {}
+        if kind == "ping":  # (says which party: a restarted SuperNode is found by it)
+            return {"party": self.node.party}
         if kind == "setup":
             return self.setup(payload)
         if "client" not in self.state:
