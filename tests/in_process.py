@@ -65,3 +65,31 @@ class RecordingTransport:
 
     def poll(self, handle):
         return "replied" if handle else "failed"
+
+
+def certificate_shares(monkeypatch) -> list:
+    """Record the round certificate's shares the clients compute
+    (``hyfdca_parties._evaluation_terms``) for :func:`secrets_without`.
+
+    They are encrypted like every other value and only their sum is opened, on purpose.
+    From the zero model they are simple fractions (4/120 = 1/30) that public integers --
+    a ciphertext's addend count, the round number, a coherence of 1 -- match at some
+    scale, so the privacy audits leave them out of the private values they look for (the
+    opened sums are checked where they are received).
+    """
+    from hyfl.algorithms import hyfdca_parties
+
+    shares: list = []
+    terms = hyfdca_parties._evaluation_terms
+    monkeypatch.setattr(hyfdca_parties, "_evaluation_terms",
+                        lambda *args: shares.append(terms(*args)) or shares[-1])
+    return shares
+
+
+def secrets_without(secrets, shares) -> list:
+    """The recorded plaintexts without the certificate's shares (:func:`certificate_shares`)."""
+    import numpy as np
+
+    shared = np.concatenate(shares) if shares else np.empty(0)
+    recorded = [np.asarray(x, dtype=float).ravel() for x in secrets]
+    return [x[~np.isin(x, shared)] for x in recorded]

@@ -26,6 +26,7 @@ from hyfl.privacy.layout import EncryptedVector, TaggedLayout
 from hyfl.problem import make_problem
 from hyfl.runtime.protocol import Wire, run_protocol
 from hyfl.runtime.simulation import simulate, stack
+from in_process import certificate_shares, secrets_without
 from synthetic_data import synthetic
 
 KEY_BITS = 512  # small keys keep the tests fast; the scheme is the same at 2048 bits
@@ -324,17 +325,7 @@ def test_server_never_holds_or_receives_a_dual_or_inner_product_in_plaintext(pro
                                                                               monkeypatch):
     # packed: the compact layouts, with the clients' dual changes among the replies
     n, m = problem.n_samples, problem.n_features
-    # The round certificate's shares (a client's loss, conjugate and correct counts over N)
-    # are encrypted like everything else, and only their sum is opened, on purpose. From
-    # the zero model they are simple fractions (4/120 = 1/30) that public integers -- a
-    # ciphertext's addend count, the round number -- match at some scale: they are left
-    # out of the private values the audit looks for (the sums are checked where received).
-    from hyfl.algorithms import hyfdca_parties
-
-    shares = []
-    terms = hyfdca_parties._evaluation_terms
-    monkeypatch.setattr(hyfdca_parties, "_evaluation_terms",
-                        lambda *args: shares.append(terms(*args)) or shares[-1])
+    shares = certificate_shares(monkeypatch)  # left out of the private values (see there)
     spy = RecordingCipher(make_cipher(cipher_name, key_bits=KEY_BITS))
     wire = Wire(spy.ciphertext_bytes, record=True)
     held = []
@@ -357,9 +348,7 @@ def test_server_never_holds_or_receives_a_dual_or_inner_product_in_plaintext(pro
 
     # 0. Nothing the server receives or holds is a private value in disguise: copied,
     # scaled, negated, offset, in fixed point (see hyfl.privacy.audit).
-    shared = np.concatenate(shares) if shares else np.empty(0)
-    recorded = [np.asarray(x, dtype=float).ravel() for x in spy.secrets]
-    private = private_values([x[~np.isin(x, shared)] for x in recorded], duals, problem.X,
+    private = private_values(secrets_without(spy.secrets, shares), duals, problem.X,
                              problem.Y)
     assert audit(_received(wire), private, skip=ALLOWED_RECEIVED) == []
     assert audit([(f"server state, round {t + 1}", leaves) for t, leaves in enumerate(held)],

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import scipy.sparse as sp
 
 from hyfl.deploy.blocks import Block
@@ -131,9 +132,16 @@ def _labels_of(table, classification: bool) -> tuple[Any, dict]:
         raise fail(f"label column of {table.culprit}", f"holds {len(values)} distinct values, "
                    f"more than the {MAX_CLASSES} classes a classification task may have",
                    "Use a regression loss (loss=squared) for real-valued targets.")
-    raw = [v if k else None for v, k in zip(table.labels.tolist(), known.tolist())] \
-        if kind == "text" else np.where(known, table.labels, _UNKNOWN)
-    return {"kind": kind, "raw": raw}, {"kind": kind, "values": values}
+    # Kept as numbers: a classification label as its position among the party's own
+    # values (mapped to the job's classes once they are known), a regression target as is.
+    kept = np.full(known.size, _UNKNOWN)
+    if not classification:
+        kept[known] = table.labels[known]
+    elif kind == "text":
+        kept[known] = pd.Categorical(table.labels[known].astype(str), categories=values).codes
+    else:
+        kept[known] = np.searchsorted(values, table.labels[known].astype(float))
+    return {"kind": kind, "kept": kept, "values": values}, {"kind": kind, "values": values}
 
 
 def on_align(state: dict, payload: dict, party: int, secret: bytes | None, log) -> dict:
@@ -242,14 +250,17 @@ def _label_values(state: dict) -> np.ndarray | None:
     labels = state["labels"]
     if labels is None:
         return None
+    kept = np.asarray(labels["kept"], dtype=float)
     if state["task"] == "regression":
-        return np.asarray(labels["raw"], dtype=float)
-    position = {str(c) if labels["kind"] == "text" else float(c): i
-                for i, c in enumerate(state["classes"])}
-    raw = labels["raw"]
-    return np.array([_UNKNOWN if v is None or (isinstance(v, float) and np.isnan(v))
-                     else position[v] for v in (raw if isinstance(raw, list) else raw.tolist())],
-                    dtype=float)
+        return kept
+    text = labels["kind"] == "text"
+    position = {str(c) if text else float(c): i for i, c in enumerate(state["classes"])}
+    lookup = np.array([position[str(v) if text else float(v)] for v in labels["values"]],
+                      dtype=float)  # the party's own values -> the job's class index
+    known = ~np.isnan(kept)
+    out = np.full(kept.size, _UNKNOWN)
+    out[known] = lookup[kept[known].astype(np.int64)]
+    return out
 
 
 def _encode(index: np.ndarray, task: str, n_classes: int) -> np.ndarray:
