@@ -187,7 +187,7 @@ def test_organisations_files_train_across_network_namespaces_to_the_optimum(tmp_
               "label-column": "income", "out": str(tmp_path / f"out-{k}")}
              for k, path in enumerate((bank, shop))]
     out = tmp_path / "results"
-    rounds, lam = 5, 0.1
+    rounds, lam = 3, 0.2
     run_config = run_config_for(parties=2, iterations=rounds, cipher="none", lam=lam,
                                 out=str(out), reply_timeout=60.0)
     started = time.perf_counter()

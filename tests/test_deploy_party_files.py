@@ -253,23 +253,20 @@ def test_a_forging_server_cannot_swap_channel_keys_or_labels(tmp_path, ckks_keys
         coordinator.run()
 
 
-# ----------------------------------------------------------------------------- on Flower
-
-def test_loopback_deployment_of_party_files(tmp_path):
-    """``hyfl deploy local --data parties:...``: SuperLink, SuperNodes, the alignment over
-    Flower messages, rounds with their certificate, a model (the optimum itself is reached
-    across network namespaces in tests/test_deploy_netns.py)."""
-    from hyfl.deploy.local import run_local
+def test_deploy_local_gives_each_party_its_own_file(tmp_path):
+    """``hyfl deploy local --data parties:...``: each party's node config names its own
+    file and columns, the run config its overlap check; options a deployment cannot honour
+    are refused (the protocol itself runs over Flower in tests/test_deploy_netns.py)."""
+    from hyfl.deploy.local import _party_file_nodes
 
     files, *_ = organisation_files(tmp_path)
-    spec = f"parties:{files[0]},{files[2]};id=customer;label=income"
-    run = run_local(out=tmp_path / "out", data=spec, iterations=3, lam=0.05, cipher="none",
-                    timeout=600)
-    assert run.results["status"] == "completed"
-    assert run.results["alignment"]["n_samples"] == 90  # bank 0-59, shop 40-89
-    assert run.metrics[-1]["relative_loss"] < run.metrics[0]["relative_loss"]
-    assert all(r["certificate"]["gap"] >= 0 for r in run.results["rounds"])
-    assert (tmp_path / "out" / "model.npz").is_file()
+    nodes, run = _party_file_nodes(f"parties:{files[0]},{files[2]};id=customer;label=income;"
+                                   "min_common=5")
+    assert [n["data"] for n in nodes] == [str(files[0].resolve()), str(files[2].resolve())]
+    assert all(n["id-column"] == "customer" and n["label-column"] == "income" for n in nodes)
+    assert run == {"min_common": 5}
+    with pytest.raises(HyflError, match="task.*cannot be deployed"):
+        _party_file_nodes(f"parties:{files[0]},{files[2]};task=binary")
 
 
 def test_a_model_of_text_labelled_party_files_predicts_from_them(tmp_path):
