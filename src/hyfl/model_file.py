@@ -206,12 +206,12 @@ def model_from_problem(problem, weights, *, data_meta: dict | None = None,
         provenance={"hyfl_version": __version__, "data": str(data),
                     "data_sha256": data_checksum(problem.X, y),
                     "n_samples": int(problem.n_samples), "written": time.time(),
-                    **_libsvm_reading(data_meta or {})},
+                    **_how_read(data_meta or {})},
         label_names=names,
     )
 
 
-def _libsvm_reading(meta: dict) -> dict:
+def _how_read(meta: dict) -> dict:
     """How the training data were read, to read others alike: a LIBSVM file's index
     base, party files' feature names (their column order)."""
     out: dict = {}

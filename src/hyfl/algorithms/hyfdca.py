@@ -57,6 +57,7 @@ from hyfl.algorithms.hyfdca_certify import (
     Certificate,
     checkpoint_accepted,
     conjugate_sums,
+    evaluation_size,
     next_trust,
 )
 from hyfl.algorithms.hyfdca_groups import (
@@ -729,10 +730,11 @@ class HyFDCA:
         # ... with the terms of the round's certificate (objective, dual, accuracy: 2C + 1)
         # and their tag (hyfl.privacy.tags), one more value.
         traffic["totals"] = (int(clients.size),
-                             C * (line_search_points(loss, limit).size + 3) + 2 * C + 1 + 1)
+                             C * (line_search_points(loss, limit).size + 3)
+                             + evaluation_size(C) + 1)
         io.floats_down += 2 * C  # ||dw||^2 and the remembered coherence to the judging client
         io.ids_down += int(clients.size)  # the active clients, whose tags the judge checks
-        io.floats_up += 2 * C + 2 * C + 1  # the judge's step, coherence, the certificate's sums
+        io.floats_up += 2 * C + evaluation_size(C)  # the judge's step, coherence, certificate
 
         # 8. Commit: every active client learns t and its new weights; for each
         # updated sample one active holder sends the encrypted change of its dual.

@@ -71,6 +71,13 @@ certified dual's magnitude (plus the same absolute amount) is taken as is: round
 the sums (fixed-point encrypted sums of conjugate changes over many rounds), not a fall."""
 
 
+def evaluation_size(n_outputs: int) -> int:
+    """Values of a client's part of a round's reported certificate (objective, dual and
+    accuracy of the round's start, summed over the clients before any is opened): loss and
+    conjugate terms per output and the correct predictions."""
+    return 2 * n_outputs + 1
+
+
 @dataclass
 class Certificate:
     """The certified pair and the open checkpoint (see the module docstring).

@@ -63,7 +63,7 @@ import scipy.sparse as sp
 
 from hyfl.algorithms.base import draw_local_samples
 from hyfl.algorithms.hyfdca import HyFDCA, _row_squared_norms
-from hyfl.algorithms.hyfdca_certify import EVENTS, accepts, next_trust
+from hyfl.algorithms.hyfdca_certify import EVENTS, accepts, evaluation_size, next_trust
 from hyfl.algorithms.hyfdca_groups import (
     GroupHistory,
     absent_image,
@@ -1487,12 +1487,6 @@ def _symmetric(upper: np.ndarray) -> np.ndarray:
     out[:, i, j] = upper
     out[:, j, i] = upper
     return out
-
-
-def evaluation_size(n_outputs: int) -> int:
-    """Values of a client's part of the round certificate: loss and conjugate terms per
-    output and the correct predictions."""
-    return 2 * n_outputs + 1
 
 
 def _evaluation_terms(loss, margins: np.ndarray, alpha: np.ndarray, y: np.ndarray,

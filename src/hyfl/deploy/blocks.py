@@ -165,10 +165,11 @@ def load_block(node, config) -> Block:
 
     if is_party_spec(source):
         raise fail(
-            f"data {source!r}", "names party files, which hyfl deploy cannot align",
-            "Aligning party files across machines needs a networked private set intersection, "
-            "which hyfl deploy does not run; where the files can be brought together, `hyfl "
-            "deploy split --data parties:...` aligns them and writes one block file per party.",
+            f"data {source!r}", "is a spec of several party files, but a party reads only its "
+            "own file",
+            "Give each party's node config its own file (data='bank.csv', with id-column and "
+            "label-column): the parties align their files over the network. `hyfl deploy "
+            "local --data parties:...` does that for files on one machine.",
         )
     if not config.partition:
         raise fail("run config partition", "is not set",

@@ -696,7 +696,7 @@ def _party_file_nodes(spec: str) -> tuple[list[dict], dict]:
                    f"{', '.join(unsupported)}", "cannot be deployed: deployed parties align "
                    "their files themselves (task and classes follow the loss and the labels)",
                    "Leave those options out, or run the files in-process (hyfl run).")
-    node = {"data": ""}
+    node = {}
     if "id_column" in options:
         node["id-column"] = str(options["id_column"])
     if options.get("label_column") is not None:
