@@ -521,10 +521,10 @@ def test_coordinator_hand_written_garbled_cocoa_replies(cocoa_deployment):
 
 
 def _bundled(buffer, layout, spec='{"t":"dict","v":{}}'):
-    from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+    from flwr.app import ConfigRecord, RecordDict
 
-    return RecordDict({"arrays": ArrayRecord({"bundle": Array(buffer)}),
-                       "tree": ConfigRecord({"spec": spec, "layout": layout})})
+    return RecordDict({"hyfl": ConfigRecord({"spec": spec, "layout": layout,
+                                             "bundle": buffer.tobytes()})})
 
 
 def test_flower_replies_that_are_not_hyfl_messages():
@@ -542,7 +542,8 @@ def test_flower_replies_that_are_not_hyfl_messages():
     cases = [
         (RecordDict({}), "message from party 2 is not a hyfl message"),
         (RecordDict({"arrays": ArrayRecord({})}), "is not a hyfl message"),
-        (RecordDict({"arrays": ArrayRecord({}), "tree": ConfigRecord({"spec": "{"})}),
+        (RecordDict({"hyfl": ConfigRecord({"spec": "{"})}), "is not a hyfl message"),
+        (RecordDict({"hyfl": ConfigRecord({"spec": "{", "layout": "[]", "bundle": 3})}),
          "is not a hyfl message"),
         (_bundled(np.zeros(0, np.uint8), "[]", spec="{"),
          "message from party 2 has no readable description"),

@@ -15,9 +15,9 @@ handler per message kind of :mod:`hyfl.deploy.party` (``query.hello``,
 ``train.setup``, ``train.round``, ``train.weights``, ``train.steps``,
 ``train.duals``, ``query.verdict``, ``train.commit``, ``query.ping``,
 ``query.finish``). Payloads and the party's state are encoded by
-:mod:`hyfl.deploy.codec` into an ``ArrayRecord`` (``"arrays"``) and a
-``ConfigRecord`` holding the JSON description (``"tree"``); the party's state
-lives in ``context.state`` under the same two names.
+:mod:`hyfl.deploy.codec` into one ``ConfigRecord`` (``"hyfl"``: the arrays as
+one byte bundle, their layout and the JSON description, see :func:`pack`); the
+party's state lives in ``context.state`` as the same record (``"hyfl.state"``).
 
 Flower's ``Grid.send_and_receive`` polls for replies every 3 s; the transport
 pushes and pulls itself with a short poll (run config ``poll``) and matches
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
@@ -53,7 +53,8 @@ __all__ = ["AUDIT_DIR_VARIABLE", "FlowerTransport", "check_not_refused", "client
 # the party is absent for the round.
 _FATAL_CODES = (ErrorCode.LOAD_CLIENT_APP_EXCEPTION, ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
                 ErrorCode.INVALID_FAB)
-_STATE_ARRAYS, _STATE_TREE = "hyfl.arrays", "hyfl.tree"
+#: The record of a message's content (:func:`pack`) and of the party's saved state.
+_CONTENT, _STATE = "hyfl", "hyfl.state"
 #: Set in ``context.state`` once the party failed or refused a message of the run: an
 #: honest server stops a run at a party's error, so a party answers nothing more of it
 #: (a refusal must not be a question the server can ask again).
@@ -65,22 +66,27 @@ AUDIT_DIR_VARIABLE = "HYFL_AUDIT_DIR"
 
 
 def pack(arrays: dict, spec: str) -> RecordDict:
-    """An encoded tree as a message's content: one byte bundle and two JSON strings.
+    """An encoded tree as a message's content: one record of a byte bundle and two JSON
+    strings.
 
-    One array, not one per value: Flower pulls every array of a message with
-    a request of its own (see :func:`~hyfl.deploy.codec.bundle`).
+    Flower moves every object of a message's tree (message, record dict, each
+    record, each array and each 5 MiB chunk of it) with an HTTP request of its
+    own, at every hop: ServerApp -> SuperLink -> SuperNode -> worker and back.
+    One config record holding the bundle's bytes makes a message three objects
+    (it was six as an array record plus a config record), so a message costs
+    three requests fewer at each of its six hops (docs/deployment.md, "Per message").
     """
     buffer, layout = bundle(arrays)
-    return RecordDict({"arrays": ArrayRecord({"bundle": Array(buffer)}),
-                       "tree": ConfigRecord({"spec": spec, "layout": layout})})
+    return RecordDict({_CONTENT: ConfigRecord({"spec": spec, "layout": layout,
+                                               "bundle": buffer.tobytes()})})
 
 
 def unpack(content: RecordDict, sender: str) -> tuple[dict, str]:
     """The ``(arrays, spec)`` of a message's content; a clear error if it is not hyfl's."""
     try:
-        tree = content["tree"]
-        buffer = content["arrays"]["bundle"].numpy()
-        spec, layout = str(tree["spec"]), str(tree["layout"])
+        record = content[_CONTENT]
+        buffer = np.frombuffer(record["bundle"], dtype=np.uint8)
+        spec, layout = str(record["spec"]), str(record["layout"])
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise fail(f"message from {sender}", f"is not a hyfl message ({type(err).__name__}: "
                    f"{err})", "Run the server and every party with the same hyfl version.") \
@@ -117,7 +123,7 @@ def load_state(context: Context) -> tuple[dict, str] | None:
     node config's ``state-dir``, if the party keeps one (:func:`save_state`).
     """
     check_not_refused(context)
-    if _STATE_TREE not in context.state:
+    if _STATE not in context.state:
         path = _state_file(context)
         if path is None or not path.is_file():
             return None
@@ -125,8 +131,7 @@ def load_state(context: Context) -> tuple[dict, str] | None:
                           "Delete the file: the party then takes no further part in that run.",
                           kinds="biufU", expect={"__spec__": ("U", 0)})
         return arrays, str(arrays.pop("__spec__"))
-    return unpack(RecordDict({"arrays": context.state[_STATE_ARRAYS],
-                              "tree": context.state[_STATE_TREE]}), "the party's saved state")
+    return unpack(RecordDict({_CONTENT: context.state[_STATE]}), "the party's saved state")
 
 
 def refuse_run(context: Context) -> None:
@@ -138,9 +143,7 @@ def save_state(context: Context, state: tuple[dict, str]) -> None:
     """Keep the party's encoded state in ``context.state`` (the SuperNode holds it per run)
     and, with a node config ``state-dir``, in a file of the run there (private to the
     party's user), so that a restarted SuperNode rejoins the run where it left it."""
-    content = pack(*state)
-    context.state[_STATE_ARRAYS] = content["arrays"]
-    context.state[_STATE_TREE] = content["tree"]
+    context.state[_STATE] = pack(*state)[_CONTENT]
     path = _state_file(context)
     if path is not None:
         from hyfl._io import atomic_write

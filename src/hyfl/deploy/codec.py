@@ -170,8 +170,9 @@ def bundle(arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, str]:
     """The arrays of an encoded tree as one byte buffer and its JSON layout.
 
     Flower moves every array of a message as an object of its own (one
-    request each way), so a message of thirty small arrays cost thirty
-    requests; bundled, it costs one. :func:`unbundle` reverses it.
+    request each way), so a message of thirty small arrays would cost thirty
+    requests; bundled into the bytes of one record (:func:`hyfl.deploy.app.pack`)
+    they cost none of their own. :func:`unbundle` reverses it.
     """
     layout = []
     for name, array in arrays.items():
