@@ -60,7 +60,10 @@ def stages(cipher: str, data: str, partition: str, parties: int, participation: 
     from flwr.app import Context, Message, RecordDict
     from flwr.common.serde import context_from_proto, context_to_proto
     from flwr.proto.message_pb2 import Context as ProtoContext
-    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+    from flwr.supercore.inflatable.inflatable_object import (
+        get_all_nested_objects,
+        no_object_id_recompute,
+    )
     from flwr.supercore.task_identity import TaskIdentity
 
     import hyfl.deploy.coordinator as coordinator_module
@@ -111,7 +114,8 @@ def stages(cipher: str, data: str, partition: str, parties: int, participation: 
 
     def flower_hop(content):  # what each hop does to a message: ids (SHA-256), deflate
         message = Message(content, dst_node_id=1, message_type="train.x", ttl=100)
-        return {k: o.deflate() for k, o in get_all_nested_objects(message).items()}
+        with no_object_id_recompute():  # as Flower's senders do: each object deflated once
+            return {k: o.deflate() for k, o in get_all_nested_objects(message).items()}
 
     class Transport:
         sent_bytes = received_bytes = 0

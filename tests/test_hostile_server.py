@@ -10,6 +10,8 @@ reply is produced.
 
 from __future__ import annotations
 
+import stat
+
 import numpy as np
 import pytest
 
@@ -532,3 +534,32 @@ def test_the_checkpoint_decision_is_of_the_judges_changes(run):
             with pytest.raises(HyflError, match="tag does not verify"):
                 _send(run, record, {**genuine, f"{name}_made": twice.reshape(-1)})
     assert genuine["checkpoint_made"].size  # the run's checkpoint holds judges' changes
+
+
+def test_the_worker_keeps_the_state_in_its_folder_not_in_the_context(run, tmp_path):
+    """The long-lived worker's state goes to a private file of the run (mode 0600), not
+    into ``context.state``, which would travel with every message; a restarted worker
+    reads it back exactly; a node config's ``state-dir`` wins over the worker's folder."""
+    from flwr.app import Context, RecordDict
+
+    from hyfl.deploy.app import load_state, save_state
+
+    record = _find(run, "step", t=2)
+    node = run.nodes[record.party]
+    context = Context(run_id=7, node_id=1, node_config=node, state=RecordDict(),
+                      run_config=run.run_config)
+    folder = tmp_path / "worker"
+    assert load_state(context, folder) is None  # nothing saved yet: a new party
+    save_state(context, record.after, folder)
+    assert len(context.state) == 0
+    saved = folder / f"run-7-party-{node['party']}.npz"
+    assert stat.S_IMODE(saved.stat().st_mode) == 0o600
+    arrays, spec = load_state(Context(run_id=7, node_id=2, node_config=node,
+                                      state=RecordDict(), run_config=run.run_config), folder)
+    assert spec == record.after[1] and arrays.keys() == record.after[0].keys()
+    for name, array in record.after[0].items():
+        np.testing.assert_array_equal(arrays[name], array)
+    kept = Context(run_id=7, node_id=1, node_config={**node, "state-dir": str(tmp_path / "dir")},
+                   state=RecordDict(), run_config=run.run_config)
+    save_state(kept, record.after, folder)
+    assert (tmp_path / "dir" / saved.name).is_file() and len(kept.state) == 0

@@ -47,11 +47,13 @@ _SMALL_MEMBER = 1 << 20
 
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "w", *, permissions: int | None = None,
-                 newline: str | None = None) -> Iterator[Any]:
+                 newline: str | None = None, durable: bool = True) -> Iterator[Any]:
     """Open a temporary file next to ``path``; on success it replaces ``path`` at once.
 
     On an exception the temporary file is removed and ``path`` keeps its old content.
     ``permissions`` (e.g. ``0o600`` for a private key) are set before any byte is written.
+    ``durable=False`` skips the fsync: the file survives the process, not a crash
+    of the machine.
     """
     path = Path(path)
     tmp, fd = _create_temporary(path, permissions or 0o666)
@@ -59,7 +61,8 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", *, permissions: int |
         with os.fdopen(fd, mode, **({} if "b" in mode else {"newline": newline})) as f:
             yield f
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -291,8 +291,24 @@ def _check_private(path: str) -> str | None:
     return None
 
 
+def worker_state_folder(folder: str | os.PathLike | None = None) -> Path:
+    """A new folder (mode 0700) where this SuperNode's workers keep their parties' states.
+
+    In ``folder``, by default ``$XDG_RUNTIME_DIR`` when that is this user's
+    private folder (a tmpfs on most Linux systems), else the temporary folder;
+    removed when this process exits. It outlives a worker, so a restarted
+    worker finds the state of its run's last answered message (as Flower's
+    ``context.state``, which the SuperNode keeps in memory, would).
+    """
+    private = Path(tempfile.mkdtemp(prefix="hyfl-party-state-",
+                                    dir=folder if folder is not None else _private_runtime_dir()))
+    atexit.register(shutil.rmtree, private, True)
+    return private
+
+
 def supervise_worker(runtime_api_address: str, stop: threading.Event,
-                     secret: bytes | None = None) -> threading.Thread:
+                     secret: bytes | None = None,
+                     state_folder: str | os.PathLike | None = None) -> threading.Thread:
     """Keep one :mod:`hyfl.deploy.worker` running until ``stop``; restart it when it dies
     (a crash, SIGKILL), not when it is told to stop (SIGTERM, SIGINT: the party stops).
 
@@ -305,10 +321,13 @@ def supervise_worker(runtime_api_address: str, stop: threading.Event,
     ``secret`` is the Runtime API's secret (:func:`runtime_api_secret`): each
     worker reads it from a pipe this process fills and closes
     (``--superexec-auth-secret-fd``; neither command line nor environment
-    holds it) and signs its task requests with it.
+    holds it) and signs its task requests with it. ``state_folder``
+    (:func:`worker_state_folder`) is where the workers keep their parties' states.
     """
     command = [sys.executable, "-m", "hyfl.deploy.worker", "--runtime-api-address",
                runtime_api_address, "--parent-pid", str(os.getpid())]
+    if state_folder is not None:
+        command += ["--state-folder", str(state_folder)]
 
     current: list = []
 
@@ -397,7 +416,7 @@ def main() -> None:
         if not 0 < len(secret) <= 4096:  # (handed to each worker through a pipe)
             sys.exit(f"hyfl: --superexec-auth-secret-file {path}: a secret of 1 to 4096 bytes, "
                      f"not {len(secret)}")
-        supervise_worker(address, threading.Event(), secret)
+        supervise_worker(address, threading.Event(), secret, worker_state_folder())
     from flwr.supernode.cli.flower_supernode import flower_supernode
 
     sys.argv = ["flower-supernode", *argv]

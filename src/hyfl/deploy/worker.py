@@ -22,16 +22,20 @@ The worker replaces that process, not Flower's transport:
   any other is refused.
 
 After every message the party's state -- without its data block, which the
-party can load again -- is saved in Flower's ``context.state``, which the
-SuperNode keeps per run. A worker that dies (a crash, SIGKILL) is started
-again by ``hyfl deploy party`` (and :class:`~hyfl.deploy.local.LocalDeployment`);
-the message it was working on gets no reply, so the server counts the party
-absent for that round, and its next message finds the state of the last
-message that was answered: the party rejoins as a returning party.
+party can load again -- is saved in a file of the run in ``--state-folder``
+(a private folder its SuperNode's process makes and removes,
+:func:`hyfl.deploy.supernode.worker_state_folder`; the node config's
+``state-dir`` when the party keeps one), not in Flower's ``context.state``,
+which would travel with every message twice (:func:`hyfl.deploy.app.save_state`).
+A worker that dies (a crash, SIGKILL) is started again by ``hyfl deploy party``
+(and :class:`~hyfl.deploy.local.LocalDeployment`); the message it was working
+on gets no reply, so the server counts the party absent for that round, and
+its next message finds the state of the last message that was answered: the
+party rejoins as a returning party.
 
 Run as ``python -m hyfl.deploy.worker --runtime-api-address HOST:PORT
 [--superexec-auth-secret-file FILE | --superexec-auth-secret-fd FD] [--parent-pid
-PID]``: with the secret of a SuperNode started with
+PID] [--state-folder DIR]``: with the secret of a SuperNode started with
 ``--superexec-auth-secret-file FILE``, which then gives its tasks to no one
 else (:mod:`hyfl.deploy.supernode` does both, the secret through a pipe).
 """
@@ -49,7 +53,7 @@ from typing import Any
 
 __all__ = ["Sessions", "Worker"]
 
-#: Runs a worker keeps in memory; older runs are dropped (their state stays with Flower).
+#: Runs a worker keeps in memory; older runs are dropped (their state stays in its file).
 MAX_RUNS = 4
 #: Longest wait between two task polls while the SuperNode has nothing for the worker
 #: (the waits start at a millisecond after each message and grow to this).
@@ -64,8 +68,8 @@ HEARTBEAT_SECONDS = 2.0
 class Sessions:
     """The parties a worker serves: one :class:`~hyfl.deploy.party.Party` per run.
 
-    A party is opened at its run's first message -- from the state Flower
-    kept, if any (a restarted worker) -- and kept until ``finish``, an error,
+    A party is opened at its run's first message -- from its saved state, if
+    any (a restarted worker) -- and kept until ``finish``, an error,
     or :data:`MAX_RUNS` newer runs. Transport-free: the worker and the tests'
     in-process transport use it alike.
     """
@@ -183,8 +187,9 @@ class Worker:
     def __init__(self, runtime_api_address: str, *, poll: float = DEFAULT_POLL,
                  root_certificates: bytes | None = None, wake: int | None = None,
                  log: Callable[[str], None] | None = None,
-                 superexec_auth_secret: bytes | None = None):
+                 superexec_auth_secret: bytes | None = None, state_folder: str | None = None):
         self.address, self.poll, self.wake = runtime_api_address, poll, wake
+        self.state_folder = state_folder
         self.root_certificates = root_certificates
         self.superexec_auth_secret = superexec_auth_secret or None
         self.log = log or (lambda line: None)
@@ -340,18 +345,19 @@ class Worker:
         kind = message.metadata.message_type.partition(".")[2]
         timing = {"until_handler": started - message.metadata.created_at}
         before = self.sessions.opened
+        folder = self.state_folder
         try:
             check_not_refused(context)  # (also for a party in memory: cheap)
             reply, state = self.sessions.handle(
                 context.run_id, kind, unpack(message.content, "the server"),
-                lambda: load_state(context), context.node_config, context.run_config,
+                lambda: load_state(context, folder), context.node_config, context.run_config,
                 timing)
         except Exception:
             refuse_run(context)  # pushed with the error reply: the run gets no more answers
             raise
         if self.sessions.opened != before and kind != "hello":
             self.log(f"run {context.run_id}: party restored from its saved state at {kind!r}")
-        save_state(context, state)
+        save_state(context, state, folder)
         return Message(pack(*reply), reply_to=message)
 
 
@@ -419,6 +425,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--superexec-auth-secret-fd", type=int, default=None,
                         help="the same secret, read from this inherited file descriptor "
                              "(a pipe; read to its end, then closed)")
+    parser.add_argument("--state-folder", default=None,
+                        help="a private folder for the party's state of each run (default: "
+                             "Flower's context.state)")
     parser.add_argument("--parent-pid", type=int, default=0,
                         help="die with this parent process (Linux: SIGKILL as the parent-death "
                              "signal); exit at once if it is not the parent any more")
@@ -456,7 +465,7 @@ def main(argv: list[str] | None = None) -> None:
     # Woken per message, the worker's own poll is only a safety net.
     poll = args.poll if wake is None else max(args.poll, WOKEN_POLL)
     Worker(args.runtime_api_address, poll=poll, root_certificates=certificates, wake=wake,
-           log=log, superexec_auth_secret=secret).serve()
+           log=log, superexec_auth_secret=secret, state_folder=args.state_folder).serve()
 
 
 if __name__ == "__main__":
