@@ -210,7 +210,11 @@ def deploy(cipher: str, args, src: str, out: Path) -> dict:
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     tic = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=env)
+    by_role = cpu_by_role(process)
+    stdout, stderr = process.communicate()
+    done = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
     wall = time.perf_counter() - tic
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if not (out / "comparison.json").exists():
@@ -229,7 +233,56 @@ def deploy(cipher: str, args, src: str, out: Path) -> dict:
             "max_weight_difference": comparison["max_abs_weight_difference"],
             "round_trip": mean("round_trip_mean"), "overhead": mean("overhead_mean"),
             "until_handler": mean("until_handler_mean"), "messages": mean("messages"),
-            "exit_code": done.returncode, "load": os.getloadavg()[0]}
+            "exit_code": done.returncode, "load": os.getloadavg()[0], "cpu_by_role": by_role}
+
+
+#: A process of a local deployment, by what its command line contains (first match).
+ROLES = (("superlink", "flower-superlink"), ("worker", "hyfl.deploy.worker"),
+         ("supernode", "hyfl.deploy.supernode"), ("serverapp", "flwr-serverapp"),
+         ("superexec", "flower-superexec"), ("reaper", "_reaper.py"))
+# The hyfl command itself counts as "hyfl cli": with --compare it runs the in-process
+# protocol too.
+
+
+def cpu_by_role(process: subprocess.Popen, every: float = 0.5) -> dict[str, float]:
+    """CPU seconds of every process of the run, summed by role, until ``process`` exits.
+
+    Read from ``/proc`` every ``every`` seconds (the last reading of each
+    process counts: what it used between that reading and its end is missed).
+    """
+    tick = os.sysconf("SC_CLK_TCK")
+    seen: dict[int, tuple[str, float]] = {}
+    while process.poll() is None:
+        parents, cpu, commands = {}, {}, {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    commands[int(entry)] = f.read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            parents[int(entry)] = int(fields[1])
+            cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+        family, grew = {process.pid}, True
+        while grew:
+            new = {pid for pid, parent in parents.items() if parent in family} - family
+            family |= new
+            grew = bool(new)
+        for pid in sorted(family & cpu.keys()):
+            role = next((name for name, mark in ROLES if mark in commands[pid]), "hyfl cli")
+            if parents[pid] in seen and seen[parents[pid]][0] == "superexec":
+                role = "serverapp"  # (Flower blanks its command line: it held a token)
+            if pid in seen and role == "hyfl cli":  # a zombie's command line is empty
+                role = seen[pid][0]
+            seen[pid] = (role, cpu[pid])
+        time.sleep(every)
+    totals: dict[str, float] = collections.defaultdict(float)
+    for role, seconds in seen.values():
+        totals[role] += seconds
+    return {role: round(seconds, 1) for role, seconds in sorted(totals.items())}
 
 
 # ----------------------------------------------------------------------------- main
