@@ -545,10 +545,10 @@ def _number_column(table: Table, header: str) -> None:
 # Columns the summary tables leave out first when the terminal is narrow (all are in
 # summary.csv): the stricter/looser thresholds and the smaller cost components.
 _CONVERGENCE_DROP = ("settled_1e-3", "rounds_to_1e-1", "rounds_to_1e-3", "median_round_ms",
-                     "round_trips", "settled_1e-2", "best_val_accuracy")
+                     "round_trips", "settled_1e-2", "best_val_auc", "best_val_accuracy")
 _COST_DROP = ("decryptions", "time_latency_per_iter", "time_server_per_iter", "bytes_down",
               "encryptions", "time_encryption_per_iter", "time_client_per_iter", "bytes_up")
-_EXPERIMENT_DROP = ("round_trips", "settled_1e-2", "best_val_accuracy", "seeds")
+_EXPERIMENT_DROP = ("round_trips", "settled_1e-2", "best_val_auc", "best_val_accuracy", "seeds")
 
 
 def _print_experiment(result) -> None:
@@ -567,6 +567,7 @@ def _print_experiment(result) -> None:
     headers = {
         "final_relative_loss": "rel. loss",
         "best_val_accuracy": "best val. acc.",
+        "best_val_auc": "best val. AUC",
         "settled_1e-2": "settled 1e-2",
         "round_trips": "round trips",
         "sim_time": "sim_time",
@@ -588,7 +589,8 @@ def _print_experiment(result) -> None:
                 if column == "seeds":
                     cells.append(str(row["n_seeds"]))
                     continue
-                mean, std = row[f"{column}_mean"], row[f"{column}_std"]
+                # (.get: rows of results written before a column existed lack it)
+                mean, std = row.get(f"{column}_mean"), row.get(f"{column}_std")
                 cells.append(
                     "-"
                     if mean is None
@@ -976,6 +978,10 @@ def predict(
     line = f"wrote {done.out} ({done.n_samples} predictions)"
     if done.accuracy is not None:
         line += f"; accuracy against the data's labels {done.accuracy:.4f}"
+        ranking = getattr(done, "ranking", None)  # (none for neural models)
+        if ranking is not None and ranking["auc"] == ranking["auc"]:
+            line += (f", AUC {ranking['auc']:.4f}, KS {ranking['ks']:.4f}, average "
+                     f"precision {ranking['average_precision']:.4f}")
         if done.same_data:
             line += " (the training data)"
     console.print(escape(line))
@@ -998,6 +1004,7 @@ def _hyper(iic, local_steps, step_rule, a, b, mu, eta0, batch_size, param) -> di
 _HEADERS = {
     "final_relative_loss": "rel. loss",
     "best_val_accuracy": "best val. acc.",
+    "best_val_auc": "best val. AUC",
     "rounds_to_1e-1": "first 1e-1",
     "rounds_to_1e-2": "first 1e-2",
     "rounds_to_1e-3": "first 1e-3",
@@ -1052,6 +1059,11 @@ def _print_summary(outcome) -> None:
             f"{final['val_accuracy']:.4f}",
             f"{outcome.optimum_val_accuracy:.4f}",
         )
+    if s.get("best_val_auc") is not None:
+        table.add_row("val. AUC / KS / avg. precision (final)",
+                      " / ".join(f"{final[k]:.4f}" for k in
+                                 ("val_auc", "val_ks", "val_average_precision")),
+                      f"{s['optimum'].get('val_auc', float('nan')):.4f}")
     table.add_row("outer iterations", f"{int(final['iteration'])}", "")
     table.add_row("round trips", f"{final['round_trips']:.1f}", "")
     table.add_row("median time per round", f"{1e3 * s['median_round_seconds']:.3f} ms", "")

@@ -35,6 +35,7 @@ import scipy.sparse as sp
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
+from sklearn.utils.metaestimators import available_if
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
 
@@ -49,6 +50,7 @@ from hyfl.errors import (
     check_positive,
     fail,
 )
+from hyfl.losses import Logistic
 from hyfl.partition import Partition, parse_participation, parse_partition
 from hyfl.problem import make_problem
 from hyfl.runtime.simulation import simulate
@@ -303,7 +305,10 @@ class HyFDCAClassifier(ClassifierMixin, _HyFDCAEstimator):
 
     Two classes are mapped to -1 (``classes_[0]``) and +1 (``classes_[1]``);
     more than two are trained one-vs-rest (one model per class, predicted by
-    the largest decision value). The model has no intercept.
+    the largest decision value). The model has no intercept. With
+    ``loss="logistic"`` it has ``predict_proba`` (the logistic model's
+    probabilities; one-vs-rest ones normalized to sum to one, as scikit-learn's
+    one-vs-rest logistic regression does).
 
     Parameters
     ----------
@@ -429,6 +434,45 @@ class HyFDCAClassifier(ClassifierMixin, _HyFDCAEstimator):
         if scores.ndim == 1:
             return self.classes_[(scores >= 0).astype(int)]
         return self.classes_[np.argmax(scores, axis=1)]
+
+    def _has_probabilities(self) -> bool:
+        if self.loss != "logistic":
+            raise AttributeError(f"predict_proba needs loss='logistic', not {self.loss!r}: the "
+                                 "hinge losses give decision values, not probabilities (use "
+                                 "decision_function, or train with loss='logistic')")
+        return True
+
+    @available_if(_has_probabilities)
+    def predict_proba(self, X):
+        """Class probabilities of the logistic model (``loss="logistic"`` only).
+
+        ``P(classes_[1] | x) = 1 / (1 + exp(-x @ coef_))`` for two classes; for
+        more, each class's one-vs-rest probability, normalized over the classes.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_classes)
+            Rows sum to one; columns in the order of ``classes_``.
+        """
+        return np.exp(self.predict_log_proba(X))
+
+    @available_if(_has_probabilities)
+    def predict_log_proba(self, X):
+        """Logarithm of :meth:`predict_proba` (``loss="logistic"`` only).
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_classes)
+        """
+        return Logistic.log_probabilities(self.decision_function(X))
 
 
 class HyFDCARegressor(RegressorMixin, _HyFDCAEstimator):

@@ -360,6 +360,10 @@ def run_prepared(
     opt_val_acc = (
         problem.accuracy(validation.X, validation.y, setup.optimum.w) if validation else np.nan
     )
+    opt_val_auc = (
+        problem.ranking(validation.X, validation.y, setup.optimum.w)["auc"] if validation
+        else np.nan
+    )
     majority = majority_rate_of(problem, setup.train.y)
     val_majority = majority_rate_of(problem, validation.y) if validation else None
     # Plots of a fresh compare read it from the result; run.json keeps it in the summary.
@@ -373,6 +377,7 @@ def run_prepared(
         "best_val_accuracy": float(np.nanmax(result.column("val_accuracy")))
         if validation
         else None,
+        "best_val_auc": _nanmax_or_none(result.column("val_auc")) if validation else None,
         "rounds_to_relative_loss": {
             f"{tol:g}": first_round_below(result.column("iteration"), rel, tol)
             for tol in (1e-1, 1e-2, 1e-3)
@@ -395,6 +400,7 @@ def run_prepared(
             "primal": setup.optimum.primal,
             "method": setup.optimum.method,
             "val_accuracy": opt_val_acc,
+            "val_auc": opt_val_auc,
         },
         "majority_rate": majority,
         "val_majority_rate": val_majority,
@@ -645,6 +651,7 @@ CONVERGENCE_COLUMNS = (
     "algorithm",
     "final_relative_loss",
     "best_val_accuracy",
+    "best_val_auc",
     "rounds_to_1e-1",
     "rounds_to_1e-2",
     "rounds_to_1e-3",
@@ -677,6 +684,7 @@ def summary_rows(outcomes: list[RunOutcome]) -> list[dict[str, Any]]:
                 "algorithm": s["algorithm"],
                 "final_relative_loss": s["final"]["relative_loss"],
                 "best_val_accuracy": s["best_val_accuracy"],
+                "best_val_auc": s.get("best_val_auc"),  # (absent from older run.json files)
                 "rounds_to_1e-1": reach["0.1"],
                 "rounds_to_1e-2": reach["0.01"],
                 "rounds_to_1e-3": reach["0.001"],
@@ -940,6 +948,13 @@ def load_finished_run(run_dir: Path, spec: RunSpec) -> RunOutcome | None:
         summary,
         run_dir,
     )
+
+
+def _nanmax_or_none(values: np.ndarray) -> float | None:
+    """The largest finite value, or None when there is none (a regression target)."""
+    finite = np.asarray(values, dtype=float)
+    finite = finite[np.isfinite(finite)]
+    return float(finite.max()) if finite.size else None
 
 
 def _nan_if_none(value) -> float:
