@@ -22,7 +22,6 @@ from hyfl._names import (
     DEFAULT_HE_COSTS,
     DEFAULT_HE_LAYOUT,
     HE_COST_SOURCES,
-    HE_LAYOUTS,
     LOSS_NAMES,
     REPORT_FORMATS,
     STEP_RULES,
@@ -80,7 +79,10 @@ def _complete_algorithm(incomplete: str) -> list[str]:
 Data = Annotated[str, typer.Option(help="Dataset name (see `hyfl datasets`) or LIBSVM file.")]
 Val = Annotated[str | None, typer.Option(help="Validation set: dataset name or file.")]
 ValFraction = Annotated[float | None, typer.Option(help="Hold out this fraction for validation.")]
-Loss = Annotated[str, typer.Option(click_type=_choice(LOSS_NAMES), help="Loss function.")]
+# Choices get a short metavar and are listed in the help text: as a metavar
+# ("[hinge|logistic|...]") they squeeze the help column to 20 characters at 80 columns.
+Loss = Annotated[str, typer.Option(click_type=_choice(LOSS_NAMES), metavar="LOSS",
+                                   help=f"Loss function: {', '.join(LOSS_NAMES)}.")]
 Lam = Annotated[float | None, typer.Option(help="Regularization (default: the dataset's).")]
 PartitionOpt = Annotated[
     str | None,
@@ -98,8 +100,8 @@ Iic = Annotated[float | None, typer.Option(help="Inner iterations constant: H = 
 LocalSteps = Annotated[int | None, typer.Option(help="H (or Q for FedBCD): local steps.")]
 StepRule = Annotated[
     str | None,
-    typer.Option(click_type=_choice(STEP_RULES),
-                 help=f"HyFDCA step rule (default {STEP_RULES[0]})."),
+    typer.Option(click_type=_choice(STEP_RULES), metavar="RULE",
+                 help=f"HyFDCA step rule: {', '.join(STEP_RULES)} (default {STEP_RULES[0]})."),
 ]
 RateA = Annotated[float | None, typer.Option("--a", help="FedAvg/HyFEM rate a/(b + sqrt t).")]
 RateB = Annotated[float | None, typer.Option("--b", help="FedAvg/HyFEM rate a/(b + sqrt t).")]
@@ -132,8 +134,10 @@ CipherOpt = Annotated[
     str,
     typer.Option(
         click_type=_choice(CIPHERS),
-        help="HyFDCA's homomorphic encryption. 'none' simulates it "
-        "(ciphertexts and HE operations counted and charged, nothing encrypted); a real "
+        metavar="CIPHER",
+        help=f"HyFDCA's homomorphic encryption: {', '.join(CIPHERS)}. 'none' simulates it "
+        "(ciphertexts and HE operations counted, their time charged only with --he-costs, "
+        "nothing encrypted); a real "
         "cipher runs HyFDCA as separate parties with real encryption (slower). Other "
         "algorithms never encrypt (zero HE operations): with them a real cipher only "
         "means that HyFDCA in the same comparison is encrypted."
@@ -154,8 +158,9 @@ Latency = Annotated[
 HeCosts = Annotated[
     str,
     typer.Option(
-        metavar="|".join(HE_COST_SOURCES) + "|CIPHER|FILE",
-        help="Seconds per HE operation in the simulated time. 'auto': the cipher that runs "
+        metavar="SOURCE",
+        help=f"Seconds per HE operation in the simulated time: {', '.join(HE_COST_SOURCES)}, "
+        "a cipher name or a JSON file. 'auto': the cipher that runs "
         "prices itself (none: no HE time, operations still counted; a real cipher: its own "
         "costs at its key size, from the `hyfl calibrate` cache or a quick calibration that "
         "is then cached); 'paper': the paper's per-value Paillier figures (18.882 ms "
@@ -167,7 +172,7 @@ HeCosts = Annotated[
 HeLayout = Annotated[
     str,
     typer.Option(
-        metavar="|".join(HE_LAYOUTS) + "|CIPHER",
+        metavar="LAYOUT",
         help="Which ciphertexts the cost model counts (cipher none only): 'cipher' (the "
         "running cipher's layout: one per value for none), 'sample' (one ciphertext per "
         "sample with all its classes, the paper's count) or a cipher name (as that cipher "
@@ -1011,7 +1016,7 @@ _HEADERS = {
     "settled_1e-2": "settled 1e-2",
     "settled_1e-3": "settled 1e-3",
     "round_trips": "round trips",
-    "median_round_ms": "ms/round",
+    "median_round_ms": "wall ms/round",
     "bytes_up": "up",
     "bytes_down": "down",
     "encryptions": "enc.",
@@ -1053,20 +1058,32 @@ def _print_summary(outcome) -> None:
         table.add_row("dual D(alpha)", f"{final['dual']:.6g}", "")
         table.add_row("duality gap", f"{final['gap']:.3g}", "")
     table.add_row("relative loss", f"{final['relative_loss']:.3g}", "0")
-    if s.get("best_val_accuracy") is not None:
-        table.add_row(
-            "val. accuracy (final)",
-            f"{final['val_accuracy']:.4f}",
-            f"{outcome.optimum_val_accuracy:.4f}",
-        )
-    if s.get("best_val_auc") is not None:
-        table.add_row("val. AUC / KS / avg. precision (final)",
-                      " / ".join(f"{final[k]:.4f}" for k in
-                                 ("val_auc", "val_ks", "val_average_precision")),
-                      f"{s['optimum'].get('val_auc', float('nan')):.4f}")
+    central = s.get("optimum", {})
+
+    def number(value) -> str:
+        return "" if value is None or value != value else f"{value:.4f}"
+
+    # Accuracy and AUC beside the central model's, and the majority class's rate: the
+    # accuracy a model that learned nothing reaches.
+    for split, majority in (("train", s.get("majority_rate")),
+                            ("val", s.get("val_majority_rate"))):
+        name = "training" if split == "train" else "val."
+        if number(final.get(f"{split}_accuracy")):
+            table.add_row(f"{name} accuracy (final)", number(final[f"{split}_accuracy"]),
+                          number(central.get(f"{split}_accuracy")))
+            if majority is not None:
+                table.add_row(f"{name} majority-class rate", number(majority), "")
+        if number(final.get(f"{split}_auc")):
+            table.add_row(f"{name} AUC (final)", number(final[f"{split}_auc"]),
+                          number(central.get(f"{split}_auc")))
+    if number(final.get("val_ks")):
+        table.add_row("val. KS / avg. precision (final)",
+                      f"{final['val_ks']:.4f} / {final['val_average_precision']:.4f}", "")
     table.add_row("outer iterations", f"{int(final['iteration'])}", "")
-    table.add_row("round trips", f"{final['round_trips']:.1f}", "")
-    table.add_row("median time per round", f"{1e3 * s['median_round_seconds']:.3f} ms", "")
+    table.add_row("round trips", f"{final['round_trips']:g}", "")
+    # The one time per round of this table: measured; the simulated cost is below.
+    table.add_row("wall time per round (median)", f"{1e3 * s['median_round_seconds']:.3f} ms",
+                  "")
     table.add_row("solver", "", outcome.optimum_method)
     console.print(table)
     if s.get("shared_ids"):
@@ -1099,7 +1116,7 @@ def _print_neural_summary(outcomes) -> None:
         table.add_row(label, *(_maybe(form, r[key]) for r in rows))
     table.add_row("bytes up", *(_bytes(r["bytes_up"]) for r in rows))
     table.add_row("bytes down", *(_bytes(r["bytes_down"]) for r in rows))
-    table.add_row("median time per round", *(_seconds(r["median_round_s"]) for r in rows))
+    table.add_row("wall time per round (median)", *(_seconds(r["median_round_s"]) for r in rows))
     console.print(table)
     folders = ", ".join(str(o.out_dir) for o in outcomes if o.out_dir is not None)
     if folders and len(outcomes) == 1:

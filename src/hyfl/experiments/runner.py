@@ -60,6 +60,7 @@ from hyfl.runtime.simulation import (
     Validation,
     budget_record,
     check_sim_time_budget,
+    evaluate,
     first_round_below,
     settled_round_below,
     simulate,
@@ -364,6 +365,8 @@ def run_prepared(
         problem.ranking(validation.X, validation.y, setup.optimum.w)["auc"] if validation
         else np.nan
     )
+    # The central model on the training data: what the run's own figures compare with.
+    opt_train = evaluate(problem, setup.optimum.w, None, setup.optimum, None, setup.train.y)
     majority = majority_rate_of(problem, setup.train.y)
     val_majority = majority_rate_of(problem, validation.y) if validation else None
     # Plots of a fresh compare read it from the result; run.json keeps it in the summary.
@@ -401,6 +404,8 @@ def run_prepared(
             "method": setup.optimum.method,
             "val_accuracy": opt_val_acc,
             "val_auc": opt_val_auc,
+            "train_accuracy": opt_train["train_accuracy"],
+            "train_auc": opt_train["train_auc"],
         },
         "majority_rate": majority,
         "val_majority_rate": val_majority,
