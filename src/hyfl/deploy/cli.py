@@ -537,7 +537,8 @@ def local(
     # ckks: about 1.2x the plaintext's time where per-value Paillier takes minutes a round,
     # and no raw decryption reaches the server (docs/deployment.md, "Which cipher").
     cipher: Annotated[str, typer.Option(click_type=click.Choice(list(CIPHER_NAMES)),
-                                        metavar="CIPHER", help="Cipher: ckks (the default: fast, 128-bit "
+                                        metavar="CIPHER",
+                                        help="Cipher: ckks (the default: fast, 128-bit "
                                         "lattice), packed or paillier (Paillier, exact; "
                                         "slower), none (no encryption, tests).")] = "ckks",
     key_bits: Annotated[int, typer.Option(help="Paillier key size of a generated key pair "
