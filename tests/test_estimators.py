@@ -209,3 +209,19 @@ def test_predict_proba_is_the_logistic_model_and_only_for_it(breast_cancer):
     np.testing.assert_allclose(p3.sum(axis=1), 1.0)
     np.testing.assert_array_equal(np.argmax(p3, axis=1), np.argmax(iris.decision_function(X3),
                                                                    axis=1))
+
+
+def test_a_label_skewed_partition_reaches_the_optimum(breast_cancer):
+    """Each sample group holds one class only (grid:2x2@classes:1): the certified
+    optimum is the central one all the same (the primal-dual method does not average)."""
+    X, y = breast_cancer
+    clf = HyFDCAClassifier(partition="grid:2x2@classes:1", lam=1e-2, max_iter=400, tol=1e-3,
+                           random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        clf.fit(X, y)
+    assert clf.partition_ == "grid:2x2@classes:1"
+    problem = make_problem(Dataset(sp.csr_matrix(X), np.where(y == 1, 1.0, -1.0)), "hinge", 1e-2)
+    optimum = solve_centralized(problem, cache=False)
+    relative = (problem.primal(clf.coef_[:, None]) - optimum.primal) / abs(optimum.primal)
+    assert relative <= 1e-3 and clf.n_iter_ < clf.max_iter  # certified: gap <= tol

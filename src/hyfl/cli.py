@@ -88,7 +88,9 @@ PartitionOpt = Annotated[
     str | None,
     typer.Option(
         "--partition",
-        help="horizontal:K | vertical:Q | grid:KxQ | nonzero:KxQ | quadrant:C "
+        help="horizontal:K | vertical:Q | grid:KxQ | nonzero:KxQ | quadrant:C; skewed "
+        "samples for grid and horizontal: add @classes:k (k classes per sample group), "
+        "@dirichlet:alpha (class shares) or @lognormal:sigma (group sizes) "
         "[default: grid:3x3; party files: their own].",
         show_default=False,
     ),

@@ -93,8 +93,9 @@ def _seed(random_state) -> int:
     return int(check_random_state(random_state).randint(np.iinfo(np.int32).max))
 
 
-def _capped_partition(spec, X, seed: int) -> tuple[Partition, str]:
-    """Build the partition, capping group counts of simple specs at the data's size."""
+def _capped_partition(spec, X, seed: int, labels=None) -> tuple[Partition, str]:
+    """Build the partition, capping group counts of simple specs at the data's size
+    (``labels``: for a label-skewed sample split, e.g. ``grid:4x2@dirichlet:0.5``)."""
     if isinstance(spec, Partition):
         return spec, spec.name
     if not isinstance(spec, str):
@@ -113,7 +114,7 @@ def _capped_partition(spec, X, seed: int) -> tuple[Partition, str]:
             spec = f"horizontal:{max(1, min(a, n))}"
         elif kind == "vertical" and b is None:
             spec = f"vertical:{max(1, min(a, m))}"
-    return parse_partition(spec, X, seed=seed), spec
+    return parse_partition(spec, X, seed=seed, labels=labels), spec
 
 
 def _as_history(metrics: list[dict]) -> dict[str, np.ndarray]:
@@ -172,7 +173,7 @@ class _HyFDCAEstimator(BaseEstimator):
         seed = _seed(self.random_state)
         X = sp.csr_matrix(X, dtype=np.float64)
         problem = make_problem(Dataset(X, y_encoded, name="X", task=task), self.loss, self.lam)
-        partition, spec = _capped_partition(self.partition, X, seed)
+        partition, spec = _capped_partition(self.partition, X, seed, labels=y_encoded)
         participation = parse_participation(self.participation, partition.n_clients)
         tol = float(self.tol)
 

@@ -153,7 +153,8 @@ def split(
                 raise fail("--partition", "is not set", "Pass a spec such as grid:2x2.")
             dataset = load_data(data, data_dir)
             lam = default_lambda(data) or FALLBACK_LAMBDA
-            parts = parse_partition(partition, dataset.X, seed=seed, meta=dataset.meta)
+            parts = parse_partition(partition, dataset.X, seed=seed, meta=dataset.meta,
+                                    labels=dataset.y)
         problem = make_problem(dataset, loss, lam)
         paths = write_blocks(problem, parts, out, name=dataset.name, lam_default=lam)
     except HyflError as err:

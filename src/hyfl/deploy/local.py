@@ -925,7 +925,8 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
         dataset = load_data(data)
         lam_default = default_lambda(data) or FALLBACK_LAMBDA
         problem = make_problem(dataset, loss, lam or lam_default)
-        parts = parse_partition(partition, problem.X, seed=seed, meta=dataset.meta)
+        parts = parse_partition(partition, problem.X, seed=seed, meta=dataset.meta,
+                                labels=dataset.y)
         # Each party names the dataset in its own node config; the job gives the partition.
         named = str(Path(data).resolve()) if Path(data).is_file() else str(data)
         data_keys = [{"data": named} for _ in range(parts.n_clients)]

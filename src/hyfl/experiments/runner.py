@@ -291,7 +291,7 @@ def prepare(spec: RunSpec) -> Setup:
     optimum = solve_centralized(problem)
     if partition is None:
         partition = parse_partition(
-            spec.partition_spec(), problem.X, seed=spec.seed, meta=train.meta
+            spec.partition_spec(), problem.X, seed=spec.seed, meta=train.meta, labels=train.y
         )
     participation = parse_participation(spec.participation, partition.n_clients)
     validation = Validation(val.X, val.y) if val is not None else None
