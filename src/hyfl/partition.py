@@ -723,6 +723,10 @@ class SampleSplit:
             owner = _with_each_group(rng.choice(n_groups, size=n_samples, p=weights /
                                                 weights.sum()), n_groups, rng)
         else:
+            if self.labels is None:
+                raise fail(f"sample split @{self.kind}:{self.value:g}",
+                           "needs the training labels",
+                           "Pass labels= to parse_partition (the commands do).")
             labels = np.asarray(self.labels)
             if labels.shape != (n_samples,):
                 raise fail(f"sample split @{self.kind}", f"needs {n_samples} labels, got "
@@ -784,7 +788,8 @@ def _with_each_group(owner: np.ndarray, n_groups: int, rng: np.random.Generator)
 
 
 def parse_sample_split(text: str, labels: Any = None) -> SampleSplit:
-    """The :class:`SampleSplit` of a spec suffix such as ``"dirichlet:0.5"``."""
+    """The :class:`SampleSplit` of a spec suffix such as ``"dirichlet:0.5"`` (a clear error
+    if it is malformed; ``classes`` and ``dirichlet`` need ``labels`` when they split)."""
     name, _, number = text.partition(":")
     name = name.strip().lower()
     forms = ", ".join(f"@{kind}:{'k' if kind == 'classes' else 'x'} ({meaning})"
@@ -797,9 +802,6 @@ def parse_sample_split(text: str, labels: Any = None) -> SampleSplit:
             name == "classes" and value != int(value)):
         raise fail(f"sample split @{text}", "is not understood",
                    f"Use one of: {forms}, with a positive number (k a whole one).")
-    if name in ("classes", "dirichlet") and labels is None:
-        raise fail(f"sample split @{text}", "needs the training labels",
-                   "Pass labels= to parse_partition (the commands do).")
     return SampleSplit(name, value, None if labels is None else np.asarray(labels))
 
 
@@ -1015,6 +1017,7 @@ def quadrant(
     bias_feature: int | None = None,
     seed: int = 0,
     shuffle: bool = True,
+    split: SampleSplit | None = None,
 ) -> Partition:
     """The HyFDCA paper's MNIST split: image quadrants x sample groups.
 
@@ -1034,6 +1037,8 @@ def quadrant(
         Seed of the sample permutation.
     shuffle : bool, default True
         Permute the samples before splitting; otherwise contiguous groups.
+    split : SampleSplit, optional
+        A skewed split of the samples instead (:class:`SampleSplit`).
 
     Returns
     -------
@@ -1080,13 +1085,13 @@ def quadrant(
     ]
     if bias_feature is not None:
         quadrants[3] = np.append(quadrants[3], np.int64(n_pixels))
-    sample_groups = _sample_groups(n_samples, n_groups, seed, shuffle)
+    sample_groups = _sample_groups(n_samples, n_groups, seed, shuffle, split)
     return Partition(
         n_samples=n_samples,
         n_features=n_pixels + (bias_feature is not None),
         samples=tuple(sample_groups[g] for _ in range(4) for g in range(n_groups)),
         features=tuple(quadrants[q] for q in range(4) for _ in range(n_groups)),
-        name=f"quadrant:{n_clients}",
+        name=f"quadrant:{n_clients}{_suffix(split)}",
     )
 
 
@@ -1232,7 +1237,7 @@ def _build_quadrant(numbers, X, seed, meta, split) -> Partition:
             f"{' plus bias' if bias is not None else ''}) but X has {X.shape[1]}",
             "Check meta['image_shape'] and meta['bias_feature'] of the dataset.",
         )
-    return quadrant(X.shape[0], C, image_shape, bias, seed=seed)
+    return quadrant(X.shape[0], C, image_shape, bias, seed=seed, split=split)
 
 
 PARTITIONS: dict[str, PartitionKind] = {
@@ -1269,6 +1274,7 @@ PARTITIONS: dict[str, PartitionKind] = {
         "paper's MNIST split: 4 image quadrants x C/4 sample groups, C clients",
         1,
         _build_quadrant,
+        splits=True,
     ),
 }
 
@@ -1299,8 +1305,8 @@ def parse_partition(
         Dataset metadata; ``quadrant`` reads ``image_shape`` and
         ``bias_feature``.
     labels : array-like of shape (N,), optional
-        Training labels, for a label-skewed sample split: ``grid:KxQ`` and
-        ``horizontal:K`` take a suffix ``@classes:k``, ``@dirichlet:alpha`` or
+        Training labels, for a label-skewed sample split: ``grid:KxQ``,
+        ``horizontal:K`` and ``quadrant:C`` take a suffix ``@classes:k``, ``@dirichlet:alpha`` or
         ``@lognormal:sigma`` (:class:`SampleSplit`), e.g. ``grid:4x2@dirichlet:0.5``.
 
     Returns
@@ -1341,7 +1347,8 @@ def parse_partition(
         raise fail("X", "is not a matrix", "Pass the (samples x features) data matrix.")
     if split is not None and not kind.splits:
         raise fail(f"partition spec {spec}@...", f"{name} has no skewed sample split",
-                   "Skew the samples of grid:KxQ or horizontal:K (e.g. grid:4x2@dirichlet:0.5).")
+                   "Skew the samples of grid:KxQ, horizontal:K or quadrant:C (e.g. "
+                   "grid:4x2@dirichlet:0.5).")
     return kind.build(numbers, X, seed, meta, split)
 
 
