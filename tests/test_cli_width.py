@@ -99,3 +99,24 @@ def test_algorithms_and_datasets_fit_80_columns(narrow, tmp_path):
     names = {line.split()[1] for line in lines if line.startswith("│") and len(line.split()) > 1}
     assert set(ALGORITHMS) <= names  # every name whole on its line, never `algorit…`
     assert "breast_cancer" in names
+
+
+@pytest.mark.parametrize("command", [["run"], ["compare"], ["deploy", "local"], ["predict"]])
+def test_help_reads_at_80_columns(command):
+    """Option help at 80 columns: nothing cut, and a description column of at least 26
+    characters (choices as "[a|b|c]" metavars once squeezed it to 20 and cut flag names)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLUMNS": "80", "PYTHONWARNINGS": "ignore", "NO_COLOR": "1"}
+    shown = subprocess.run([sys.executable, "-m", "hyfl.cli", *command, "--help"],
+                           capture_output=True, text=True, env=env, check=True).stdout
+    lines = _readable(shown)
+    # An option's description is the last of the first line's cells (two spaces apart).
+    widths = []
+    for line in lines:
+        if re.match(r"│ {1,4}--[a-z]", line):  # (not a description that starts with --)
+            description = re.split(r"  +", line.strip("│ "))[-1]
+            widths.append(79 - line.rfind(description))
+    assert widths and min(widths) >= 26, shown

@@ -179,3 +179,49 @@ def test_constructor_only_stores():
     clf = HyFDCAClassifier(loss="nope", lam=-1, partition=3)
     assert clf.get_params()["loss"] == "nope"
     assert "HyFDCAClassifier" in hyfl.__all__
+
+
+def test_predict_proba_is_the_logistic_model_and_only_for_it(breast_cancer):
+    """Probabilities exist for the logistic loss only (hasattr is False otherwise, as for
+    scikit-learn's LinearSVC); they are the sigmoid of the decision value, sum to one, give
+    the predicted class, and their AUC is the decision values' (scikit-learn's own)."""
+    from sklearn.metrics import roc_auc_score
+
+    X, y = breast_cancer
+    assert not hasattr(HyFDCAClassifier(), "predict_proba")
+    clf = HyFDCAClassifier(loss="logistic", lam=1e-2, max_iter=200, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        clf.fit(X, y)
+    p = clf.predict_proba(X)
+    assert p.shape == (len(y), 2)
+    np.testing.assert_allclose(p.sum(axis=1), 1.0)
+    np.testing.assert_allclose(p[:, 1], 1.0 / (1.0 + np.exp(-clf.decision_function(X))))
+    np.testing.assert_array_equal(clf.classes_[np.argmax(p, axis=1)], clf.predict(X))
+    np.testing.assert_allclose(np.exp(clf.predict_log_proba(X)), p)
+    assert roc_auc_score(y, p[:, 1]) == pytest.approx(roc_auc_score(y, clf.decision_function(X)))
+    iris = HyFDCAClassifier(loss="logistic", max_iter=50, random_state=0)
+    X3, y3 = load_iris(return_X_y=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        iris.fit(X3, y3)
+    p3 = iris.predict_proba(X3)
+    np.testing.assert_allclose(p3.sum(axis=1), 1.0)
+    np.testing.assert_array_equal(np.argmax(p3, axis=1), np.argmax(iris.decision_function(X3),
+                                                                   axis=1))
+
+
+def test_a_label_skewed_partition_reaches_the_optimum(breast_cancer):
+    """Each sample group holds one class only (grid:2x2@classes:1): the certified
+    optimum is the central one all the same (the primal-dual method does not average)."""
+    X, y = breast_cancer
+    clf = HyFDCAClassifier(partition="grid:2x2@classes:1", lam=1e-2, max_iter=400, tol=1e-3,
+                           random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        clf.fit(X, y)
+    assert clf.partition_ == "grid:2x2@classes:1"
+    problem = make_problem(Dataset(sp.csr_matrix(X), np.where(y == 1, 1.0, -1.0)), "hinge", 1e-2)
+    optimum = solve_centralized(problem, cache=False)
+    relative = (problem.primal(clf.coef_[:, None]) - optimum.primal) / abs(optimum.primal)
+    assert relative <= 1e-3 and clf.n_iter_ < clf.max_iter  # certified: gap <= tol

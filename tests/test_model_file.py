@@ -82,9 +82,35 @@ def test_run_leaves_a_model_and_predict_reproduces_its_training_accuracy(tmp_pat
     truth = np.where(data.y > 0, 1, 0)
     accuracy = np.mean([int(r["prediction"]) == t for r, t in zip(rows, truth, strict=True)])
     assert accuracy == pytest.approx(final["train_accuracy"], abs=1e-12)
-    assert f"{final['train_accuracy']:.4f} (the training data)" in _text(result)
+    # The AUC, KS and average precision of the decision values are printed with it.
+    from hyfl.metrics import ranking_metrics
+
+    ranking = ranking_metrics(np.array([float(r["decision"]) for r in rows]),
+                              np.where(truth == 1, 1, -1))
+    assert (f"{final['train_accuracy']:.4f}, AUC {ranking['auc']:.4f}, KS "
+            f"{ranking['ks']:.4f}, average precision {ranking['average_precision']:.4f} "
+            "(the training data)") in _text(result)
+    assert ranking["auc"] == pytest.approx(final["train_auc"], abs=1e-12)
     # The sign of each decision value gives its prediction.
     assert all((float(r["decision"]) >= 0) == (r["prediction"] == "1") for r in rows)
+
+
+def test_a_logistic_model_predicts_probabilities(tmp_path):
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["run", "--loss", "logistic", "--iterations", "5", "--out",
+                                 str(out), "-q"])
+    assert result.exit_code == 0, result.output
+    pred = tmp_path / "pred.csv"
+    result = runner.invoke(app, ["predict", str(out / "model.npz"), "--data", "breast_cancer",
+                                 "--out", str(pred)])
+    assert result.exit_code == 0, result.output
+    rows = _rows(pred)
+    assert list(rows[0]) == ["index", "prediction", "decision", "probability_0",
+                             "probability_1"]
+    decision = np.array([float(r["decision"]) for r in rows])
+    p = np.array([[float(r["probability_0"]), float(r["probability_1"])] for r in rows])
+    np.testing.assert_allclose(p[:, 1], 1.0 / (1.0 + np.exp(-decision)), rtol=1e-12)
+    np.testing.assert_allclose(p.sum(axis=1), 1.0)
 
 
 def test_multiclass_labels_come_back_as_the_original_labels(tmp_path):

@@ -591,3 +591,82 @@ def test_bad_participation_specs(spec):
 def test_schedule_for_other_client_count_is_refused():
     with pytest.raises(HyflError, match="is for 3 clients but the partition has 4"):
         parse_participation(Full(3), 4)
+
+
+# ----------------------------------------------------------------------------- skewed samples
+
+
+def _skew_labels(n=3000, n_classes=10, seed=0):
+    return np.random.default_rng(seed).integers(0, n_classes, size=n).astype(float)
+
+
+def _groups(partition, Q):
+    """The sample groups of a grid (every Q-th client) as arrays."""
+    return [partition.samples[g * Q] for g in range(partition.n_clients // Q)]
+
+
+def _assert_covers_once(groups, n):
+    everything = np.concatenate(groups)
+    np.testing.assert_array_equal(np.sort(everything), np.arange(n))
+    assert all(g.size > 0 for g in groups)
+
+
+def test_label_skew_gives_each_group_k_classes():
+    y = _skew_labels()
+    p = parse_partition("grid:5x2@classes:2", np.zeros((y.size, 6)), seed=3, labels=y)
+    groups = _groups(p, 2)
+    _assert_covers_once(groups, y.size)
+    assert [np.unique(y[g]).size for g in groups] == [2] * 5
+    assert p.name == "grid:5x2@classes:2" and p.n_clients == 10
+    # Every class is held, and its samples are divided evenly among its holders.
+    for c in range(10):
+        sizes = [np.sum(y[g] == c) for g in groups if np.sum(y[g] == c)]
+        assert sum(sizes) == np.sum(y == c) and max(sizes) - min(sizes) <= 1
+    again = parse_partition("grid:5x2@classes:2", np.zeros((y.size, 6)), seed=3, labels=y)
+    assert all(np.array_equal(a, b) for a, b in zip(p.samples, again.samples, strict=True))
+
+
+def test_dirichlet_alpha_moves_from_skewed_to_uniform():
+    y = _skew_labels()
+    X = np.zeros((y.size, 3))
+
+    def classes_per_group(alpha):
+        p = parse_partition(f"horizontal:8@dirichlet:{alpha}", X, seed=0, labels=y)
+        _assert_covers_once(list(p.samples), y.size)
+        return np.mean([np.unique(y[g]).size for g in p.samples]), p
+
+    few, _ = classes_per_group(0.05)
+    many, uniform = classes_per_group(1000)
+    assert few < 5 and many == 10
+    # With a large alpha each class is split almost evenly: every group gets about 1/8.
+    for c in range(10):
+        shares = np.array([np.sum(y[g] == c) for g in uniform.samples]) / np.sum(y == c)
+        assert np.max(np.abs(shares - 1 / 8)) < 0.03
+
+
+def test_lognormal_sizes_vary_and_cover():
+    y = _skew_labels(4000)
+    p = parse_partition("horizontal:20@lognormal:1.5", np.zeros((y.size, 2)), seed=0)
+    sizes = np.array([g.size for g in p.samples])
+    _assert_covers_once(list(p.samples), y.size)
+    assert sizes.max() > 4 * sizes.min()  # skewed; the balanced split differs by at most 1
+    assert p.name == "horizontal:20@lognormal:1.5"
+
+
+def test_a_tiny_share_still_leaves_no_group_empty():
+    y = np.array([0.0] * 30 + [1.0] * 2)
+    p = parse_partition("horizontal:12@dirichlet:0.01", np.zeros((32, 2)), seed=1, labels=y)
+    _assert_covers_once(list(p.samples), 32)
+
+
+@pytest.mark.parametrize("spec, labels, needle", [
+    ("grid:2x2@dirichlet:0.5", None, "needs the training labels"),
+    ("grid:2x2@classes:0", np.zeros(40), "is not understood"),
+    ("grid:2x2@classes:1.5", np.zeros(40), "is not understood"),
+    ("grid:2x2@zipf:2", np.zeros(40), "is not understood"),
+    ("grid:2x2@classes:3", np.repeat([0.0, 1.0], 20), "asks for 3 classes per group"),
+    ("vertical:2@lognormal:1", None, "has no skewed sample split"),
+])
+def test_sample_split_errors_name_the_fix(spec, labels, needle):
+    with pytest.raises(HyflError, match=needle):
+        parse_partition(spec, np.zeros((40, 4)), labels=labels)

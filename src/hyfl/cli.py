@@ -22,7 +22,6 @@ from hyfl._names import (
     DEFAULT_HE_COSTS,
     DEFAULT_HE_LAYOUT,
     HE_COST_SOURCES,
-    HE_LAYOUTS,
     LOSS_NAMES,
     REPORT_FORMATS,
     STEP_RULES,
@@ -80,13 +79,18 @@ def _complete_algorithm(incomplete: str) -> list[str]:
 Data = Annotated[str, typer.Option(help="Dataset name (see `hyfl datasets`) or LIBSVM file.")]
 Val = Annotated[str | None, typer.Option(help="Validation set: dataset name or file.")]
 ValFraction = Annotated[float | None, typer.Option(help="Hold out this fraction for validation.")]
-Loss = Annotated[str, typer.Option(click_type=_choice(LOSS_NAMES), help="Loss function.")]
+# Choices get a short metavar and are listed in the help text: as a metavar
+# ("[hinge|logistic|...]") they squeeze the help column to 20 characters at 80 columns.
+Loss = Annotated[str, typer.Option(click_type=_choice(LOSS_NAMES), metavar="LOSS",
+                                   help=f"Loss function: {', '.join(LOSS_NAMES)}.")]
 Lam = Annotated[float | None, typer.Option(help="Regularization (default: the dataset's).")]
 PartitionOpt = Annotated[
     str | None,
     typer.Option(
         "--partition",
-        help="horizontal:K | vertical:Q | grid:KxQ | nonzero:KxQ | quadrant:C "
+        help="horizontal:K | vertical:Q | grid:KxQ | nonzero:KxQ | quadrant:C; skewed "
+        "samples for grid and horizontal: add @classes:k (k classes per sample group), "
+        "@dirichlet:alpha (class shares) or @lognormal:sigma (group sizes) "
         "[default: grid:3x3; party files: their own].",
         show_default=False,
     ),
@@ -98,8 +102,8 @@ Iic = Annotated[float | None, typer.Option(help="Inner iterations constant: H = 
 LocalSteps = Annotated[int | None, typer.Option(help="H (or Q for FedBCD): local steps.")]
 StepRule = Annotated[
     str | None,
-    typer.Option(click_type=_choice(STEP_RULES),
-                 help=f"HyFDCA step rule (default {STEP_RULES[0]})."),
+    typer.Option(click_type=_choice(STEP_RULES), metavar="RULE",
+                 help=f"HyFDCA step rule: {', '.join(STEP_RULES)} (default {STEP_RULES[0]})."),
 ]
 RateA = Annotated[float | None, typer.Option("--a", help="FedAvg/HyFEM rate a/(b + sqrt t).")]
 RateB = Annotated[float | None, typer.Option("--b", help="FedAvg/HyFEM rate a/(b + sqrt t).")]
@@ -132,8 +136,10 @@ CipherOpt = Annotated[
     str,
     typer.Option(
         click_type=_choice(CIPHERS),
-        help="HyFDCA's homomorphic encryption. 'none' simulates it "
-        "(ciphertexts and HE operations counted and charged, nothing encrypted); a real "
+        metavar="CIPHER",
+        help=f"HyFDCA's homomorphic encryption: {', '.join(CIPHERS)}. 'none' simulates it "
+        "(ciphertexts and HE operations counted, their time charged only with --he-costs, "
+        "nothing encrypted); a real "
         "cipher runs HyFDCA as separate parties with real encryption (slower). Other "
         "algorithms never encrypt (zero HE operations): with them a real cipher only "
         "means that HyFDCA in the same comparison is encrypted."
@@ -154,8 +160,9 @@ Latency = Annotated[
 HeCosts = Annotated[
     str,
     typer.Option(
-        metavar="|".join(HE_COST_SOURCES) + "|CIPHER|FILE",
-        help="Seconds per HE operation in the simulated time. 'auto': the cipher that runs "
+        metavar="SOURCE",
+        help=f"Seconds per HE operation in the simulated time: {', '.join(HE_COST_SOURCES)}, "
+        "a cipher name or a JSON file. 'auto': the cipher that runs "
         "prices itself (none: no HE time, operations still counted; a real cipher: its own "
         "costs at its key size, from the `hyfl calibrate` cache or a quick calibration that "
         "is then cached); 'paper': the paper's per-value Paillier figures (18.882 ms "
@@ -167,7 +174,7 @@ HeCosts = Annotated[
 HeLayout = Annotated[
     str,
     typer.Option(
-        metavar="|".join(HE_LAYOUTS) + "|CIPHER",
+        metavar="LAYOUT",
         help="Which ciphertexts the cost model counts (cipher none only): 'cipher' (the "
         "running cipher's layout: one per value for none), 'sample' (one ciphertext per "
         "sample with all its classes, the paper's count) or a cipher name (as that cipher "
@@ -545,10 +552,10 @@ def _number_column(table: Table, header: str) -> None:
 # Columns the summary tables leave out first when the terminal is narrow (all are in
 # summary.csv): the stricter/looser thresholds and the smaller cost components.
 _CONVERGENCE_DROP = ("settled_1e-3", "rounds_to_1e-1", "rounds_to_1e-3", "median_round_ms",
-                     "round_trips", "settled_1e-2", "best_val_accuracy")
+                     "round_trips", "settled_1e-2", "best_val_auc", "best_val_accuracy")
 _COST_DROP = ("decryptions", "time_latency_per_iter", "time_server_per_iter", "bytes_down",
               "encryptions", "time_encryption_per_iter", "time_client_per_iter", "bytes_up")
-_EXPERIMENT_DROP = ("round_trips", "settled_1e-2", "best_val_accuracy", "seeds")
+_EXPERIMENT_DROP = ("round_trips", "settled_1e-2", "best_val_auc", "best_val_accuracy", "seeds")
 
 
 def _print_experiment(result) -> None:
@@ -567,6 +574,7 @@ def _print_experiment(result) -> None:
     headers = {
         "final_relative_loss": "rel. loss",
         "best_val_accuracy": "best val. acc.",
+        "best_val_auc": "best val. AUC",
         "settled_1e-2": "settled 1e-2",
         "round_trips": "round trips",
         "sim_time": "sim_time",
@@ -588,7 +596,8 @@ def _print_experiment(result) -> None:
                 if column == "seeds":
                     cells.append(str(row["n_seeds"]))
                     continue
-                mean, std = row[f"{column}_mean"], row[f"{column}_std"]
+                # (.get: rows of results written before a column existed lack it)
+                mean, std = row.get(f"{column}_mean"), row.get(f"{column}_std")
                 cells.append(
                     "-"
                     if mean is None
@@ -976,6 +985,10 @@ def predict(
     line = f"wrote {done.out} ({done.n_samples} predictions)"
     if done.accuracy is not None:
         line += f"; accuracy against the data's labels {done.accuracy:.4f}"
+        ranking = getattr(done, "ranking", None)  # (none for neural models)
+        if ranking is not None and ranking["auc"] == ranking["auc"]:
+            line += (f", AUC {ranking['auc']:.4f}, KS {ranking['ks']:.4f}, average "
+                     f"precision {ranking['average_precision']:.4f}")
         if done.same_data:
             line += " (the training data)"
     console.print(escape(line))
@@ -998,13 +1011,14 @@ def _hyper(iic, local_steps, step_rule, a, b, mu, eta0, batch_size, param) -> di
 _HEADERS = {
     "final_relative_loss": "rel. loss",
     "best_val_accuracy": "best val. acc.",
+    "best_val_auc": "best val. AUC",
     "rounds_to_1e-1": "first 1e-1",
     "rounds_to_1e-2": "first 1e-2",
     "rounds_to_1e-3": "first 1e-3",
     "settled_1e-2": "settled 1e-2",
     "settled_1e-3": "settled 1e-3",
     "round_trips": "round trips",
-    "median_round_ms": "ms/round",
+    "median_round_ms": "wall ms/round",
     "bytes_up": "up",
     "bytes_down": "down",
     "encryptions": "enc.",
@@ -1046,15 +1060,32 @@ def _print_summary(outcome) -> None:
         table.add_row("dual D(alpha)", f"{final['dual']:.6g}", "")
         table.add_row("duality gap", f"{final['gap']:.3g}", "")
     table.add_row("relative loss", f"{final['relative_loss']:.3g}", "0")
-    if s.get("best_val_accuracy") is not None:
-        table.add_row(
-            "val. accuracy (final)",
-            f"{final['val_accuracy']:.4f}",
-            f"{outcome.optimum_val_accuracy:.4f}",
-        )
+    central = s.get("optimum", {})
+
+    def number(value) -> str:
+        return "" if value is None or value != value else f"{value:.4f}"
+
+    # Accuracy and AUC beside the central model's, and the majority class's rate: the
+    # accuracy a model that learned nothing reaches.
+    for split, majority in (("train", s.get("majority_rate")),
+                            ("val", s.get("val_majority_rate"))):
+        name = "training" if split == "train" else "val."
+        if number(final.get(f"{split}_accuracy")):
+            table.add_row(f"{name} accuracy (final)", number(final[f"{split}_accuracy"]),
+                          number(central.get(f"{split}_accuracy")))
+            if majority is not None:
+                table.add_row(f"{name} majority-class rate", number(majority), "")
+        if number(final.get(f"{split}_auc")):
+            table.add_row(f"{name} AUC (final)", number(final[f"{split}_auc"]),
+                          number(central.get(f"{split}_auc")))
+    if number(final.get("val_ks")):
+        table.add_row("val. KS / avg. precision (final)",
+                      f"{final['val_ks']:.4f} / {final['val_average_precision']:.4f}", "")
     table.add_row("outer iterations", f"{int(final['iteration'])}", "")
-    table.add_row("round trips", f"{final['round_trips']:.1f}", "")
-    table.add_row("median time per round", f"{1e3 * s['median_round_seconds']:.3f} ms", "")
+    table.add_row("round trips", f"{final['round_trips']:g}", "")
+    # The one time per round of this table: measured; the simulated cost is below.
+    table.add_row("wall time per round (median)", f"{1e3 * s['median_round_seconds']:.3f} ms",
+                  "")
     table.add_row("solver", "", outcome.optimum_method)
     console.print(table)
     if s.get("shared_ids"):
@@ -1087,7 +1118,7 @@ def _print_neural_summary(outcomes) -> None:
         table.add_row(label, *(_maybe(form, r[key]) for r in rows))
     table.add_row("bytes up", *(_bytes(r["bytes_up"]) for r in rows))
     table.add_row("bytes down", *(_bytes(r["bytes_down"]) for r in rows))
-    table.add_row("median time per round", *(_seconds(r["median_round_s"]) for r in rows))
+    table.add_row("wall time per round (median)", *(_seconds(r["median_round_s"]) for r in rows))
     console.print(table)
     folders = ", ".join(str(o.out_dir) for o in outcomes if o.out_dir is not None)
     if folders and len(outcomes) == 1:

@@ -35,6 +35,7 @@ import scipy.sparse as sp
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
+from sklearn.utils.metaestimators import available_if
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
 
@@ -49,6 +50,7 @@ from hyfl.errors import (
     check_positive,
     fail,
 )
+from hyfl.losses import Logistic
 from hyfl.partition import Partition, parse_participation, parse_partition
 from hyfl.problem import make_problem
 from hyfl.runtime.simulation import simulate
@@ -91,8 +93,9 @@ def _seed(random_state) -> int:
     return int(check_random_state(random_state).randint(np.iinfo(np.int32).max))
 
 
-def _capped_partition(spec, X, seed: int) -> tuple[Partition, str]:
-    """Build the partition, capping group counts of simple specs at the data's size."""
+def _capped_partition(spec, X, seed: int, labels=None) -> tuple[Partition, str]:
+    """Build the partition, capping group counts of simple specs at the data's size
+    (``labels``: for a label-skewed sample split, e.g. ``grid:4x2@dirichlet:0.5``)."""
     if isinstance(spec, Partition):
         return spec, spec.name
     if not isinstance(spec, str):
@@ -111,7 +114,7 @@ def _capped_partition(spec, X, seed: int) -> tuple[Partition, str]:
             spec = f"horizontal:{max(1, min(a, n))}"
         elif kind == "vertical" and b is None:
             spec = f"vertical:{max(1, min(a, m))}"
-    return parse_partition(spec, X, seed=seed), spec
+    return parse_partition(spec, X, seed=seed, labels=labels), spec
 
 
 def _as_history(metrics: list[dict]) -> dict[str, np.ndarray]:
@@ -170,7 +173,7 @@ class _HyFDCAEstimator(BaseEstimator):
         seed = _seed(self.random_state)
         X = sp.csr_matrix(X, dtype=np.float64)
         problem = make_problem(Dataset(X, y_encoded, name="X", task=task), self.loss, self.lam)
-        partition, spec = _capped_partition(self.partition, X, seed)
+        partition, spec = _capped_partition(self.partition, X, seed, labels=y_encoded)
         participation = parse_participation(self.participation, partition.n_clients)
         tol = float(self.tol)
 
@@ -303,7 +306,10 @@ class HyFDCAClassifier(ClassifierMixin, _HyFDCAEstimator):
 
     Two classes are mapped to -1 (``classes_[0]``) and +1 (``classes_[1]``);
     more than two are trained one-vs-rest (one model per class, predicted by
-    the largest decision value). The model has no intercept.
+    the largest decision value). The model has no intercept. With
+    ``loss="logistic"`` it has ``predict_proba`` (the logistic model's
+    probabilities; one-vs-rest ones normalized to sum to one, as scikit-learn's
+    one-vs-rest logistic regression does).
 
     Parameters
     ----------
@@ -429,6 +435,45 @@ class HyFDCAClassifier(ClassifierMixin, _HyFDCAEstimator):
         if scores.ndim == 1:
             return self.classes_[(scores >= 0).astype(int)]
         return self.classes_[np.argmax(scores, axis=1)]
+
+    def _has_probabilities(self) -> bool:
+        if self.loss != "logistic":
+            raise AttributeError(f"predict_proba needs loss='logistic', not {self.loss!r}: the "
+                                 "hinge losses give decision values, not probabilities (use "
+                                 "decision_function, or train with loss='logistic')")
+        return True
+
+    @available_if(_has_probabilities)
+    def predict_proba(self, X):
+        """Class probabilities of the logistic model (``loss="logistic"`` only).
+
+        ``P(classes_[1] | x) = 1 / (1 + exp(-x @ coef_))`` for two classes; for
+        more, each class's one-vs-rest probability, normalized over the classes.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_classes)
+            Rows sum to one; columns in the order of ``classes_``.
+        """
+        return np.exp(self.predict_log_proba(X))
+
+    @available_if(_has_probabilities)
+    def predict_log_proba(self, X):
+        """Logarithm of :meth:`predict_proba` (``loss="logistic"`` only).
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_classes)
+        """
+        return Logistic.log_probabilities(self.decision_function(X))
 
 
 class HyFDCARegressor(RegressorMixin, _HyFDCAEstimator):

@@ -235,6 +235,24 @@ class Logistic(Loss):
     def derivative(self, z, y):
         return -y * expit(-y * z)
 
+    @staticmethod
+    def log_probabilities(scores: np.ndarray) -> np.ndarray:
+        """Log class probabilities of decision values ``scores = X @ w``.
+
+        Two classes (``scores`` of shape (n,)): columns ``log P(-1)``,
+        ``log P(+1)`` with ``P(+1 | x) = 1 / (1 + exp(-x^T w))``, the model
+        this loss fits. More (shape (n, C), one-vs-rest models): each class's
+        one-vs-rest probability, normalized over the classes (as scikit-learn's
+        one-vs-rest logistic regression). Returns shape (n, 2) or (n, C).
+        """
+        from scipy.special import log_expit, logsumexp
+
+        scores = np.asarray(scores, dtype=np.float64)
+        if scores.ndim == 1:  # (no log of 1 - p: exact where p rounds to 1)
+            return np.column_stack([log_expit(-scores), log_expit(scores)])
+        logs = log_expit(scores)
+        return logs - logsumexp(logs, axis=1, keepdims=True)
+
     def conjugate(self, alpha, y):
         s = y * alpha
         inside = (s >= -1e-12) & (s <= 1.0 + 1e-12)

@@ -380,12 +380,14 @@ def _label_text(value) -> str:
 
 @dataclass
 class Prediction:
-    """What :func:`predict_data` wrote: counts, accuracy and the data's checksum."""
+    """What :func:`predict_data` wrote: counts, accuracy, ranking metrics (AUC, KS,
+    average precision: :mod:`hyfl.metrics`) and whether the data are the training data."""
 
     out: Path
     n_samples: int
     accuracy: float | None
     same_data: bool
+    ranking: dict | None = None
 
 
 def predict_data(model_path: str | os.PathLike, data: str | os.PathLike,
@@ -395,10 +397,14 @@ def predict_data(model_path: str | os.PathLike, data: str | os.PathLike,
 
     Columns: ``index`` (0-based row of the data), ``prediction`` (the original
     label; the real value for regression), then ``decision`` (one output) or
-    ``decision_<label>`` per class (multiclass, by original label).
+    ``decision_<label>`` per class (multiclass, by original label); a logistic
+    model adds ``probability_<label>`` per class (:meth:`hyfl.losses.Logistic.
+    log_probabilities`).
 
     ``accuracy`` compares the predictions with the data's own labels in original
-    label space (None for regression or data without original labels).
+    label space, and ``ranking`` holds the AUC, KS and average precision of the
+    decision values against them (both None for regression or data without
+    original labels).
 
     A LIBSVM file is read with the training file's index base (0- or 1-based, when
     the training data was a LIBSVM file) and, since such a file only reveals its
@@ -425,17 +431,29 @@ def predict_data(model_path: str | os.PathLike, data: str | os.PathLike,
     model.check_features(dataset.n_features, f"data {str(data)!r}")
     scores = model.decision_function(dataset.X)
     predicted = model.original_labels(model.predict_encoded(dataset.X))
-    accuracy = None
+    accuracy = ranking = None
     if model.task != "regression" and dataset.task != "regression":
         truth = _original(dataset)
         if truth is not None:
             accuracy = float(np.mean(predicted == truth))
+            ranking = _ranking(model, scores, truth)
     same = data_checksum(dataset.X, dataset.y) == model.provenance.get("data_sha256")
+    if model.task == "binary":
+        names = model.original_labels(np.array([-1.0, 1.0]))
+    elif model.task == "multiclass":
+        names = model.original_labels(model.classes)
+    else:
+        names = ()
     if scores.ndim == 1:
         columns = ["decision"]
-        scores = scores[:, None]
     else:
-        columns = [f"decision_{_label_text(v)}" for v in model.original_labels(model.classes)]
+        columns = [f"decision_{_label_text(v)}" for v in names]
+    if model.loss == "logistic" and model.task != "regression":
+        from hyfl.losses import Logistic
+
+        columns += [f"probability_{_label_text(v)}" for v in names]
+        scores = np.column_stack([scores, np.exp(Logistic.log_probabilities(scores))])
+    scores = scores.reshape(len(scores), -1)
     out = Path(out)
     if out.parent != Path(""):
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -446,7 +464,18 @@ def predict_data(model_path: str | os.PathLike, data: str | os.PathLike,
         for i in range(dataset.n_samples):
             label = repr(float(predicted[i])) if regression else _label_text(predicted[i])
             writer.writerow([i, label, *(repr(float(s)) for s in scores[i])])
-    return Prediction(out=out, n_samples=dataset.n_samples, accuracy=accuracy, same_data=same)
+    return Prediction(out=out, n_samples=dataset.n_samples, accuracy=accuracy, same_data=same,
+                      ranking=ranking)
+
+
+def _ranking(model: Model, scores: np.ndarray, truth: np.ndarray) -> dict:
+    """AUC, KS and average precision of a model's decision values against original labels."""
+    from hyfl.metrics import ranking_metrics
+
+    if scores.ndim == 1:  # the positive class is the one encoded +1
+        positive = model.original_labels(np.array([1.0]))[0]
+        return ranking_metrics(scores, np.where(truth == positive, 1, -1))
+    return ranking_metrics(scores, truth, model.original_labels(model.classes))
 
 
 def _check_feature_names(model: Model, names, data) -> None:

@@ -684,10 +684,125 @@ def _check_count(what: str, value: Any, limit: int, limit_name: str) -> int:
     return value
 
 
-def _sample_groups(n_samples: int, n_groups: int, seed: int, shuffle: bool) -> list[np.ndarray]:
-    """Split samples into n_groups groups whose sizes differ by at most 1."""
+def _sample_groups(n_samples: int, n_groups: int, seed: int, shuffle: bool,
+                   split: SampleSplit | None = None) -> list[np.ndarray]:
+    """Split samples into n_groups groups: sizes that differ by at most 1, or by ``split``."""
+    if split is not None:
+        return split.groups(n_samples, n_groups, np.random.default_rng(seed))
     order = np.random.default_rng(seed).permutation(n_samples) if shuffle else np.arange(n_samples)
     return [np.sort(group).astype(np.int64) for group in np.array_split(order, n_groups)]
+
+
+@dataclass(frozen=True)
+class SampleSplit:
+    """A skewed split of the samples into groups (the ``@...`` suffix of a partition spec).
+
+    ``kind`` is one of :data:`SAMPLE_SPLITS`:
+
+    * ``classes`` (``@classes:k``): label skew; each group holds samples of
+      ``k`` classes only (the classes dealt to the groups in turn from a
+      shuffled list, each class's samples divided evenly among its groups);
+    * ``dirichlet`` (``@dirichlet:alpha``): each class's samples divided
+      among the groups in proportions drawn from Dirichlet(alpha, ..., alpha)
+      (small alpha: few classes per group; large: close to uniform);
+    * ``lognormal`` (``@lognormal:sigma``): group sizes proportional to
+      exp(N(0, sigma^2)) draws, the samples assigned at random.
+
+    Every group keeps at least one sample. ``labels`` (shape (N,)) are the
+    training labels, needed by ``classes`` and ``dirichlet``.
+    """
+
+    kind: str
+    value: float
+    labels: np.ndarray | None = None
+
+    def groups(self, n_samples: int, n_groups: int, rng: np.random.Generator
+               ) -> list[np.ndarray]:
+        if self.kind == "lognormal":
+            weights = np.exp(rng.normal(0.0, self.value, size=n_groups))
+            owner = _with_each_group(rng.choice(n_groups, size=n_samples, p=weights /
+                                                weights.sum()), n_groups, rng)
+        else:
+            if self.labels is None:
+                raise fail(f"sample split @{self.kind}:{self.value:g}",
+                           "needs the training labels",
+                           "Pass labels= to parse_partition (the commands do).")
+            labels = np.asarray(self.labels)
+            if labels.shape != (n_samples,):
+                raise fail(f"sample split @{self.kind}", f"needs {n_samples} labels, got "
+                           f"shape {labels.shape}", "Pass the training labels.")
+            classes, index = np.unique(labels, return_inverse=True)
+            owner = np.empty(n_samples, dtype=np.int64)
+            if self.kind == "classes":
+                k = int(self.value)
+                if not 1 <= k <= classes.size:
+                    raise fail(f"sample split @classes:{k}", f"asks for {k} classes per group "
+                               f"but the labels have {classes.size}",
+                               f"Use a number of classes from 1 to {classes.size}.")
+                # Group g holds classes dealt[g*k:(g+1)*k] (cyclically); every class is
+                # dealt to at least one group when k * n_groups >= the class count.
+                dealt = np.resize(rng.permutation(classes.size), n_groups * k)
+                holders = [np.flatnonzero(np.any(dealt.reshape(n_groups, k) == c, axis=1))
+                           for c in range(classes.size)]
+                for c in range(classes.size):
+                    members = rng.permutation(np.flatnonzero(index == c))
+                    if holders[c].size == 0:  # more classes than k * groups: spread it
+                        holders[c] = np.arange(n_groups)
+                    owner[members] = holders[c][np.arange(members.size) % holders[c].size]
+            else:  # dirichlet
+                shares = rng.dirichlet(np.full(n_groups, self.value), size=classes.size)
+                for c in range(classes.size):
+                    members = rng.permutation(np.flatnonzero(index == c))
+                    cuts = np.round(np.cumsum(shares[c])[:-1] * members.size).astype(np.int64)
+                    owner[members] = np.repeat(np.arange(n_groups),
+                                               np.diff(np.concatenate(([0], cuts,
+                                                                       [members.size]))))
+            owner = _with_each_group(owner, n_groups, rng)
+        order = np.argsort(owner, kind="stable")
+        bounds = np.searchsorted(owner[order], np.arange(1, n_groups))
+        return [np.sort(group).astype(np.int64) for group in np.split(order, bounds)]
+
+
+#: The kinds of :class:`SampleSplit` and what their number means.
+SAMPLE_SPLITS = {"classes": "k classes per group", "dirichlet": "Dirichlet(alpha) class shares",
+                 "lognormal": "log-normal(sigma) group sizes"}
+
+
+def _suffix(split: SampleSplit | None) -> str:
+    """The spec suffix of a sample split ("" for none)."""
+    return "" if split is None else f"@{split.kind}:{split.value:g}"
+
+
+def _with_each_group(owner: np.ndarray, n_groups: int, rng: np.random.Generator) -> np.ndarray:
+    """``owner`` (the group of each sample) with every group given at least one sample,
+    taken from the largest groups (an empty client is refused downstream)."""
+    owner = owner.copy()
+    counts = np.bincount(owner, minlength=n_groups)
+    for g in np.flatnonzero(counts == 0):
+        donor = int(np.argmax(counts))
+        moved = rng.choice(np.flatnonzero(owner == donor))
+        owner[moved] = g
+        counts[donor] -= 1
+        counts[g] += 1
+    return owner
+
+
+def parse_sample_split(text: str, labels: Any = None) -> SampleSplit:
+    """The :class:`SampleSplit` of a spec suffix such as ``"dirichlet:0.5"`` (a clear error
+    if it is malformed; ``classes`` and ``dirichlet`` need ``labels`` when they split)."""
+    name, _, number = text.partition(":")
+    name = name.strip().lower()
+    forms = ", ".join(f"@{kind}:{'k' if kind == 'classes' else 'x'} ({meaning})"
+                      for kind, meaning in SAMPLE_SPLITS.items())
+    try:
+        value = float(number)
+    except ValueError:
+        value = float("nan")
+    if name not in SAMPLE_SPLITS or not np.isfinite(value) or value <= 0 or (
+            name == "classes" and value != int(value)):
+        raise fail(f"sample split @{text}", "is not understood",
+                   f"Use one of: {forms}, with a positive number (k a whole one).")
+    return SampleSplit(name, value, None if labels is None else np.asarray(labels))
 
 
 def _feature_groups(n_features: int, n_groups: int) -> list[np.ndarray]:
@@ -702,7 +817,8 @@ def _check_size(what: str, value: Any) -> int:
 
 
 def horizontal(
-    n_samples: int, n_features: int, n_clients: int, seed: int = 0, shuffle: bool = True
+    n_samples: int, n_features: int, n_clients: int, seed: int = 0, shuffle: bool = True,
+    split: SampleSplit | None = None,
 ) -> Partition:
     """Horizontal FL: K clients, each with a sample group and all features.
 
@@ -716,14 +832,17 @@ def horizontal(
         Seed of the sample permutation.
     shuffle : bool, default True
         Permute the samples before splitting; otherwise contiguous groups.
+    split : SampleSplit, optional
+        A skewed split of the samples instead (labels, sizes).
 
     Returns
     -------
     Partition
         Client k holds sample group k (sizes differ by at most 1) and all features.
     """
-    partition = grid(n_samples, n_features, n_clients, 1, seed=seed, shuffle=shuffle)
-    return replace(partition, name=f"horizontal:{n_clients}")
+    partition = grid(n_samples, n_features, n_clients, 1, seed=seed, shuffle=shuffle,
+                     split=split)
+    return replace(partition, name=f"horizontal:{n_clients}{_suffix(split)}")
 
 
 def vertical(n_samples: int, n_features: int, n_clients: int) -> Partition:
@@ -753,6 +872,7 @@ def grid(
     n_feature_groups: int,
     seed: int = 0,
     shuffle: bool = True,
+    split: SampleSplit | None = None,
 ) -> Partition:
     """Hybrid grid: K sample groups x Q feature groups, one client per cell.
 
@@ -768,6 +888,8 @@ def grid(
         Seed of the sample permutation.
     shuffle : bool, default True
         Permute the samples before splitting; otherwise contiguous groups.
+    split : SampleSplit, optional
+        A skewed split of the samples instead (:class:`SampleSplit`).
 
     Returns
     -------
@@ -779,14 +901,14 @@ def grid(
     n_features = _check_size("n_features", n_features)
     K = _check_count("number of sample groups K", n_sample_groups, n_samples, "samples")
     Q = _check_count("number of feature groups Q", n_feature_groups, n_features, "features")
-    sample_groups = _sample_groups(n_samples, K, seed, shuffle)
+    sample_groups = _sample_groups(n_samples, K, seed, shuffle, split)
     feature_groups = _feature_groups(n_features, Q)
     return Partition(
         n_samples=n_samples,
         n_features=n_features,
         samples=tuple(sample_groups[g] for g in range(K) for _ in range(Q)),
         features=tuple(feature_groups[q] for _ in range(K) for q in range(Q)),
-        name=f"grid:{K}x{Q}",
+        name=f"grid:{K}x{Q}{_suffix(split)}",
     )
 
 
@@ -895,6 +1017,7 @@ def quadrant(
     bias_feature: int | None = None,
     seed: int = 0,
     shuffle: bool = True,
+    split: SampleSplit | None = None,
 ) -> Partition:
     """The HyFDCA paper's MNIST split: image quadrants x sample groups.
 
@@ -914,6 +1037,8 @@ def quadrant(
         Seed of the sample permutation.
     shuffle : bool, default True
         Permute the samples before splitting; otherwise contiguous groups.
+    split : SampleSplit, optional
+        A skewed split of the samples instead (:class:`SampleSplit`).
 
     Returns
     -------
@@ -960,13 +1085,13 @@ def quadrant(
     ]
     if bias_feature is not None:
         quadrants[3] = np.append(quadrants[3], np.int64(n_pixels))
-    sample_groups = _sample_groups(n_samples, n_groups, seed, shuffle)
+    sample_groups = _sample_groups(n_samples, n_groups, seed, shuffle, split)
     return Partition(
         n_samples=n_samples,
         n_features=n_pixels + (bias_feature is not None),
         samples=tuple(sample_groups[g] for _ in range(4) for g in range(n_groups)),
         features=tuple(quadrants[q] for q in range(4) for _ in range(n_groups)),
-        name=f"quadrant:{n_clients}",
+        name=f"quadrant:{n_clients}{_suffix(split)}",
     )
 
 
@@ -1079,16 +1204,20 @@ class PartitionKind:
     n_numbers : int
         How many integers the spec carries.
     build : callable
-        ``build(numbers, X, seed, meta) -> Partition``.
+        ``build(numbers, X, seed, meta, split) -> Partition``; ``split`` is the
+        spec's :class:`SampleSplit` or None.
+    splits : bool
+        Whether the kind takes a skewed sample split (``@...``).
     """
 
     form: str
     help: str
     n_numbers: int
-    build: Callable[[tuple[int, ...], Any, int, Mapping[str, Any]], Partition]
+    build: Callable[..., Partition]
+    splits: bool = False
 
 
-def _build_quadrant(numbers, X, seed, meta) -> Partition:
+def _build_quadrant(numbers, X, seed, meta, split) -> Partition:
     (C,) = numbers
     if "image_shape" not in meta or meta["image_shape"] is None:
         raise fail(
@@ -1108,7 +1237,7 @@ def _build_quadrant(numbers, X, seed, meta) -> Partition:
             f"{' plus bias' if bias is not None else ''}) but X has {X.shape[1]}",
             "Check meta['image_shape'] and meta['bias_feature'] of the dataset.",
         )
-    return quadrant(X.shape[0], C, image_shape, bias, seed=seed)
+    return quadrant(X.shape[0], C, image_shape, bias, seed=seed, split=split)
 
 
 PARTITIONS: dict[str, PartitionKind] = {
@@ -1116,31 +1245,36 @@ PARTITIONS: dict[str, PartitionKind] = {
         "horizontal:K",
         "K clients, each a sample group with all features",
         1,
-        lambda n, X, seed, meta: horizontal(X.shape[0], X.shape[1], n[0], seed=seed),
+        lambda n, X, seed, meta, split: horizontal(X.shape[0], X.shape[1], n[0], seed=seed,
+                                                   split=split),
+        splits=True,
     ),
     "vertical": PartitionKind(
         "vertical:Q",
         "Q clients, each all samples with a contiguous feature group",
         1,
-        lambda n, X, seed, meta: vertical(X.shape[0], X.shape[1], n[0]),
+        lambda n, X, seed, meta, split: vertical(X.shape[0], X.shape[1], n[0]),
     ),
     "grid": PartitionKind(
         "grid:KxQ",
         "K sample groups x Q contiguous feature groups, K*Q clients",
         2,
-        lambda n, X, seed, meta: grid(X.shape[0], X.shape[1], n[0], n[1], seed=seed),
+        lambda n, X, seed, meta, split: grid(X.shape[0], X.shape[1], n[0], n[1], seed=seed,
+                                             split=split),
+        splits=True,
     ),
     "nonzero": PartitionKind(
         "nonzero:KxQ",
         "paper's split: K sample groups, each sample's non-zeros dealt to Q clients",
         2,
-        lambda n, X, seed, meta: nonzero_balanced(X, n[0], n[1], seed=seed),
+        lambda n, X, seed, meta, split: nonzero_balanced(X, n[0], n[1], seed=seed),
     ),
     "quadrant": PartitionKind(
         "quadrant:C",
         "paper's MNIST split: 4 image quadrants x C/4 sample groups, C clients",
         1,
         _build_quadrant,
+        splits=True,
     ),
 }
 
@@ -1152,7 +1286,8 @@ def _accepted_partitions() -> str:
 
 
 def parse_partition(
-    spec: str, X: Any, seed: int = 0, meta: Mapping[str, Any] | None = None
+    spec: str, X: Any, seed: int = 0, meta: Mapping[str, Any] | None = None,
+    labels: Any = None,
 ) -> Partition:
     """Build a partition from a spec string such as ``"grid:3x3"``.
 
@@ -1169,6 +1304,10 @@ def parse_partition(
     meta : mapping, optional
         Dataset metadata; ``quadrant`` reads ``image_shape`` and
         ``bias_feature``.
+    labels : array-like of shape (N,), optional
+        Training labels, for a label-skewed sample split: ``grid:KxQ``,
+        ``horizontal:K`` and ``quadrant:C`` take a suffix ``@classes:k``, ``@dirichlet:alpha`` or
+        ``@lognormal:sigma`` (:class:`SampleSplit`), e.g. ``grid:4x2@dirichlet:0.5``.
 
     Returns
     -------
@@ -1182,6 +1321,10 @@ def parse_partition(
         forms) or group counts larger than the data.
     """
     meta = {} if meta is None else meta
+    split = None
+    if isinstance(spec, str) and "@" in spec:
+        spec, _, suffix = spec.partition("@")
+        split = parse_sample_split(suffix, labels)
     match = _SPEC_PATTERN.match(spec) if isinstance(spec, str) else None
     name = match.group(1).lower() if match else None
     if match is None or name not in PARTITIONS:
@@ -1202,7 +1345,11 @@ def parse_partition(
         )
     if not hasattr(X, "shape") or len(X.shape) != 2:
         raise fail("X", "is not a matrix", "Pass the (samples x features) data matrix.")
-    return kind.build(numbers, X, seed, meta)
+    if split is not None and not kind.splits:
+        raise fail(f"partition spec {spec}@...", f"{name} has no skewed sample split",
+                   "Skew the samples of grid:KxQ, horizontal:K or quadrant:C (e.g. "
+                   "grid:4x2@dirichlet:0.5).")
+    return kind.build(numbers, X, seed, meta, split)
 
 
 # ---------------------------------------------------------------------------

@@ -103,9 +103,23 @@ class Problem:
 
     def accuracy(self, X: sp.spmatrix, y: np.ndarray, w: np.ndarray) -> float:
         """Fraction of correct predictions; NaN for a regression target."""
-        if self.classes is None and not (self.loss.classification or _is_pm1(self.Y)):
+        if not self.has_classes:
             return float("nan")
         return float(np.mean(self.predict(X, w) == y))
+
+    def ranking(self, X: sp.spmatrix, y: np.ndarray, w: np.ndarray) -> dict[str, float]:
+        """AUC, KS and average precision of the decision values ``X @ w`` against the
+        labels ``y`` (:func:`hyfl.metrics.ranking_metrics`); NaN for a regression target."""
+        from hyfl.metrics import RANKING_METRICS, ranking_metrics
+
+        if not self.has_classes:
+            return dict.fromkeys(RANKING_METRICS, float("nan"))
+        return ranking_metrics(np.asarray(X @ w), y, self.classes)
+
+    @property
+    def has_classes(self) -> bool:
+        """Whether the labels are classes (accuracy and ranking metrics are defined)."""
+        return self.classes is not None or self.loss.classification or _is_pm1(self.Y)
 
 
 def _is_pm1(Y: np.ndarray) -> bool:

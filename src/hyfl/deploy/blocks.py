@@ -179,7 +179,7 @@ def load_block(node, config) -> Block:
     lam_default = default_lambda(source) or _fallback_lambda()
     problem = make_problem(dataset, config.loss, config.lam or lam_default)
     partition = parse_partition(config.partition, problem.X, seed=config.seed,
-                                meta=dataset.meta)
+                                meta=dataset.meta, labels=dataset.y)
     if partition.n_clients != config.parties:
         raise fail(f"run config partition {config.partition!r}",
                    f"has {partition.n_clients} clients but the run has {config.parties} parties",

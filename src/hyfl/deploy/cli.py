@@ -36,16 +36,19 @@ Iterations = Annotated[int, typer.Option(help="Outer iterations (rounds).")]
 Participation = Annotated[str, typer.Option(help="full | fraction p | cyclic:C | trace:FILE.")]
 Seed = Annotated[int, typer.Option(help="Seed of the participation schedule and the draws.")]
 # Click choices: --help lists them, shells complete them, a typo gets Click's error.
-Loss = Annotated[str, typer.Option(click_type=click.Choice(list(LOSS_NAMES)),
-                                   help="Loss function.")]
+# (a short metavar and the choices in the help: see hyfl.cli's Loss)
+Loss = Annotated[str, typer.Option(click_type=click.Choice(list(LOSS_NAMES)), metavar="LOSS",
+                                   help=f"Loss function: {', '.join(LOSS_NAMES)}.")]
 Lam = Annotated[float, typer.Option(help="Regularization; 0 = the data's default.")]
 Param = Annotated[
     list[str] | None,
-    typer.Option(help="HyFDCA hyperparameter KEY=VALUE (local_steps, iic, step_rule...); "
+    typer.Option(help="HyFDCA hyperparameter KEY=VALUE (local_steps, iic, step_rule, and "
+                 "others); "
                  "repeatable. Without it: HyFDCA's defaults (step_rule=cocoa)."),
 ]
 Cipher = Annotated[str, typer.Option(click_type=click.Choice(list(CIPHER_NAMES)),
-                                     help="Cipher (none: no encryption, tests).")]
+                                     metavar="CIPHER", help=f"Cipher: {', '.join(CIPHER_NAMES)} "
+                                     "(none: no encryption, tests).")]
 ReplyTimeout = Annotated[
     float, typer.Option(help="Seconds a party has to answer a message before it counts as absent "
                         "for the round.")
@@ -150,7 +153,8 @@ def split(
                 raise fail("--partition", "is not set", "Pass a spec such as grid:2x2.")
             dataset = load_data(data, data_dir)
             lam = default_lambda(data) or FALLBACK_LAMBDA
-            parts = parse_partition(partition, dataset.X, seed=seed, meta=dataset.meta)
+            parts = parse_partition(partition, dataset.X, seed=seed, meta=dataset.meta,
+                                    labels=dataset.y)
         problem = make_problem(dataset, loss, lam)
         paths = write_blocks(problem, parts, out, name=dataset.name, lam_default=lam)
     except HyflError as err:
@@ -534,6 +538,7 @@ def local(
     # ckks: about 1.2x the plaintext's time where per-value Paillier takes minutes a round,
     # and no raw decryption reaches the server (docs/deployment.md, "Which cipher").
     cipher: Annotated[str, typer.Option(click_type=click.Choice(list(CIPHER_NAMES)),
+                                        metavar="CIPHER",
                                         help="Cipher: ckks (the default: fast, 128-bit "
                                         "lattice), packed or paillier (Paillier, exact; "
                                         "slower), none (no encryption, tests).")] = "ckks",

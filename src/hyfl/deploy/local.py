@@ -515,7 +515,7 @@ def _tail(path: Path, lines: int = 8) -> str:
 
 #: Columns of a deployment's metrics.csv (cumulative where the simulation's are).
 DEPLOY_COLUMNS = (
-    "iteration", "primal", "relative_loss", "train_accuracy", "model_round",
+    "iteration", "primal", "relative_loss", "train_accuracy", "train_auc", "model_round",
     "round_relative_loss", "round_trips", "round_seconds",
     "bytes_up", "bytes_down", "encryptions", "decryptions", "additions",
     "payload_bytes_up", "payload_bytes_down", "messages", "active_clients", "absent_clients",
@@ -533,7 +533,7 @@ def deployment_metrics(results: dict, weights: np.ndarray, problem=None, optimum
     machine) the objective is evaluated from the server's weights of each
     round (``round_relative_loss``) and, as the engines do, the row reports
     the best weights seen so far, the zero model of the start included
-    (``primal``, ``relative_loss``, ``train_accuracy`` of round
+    (``primal``, ``relative_loss``, ``train_accuracy``, ``train_auc`` of round
     ``model_round``): what the run returns never gets worse. Without
     ``problem`` those columns are NaN. The duals stay with the parties, so
     ``dual`` and ``gap`` are not reported.
@@ -551,12 +551,13 @@ def deployment_metrics(results: dict, weights: np.ndarray, problem=None, optimum
         if problem is not None:
             values = evaluate(problem, weights[t], None, optimum, None, train_labels)
             if best is None or values["primal"] <= best["primal"]:
-                best = {k: values[k] for k in ("primal", "relative_loss", "train_accuracy")}
+                best = {k: values[k] for k in ("primal", "relative_loss", "train_accuracy",
+                                               "train_auc")}
                 best["model_round"] = float(t)
             row.update(best, round_relative_loss=values["relative_loss"])
         else:
             row.update(primal=np.nan, relative_loss=np.nan, train_accuracy=np.nan,
-                       model_round=np.nan, round_relative_loss=np.nan)
+                       train_auc=np.nan, model_round=np.nan, round_relative_loss=np.nan)
         if t > 0:
             record = results["rounds"][t - 1]
             for key in cumulative:
@@ -924,7 +925,8 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
         dataset = load_data(data)
         lam_default = default_lambda(data) or FALLBACK_LAMBDA
         problem = make_problem(dataset, loss, lam or lam_default)
-        parts = parse_partition(partition, problem.X, seed=seed, meta=dataset.meta)
+        parts = parse_partition(partition, problem.X, seed=seed, meta=dataset.meta,
+                                labels=dataset.y)
         # Each party names the dataset in its own node config; the job gives the partition.
         named = str(Path(data).resolve()) if Path(data).is_file() else str(data)
         data_keys = [{"data": named} for _ in range(parts.n_clients)]

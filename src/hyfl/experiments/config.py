@@ -854,7 +854,12 @@ class _Validator:
 
     def partition(self, table: Mapping, *, party_files: bool = False) -> PartitionSection:
         from hyfl.experiments.runner import PARTY_PARTITION
-        from hyfl.partition import _SPEC_PATTERN, PARTITIONS, parse_participation
+        from hyfl.partition import (
+            _SPEC_PATTERN,
+            PARTITIONS,
+            parse_participation,
+            parse_sample_split,
+        )
 
         s = "partition"
         self.known_keys(s, table, PARTITION_KEYS)
@@ -868,7 +873,14 @@ class _Validator:
             )
         spec = PARTY_PARTITION if party_files else spec
         forms = ", ".join(kind.form for kind in PARTITIONS.values())
-        match = _SPEC_PATTERN.match(spec)
+        spec_base, skewed, suffix = spec.partition("@")
+        if skewed and not party_files:
+            try:
+                parse_sample_split(suffix)
+            except HyflError as err:
+                raise self.error(s, "spec", f"is {spec!r}; {err}", f"Use one of: {forms}, "
+                                 "with grid, horizontal or quadrant optionally skewed.") from None
+        match = _SPEC_PATTERN.match(spec_base)
         kind = PARTITIONS.get(match.group(1).lower()) if match else None
         numbers = [g for g in match.groups()[1:] if g is not None] if match else []
         if not party_files and (kind is None or len(numbers) != kind.n_numbers):

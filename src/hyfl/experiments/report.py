@@ -143,6 +143,17 @@ def _last(values: np.ndarray) -> float:
     return float(finite.max()) if finite.size else math.nan
 
 
+def _best(run: Any, column: str, cutoff: float | None) -> float:
+    """The largest finite value of ``column`` up to outer iteration ``cutoff`` (NaN if none,
+    e.g. in run files written before the column existed)."""
+    try:
+        values, x = run.column(column), run.column("iteration")
+    except (KeyError, ValueError):
+        return math.nan
+    keep = np.isfinite(values) & (True if cutoff is None else x <= cutoff * (1 + 1e-12))
+    return float(values[keep].max()) if np.any(keep) else math.nan
+
+
 def values_within(run: Any, budget: str, cutoff: float) -> dict[str, float]:
     """A run's final relative loss and best validation accuracy within a budget.
 
@@ -287,6 +298,7 @@ def setting_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
             "iterations": _last(it),
             "final_relative_loss": whole.get("final_relative_loss", math.nan),
             "best_val_accuracy": whole.get("best_val_accuracy", math.nan),
+            "best_val_auc": _best(run, "val_auc", cutoffs.get("iterations")),
             **{
                 f"rounds_to_{tol:.0e}".replace("e-0", "e-"): first_round_below(it, loss, tol)
                 for tol in TOLERANCES
@@ -946,6 +958,7 @@ def _setting_table(
         "outer iterations",
         "final relative loss",
         "best validation accuracy",
+        "best validation AUC",
         "first at 1e-1",
         "first at 1e-2",
         "first at 1e-3",
@@ -972,6 +985,7 @@ def _setting_table(
             (_fmt(r["iterations"]), False),
             (_fmt(r["final_relative_loss"]), won("iterations", "final_relative_loss")),
             (_fmt(r["best_val_accuracy"]), won("iterations", "best_val_accuracy")),
+            (_fmt(r["best_val_auc"]), False),
             (_fmt(r["rounds_to_1e-1"]), False),
             (_fmt(r["rounds_to_1e-2"]), False),
             (_fmt(r["rounds_to_1e-3"]), False),

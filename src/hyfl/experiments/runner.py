@@ -60,6 +60,7 @@ from hyfl.runtime.simulation import (
     Validation,
     budget_record,
     check_sim_time_budget,
+    evaluate,
     first_round_below,
     settled_round_below,
     simulate,
@@ -290,7 +291,7 @@ def prepare(spec: RunSpec) -> Setup:
     optimum = solve_centralized(problem)
     if partition is None:
         partition = parse_partition(
-            spec.partition_spec(), problem.X, seed=spec.seed, meta=train.meta
+            spec.partition_spec(), problem.X, seed=spec.seed, meta=train.meta, labels=train.y
         )
     participation = parse_participation(spec.participation, partition.n_clients)
     validation = Validation(val.X, val.y) if val is not None else None
@@ -360,6 +361,12 @@ def run_prepared(
     opt_val_acc = (
         problem.accuracy(validation.X, validation.y, setup.optimum.w) if validation else np.nan
     )
+    opt_val_auc = (
+        problem.ranking(validation.X, validation.y, setup.optimum.w)["auc"] if validation
+        else np.nan
+    )
+    # The central model on the training data: what the run's own figures compare with.
+    opt_train = evaluate(problem, setup.optimum.w, None, setup.optimum, None, setup.train.y)
     majority = majority_rate_of(problem, setup.train.y)
     val_majority = majority_rate_of(problem, validation.y) if validation else None
     # Plots of a fresh compare read it from the result; run.json keeps it in the summary.
@@ -373,6 +380,7 @@ def run_prepared(
         "best_val_accuracy": float(np.nanmax(result.column("val_accuracy")))
         if validation
         else None,
+        "best_val_auc": _nanmax_or_none(result.column("val_auc")) if validation else None,
         "rounds_to_relative_loss": {
             f"{tol:g}": first_round_below(result.column("iteration"), rel, tol)
             for tol in (1e-1, 1e-2, 1e-3)
@@ -395,6 +403,9 @@ def run_prepared(
             "primal": setup.optimum.primal,
             "method": setup.optimum.method,
             "val_accuracy": opt_val_acc,
+            "val_auc": opt_val_auc,
+            "train_accuracy": opt_train["train_accuracy"],
+            "train_auc": opt_train["train_auc"],
         },
         "majority_rate": majority,
         "val_majority_rate": val_majority,
@@ -645,6 +656,7 @@ CONVERGENCE_COLUMNS = (
     "algorithm",
     "final_relative_loss",
     "best_val_accuracy",
+    "best_val_auc",
     "rounds_to_1e-1",
     "rounds_to_1e-2",
     "rounds_to_1e-3",
@@ -677,6 +689,7 @@ def summary_rows(outcomes: list[RunOutcome]) -> list[dict[str, Any]]:
                 "algorithm": s["algorithm"],
                 "final_relative_loss": s["final"]["relative_loss"],
                 "best_val_accuracy": s["best_val_accuracy"],
+                "best_val_auc": s.get("best_val_auc"),  # (absent from older run.json files)
                 "rounds_to_1e-1": reach["0.1"],
                 "rounds_to_1e-2": reach["0.01"],
                 "rounds_to_1e-3": reach["0.001"],
@@ -940,6 +953,13 @@ def load_finished_run(run_dir: Path, spec: RunSpec) -> RunOutcome | None:
         summary,
         run_dir,
     )
+
+
+def _nanmax_or_none(values: np.ndarray) -> float | None:
+    """The largest finite value, or None when there is none (a regression target)."""
+    finite = np.asarray(values, dtype=float)
+    finite = finite[np.isfinite(finite)]
+    return float(finite.max()) if finite.size else None
 
 
 def _nan_if_none(value) -> float:

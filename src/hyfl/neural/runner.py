@@ -66,7 +66,7 @@ def prepare(spec) -> NeuralSetup:
     train, val, partition = load_split(spec)
     if partition is None:
         partition = parse_partition(spec.partition_spec(), train.X, seed=spec.seed,
-                                    meta=train.meta)
+                                    meta=train.meta, labels=train.y)
     data = make_view_data(train, val, partition)
     participation = parse_participation(spec.participation, partition.n_clients)
     task = {

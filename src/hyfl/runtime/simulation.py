@@ -64,6 +64,10 @@ METRIC_COLUMNS = (
     "relative_loss",
     "train_accuracy",
     "val_accuracy",
+    "train_auc",
+    "val_auc",
+    "val_ks",
+    "val_average_precision",
     "round_trips",
     "round_seconds",
     *COST_COLUMNS,
@@ -161,7 +165,8 @@ def evaluate(
     primal: float | None = None,
     dual: float | None = None,
 ) -> dict[str, float]:
-    """Objective values and accuracies of the server's model (objectives may be given)."""
+    """Objective values, accuracies and ranking metrics (AUC, KS, average precision:
+    :mod:`hyfl.metrics`) of the server's model (objectives may be given)."""
     primal = problem.primal(w) if primal is None else primal
     if dual is None:
         dual = problem.dual(alpha) if alpha is not None else np.nan
@@ -177,6 +182,11 @@ def evaluate(
             problem.accuracy(validation.X, validation.y, w) if validation is not None else np.nan
         ),
     }
+    nan = dict.fromkeys(("auc", "ks", "average_precision"), np.nan)
+    train = problem.ranking(problem.X, train_labels, w) if train_labels is not None else nan
+    val = problem.ranking(validation.X, validation.y, w) if validation is not None else nan
+    row.update({"train_auc": train["auc"], "val_auc": val["auc"], "val_ks": val["ks"],
+                "val_average_precision": val["average_precision"]})
     return row
 
 
