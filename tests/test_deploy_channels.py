@@ -167,8 +167,13 @@ def test_a_partys_runtime_api_hands_its_tasks_only_to_its_worker(tmp_path, monke
         assert argv[argv.index(b"--parent-pid") + 1] == str(supernode).encode()
         assert b"--superexec-auth-secret-fd" in argv  # from a pipe, not a file
         assert b"--superexec-auth-secret-file" not in argv
-        # The secret's folder was made here, and removed once Flower had read the file.
-        _wait_for(lambda: not any(private.iterdir()), 30, "the secret's folder to go")
+        # The secret's folder was made here, and removed once Flower had read the file;
+        # what stays is the worker's folder for the party's states (mode 0700, its own).
+        _wait_for(lambda: not any(p.name.startswith("hyfl-supernode-")
+                                  for p in private.iterdir()), 30, "the secret's folder to go")
+        (states,) = private.iterdir()
+        assert states.name.startswith("hyfl-party-state-")
+        assert stat.S_IMODE(states.stat().st_mode) == 0o700
 
         address = local.runtime_apis[0]
         _wait_for(lambda: _healthy(address), 60, "party 0's Runtime API")
