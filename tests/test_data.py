@@ -38,7 +38,10 @@ from hyfl.data import (
 from hyfl.errors import HyflError
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_CANDIDATES = (REPO.parent / "shared" / "data", Path("/work/shared/data"))
+# $HYFL_DATA, else the shared folder beside the repository (CI has ../shared): no
+# machine's own absolute path.
+SHARED_CANDIDATES = tuple(Path(p) for p in (os.environ.get("HYFL_DATA"),) if p) + (
+    REPO.parent / "shared" / "data",)
 SHARED = next((p for p in SHARED_CANDIDATES if (p / "README.md").is_file()), None)
 
 

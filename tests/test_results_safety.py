@@ -34,6 +34,7 @@ def test_an_existing_results_folder_is_refused_unless_overwrite(tmp_path):
     assert again.exit_code == 2
     text = " ".join(again.output.split())
     assert "exists and is not empty" in text and "--overwrite" in text
+    assert "--resume" not in text  # single runs have no --resume (experiment configs do)
     assert "Traceback" not in again.output
     assert (out / "run.json").read_text() == before  # nothing was touched
     replaced = runner.invoke(app, [*RUN, "--out", str(out), "--seed", "1", "--overwrite"])
@@ -47,6 +48,7 @@ def test_compare_refuses_an_existing_folder(tmp_path):
                                  "--algorithms", "hyfdca", "--out", str(tmp_path),
                                  "--no-progress"])
     assert result.exit_code == 2 and "exists and is not empty" in " ".join(result.output.split())
+    assert "--resume" not in result.output
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 

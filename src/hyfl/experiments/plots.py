@@ -844,24 +844,38 @@ def plot_runs(
         ax.set_xlabel("outer iteration" if x_name == "iteration" else "simulated time (s)")
         if what == "loss":
             ax.set_yscale("log")
-            ax.set_ylabel("relative loss (P(w) - P*) / P*, w the server's model")
+            ax.set_ylabel("relative loss (P(w) - P*) / P*")  # (w: the footnote says)
             ax.set_ylim(bottom=max(ax.get_ylim()[0], 1e-12))
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize="small")
         else:
             _draw_majority(ax, runs, text=False)  # the legend below names it
             ax.set_ylabel("validation accuracy")
+            ax.set_ylim(*_accuracy_limits(runs))
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize="small")
     if title:
         fig.suptitle(title)
     fig.tight_layout()
     if any(_has_values(r, "model") and np.nanmax(r.column("model")) > 0 for r in runs.values()):
-        fig.text(0.01, 0.005, "w is the model the run returns: HyFDCA's default reports the "
-                 "better certified of its last iterate and its running average.",
+        fig.text(0.01, 0.005, "w is the model the run returns (the server's): HyFDCA's default "
+                 "reports the better certified of its last iterate and its running average.",
                  fontsize="x-small", alpha=0.8)
         fig.subplots_adjust(bottom=max(fig.subplotpars.bottom, 0.12))
     return _save(fig, path)
+
+
+def _accuracy_limits(runs: Mapping[str, Any]) -> tuple[float, float]:
+    """Accuracy axis limits that show where the runs spend their rounds: from a little
+    below the majority-class rate or the runs' 5th percentile (not the zero model's
+    first-round accuracy, e.g. 0.1 on MNIST, which would flatten every curve) to 1."""
+    values = np.concatenate([r.column("val_accuracy")[1:] for r in runs.values()])
+    values = values[np.isfinite(values)]
+    low = float(np.percentile(values, 5)) if values.size else 0.0
+    majority = majority_rate(runs)
+    if majority is not None:
+        low = min(low, majority)
+    return max(0.0, low - 0.02), 1.0
 
 
 def _plot_loss(ax, run, label: str, x: np.ndarray, keep: np.ndarray) -> None:

@@ -586,8 +586,8 @@ def execute(spec: RunSpec, out_dir: str | Path | None = None, progress: bool = F
         from hyfl.neural import runner as neural
 
         return neural.execute(spec, out_dir, progress=progress, overwrite=overwrite, log=log)
-    if out_dir is not None:
-        check_results_folder(out_dir, overwrite=overwrite)
+    if out_dir is not None:  # (single runs have no --resume: only configs do)
+        check_results_folder(out_dir, overwrite=overwrite, resumable=False)
     setup = prepare(spec)
     task = task_of(setup)
     if log is not None:
@@ -632,7 +632,7 @@ def compare(
 
         return neural_runner.compare(spec, names, out_dir, progress=progress,
                                      overwrite=overwrite, log=log)
-    out = check_results_folder(out_dir, overwrite=overwrite)
+    out = check_results_folder(out_dir, overwrite=overwrite, resumable=False)
     setup = prepare(spec)
     if log is not None:
         log(describe_task(task_of(setup)))
@@ -729,8 +729,10 @@ def _fmt(v: Any) -> str:
 
 
 def _title(spec: RunSpec, encrypted: bool = False) -> str:
-    """Plot title; names the cipher when (some) runs are really encrypted."""
-    title = f"{spec.data}, {spec.partition_spec()}, participation {spec.participation}"
+    """Plot title; names the cipher when (some) runs are really encrypted. A data file is
+    named by its file name, not its whole path."""
+    data = Path(spec.data).name if Path(spec.data).is_file() else spec.data
+    title = f"{data}, {spec.partition_spec()}, participation {spec.participation}"
     return f"{title}, HyFDCA encrypted with {spec.cipher}" if encrypted else title
 
 

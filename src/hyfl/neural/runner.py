@@ -132,7 +132,7 @@ def execute(spec, out_dir=None, progress: bool = False, overwrite: bool = False,
     from hyfl._io import check_results_folder
 
     if out_dir is not None:
-        check_results_folder(out_dir, overwrite=overwrite)
+        check_results_folder(out_dir, overwrite=overwrite, resumable=False)
     setup = prepare(spec)
     if log is not None:
         log(describe(setup))
@@ -149,7 +149,7 @@ def compare(spec, names: list[str], out_dir, progress: bool = False, overwrite: 
     from hyfl.experiments.plots import plot_neural_runs
 
     out = Path(out_dir)
-    check_results_folder(out, overwrite=overwrite)
+    check_results_folder(out, overwrite=overwrite, resumable=False)
     setup = prepare(spec)
     if log is not None:
         log(describe(setup))
