@@ -693,7 +693,7 @@ def _sample_groups(n_samples: int, n_groups: int, seed: int, shuffle: bool,
     return [np.sort(group).astype(np.int64) for group in np.array_split(order, n_groups)]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class SampleSplit:
     """A skewed split of the samples into groups (the ``@...`` suffix of a partition spec).
 
@@ -718,54 +718,74 @@ class SampleSplit:
 
     def groups(self, n_samples: int, n_groups: int, rng: np.random.Generator
                ) -> list[np.ndarray]:
-        if self.kind == "lognormal":
-            weights = np.exp(rng.normal(0.0, self.value, size=n_groups))
-            owner = _with_each_group(rng.choice(n_groups, size=n_samples, p=weights /
-                                                weights.sum()), n_groups, rng)
-        else:
+        """The sorted sample ids of each of ``n_groups`` groups."""
+        owners, needs_labels, _ = SAMPLE_SPLITS[self.kind]
+        if needs_labels:
             if self.labels is None:
-                raise fail(f"sample split @{self.kind}:{self.value:g}",
-                           "needs the training labels",
+                raise fail(f"sample split {_suffix(self)}", "needs the training labels",
                            "Pass labels= to parse_partition (the commands do).")
             labels = np.asarray(self.labels)
             if labels.shape != (n_samples,):
-                raise fail(f"sample split @{self.kind}", f"needs {n_samples} labels, got "
+                raise fail(f"sample split {_suffix(self)}", f"needs {n_samples} labels, got "
                            f"shape {labels.shape}", "Pass the training labels.")
-            classes, index = np.unique(labels, return_inverse=True)
-            owner = np.empty(n_samples, dtype=np.int64)
-            if self.kind == "classes":
-                k = int(self.value)
-                if not 1 <= k <= classes.size:
-                    raise fail(f"sample split @classes:{k}", f"asks for {k} classes per group "
-                               f"but the labels have {classes.size}",
-                               f"Use a number of classes from 1 to {classes.size}.")
-                # Group g holds classes dealt[g*k:(g+1)*k] (cyclically); every class is
-                # dealt to at least one group when k * n_groups >= the class count.
-                dealt = np.resize(rng.permutation(classes.size), n_groups * k)
-                holders = [np.flatnonzero(np.any(dealt.reshape(n_groups, k) == c, axis=1))
-                           for c in range(classes.size)]
-                for c in range(classes.size):
-                    members = rng.permutation(np.flatnonzero(index == c))
-                    if holders[c].size == 0:  # more classes than k * groups: spread it
-                        holders[c] = np.arange(n_groups)
-                    owner[members] = holders[c][np.arange(members.size) % holders[c].size]
-            else:  # dirichlet
-                shares = rng.dirichlet(np.full(n_groups, self.value), size=classes.size)
-                for c in range(classes.size):
-                    members = rng.permutation(np.flatnonzero(index == c))
-                    cuts = np.round(np.cumsum(shares[c])[:-1] * members.size).astype(np.int64)
-                    owner[members] = np.repeat(np.arange(n_groups),
-                                               np.diff(np.concatenate(([0], cuts,
-                                                                       [members.size]))))
-            owner = _with_each_group(owner, n_groups, rng)
+            owner = owners(labels, self.value, n_groups, rng)
+        else:
+            owner = owners(n_samples, self.value, n_groups, rng)
+        owner = _with_each_group(owner, n_groups, rng)
         order = np.argsort(owner, kind="stable")
         bounds = np.searchsorted(owner[order], np.arange(1, n_groups))
         return [np.sort(group).astype(np.int64) for group in np.split(order, bounds)]
 
 
-#: The kinds of :class:`SampleSplit` and what their number means.
-SAMPLE_SPLITS = {"classes": "k classes per group", "dirichlet": "Dirichlet(alpha) class shares",
-                 "lognormal": "log-normal(sigma) group sizes"}
+def _owners_by_classes(labels: np.ndarray, k: float, n_groups: int,
+                       rng: np.random.Generator) -> np.ndarray:
+    """Label skew: the group of each sample when every group holds ``k`` classes."""
+    classes, index = np.unique(labels, return_inverse=True)
+    k = int(k)
+    if not 1 <= k <= classes.size:
+        raise fail(f"sample split @classes:{k}", f"asks for {k} classes per group but the "
+                   f"labels have {classes.size}",
+                   f"Use a number of classes from 1 to {classes.size}.")
+    # Group g holds classes dealt[g*k:(g+1)*k] (cyclically): every class is dealt to a
+    # group when k * n_groups >= the class count; one that is not goes to all groups.
+    dealt = np.resize(rng.permutation(classes.size), n_groups * k).reshape(n_groups, k)
+    owner = np.empty(labels.size, dtype=np.int64)
+    for c in range(classes.size):  # (a loop over classes, not samples)
+        holders = np.flatnonzero(np.any(dealt == c, axis=1))
+        holders = holders if holders.size else np.arange(n_groups)
+        members = rng.permutation(np.flatnonzero(index == c))
+        owner[members] = holders[np.arange(members.size) % holders.size]
+    return owner
+
+
+def _owners_by_dirichlet(labels: np.ndarray, alpha: float, n_groups: int,
+                         rng: np.random.Generator) -> np.ndarray:
+    """Each class's samples shared among the groups by one Dirichlet(alpha) draw."""
+    classes, index = np.unique(labels, return_inverse=True)
+    shares = rng.dirichlet(np.full(n_groups, alpha), size=classes.size)
+    owner = np.empty(labels.size, dtype=np.int64)
+    for c in range(classes.size):
+        members = rng.permutation(np.flatnonzero(index == c))
+        cuts = np.round(np.cumsum(shares[c])[:-1] * members.size).astype(np.int64)
+        counts = np.diff(np.concatenate(([0], cuts, [members.size])))
+        owner[members] = np.repeat(np.arange(n_groups), counts)
+    return owner
+
+
+def _owners_by_lognormal(n_samples: int, sigma: float, n_groups: int,
+                         rng: np.random.Generator) -> np.ndarray:
+    """Samples assigned at random to groups whose expected sizes are log-normal draws."""
+    weights = np.exp(rng.normal(0.0, sigma, size=n_groups))
+    return rng.choice(n_groups, size=n_samples, p=weights / weights.sum())
+
+
+#: The kinds of :class:`SampleSplit`: (owners function, whether it needs the labels,
+#: what its number means). Drives parsing, the error's list of forms and the splits.
+SAMPLE_SPLITS = {
+    "classes": (_owners_by_classes, True, "k classes per group"),
+    "dirichlet": (_owners_by_dirichlet, True, "Dirichlet(alpha) class shares"),
+    "lognormal": (_owners_by_lognormal, False, "log-normal(sigma) group sizes"),
+}
 
 
 def _suffix(split: SampleSplit | None) -> str:
@@ -793,7 +813,7 @@ def parse_sample_split(text: str, labels: Any = None) -> SampleSplit:
     name, _, number = text.partition(":")
     name = name.strip().lower()
     forms = ", ".join(f"@{kind}:{'k' if kind == 'classes' else 'x'} ({meaning})"
-                      for kind, meaning in SAMPLE_SPLITS.items())
+                      for kind, (_, _, meaning) in SAMPLE_SPLITS.items())
     try:
         value = float(number)
     except ValueError:
