@@ -244,10 +244,7 @@ def runtime_api_secret(folder: str | os.PathLike | None = None) -> Path:
     """
     from hyfl._io import atomic_write
 
-    private = Path(tempfile.mkdtemp(prefix="hyfl-supernode-",
-                                    dir=folder if folder is not None else _private_runtime_dir()))
-    atexit.register(shutil.rmtree, private, True)
-    path = private / SECRET_NAME
+    path = _private_folder("hyfl-supernode-", folder) / SECRET_NAME
     with atomic_write(path, "wb", permissions=0o600) as f:
         f.write(secrets.token_hex(32).encode())
     return path
@@ -300,7 +297,13 @@ def worker_state_folder(folder: str | os.PathLike | None = None) -> Path:
     worker finds the state of its run's last answered message (as Flower's
     ``context.state``, which the SuperNode keeps in memory, would).
     """
-    private = Path(tempfile.mkdtemp(prefix="hyfl-party-state-",
+    return _private_folder("hyfl-party-state-", folder)
+
+
+def _private_folder(prefix: str, folder: str | os.PathLike | None) -> Path:
+    """A new folder of mode 0700 (``tempfile.mkdtemp``) in ``folder`` (default: the
+    user's private runtime folder, else the temporary folder), removed at exit."""
+    private = Path(tempfile.mkdtemp(prefix=prefix,
                                     dir=folder if folder is not None else _private_runtime_dir()))
     atexit.register(shutil.rmtree, private, True)
     return private
