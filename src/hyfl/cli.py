@@ -1065,27 +1065,27 @@ def _print_summary(outcome) -> None:
     def number(value) -> str:
         return "" if value is None or value != value else f"{value:.4f}"
 
-    # Accuracy and AUC beside the central model's, and the majority class's rate: the
-    # accuracy a model that learned nothing reaches.
+    # Accuracy and AUC beside the central model's, and the majority class's rate (the
+    # accuracy of a model that learned nothing); AP: average precision.
+    # (short labels: the table must fit 80 columns beside the solver's name)
     for split, majority in (("train", s.get("majority_rate")),
                             ("val", s.get("val_majority_rate"))):
-        name = "training" if split == "train" else "val."
+        name = "train" if split == "train" else "val."
         if number(final.get(f"{split}_accuracy")):
-            table.add_row(f"{name} accuracy (final)", number(final[f"{split}_accuracy"]),
-                          number(central.get(f"{split}_accuracy")))
+            reference = number(central.get(f"{split}_accuracy"))
             if majority is not None:
-                table.add_row(f"{name} majority-class rate", number(majority), "")
+                reference += f" (majority class {number(majority)})"
+            table.add_row(f"accuracy ({name})", number(final[f"{split}_accuracy"]), reference)
         if number(final.get(f"{split}_auc")):
-            table.add_row(f"{name} AUC (final)", number(final[f"{split}_auc"]),
+            table.add_row(f"AUC ({name})", number(final[f"{split}_auc"]),
                           number(central.get(f"{split}_auc")))
     if number(final.get("val_ks")):
-        table.add_row("val. KS / avg. precision (final)",
+        table.add_row("KS / AP (val.)",
                       f"{final['val_ks']:.4f} / {final['val_average_precision']:.4f}", "")
     table.add_row("outer iterations", f"{int(final['iteration'])}", "")
     table.add_row("round trips", f"{final['round_trips']:g}", "")
     # The one time per round of this table: measured; the simulated cost is below.
-    table.add_row("wall time per round (median)", f"{1e3 * s['median_round_seconds']:.3f} ms",
-                  "")
+    table.add_row("wall time / round", f"{1e3 * s['median_round_seconds']:.3f} ms", "")
     table.add_row("solver", "", outcome.optimum_method)
     console.print(table)
     if s.get("shared_ids"):
