@@ -67,6 +67,12 @@ def test_multiclass_metrics_are_one_vs_rest_means():
 
 def test_metrics_are_nan_when_undefined_and_shapes_are_checked():
     assert np.isnan(ranking_metrics(np.arange(4.0), np.ones(4))["auc"])  # one class only
+    diverged = ranking_metrics(np.array([np.inf, 0.0, np.nan, 1.0]), np.array([1, -1, 1, -1]))
+    assert all(np.isnan(v) for v in diverged.values())
+    # A class absent from the labels is left out of the multiclass mean.
+    scores = np.array([[2.0, 0.0, 0.1], [0.0, 2.0, 0.2], [1.0, 0.5, 0.3], [0.2, 1.5, 0.4]])
+    absent = ranking_metrics(scores, np.array([0, 1, 0, 1]), np.array([0, 1, 2]))
+    assert absent["auc"] == 1.0
     perfect = ranking_metrics(np.array([-2.0, -1.0, 1.0, 2.0]), np.array([-1, -1, 1, 1]))
     assert perfect == {"auc": 1.0, "ks": 1.0, "average_precision": 1.0}
     with pytest.raises(ValueError, match="3 scores for 4 labels"):

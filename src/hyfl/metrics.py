@@ -18,8 +18,9 @@ the accuracy's cost; the tests check the two agree).
 Binary labels are hyfl's -1/+1 (``+1`` the positive class, ``classes_[1]``
 in the estimators). With C > 2 classes (one-vs-rest models, scores of shape
 (n, C)) each metric is the unweighted mean over the classes of class ``c``'s
-score against the rest ("macro"). A metric is NaN when it is undefined: a
-regression target, or labels of one class only.
+score against the rest ("macro"), over the classes the labels contain. A
+metric is NaN when it is undefined: a regression target, labels of one class
+only, or scores that are not finite (a diverged model).
 """
 
 from __future__ import annotations
@@ -64,9 +65,16 @@ def ranking_metrics(scores: np.ndarray, labels: np.ndarray,
         if len(classes) != scores.shape[1]:
             raise ValueError(f"{scores.shape[1]} score columns for {len(classes)} classes")
         columns = [(scores[:, c], labels == value) for c, value in enumerate(classes)]
-    found = [_binary(score, positive) for score, positive in columns]
-    return {name: float(np.mean([f[i] for f in found]))
-            for i, name in enumerate(RANKING_METRICS)}
+    if not np.all(np.isfinite(scores)):  # a diverged model has no ranking
+        return dict.fromkeys(RANKING_METRICS, float("nan"))
+    # Classes absent from the labels (or present alone) have no metric; the mean is over
+    # the others (NaN when no class has one).
+    found = np.array([_binary(score, positive) for score, positive in columns])
+    defined = found[~np.isnan(found[:, 0])]
+    if defined.size == 0:
+        return dict.fromkeys(RANKING_METRICS, float("nan"))
+    return {name: float(value) for name, value in zip(RANKING_METRICS, defined.mean(axis=0),
+                                                       strict=True)}
 
 
 def _binary(score: np.ndarray, positive: np.ndarray) -> tuple[float, float, float]:
