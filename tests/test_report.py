@@ -436,8 +436,8 @@ class _Run:
                          "val_accuracy": np.full(len(sim_time), np.nan)}
         self.config = config
 
-    def column(self, name):
-        return self._columns[name]
+    def column(self, name):  # (as RunResult and LoadedRun: all NaN for a missing column)
+        return self._columns.get(name, np.full(len(self._columns["iteration"]), np.nan))
 
 
 def test_equal_time_cut_ignores_runs_stopped_by_their_iteration_cap():

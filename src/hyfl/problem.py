@@ -26,6 +26,7 @@ from hyfl._io import read_npz
 from hyfl.data.dataset import Dataset
 from hyfl.errors import HyflError, check_positive, fail
 from hyfl.losses import Loss, get_loss
+from hyfl.metrics import RANKING_METRICS, ranking_metrics
 
 
 @dataclass(frozen=True)
@@ -110,8 +111,6 @@ class Problem:
     def ranking(self, X: sp.spmatrix, y: np.ndarray, w: np.ndarray) -> dict[str, float]:
         """AUC, KS and average precision of the decision values ``X @ w`` against the
         labels ``y`` (:func:`hyfl.metrics.ranking_metrics`); NaN for a regression target."""
-        from hyfl.metrics import RANKING_METRICS, ranking_metrics
-
         if not self.has_classes:
             return dict.fromkeys(RANKING_METRICS, float("nan"))
         return ranking_metrics(np.asarray(X @ w), y, self.classes)

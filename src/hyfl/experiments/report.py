@@ -143,19 +143,8 @@ def _last(values: np.ndarray) -> float:
     return float(finite.max()) if finite.size else math.nan
 
 
-def _best(run: Any, column: str, cutoff: float | None) -> float:
-    """The largest finite value of ``column`` up to outer iteration ``cutoff`` (NaN if none,
-    e.g. in run files written before the column existed)."""
-    try:
-        values, x = run.column(column), run.column("iteration")
-    except (KeyError, ValueError):
-        return math.nan
-    keep = np.isfinite(values) & (True if cutoff is None else x <= cutoff * (1 + 1e-12))
-    return float(values[keep].max()) if np.any(keep) else math.nan
-
-
 def values_within(run: Any, budget: str, cutoff: float) -> dict[str, float]:
-    """A run's final relative loss and best validation accuracy within a budget.
+    """A run's final relative loss and best validation accuracy (and AUC) within a budget.
 
     The rows kept are those with ``iteration`` (budget ``iterations``) or
     ``sim_time`` (budget ``sim_time``) at most ``cutoff``; the final relative
@@ -168,9 +157,12 @@ def values_within(run: Any, budget: str, cutoff: float) -> dict[str, float]:
     loss = loss[~np.isnan(loss)]
     acc = run.column("val_accuracy")[keep]
     acc = acc[~np.isnan(acc)]
+    auc = run.column("val_auc")[keep]  # (all NaN in runs written before the column existed)
+    auc = auc[~np.isnan(auc)]
     return {
         "final_relative_loss": float(loss[-1]) if loss.size else math.nan,
         "best_val_accuracy": float(acc.max()) if acc.size else math.nan,
+        "best_val_auc": float(auc.max()) if auc.size else math.nan,
     }
 
 
@@ -298,7 +290,7 @@ def setting_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
             "iterations": _last(it),
             "final_relative_loss": whole.get("final_relative_loss", math.nan),
             "best_val_accuracy": whole.get("best_val_accuracy", math.nan),
-            "best_val_auc": _best(run, "val_auc", cutoffs.get("iterations")),
+            "best_val_auc": whole.get("best_val_auc", math.nan),
             **{
                 f"rounds_to_{tol:.0e}".replace("e-0", "e-"): first_round_below(it, loss, tol)
                 for tol in TOLERANCES

@@ -358,15 +358,9 @@ def run_prepared(
             run_key=run_spec.run_key(),
             **common,
         )
-    opt_val_acc = (
-        problem.accuracy(validation.X, validation.y, setup.optimum.w) if validation else np.nan
-    )
-    opt_val_auc = (
-        problem.ranking(validation.X, validation.y, setup.optimum.w)["auc"] if validation
-        else np.nan
-    )
-    # The central model on the training data: what the run's own figures compare with.
-    opt_train = evaluate(problem, setup.optimum.w, None, setup.optimum, None, setup.train.y)
+    # The central model's figures: what the run's own compare with (NaN without validation).
+    central = evaluate(problem, setup.optimum.w, None, setup.optimum, validation, setup.train.y)
+    opt_val_acc = central["val_accuracy"]
     majority = majority_rate_of(problem, setup.train.y)
     val_majority = majority_rate_of(problem, validation.y) if validation else None
     # Plots of a fresh compare read it from the result; run.json keeps it in the summary.
@@ -402,10 +396,8 @@ def run_prepared(
         "optimum": {
             "primal": setup.optimum.primal,
             "method": setup.optimum.method,
-            "val_accuracy": opt_val_acc,
-            "val_auc": opt_val_auc,
-            "train_accuracy": opt_train["train_accuracy"],
-            "train_auc": opt_train["train_auc"],
+            **{key: central[key] for key in ("val_accuracy", "val_auc", "train_accuracy",
+                                             "train_auc")},
         },
         "majority_rate": majority,
         "val_majority_rate": val_majority,

@@ -51,6 +51,7 @@ from hyfl._io import read_header, read_npz
 from hyfl.algorithms.base import Algorithm
 from hyfl.costs import COST_COLUMNS, TIME_COMPONENTS, CostMeter, CostModel
 from hyfl.errors import HyflError, check_int, check_positive, fail, is_finite
+from hyfl.metrics import RANKING_METRICS
 from hyfl.partition import Partition, StackedBlocks, stack
 from hyfl.privacy.ciphers import make_cipher
 from hyfl.problem import Optimum, Problem
@@ -182,7 +183,7 @@ def evaluate(
             problem.accuracy(validation.X, validation.y, w) if validation is not None else np.nan
         ),
     }
-    nan = dict.fromkeys(("auc", "ks", "average_precision"), np.nan)
+    nan = dict.fromkeys(RANKING_METRICS, np.nan)
     train = problem.ranking(problem.X, train_labels, w) if train_labels is not None else nan
     val = problem.ranking(validation.X, validation.y, w) if validation is not None else nan
     row.update({"train_auc": train["auc"], "val_auc": val["auc"], "val_ks": val["ks"],
