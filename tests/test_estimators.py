@@ -15,7 +15,7 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 
 import hyfl
 from hyfl import HyFDCA, HyFDCAClassifier, HyFDCARegressor, HyflError, make_problem, simulate
-from hyfl.data.dataset import Dataset
+from hyfl.data.dataset import Dataset, with_intercept
 from hyfl.partition import parse_participation, parse_partition
 from hyfl.problem import solve_centralized
 
@@ -51,6 +51,17 @@ def test_expected_failures_are_few():
     assert all(len(v) <= 2 for v in EXPECTED_FAILURES.values())
 
 
+def _problem(X, y, loss, lam, task="binary", scaling=1.0):
+    """The problem a default estimator solves: the data with the constant intercept column."""
+    return make_problem(with_intercept(Dataset(sp.csr_matrix(X), y, task=task), scaling), loss,
+                        lam)
+
+
+def _weights(estimator, scaling=1.0):
+    """The estimator's weights on the augmented data: coef, then intercept / scaling."""
+    return np.append(estimator.coef_, estimator.intercept_ / scaling)[:, None]
+
+
 @pytest.fixture(scope="module")
 def breast_cancer():
     X, y = load_breast_cancer(return_X_y=True)
@@ -67,16 +78,16 @@ def test_defaults_reach_the_centralized_optimum(breast_cancer):
     ).fit(X, y)
     assert clf.step_rule == HyFDCA().step_rule == "cocoa"
     seconds = time.perf_counter() - start
-    problem = make_problem(Dataset(sp.csr_matrix(X), np.where(y == 1, 1.0, -1.0)), "hinge", 1e-3)
+    problem = _problem(X, np.where(y == 1, 1.0, -1.0), "hinge", 1e-3)
     optimum = solve_centralized(problem, cache=False)
-    relative = (problem.primal(clf.coef_[:, None]) - optimum.primal) / abs(optimum.primal)
+    relative = (problem.primal(_weights(clf)) - optimum.primal) / abs(optimum.primal)
     print(f"rounds {clf.n_iter_}, {seconds:.1f} s, relative loss {relative:.2e}")
     assert relative <= 1e-3
     assert clf.n_iter_ < clf.max_iter  # stopped by the tolerance, certified by the gap
     assert clf.gap_ <= clf.tol * abs(clf.history_["primal"][-1])
     assert len(clf.history_["gap"]) == clf.n_iter_ + 1
     assert clf.score(X, y) > 0.9
-    assert clf.intercept_ == 0.0 and clf.n_features_in_ == 30
+    assert clf.intercept_ != 0.0 and clf.n_features_in_ == 30
 
 
 def test_coef_equals_a_direct_simulate_call(breast_cancer):
@@ -85,13 +96,13 @@ def test_coef_equals_a_direct_simulate_call(breast_cancer):
                            random_state=3, step_rule="cocoa")
     with pytest.warns(Warning):  # ConvergenceWarning: tol=0 runs max_iter rounds
         clf.fit(X, y)
-    Xs = sp.csr_matrix(X)
-    problem = make_problem(Dataset(Xs, np.where(y == 1, 1.0, -1.0)), "hinge", 1e-3)
-    partition = parse_partition("grid:3x3", Xs, seed=3)
+    problem = _problem(X, np.where(y == 1, 1.0, -1.0), "hinge", 1e-3)
+    partition = parse_partition("grid:3x3", problem.X, seed=3)
     result = simulate(HyFDCA(step_rule="cocoa"), problem, partition,
                       parse_participation(0.5, 9), 40, seed=3)
     assert clf.n_iter_ == 40
-    np.testing.assert_array_equal(clf.coef_, result.weights[:, 0])
+    np.testing.assert_array_equal(clf.coef_, result.weights[:-1, 0])
+    assert clf.intercept_ == result.weights[-1, 0]  # times intercept_scaling 1
     assert clf.gap_ == result.final["gap"]
 
 
@@ -129,12 +140,12 @@ def test_regressor_reaches_ridge():
     X = rng.normal(size=(200, 6))
     y = X @ rng.normal(size=6) + 0.1 * rng.normal(size=200)
     reg = HyFDCARegressor(lam=1e-3, partition="grid:2x3", random_state=0).fit(X, y)
-    assert reg.coef_.shape == (6,) and reg.intercept_ == 0.0
+    assert reg.coef_.shape == (6,) and isinstance(reg.intercept_, float)
     assert reg.score(X, y) > 0.95
     assert reg.gap_ <= reg.tol * abs(reg.history_["primal"][-1])
-    problem = make_problem(Dataset(sp.csr_matrix(X), y, task="regression"), "squared", 1e-3)
+    problem = _problem(X, y, "squared", 1e-3, task="regression")
     optimum = solve_centralized(problem, cache=False)
-    assert (problem.primal(reg.coef_[:, None]) - optimum.primal) / optimum.primal <= 1e-3
+    assert (problem.primal(_weights(reg)) - optimum.primal) / optimum.primal <= 1e-3
 
 
 def test_tiny_data_caps_the_partition():
@@ -143,7 +154,7 @@ def test_tiny_data_caps_the_partition():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         clf.fit(X, [1, 0, 1])
-    assert clf.partition_ == "grid:3x1"
+    assert clf.partition_ == "grid:3x2"  # one feature and the intercept's column
 
 
 @pytest.mark.parametrize(
@@ -221,7 +232,7 @@ def test_a_label_skewed_partition_reaches_the_optimum(breast_cancer):
         warnings.simplefilter("ignore")
         clf.fit(X, y)
     assert clf.partition_ == "grid:2x2@classes:1"
-    problem = make_problem(Dataset(sp.csr_matrix(X), np.where(y == 1, 1.0, -1.0)), "hinge", 1e-2)
+    problem = _problem(X, np.where(y == 1, 1.0, -1.0), "hinge", 1e-2)
     optimum = solve_centralized(problem, cache=False)
-    relative = (problem.primal(clf.coef_[:, None]) - optimum.primal) / abs(optimum.primal)
+    relative = (problem.primal(_weights(clf)) - optimum.primal) / abs(optimum.primal)
     assert relative <= 1e-3 and clf.n_iter_ < clf.max_iter  # certified: gap <= tol

@@ -263,7 +263,7 @@ def forge(path, header: dict | None = None, **arrays):
 
 
 def multiclass_model(tmp_path, **fields) -> Model:
-    values = dict(weights=np.ones((4, 3)), task="multiclass", classes=np.array([0.0, 1, 2]),
+    values = dict(weights=np.ones((4, 3)), intercept=np.zeros(3), task="multiclass", classes=np.array([0.0, 1, 2]),
                   labels=np.array([3.0, 5, 7]), loss="hinge", lam=0.1, partition="",
                   algorithm="hyfdca", provenance={})
     values.update(fields)
@@ -276,6 +276,8 @@ def multiclass_model(tmp_path, **fields) -> Model:
     ({"labels": [3.0, 3, 7]}, "labels"),  # one label for two classes
     ({"weights": np.full((4, 3), np.nan)}, "weights"),
     ({"weights": np.full((4, 3), np.inf)}, "weights"),
+    ({"intercept": np.array([0.0, np.nan, 0.0])}, "intercept"),
+    ({"intercept": np.zeros(2)}, "intercept"),  # one bias short of the 3 outputs
     ({"classes": [0.0, 1], "labels": [3.0, 5]}, "n_outputs"),  # 3 outputs, 2 classes
     ({"task": "binary"}, "n_outputs"),
     ({"lam": "0.1"}, "'lam'"),
@@ -291,7 +293,7 @@ def test_forged_model_files_are_refused_naming_the_field(tmp_path, forgery, fiel
     path = multiclass_model(tmp_path)
     assert load_model(path).predict(np.eye(4)).tolist() == [3.0] * 4  # the genuine file
     arrays = {k: np.asarray(v, dtype=np.float64) for k, v in forgery.items()
-              if k in ("weights", "classes", "labels")}
+              if k in ("weights", "intercept", "classes", "labels")}
     header = {k: v for k, v in forgery.items() if k not in arrays}
     forge(path, header, **arrays)
     with pytest.raises(HyflError, match="has .*" + field) as caught:

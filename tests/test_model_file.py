@@ -177,8 +177,8 @@ def test_a_narrower_libsvm_file_is_read_with_the_training_width_and_index_base(t
                                  str(tmp_path / "narrow.svm"), "--out", str(tmp_path / "p.csv")])
     assert result.exit_code == 0, result.output
     scores = [float(r["decision"]) for r in _rows(tmp_path / "p.csv")]
-    w = model.weights[:, 0]
-    np.testing.assert_allclose(scores, [0.5 * w[1] + 0.25 * w[2], w[2]], rtol=1e-12)
+    w, b = model.weights[:, 0], model.intercept[0]
+    np.testing.assert_allclose(scores, [0.5 * w[1] + 0.25 * w[2] + b, w[2] + b], rtol=1e-12)
 
 
 def _rewrite(path, **arrays):
@@ -198,7 +198,7 @@ def _header(path) -> dict:
     ("foreign", "cannot be read as a hyfl model"),
     ("not_npz", "cannot be read as a hyfl model"),
     ("kind", "is not a hyfl model file"),
-    ("version", f"has model format 99, this hyfl reads format {MODEL_FORMAT}"),
+    ("version", "has model format 99, this hyfl reads formats 1, 2"),
     ("weights", "does not match its checksum"),
     ("header", "does not match its checksum"),
     ("missing", "does not exist"),
@@ -235,11 +235,14 @@ def test_unreadable_foreign_or_tampered_model_files_are_refused(tmp_path, damage
 
 def test_compare_and_config_runs_write_a_model_per_run(tmp_path):
     out = tmp_path / "cmp"
+    # (without intercept: FedAvg's 3 rounds beat the majority class only then)
     result = runner.invoke(app, ["compare", "--algorithms", "hyfdca,fedavg", "--iterations", "3",
-                                 "--out", str(out), "--no-progress"])
+                                 "--intercept", "off", "--out", str(out), "--no-progress"])
     assert result.exit_code == 0, result.output
     for name in ("hyfdca", "fedavg"):
-        assert load_model(out / name / "model.npz").algorithm == name
+        model = load_model(out / name / "model.npz")
+        assert model.algorithm == name and model.n_features == 30
+        assert model.intercept.tolist() == [0.0]
     config = tmp_path / "exp.toml"
     config.write_text('[experiment]\nname = "m"\nseeds = [0]\nbudget = { iterations = 3 }\n'
                       '[data]\ndataset = "breast_cancer"\n[partition]\nspec = "grid:2x2"\n'
@@ -248,3 +251,4 @@ def test_compare_and_config_runs_write_a_model_per_run(tmp_path):
     assert result.exit_code == 0, result.output
     model = load_model(tmp_path / "exp" / "hyfdca" / "seed-0" / "model.npz")
     assert (model.algorithm, model.partition) == ("hyfdca", "grid:2x2")
+    assert model.n_features == 30 and model.intercept[0] != 0  # the default intercept

@@ -19,6 +19,9 @@ DEFAULT_HE_LAYOUT = "cipher"
 HE_LAYOUTS = ("cipher", "sample")
 """Named choices of ``he_layout`` besides cipher names."""
 
+INTERCEPT_SCALING = 1.0
+"""Default value of the constant intercept column (liblinear's ``intercept_scaling``)."""
+
 LOSS_NAMES = ("hinge", "logistic", "squared", "smoothed_hinge")
 """The keys of :data:`hyfl.losses.LOSSES`, in order."""
 

@@ -84,6 +84,11 @@ ValFraction = Annotated[float | None, typer.Option(help="Hold out this fraction 
 Loss = Annotated[str, typer.Option(click_type=_choice(LOSS_NAMES), metavar="LOSS",
                                    help=f"Loss function: {', '.join(LOSS_NAMES)}.")]
 Lam = Annotated[float | None, typer.Option(help="Regularization (default: the dataset's).")]
+Intercept = Annotated[
+    str, typer.Option(metavar="S|off", help="Bias: a constant column of value S, its weight "
+                      "regularized like the others (as liblinear); larger S regularizes the "
+                      "bias less but slows the dual steps; off: none.")
+]
 PartitionOpt = Annotated[
     str | None,
     typer.Option(
@@ -301,6 +306,7 @@ def run(
     val_fraction: ValFraction = None,
     loss: Loss = "hinge",
     lam: Lam = None,
+    intercept: Intercept = "1",
     partition: PartitionOpt = None,
     participation: ParticipationOpt = "0.5",
     iic: Iic = None,
@@ -356,6 +362,7 @@ def run(
     (resolved), environment.json, summary.csv, summary.md, compare.png, costs.png and
     DIR/<algorithm>/seed-<s>/ (metrics.parquet, metrics.csv, run.json, checkpoint.npz).
     """
+    from hyfl.data.dataset import parse_intercept
     from hyfl.experiments.runner import RunSpec, execute
 
     show = progress and not quiet
@@ -379,6 +386,7 @@ def run(
             val_fraction=val_fraction,
             loss=loss,
             lam=lam,
+            intercept=parse_intercept(intercept),
             partition=partition,
             participation=participation,
             hyper=hyper,
@@ -413,6 +421,7 @@ _FLAG_KEYS = {
     "val_fraction": ("data", "val_fraction"),
     "loss": ("data", "loss"),
     "lam": ("data", "lam"),
+    "intercept": ("data", "intercept"),
     "data_dir": ("data", "data_dir"),
     "partition": ("partition", "spec"),
     "participation": ("partition", "participation"),
@@ -649,6 +658,7 @@ def compare(
     val_fraction: ValFraction = None,
     loss: Loss = "hinge",
     lam: Lam = None,
+    intercept: Intercept = "1",
     partition: PartitionOpt = None,
     participation: ParticipationOpt = "0.5",
     iic: Iic = None,
@@ -683,6 +693,7 @@ def compare(
     Writes DIR/summary.csv, summary.md, compare.png (against outer iterations and
     simulated time) and costs.png (time per outer iteration by component).
     """
+    from hyfl.data.dataset import parse_intercept
     from hyfl.experiments.runner import RunSpec, summary_rows
     from hyfl.experiments.runner import compare as run_compare
 
@@ -697,6 +708,7 @@ def compare(
             val_fraction=val_fraction,
             loss=loss,
             lam=lam,
+            intercept=parse_intercept(intercept),
             partition=partition,
             participation=participation,
             hyper=hyper,

@@ -14,8 +14,13 @@ Example::
                            participation=0.5, random_state=0).fit(X, y)
     clf.predict(X), clf.score(X, y), clf.gap_, clf.n_iter_
 
-hyfl models have no intercept (the problem is ``lam/2 ||w||^2 + mean loss``):
-``intercept_`` is always 0; append a constant feature to ``X`` to learn one.
+The intercept is fitted as liblinear fits it (``fit_intercept=True``, the
+default): ``X`` gains a constant column of value ``intercept_scaling`` whose
+weight is regularized with the others, so the problem is
+``lam/2 (||coef||^2 + (intercept / intercept_scaling)^2) + mean loss``
+(:func:`hyfl.data.dataset.with_intercept`); the duality gap certifies that
+objective, and ``LinearSVC``/``LogisticRegression(solver="liblinear")`` with
+``C = 1 / (lam N)`` and the same ``intercept_scaling`` solve it too.
 
 Small data. A partition spec ``grid:KxQ``, ``horizontal:K`` or
 ``vertical:Q`` asks for more groups than a tiny ``X`` has rows or columns
@@ -40,7 +45,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
 
 from hyfl.algorithms.hyfdca import DEFAULT_MOMENTUM, HyFDCA
-from hyfl.data.dataset import Dataset
+from hyfl.data.dataset import INTERCEPT_SCALING, Dataset, split_intercept, with_intercept
 from hyfl.data.loaders import map_labels
 from hyfl.errors import (
     HyflError,
@@ -144,6 +149,12 @@ class _HyFDCAEstimator(BaseEstimator):
         check_choice("loss", self.loss, self._losses)
         check_positive("lam", self.lam, fix="Pass a positive regularization strength, e.g. 1e-3.")
         check_int("max_iter", self.max_iter, minimum=1)
+        if not isinstance(self.fit_intercept, (bool, np.bool_)):
+            raise fail("fit_intercept", f"must be True or False, got {self.fit_intercept!r}",
+                       "Pass fit_intercept=True (learn a bias) or False.")
+        if self.fit_intercept:
+            check_positive("intercept_scaling", self.intercept_scaling,
+                           fix="Pass a positive constant, e.g. 1.0 (liblinear's default).")
         try:
             tol_ok = not isinstance(self.tol, bool) and float(self.tol) >= 0
         except (TypeError, ValueError):
@@ -167,13 +178,17 @@ class _HyFDCAEstimator(BaseEstimator):
                        "Pass finite numeric data with one target per sample.") from err
 
     # -- the run -------------------------------------------------------------
-    def _run(self, X, y_encoded: np.ndarray, task: str) -> np.ndarray:
-        """Simulate the federation; set the fitted attributes; return weights (M, C)."""
+    def _run(self, X, y_encoded: np.ndarray, task: str) -> tuple[np.ndarray, np.ndarray]:
+        """Simulate the federation; set the fitted attributes; return the weights
+        (M, C) and the intercept (C,)."""
         algorithm = self._algorithm()
         seed = _seed(self.random_state)
-        X = sp.csr_matrix(X, dtype=np.float64)
-        problem = make_problem(Dataset(X, y_encoded, name="X", task=task), self.loss, self.lam)
-        partition, spec = _capped_partition(self.partition, X, seed, labels=y_encoded)
+        data = Dataset(sp.csr_matrix(X, dtype=np.float64), y_encoded, name="X", task=task)
+        scaling = float(self.intercept_scaling) if self.fit_intercept else None
+        if scaling is not None:
+            data = with_intercept(data, scaling)
+        problem = make_problem(data, self.loss, self.lam)
+        partition, spec = _capped_partition(self.partition, data.X, seed, labels=y_encoded)
         participation = parse_participation(self.participation, partition.n_clients)
         tol = float(self.tol)
 
@@ -209,7 +224,7 @@ class _HyFDCAEstimator(BaseEstimator):
                 TrivialModelWarning,
                 stacklevel=3,
             )
-        return weights
+        return split_intercept(weights, scaling)
 
     @staticmethod
     def _judge(problem, metrics, weights, y_encoded, task):
@@ -225,7 +240,7 @@ class _HyFDCAEstimator(BaseEstimator):
     def _decision(self, X) -> np.ndarray:
         check_is_fitted(self, "coef_")
         X = self._validate(X, reset=False)
-        return np.asarray(X @ self.coef_.T)
+        return np.asarray(X @ self.coef_.T) + self.intercept_
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -239,6 +254,14 @@ class _HyFDCAEstimator(BaseEstimator):
 _SHARED_PARAMETERS = """\
     lam : float, default 1e-3
         Regularization strength ``lam`` of ``lam/2 ||w||^2 + 1/N sum_i loss_i``, > 0.
+    fit_intercept : bool, default True
+        Learn a bias: ``X`` gains a constant column of value
+        ``intercept_scaling`` (held by the clients of one feature block) whose
+        weight times ``intercept_scaling`` is ``intercept_``. As in liblinear,
+        that weight is regularized like the others.
+    intercept_scaling : float, default 1.0
+        The constant column's value, > 0. Larger values regularize the
+        intercept less but slow the dual steps.
     partition : str or hyfl.partition.Partition, default "grid:2x2"
         How the rows and columns of ``X`` are split over the clients: a spec
         for :func:`hyfl.partition.parse_partition` (``"grid:3x3"``,
@@ -278,7 +301,7 @@ _SHARED_PARAMETERS = """\
 
 _SHARED_ATTRIBUTES = """\
     intercept_ : float or ndarray of shape (n_classes,)
-        Always 0: hyfl models have no intercept.
+        The bias (0 with ``fit_intercept=False``).
     n_features_in_ : int
         Number of features seen in ``fit``.
     n_iter_ : int
@@ -339,6 +362,8 @@ class HyFDCAClassifier(ClassifierMixin, _HyFDCAEstimator):
         self,
         loss="hinge",
         lam=1e-3,
+        fit_intercept=True,
+        intercept_scaling=INTERCEPT_SCALING,
         partition="grid:2x2",
         participation=1.0,
         max_iter=DEFAULT_MAX_ITER,
@@ -353,6 +378,8 @@ class HyFDCAClassifier(ClassifierMixin, _HyFDCAEstimator):
     ):
         self.loss = loss
         self.lam = lam
+        self.fit_intercept = fit_intercept
+        self.intercept_scaling = intercept_scaling
         self.partition = partition
         self.participation = participation
         self.max_iter = max_iter
@@ -397,17 +424,17 @@ class HyFDCAClassifier(ClassifierMixin, _HyFDCAEstimator):
         # Labels of any type -> their sorted positions -> hyfl's encoding (the loaders'
         # map_labels: binary -1 for classes_[0], +1 for classes_[1]; multiclass 0..C-1).
         encoded, task, _ = map_labels(index, "y", task="binary" if n_classes == 2 else "multiclass")
-        weights = self._run(X, encoded, task)
+        weights, intercept = self._run(X, encoded, task)
         if n_classes == 2:
             self.coef_ = weights[:, 0].copy()
-            self.intercept_ = 0.0
+            self.intercept_ = float(intercept[0])
         else:
             self.coef_ = np.ascontiguousarray(weights.T)
-            self.intercept_ = np.zeros(n_classes)
+            self.intercept_ = intercept
         return self
 
     def decision_function(self, X):
-        """Decision values ``X @ coef_.T``.
+        """Decision values ``X @ coef_.T + intercept_``.
 
         Parameters
         ----------
@@ -447,7 +474,7 @@ class HyFDCAClassifier(ClassifierMixin, _HyFDCAEstimator):
     def predict_proba(self, X):
         """Class probabilities of the logistic model (``loss="logistic"`` only).
 
-        ``P(classes_[1] | x) = 1 / (1 + exp(-x @ coef_))`` for two classes; for
+        ``P(classes_[1] | x) = 1 / (1 + exp(-(x @ coef_ + intercept_)))`` for two classes; for
         more, each class's one-vs-rest probability, normalized over the classes.
 
         Parameters
@@ -479,8 +506,6 @@ class HyFDCAClassifier(ClassifierMixin, _HyFDCAEstimator):
 class HyFDCARegressor(RegressorMixin, _HyFDCAEstimator):
     __doc__ = f"""Ridge regression (squared loss) trained by HyFDCA over a simulated federation.
 
-    The model has no intercept: center ``y`` (or append a constant feature).
-
     Parameters
     ----------
     loss : {{"squared"}}, default "squared"
@@ -499,6 +524,8 @@ class HyFDCARegressor(RegressorMixin, _HyFDCAEstimator):
         self,
         loss="squared",
         lam=1e-3,
+        fit_intercept=True,
+        intercept_scaling=INTERCEPT_SCALING,
         partition="grid:2x2",
         participation=1.0,
         max_iter=DEFAULT_MAX_ITER,
@@ -513,6 +540,8 @@ class HyFDCARegressor(RegressorMixin, _HyFDCAEstimator):
     ):
         self.loss = loss
         self.lam = lam
+        self.fit_intercept = fit_intercept
+        self.intercept_scaling = intercept_scaling
         self.partition = partition
         self.participation = participation
         self.max_iter = max_iter
@@ -546,13 +575,13 @@ class HyFDCARegressor(RegressorMixin, _HyFDCAEstimator):
         """
         self._check_params()
         X, y = self._validate(X, y, y_numeric=True)
-        weights = self._run(X, np.asarray(y, dtype=np.float64), "regression")
+        weights, intercept = self._run(X, np.asarray(y, dtype=np.float64), "regression")
         self.coef_ = weights[:, 0].copy()
-        self.intercept_ = 0.0
+        self.intercept_ = float(intercept[0])
         return self
 
     def predict(self, X):
-        """Predicted targets ``X @ coef_``.
+        """Predicted targets ``X @ coef_ + intercept_``.
 
         Parameters
         ----------

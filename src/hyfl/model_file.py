@@ -8,6 +8,9 @@ numeric arrays only:
 ``weights``
     float64, shape (n_features, n_outputs): one column per output (one for binary
     classification and regression, one per class for one-vs-rest multiclass).
+``intercept``
+    float64, shape (n_outputs,): the bias of each output (zeros for a model fitted
+    without an intercept; absent from format-1 files, which had none).
 ``classes``
     float64, shape (n_outputs,) or (2,) or (0,): the encoded label of each column
     (multiclass), ``[-1, +1]`` (binary) or empty (regression).
@@ -43,10 +46,12 @@ import scipy.sparse as sp
 from hyfl._io import atomic_write, read_header, read_npz
 from hyfl.errors import HyflError, fail
 
-MODEL_FORMAT = 1
+MODEL_FORMAT = 2
+_READABLE_FORMATS = (1, 2)  # format 1: no intercept array
 MODEL_KIND = "hyfl-model"
 MODEL_FILE = "model.npz"
 _ARRAYS = ("weights", "classes", "labels")
+_OPTIONAL_ARRAYS = ("intercept",)
 _TASKS = ("binary", "multiclass", "regression")
 
 
@@ -87,6 +92,8 @@ class Model:
     Parameters
     ----------
     weights : ndarray, shape (n_features, n_outputs)
+    intercept : ndarray, shape (n_outputs,)
+        Added to ``X @ weights`` (zeros for a model without intercept).
     task : {"binary", "multiclass", "regression"}
     classes : ndarray
         Encoded label of each output column (multiclass), ``[-1, 1]`` (binary),
@@ -103,6 +110,7 @@ class Model:
     """
 
     weights: np.ndarray
+    intercept: np.ndarray
     task: str
     classes: np.ndarray
     labels: np.ndarray
@@ -133,12 +141,12 @@ class Model:
             )
 
     def decision_function(self, X) -> np.ndarray:
-        """Scores ``X @ weights``: shape (n_samples,) for one output, else (n_samples, C)."""
+        """Scores ``X @ weights + intercept``: shape (n_samples,) for one output, else (n_samples, C)."""
         X = X if sp.issparse(X) else np.asarray(X, dtype=np.float64)
         if X.ndim != 2:
             raise fail("X", f"must be 2-D, got shape {X.shape}", "Pass (n_samples, n_features).")
         self.check_features(X.shape[1], "X")
-        scores = np.asarray(X @ self.weights, dtype=np.float64)
+        scores = np.asarray(X @ self.weights, dtype=np.float64) + self.intercept
         return scores[:, 0] if self.n_outputs == 1 else scores
 
     def predict_encoded(self, X) -> np.ndarray:
@@ -171,12 +179,18 @@ def model_from_problem(problem, weights, *, data_meta: dict | None = None,
     """Build a :class:`Model` from a :class:`~hyfl.problem.Problem` and its weights.
 
     ``data_meta`` is the training dataset's ``meta`` (its ``classes`` give the
-    original labels); ``data_y`` its encoded labels (for the checksum; default the
-    problem's first label column).
+    original labels; its ``intercept_scaling``, that the last weight is the
+    intercept's, :func:`hyfl.data.dataset.with_intercept`); ``data_y`` its encoded
+    labels (for the checksum; default the problem's first label column).
     """
+    from hyfl.data.dataset import split_intercept
+
     weights = np.asarray(weights, dtype=np.float64)
     if weights.ndim == 1:
         weights = weights[:, None]
+    scaling = (data_meta or {}).get("intercept_scaling")
+    weights, intercept = split_intercept(weights, scaling)
+    X = problem.X if scaling is None else problem.X[:, :-1]
     original = tuple((data_meta or {}).get("classes") or ())
     names: tuple = ()
     if any(isinstance(label, str) for label in original):  # text: stored by position
@@ -200,11 +214,11 @@ def model_from_problem(problem, weights, *, data_meta: dict | None = None,
     from hyfl import __version__
 
     return Model(
-        weights=weights, task=task, classes=classes, labels=labels,
+        weights=weights, intercept=intercept, task=task, classes=classes, labels=labels,
         loss=str(getattr(problem.loss, "name", problem.loss)), lam=float(problem.lam),
         partition=str(partition), algorithm=str(algorithm),
         provenance={"hyfl_version": __version__, "data": str(data),
-                    "data_sha256": data_checksum(problem.X, y),
+                    "data_sha256": data_checksum(X, y),
                     "n_samples": int(problem.n_samples), "written": time.time(),
                     **_how_read(data_meta or {})},
         label_names=names,
@@ -218,14 +232,18 @@ def _how_read(meta: dict) -> dict:
     if isinstance(meta.get("zero_based"), bool):
         out["zero_based"] = meta["zero_based"]
     if meta.get("feature_names") and meta.get("format") == "parties":
-        out["feature_names"] = [str(name) for name in meta["feature_names"]]
+        names = meta["feature_names"]
+        if meta.get("intercept_scaling") is not None:  # the constant column is not read
+            names = names[:-1]
+        out["feature_names"] = [str(name) for name in names]
     return out
 
 
 def save_model(path: str | os.PathLike, model: Model) -> Path:
     """Write ``model`` to ``path`` (an ``.npz``; see the module docstring), atomically."""
     path = Path(path)
-    arrays = {name: np.asarray(getattr(model, name), dtype=np.float64) for name in _ARRAYS}
+    arrays = {name: np.asarray(getattr(model, name), dtype=np.float64)
+              for name in _ARRAYS + _OPTIONAL_ARRAYS}
     header = {
         "kind": MODEL_KIND,
         "format": MODEL_FORMAT,
@@ -276,15 +294,16 @@ def load_model(path: str | os.PathLike) -> Model:
                    "Use hyfl predict, or hyfl.neural.model_file.load_neural_model.")
     if header.get("kind") != MODEL_KIND:
         raise fail(culprit, "is not a hyfl model file", "Pass a model.npz written by hyfl.")
-    if header.get("format") != MODEL_FORMAT:
+    if header.get("format") not in _READABLE_FORMATS:
         provenance = header.get("provenance")
         version = provenance.get("hyfl_version") if isinstance(provenance, dict) else None
         raise fail(culprit, f"has model format {header.get('format')!r}, this hyfl "
-                   f"reads format {MODEL_FORMAT}",
+                   f"reads formats {', '.join(map(str, _READABLE_FORMATS))}",
                    f"Use the hyfl version that wrote it ({version or 'unknown'}), or "
                    "retrain with this one.")
     missing = [name for name in _ARRAYS if name not in arrays]
-    bad = [name for name in _ARRAYS if name in arrays and arrays[name].dtype.kind != "f"]
+    bad = [name for name in _ARRAYS + _OPTIONAL_ARRAYS
+           if name in arrays and arrays[name].dtype.kind != "f"]
     if missing or bad:
         raise fail(culprit, f"lacks float arrays {missing + bad}",
                    "The file is damaged; retrain or restore it.")
@@ -315,7 +334,8 @@ _HEADER_FIELDS = {
 def check_model_fields(culprit: str, header: dict, arrays: dict[str, np.ndarray]) -> Model:
     """The :class:`Model` a model file's header and arrays describe, each field checked.
 
-    Weights finite, of shape ``(n_features, n_outputs)``; ``classes`` and
+    Weights finite, of shape ``(n_features, n_outputs)``; the intercept (zeros if
+    absent) finite, of shape ``(n_outputs,)``; ``classes`` and
     ``labels`` finite, of one length, each without repeats, ``classes`` sorted
     (predictions look labels up in them); one output and classes ``[-1, 1]`` for
     binary classification, one output per class (at least two) for multiclass,
@@ -332,10 +352,15 @@ def check_model_fields(culprit: str, header: dict, arrays: dict[str, np.ndarray]
                          f"{described}")
     weights, classes, labels = (np.asarray(arrays[name], dtype=np.float64) for name in _ARRAYS)
     task, n_outputs = header["task"], header["n_outputs"]
+    intercept = np.asarray(arrays.get("intercept", np.zeros(n_outputs)), dtype=np.float64)
     if weights.shape != (header["n_features"], n_outputs):
         raise refuse("weights", f"of shape {weights.shape}, not (n_features, n_outputs) = "
                      f"({header['n_features']}, {n_outputs}) as its header says")
-    for name, values in zip(_ARRAYS, (weights, classes, labels)):
+    if intercept.shape != (n_outputs,):
+        raise refuse("intercept", f"of shape {intercept.shape}, not (n_outputs,) = "
+                     f"({n_outputs},) as its header says")
+    for name, values in zip(("weights", "intercept", "classes", "labels"),
+                            (weights, intercept, classes, labels)):
         if not np.all(np.isfinite(values)):
             raise refuse(name, "that are not all finite (NaN or infinite values)")
     if classes.ndim != 1 or classes.shape != labels.shape:
@@ -360,7 +385,7 @@ def check_model_fields(culprit: str, header: dict, arrays: dict[str, np.ndarray]
                       and labels.tolist() == list(range(labels.size))):
         raise refuse("header field 'label_names'", f"= {_short(names)}, not one distinct text "
                      "per label (with labels 0, 1, ...)")
-    return Model(weights=weights, task=task, classes=classes, labels=labels,
+    return Model(weights=weights, intercept=intercept, task=task, classes=classes, labels=labels,
                  loss=header["loss"], lam=float(header["lam"]), partition=header["partition"],
                  algorithm=header["algorithm"], provenance=dict(header["provenance"]),
                  label_names=tuple(names))

@@ -1191,6 +1191,50 @@ def restrict_samples(partition: Partition, X: Any, rows: Any) -> Partition:
     return replace(partition, n_samples=int(rows.size), samples=samples, entry_owner=owner)
 
 
+def with_constant_feature(partition: Partition, X: Any) -> Partition:
+    """The partition of ``X`` with a constant last column appended (an intercept).
+
+    Partitions built from a spec simply split the augmented matrix; this is
+    for partitions that come with the data (party files). The constant of
+    sample ``i`` goes to the first client holding ``i``: as a whole feature to
+    those clients when each holds only samples it is the first to hold (a
+    grid of parties), else through ``entry_owner``.
+
+    Parameters
+    ----------
+    partition : Partition
+        The partition of ``X`` without its last column.
+    X : sparse matrix, shape (N, M + 1)
+        The data with the constant column (:func:`hyfl.data.dataset.with_intercept`).
+    """
+    csr = _as_csr(X)
+    column = partition.n_features
+    if csr.shape != (partition.n_samples, column + 1):
+        raise fail("X", f"has shape {csr.shape}, not the partition's {partition.n_samples} "
+                   f"samples by {column} + 1 features", "Pass the data with its constant "
+                   "column appended.")
+    first = np.full(partition.n_samples, -1, dtype=np.int64)
+    for k in reversed(range(partition.n_clients)):
+        first[partition.samples[k]] = k
+    holders = np.unique(first[first >= 0])
+    features = list(partition.features)
+    for k in holders:
+        features[k] = np.append(features[k], column)
+    whole = all(np.all(first[partition.samples[k]] == k) for k in holders)
+    if partition.entry_owner is None and whole:
+        return replace(partition, n_features=column + 1, features=tuple(features))
+    old = sp.csr_matrix((csr.data, csr.indices, csr.indptr), shape=csr.shape)[:, :column]
+    old_owner = partition.entry_owner
+    if old_owner is None:
+        (_, row_client, _), entries, rows = _ownership(partition, old)
+        old_owner = np.full(old.nnz, -1, dtype=np.int64)
+        old_owner[entries] = row_client[rows]
+    owner = np.insert(np.asarray(old_owner, dtype=np.int64), old.indptr[1:],
+                      first[np.arange(partition.n_samples)])
+    return replace(partition, n_features=column + 1, features=tuple(features),
+                   entry_owner=owner)
+
+
 def _as_ids(k: int, ids: Any, kind: str) -> np.ndarray:
     array = np.asarray(ids)
     if array.size == 0:

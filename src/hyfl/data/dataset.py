@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
-from hyfl.errors import fail
+from hyfl._names import INTERCEPT_SCALING
+from hyfl.errors import check_positive, fail
 
 
 @dataclass(frozen=True)
@@ -55,3 +56,80 @@ class Dataset:
     def classes(self) -> np.ndarray:
         """Sorted distinct labels (empty for regression)."""
         return np.unique(self.y) if self.task != "regression" else np.empty(0)
+
+
+def append_constant_column(X: sp.csr_matrix, value: float) -> sp.csr_matrix:
+    """Add a last column holding ``value`` in every row (a bias feature).
+
+    Parameters
+    ----------
+    X : scipy.sparse.csr_matrix, shape (n_samples, n_features), sorted indices
+    value : float
+
+    Returns
+    -------
+    scipy.sparse.csr_matrix, shape (n_samples, n_features + 1)
+    """
+    row_ends = X.indptr[1:]
+    data = np.insert(X.data, row_ends, value)
+    indices = np.insert(X.indices, row_ends, X.shape[1])
+    indptr = X.indptr + np.arange(X.shape[0] + 1, dtype=X.indptr.dtype)
+    return sp.csr_matrix((data, indices, indptr), shape=(X.shape[0], X.shape[1] + 1))
+
+
+def with_intercept(data: Dataset, scaling: float = INTERCEPT_SCALING) -> Dataset:
+    """``data`` with a constant last column of value ``scaling``: the intercept.
+
+    hyfl fits an intercept as liblinear does: the model's last weight ``w_b``
+    multiplies the constant ``scaling``, so the intercept is ``b = scaling * w_b``
+    and the problem stays ``lam/2 ||(w, w_b)||^2 + mean loss`` -- the bias is
+    regularized by ``lam / (2 scaling^2) b^2``, weakly for a large ``scaling``
+    (which, in return, slows the dual steps, whose curvature grows with
+    ``||x_i||^2``). Every solver, certificate and cost of hyfl then applies
+    unchanged, and scikit-learn's liblinear models with ``fit_intercept=True``
+    and the same ``intercept_scaling`` solve the same objective.
+
+    ``meta["intercept_scaling"]`` records the scaling: models split the last
+    weight off as the intercept (:func:`split_intercept`).
+    """
+    meta = dict(data.meta, intercept_scaling=float(scaling))
+    if meta.get("feature_names") is not None:
+        meta["feature_names"] = (*meta["feature_names"], "(intercept)")
+    return Dataset(append_constant_column(data.X, scaling), data.y, data.name, data.task, meta)
+
+
+def parse_intercept(value) -> float | None:
+    """The intercept column's value from a flag or config value, None for no intercept.
+
+    ``True`` or ``"on"``: :data:`INTERCEPT_SCALING`; ``False``, ``"off"`` or
+    ``"none"``: None; a positive number (or its text): that value.
+    """
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("on", "true", "yes"):
+            return INTERCEPT_SCALING
+        if text in ("off", "false", "no", "none"):
+            return None
+        try:
+            value = float(text)
+        except ValueError:
+            value = text
+    if value is True:
+        return INTERCEPT_SCALING
+    if value is False or value is None:
+        return None
+    return check_positive("intercept", value, fix="Give the constant column's value, such as "
+                          "1 (liblinear's default), or off for no intercept.")
+
+
+def split_intercept(weights: np.ndarray, scaling: float | None) -> tuple[np.ndarray, np.ndarray]:
+    """``(coef, intercept)`` of weights fitted on :func:`with_intercept` data.
+
+    ``weights`` of shape (M + 1, C) give coef (M, C) and intercept (C,) =
+    ``scaling * weights[-1]``; with ``scaling`` None (no intercept column), the
+    weights and zeros.
+    """
+    weights = np.asarray(weights, dtype=np.float64)
+    if scaling is None:
+        return weights, np.zeros(weights.shape[1:])
+    return weights[:-1], scaling * weights[-1]

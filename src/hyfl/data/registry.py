@@ -68,7 +68,7 @@ import scipy.sparse as sp
 
 from hyfl._io import read_npz
 from hyfl.data import fetch
-from hyfl.data.dataset import Dataset
+from hyfl.data.dataset import Dataset, append_constant_column
 from hyfl.data.fetch import DataFile, cache_dir, download_dir, downloads_allowed, sha256_of
 from hyfl.data.loaders import clean_csr, load_idx, load_libsvm, map_labels, widen
 from hyfl.errors import HyflError, check_choice, fail
@@ -190,24 +190,6 @@ def _minmax_csr(A: np.ndarray) -> sp.csr_matrix:
     return clean_csr(sp.vstack(blocks, format="csr"))
 
 
-def _append_constant_column(X: sp.csr_matrix, value: float) -> sp.csr_matrix:
-    """Add a last column holding ``value`` in every row (a bias feature).
-
-    Parameters
-    ----------
-    X : scipy.sparse.csr_matrix, shape (n_samples, n_features), sorted indices
-
-    Returns
-    -------
-    scipy.sparse.csr_matrix, shape (n_samples, n_features + 1)
-    """
-    row_ends = X.indptr[1:]
-    data = np.insert(X.data, row_ends, value)
-    indices = np.insert(X.indices, row_ends, X.shape[1])
-    indptr = X.indptr + np.arange(X.shape[0] + 1, dtype=X.indptr.dtype)
-    return sp.csr_matrix((data, indices, indptr), shape=(X.shape[0], X.shape[1] + 1))
-
-
 def _load_libsvm_like(path: Path, train: Dataset) -> Dataset:
     """Load a LIBSVM test/validation file so it matches its training set.
 
@@ -243,7 +225,7 @@ def _read_mnist(paths: tuple[Path, ...], train: Dataset | None) -> Dataset:
     X = data.X
     X.data /= 255.0  # load_idx's matrix is ours alone, so scale in place
     n_pixels = X.shape[1]
-    X = _append_constant_column(X, 10.0)
+    X = append_constant_column(X, 10.0)
     meta = dict(data.meta, bias_feature=n_pixels, bias_value=10.0)
     return replace(data, X=X, meta=meta)
 

@@ -29,6 +29,8 @@ defaults)::
                                       # or a party-file spec "parties:..." (passed through)
     loss = "hinge"                    # hinge | logistic | squared | smoothed_hinge; default hinge
     lam = 1e-3                        # default: the dataset's (paper's lambdas), else 1e-4
+    # intercept = false               # a bias: true (a constant column of value 1), a
+    #                                 # positive value for the column, or false; default true
     val_fraction = 0.2                # hold out this fraction; or val = "name or path"
     # data_dir = "../shared/data"     # folder with dataset files
 
@@ -101,6 +103,7 @@ try:  # Python 3.11+
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
+from hyfl._names import INTERCEPT_SCALING
 from hyfl.errors import HyflError, fail
 
 DEFAULT_CHECKPOINT_SECONDS = 60.0
@@ -119,7 +122,8 @@ EXPERIMENT_KEYS = (
     "checkpoint_seconds",
 )
 BUDGET_KEYS = ("iterations", "sim_time", "max_iterations")
-DATA_KEYS = ("dataset", "loss", "lam", "val", "val_fraction", "data_dir", "parties")
+DATA_KEYS = ("dataset", "loss", "lam", "intercept", "val", "val_fraction", "data_dir",
+             "parties")
 PARTITION_KEYS = ("spec", "participation")
 COSTS_KEYS = ("cipher", "key_bits", "latency", "he_costs", "he_layout")
 
@@ -165,6 +169,7 @@ class DataSection:
     val_fraction: float | None = None
     data_dir: str | None = None
     parties: Any = None
+    intercept: float | None = INTERCEPT_SCALING
 
     def has_party_files(self) -> bool:
         from hyfl.data import is_party_spec
@@ -251,6 +256,7 @@ class ExperimentConfig:
             val_fraction=d.val_fraction,
             loss=d.loss,
             lam=d.lam,
+            intercept=d.intercept,
             partition=p.spec,
             participation=p.participation,
             hyper=dict(entry.hyper),
@@ -300,7 +306,7 @@ class ExperimentConfig:
                     for k in DATA_KEYS
                     if not (k == "dataset" and self.data.parties is not None)
                 }
-            ),
+            ) | {"intercept": False if self.data.intercept is None else self.data.intercept},
             "partition": _without_none(asdict(self.partition)),
             "costs": _without_none(asdict(self.costs)),
             "algorithms": {
@@ -731,6 +737,7 @@ class _Validator:
 
     def data(self, table: Mapping) -> DataSection:
         from hyfl.data import dataset_names, default_lambda
+        from hyfl.data.dataset import parse_intercept
         from hyfl.experiments.runner import FALLBACK_LAMBDA
         from hyfl.losses import LOSSES
 
@@ -776,6 +783,12 @@ class _Validator:
         )
         if lam is None:
             lam = default_lambda(dataset) or FALLBACK_LAMBDA
+        try:  # true, false, a positive number, or a flag's text ("off", "10")
+            intercept = parse_intercept(table.get("intercept", True))
+        except HyflError:
+            raise self.error(s, "intercept", f"must be true, false or a positive number, got "
+                             f"{table['intercept']!r}", "Write intercept = true (a constant "
+                             "column of value 1), a positive value such as 10, or false.") from None
         if "val" in table and "val_fraction" in table:
             raise self.error(s, "val, val_fraction", "are both given", "Give only one of them.")
         val = self.text(s, table, "val")
@@ -807,6 +820,7 @@ class _Validator:
             dataset=dataset,
             lam=lam,
             loss=loss,
+            intercept=intercept,
             val=val,
             val_fraction=val_fraction,
             data_dir=data_dir,

@@ -47,9 +47,10 @@ from hyfl.costs import (
     save_calibration,
 )
 from hyfl.data import default_lambda, is_party_spec, load_party_data, train_validation
+from hyfl.data.dataset import INTERCEPT_SCALING, parse_intercept, with_intercept
 from hyfl.errors import check_choice, check_int, fail
 from hyfl.losses import LOSSES
-from hyfl.partition import parse_participation, parse_partition
+from hyfl.partition import parse_participation, parse_partition, with_constant_feature
 from hyfl.privacy.ciphers import CIPHERS, calibrate, check_keybits, make_cipher
 from hyfl.problem import make_problem, solve_centralized
 from hyfl.runtime.protocol import run_protocol
@@ -92,6 +93,9 @@ class RunSpec:
     cipher name, see :func:`hyfl.costs.counting_layout`) make the cost model
     of the simulated time.
 
+    ``intercept`` fits a bias as liblinear does: the data gain a constant column
+    of this value (:func:`hyfl.data.dataset.with_intercept`); None fits none.
+
     The budget: ``iterations`` outer iterations, or, with ``sim_time``
     (simulated seconds), until the cumulative simulated time reaches it, at
     most ``iterations`` rounds.
@@ -123,6 +127,7 @@ class RunSpec:
     sim_time: float | None = None
     parties: Any = None
     he_layout: str = DEFAULT_HE_LAYOUT
+    intercept: float | None = INTERCEPT_SCALING
 
     def validated(self) -> RunSpec:
         check_choice("algorithm", self.algorithm, algorithm_names())
@@ -131,6 +136,7 @@ class RunSpec:
         check_sim_time_budget(self.sim_time)
         check_int("eval_every", self.eval_every, minimum=1)
         check_int("seed", self.seed, minimum=0)
+        parse_intercept(self.intercept)
         if self.hyper.get("iic") is not None and self.hyper.get("local_steps") is not None:
             raise fail("--iic and --local-steps", "were both given", "Give only one of them.")
         if self.val is not None and self.val_fraction is not None:
@@ -282,10 +288,22 @@ def load_split(spec: RunSpec):
     return train, val, None
 
 
+def add_intercept(train, val, partition, scaling: float):
+    """Train and validation data with the constant intercept column, and the given
+    partition (party files) extended to it (:func:`hyfl.partition.with_constant_feature`)."""
+    train = with_intercept(train, scaling)
+    val = with_intercept(val, scaling) if val is not None else None
+    if partition is not None:
+        partition = with_constant_feature(partition, train.X)
+    return train, val, partition
+
+
 def prepare(spec: RunSpec) -> Setup:
     """Load data and build problem, optimum, partition, participation, cipher and cost model."""
     spec.validated()
     train, val, partition = load_split(spec)
+    if spec.intercept is not None:
+        train, val, partition = add_intercept(train, val, partition, spec.intercept)
     lam = spec.lam if spec.lam is not None else (default_lambda(spec.data) or FALLBACK_LAMBDA)
     problem = make_problem(train, spec.loss, lam)
     optimum = solve_centralized(problem)
@@ -525,7 +543,8 @@ def task_of(setup: Setup) -> dict[str, Any]:
         ``task`` ("binary", "multiclass" or "regression"), ``classes`` (the
         original label values, empty for regression), ``label_mapping``
         (original label -> +1/-1 for binary, -> the one-vs-rest column for
-        multiclass) and ``loss``.
+        multiclass), ``loss`` and ``intercept_scaling`` (the constant column's
+        value, None without an intercept).
     """
     train, problem = setup.train, setup.problem
     task = str(train.task)
@@ -542,24 +561,30 @@ def task_of(setup: Setup) -> dict[str, Any]:
     else:
         classes, mapping = [], {}
     return {"task": task, "classes": [_plain(c) for c in classes],
-            "label_mapping": mapping, "loss": problem.loss.name}
+            "label_mapping": mapping, "loss": problem.loss.name,
+            "intercept_scaling": train.meta.get("intercept_scaling")}
 
 
 def describe_task(task: dict[str, Any]) -> str:
-    """One line announcing :func:`task_of`'s task (``hyfl run`` prints it at start)."""
+    """Two lines announcing :func:`task_of`'s task (``hyfl run`` prints them at start)."""
     classes = ", ".join(str(c) for c in task["classes"])
     mapping = ", ".join(f"{k} -> {v:+d}" if task["task"] == "binary" else f"{k} -> column {v}"
                         for k, v in task["label_mapping"].items())
+    scaling = task.get("intercept_scaling")
+    bias = (f"\n  intercept: a constant column of value {scaling:g}" if scaling is not None
+            else "\n  no intercept")
     if task["task"] == "multiclass":
         return (f"task: multiclass, one-vs-rest over {len(task['classes'])} classes "
-                f"({classes}), {task['loss']} loss per class; labels {mapping}")
+                f"({classes}), {task['loss']} loss per class; labels {mapping}{bias}")
     if task["task"] == "binary":
-        return f"task: binary classification, classes {classes}; labels {mapping}"
-    return f"task: regression ({task['loss']} loss)"
+        return f"task: binary classification, classes {classes}; labels {mapping}{bias}"
+    return f"task: regression ({task['loss']} loss){bias}"
 
 
 def _plain(value):
-    """A class label as an int when it is a whole number (1.0 -> 1)."""
+    """A class label as an int when it is a whole number (1.0 -> 1); text stays text."""
+    if isinstance(value, str):
+        return value
     number = float(value)
     return int(number) if number.is_integer() else number
 
