@@ -79,8 +79,8 @@ def test_experiment_table_over_seeds_fits_80_columns(narrow):
 
 
 def test_run_summary_and_costs_fit_80_columns(narrow, tmp_path):
-    args = ["run", "--algorithm", "hyfem-avg", "--iterations", "3", "--no-progress", "--intercept", "off",
-            "--out", str(tmp_path / "r")]
+    args = ["run", "--algorithm", "hyfem-avg", "--iterations", "3", "--no-progress",
+            "--intercept", "off", "--out", str(tmp_path / "r")]
     result = runner.invoke(cli.app, args)
     assert result.exit_code == 0, result.output
     text = narrow.export_text()

@@ -12,7 +12,6 @@ from hyfl.cli import app
 from hyfl.data import load_data
 from hyfl.errors import HyflError
 from hyfl.model_file import (
-    MODEL_FORMAT,
     data_checksum,
     load_model,
     model_from_problem,

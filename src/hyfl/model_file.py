@@ -141,7 +141,8 @@ class Model:
             )
 
     def decision_function(self, X) -> np.ndarray:
-        """Scores ``X @ weights + intercept``: shape (n_samples,) for one output, else (n_samples, C)."""
+        """Scores ``X @ weights + intercept``: shape (n_samples,) for one output, else
+        (n_samples, C)."""
         X = X if sp.issparse(X) else np.asarray(X, dtype=np.float64)
         if X.ndim != 2:
             raise fail("X", f"must be 2-D, got shape {X.shape}", "Pass (n_samples, n_features).")
