@@ -264,8 +264,8 @@ def forge(path, header: dict | None = None, **arrays):
 
 def multiclass_model(tmp_path, **fields) -> Model:
     values = dict(weights=np.ones((4, 3)), intercept=np.zeros(3), task="multiclass",
-                  classes=np.array([0.0, 1, 2]), labels=np.array([3.0, 5, 7]), loss="hinge", lam=0.1, partition="",
-                  algorithm="hyfdca", provenance={})
+                  classes=np.array([0.0, 1, 2]), labels=np.array([3.0, 5, 7]), loss="hinge",
+                  lam=0.1, partition="", algorithm="hyfdca", provenance={})
     values.update(fields)
     return save_model(tmp_path / "model.npz", Model(**values))
 
