@@ -24,9 +24,19 @@ from hyfl.problem import solve_centralized
 _FAST = dict(max_iter=30, random_state=0)
 
 # Expected failures of scikit-learn's checks (at most two per estimator, each with its
-# reason). None: every check passes, including the tiny data sets (1 sample, 1 feature),
-# because the estimators cap the partition's group counts at the data's size.
-EXPECTED_FAILURES: dict[str, dict[str, str]] = {"HyFDCAClassifier": {}, "HyFDCARegressor": {}}
+# reason). The tiny data sets (1 sample, 1 feature) pass, because the estimators cap the
+# partition's group counts at the data's size.
+# Weighted and repeated samples define the same problem (the loss is the weighted mean),
+# but the federation's iterates differ (other rows in other blocks): after max_iter=30
+# rounds they agree to ~1e-3, not to the check's 1e-7. test_weights.py checks that
+# both reach the same certified optimum.
+_WEIGHT_EQUIVALENCE = ("the same optimum, other iterates: equal at convergence "
+                       "(test_weights.py), not after 30 rounds")
+EXPECTED_FAILURES: dict[str, dict[str, str]] = {
+    name: {"check_sample_weight_equivalence_on_dense_data": _WEIGHT_EQUIVALENCE,
+           "check_sample_weight_equivalence_on_sparse_data": _WEIGHT_EQUIVALENCE}
+    for name in ("HyFDCAClassifier", "HyFDCARegressor")
+}
 
 
 def _expected(estimator) -> dict[str, str]:

@@ -19,6 +19,10 @@ DEFAULT_HE_LAYOUT = "cipher"
 HE_LAYOUTS = ("cipher", "sample")
 """Named choices of ``he_layout`` besides cipher names."""
 
+CLASS_WEIGHTS = ("balanced",)
+"""Named ``class_weight`` choices (scikit-learn's): ``balanced`` weights each class's
+loss by ``n_samples / (n_classes * its count)``."""
+
 INTERCEPT_SCALING = 1.0
 """Default value of the constant intercept column (liblinear's ``intercept_scaling``)."""
 

@@ -19,6 +19,7 @@ from hyfl._format import format_bytes as _bytes
 from hyfl._format import format_seconds as _seconds
 from hyfl._names import (
     ALGORITHM_NAMES,
+    CLASS_WEIGHTS,
     DEFAULT_HE_COSTS,
     DEFAULT_HE_LAYOUT,
     HE_COST_SOURCES,
@@ -84,6 +85,11 @@ ValFraction = Annotated[float | None, typer.Option(help="Hold out this fraction 
 Loss = Annotated[str, typer.Option(click_type=_choice(LOSS_NAMES), metavar="LOSS",
                                    help=f"Loss function: {', '.join(LOSS_NAMES)}.")]
 Lam = Annotated[float | None, typer.Option(help="Regularization (default: the dataset's).")]
+ClassWeight = Annotated[
+    str | None, typer.Option(click_type=_choice(CLASS_WEIGHTS), metavar="balanced",
+                             help="balanced: weight each class's loss by N / (classes x its "
+                             "count); default: unweighted.", show_default=False)
+]
 Intercept = Annotated[
     str, typer.Option(metavar="S|off", help="Bias: a constant column of value S, its weight "
                       "regularized like the others (as liblinear); larger S regularizes the "
@@ -307,6 +313,7 @@ def run(
     loss: Loss = "hinge",
     lam: Lam = None,
     intercept: Intercept = "1",
+    class_weight: ClassWeight = None,
     partition: PartitionOpt = None,
     participation: ParticipationOpt = "0.5",
     iic: Iic = None,
@@ -387,6 +394,7 @@ def run(
             loss=loss,
             lam=lam,
             intercept=parse_intercept(intercept),
+            class_weight=class_weight,
             partition=partition,
             participation=participation,
             hyper=hyper,
@@ -422,6 +430,7 @@ _FLAG_KEYS = {
     "loss": ("data", "loss"),
     "lam": ("data", "lam"),
     "intercept": ("data", "intercept"),
+    "class_weight": ("data", "class_weight"),
     "data_dir": ("data", "data_dir"),
     "partition": ("partition", "spec"),
     "participation": ("partition", "participation"),
@@ -659,6 +668,7 @@ def compare(
     loss: Loss = "hinge",
     lam: Lam = None,
     intercept: Intercept = "1",
+    class_weight: ClassWeight = None,
     partition: PartitionOpt = None,
     participation: ParticipationOpt = "0.5",
     iic: Iic = None,
@@ -709,6 +719,7 @@ def compare(
             loss=loss,
             lam=lam,
             intercept=parse_intercept(intercept),
+            class_weight=class_weight,
             partition=partition,
             participation=participation,
             hyper=hyper,

@@ -22,6 +22,12 @@ weight is regularized with the others, so the problem is
 objective, and ``LinearSVC``/``LogisticRegression(solver="liblinear")`` with
 ``C = 1 / (lam N)`` and the same ``intercept_scaling`` solve it too.
 
+Sample weights (``fit(X, y, sample_weight)``, and the classifier's
+``class_weight``) weight each sample's loss; the loss is their weighted mean
+``sum_i c_i loss_i / sum_i c_i``, so integer weights act as repeated samples and
+scaling every weight changes nothing. The certificate stays exact
+(:mod:`hyfl.losses`); samples of weight 0 are left out.
+
 Small data. A partition spec ``grid:KxQ``, ``horizontal:K`` or
 ``vertical:Q`` asks for more groups than a tiny ``X`` has rows or columns
 would fail; the estimators cap ``K`` at the number of samples and ``Q`` at the
@@ -178,16 +184,22 @@ class _HyFDCAEstimator(BaseEstimator):
                        "Pass finite numeric data with one target per sample.") from err
 
     # -- the run -------------------------------------------------------------
-    def _run(self, X, y_encoded: np.ndarray, task: str) -> tuple[np.ndarray, np.ndarray]:
+    def _run(self, X, y_encoded: np.ndarray, task: str, weight: np.ndarray | None = None
+             ) -> tuple[np.ndarray, np.ndarray]:
         """Simulate the federation; set the fitted attributes; return the weights
-        (M, C) and the intercept (C,)."""
+        (M, C) and the intercept (C,). ``weight``: the samples' weights (:func:`_weights`)."""
         algorithm = self._algorithm()
         seed = _seed(self.random_state)
-        data = Dataset(sp.csr_matrix(X, dtype=np.float64), y_encoded, name="X", task=task)
+        X = sp.csr_matrix(X, dtype=np.float64)
+        if weight is not None:  # a sample of weight 0 counts for nothing: leave it out
+            kept = weight > 0
+            X, y_encoded, weight = X[kept], y_encoded[kept], weight[kept]
+            weight = None if np.all(weight == weight[0]) else weight / weight.mean()
+        data = Dataset(X, y_encoded, name="X", task=task)
         scaling = float(self.intercept_scaling) if self.fit_intercept else None
         if scaling is not None:
             data = with_intercept(data, scaling)
-        problem = make_problem(data, self.loss, self.lam)
+        problem = make_problem(data, self.loss, self.lam, sample_weight=weight)
         partition, spec = _capped_partition(self.partition, data.X, seed, labels=y_encoded)
         participation = parse_participation(self.participation, partition.n_clients)
         tol = float(self.tol)
@@ -225,6 +237,42 @@ class _HyFDCAEstimator(BaseEstimator):
                 stacklevel=3,
             )
         return split_intercept(weights, scaling)
+
+    @staticmethod
+    def _weights(X, y, sample_weight, class_weight=None) -> np.ndarray | None:
+        """The samples' weights: ``sample_weight`` times the ``class_weight`` of each label;
+        None when neither is given."""
+        if sample_weight is None and class_weight is None:
+            return None
+        weight = np.ones(X.shape[0])
+        if sample_weight is not None:
+            try:
+                given = np.asarray(sample_weight, dtype=np.float64)
+            except (TypeError, ValueError):
+                raise fail("sample_weight", "is not numeric",
+                           "Pass one non-negative number per sample.") from None
+            if given.ndim == 0:
+                given = np.full(X.shape[0], float(given))
+            if given.shape != (X.shape[0],):
+                raise fail("sample_weight", f"has shape {given.shape}, but X has "
+                           f"{X.shape[0]} samples", "Pass one weight per sample.")
+            bad = np.flatnonzero(~np.isfinite(given) | (given < 0))
+            if bad.size:
+                raise fail("sample_weight", f"must be finite and >= 0, but sample {bad[0]} has "
+                           f"{given[bad[0]]!r}", "Pass non-negative finite weights.")
+            weight = given
+        if class_weight is not None:
+            from sklearn.utils.class_weight import compute_sample_weight
+
+            try:
+                weight = weight * compute_sample_weight(class_weight, y)
+            except ValueError as err:
+                raise fail("class_weight", str(err).rstrip("."),
+                           'Pass "balanced", a dict {label: weight} or None.') from err
+        if not np.any(weight > 0):
+            raise fail("sample_weight", "is zero for every sample",
+                       "Give some samples a positive weight.")
+        return weight
 
     @staticmethod
     def _judge(problem, metrics, weights, y_encoded, task):
@@ -338,7 +386,11 @@ class HyFDCAClassifier(ClassifierMixin, _HyFDCAEstimator):
     ----------
     loss : {{"hinge", "logistic", "smoothed_hinge"}}, default "hinge"
         Classification loss (SVM, logistic regression, smoothed-hinge SVM).
-{_SHARED_PARAMETERS}
+{_SHARED_PARAMETERS}    class_weight : dict, "balanced" or None, default None
+        Weights of the classes' losses: ``{{label: weight}}``, or ``"balanced"``
+        (``n_samples / (n_classes * count of the class)``); multiplies
+        ``sample_weight``.
+
     Attributes
     ----------
     classes_ : ndarray of shape (n_classes,)
@@ -375,6 +427,7 @@ class HyFDCAClassifier(ClassifierMixin, _HyFDCAEstimator):
         gamma=1.0,
         history=None,
         momentum=DEFAULT_MOMENTUM,
+        class_weight=None,
     ):
         self.loss = loss
         self.lam = lam
@@ -391,8 +444,9 @@ class HyFDCAClassifier(ClassifierMixin, _HyFDCAEstimator):
         self.gamma = gamma
         self.history = history
         self.momentum = momentum
+        self.class_weight = class_weight
 
-    def fit(self, X, y):
+    def fit(self, X, y, sample_weight=None):
         """Train over the simulated federation.
 
         Parameters
@@ -401,6 +455,8 @@ class HyFDCAClassifier(ClassifierMixin, _HyFDCAEstimator):
             Finite feature values.
         y : array-like of shape (n_samples,)
             Class labels (at least two distinct ones).
+        sample_weight : array-like of shape (n_samples,), default None
+            Non-negative weight of each sample's loss (see the module docstring).
 
         Returns
         -------
@@ -424,7 +480,8 @@ class HyFDCAClassifier(ClassifierMixin, _HyFDCAEstimator):
         # Labels of any type -> their sorted positions -> hyfl's encoding (the loaders'
         # map_labels: binary -1 for classes_[0], +1 for classes_[1]; multiclass 0..C-1).
         encoded, task, _ = map_labels(index, "y", task="binary" if n_classes == 2 else "multiclass")
-        weights, intercept = self._run(X, encoded, task)
+        weight = self._weights(X, y, sample_weight, self.class_weight)
+        weights, intercept = self._run(X, encoded, task, weight)
         if n_classes == 2:
             self.coef_ = weights[:, 0].copy()
             self.intercept_ = float(intercept[0])
@@ -554,7 +611,7 @@ class HyFDCARegressor(RegressorMixin, _HyFDCAEstimator):
         self.history = history
         self.momentum = momentum
 
-    def fit(self, X, y):
+    def fit(self, X, y, sample_weight=None):
         """Train over the simulated federation.
 
         Parameters
@@ -563,6 +620,8 @@ class HyFDCARegressor(RegressorMixin, _HyFDCAEstimator):
             Finite feature values.
         y : array-like of shape (n_samples,)
             Finite real targets.
+        sample_weight : array-like of shape (n_samples,), default None
+            Non-negative weight of each sample's loss (see the module docstring).
 
         Returns
         -------
@@ -575,7 +634,8 @@ class HyFDCARegressor(RegressorMixin, _HyFDCAEstimator):
         """
         self._check_params()
         X, y = self._validate(X, y, y_numeric=True)
-        weights, intercept = self._run(X, np.asarray(y, dtype=np.float64), "regression")
+        weight = self._weights(X, y, sample_weight)
+        weights, intercept = self._run(X, np.asarray(y, dtype=np.float64), "regression", weight)
         self.coef_ = weights[:, 0].copy()
         self.intercept_ = float(intercept[0])
         return self

@@ -13,6 +13,15 @@ Every method works elementwise on arrays of any shape; ``y`` must have the
 same shape as ``z``/``alpha`` (no silent broadcasting). Multiclass one-vs-rest
 problems simply pass (N, C) arrays with ``y`` in {-1, +1}.
 
+Sample weights. Every method takes an optional ``weight`` of ``y``'s shape: the
+loss of a sample of weight ``c > 0`` is ``c l(z, y)``, whose conjugate is
+``c l*(-alpha / c)`` on the dual domain scaled by ``c`` (``y alpha in [0, c]`` for
+the margin losses); the dual step of the weighted loss is ``c`` times the
+unweighted step from ``alpha / c`` with curvature ``c q`` (substitute
+``d = c e``). So the certificate stays exact, and subclasses implement the
+unweighted formulas only (``_value``, ``_derivative``, ``_conjugate``,
+``_dual_bounds``, ``_dual_step``).
+
 The one-dimensional dual step is the workhorse of HyFDCA::
 
     delta = argmax_d  -l*(-(alpha + d)) - d * z - q * d^2 / 2
@@ -42,6 +51,13 @@ def _same_shape(*arrays: np.ndarray) -> None:
             )
 
 
+def _weighted(weight: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Sample weights as an array of ``y``'s shape (no silent broadcasting)."""
+    weight = np.asarray(weight, dtype=np.float64)
+    _same_shape(weight, y)
+    return weight
+
+
 @dataclass(frozen=True)
 class Loss:
     """Base class: subclasses implement the elementwise formulas.
@@ -66,27 +82,41 @@ class Loss:
     quadratic_conjugate: bool = True
 
     # -- primal -----------------------------------------------------------
-    def value(self, z: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """Loss value ``l(z, y)``, same shape as ``z``."""
-        raise NotImplementedError
+    def value(self, z: np.ndarray, y: np.ndarray, weight: np.ndarray | None = None
+              ) -> np.ndarray:
+        """Loss value ``c l(z, y)`` (``c = weight``, default 1), same shape as ``z``."""
+        value = self._value(z, y)
+        return value if weight is None else _weighted(weight, y) * value
 
-    def derivative(self, z: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """A (sub)gradient ``l'(z, y)`` with respect to the margin."""
-        raise NotImplementedError
+    def derivative(self, z: np.ndarray, y: np.ndarray, weight: np.ndarray | None = None
+                   ) -> np.ndarray:
+        """A (sub)gradient ``c l'(z, y)`` with respect to the margin."""
+        slope = self._derivative(z, y)
+        return slope if weight is None else _weighted(weight, y) * slope
 
     # -- dual -------------------------------------------------------------
-    def conjugate(self, alpha: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """``l*(-alpha)``; ``+inf`` outside the dual domain."""
-        raise NotImplementedError
+    def conjugate(self, alpha: np.ndarray, y: np.ndarray, weight: np.ndarray | None = None
+                  ) -> np.ndarray:
+        """``(c l)*(-alpha) = c l*(-alpha / c)``; ``+inf`` outside the dual domain."""
+        if weight is None:
+            return self._conjugate(alpha, y)
+        c = _weighted(weight, y)
+        return c * self._conjugate(alpha / c, y)
 
-    def dual_bounds(self, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def dual_bounds(self, y: np.ndarray, weight: np.ndarray | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
         """Closed interval ``[lo, hi]`` of feasible ``alpha`` (may be infinite)."""
-        raise NotImplementedError
+        lo, hi = self._dual_bounds(y)
+        if weight is None:
+            return lo, hi
+        c = _weighted(weight, y)
+        return c * lo, c * hi
 
     def dual_step(
-        self, alpha: np.ndarray, z: np.ndarray, q: np.ndarray, y: np.ndarray
+        self, alpha: np.ndarray, z: np.ndarray, q: np.ndarray, y: np.ndarray,
+        weight: np.ndarray | None = None,
     ) -> np.ndarray:
-        """Exact maximizer ``delta`` of ``-l*(-(alpha+d)) - d z - q d^2 / 2``.
+        """Exact maximizer ``delta`` of ``-(c l)*(-(alpha+d)) - d z - q d^2 / 2``.
 
         Parameters
         ----------
@@ -99,17 +129,39 @@ class Loss:
             only when it is a scalar or has the same shape).
         y : ndarray
             Labels, same shape as ``alpha``.
+        weight : ndarray, optional
+            Sample weights ``c > 0``, same shape as ``alpha`` (default 1).
         """
-        raise NotImplementedError
+        if weight is None:
+            return self._dual_step(alpha, z, q, y)
+        c = _weighted(weight, y)
+        return c * self._dual_step(alpha / c, z, q * c, y)
 
-    def dual_target(self, z: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """``u = -l'(z)``: the dual value that is optimal for margin ``z``.
+    def dual_target(self, z: np.ndarray, y: np.ndarray, weight: np.ndarray | None = None
+                    ) -> np.ndarray:
+        """``u = -c l'(z)``: the dual value that is optimal for margin ``z``.
 
         Algorithm 3 of the paper moves ``alpha`` towards this point (the paper
         prints ``u in dl(z)``; its own proof uses Fenchel-Young in the form
         ``l(z) = -l*(-u) - u z``, which requires ``u = -l'(z)``).
         """
-        return -self.derivative(z, y)
+        return -self.derivative(z, y, weight)
+
+    # -- the unweighted formulas (subclasses) ------------------------------
+    def _value(self, z, y):
+        raise NotImplementedError
+
+    def _derivative(self, z, y):
+        raise NotImplementedError
+
+    def _conjugate(self, alpha, y):
+        raise NotImplementedError
+
+    def _dual_bounds(self, y):
+        raise NotImplementedError
+
+    def _dual_step(self, alpha, z, q, y):
+        raise NotImplementedError
 
     def check_labels(self, y: np.ndarray) -> None:
         """Raise if ``y`` does not suit this loss."""
@@ -131,21 +183,21 @@ class Hinge(Loss):
 
     name: str = "hinge"
 
-    def value(self, z, y):
+    def _value(self, z, y):
         return np.maximum(0.0, 1.0 - y * z)
 
-    def derivative(self, z, y):
+    def _derivative(self, z, y):
         return np.where(y * z < 1.0, -y, 0.0)
 
-    def conjugate(self, alpha, y):
+    def _conjugate(self, alpha, y):
         s = y * alpha
         inside = (s >= -1e-12) & (s <= 1.0 + 1e-12)
         return np.where(inside, -s, np.inf)
 
-    def dual_bounds(self, y):
+    def _dual_bounds(self, y):
         return np.minimum(0.0, y), np.maximum(0.0, y)
 
-    def dual_step(self, alpha, z, q, y):
+    def _dual_step(self, alpha, z, q, y):
         _same_shape(alpha, z, y)
         s = np.clip(y * alpha + (1.0 - y * z) / q, 0.0, 1.0)
         return y * s - alpha
@@ -164,24 +216,24 @@ class SmoothedHinge(Loss):
     smooth: bool = True
     smoothing: float = 1.0
 
-    def value(self, z, y):
+    def _value(self, z, y):
         m = 1.0 - y * z
         s = self.smoothing
         return np.where(m <= 0, 0.0, np.where(m >= s, m - s / 2, m * m / (2 * s)))
 
-    def derivative(self, z, y):
+    def _derivative(self, z, y):
         m = 1.0 - y * z
         return -y * np.clip(m / self.smoothing, 0.0, 1.0)
 
-    def conjugate(self, alpha, y):
+    def _conjugate(self, alpha, y):
         s = y * alpha
         inside = (s >= -1e-12) & (s <= 1.0 + 1e-12)
         return np.where(inside, -s + self.smoothing / 2 * s * s, np.inf)
 
-    def dual_bounds(self, y):
+    def _dual_bounds(self, y):
         return np.minimum(0.0, y), np.maximum(0.0, y)
 
-    def dual_step(self, alpha, z, q, y):
+    def _dual_step(self, alpha, z, q, y):
         _same_shape(alpha, z, y)
         # Stationarity in s = y (alpha + d):  1 - s*smoothing - y z - q (s - y alpha) = 0.
         s = np.clip((1.0 - y * z + q * y * alpha) / (self.smoothing + q), 0.0, 1.0)
@@ -196,20 +248,20 @@ class Squared(Loss):
     smooth: bool = True
     classification: bool = False
 
-    def value(self, z, y):
+    def _value(self, z, y):
         return 0.5 * (z - y) ** 2
 
-    def derivative(self, z, y):
+    def _derivative(self, z, y):
         return z - y
 
-    def conjugate(self, alpha, y):
+    def _conjugate(self, alpha, y):
         return 0.5 * alpha * alpha - alpha * y
 
-    def dual_bounds(self, y):
+    def _dual_bounds(self, y):
         inf = np.full(np.shape(y), np.inf)
         return -inf, inf
 
-    def dual_step(self, alpha, z, q, y):
+    def _dual_step(self, alpha, z, q, y):
         _same_shape(alpha, z, y)
         return (y - z - alpha) / (1.0 + q)
 
@@ -229,10 +281,10 @@ class Logistic(Loss):
     newton_iterations: int = 100
     newton_tolerance: float = 1e-13
 
-    def value(self, z, y):
+    def _value(self, z, y):
         return np.logaddexp(0.0, -y * z)
 
-    def derivative(self, z, y):
+    def _derivative(self, z, y):
         return -y * expit(-y * z)
 
     @staticmethod
@@ -253,16 +305,16 @@ class Logistic(Loss):
         logs = log_expit(scores)
         return logs - logsumexp(logs, axis=1, keepdims=True)
 
-    def conjugate(self, alpha, y):
+    def _conjugate(self, alpha, y):
         s = y * alpha
         inside = (s >= -1e-12) & (s <= 1.0 + 1e-12)
         sc = np.clip(s, 0.0, 1.0)
         return np.where(inside, xlogy(sc, sc) + xlogy(1.0 - sc, 1.0 - sc), np.inf)
 
-    def dual_bounds(self, y):
+    def _dual_bounds(self, y):
         return np.minimum(0.0, y), np.maximum(0.0, y)
 
-    def dual_step(self, alpha, z, q, y):
+    def _dual_step(self, alpha, z, q, y):
         _same_shape(alpha, z, y)
         q = np.broadcast_to(np.asarray(q, dtype=float), np.shape(alpha))
         s0 = y * alpha

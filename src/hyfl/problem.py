@@ -1,7 +1,9 @@
 """The regularized problem, its Fenchel dual, and the centralized reference.
 
-    P(w) = lam/2 ||w||^2 + 1/N sum_i l(x_i^T w, y_i)
-    D(a) = -lam/2 ||A a||^2 - 1/N sum_i l*(-a_i),   A a = X^T a / (lam N)
+    P(w) = lam/2 ||w||^2 + 1/N sum_i c_i l(x_i^T w, y_i)
+    D(a) = -lam/2 ||A a||^2 - 1/N sum_i c_i l*(-a_i / c_i),   A a = X^T a / (lam N)
+
+with sample weights ``c_i > 0`` (all 1 unless given; see :mod:`hyfl.losses`).
 
 Labels are always stored as a matrix ``Y`` of shape (N, C): binary problems
 have C = 1; multiclass problems are one-vs-rest with ``Y[i, c] = +1`` for the
@@ -43,6 +45,10 @@ class Problem:
         Regularization strength, > 0.
     classes : ndarray, shape (C,) or None
         Original class labels of a multiclass problem (column order of Y).
+    W : ndarray, shape (N, C) or None
+        Sample weights ``c_i > 0``, repeated over the one-vs-rest columns (the
+        shape of ``Y``, so that every slice of ``Y`` has its slice of ``W``);
+        None: all 1.
     """
 
     X: sp.csr_matrix
@@ -50,6 +56,7 @@ class Problem:
     loss: Loss
     lam: float
     classes: np.ndarray | None = None
+    W: np.ndarray | None = None
 
     @property
     def n_samples(self) -> int:
@@ -67,14 +74,13 @@ class Problem:
     def primal(self, w: np.ndarray) -> float:
         """``P(w)`` for weights of shape (M, C)."""
         z = self.X @ w
-        return float(
-            0.5 * self.lam * np.sum(w * w) + np.sum(self.loss.value(z, self.Y)) / self.n_samples
-        )
+        return float(0.5 * self.lam * np.sum(w * w)
+                     + np.sum(self.loss.value(z, self.Y, self.W)) / self.n_samples)
 
     def primal_gradient(self, w: np.ndarray) -> np.ndarray:
         """(Sub)gradient of ``P`` at ``w``, shape (M, C)."""
         z = self.X @ w
-        return self.lam * w + self.X.T @ self.loss.derivative(z, self.Y) / self.n_samples
+        return self.lam * w + self.X.T @ self.loss.derivative(z, self.Y, self.W) / self.n_samples
 
     def weights_of_duals(self, alpha: np.ndarray) -> np.ndarray:
         """``w(alpha) = X^T alpha / (lam N)``, shape (M, C)."""
@@ -85,8 +91,17 @@ class Problem:
         v = self.weights_of_duals(alpha)
         return float(
             -0.5 * self.lam * np.sum(v * v)
-            - np.sum(self.loss.conjugate(alpha, self.Y)) / self.n_samples
+            - np.sum(self.loss.conjugate(alpha, self.Y, self.W)) / self.n_samples
         )
+
+    @property
+    def max_weight(self) -> float:
+        """The largest sample weight (1 unweighted): it scales the losses' curvature bounds."""
+        return 1.0 if self.W is None else float(np.max(self.W))
+
+    def weights_of(self, rows) -> np.ndarray | None:
+        """The sample weights of ``rows`` (shape of ``Y[rows]``), None when unweighted."""
+        return None if self.W is None else self.W[rows]
 
     def duality_gap(self, w: np.ndarray, alpha: np.ndarray) -> float:
         """``P(w) - D(alpha)``: an upper bound on both suboptimalities."""
@@ -125,7 +140,8 @@ def _is_pm1(Y: np.ndarray) -> bool:
     return bool(np.all((Y == 1.0) | (Y == -1.0)))
 
 
-def make_problem(data: Dataset, loss: str | Loss = "hinge", lam: float = 1e-4, **loss_options):
+def make_problem(data: Dataset, loss: str | Loss = "hinge", lam: float = 1e-4, *,
+                 sample_weight=None, **loss_options):
     """Encode a dataset's labels for ``loss`` and bundle the problem.
 
     Parameters
@@ -135,6 +151,8 @@ def make_problem(data: Dataset, loss: str | Loss = "hinge", lam: float = 1e-4, *
         Registry name (``hyfl.losses.LOSSES``) or instance.
     lam : float, default 1e-4
         Regularization strength.
+    sample_weight : array of shape (N,), optional
+        Positive finite weight of each sample's loss (see :func:`check_sample_weight`).
 
     Returns
     -------
@@ -171,7 +189,34 @@ def make_problem(data: Dataset, loss: str | Loss = "hinge", lam: float = 1e-4, *
     else:
         Y = y[:, None]
     loss.check_labels(Y)
-    return Problem(X=X, Y=Y, loss=loss, lam=lam, classes=classes)
+    W = None
+    if sample_weight is not None:
+        weight = check_sample_weight(sample_weight, data.n_samples, source)
+        W = np.repeat(weight[:, None], Y.shape[1], axis=1)
+    return Problem(X=X, Y=Y, loss=loss, lam=lam, classes=classes, W=W)
+
+
+def check_sample_weight(weight, n_samples: int, source: str = "the data") -> np.ndarray:
+    """``weight`` as a float array of shape (n_samples,), every entry finite and > 0.
+
+    A zero weight would leave a sample's dual without a domain; drop such samples
+    instead (their loss counts for nothing).
+    """
+    try:
+        weight = np.asarray(weight, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise fail("sample weights", f"of {source} are not numbers",
+                   "Pass one positive number per sample.") from None
+    if weight.shape != (n_samples,):
+        raise fail("sample weights", f"have shape {weight.shape}, but {source} has "
+                   f"{n_samples} samples", "Pass one weight per sample.")
+    bad = np.flatnonzero(~np.isfinite(weight) | (weight <= 0))
+    if bad.size:
+        raise fail("sample weights", f"must be finite and > 0, but row {bad[0] + 1} "
+                   f"(1-based) has {weight[bad[0]]!r}"
+                   + (f" ({bad.size} such rows)" if bad.size > 1 else ""),
+                   "Drop the samples of weight 0 (they count for nothing) and fix the others.")
+    return weight
 
 
 # ---------------------------------------------------------------------------
@@ -210,6 +255,8 @@ def _problem_key(problem: Problem, tol: float) -> str:
     X = problem.X
     for arr in (X.indptr, X.indices, X.data, problem.Y):
         h.update(np.ascontiguousarray(arr).tobytes())
+    if problem.W is not None:
+        h.update(b"weights" + np.ascontiguousarray(problem.W).tobytes())
     h.update(repr((problem.loss, problem.lam, tol, X.shape)).encode())
     return h.hexdigest()[:32]
 
@@ -280,9 +327,10 @@ def _read_optimum(path: Path, problem: Problem) -> tuple[np.ndarray, str] | None
 
 def _solve_column(problem: Problem, c: int, tol: float) -> tuple[np.ndarray, str]:
     X, y, lam, n = problem.X, problem.Y[:, c], problem.lam, problem.n_samples
+    weight = None if problem.W is None else problem.W[:, c]
     name = problem.loss.name
     if name == "squared":
-        return _ridge_exact(X, y, lam), "exact ridge solve"
+        return _ridge_exact(X, y, lam, weight), "exact ridge solve"
     if name == "hinge":
         from sklearn.svm import LinearSVC
 
@@ -294,7 +342,7 @@ def _solve_column(problem: Problem, c: int, tol: float) -> tuple[np.ndarray, str
             tol=tol,
             max_iter=1_000_000,
         )
-        _fit_quietly(svc, X, y)
+        _fit_quietly(svc, X, y, weight)
         return svc.coef_.ravel().astype(np.float64), "liblinear (LinearSVC, hinge, dual CD)"
     w0 = np.zeros(X.shape[1])
     method = "L-BFGS"
@@ -304,30 +352,33 @@ def _solve_column(problem: Problem, c: int, tol: float) -> tuple[np.ndarray, str
         lr = LogisticRegression(
             solver="liblinear", C=1.0 / (lam * n), fit_intercept=False, tol=tol, max_iter=10_000
         )
-        _fit_quietly(lr, X, y)
+        _fit_quietly(lr, X, y, weight)
         w0 = lr.coef_.ravel().astype(np.float64)
         method = "liblinear (LogisticRegression) polished by L-BFGS"
     return _lbfgs(problem, c, w0, tol), method
 
 
-def _fit_quietly(model, X, y) -> None:
+def _fit_quietly(model, X, y, sample_weight=None) -> None:
+    """Fit a liblinear model (whose ``sample_weight`` scales each sample's C, as ``W`` does
+    the loss) without its convergence warnings."""
     import warnings
 
     from sklearn.exceptions import ConvergenceWarning
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        model.fit(X, y)
+        model.fit(X, y, sample_weight=sample_weight)
 
 
 def _lbfgs(problem: Problem, c: int, w0: np.ndarray, tol: float) -> np.ndarray:
     X, lam, n, loss = problem.X, problem.lam, problem.n_samples, problem.loss
     y = problem.Y[:, c]
+    weight = None if problem.W is None else problem.W[:, c]
 
     def fun(w):
         z = X @ w
-        f = 0.5 * lam * w @ w + np.sum(loss.value(z, y)) / n
-        g = lam * w + X.T @ loss.derivative(z, y) / n
+        f = 0.5 * lam * w @ w + np.sum(loss.value(z, y, weight)) / n
+        g = lam * w + X.T @ loss.derivative(z, y, weight) / n
         return f, g
 
     import scipy.optimize  # deferred: slow to import
@@ -342,11 +393,17 @@ def _lbfgs(problem: Problem, c: int, w0: np.ndarray, tol: float) -> np.ndarray:
     return res.x
 
 
-def _ridge_exact(X: sp.csr_matrix, y: np.ndarray, lam: float) -> np.ndarray:
+def _ridge_exact(X: sp.csr_matrix, y: np.ndarray, lam: float,
+                 weight: np.ndarray | None = None) -> np.ndarray:
+    """``argmin lam/2 ||w||^2 + 1/(2n) sum_i c_i (x_i^T w - y_i)^2``: (X^T C X / n + lam I) w
+    = X^T C y / n."""
     n, m = X.shape
+    c = np.ones(n) if weight is None else weight
+    CX = sp.diags(c) @ X
     if m <= 3000:
-        G = (X.T @ X).toarray() / n + lam * np.eye(m)
-        return np.linalg.solve(G, X.T @ y / n)
-    op = spla.LinearOperator((m, m), matvec=lambda v: X.T @ (X @ v) / n + lam * v, dtype=float)
-    w, info = spla.cg(op, X.T @ y / n, rtol=1e-14, maxiter=100_000)
+        G = (X.T @ CX).toarray() / n + lam * np.eye(m)
+        return np.linalg.solve(G, X.T @ (c * y) / n)
+    op = spla.LinearOperator((m, m), matvec=lambda v: X.T @ (CX @ v) / n + lam * v,
+                             dtype=float)
+    w, info = spla.cg(op, X.T @ (c * y) / n, rtol=1e-14, maxiter=100_000)
     return w

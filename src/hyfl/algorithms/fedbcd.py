@@ -237,7 +237,8 @@ class FedBCD:
         """``eta0``, resolving ``"auto"`` to ``1 / L`` (see the class docstring)."""
         if self.eta0 != "auto":
             return float(self.eta0)
-        smoothness = loss_curvature(problem.loss) * squared_spectral_norm(problem.X)
+        smoothness = (loss_curvature(problem.loss) * problem.max_weight
+                      * squared_spectral_norm(problem.X))
         return 1.0 / (smoothness / problem.n_samples + problem.lam + float(self.mu))
 
     # -- engine hooks --------------------------------------------------------
@@ -290,7 +291,7 @@ class FedBCD:
             # row (k, s) of X_batch is party k's part of batch sample s.
             rows = blocks.client_rowptr[:-1, None] + batch[None, :]  # (K, S)
             X_batch = blocks.X[rows.ravel()]
-            y = problem.Y[batch]
+            y, y_weight = problem.Y[batch], problem.weights_of(batch)
             # Stored non-zeros of each party's S batch rows (contiguous rows).
             batch_nnz = np.diff(X_batch.indptr[np.arange(K + 1) * S]).astype(np.int64)
 
@@ -314,7 +315,8 @@ class FedBCD:
                     cols = blocks.client_features[k]
                     X_k = X_batch[k * S : (k + 1) * S]
                     others = total - partial[k]
-                    client_local_steps(self, problem, state.w, X_k, others, y, cols, eta, S)
+                    client_local_steps(self, problem, state.w, X_k, others, y, cols, eta, S,
+                                       y_weight)
                     if j < A - 1:
                         # Hand-off: k's fresh margins replace its stale ones in
                         # the sum, which goes to the next party (the last
@@ -335,7 +337,9 @@ class FedBCD:
                     others = (total[None] - partial[parties]).reshape(parties.size * S, -1)
                     cols = np.concatenate([blocks.client_features[k] for k in parties])
                 y_active = np.tile(y, (parties.size, 1))
-                client_local_steps(self, problem, state.w, X_active, others, y_active, cols, eta, S)
+                weight_active = None if y_weight is None else np.tile(y_weight, (parties.size, 1))
+                client_local_steps(self, problem, state.w, X_active, others, y_active, cols, eta, S,
+                                   weight_active)
             share = busiest_share(passes * batch_nnz[parties])
             state.trained[parties] = True
 
@@ -414,6 +418,7 @@ def client_local_steps(
     cols: np.ndarray | None,
     eta: float,
     batch_size: int,
+    y_weight: np.ndarray | None = None,
 ) -> None:
     """``Q`` local gradient steps of one or more parties, in place on ``w[cols]``.
 
@@ -436,6 +441,8 @@ def client_local_steps(
     eta : float
     batch_size : int
         ``S``, the divisor of the mini-batch gradient.
+    y_weight : ndarray, shape (P * S, C), optional
+        Sample weights of each row's sample (default 1).
     """
     loss, lam, mu = problem.loss, problem.lam, float(cfg.mu)
     if cols is not None:
@@ -448,7 +455,7 @@ def client_local_steps(
     start = w_local.copy()
     for _ in range(cfg.steps):
         z = others + X_rows @ w_local
-        grad = (X_t @ loss.derivative(z, y)) / batch_size + lam * w_local
+        grad = (X_t @ loss.derivative(z, y, y_weight)) / batch_size + lam * w_local
         if mu:
             grad += mu * (w_local - start)
         w_local -= eta * grad

@@ -557,7 +557,7 @@ def client_smoothness(problem: Problem, blocks: StackedBlocks) -> np.ndarray:
     ndarray, shape (n,)
     """
     N, lam = problem.n_samples, problem.lam
-    curvature = max_second_derivative(problem.loss)
+    curvature = max_second_derivative(problem.loss) * problem.max_weight
     out = np.empty(blocks.n_clients)
     for k in range(blocks.n_clients):
         Xk = blocks.X[_client_rows(blocks, k)]
@@ -670,7 +670,7 @@ def client_updates(state: FedHybridState, clients: np.ndarray):
     ).astype(np.float64)
     start = work_clock()
     z = np.asarray(B @ x.reshape(A * M, C))
-    derivative = problem.loss.derivative(z, problem.Y[samples])
+    derivative = problem.loss.derivative(z, problem.Y[samples], problem.weights_of(samples))
     gradient = np.asarray(B.T @ derivative).reshape(A, M, C) / problem.n_samples
     gradient += state.reg[clients, None, None] * x
 
@@ -718,7 +718,10 @@ def newton_directions(state: FedHybridState, k: int, z: np.ndarray, g, gap):
     Xk, XkT, entry_rows = state.local_data[k]
     N = problem.n_samples
     shift = state.reg[k] + state.mu
-    d = second_derivative(problem.loss, z, problem.Y[blocks.row_sample[_client_rows(blocks, k)]])
+    own = blocks.row_sample[_client_rows(blocks, k)]
+    d = second_derivative(problem.loss, z, problem.Y[own])
+    if problem.W is not None:  # (c l)'' = c l''
+        d = d * problem.W[own]
 
     def hess_vec(v):
         return np.asarray(XkT @ (d * np.asarray(Xk @ v))) / N + shift * v

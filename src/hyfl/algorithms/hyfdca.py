@@ -618,6 +618,7 @@ class HyFDCA:
             pairs=pairs,
             transforms=transforms,
             Y=problem.Y,
+            W=problem.W,
             sq_norms=state.sq_norms,
             coef=local.sigma / (lam * N),
             X=blocks.X,
@@ -681,9 +682,9 @@ class HyFDCA:
             moved_before = np.any(previous != 0.0, axis=1)[updated_slot]
             got = newcomers[updated_clients] & moved_before
             traffic["momentum_down"] = (updated_clients[got], samples[updated_slot[got]])
-        y = problem.Y[samples]
+        y, y_weight = problem.Y[samples], problem.weights_of(samples)
         alpha_before = state.alpha[samples]
-        direction = momentum_direction(loss, alpha_before, proposal, previous, mu, y)
+        direction = momentum_direction(loss, alpha_before, proposal, previous, mu, y, y_weight)
         dw = image(direction)
         io.floats_up += n_features[active].sum()
         # The absent holders' part of the image, estimated in the span of each group's
@@ -720,7 +721,7 @@ class HyFDCA:
         limit = 1.0 if exact else certificate.trust
         step = line_search(
             loss,
-            conjugate_gains(loss, alpha_before, direction, y, limit),
+            conjugate_gains(loss, alpha_before, direction, y, limit, y_weight),
             np.sum(line_margins * direction, axis=0),
             quadratic,
             N,
@@ -820,6 +821,7 @@ class HyFDCA:
             alpha=state.alpha[samples],  # active clients hold fresh copies (step 1)
             z=z,
             y=problem.Y[samples],
+            weight=problem.weights_of(samples),
             sq_norms=state.sq_norms[samples],
             lam=problem.lam,
             n_samples=N,
@@ -1281,7 +1283,7 @@ def materialize_certificate(state: HyFDCAState, active: np.ndarray) -> None:
     problem = state.problem
     cert.alpha = state.alpha.copy()
     cert.w = state.w.copy()
-    cert.conjugate = conjugate_sums(problem.loss, cert.alpha, problem.Y)
+    cert.conjugate = conjugate_sums(problem.loss, cert.alpha, problem.Y, problem.W)
     cert.certified_changes = cert.explored_changes
     cert.current = False
     cert.events += 1  # EVENTS["leave"]
@@ -1367,7 +1369,7 @@ def _certify_checkpoint(state: HyFDCAState, t: int) -> None:
     cert.checkpoint = cert.checkpoint_w = None
     # The conjugate sum at the checkpoint: in the protocol the server keeps it
     # from the judges' encrypted changes; here it is recomputed.
-    checkpoint_conjugate = conjugate_sums(problem.loss, checkpoint, problem.Y)
+    checkpoint_conjugate = conjugate_sums(problem.loss, checkpoint, problem.Y, problem.W)
     accepted = checkpoint_accepted(cert.w, cert.conjugate, checkpoint_w, checkpoint_conjugate,
                                    problem.lam, problem.n_samples)
     cert.trust = next_trust(cert.trust, accepted)
@@ -1431,9 +1433,10 @@ def _dual_gain_estimate(
     """
     problem = state.problem
     loss = problem.loss
-    y = problem.Y[samples]
+    y, y_weight = problem.Y[samples], problem.weights_of(samples)
     old = state.alpha[samples]
-    first_order = np.sum(-(loss.conjugate(old + step, y) - loss.conjugate(old, y)) - z * step)
+    first_order = np.sum(-(loss.conjugate(old + step, y, y_weight)
+                           - loss.conjugate(old, y, y_weight)) - z * step)
     weight = np.sum(step * step, axis=1)
     return dual_gain(
         float(first_order),

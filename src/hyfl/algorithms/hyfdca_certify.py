@@ -150,9 +150,9 @@ class Certificate:
         )
 
 
-def conjugate_sums(loss: Loss, alpha, Y) -> np.ndarray:
-    """``sum_i l*(-alpha_ic)`` per output, shape (C,)."""
-    return np.sum(loss.conjugate(alpha, Y), axis=0)
+def conjugate_sums(loss: Loss, alpha, Y, W=None) -> np.ndarray:
+    """``sum_i l*(-alpha_ic)`` per output (weighted by ``W``, :mod:`hyfl.losses`), shape (C,)."""
+    return np.sum(loss.conjugate(alpha, Y, W), axis=0)
 
 
 def dual_value(w, conjugate, lam: float, n_samples: int) -> np.ndarray:

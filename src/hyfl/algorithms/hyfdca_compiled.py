@@ -139,6 +139,7 @@ class Draws(NamedTuple):
     rows: np.ndarray  # (n,) its row of the CSR matrix
     alpha: np.ndarray  # (N,) duals of output c
     y: np.ndarray  # (N,) labels of output c
+    weight: np.ndarray  # (N,) sample weights (hyfl.losses: c * step(a / c, m, c q))
     sq_norms: np.ndarray  # (N,) ||x_i||^2
     # (n,) per client, its draws in the order their coordinates are computed (offsets
     # from segments[a]): with ascending samples the ring is read forward, which on a
@@ -205,7 +206,7 @@ def solve(step, draws, csr, span, c, coef, passes):
     # the span's orthonormal basis Q on the client's own features and
     # basis_grams[a] = Q^T Q there. inverse (M,) is scratch, -1 filled. offset moves a
     # row's remembered margin to the server's w (hyfl.algorithms.hyfdca_groups).
-    seg, row_sample, rows, alpha, Y, sq_norms, ascending = draws
+    seg, row_sample, rows, alpha, Y, W, sq_norms, ascending = draws
     indptr, indices, data = csr
     ring, pairs, transforms, feature_ptr, features, basis, basis_grams, h, inverse = span
     # The model: <x_i, x_j> ~ phi_i.phi_j + r_i.r_j (own features) + diagonal rest.
@@ -271,7 +272,8 @@ def solve(step, draws, csr, span, c, coef, passes):
                 q = max(coef * (pn + resid), 1e-300)
                 margin = (ring[i, now, c] + offset[j - lo]
                           + coef * (ps + own + (resid - own_sq) * delta[j]))
-                d = dual_step(step, alpha[i] + delta[j], margin, q, Y[i])
+                c_i = W[i]
+                d = c_i * dual_step(step, (alpha[i] + delta[j]) / c_i, margin, q * c_i, Y[i])
                 if d != 0.0:
                     delta[j] += d
                     for col in range(R):

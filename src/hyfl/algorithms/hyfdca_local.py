@@ -118,6 +118,7 @@ def solve_subproblems(
     pairs: np.ndarray,
     transforms: np.ndarray,
     Y: np.ndarray,
+    W: np.ndarray | None = None,
     sq_norms: np.ndarray,
     coef: float,
     X,
@@ -162,6 +163,8 @@ def solve_subproblems(
         Per client and output, ``phi = T^T (margins on the directions)``; see
         :func:`span_transforms`.
     Y : ndarray, shape (N, C)
+    W : ndarray, shape (N, C) or None
+        Sample weights (None: all 1).
     sq_norms : ndarray, shape (N,)
         ``||x_i||^2`` of the whole samples.
     coef : float
@@ -226,6 +229,8 @@ def solve_subproblems(
             segments, row_sample, rows,
             alpha=np.ascontiguousarray(alpha[:, c]),
             y=np.ascontiguousarray(Y[:, c], dtype=np.float64),
+            weight=(np.ones(Y.shape[0]) if W is None
+                    else np.ascontiguousarray(W[:, c], dtype=np.float64)),
             sq_norms=sq_norms,
             ascending=ascending,
         )
@@ -346,9 +351,11 @@ DIRECTION_FLOOR = 1e-9
 """Smallest dual move a direction keeps (the encoding's resolution is 2**-32)."""
 
 
-def momentum_direction(loss: Loss, alpha, proposal, previous, mu, y) -> np.ndarray:
-    """``proj(alpha + proposal + mu * previous) - alpha``: the round's feasible direction."""
-    lo, hi = loss.dual_bounds(y)
+def momentum_direction(loss: Loss, alpha, proposal, previous, mu, y, weight=None
+                       ) -> np.ndarray:
+    """``proj(alpha + proposal + mu * previous) - alpha``: the round's feasible direction
+    (``weight``: the samples' weights, which scale the dual domain)."""
+    lo, hi = loss.dual_bounds(y, weight)
     direction = np.clip(alpha + proposal + mu[None, :] * previous, lo, hi) - alpha
     # Moves below the fixed-point resolution of an encrypted dual are rounding, not
     # steps (a dual at its bound pushed outward): zero them, so that every engine and
@@ -357,7 +364,8 @@ def momentum_direction(loss: Loss, alpha, proposal, previous, mu, y) -> np.ndarr
     return direction
 
 
-def conjugate_gains(loss: Loss, alpha, direction, y, limit: float = 1.0) -> np.ndarray:
+def conjugate_gains(loss: Loss, alpha, direction, y, limit: float = 1.0, weight=None
+                    ) -> np.ndarray:
     """``sum_i l*(-alpha_i) - l*(-(alpha_i + t d_i))`` at the line search's points.
 
     The points are ``(1/2, 1)`` when the conjugate is quadratic (enough to know
@@ -369,8 +377,8 @@ def conjugate_gains(loss: Loss, alpha, direction, y, limit: float = 1.0) -> np.n
     ndarray, shape (P, C)
     """
     points = line_search_points(loss, limit)
-    base = loss.conjugate(alpha, y)
-    return np.stack([np.sum(base - loss.conjugate(alpha + t * direction, y), axis=0)
+    base = loss.conjugate(alpha, y, weight)
+    return np.stack([np.sum(base - loss.conjugate(alpha + t * direction, y, weight), axis=0)
                      for t in points])
 
 

@@ -129,14 +129,18 @@ class Public:
 
 
 class Client:
-    """One party: its block, labels, private key and copies of its duals and weights."""
+    """One party: its block, labels (and sample weights), private key and copies of its duals
+    and weights."""
 
-    def __init__(self, k: int, public: Public, samples, features, X_local, Y_local, loss, cipher):
+    def __init__(self, k: int, public: Public, samples, features, X_local, Y_local, loss, cipher,
+                 W_local=None):
         self.k, self.public, self.loss, self.cipher = k, public, loss, cipher
         self.samples = np.asarray(samples, dtype=np.int64)  # I_k, ascending
         self.features = np.asarray(features, dtype=np.int64)  # M_k, ascending
         self.X = sp.csr_matrix(X_local)
         self.Y = np.asarray(Y_local, dtype=float)
+        # The samples' weights (hyfl.losses), None when all are 1.
+        self.W = None if W_local is None else np.asarray(W_local, dtype=float)
         C = public.n_outputs
         self.alpha = np.zeros((self.samples.size, C))
         self.w = np.zeros((self.features.size, C))
@@ -346,6 +350,7 @@ class Client:
             alpha=self.alpha[drawn],
             z=z_drawn,
             y=self.Y[drawn],
+            weight=self._weights(drawn),
             sq_norms=self.sq_norms[drawn],
             lam=pub.lam,
             n_samples=pub.n_samples,
@@ -387,10 +392,11 @@ class Client:
                                                self.samples[updated[reports]], step[reports])
         if self.public.hyfdca.rule.tests_round:
             old = self.previous[0]
-            y = self.Y[updated]
+            y, y_weight = self.Y[updated], self._weights(updated)
             weight = np.sum(step * step, axis=1)
             reports = self.round["reports_local"]  # samples this client is first active holder of
-            conj = -(self.loss.conjugate(old + step, y) - self.loss.conjugate(old, y))
+            conj = -(self.loss.conjugate(old + step, y, y_weight)
+                     - self.loss.conjugate(old, y, y_weight))
             first = np.sum((conj - self.z * step)[reports])
             full = np.sum((self.sq_norms[updated] * weight)[reports])
             own = np.sum(self.own_sq[updated] * weight)
@@ -458,6 +464,7 @@ class Client:
             pairs=self.memory.pairs(),
             transforms=transforms,
             Y=self.Y,
+            W=self.W,
             sq_norms=self.sq_norms,
             coef=float(message["coef"]),
             X=self.X,
@@ -502,14 +509,16 @@ class Client:
     def cocoa_direction(self, mu: np.ndarray) -> dict:
         """The round's feasible direction; its primal image and encrypted line-search sums."""
         updated = self.round["updated_local"]
-        y = self.Y[updated]
+        y, y_weight = self.Y[updated], self._weights(updated)
         alpha = self.alpha[updated]
         self.direction = momentum_direction(self.loss, alpha, self.proposal,
-                                            self.previous_step[updated], np.asarray(mu), y)
+                                            self.previous_step[updated], np.asarray(mu), y,
+                                            y_weight)
         d = self.direction
         reports = self.round["reports_local"]  # samples this client is first active holder of
+        report_weight = None if y_weight is None else y_weight[reports]
         gains = conjugate_gains(self.loss, alpha[reports], d[reports], y[reports],
-                                self.round["limit"])
+                                self.round["limit"], report_weight)
         margins = self.z[updated] + self.offsets[updated]  # moved to the server's w
         margin = np.sum((margins * d)[reports], axis=0)
         full = np.sum((self.sq_norms[updated][:, None] * d * d)[reports], axis=0)
@@ -521,7 +530,7 @@ class Client:
         # The round's certificate: loss, conjugate and correct predictions of the reported
         # samples at the round's start, summed with the other clients' before any is opened.
         report = _evaluation_terms(self.loss, margins[reports], alpha[reports], y[reports],
-                                   self.public.n_samples)
+                                   self.public.n_samples, report_weight)
         values = np.concatenate([totals.ravel(), report])
         values = np.append(values, self._totals_tag(values, self.k, "totals"))
         reply = {
@@ -724,8 +733,12 @@ class Client:
 
     def _feasible(self, values: np.ndarray, local: np.ndarray) -> np.ndarray:
         """Project decrypted duals into the dual domain (fixed-point rounding may step out)."""
-        lo, hi = self.loss.dual_bounds(self.Y[local])
+        lo, hi = self.loss.dual_bounds(self.Y[local], self._weights(local))
         return np.clip(values, lo, hi)
+
+    def _weights(self, local) -> np.ndarray | None:
+        """The weights of local samples ``local`` (shape of ``Y[local]``), None unweighted."""
+        return None if self.W is None else self.W[local]
 
 
 class Server:
@@ -1490,7 +1503,7 @@ def _symmetric(upper: np.ndarray) -> np.ndarray:
 
 
 def _evaluation_terms(loss, margins: np.ndarray, alpha: np.ndarray, y: np.ndarray,
-                      n_samples: int) -> np.ndarray:
+                      n_samples: int, weight: np.ndarray | None = None) -> np.ndarray:
     """A client's part of the round certificate over the samples it reports, each a sum
     over them divided by ``N`` (its share of the mean): ``loss(x_i^T w)`` and
     ``loss*(alpha_i)`` per output, and its correct predictions (of a classification: the
@@ -1504,8 +1517,9 @@ def _evaluation_terms(loss, margins: np.ndarray, alpha: np.ndarray, y: np.ndarra
             correct = np.count_nonzero(np.argmax(margins, axis=1) == np.argmax(y, axis=1))
     else:
         correct = 0
-    return np.concatenate([np.sum(loss.value(margins, y), axis=0),
-                           np.sum(loss.conjugate(alpha, y), axis=0), [float(correct)]]) / n_samples
+    return np.concatenate([np.sum(loss.value(margins, y, weight), axis=0),
+                           np.sum(loss.conjugate(alpha, y, weight), axis=0),
+                           [float(correct)]]) / n_samples
 
 
 def round_certificate(evaluation: np.ndarray, w_sq: float, lam: float) -> dict[str, float]:
@@ -1575,7 +1589,7 @@ def build_parties(hyfdca: HyFDCA, problem: Problem, blocks: StackedBlocks, priva
         samples, features, X_local = client_block(blocks, k)
         clients.append(
             Client(k, public, samples, features, X_local, problem.Y[samples], problem.loss,
-                   private)
+                   private, problem.weights_of(samples))
         )
         samples_of.append(samples)
         features_of.append(features)

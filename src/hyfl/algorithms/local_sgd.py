@@ -430,11 +430,12 @@ def client_local_sgd(
     """
     problem, blocks = state.problem, state.blocks
     lam, mu, loss, H, A = problem.lam, state.mu, problem.loss, state.steps, clients.size
-    X, u, w0, Y = blocks.X, state.scratch, state.w, problem.Y
+    X, u, w0, Y, W = blocks.X, state.scratch, state.w, problem.Y, problem.W
     if Y.shape[1] == 1:
         # Binary problems step on 1-D views: NumPy's fancy indexing of (n, 1)
         # arrays costs about twice that of 1-D ones, and it dominates a step.
         u, w0, Y = u[:, 0], w0[:, 0], Y[:, 0]
+        W = None if W is None else W[:, 0]
 
     # Draw (step j, client a) at position j * A + a, then gather the round's rows.
     sizes = np.diff(blocks.client_rowptr)[clients]
@@ -452,6 +453,7 @@ def client_local_sgd(
     np.cumsum(per_draw.sum(axis=1), out=step_ptr[1:])
     work = per_draw.sum(axis=0)
     y = Y[blocks.row_sample[rows]]
+    y_weight = None if W is None else W[blocks.row_sample[rows]]
     # x_{k,i}^T w_0[M_k]: w_0 stays fixed during the round.
     z_received = _segment_sums(data * w0[X.indices[nz]], draw_of_nz, H * A)
 
@@ -462,7 +464,8 @@ def client_local_sgd(
         e, d, sl = ent[part], data[part], slot[part]
         # Margin with the client's own features: x^T w_k = s x^T u + r x^T w_0[M_k].
         z = s * _segment_sums(d * u[e], sl, A) + r * z_received[j * A : (j + 1) * A]
-        g = loss.derivative(z, y[j * A : (j + 1) * A])
+        g = loss.derivative(z, y[j * A : (j + 1) * A],
+                            None if y_weight is None else y_weight[j * A : (j + 1) * A])
         s_next = rho * s
         if abs(s_next) < _FOLD_BELOW:
             u[entries] *= s_next

@@ -31,6 +31,7 @@ defaults)::
     lam = 1e-3                        # default: the dataset's (paper's lambdas), else 1e-4
     # intercept = false               # a bias: true (a constant column of value 1), a
     #                                 # positive value for the column, or false; default true
+    # class_weight = "balanced"       # weight each class's loss by N / (C n_c); default none
     val_fraction = 0.2                # hold out this fraction; or val = "name or path"
     # data_dir = "../shared/data"     # folder with dataset files
 
@@ -103,7 +104,7 @@ try:  # Python 3.11+
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-from hyfl._names import INTERCEPT_SCALING
+from hyfl._names import CLASS_WEIGHTS, INTERCEPT_SCALING
 from hyfl.errors import HyflError, fail
 
 DEFAULT_CHECKPOINT_SECONDS = 60.0
@@ -122,8 +123,8 @@ EXPERIMENT_KEYS = (
     "checkpoint_seconds",
 )
 BUDGET_KEYS = ("iterations", "sim_time", "max_iterations")
-DATA_KEYS = ("dataset", "loss", "lam", "intercept", "val", "val_fraction", "data_dir",
-             "parties")
+DATA_KEYS = ("dataset", "loss", "lam", "intercept", "class_weight", "val", "val_fraction",
+             "data_dir", "parties")
 PARTITION_KEYS = ("spec", "participation")
 COSTS_KEYS = ("cipher", "key_bits", "latency", "he_costs", "he_layout")
 
@@ -170,6 +171,7 @@ class DataSection:
     data_dir: str | None = None
     parties: Any = None
     intercept: float | None = INTERCEPT_SCALING
+    class_weight: str | None = None
 
     def has_party_files(self) -> bool:
         from hyfl.data import is_party_spec
@@ -257,6 +259,7 @@ class ExperimentConfig:
             loss=d.loss,
             lam=d.lam,
             intercept=d.intercept,
+            class_weight=d.class_weight,
             partition=p.spec,
             participation=p.participation,
             hyper=dict(entry.hyper),
@@ -821,6 +824,8 @@ class _Validator:
             lam=lam,
             loss=loss,
             intercept=intercept,
+            class_weight=(self.choice(s, table, "class_weight", None, CLASS_WEIGHTS)
+                          if "class_weight" in table else None),
             val=val,
             val_fraction=val_fraction,
             data_dir=data_dir,

@@ -31,6 +31,7 @@ import numpy as np
 
 from hyfl import __version__
 from hyfl._io import atomic_write, check_results_folder, dumps_json, write_json, write_text
+from hyfl._names import CLASS_WEIGHTS
 from hyfl.algorithms import algorithm_names, make_algorithm
 from hyfl.algorithms.hyfdca import HyFDCA
 from hyfl.costs import (
@@ -95,6 +96,8 @@ class RunSpec:
 
     ``intercept`` fits a bias as liblinear does: the data gain a constant column
     of this value (:func:`hyfl.data.dataset.with_intercept`); None fits none.
+    ``class_weight="balanced"`` weights each sample's loss by ``N / (C n_c)``, ``n_c``
+    the count of its class (:func:`sample_weights`).
 
     The budget: ``iterations`` outer iterations, or, with ``sim_time``
     (simulated seconds), until the cumulative simulated time reaches it, at
@@ -128,6 +131,7 @@ class RunSpec:
     parties: Any = None
     he_layout: str = DEFAULT_HE_LAYOUT
     intercept: float | None = INTERCEPT_SCALING
+    class_weight: str | None = None
 
     def validated(self) -> RunSpec:
         check_choice("algorithm", self.algorithm, algorithm_names())
@@ -137,6 +141,8 @@ class RunSpec:
         check_int("eval_every", self.eval_every, minimum=1)
         check_int("seed", self.seed, minimum=0)
         parse_intercept(self.intercept)
+        if self.class_weight is not None:
+            check_choice("class_weight", self.class_weight, CLASS_WEIGHTS)
         if self.hyper.get("iic") is not None and self.hyper.get("local_steps") is not None:
             raise fail("--iic and --local-steps", "were both given", "Give only one of them.")
         if self.val is not None and self.val_fraction is not None:
@@ -298,6 +304,22 @@ def add_intercept(train, val, partition, scaling: float):
     return train, val, partition
 
 
+def sample_weights(train, class_weight: str | None):
+    """The training samples' weights for ``class_weight`` (None: unweighted).
+
+    ``"balanced"`` is scikit-learn's: ``N / (C n_c)`` for a sample of class ``c``. In a
+    federation the class counts are sums of the label holders' counts (the class
+    frequencies are then known to every party)."""
+    if class_weight is None:
+        return None
+    if train.task == "regression":
+        raise fail("class_weight", f"is {class_weight!r}, but {train.name!r} is a regression "
+                   "target", "Leave --class-weight out for real-valued targets.")
+    from sklearn.utils.class_weight import compute_sample_weight
+
+    return compute_sample_weight(class_weight, train.y)
+
+
 def prepare(spec: RunSpec) -> Setup:
     """Load data and build problem, optimum, partition, participation, cipher and cost model."""
     spec.validated()
@@ -305,7 +327,8 @@ def prepare(spec: RunSpec) -> Setup:
     if spec.intercept is not None:
         train, val, partition = add_intercept(train, val, partition, spec.intercept)
     lam = spec.lam if spec.lam is not None else (default_lambda(spec.data) or FALLBACK_LAMBDA)
-    problem = make_problem(train, spec.loss, lam)
+    problem = make_problem(train, spec.loss, lam,
+                           sample_weight=sample_weights(train, spec.class_weight))
     optimum = solve_centralized(problem)
     if partition is None:
         partition = parse_partition(
@@ -383,8 +406,11 @@ def run_prepared(
     val_majority = majority_rate_of(problem, validation.y) if validation else None
     # Plots of a fresh compare read it from the result; run.json keeps it in the summary.
     result.config["majority_rate"] = majority
-    trivial = judge_trivial(result.metrics, majority_rate=majority,
-                            val_majority_rate=val_majority)
+    # Weighted classes trade accuracy for the minority's recall: a weighted model may well
+    # score below the majority class, so it is judged by its objective only.
+    weighted = problem.W is not None
+    trivial = judge_trivial(result.metrics, majority_rate=None if weighted else majority,
+                            val_majority_rate=None if weighted else val_majority)
     rel = result.column("relative_loss")
     summary = {
         "algorithm": label or name,
@@ -543,8 +569,9 @@ def task_of(setup: Setup) -> dict[str, Any]:
         ``task`` ("binary", "multiclass" or "regression"), ``classes`` (the
         original label values, empty for regression), ``label_mapping``
         (original label -> +1/-1 for binary, -> the one-vs-rest column for
-        multiclass), ``loss`` and ``intercept_scaling`` (the constant column's
-        value, None without an intercept).
+        multiclass), ``loss``, ``intercept_scaling`` (the constant column's
+        value, None without an intercept) and ``weighted`` (whether the samples'
+        losses are weighted, e.g. by ``class_weight``).
     """
     train, problem = setup.train, setup.problem
     task = str(train.task)
@@ -562,7 +589,8 @@ def task_of(setup: Setup) -> dict[str, Any]:
         classes, mapping = [], {}
     return {"task": task, "classes": [_plain(c) for c in classes],
             "label_mapping": mapping, "loss": problem.loss.name,
-            "intercept_scaling": train.meta.get("intercept_scaling")}
+            "intercept_scaling": train.meta.get("intercept_scaling"),
+            "weighted": problem.W is not None}
 
 
 def describe_task(task: dict[str, Any]) -> str:
@@ -573,6 +601,8 @@ def describe_task(task: dict[str, Any]) -> str:
     scaling = task.get("intercept_scaling")
     bias = (f"\n  intercept: a constant column of value {scaling:g}" if scaling is not None
             else "\n  no intercept")
+    if task.get("weighted"):
+        bias += "; each sample's loss weighted (class weights)"
     if task["task"] == "multiclass":
         return (f"task: multiclass, one-vs-rest over {len(task['classes'])} classes "
                 f"({classes}), {task['loss']} loss per class; labels {mapping}{bias}")

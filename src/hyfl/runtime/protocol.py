@@ -547,5 +547,5 @@ def _monitor_duals(server, cipher, problem: Problem, ciphertexts=None) -> np.nda
                                                            ciphertexts), every)
     # Fixed-point sums of dual changes can leave the dual domain by a rounding unit;
     # the clients project what they decrypt, and so does the monitor.
-    lo, hi = problem.loss.dual_bounds(problem.Y)
+    lo, hi = problem.loss.dual_bounds(problem.Y, problem.W)
     return np.clip(duals, lo, hi)

@@ -640,7 +640,8 @@ def run_fingerprint(
                 "outputs": int(problem.n_outputs),
                 "loss": getattr(problem.loss, "name", str(problem.loss)),
                 "lam": float(problem.lam),
-                "hash": _hash_arrays(X.indptr, X.indices, X.data, problem.Y),
+                "hash": _hash_arrays(X.indptr, X.indices, X.data, problem.Y,
+                                     *(() if problem.W is None else (problem.W,))),
             },
             "partition": {
                 "clients": int(blocks.n_clients),

@@ -57,6 +57,7 @@ class StepRule:
         beta: float,
         gamma_t: float,
         client_share: np.ndarray | None = None,
+        weight: np.ndarray | None = None,
     ) -> np.ndarray:
         """LocalDualMethod for a batch of drawn samples (pure; shared by every engine).
 
@@ -72,6 +73,8 @@ class StepRule:
         beta : float
             The safe rule's curvature multiplier.
         gamma_t : float
+        weight : ndarray, shape (D, C), optional
+            The samples' weights (:mod:`hyfl.losses`; default 1).
         client_share : ndarray of shape (D, 1), optional
             ``c_k`` of the theory rule (see :meth:`client_shares`; 1 when omitted).
 

@@ -12,11 +12,15 @@ from __future__ import annotations
 import numpy as np
 
 from hyfl.algorithms.step_rules.base import StepRule
+from hyfl.errors import fail
 
 
 class PaperRule(StepRule):
     def dual_steps(self, loss, *, alpha, z, y, sq_norms, lam, n_samples, beta, gamma_t,
-                   client_share=None) -> np.ndarray:
+                   client_share=None, weight=None) -> np.ndarray:
+        if weight is not None:
+            raise fail("step_rule 'paper'", "reproduces the paper's formulas, which have no "
+                       "sample weights", "Use the cocoa, safe or theory rule with weights.")
         N = n_samples
         if loss.name == "hinge":
             return y * np.clip(lam * N * (1.0 - z) + y * alpha, 0.0, 1.0) - alpha

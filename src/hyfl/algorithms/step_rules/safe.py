@@ -29,9 +29,9 @@ _GAIN_TOLERANCE = 1e-10
 
 class SafeRule(StepRule):
     def dual_steps(self, loss, *, alpha, z, y, sq_norms, lam, n_samples, beta, gamma_t,
-                   client_share=None) -> np.ndarray:
+                   client_share=None, weight=None) -> np.ndarray:
         q = np.maximum(beta * sq_norms[:, None] / (lam * n_samples), 1e-300)
-        return loss.dual_step(alpha, z, np.broadcast_to(q, alpha.shape).copy(), y)
+        return loss.dual_step(alpha, z, np.broadcast_to(q, alpha.shape).copy(), y, weight)
 
 
 RULE = SafeRule("safe", tests_round=True)

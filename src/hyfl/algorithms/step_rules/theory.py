@@ -14,11 +14,11 @@ from hyfl.algorithms.step_rules.base import StepRule
 
 class TheoryRule(StepRule):
     def dual_steps(self, loss, *, alpha, z, y, sq_norms, lam, n_samples, beta, gamma_t,
-                   client_share=None) -> np.ndarray:
+                   client_share=None, weight=None) -> np.ndarray:
         q = np.maximum(gamma_t * sq_norms[:, None] / lam, 1e-300)
-        best = loss.dual_step(alpha, z, np.broadcast_to(q, alpha.shape).copy(), y)
+        best = loss.dual_step(alpha, z, np.broadcast_to(q, alpha.shape).copy(), y, weight)
         c = client_share if client_share is not None else 1.0
-        end = c * (loss.dual_target(z, y) - alpha)
+        end = c * (loss.dual_target(z, y, weight) - alpha)
         return np.clip(best, np.minimum(0.0, end), np.maximum(0.0, end))
 
     def client_shares(self, client_weight, client_sizes, n_samples):
