@@ -25,6 +25,7 @@ class AlgorithmEntry:
 
 
 def _entries() -> dict[str, AlgorithmEntry]:
+    from hyfl.algorithms.disco import DiSCO
     from hyfl.algorithms.fedbcd import DEFAULT_PROX_MU, FedBCD
     from hyfl.algorithms.fedhybrid import FedHybrid
     from hyfl.algorithms.hyfdca import HyFDCA
@@ -71,6 +72,9 @@ def _entries() -> dict[str, AlgorithmEntry]:
             FedHybrid,
             "FedHybrid, K Newton clients, the rest gradient (--param newton_clients=K)",
             {"newton_clients": "half"},
+        ),
+        "disco": AlgorithmEntry(
+            DiSCO, "DiSCO: inexact damped Newton with distributed PCG (horizontal, smooth loss)"
         ),
         "hyfem-nn": AlgorithmEntry(
             HyFEMNN, "HyFEM-Prox, neural: extractors per view + matched averaging (neural extra)",

@@ -214,14 +214,14 @@ def max_second_derivative(loss: Loss) -> float:
     raise _loss_error(loss)
 
 
-def _loss_error(loss: Loss) -> HyflError:
+def _loss_error(loss: Loss, name: str = "FedHybrid") -> HyflError:
     why = (
         "the hinge loss is not differentiable"
         if loss.name == "hinge"
-        else f"the {loss.name} loss has no Hessian that FedHybrid knows"
+        else f"the {loss.name} loss has no Hessian that {name} knows"
     )
     return fail(
-        "FedHybrid",
+        name,
         f"needs a smooth loss ({', '.join(SMOOTH_LOSSES)}); {why}",
         "Use --loss logistic, squared or smoothed_hinge, or use hyfdca or fedavg, "
         "which handle the hinge loss",
@@ -493,10 +493,11 @@ class FedHybridState:
 # ---------------------------------------------------------------------------
 
 
-def check_applicable(problem: Problem, blocks: StackedBlocks) -> None:
-    """Refuse losses without a Hessian and partitions that are not horizontal."""
+def check_applicable(problem: Problem, blocks: StackedBlocks, name: str = "FedHybrid") -> None:
+    """Refuse losses without a Hessian and partitions that are not horizontal (the
+    second-order methods' domain; ``name`` is the algorithm the errors name)."""
     if not problem.loss.smooth or problem.loss.name not in SMOOTH_LOSSES:
-        raise _loss_error(problem.loss)
+        raise _loss_error(problem.loss, name)
     M = blocks.n_features
     fix = (
         "Split by samples only (partition 'horizontal:K'), or use hyfdca, which "
@@ -505,7 +506,7 @@ def check_applicable(problem: Problem, blocks: StackedBlocks) -> None:
     for k, features in enumerate(blocks.client_features):
         if len(features) != M:
             raise fail(
-                "FedHybrid",
+                name,
                 f"needs a horizontal partition (every client holds whole samples, all "
                 f"{M} features); client {k} holds {len(features)} of them",
                 fix,
@@ -514,7 +515,7 @@ def check_applicable(problem: Problem, blocks: StackedBlocks) -> None:
     if shared.size:
         i = int(shared[0])
         raise fail(
-            "FedHybrid",
+            name,
             f"needs a horizontal partition (every sample held by one client); sample {i} "
             f"is held by {int(blocks.n_holders[i])} clients",
             fix,
@@ -727,7 +728,7 @@ def newton_directions(state: FedHybridState, k: int, z: np.ndarray, g, gap):
         return np.asarray(XkT @ (d * np.asarray(Xk @ v))) / N + shift * v
 
     if not state.dense:
-        return _cg(hess_vec, g, state.cg_tolerance), hess_vec(gap)
+        return conjugate_gradients(hess_vec, g, state.cg_tolerance), hess_vec(gap)
     factors = state.factors.get(k)
     if factors is None:
         # The squared loss has one Hessian for every class (l'' = 1).
@@ -748,7 +749,7 @@ def newton_directions(state: FedHybridState, k: int, z: np.ndarray, g, gap):
     return step, hess_vec(gap)
 
 
-def _cg(hess_vec, rhs: np.ndarray, tolerance: float) -> np.ndarray:
+def conjugate_gradients(hess_vec, rhs: np.ndarray, tolerance: float) -> np.ndarray:
     """Conjugate gradients for all columns of ``rhs`` at once (one SPD system per column).
 
     Parameters
