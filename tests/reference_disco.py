@@ -32,7 +32,8 @@ class Client:
     def gradient_sum(self, w, c):
         total = np.zeros(self.X.shape[1])
         for j in range(self.X.shape[0]):
-            total += self.W[j, c] * loss_derivative(self.loss, self.X[j] @ w, self.Y[j, c]) * self.X[j]
+            slope = loss_derivative(self.loss, self.X[j] @ w, self.Y[j, c])
+            total += self.W[j, c] * slope * self.X[j]
         return total
 
     def hessian_sum(self, w, c, u):
