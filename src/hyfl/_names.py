@@ -30,7 +30,8 @@ LOSS_NAMES = ("hinge", "logistic", "squared", "smoothed_hinge")
 """The keys of :data:`hyfl.losses.LOSSES`, in order."""
 
 ALGORITHM_NAMES = ("hyfdca", "fedavg", "hyfem", "hyfem-avg", "fedsgd", "fedbcd-p", "fedbcd-s",
-                   "fedpbcd", "fedh-g", "fedh-n", "fedh-k", "disco", "hyfem-nn", "hyfem-nn-avg",
+                   "fedpbcd", "fedh-g", "fedh-n", "fedh-k", "disco", "mix-lr",
+                   "hyfem-nn", "hyfem-nn-avg",
                    "fedbcd-nn", "fedbcd-nn-s", "fedsgd-nn", "fedbcd-nn-cnn")
 """The keys of :data:`hyfl.algorithms.ALGORITHMS`, in order (help and shell completion)."""
 

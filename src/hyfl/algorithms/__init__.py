@@ -30,6 +30,7 @@ def _entries() -> dict[str, AlgorithmEntry]:
     from hyfl.algorithms.fedhybrid import FedHybrid
     from hyfl.algorithms.hyfdca import HyFDCA
     from hyfl.algorithms.local_sgd import FedAvg, HyFEM
+    from hyfl.algorithms.mix_lr import MixLR
     from hyfl.neural.fedbcd_nn import PAPER_MNIST_CNN, FedBCDNN
     from hyfl.neural.hyfem_nn import HyFEMNN
 
@@ -75,6 +76,9 @@ def _entries() -> dict[str, AlgorithmEntry]:
         ),
         "disco": AlgorithmEntry(
             DiSCO, "DiSCO: inexact damped Newton with distributed PCG (horizontal, smooth loss)"
+        ),
+        "mix-lr": AlgorithmEntry(
+            MixLR, "Mix-LR (SecretFlow): vertical SGD per row group, groups averaged (grid)"
         ),
         "hyfem-nn": AlgorithmEntry(
             HyFEMNN, "HyFEM-Prox, neural: extractors per view + matched averaging (neural extra)",
