@@ -678,3 +678,38 @@ def test_files_sharing_no_id_blame_the_overlap(tmp_path):
     assert data.meta["shared_ids"] == {"a": 0, "d": 0}
     spec_files, options = parse_party_spec(f"parties:{a},{b};min_common=0")
     assert options["min_common"] == 0
+
+
+def _fate_files(tmp_path):
+    """Breast cancer laid out as FATE's breast_hetero_guest/host example files: the guest
+    has id, y and x0..x9, the host id and x0..x19 -- the same names, other measurements."""
+    from sklearn.datasets import load_breast_cancer
+
+    X, y = load_breast_cancer(return_X_y=True)
+    X = (X - X.mean(axis=0)) / X.std(axis=0)
+    ids = np.random.default_rng(0).permutation(len(y))
+    guest = pd.DataFrame(X[:, :10], columns=[f"x{j}" for j in range(10)])
+    guest.insert(0, "y", y)
+    guest.insert(0, "id", ids)
+    host = pd.DataFrame(X[:, 10:], columns=[f"x{j}" for j in range(20)])
+    host.insert(0, "id", ids)
+    guest.to_csv(tmp_path / "breast_hetero_guest.csv", index=False, float_format="%.6f")
+    host.sample(frac=1.0, random_state=1).to_csv(tmp_path / "breast_hetero_host.csv",
+                                                  index=False, float_format="%.6f")
+    return X, y, ids
+
+
+def test_fate_guest_and_host_files_read_with_party_scoped_names(tmp_path):
+    X, y, ids = _fate_files(tmp_path)
+    spec = (f"parties:guest={tmp_path / 'breast_hetero_guest.csv'},"
+            f"host={tmp_path / 'breast_hetero_host.csv'};id=id;label=y")
+    with pytest.raises(HyflError, match="scope=party"):  # x0 of the guest is not the host's
+        load_party_spec(spec, psi=False)
+    data, partition = load_party_spec(spec + ";scope=party", psi=False)
+    names = list(data.meta["feature_names"])
+    assert names[:10] == [f"guest.x{j}" for j in range(10)]
+    assert names[10:] == [f"host.x{j}" for j in range(20)]
+    rows = {str(i): r for r, i in enumerate(ids)}
+    expected = X[[rows[str(i)] for i in data.meta["sample_ids"]]]
+    np.testing.assert_allclose(data.X.toarray(), np.round(expected, 6), atol=1e-12)
+    assert partition.n_clients == 2 and [len(f) for f in partition.features] == [10, 20]

@@ -1074,8 +1074,11 @@ def _cell(value) -> str:
 def _print_summary(outcome) -> None:
     s = outcome.summary
     final = s["final"]
-    table = Table(title=f"{outcome.spec.algorithm} against the centralized optimum")
-    table.add_column("", overflow="fold")
+    # The solver's name (up to 49 characters) goes in the caption, which wraps: in a
+    # column it would squeeze the row names at 80 columns.
+    table = Table(title=f"{outcome.spec.algorithm} against the centralized optimum",
+                  caption=f"centralized optimum: {outcome.optimum_method}")
+    table.add_column("", no_wrap=True)
     _number_column(table, outcome.spec.algorithm)
     _number_column(table, "centralized")
     table.add_row("primal P(w)", f"{final['primal']:.6g}", f"{outcome.optimum_primal:.6g}")
@@ -1109,7 +1112,6 @@ def _print_summary(outcome) -> None:
     table.add_row("round trips", f"{final['round_trips']:g}", "")
     # The one time per round of this table: measured; the simulated cost is below.
     table.add_row("wall time / round", f"{1e3 * s['median_round_seconds']:.3f} ms", "")
-    table.add_row("solver", "", outcome.optimum_method)
     console.print(table)
     if s.get("shared_ids"):
         shared = ", ".join(f"{party} {n}" for party, n in s["shared_ids"].items())

@@ -74,6 +74,10 @@ and line.
                features=<text file, one feature name per line> | <f1>|<f2>|... | <count>
                unlabeled=error|drop  psi=yes|no  name=<data set name>
                min_common=<minimum number of shared sample IDs, default 1>
+               scope=shared|party  (party: a column name belongs to its file, so
+                                    equal names in two files are two features,
+                                    named <party>.<column>; FATE's guest/host
+                                    files both name theirs x0, x1, ...)
 
 e.g. ``parties:hospital=a.csv,lab=b.parquet;id=patient;label=outcome``. A
 bare folder holding party files, or a single ``.csv``/``.parquet`` path, is a
@@ -709,7 +713,9 @@ def _check_overlap(tj: _Table, tk: _Table, sj, sk, fj, fk, ids, names) -> None:
             f"{b[r, c]:.17g} in {tk.culprit} at {tk.where(int(sk[r]))} "
             f"({int(differ.sum())} such cell{'s' if differ.sum() > 1 else ''} in these files)",
             "A cell that several parties hold must have the same value in each: correct one "
-            "file, or remove the feature column from one of them.",
+            "file, or remove the feature column from one of them; if the files only reuse "
+            "the name for different measurements (FATE's x0, x1, ...), give each party its "
+            "own names with scope=party (spec option ;scope=party).",
         )
 
 
@@ -820,6 +826,7 @@ def load_parties(
     unlabeled: str = "error",
     name: str = "parties",
     min_common: int = 1,
+    scope: str = "shared",
 ) -> tuple[Dataset, Partition]:
     """Read one CSV/Parquet file per party and build the data set and its partition.
 
@@ -861,6 +868,11 @@ def load_parties(
     min_common : int, default 1
         Fewest sample IDs that must occur in two or more files when the
         parties hold different feature columns (0 turns the check off).
+    scope : {"shared", "party"}, default "shared"
+        ``shared``: a column name is one feature wherever it occurs (cells that
+        several parties hold must agree). ``party``: every file's columns are its
+        own, named ``<party>.<column>`` (files that reuse names for different
+        measurements, such as FATE's ``x0, x1, ...`` in both guest and host).
 
     Returns
     -------
@@ -881,6 +893,7 @@ def load_parties(
         files).
     """
     check_choice("unlabeled", unlabeled, _UNLABELED)
+    check_choice("scope", scope, _SCOPES)
     min_common = check_int("min_common", min_common, minimum=0)
     if task is not None:
         check_choice("task", task, _TASKS)
@@ -913,6 +926,9 @@ def load_parties(
         )
         for party, path in items
     ]
+    if scope == "party":
+        for table in tables:
+            table.features = [f"{table.party}.{column}" for column in table.features]
     feature_names = _global_features(tables, features, id_column, label_column)
     rows, n_aligned, psi_bytes = _align(tables, psi)
     shared_ids = _check_common_ids(tables, rows, n_aligned, min_common, id_column)
@@ -1096,7 +1112,9 @@ _OPTION_KEYS = (
     "psi",
     "name",
     "min_common",
+    "scope",
 )
+_SCOPES = ("shared", "party")
 _ENTRY_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
@@ -1196,6 +1214,7 @@ def parse_party_spec(value: str | os.PathLike) -> tuple[dict[str, Path], dict[st
         "psi": "psi",
         "name": "name",
         "min_common": "min_common",
+        "scope": "scope",
     }
     for part in option_parts:
         if not part.strip():
@@ -1302,6 +1321,7 @@ PARTY_OPTIONS = (
     "unlabeled",
     "name",
     "min_common",
+    "scope",
 )
 
 

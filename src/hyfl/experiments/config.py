@@ -841,7 +841,7 @@ class _Validator:
             raise self.error(s, "parties", f"must be a table, got {value!r}", fix)
         self.known_keys("data.parties", value, ("files", *PARTY_OPTIONS))
         kinds = {"psi": bool, "min_common": int, "id_column": str, "unlabeled": str}
-        kinds.update(task=str, name=str)
+        kinds.update(task=str, name=str, scope=str)
         for key, kind in kinds.items():
             if key in value and (
                 not isinstance(value[key], kind) or (kind is int and isinstance(value[key], bool))
