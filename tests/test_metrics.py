@@ -106,3 +106,31 @@ def test_binary_metrics_match_scikit_learn(seed):
     assert found["ks"] == pytest.approx(np.max(tpr - fpr), abs=1e-12)
     assert found["average_precision"] == pytest.approx(
         average_precision_score(labels == 1, score), abs=1e-12)
+
+
+def test_runs_report_the_first_round_at_each_auc_target(tmp_path):
+    """FedBCD's results are rounds to a target AUC: run.json and summary.csv have them."""
+    import csv
+    import json
+
+    from typer.testing import CliRunner
+
+    from hyfl.cli import app
+    from hyfl.experiments.runner import AUC_TARGETS
+
+    out = tmp_path / "cmp"
+    result = CliRunner().invoke(app, ["compare", "--algorithms", "hyfdca", "--val-fraction",
+                                      "0.25", "--iterations", "20", "--out", str(out),
+                                      "--no-progress"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "hyfdca" / "run.json").read_text())["summary"]
+    reached = summary["rounds_to_val_auc"]
+    assert set(reached) == {f"{level:g}" for level in AUC_TARGETS}
+    rows = list(csv.DictReader(open(out / "hyfdca" / "metrics.csv")))
+    aucs = [(float(r["iteration"]), float(r["val_auc"])) for r in rows]
+    for level in AUC_TARGETS:
+        first = next((it for it, auc in aucs if auc >= level), None)
+        assert reached[f"{level:g}"] == first
+    table = list(csv.DictReader(open(out / "summary.csv")))[0]
+    cell = table["rounds_to_auc_0.8"]
+    assert (float(cell) if cell else None) == reached["0.8"]

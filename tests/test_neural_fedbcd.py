@@ -208,8 +208,9 @@ def test_training_improves_and_evaluates():
     state0 = alg.setup(data, 0)
     before = alg.evaluate(state0, data)
     after = alg.evaluate(run(alg, data, rounds=4, state=state0), data)
-    assert set(after) == {"loss", "train_accuracy", "val_loss", "val_accuracy",
+    assert set(after) == {"loss", "train_accuracy", "val_loss", "val_accuracy", "val_auc",
                           "local_val_accuracy"}
+    assert after["val_auc"] > max(before["val_auc"], 0.5)
     assert after["loss"] < 0.7 * before["loss"]
     assert after["train_accuracy"] > before["train_accuracy"]
     assert 0 <= after["val_accuracy"] <= 1 and np.isnan(after["local_val_accuracy"])

@@ -331,3 +331,15 @@ def test_cnn_extractor_needs_image_views():
     data = view_data([np.arange(48)], [(0, 1)])
     with pytest.raises(HyflError, match="extractor cnn .*view 0 is not part of an image"):
         HyFEMNN(extractor="cnn", **SMALL).validated().setup(data, seed=0)
+
+
+def test_validation_auc_is_scikit_learns_one_vs_rest_macro_auc():
+    from sklearn.metrics import roc_auc_score
+
+    from hyfl.neural.base import validation_auc
+
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 4, 300)
+    logits = rng.normal(size=(300, 4)) + 1.5 * np.eye(4)[y]
+    expected = np.mean([roc_auc_score(y == c, logits[:, c]) for c in range(4)])
+    assert validation_auc(logits, y) == pytest.approx(expected, abs=1e-12)

@@ -66,7 +66,7 @@ def test_run_writes_results_folder_and_model(digits_dir, tmp_path):
     for name in ("metrics.csv", "run.json", "participation.csv", "model.npz", "accuracy.png"):
         assert (out / name).is_file(), name
     rows = rows_of(out / "metrics.csv")
-    assert {"iteration", "loss", "val_accuracy", "local_val_accuracy", "train_accuracy",
+    assert {"iteration", "loss", "val_accuracy", "val_auc", "local_val_accuracy", "train_accuracy",
             "bytes_up", "bytes_down", "round_trips", "sim_time", "active_clients"} <= set(rows[0])
     assert [float(r["iteration"]) for r in rows] == [0.0, 1.0, 2.0]
     assert [float(r["round_trips"]) for r in rows] == [0.0, 1.0, 2.0]  # cumulative

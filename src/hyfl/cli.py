@@ -569,7 +569,8 @@ def _number_column(table: Table, header: str) -> None:
 
 # Columns the summary tables leave out first when the terminal is narrow (all are in
 # summary.csv): the stricter/looser thresholds and the smaller cost components.
-_CONVERGENCE_DROP = ("settled_1e-3", "rounds_to_1e-1", "rounds_to_1e-3", "median_round_ms",
+_CONVERGENCE_DROP = ("rounds_to_auc_0.7", "rounds_to_auc_0.75", "rounds_to_auc_0.8",
+                     "settled_1e-3", "rounds_to_1e-1", "rounds_to_1e-3", "median_round_ms",
                      "round_trips", "settled_1e-2", "best_val_auc", "best_val_accuracy")
 _COST_DROP = ("decryptions", "time_latency_per_iter", "time_server_per_iter", "bytes_down",
               "encryptions", "time_encryption_per_iter", "time_client_per_iter", "bytes_up")
@@ -1135,6 +1136,7 @@ def _print_neural_summary(outcomes) -> None:
         "final_val_accuracy": ("val. accuracy (final, global)", "{:.4f}"),
         "best_val_accuracy": ("val. accuracy (best)", "{:.4f}"),
         "final_local_val_accuracy": ("local models' val. accuracy", "{:.4f}"),
+        "final_val_auc": ("val. AUC (final, global)", "{:.4f}"),
         "rounds_to_0.95": ("first round at 0.95", "{:.0f}"),
         "final_loss": ("training loss", "{:.4g}"),
         "round_trips": ("round trips", "{:,.0f}"),

@@ -838,7 +838,10 @@ def plot_runs(
             if what == "loss":
                 _plot_loss(ax, run, label, x, keep)
             else:
-                ax.plot(x[keep], run.column("val_accuracy")[keep], label=label)
+                (line,) = ax.plot(x[keep], run.column("val_accuracy")[keep], label=label)
+                if _has_values(run, "val_auc"):  # the same run's AUC, dashed in its colour
+                    ax.plot(x[keep], run.column("val_auc")[keep], linestyle="--",
+                            color=line.get_color(), alpha=0.8)
         if log_x:
             ax.set_xscale("log")
         ax.set_xlabel("outer iteration" if x_name == "iteration" else "simulated time (s)")
@@ -850,7 +853,9 @@ def plot_runs(
             ax.legend(fontsize="small")
         else:
             _draw_majority(ax, runs, text=False)  # the legend below names it
-            ax.set_ylabel("validation accuracy")
+            with_auc = any(_has_values(r, "val_auc") for r in runs.values())
+            ax.set_ylabel("validation accuracy" + (" (solid), AUC (dashed)" if with_auc
+                                                   else ""))
             ax.set_ylim(*_accuracy_limits(runs))
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize="small")
@@ -867,9 +872,11 @@ def plot_runs(
 
 def _accuracy_limits(runs: Mapping[str, Any]) -> tuple[float, float]:
     """Accuracy axis limits that show where the runs spend their rounds: from a little
-    below the majority-class rate or the runs' 5th percentile (not the zero model's
-    first-round accuracy, e.g. 0.1 on MNIST, which would flatten every curve) to 1."""
-    values = np.concatenate([r.column("val_accuracy")[1:] for r in runs.values()])
+    below the majority-class rate or the runs' 5th percentile of accuracy and AUC (not the
+    zero model's first-round values, e.g. 0.1 on MNIST, which would flatten every curve)
+    to 1."""
+    values = np.concatenate([r.column(name)[1:] for r in runs.values()
+                             for name in ("val_accuracy", "val_auc") if _has_values(r, name)])
     values = values[np.isfinite(values)]
     low = float(np.percentile(values, 5)) if values.size else 0.0
     majority = majority_rate(runs)

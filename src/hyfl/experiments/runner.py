@@ -63,6 +63,7 @@ from hyfl.runtime.simulation import (
     budget_record,
     check_sim_time_budget,
     evaluate,
+    first_round_at_least,
     first_round_below,
     settled_round_below,
     simulate,
@@ -70,6 +71,8 @@ from hyfl.runtime.simulation import (
 from hyfl.runtime.trivial import TrivialResult, advice, judge_trivial, majority_rate
 
 FALLBACK_LAMBDA = 1e-4
+AUC_TARGETS = (0.7, 0.75, 0.8)
+"""Validation AUCs whose first round the summaries report (FedBCD's Table 2 targets)."""
 DEFAULT_PARTITION = "grid:3x3"
 PARTY_PARTITION = "parties"  # the partition party files define
 
@@ -427,6 +430,11 @@ def run_prepared(
             f"{tol:g}": settled_round_below(result.column("iteration"), rel, tol)
             for tol in (1e-1, 1e-2, 1e-3)
         },
+        "rounds_to_val_auc": {
+            f"{level:g}": first_round_at_least(result.column("iteration"),
+                                               result.column("val_auc"), level)
+            for level in AUC_TARGETS
+        } if validation else {},
         "median_round_seconds": float(np.median(result.round_times))
         if len(result.round_times)
         else np.nan,
@@ -711,6 +719,7 @@ CONVERGENCE_COLUMNS = (
     "settled_1e-3",
     "round_trips",
     "median_round_ms",
+    *(f"rounds_to_auc_{level:g}" for level in AUC_TARGETS),
 )
 COST_SUMMARY_COLUMNS = (
     "algorithm",
@@ -744,6 +753,8 @@ def summary_rows(outcomes: list[RunOutcome]) -> list[dict[str, Any]]:
                 "settled_1e-3": s["settled_at_relative_loss"]["0.001"],
                 "round_trips": s["final"]["round_trips"],
                 "median_round_ms": 1e3 * s["median_round_seconds"],
+                **{f"rounds_to_auc_{level:g}": s.get("rounds_to_val_auc", {}).get(f"{level:g}")
+                   for level in AUC_TARGETS},
                 "engine": s["engine"],
                 **{
                     key: s["costs"]["totals"][key]

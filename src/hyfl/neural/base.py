@@ -33,6 +33,7 @@ EVAL_COLUMNS = (
     "train_accuracy",
     "val_loss",
     "val_accuracy",  # global model, all views
+    "val_auc",  # its one-vs-rest AUC, averaged over the classes (hyfl.metrics)
     "local_val_accuracy",  # HyFEM: clients' local models on their own views, averaged
 )
 FLOAT_BYTES = 4
@@ -53,6 +54,15 @@ class NeuralAlgorithm(Protocol):
     def config(self) -> dict[str, Any]: ...
 
     def export(self, state: Any) -> dict[str, np.ndarray]: ...
+
+
+def validation_auc(logits, y) -> float:
+    """The one-vs-rest AUC of class scores ``logits`` (n, C) for class indices ``y`` (n,),
+    averaged over the classes present (:func:`hyfl.metrics.ranking_metrics`)."""
+    from hyfl.metrics import ranking_metrics
+
+    logits = np.asarray(logits, dtype=np.float64)
+    return float(ranking_metrics(logits, np.asarray(y), np.arange(logits.shape[1]))["auc"])
 
 
 def cross_entropy_and_accuracy(logits, y) -> tuple[float, float]:

@@ -103,7 +103,7 @@ import numpy as np
 
 from hyfl.errors import check_choice, check_int, check_positive, check_range, fail
 from hyfl.neural import require_jax
-from hyfl.neural.base import FLOAT_BYTES, ID_BYTES, batch_ids
+from hyfl.neural.base import FLOAT_BYTES, ID_BYTES, batch_ids, validation_auc
 from hyfl.neural.nets import flatten_named, make_cnn, make_mlp
 
 VARIANTS = ("parallel", "sequential", "sgd")
@@ -382,25 +382,29 @@ class FedBCDNN:
         N = dev["y"].shape[0]
         train = [(tuple(x[i:i + EVAL_CHUNK] for x in dev["X"]), dev["y"][i:i + EVAL_CHUNK])
                  for i in range(0, N, EVAL_CHUNK)]
-        loss, acc = self._scores(state, train, N)
+        loss, acc, _ = self._scores(state, train, N)
         out = {"loss": loss, "train_accuracy": acc, "val_loss": math.nan,
-               "val_accuracy": math.nan, "local_val_accuracy": math.nan}
+               "val_accuracy": math.nan, "val_auc": math.nan, "local_val_accuracy": math.nan}
         if data.X_val is not None and len(data.y_val):
             Xv, yv = data.X_val, np.asarray(data.y_val, dtype=np.int32)
             chunks = (
                 (tuple(Xv[i:i + EVAL_CHUNK][:, c] for c in dev["columns"]), yv[i:i + EVAL_CHUNK])
                 for i in range(0, yv.size, EVAL_CHUNK)
             )
-            out["val_loss"], out["val_accuracy"] = self._scores(state, chunks, yv.size)
+            out["val_loss"], out["val_accuracy"], logits = self._scores(state, chunks, yv.size)
+            out["val_auc"] = validation_auc(logits, yv)
         return out
 
-    def _scores(self, state, chunks, n: int) -> tuple[float, float]:
+    def _scores(self, state, chunks, n: int) -> tuple[float, float, np.ndarray]:
+        """Mean cross-entropy, accuracy and the class scores (n, C) of the chunks."""
         total_loss = total_correct = 0.0
+        scores = []
         for xs, y in chunks:
-            loss_sum, correct = state.device["logits"](state.bottoms, state.top, xs, y)
+            loss_sum, correct, logits = state.device["logits"](state.bottoms, state.top, xs, y)
             total_loss += float(loss_sum)
             total_correct += float(correct)
-        return total_loss / n, total_correct / n
+            scores.append(np.asarray(logits))
+        return total_loss / n, total_correct / n, np.concatenate(scores)
 
     def scores(self, arrays: dict[str, np.ndarray], data, X) -> np.ndarray:
         """Class scores of an exported stacked model (:meth:`export`) on ``X`` (n, F)."""
@@ -585,7 +589,7 @@ def make_round(nets, top_net, lh, steps, variant, mu, momentum):
 
 
 def make_logits(nets, top_net):
-    """Jitted ``(sum of CE, number correct)`` of the stacked model on a chunk."""
+    """Jitted ``(sum of CE, number correct, class scores)`` of the stacked model on a chunk."""
     jax = require_jax()
     jnp = jax.numpy
 
@@ -594,6 +598,6 @@ def make_logits(nets, top_net):
         logits = top_net.apply(top, jnp.concatenate(H, axis=1))
         log_p = jax.nn.log_softmax(logits)
         loss = -jnp.sum(jnp.take_along_axis(log_p, y[:, None], axis=1))
-        return loss, jnp.sum(jnp.argmax(logits, axis=1) == y)
+        return loss, jnp.sum(jnp.argmax(logits, axis=1) == y), logits
 
     return jax.jit(scores)

@@ -68,7 +68,12 @@ import numpy as np
 
 from hyfl.errors import check_choice, check_int, check_positive, check_range, fail
 from hyfl.neural import require_jax
-from hyfl.neural.base import FLOAT_BYTES, batch_ids, cross_entropy_and_accuracy
+from hyfl.neural.base import (
+    FLOAT_BYTES,
+    batch_ids,
+    cross_entropy_and_accuracy,
+    validation_auc,
+)
 from hyfl.neural.nets import flatten_named, make_cnn, make_mlp, mlp_apply, n_parameters
 
 VARIANTS = ("prox", "avg")
@@ -373,11 +378,11 @@ class HyFEMNN:
             self.predict_logits(state, model, everything, data.X), data.y
         )
         row = {"loss": loss, "train_accuracy": acc, "val_loss": np.nan, "val_accuracy": np.nan,
-               "local_val_accuracy": np.nan}
+               "val_auc": np.nan, "local_val_accuracy": np.nan}
         if data.X_val is not None:
-            row["val_loss"], row["val_accuracy"] = cross_entropy_and_accuracy(
-                self.predict_logits(state, model, everything, data.X_val), data.y_val
-            )
+            logits = self.predict_logits(state, model, everything, data.X_val)
+            row["val_loss"], row["val_accuracy"] = cross_entropy_and_accuracy(logits, data.y_val)
+            row["val_auc"] = validation_auc(logits, data.y_val)
             local = [
                 cross_entropy_and_accuracy(
                     self.predict_logits(state, state.local[m], views, data.X_val), data.y_val

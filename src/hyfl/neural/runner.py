@@ -22,6 +22,7 @@ import numpy as np
 
 from hyfl.errors import fail
 from hyfl.experiments.runner import _plain, _title
+from hyfl.runtime.simulation import first_round_at_least
 
 ACCURACY_PLOT = "accuracy.png"
 PARTICIPATION_FILE = "participation.csv"
@@ -96,14 +97,15 @@ def run_prepared(setup: NeuralSetup, spec, name: str, hyper: dict, progress: boo
     data = setup.data
     majority = float(np.bincount(data.y).max() / data.y.size)
     result.config["majority_rate"] = majority
-    val_acc = result.column("val_accuracy")
+    val_acc, val_auc = result.column("val_accuracy"), result.column("val_auc")
     final = result.final
     summary = {
         "algorithm": label or name,
         "final": final,
         "best_val_accuracy": float(np.nanmax(val_acc)) if np.isfinite(val_acc).any() else None,
+        "best_val_auc": float(np.nanmax(val_auc)) if np.isfinite(val_auc).any() else None,
         "rounds_to_val_accuracy": {
-            f"{level:g}": _first_at_least(result.column("iteration"), val_acc, level)
+            f"{level:g}": first_round_at_least(result.column("iteration"), val_acc, level)
             for level in (0.9, 0.95, 0.98)
         },
         "median_round_seconds": float(np.median(result.round_times)),
@@ -167,7 +169,8 @@ def compare(spec, names: list[str], out_dir, progress: bool = False, overwrite: 
 
 SUMMARY_COLUMNS = (
     "algorithm", "seed", "final_val_accuracy", "best_val_accuracy", "final_local_val_accuracy",
-    "rounds_to_0.95", "final_loss", "round_trips", "bytes_up", "bytes_down", "median_round_s",
+    "final_val_auc", "best_val_auc", "rounds_to_0.95", "final_loss", "round_trips", "bytes_up",
+    "bytes_down", "median_round_s",
 )
 
 
@@ -182,6 +185,8 @@ def summary_rows(outcomes) -> list[dict[str, Any]]:
             "final_val_accuracy": final.get("val_accuracy"),
             "best_val_accuracy": s["best_val_accuracy"],
             "final_local_val_accuracy": final.get("local_val_accuracy"),
+            "final_val_auc": final.get("val_auc"),
+            "best_val_auc": s.get("best_val_auc"),
             "rounds_to_0.95": s["rounds_to_val_accuracy"]["0.95"],
             "final_loss": final.get("loss"),
             "round_trips": final.get("round_trips"),
@@ -267,6 +272,3 @@ def write_outputs(outcome, setup: NeuralSetup, out_dir: Path) -> Path:
     return out_dir
 
 
-def _first_at_least(iterations, values, level) -> float | None:
-    hit = np.flatnonzero(np.asarray(values) >= level)
-    return float(iterations[hit[0]]) if hit.size else None

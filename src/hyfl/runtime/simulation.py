@@ -147,6 +147,13 @@ def first_round_below(iterations: np.ndarray, values: np.ndarray, level: float) 
     return float(iterations[hit[0]]) if hit.size else None
 
 
+def first_round_at_least(iterations: np.ndarray, values: np.ndarray, level: float
+                         ) -> float | None:
+    """The first evaluated round whose value is at or above ``level`` (None if none)."""
+    hit = np.flatnonzero(np.asarray(values) >= level)
+    return float(iterations[hit[0]]) if hit.size else None
+
+
 def settled_round_below(iterations: np.ndarray, values: np.ndarray, level: float) -> float | None:
     """The round from which every evaluation stays at or below ``level`` (None if the last
     one is above it, or NaN): an honest "rounds to reach", unlike the first touch."""
