@@ -90,6 +90,11 @@ ClassWeight = Annotated[
                              help="balanced: weight each class's loss by N / (classes x its "
                              "count); default: unweighted.", show_default=False)
 ]
+Standardize = Annotated[
+    bool, typer.Option("--standardize", help="Divide every feature by its standard deviation, "
+                       "from a secure sum of the parties' column statistics (reveals each "
+                       "feature's mean and deviation).")
+]
 Intercept = Annotated[
     str, typer.Option(metavar="S|off", help="Bias: a constant column of value S, its weight "
                       "regularized like the others (as liblinear); larger S regularizes the "
@@ -314,6 +319,7 @@ def run(
     lam: Lam = None,
     intercept: Intercept = "1",
     class_weight: ClassWeight = None,
+    standardize: Standardize = False,
     partition: PartitionOpt = None,
     participation: ParticipationOpt = "0.5",
     iic: Iic = None,
@@ -395,6 +401,7 @@ def run(
             lam=lam,
             intercept=parse_intercept(intercept),
             class_weight=class_weight,
+            standardize=standardize,
             partition=partition,
             participation=participation,
             hyper=hyper,
@@ -431,6 +438,7 @@ _FLAG_KEYS = {
     "lam": ("data", "lam"),
     "intercept": ("data", "intercept"),
     "class_weight": ("data", "class_weight"),
+    "standardize": ("data", "standardize"),
     "data_dir": ("data", "data_dir"),
     "partition": ("partition", "spec"),
     "participation": ("partition", "participation"),
@@ -670,6 +678,7 @@ def compare(
     lam: Lam = None,
     intercept: Intercept = "1",
     class_weight: ClassWeight = None,
+    standardize: Standardize = False,
     partition: PartitionOpt = None,
     participation: ParticipationOpt = "0.5",
     iic: Iic = None,
@@ -721,6 +730,7 @@ def compare(
             lam=lam,
             intercept=parse_intercept(intercept),
             class_weight=class_weight,
+            standardize=standardize,
             partition=partition,
             participation=participation,
             hyper=hyper,

@@ -176,22 +176,30 @@ class Model:
 
 def model_from_problem(problem, weights, *, data_meta: dict | None = None,
                        partition: str = "", algorithm: str = "", data: str = "",
-                       data_y=None) -> Model:
+                       data_X=None, data_y=None, feature_scale=None) -> Model:
     """Build a :class:`Model` from a :class:`~hyfl.problem.Problem` and its weights.
 
     ``data_meta`` is the training dataset's ``meta`` (its ``classes`` give the
     original labels; its ``intercept_scaling``, that the last weight is the
     intercept's, :func:`hyfl.data.dataset.with_intercept`); ``data_y`` its encoded
-    labels (for the checksum; default the problem's first label column).
+    labels (for the checksum; default the problem's first label column), ``data_X`` its
+    features as read (default the problem's); ``feature_scale`` (M,) the scales the
+    problem's features were divided by (:mod:`hyfl.privacy.secure_scaling`), folded
+    into the weights so that the model reads raw features.
     """
     from hyfl.data.dataset import split_intercept
 
     weights = np.asarray(weights, dtype=np.float64)
     if weights.ndim == 1:
         weights = weights[:, None]
+    if feature_scale is not None:
+        from hyfl.privacy.secure_scaling import unscale_weights
+
+        weights = unscale_weights(weights, feature_scale)
     scaling = (data_meta or {}).get("intercept_scaling")
     weights, intercept = split_intercept(weights, scaling)
-    X = problem.X if scaling is None else problem.X[:, :-1]
+    X = problem.X if data_X is None else data_X
+    X = X if scaling is None else X[:, :-1]
     original = tuple((data_meta or {}).get("classes") or ())
     names: tuple = ()
     if any(isinstance(label, str) for label in original):  # text: stored by position

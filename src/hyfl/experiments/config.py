@@ -32,6 +32,7 @@ defaults)::
     # intercept = false               # a bias: true (a constant column of value 1), a
     #                                 # positive value for the column, or false; default true
     # class_weight = "balanced"       # weight each class's loss by N / (C n_c); default none
+    # standardize = true              # scale features by a secure sum; default false
     val_fraction = 0.2                # hold out this fraction; or val = "name or path"
     # data_dir = "../shared/data"     # folder with dataset files
 
@@ -123,8 +124,8 @@ EXPERIMENT_KEYS = (
     "checkpoint_seconds",
 )
 BUDGET_KEYS = ("iterations", "sim_time", "max_iterations")
-DATA_KEYS = ("dataset", "loss", "lam", "intercept", "class_weight", "val", "val_fraction",
-             "data_dir", "parties")
+DATA_KEYS = ("dataset", "loss", "lam", "intercept", "class_weight", "standardize", "val",
+             "val_fraction", "data_dir", "parties")
 PARTITION_KEYS = ("spec", "participation")
 COSTS_KEYS = ("cipher", "key_bits", "latency", "he_costs", "he_layout")
 
@@ -172,6 +173,7 @@ class DataSection:
     parties: Any = None
     intercept: float | None = INTERCEPT_SCALING
     class_weight: str | None = None
+    standardize: bool = False
 
     def has_party_files(self) -> bool:
         from hyfl.data import is_party_spec
@@ -260,6 +262,7 @@ class ExperimentConfig:
             lam=d.lam,
             intercept=d.intercept,
             class_weight=d.class_weight,
+            standardize=d.standardize,
             partition=p.spec,
             participation=p.participation,
             hyper=dict(entry.hyper),
@@ -598,6 +601,14 @@ class _Validator:
             )
         return value.strip()
 
+    def flag(self, section, table, key, default: bool) -> bool:
+        """A true/false value."""
+        value = table.get(key, default)
+        if not isinstance(value, bool):
+            raise self.error(section, key, f"must be true or false, got {value!r}",
+                             f"Write {key} = true or {key} = false.")
+        return value
+
     def integer(self, section, table, key, default=None, *, minimum=0, required=False):
         if key not in table:
             if required:
@@ -826,6 +837,7 @@ class _Validator:
             intercept=intercept,
             class_weight=(self.choice(s, table, "class_weight", None, CLASS_WEIGHTS)
                           if "class_weight" in table else None),
+            standardize=self.flag(s, table, "standardize", False),
             val=val,
             val_fraction=val_fraction,
             data_dir=data_dir,

@@ -18,6 +18,7 @@ operation) in ``sim_time``.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -100,7 +101,9 @@ class RunSpec:
     ``intercept`` fits a bias as liblinear does: the data gain a constant column
     of this value (:func:`hyfl.data.dataset.with_intercept`); None fits none.
     ``class_weight="balanced"`` weights each sample's loss by ``N / (C n_c)``, ``n_c``
-    the count of its class (:func:`sample_weights`).
+    the count of its class (:func:`sample_weights`). ``standardize`` divides every
+    feature by its standard deviation, computed from a secure sum of the clients'
+    column statistics (:mod:`hyfl.privacy.secure_scaling`).
 
     The budget: ``iterations`` outer iterations, or, with ``sim_time``
     (simulated seconds), until the cumulative simulated time reaches it, at
@@ -135,6 +138,7 @@ class RunSpec:
     he_layout: str = DEFAULT_HE_LAYOUT
     intercept: float | None = INTERCEPT_SCALING
     class_weight: str | None = None
+    standardize: bool = False
 
     def validated(self) -> RunSpec:
         check_choice("algorithm", self.algorithm, algorithm_names())
@@ -146,6 +150,9 @@ class RunSpec:
         parse_intercept(self.intercept)
         if self.class_weight is not None:
             check_choice("class_weight", self.class_weight, CLASS_WEIGHTS)
+        if not isinstance(self.standardize, bool):
+            raise fail("standardize", f"must be true or false, got {self.standardize!r}",
+                       "Pass --standardize (in a config: standardize = true).")
         if self.hyper.get("iic") is not None and self.hyper.get("local_steps") is not None:
             raise fail("--iic and --local-steps", "were both given", "Give only one of them.")
         if self.val is not None and self.val_fraction is not None:
@@ -278,6 +285,8 @@ class Setup:
     validation: Validation | None
     cipher: Any = None
     cost_model: CostModel = field(default_factory=CostModel)
+    # Each feature's scale (M,) when the features were scaled across parties, else None.
+    feature_scale: Any = None
 
 
 def load_split(spec: RunSpec):
@@ -332,16 +341,27 @@ def prepare(spec: RunSpec) -> Setup:
     lam = spec.lam if spec.lam is not None else (default_lambda(spec.data) or FALLBACK_LAMBDA)
     problem = make_problem(train, spec.loss, lam,
                            sample_weight=sample_weights(train, spec.class_weight))
-    optimum = solve_centralized(problem)
     if partition is None:
         partition = parse_partition(
             spec.partition_spec(), problem.X, seed=spec.seed, meta=train.meta, labels=train.y
         )
+    scale = None
+    if spec.standardize:  # before the optimum: the problem is the scaled one
+        from hyfl.privacy.secure_scaling import scale_columns, secure_feature_scales
+
+        constant = [problem.n_features - 1] if spec.intercept is not None else None
+        scale = secure_feature_scales(partition, problem.X,
+                                      np.random.default_rng([spec.seed, 3]), keep=constant)
+        problem = dataclasses.replace(problem, X=scale_columns(problem.X, scale))
+        if val is not None:
+            val = dataclasses.replace(val, X=scale_columns(val.X, scale))
+    optimum = solve_centralized(problem)
     participation = parse_participation(spec.participation, partition.n_clients)
     validation = Validation(val.X, val.y) if val is not None else None
     cipher = make_cipher(spec.cipher, key_bits=spec.key_bits)
     cost_model = spec.cost_model(cipher)
-    return Setup(train, problem, optimum, partition, participation, validation, cipher, cost_model)
+    return Setup(train, problem, optimum, partition, participation, validation, cipher, cost_model,
+                 scale)
 
 
 def run_prepared(
@@ -474,7 +494,7 @@ def run_prepared(
         problem, result.weights, data_meta=getattr(setup.train, "meta", {}),
         partition=spec.partition_spec(), algorithm=name,
         data=str(spec.parties if spec.parties is not None else spec.data),
-        data_y=setup.train.y,
+        data_X=setup.train.X, data_y=setup.train.y, feature_scale=setup.feature_scale,
     )
     return RunOutcome(
         run_spec, result, setup.optimum.primal, setup.optimum.method, opt_val_acc, summary, None,

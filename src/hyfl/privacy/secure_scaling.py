@@ -1,0 +1,131 @@
+"""Feature scaling across parties from a secure sum of their column statistics.
+
+Users scale features before training, but in a vertical or hybrid split no party
+holds a whole column. Here every client computes, for the features it holds, the
+sum and the sum of squares of its own entries; a *secure sum* adds them over the
+clients, so that the totals -- and nothing else -- become known:
+
+* **Secure sum by pairwise masks** (the core of Bonawitz et al.'s secure
+  aggregation). Values are fixed-point integers modulo ``2**64``. Every pair of
+  clients ``j < k`` shares a random mask ``m_jk`` (from a seed they agree on);
+  client ``k`` sends ``encode(v_k) + sum_{j > k} m_kj - sum_{j < k} m_jk``. Each
+  message alone is uniformly distributed; the server adds them and the masks
+  cancel, leaving ``encode(sum_k v_k)`` exactly. (No dropout recovery: every
+  client must send, which holds before training.)
+* **What it reveals.** Every party and the server learn each feature's mean and
+  standard deviation over all samples (cells no party holds count as 0), and
+  nothing about any one party's entries beyond what those totals imply -- for a
+  feature held by a single client, its own column statistics.
+
+The scaling divides every feature by its standard deviation (features that do not
+vary keep scale 1). It does not centre: centring would turn the zeros of sparse data
+into non-zeros (which also have no owner in a non-rectangular split), and with an
+intercept the means are absorbed by the bias. A model trained on scaled features
+is turned back into one for the raw features by dividing its weights by the scales
+(:func:`unscale_weights`), so its model file predicts on raw data.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+from hyfl.errors import fail
+from hyfl.partition import Partition, stack
+
+FRACTION_BITS = 24
+"""Fixed-point resolution of the secure sum: ``2**-24`` (about 6e-8) per value."""
+
+_LIMIT = 2.0 ** (63 - FRACTION_BITS)
+
+
+def encode(values: np.ndarray) -> np.ndarray:
+    """Floats as fixed-point integers modulo ``2**64`` (two's complement), exactly summable."""
+    values = np.asarray(values, dtype=np.float64)
+    if not np.all(np.abs(values) < _LIMIT):
+        raise fail("feature statistics", f"exceed the secure sum's range (|v| < 2**"
+                   f"{63 - FRACTION_BITS})", "Rescale the data (e.g. to thousands) before "
+                   "training, or train without --standardize.")
+    return np.round(values * 2.0**FRACTION_BITS).astype(np.int64).view(np.uint64)
+
+
+def decode(integers: np.ndarray) -> np.ndarray:
+    """The inverse of :func:`encode`."""
+    return np.asarray(integers, dtype=np.uint64).view(np.int64).astype(np.float64) \
+        / 2.0**FRACTION_BITS
+
+
+def masked_messages(parts: list[np.ndarray], rng: np.random.Generator) -> list[np.ndarray]:
+    """What each client sends: its encoded values plus its pairwise masks (uint64)."""
+    n = len(parts)
+    messages = [encode(p) for p in parts]
+    for j in range(n):
+        for k in range(j + 1, n):
+            mask = rng.integers(0, 2**64, size=messages[j].shape, dtype=np.uint64,
+                                endpoint=False)
+            messages[j] = messages[j] + mask  # wraps modulo 2**64
+            messages[k] = messages[k] - mask
+    return messages
+
+
+def secure_sum(parts: list[np.ndarray], rng: np.random.Generator) -> np.ndarray:
+    """``sum(parts)`` as the server computes it from the masked messages alone."""
+    messages = masked_messages(parts, rng)
+    total = np.zeros_like(messages[0])
+    for message in messages:
+        total = total + message
+    return decode(total)
+
+
+def client_column_sums(partition: Partition, X) -> list[np.ndarray]:
+    """Each client's ``[sum of x, sum of x^2]`` over its own entries, per feature (2, M)."""
+    blocks = stack(partition, X)
+    M = X.shape[1]
+    parts = []
+    for k in range(blocks.n_clients):
+        rows = blocks.X[blocks.client_rowptr[k]:blocks.client_rowptr[k + 1]]
+        parts.append(np.vstack([np.asarray(rows.sum(axis=0)).ravel(),
+                                np.asarray(rows.multiply(rows).sum(axis=0)).ravel()])
+                     .reshape(2, M))
+    return parts
+
+
+def secure_feature_scales(partition: Partition, X, rng: np.random.Generator,
+                          keep: np.ndarray | None = None) -> np.ndarray:
+    """Every feature's standard deviation from the clients' secure sum (1 where constant).
+
+    Parameters
+    ----------
+    partition : Partition
+        Who holds which entries of ``X``.
+    X : sparse matrix, shape (N, M)
+    rng : Generator
+        The pairwise masks' source (the parties' shared seeds, simulated).
+    keep : array of int, optional
+        Columns to leave unscaled (scale 1), e.g. the intercept's constant column.
+
+    Returns
+    -------
+    ndarray, shape (M,)
+    """
+    N = X.shape[0]
+    totals = secure_sum(client_column_sums(partition, X), rng)
+    mean = totals[0] / N
+    variance = np.maximum(totals[1] / N - mean * mean, 0.0)
+    scale = np.sqrt(variance)
+    scale[scale <= 1e-12 * np.maximum(1.0, np.abs(mean))] = 1.0
+    if keep is not None:
+        scale[np.asarray(keep, dtype=np.int64)] = 1.0
+    return scale
+
+
+def scale_columns(X, scale: np.ndarray) -> sp.csr_matrix:
+    """``X`` with column ``m`` divided by ``scale[m]`` (the sparsity pattern is kept)."""
+    X = sp.csr_matrix(X, dtype=np.float64, copy=True)
+    X.data /= scale[X.indices]
+    return X
+
+
+def unscale_weights(weights: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """Weights of a model of scaled features as weights of the raw features (M, C)."""
+    return np.asarray(weights, dtype=np.float64) / np.asarray(scale)[:, None]
