@@ -101,7 +101,8 @@ def test_algorithms_and_datasets_fit_80_columns(narrow, tmp_path):
     assert "breast_cancer" in names
 
 
-@pytest.mark.parametrize("command", [["run"], ["compare"], ["deploy", "local"], ["predict"]])
+@pytest.mark.parametrize("command", [["run"], ["compare"], ["deploy", "local"], ["deploy", "party"],
+                                     ["predict"]])
 def test_help_reads_at_80_columns(command):
     """Option help at 80 columns: nothing cut, and a description column of at least 26
     characters (choices as "[a|b|c]" metavars once squeezed it to 20 and cut flag names)."""

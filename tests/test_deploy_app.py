@@ -199,13 +199,14 @@ def test_superlink_and_party_pass_supernode_authentication_to_flower(tmp_path, m
     assert command[0].endswith("flower-superlink") and "--enable-supernode-auth" in command
     assert command[command.index("--database") + 1] == str(tmp_path / "state.db")
     party = ["deploy", "party", "--party", "0", "--superlink", "link:8000", "--cipher", "none",
-             "--root-certificates", "ca.crt", "--auth-supernode-private-key"]
-    result, output = _invoke(*party, str(tmp_path / "missing-key"))
+             "--root-certificates", "ca.crt"]
+    result, output = _invoke(*party, "--node-key", str(tmp_path / "missing-key"))
     assert result.exit_code == 2, output
-    assert "--auth-supernode-private-key" in output and "does not exist" in output
+    assert "--node-key" in output and "does not exist" in output
     key = tmp_path / "supernode-key"
     key.write_text("")
-    result, output = _invoke(*party, str(key))
+    # Flower's own name for the option is accepted too
+    result, output = _invoke(*party, "--auth-supernode-private-key", str(key))
     assert result.exit_code == 0, output
     command = started.pop()
     assert command[command.index("--auth-supernode-private-key") + 1] == str(key)

@@ -216,7 +216,7 @@ def superlink(
 
 @app.command()
 def party(
-    party: Annotated[int, typer.Option(help="This party's index (0, 1, ...).")],
+    party: Annotated[int, typer.Option(help="This party's index, from 0.")],
     superlink: Annotated[str, typer.Option(help="The SuperLink's HOST:PORT.")],
     key: Annotated[Path | None, typer.Option(help="private-key.json (from hyfl deploy keys).")] =
     None,
@@ -256,12 +256,18 @@ def party(
     poll: Annotated[float | None, typer.Option(help="Longest idle poll of the SuperNode in "
                                                "seconds (Flower: 3; patched, Flower 1.41.0 "
                                                "only; default 0.1 with the worker).")] = None,
-    worker: Annotated[bool, typer.Option("--worker/--per-message", help="Handle messages in "
-                                         "this party's long-lived worker (default), or in a "
-                                         "new Flower ClientApp process per message.")] = True,
-    auth_supernode_private_key: Annotated[Path | None, typer.Option(
+    per_message: Annotated[bool, typer.Option(
+        "--per-message", help="Handle each message in a new Flower ClientApp process instead "
+        "of this party's long-lived worker (the default).")] = False,
+    # --worker names the default; hidden, as the pair's second column cut the help's
+    # descriptions below 26 characters at 80 columns.
+    worker: Annotated[bool, typer.Option("--worker", hidden=True)] = False,
+    node_key: Annotated[Path | None, typer.Option(
         help="This SuperNode's ECDSA key (ssh-keygen -t ecdsa -b 384) for a SuperLink with "
-        "--enable-supernode-auth; register its .pub with `flwr supernode register`.")] = None,
+        "supernode auth; register its .pub with `flwr supernode register`.")] = None,
+    # Flower's name for --node-key, accepted too; hidden, as its length cut the help's flag
+    # column at 80 columns.
+    auth_supernode_private_key: Annotated[Path | None, typer.Option(hidden=True)] = None,
 ):
     """Start one party: a Flower SuperNode with this party's node config, and the party's
     long-lived worker that handles its messages (restarted if it dies)."""
@@ -301,6 +307,9 @@ def party(
             node.append(f"out={_quoted(out.resolve())}")
         if state_dir is not None:
             node.append(f"state-dir={_quoted(state_dir.resolve())}")
+        if worker and per_message:
+            raise fail("--worker and --per-message", "were both given", "Give one of them.")
+        worker = not per_message
         if not worker:
             _warn("--per-message: every user of this machine can take this party's tasks and "
                   "saved state from its Runtime API (Flower's subprocess isolation takes no "
@@ -314,12 +323,16 @@ def party(
             env["HYFL_SUPERNODE_POLL"] = str(poll)
             command = [sys.executable, "-m", "hyfl.deploy.supernode"]
         command += ["--superlink", superlink, "--port", str(port), "--node-config", " ".join(node)]
-        if auth_supernode_private_key is not None:
-            if not auth_supernode_private_key.is_file():
-                raise fail(f"--auth-supernode-private-key {auth_supernode_private_key}",
+        if node_key is not None and auth_supernode_private_key is not None:
+            raise fail("--node-key and --auth-supernode-private-key", "were both given",
+                       "Give one (they are the same option).")
+        node_key = node_key if node_key is not None else auth_supernode_private_key
+        if node_key is not None:
+            if not node_key.is_file():
+                raise fail(f"--node-key {node_key}",
                            "does not exist", "Create it with ssh-keygen -t ecdsa -b 384 -N '' "
                            "-f supernode-key and register supernode-key.pub.")
-            command += ["--auth-supernode-private-key", str(auth_supernode_private_key.resolve())]
+            command += ["--auth-supernode-private-key", str(node_key.resolve())]
         if insecure:
             command.append("--insecure")
         elif root_certificates is not None:
