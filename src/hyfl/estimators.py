@@ -37,7 +37,6 @@ any data scikit-learn accepts can be fitted.
 
 from __future__ import annotations
 
-import math
 import re
 import warnings
 
@@ -59,6 +58,7 @@ from hyfl.errors import (
     check_choice,
     check_int,
     check_positive,
+    check_range,
     fail,
 )
 from hyfl.losses import Logistic
@@ -161,13 +161,8 @@ class _HyFDCAEstimator(BaseEstimator):
         if self.fit_intercept:
             check_positive("intercept_scaling", self.intercept_scaling,
                            fix="Pass a positive constant, e.g. 1.0 (liblinear's default).")
-        try:
-            tol_ok = not isinstance(self.tol, bool) and float(self.tol) >= 0
-        except (TypeError, ValueError):
-            tol_ok = False
-        if not tol_ok or not math.isfinite(float(self.tol)):
-            raise fail("tol", f"must be a number >= 0, got {self.tol!r}",
-                       "Pass a relative duality-gap tolerance such as 1e-4 (0 runs max_iter).")
+        check_range("tol", self.tol, 0.0, fix="Pass a relative duality-gap tolerance such as "
+                    "1e-4 (0 runs max_iter).")
 
     def _validate(self, X, y=None, reset=True, **kwargs):
         """scikit-learn's input checks, re-raised in hyfl's error style."""

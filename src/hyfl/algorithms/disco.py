@@ -52,7 +52,7 @@ from hyfl.algorithms.fedhybrid import (
     second_derivative,
 )
 from hyfl.algorithms.local_sgd import busiest_share
-from hyfl.errors import check_int, check_positive, fail
+from hyfl.errors import check_int, check_positive, check_range, fail
 from hyfl.partition import StackedBlocks
 from hyfl.problem import Problem
 from hyfl.runtime.work_clock import work_clock
@@ -90,13 +90,8 @@ class DiSCO:
     def validated(self) -> DiSCO:
         """Return self after checking every hyperparameter (raises HyflError)."""
         check_positive("beta", self.beta, fix="Pass a positive tolerance factor such as 0.05.")
-        try:
-            shift_ok = not isinstance(self.shift, bool) and float(self.shift) >= 0
-        except (TypeError, ValueError):
-            shift_ok = False
-        if not shift_ok or not np.isfinite(float(self.shift)):
-            raise fail("shift", f"must be a number >= 0, got {self.shift!r}",
-                       "Pass the preconditioner's extra diagonal, e.g. 0.")
+        check_range("shift", self.shift, 0.0,
+                    fix="Pass the preconditioner's extra diagonal, e.g. 0.")
         check_int("max_pcg_iterations", self.max_pcg_iterations, minimum=1)
         return self
 
