@@ -247,7 +247,7 @@ def partition_for(name):
     cls = ALGORITHMS[name].cls.__name__
     if cls == "FedBCD":
         return vertical(N, M, 3)
-    if cls == "FedHybrid":
+    if cls in ("FedHybrid", "DiSCO"):
         return horizontal(N, M, 4)
     return grid(N, M, 2, 2, seed=0)
 

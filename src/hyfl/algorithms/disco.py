@@ -130,7 +130,8 @@ class DiSCO:
         if clients.size == 0:
             stats = {"round_trips": 0.0, "active_clients": 0.0, "pcg_iterations": 0.0,
                      "newton_decrement": 0.0, "floats_up": 0.0, "floats_down": 0.0,
-                     "client_share_max": 0.0, "server_seconds": 0.0}
+                     "ids_up": 0.0, "ids_down": 0.0, "client_share_max": 0.0,
+                     "server_seconds": 0.0}
             return replace(state, t=t, stats=stats)
         problem, blocks = state.problem, state.blocks
         local = active_system(problem, blocks, clients, state.w)
@@ -155,6 +156,8 @@ class DiSCO:
             "newton_decrement": float(np.mean(decrement)),
             "floats_up": floats,
             "floats_down": floats,
+            "ids_up": 0.0,  # every exchange covers all of a client's samples: no ids travel
+            "ids_down": 0.0,
             "client_share_max": busiest_share(work.astype(np.float64)),
             "server_seconds": server_seconds,
         }

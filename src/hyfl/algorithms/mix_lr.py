@@ -114,8 +114,8 @@ class MixLR:
         training = [g for g, clients in enumerate(state.groups) if active[clients].any()]
         if not training:
             stats = {"round_trips": 0.0, "active_clients": 0.0, "steps": 0.0,
-                     "floats_up": 0.0, "floats_down": 0.0, "client_share_max": 0.0,
-                     "server_seconds": 0.0}
+                     "floats_up": 0.0, "floats_down": 0.0, "ids_up": 0.0, "ids_down": 0.0,
+                     "client_share_max": 0.0, "server_seconds": 0.0}
             return replace(state, t=t, stats=stats)
         problem = state.problem
         M, C = state.w.shape
@@ -141,15 +141,19 @@ class MixLR:
         # Per step every client of a training group sends its batch's partial margins and
         # receives the derivatives; then the groups send their blocks (M C values a group)
         # and every group receives the average.
-        batch_floats = sum(sum(len(r) for r in b) * len(state.groups[g]) * C
-                           for g, b in zip(training, batches))
+        batch_rows = sum(sum(len(r) for r in b) * len(state.groups[g])
+                         for g, b in zip(training, batches))
+        batch_floats = batch_rows * C
         stats = {
             "round_trips": float(n_steps + 1),
             "active_clients": float(np.count_nonzero(active)),
             "steps": float(n_steps),
             "floats_up": float(batch_floats + M * C * len(training)),
             "floats_down": float(batch_floats + M * C * len(state.groups)),
-            "client_share_max": busiest_share(work[work > 0]),
+            "ids_up": 0.0,
+            "ids_down": float(batch_rows),  # each batch's sample ids, to every group member
+            # (the stepping clients' work; absent ones only answer margin queries)
+            "client_share_max": busiest_share(work[active]),
             "server_seconds": server_seconds,
         }
         return replace(state, w=w, t=t, stats=stats)

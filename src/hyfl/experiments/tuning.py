@@ -111,6 +111,10 @@ DEFAULT_BOUNDS: dict[str, dict[str, tuple[float | str, float | str]]] = {
     "fedh-g": dict(_FEDHYBRID),
     "fedh-n": dict(_FEDHYBRID),
     "fedh-k": dict(_FEDHYBRID),
+    # DiSCO: the PCG tolerance factor around the paper's 1/20.
+    "disco": {"beta": (0.005, 0.5)},
+    # Mix-LR: SGD's step around SecretFlow's 0.1, and epochs between averages.
+    "mix-lr": {"learning_rate": (1e-3, 1.0), "local_epochs": (1, 5)},
 }
 """Search bounds ``(lo, hi)`` per algorithm and hyperparameter (module docstring)."""
 
