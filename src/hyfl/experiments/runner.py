@@ -54,6 +54,7 @@ from hyfl.errors import check_choice, check_int, fail
 from hyfl.losses import LOSSES
 from hyfl.partition import parse_participation, parse_partition, with_constant_feature
 from hyfl.privacy.ciphers import CIPHERS, calibrate, check_keybits, make_cipher
+from hyfl.privacy.secure_scaling import scale_columns, secure_feature_scales
 from hyfl.problem import make_problem, solve_centralized
 from hyfl.runtime.protocol import run_protocol
 from hyfl.runtime.simulation import (
@@ -332,6 +333,19 @@ def sample_weights(train, class_weight: str | None):
     return compute_sample_weight(class_weight, train.y)
 
 
+def scale_features(problem, val, partition, spec: RunSpec):
+    """The problem and validation data with every feature divided by its deviation from
+    the clients' secure sum (:mod:`hyfl.privacy.secure_scaling`; the intercept's
+    constant column stays), and the scales (M,)."""
+    constant = [problem.n_features - 1] if spec.intercept is not None else None
+    scale = secure_feature_scales(partition, problem.X, np.random.default_rng([spec.seed, 3]),
+                                  keep=constant)
+    problem = dataclasses.replace(problem, X=scale_columns(problem.X, scale))
+    if val is not None:
+        val = dataclasses.replace(val, X=scale_columns(val.X, scale))
+    return problem, val, scale
+
+
 def prepare(spec: RunSpec) -> Setup:
     """Load data and build problem, optimum, partition, participation, cipher and cost model."""
     spec.validated()
@@ -347,14 +361,7 @@ def prepare(spec: RunSpec) -> Setup:
         )
     scale = None
     if spec.standardize:  # before the optimum: the problem is the scaled one
-        from hyfl.privacy.secure_scaling import scale_columns, secure_feature_scales
-
-        constant = [problem.n_features - 1] if spec.intercept is not None else None
-        scale = secure_feature_scales(partition, problem.X,
-                                      np.random.default_rng([spec.seed, 3]), keep=constant)
-        problem = dataclasses.replace(problem, X=scale_columns(problem.X, scale))
-        if val is not None:
-            val = dataclasses.replace(val, X=scale_columns(val.X, scale))
+        problem, val, scale = scale_features(problem, val, partition, spec)
     optimum = solve_centralized(problem)
     participation = parse_participation(spec.participation, partition.n_clients)
     validation = Validation(val.X, val.y) if val is not None else None
