@@ -24,8 +24,6 @@ import os
 import time
 import warnings
 
-import numpy as np
-from machine import cpu_model, git
 from sklearn.datasets import load_breast_cancer
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import StratifiedKFold, cross_val_score
@@ -36,6 +34,7 @@ from sklearn.svm import LinearSVC
 from hyfl import HyFDCAClassifier
 from hyfl.data import train_validation
 from hyfl.experiments.runner import RunSpec, execute
+from machine import cpu_model, git
 
 REFERENCES = {"hinge": LinearSVC, "logistic": LogisticRegression}
 
