@@ -53,7 +53,7 @@ def _liblinear(loss: str, lam: float, n: int, scaling: float):
 
 
 @pytest.mark.parametrize(("loss", "scaling"), [("hinge", 1.0), ("logistic", 1.0),
-                                               ("hinge", 5.0), ("logistic", 5.0)])
+                                               ("logistic", 5.0)])
 def test_the_certificate_bounds_the_distance_to_liblinears_intercept_optimum(
         minmax_cancer, loss, scaling):
     """P(w) - P* <= gap, with P* from liblinear's own fit of the same objective, and the
