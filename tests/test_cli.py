@@ -3,6 +3,7 @@
 import csv
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from hyfl.cli import app
@@ -155,6 +156,20 @@ def test_compare_runs_algorithms_on_one_trace(tmp_path):
         for name in ("hyfdca", "fedavg")
     ]
     assert counts[0] == counts[1]
+
+
+@pytest.mark.parametrize("last", ["fedbcd-p", "fedh-n", "disco"])
+def test_compare_refuses_an_inapplicable_algorithm_before_running_any(tmp_path, last):
+    # fedbcd needs a vertical split, the second-order methods a horizontal one and a
+    # smooth loss: the error comes before hyfdca runs, and nothing is written.
+    out = tmp_path / "cmp"
+    result = runner.invoke(app, [
+        "compare", "--algorithms", f"hyfdca,{last}", "--data", "synthetic",
+        "--partition", "grid:2x2", "--iterations", "3", "--out", str(out), "--no-progress",
+    ])
+    assert result.exit_code == 2, result.output
+    assert last.split("-")[0].lower() in result.output.lower()
+    assert not (out / "hyfdca").exists()
 
 
 def test_algorithms_refuse_where_they_do_not_apply(tmp_path):

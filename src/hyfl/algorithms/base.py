@@ -46,8 +46,11 @@ class Algorithm(Protocol):
         """The resolved hyperparameters, for run records."""
 
     # Optional: ``divergence_hint: str``, what to change when the objective turns
-    # non-finite (the engine's error repeats it), and ``models(state)``, candidate
-    # ``(name, weights, duals)`` models of which the engine reports the best certified.
+    # non-finite (the engine's error repeats it); ``models(state)``, candidate
+    # ``(name, weights, duals)`` models of which the engine reports the best certified;
+    # and ``check_applicable(problem, blocks)``, which raises when the algorithm cannot
+    # run on this problem or partition (``setup`` calls it; a comparison calls it for
+    # every algorithm before running any, so a bad choice costs no finished run).
 
 
 def draw_local_samples(

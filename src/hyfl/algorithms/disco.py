@@ -99,9 +99,13 @@ class DiSCO:
         return asdict(self)
 
     # -- engine hooks --------------------------------------------------------
+    def check_applicable(self, problem: Problem, blocks: StackedBlocks) -> None:
+        """Refuse losses without a Hessian and partitions that are not horizontal."""
+        check_applicable(problem, blocks, "DiSCO")
+
     def setup(self, problem: Problem, blocks: StackedBlocks) -> DiSCOState:
         self.validated()
-        check_applicable(problem, blocks, "DiSCO")
+        self.check_applicable(problem, blocks)
         # L of P: sup l'' * max ||x_j||^2 bounds ||X^T D X|| / N from above row by row.
         X = blocks.X
         row_norms = np.asarray(X.multiply(X).sum(axis=1)).ravel()

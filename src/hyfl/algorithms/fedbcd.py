@@ -242,9 +242,13 @@ class FedBCD:
         return 1.0 / (smoothness / problem.n_samples + problem.lam + float(self.mu))
 
     # -- engine hooks --------------------------------------------------------
+    def check_applicable(self, problem: Problem, blocks: StackedBlocks) -> None:
+        """Refuse partitions that are not vertical with disjoint feature blocks."""
+        _require_vertical(blocks, self.name)
+
     def setup(self, problem: Problem, blocks: StackedBlocks) -> FedBCDState:
         self.validated()
-        _require_vertical(blocks, self.name)
+        self.check_applicable(problem, blocks)
         N, C = problem.Y.shape
         return FedBCDState(
             problem=problem,

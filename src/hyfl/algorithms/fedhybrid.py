@@ -339,9 +339,13 @@ class FedHybrid:
         return mask
 
     # -- engine hooks --------------------------------------------------------
+    def check_applicable(self, problem: Problem, blocks: StackedBlocks) -> None:
+        """Refuse losses without a Hessian and partitions that are not horizontal."""
+        check_applicable(problem, blocks)
+
     def setup(self, problem: Problem, blocks: StackedBlocks) -> FedHybridState:
         self.validated()
-        check_applicable(problem, blocks)
+        self.check_applicable(problem, blocks)
         n, M, C = blocks.n_clients, problem.n_features, problem.n_outputs
         newton = self.newton_mask(n)
         reg = np.diff(blocks.client_rowptr) * problem.lam / problem.n_samples

@@ -85,6 +85,10 @@ class MixLR:
         return asdict(self)
 
     # -- engine hooks --------------------------------------------------------
+    def check_applicable(self, problem: Problem, blocks: StackedBlocks) -> None:
+        """Refuse partitions whose clients do not form row groups."""
+        row_groups(blocks)
+
     def setup(self, problem: Problem, blocks: StackedBlocks) -> MixLRState:
         self.validated()
         groups = row_groups(blocks)

@@ -52,7 +52,7 @@ from hyfl.data import default_lambda, is_party_spec, load_party_data, train_vali
 from hyfl.data.dataset import INTERCEPT_SCALING, parse_intercept, with_intercept
 from hyfl.errors import check_choice, check_int, fail
 from hyfl.losses import LOSSES
-from hyfl.partition import parse_participation, parse_partition, with_constant_feature
+from hyfl.partition import parse_participation, parse_partition, stack, with_constant_feature
 from hyfl.privacy.ciphers import CIPHERS, calibrate, check_keybits, make_cipher
 from hyfl.privacy.secure_scaling import scale_columns, secure_feature_scales
 from hyfl.problem import make_problem, solve_centralized
@@ -369,6 +369,21 @@ def prepare(spec: RunSpec) -> Setup:
     cost_model = spec.cost_model(cipher)
     return Setup(train, problem, optimum, partition, participation, validation, cipher, cost_model,
                  scale)
+
+
+def check_applicable(setup: Setup, algorithms: list) -> None:
+    """Raise, before anything runs, if one of ``algorithms`` cannot run on ``setup``.
+
+    Uses each algorithm's optional ``check_applicable(problem, blocks)`` hook
+    (:class:`hyfl.algorithms.base.Algorithm`), so that a comparison whose
+    third algorithm needs another partition fails at once instead of after
+    the first two have run.
+    """
+    checks = [a.check_applicable for a in algorithms if hasattr(a, "check_applicable")]
+    if checks:
+        blocks = stack(setup.partition, setup.problem.X)
+        for check in checks:
+            check(setup.problem, blocks)
 
 
 def run_prepared(
@@ -716,6 +731,8 @@ def compare(
                                      overwrite=overwrite, log=log)
     out = check_results_folder(out_dir, overwrite=overwrite, resumable=False)
     setup = prepare(spec)
+    check_applicable(setup, [make_algorithm(n, spec.hyper_for(n, only_accepted=True))
+                             for n in names])
     if log is not None:
         log(describe_task(task_of(setup)))
     outcomes = []
@@ -948,6 +965,8 @@ def run_experiment(
             setup = None  # free the previous seed's data first
             setup, setup_seed = prepare(job.spec), job.seed
             if not announced:  # the task is the same for every run
+                check_applicable(setup, [make_algorithm(e.algorithm, e.hyper)
+                                         for e in config.algorithms])
                 say(describe_task(task_of(setup)))
                 announced = True
         checkpoint = run_dir / CHECKPOINT_FILE
