@@ -1039,17 +1039,20 @@ def _markdown(blocks: list, figures_dir: str) -> str:
 
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto;
-       max-width: 1200px; padding: 0 1em; color: #222; line-height: 1.45; }
+       max-width: 1400px; padding: 0 1em; color: #222; line-height: 1.45; }
 h1 { font-size: 1.6em; border-bottom: 2px solid #ddd; padding-bottom: .3em; }
 h2 { font-size: 1.25em; margin-top: 2em; border-bottom: 1px solid #eee; }
-table { border-collapse: collapse; margin: 1em 0; font-size: .9em; }
-th, td { border: 1px solid #ccc; padding: .3em .6em; text-align: right; }
+/* A wide table scrolls inside its own box on a narrow window; the page never scrolls sideways. */
+div.table { overflow-x: auto; max-width: 100%; margin: 1em 0; }
+table { border-collapse: collapse; font-size: .85em; }
+th, td { border: 1px solid #ccc; padding: .3em .5em; text-align: right; }
+td { white-space: nowrap; }
 th { background: #f4f4f4; }
 td:first-child, th:first-child { text-align: left; }
 td.best { font-weight: bold; background: #e6f4e6; }
 p.lead { font-size: 1.1em; font-weight: bold; }
 figure { margin: 1em 0; }
-img { max-width: 100%; height: auto; border: 1px solid #eee; }
+img { max-width: 100%; height: auto; border: 1px solid #eee; box-sizing: border-box; }
 figcaption, p.note { color: #666; font-size: .85em; }
 """
 
@@ -1074,7 +1077,10 @@ def _html(blocks: list, figures: Path, title: str) -> str:
                 + "</tr>"
                 for row in block.rows
             )
-            body.append(f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
+            body.append(
+                f'<div class="table"><table><thead><tr>{head}</tr></thead>'
+                f"<tbody>{rows}</tbody></table></div>"
+            )
             if block.note:
                 body.append(f'<p class="note">{esc(block.note)}</p>')
         elif isinstance(block, _Image):
