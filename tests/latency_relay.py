@@ -168,7 +168,7 @@ async def _serve_one(route: Route, reader, writer, connect_timeout: float,
 
 
 async def relay(routes: list[Route], *, lifetime: float, connect_timeout: float,
-                write_timeout: float, ready_file: str | None) -> None:
+                write_timeout: float, ready_file: str | None, on_stop=None) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -189,6 +189,8 @@ async def relay(routes: list[Route], *, lifetime: float, connect_timeout: float,
         await asyncio.wait_for(stop.wait(), lifetime)
     except asyncio.TimeoutError:
         pass
+    if on_stop is not None:  # first: closing open connections can take a while under load
+        on_stop()
     for server in servers:
         server.close()
 
@@ -218,16 +220,21 @@ def main(argv: list[str] | None = None) -> int:
         check_allowed(upstream_at[0], allowed, "upstream address")
         routes.append(Route(listen_at, upstream_at, args.delay_ms / 1000.0, rate))
     started = time.monotonic()
-    try:
-        asyncio.run(relay(routes, lifetime=args.lifetime, connect_timeout=args.connect_timeout,
-                          write_timeout=args.write_timeout, ready_file=args.ready_file))
-    finally:
+
+    def write_stats() -> None:
         if args.stats:
             with open(args.stats + ".tmp", "w") as f:
                 json.dump({"seconds": time.monotonic() - started, "delay_ms": args.delay_ms,
                            "rate_mbit": args.rate_mbit,
                            "routes": [r.stats() for r in routes]}, f, indent=1)
             os.replace(args.stats + ".tmp", args.stats)
+
+    try:
+        asyncio.run(relay(routes, lifetime=args.lifetime, connect_timeout=args.connect_timeout,
+                          write_timeout=args.write_timeout, ready_file=args.ready_file,
+                          on_stop=write_stats))
+    finally:
+        write_stats()  # again, with anything counted while the connections closed
     return 0
 
 

@@ -475,7 +475,7 @@ class NetnsDeployment:
 
     def stop_relay(self) -> dict:
         """Stop the relay now and return its counts."""
-        _stop_groups([self.processes["relay"]], grace=5.0)
+        _stop_groups([self.processes["relay"]], grace=15.0)
         return self.relay_stats()
 
     def leftovers(self) -> dict[str, list]:
