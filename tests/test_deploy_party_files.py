@@ -289,3 +289,53 @@ def test_a_model_of_text_labelled_party_files_predicts_from_them(tmp_path):
     swapped = f"parties:{files[1]},{files[0]},{files[2]};id=customer;label=income"
     with pytest.raises(HyflError, match="training order"):
         predict_data(tmp_path / "model.npz", swapped, tmp_path / "q.csv")
+
+
+def test_party_files_standardize_by_a_secure_sum_and_fit_an_intercept(tmp_path):
+    """Run config ``standardize`` and ``intercept``: the parties' masked column sums add up to
+    the pooled totals (the scales are ``hyfl run --standardize``'s), no single message shows
+    a party's sums, each sample's first holder carries the constant, and the deployment
+    trains to the optimum of the pooled, scaled problem with its intercept."""
+    import dataclasses
+
+    from hyfl.experiments.runner import add_intercept
+    from hyfl.privacy.secure_scaling import (
+        column_moments,
+        decode,
+        scale_columns,
+        secure_feature_scales,
+    )
+
+    files, ids, X, y = organisation_files(tmp_path)
+    X[:, 3:6] *= 1000.0  # a shop's columns in other units: scaling matters
+    for path in files:  # rewrite the files with those units
+        frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+        for name in frame.columns:
+            if name in ("x3", "x4", "x5"):
+                frame[name] *= 1000.0
+        frame.to_parquet(path) if path.suffix == ".parquet" else frame.to_csv(path, index=False)
+    coordinator, transport = _deploy(tmp_path, files, iterations=80,
+                                     run_extra={"intercept": 1.0, "standardize": True})
+    results = coordinator.run()
+    spec = f"parties:{','.join(map(str, files))};id=customer;label=income"
+    dataset, partition = load_party_spec(spec, psi=False)
+    train, _, partition = add_intercept(dataset, None, partition, 1.0)
+    problem = make_problem(train, "hinge", 0.05)
+    M = problem.n_features - 1
+    scale = secure_feature_scales(partition, problem.X, np.random.default_rng(0), keep=[M])
+    assert scale[3:6].min() > 100 * scale[0:3].max()  # the units show in the scales
+    np.testing.assert_allclose(results["alignment"]["scales"], scale[:M], rtol=1e-6)
+    problem = dataclasses.replace(problem, X=scale_columns(problem.X, scale))
+    optimum = solve_centralized(problem, cache=False)
+    w = coordinator.weights[-1]
+    assert w.shape == (M + 1, 1)
+    assert evaluate(problem, w, None, optimum, None)["relative_loss"] <= 1e-3
+
+    # The masked sums add up to the pooled totals, to the fixed-point precision (that
+    # each message alone hides its values: tests/test_secure_scaling.py).
+    pooled = column_moments(dataset.X)
+    totals = transport.sent(0, "block")["moments"]
+    np.testing.assert_allclose(decode(totals), pooled, rtol=1e-9, atol=1e-6)
+    # The constant: one holder per sample, the lowest-numbered party holding it.
+    constant_holders = [k for k in range(3) if M in transport.sent(k, "setup")["features"]]
+    assert constant_holders == [0, 1, 2]  # each is first for some samples here

@@ -81,3 +81,26 @@ def test_the_config_key_and_its_check():
     assert parse_config(config.to_dict()).data.standardize is True
     with pytest.raises(HyflError, match="standardize: must be true or false"):
         parse_config({**base, "data": {"dataset": "breast_cancer", "standardize": "yes"}})
+
+
+def test_keyed_pairwise_masks_cancel_in_the_sum_and_hide_each_message():
+    """The deployment's secure sum: masks from the pairs' shared keys (both ends derive the
+    same stream), added by the lower party and subtracted by the higher."""
+    from hyfl.privacy.secure_scaling import (
+        decode,
+        encode,
+        masked_message,
+        pair_mask,
+        sum_messages,
+    )
+
+    rng = np.random.default_rng(5)
+    parts = [rng.normal(size=(2, 7)) * 100 for _ in range(4)]
+    keys = {(j, k): rng.bytes(32) for j in range(4) for k in range(j + 1, 4)}
+    shared = [{p: keys[tuple(sorted((k, p)))] for p in range(4) if p != k} for k in range(4)]
+    messages = [masked_message(parts[k], k, shared[k]) for k in range(4)]
+    np.testing.assert_allclose(decode(sum_messages(messages)), sum(parts), atol=1e-6)
+    for k in range(4):
+        assert not np.any(messages[k] == encode(parts[k]))  # nothing in the clear
+    np.testing.assert_array_equal(pair_mask(b"k" * 32, (2, 3)), pair_mask(b"k" * 32, (2, 3)))
+    assert not np.array_equal(pair_mask(b"k" * 32, (6,)), pair_mask(b"j" * 32, (6,)))

@@ -31,7 +31,7 @@ import scipy.sparse as sp
 from hyfl._io import atomic_write, read_npz
 from hyfl.errors import fail
 
-__all__ = ["BLOCK_FORMAT", "Block", "load_block", "read_block", "write_blocks"]
+__all__ = ["BLOCK_FORMAT", "Block", "load_block", "prepare_data", "read_block", "write_blocks"]
 
 BLOCK_FORMAT = "hyfl-party-block"
 #: The members of a block file: dtype kinds and dimensions (checked before any is read).
@@ -57,10 +57,16 @@ class Block:
     n_features: int
     lam_default: float  # the data set's regularization (used when the run sets lam=0)
     name: str = ""
+    # How the data were prepared (hyfl deploy split --intercept / --standardize, or the
+    # job's intercept and standardize applied by the party): the constant feature's value
+    # (0: none; it is the last feature) and the scales of the block's features (None: 1).
+    intercept: float = 0.0
+    scale: np.ndarray | None = None
 
 
 def write_blocks(problem, partition, out_dir: str | os.PathLike, *, name: str = "",
-                 lam_default: float | None = None) -> list[Path]:
+                 lam_default: float | None = None, intercept: float = 0.0,
+                 scale: np.ndarray | None = None) -> list[Path]:
     """Write one block file per party: ``out_dir/party-K.npz``.
 
     Parameters
@@ -74,6 +80,10 @@ def write_blocks(problem, partition, out_dir: str | os.PathLike, *, name: str = 
         Data set name recorded in the files.
     lam_default : float, optional
         The regularization a run uses when it sets ``lam=0`` (default: ``problem.lam``).
+    intercept : float, default 0
+        The value of the constant last feature ``problem.X`` carries (0: none).
+    scale : ndarray of shape (M,), optional
+        The scales ``problem.X``'s features were divided by (each file keeps its own).
 
     Returns
     -------
@@ -100,6 +110,9 @@ def write_blocks(problem, partition, out_dir: str | os.PathLike, *, name: str = 
                 X_indptr=X.indptr, X_shape=np.array(X.shape), Y=problem.Y[samples],
                 lam_default=np.array(lam), name=np.array(name or "data"),
                 partition=np.array(getattr(partition, "name", "") or "blocks"),
+                intercept=np.array(float(intercept)),
+                scale=(np.ones(features.size) if scale is None else
+                       np.asarray(scale, dtype=np.float64)[features]),
             )
         paths.append(path)
     return paths
@@ -132,9 +145,17 @@ def read_block(path: str | os.PathLike, party: int | None = None) -> Block:
     except ValueError as err:
         raise fail(culprit, f"has a matrix or labels that do not fit its shape ({err})",
                    fix) from None
+    # Files written before intercepts and scaling (neither member): none of either.
+    intercept = float(f["intercept"]) if "intercept" in f else 0.0
+    scale = np.asarray(f["scale"], dtype=np.float64) if "scale" in f else None
+    if not (np.isfinite(intercept) and intercept >= 0) or (scale is not None and (
+            scale.shape != features.shape or not np.all(np.isfinite(scale) & (scale > 0)))):
+        raise fail(culprit, "has an intercept or feature scales that are not finite and "
+                   "positive, one per feature", fix)
     block = Block(party=int(f["party"]), samples=samples, features=features, X=X, Y=Y,
                   n_samples=n_samples, n_features=n_features,
-                  lam_default=float(f["lam_default"]), name=str(f["name"]))
+                  lam_default=float(f["lam_default"]), name=str(f["name"]),
+                  intercept=intercept, scale=scale)
     if party is not None and block.party != party:
         raise fail(f"block file {where}", f"is party {block.party}'s, but this node is party "
                    f"{party}", f"Give this node party-{party}.npz, or set party={block.party}.")
@@ -158,10 +179,11 @@ def load_block(node, config) -> Block:
             "split`; hyfl deploy party --data), or a dataset name with the run's partition spec.",
         )
     if source.endswith(".npz"):
-        return read_block(source, party)
+        block = read_block(source, party)
+        _check_prepared_alike(block, config, source)
+        return block
     from hyfl.data import default_lambda, is_party_spec, load_data
-    from hyfl.partition import client_block, parse_partition, stack
-    from hyfl.problem import make_problem
+    from hyfl.partition import client_block, stack
 
     if is_party_spec(source):
         raise fail(
@@ -177,9 +199,9 @@ def load_block(node, config) -> Block:
                    "e.g. partition=grid:2x2 (K*Q = parties).")
     dataset = load_data(source, node.data_dir or None)
     lam_default = default_lambda(source) or _fallback_lambda()
-    problem = make_problem(dataset, config.loss, config.lam or lam_default)
-    partition = parse_partition(config.partition, problem.X, seed=config.seed,
-                                meta=dataset.meta, labels=dataset.y)
+    dataset, problem, partition, scale = prepare_data(
+        dataset, config.loss, config.lam or lam_default, spec=config.partition,
+        seed=config.seed, intercept=config.intercept, standardize=config.standardize)
     if partition.n_clients != config.parties:
         raise fail(f"run config partition {config.partition!r}",
                    f"has {partition.n_clients} clients but the run has {config.parties} parties",
@@ -191,7 +213,66 @@ def load_block(node, config) -> Block:
     return Block(party=party, samples=samples.astype(np.int64),
                  features=features.astype(np.int64), X=X, Y=problem.Y[samples],
                  n_samples=problem.n_samples, n_features=problem.n_features,
-                 lam_default=float(lam_default), name=dataset.name)
+                 lam_default=float(lam_default), name=dataset.name,
+                 intercept=float(config.intercept),
+                 scale=None if scale is None else scale[features])
+
+
+def prepare_data(dataset, loss: str, lam: float, *, partition=None, spec: str = "",
+                 seed: int = 0, intercept: float = 0.0, standardize: bool = False):
+    """The data a deployment trains on, prepared as ``hyfl run`` prepares them.
+
+    With ``intercept`` S the data gain a constant last column (a spec then
+    splits it with the others; a given ``partition`` -- party files -- gives
+    each sample's constant to its first holder). With ``standardize`` every
+    feature is divided by its deviation from the clients' secure sum with the
+    run's seed (:func:`hyfl.privacy.secure_scaling.secure_feature_scales`; the
+    constant column kept): a party that cuts its block from a named dataset
+    holds all of it, so every party computes the same scales.
+
+    Returns
+    -------
+    (dataset, problem, partition, scale)
+        The dataset with its constant column, the problem, the partition and
+        the scales (M,) or None.
+    """
+    import dataclasses
+
+    from hyfl.partition import parse_partition, with_constant_feature
+    from hyfl.problem import make_problem
+
+    if intercept:
+        from hyfl.data.dataset import with_intercept
+
+        dataset = with_intercept(dataset, intercept)
+        if partition is not None:
+            partition = with_constant_feature(partition, dataset.X)
+    problem = make_problem(dataset, loss, lam)
+    if partition is None:
+        partition = parse_partition(spec, problem.X, seed=seed, meta=dataset.meta,
+                                    labels=dataset.y)
+    scale = None
+    if standardize:
+        from hyfl.privacy.secure_scaling import scale_columns, secure_feature_scales
+
+        keep = [problem.n_features - 1] if intercept else None
+        scale = secure_feature_scales(partition, problem.X, np.random.default_rng([seed, 3]),
+                                      keep=keep)
+        problem = dataclasses.replace(problem, X=scale_columns(problem.X, scale))
+    return dataset, problem, partition, scale
+
+
+def _check_prepared_alike(block: Block, config, source: str) -> None:
+    """A block file is prepared when it is split: the job must ask for what it holds."""
+    scaled = block.scale is not None and not np.all(block.scale == 1.0)
+    if block.intercept != config.intercept or (config.standardize and not scaled):
+        held = (f"intercept {block.intercept:g}" if block.intercept else "no intercept") + (
+            ", scaled features" if scaled else "")
+        raise fail(f"block file {source}", f"holds {held}, but the job asks for intercept "
+                   f"{config.intercept:g}{' and standardize' if config.standardize else ''}",
+                   "Split the data as the job trains them (hyfl deploy split --intercept S "
+                   "--standardize), or submit the job with the files' intercept and "
+                   "standardize.")
 
 
 def _fallback_lambda() -> float:

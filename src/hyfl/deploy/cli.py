@@ -57,6 +57,16 @@ Insecure = Annotated[bool, typer.Option("--insecure", help="No TLS (loopback and
 RootCerts = Annotated[
     Path | None, typer.Option(help="CA certificate that signed the SuperLink's TLS certificate.")
 ]
+DeployIntercept = Annotated[
+    str | None, typer.Option(metavar="S|off", help="Bias: a constant feature of value S, held "
+                             "by each sample's first holder (as hyfl run --intercept S) "
+                             "[default: off; block files: as split].", show_default=False)
+]
+DeployStandardize = Annotated[
+    bool, typer.Option("--standardize", help="Divide every feature by its standard deviation, "
+                       "from a secure sum of the parties' column sums (reveals each feature's "
+                       "mean and deviation to all).")
+]
 InsecureKeys = Annotated[
     bool, typer.Option("--insecure-test-keys", help="Admit Paillier keys below 2048 bits (tests "
                        "only; every output then carries a warning).")
@@ -132,14 +142,15 @@ def split(
     seed: Annotated[int, typer.Option(help="Seed of the partition's sample permutation.")] = 0,
     loss: Loss = "hinge",
     data_dir: Annotated[str | None, typer.Option(help="Folder with dataset files.")] = None,
+    intercept: DeployIntercept = None,
+    standardize: DeployStandardize = False,
 ):
     """Write one block file per party (its samples, features, block and labels): all a party's
     machine needs of the data."""
     from hyfl.data import default_lambda, is_party_spec, load_data, load_party_spec
-    from hyfl.deploy.blocks import write_blocks
+    from hyfl.data.dataset import parse_intercept
+    from hyfl.deploy.blocks import prepare_data, write_blocks
     from hyfl.experiments.runner import FALLBACK_LAMBDA
-    from hyfl.partition import parse_partition
-    from hyfl.problem import make_problem
 
     try:
         if is_party_spec(data):
@@ -151,12 +162,14 @@ def split(
         else:
             if partition is None:
                 raise fail("--partition", "is not set", "Pass a spec such as grid:2x2.")
-            dataset = load_data(data, data_dir)
+            dataset, parts = load_data(data, data_dir), None
             lam = default_lambda(data) or FALLBACK_LAMBDA
-            parts = parse_partition(partition, dataset.X, seed=seed, meta=dataset.meta,
-                                    labels=dataset.y)
-        problem = make_problem(dataset, loss, lam)
-        paths = write_blocks(problem, parts, out, name=dataset.name, lam_default=lam)
+        bias = parse_intercept(intercept or "off") or 0.0
+        dataset, problem, parts, scale = prepare_data(
+            dataset, loss, lam, partition=parts, spec=partition or "", seed=seed,
+            intercept=bias, standardize=standardize)
+        paths = write_blocks(problem, parts, out, name=dataset.name, lam_default=lam,
+                             intercept=bias, scale=scale)
     except HyflError as err:
         _fail(err)
     for path in paths:
@@ -548,6 +561,8 @@ def local(
     loss: Loss = "hinge",
     lam: Lam = 0.0,
     param: Param = None,
+    intercept: DeployIntercept = None,
+    standardize: DeployStandardize = False,
     # ckks: about 1.2x the plaintext's time where per-value Paillier takes minutes a round,
     # and no raw decryption reaches the server (docs/deployment.md, "Which cipher").
     cipher: Annotated[str, typer.Option(click_type=click.Choice(list(CIPHER_NAMES)),
@@ -586,6 +601,7 @@ def local(
     without progress (no round accepted, or the objective did not fall; the results are
     written all the same, and the message says what to change); 2 on errors.
     """
+    from hyfl.data.dataset import parse_intercept
     from hyfl.deploy.local import run_local
     from hyfl.deploy.report import RoundDisplay
 
@@ -601,6 +617,8 @@ def local(
                 out=out, parties=parties, data=data, partition=partition,
                 party_data=party_data, iterations=iterations, participation=participation,
                 seed=seed, loss=loss, lam=lam, hyper=_hyper(param), cipher=cipher,
+                intercept=parse_intercept(intercept) if intercept is not None else None,
+                standardize=standardize,
                 key_bits=key_bits, keys_dir=keys_dir, insecure_test_keys=insecure_test_keys,
                 overwrite=overwrite, reply_timeout=reply_timeout, compare=compare,
                 node_poll=node_poll if node_poll > 0 else None, worker=worker,

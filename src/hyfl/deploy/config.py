@@ -55,6 +55,10 @@ RUN_DEFAULTS: dict[str, Any] = {
     "loss": "hinge",
     "lam": 0.0,
     "partition": "",
+    # An intercept: a constant feature of this value (0: none); features divided by their
+    # standard deviation from the parties' secure sum.
+    "intercept": 0.0,
+    "standardize": False,
     "cipher": "paillier",
     "precision-bits": 32,
     "guard-bits": 24,
@@ -78,6 +82,10 @@ RUN_HELP: dict[str, str] = {
     "loss": "hinge, logistic, squared or smoothed_hinge",
     "lam": "regularization; 0 = the data's default (reported by the parties)",
     "partition": "partition spec, for parties whose node config names a dataset, e.g. grid:2x2",
+    "intercept": "value S of a constant feature each sample's first holder appends (an "
+                 "intercept, as hyfl run --intercept S); 0: none",
+    "standardize": "true divides every feature by its standard deviation, from a secure sum "
+                   "of the parties' column sums (as hyfl run --standardize)",
     "cipher": "paillier, packed, ckks or none (no encryption: tests only); every party's own",
     "precision-bits": "fixed-point encoding, the same for all",
     "guard-bits": "fixed-point encoding, the same for all",
@@ -184,6 +192,8 @@ class DeployConfig:
     loss: str = "hinge"
     lam: float = 0.0
     partition: str = ""
+    intercept: float = 0.0
+    standardize: bool = False
     cipher: str = "paillier"
     precision_bits: int = 32
     guard_bits: int = 24
@@ -228,6 +238,11 @@ class DeployConfig:
         if not math.isfinite(lam) or lam < 0:
             raise fail("run config lam", f"is {lam!r}",
                        "Pass lam > 0, or 0 for the data's default.")
+        intercept = _number(config, "intercept")
+        if not math.isfinite(intercept) or intercept < 0:
+            raise fail("run config intercept", f"is {intercept!r}",
+                       "Pass the constant feature's value S > 0 (1 as hyfl run does), or 0 "
+                       "for no intercept.")
         cipher = check_choice("run config cipher", _text(config, "cipher"), CIPHER_NAMES)
         precision_bits = check_int("run config precision-bits", config.get("precision-bits", 32),
                                    minimum=0)
@@ -246,7 +261,9 @@ class DeployConfig:
         return cls(
             parties=parties, algorithm=algorithm, hyper=hyper, iterations=iterations,
             participation=participation, seed=seed, loss=loss, lam=lam,
-            partition=_text(config, "partition"), cipher=cipher,
+            partition=_text(config, "partition"), intercept=intercept,
+            standardize=_flag(config.get("standardize", False), "run config standardize"),
+            cipher=cipher,
             precision_bits=precision_bits, guard_bits=guard_bits, public_key=public_key,
             insecure_test_keys=_flag(config.get("insecure-test-keys", False),
                                      "run config insecure-test-keys"),

@@ -108,7 +108,7 @@ REPLY_FIELDS: dict[str, dict[str, str]] = {
     # A party with its own file (hyfl.deploy.party_files): aligned before its block is known.
     "hello (party file)": {**_HELLO_COMMON, "align": "dict"},
     "align": {"reblinded": "matrix"},
-    "labels": {"sealed": "dict"},
+    "labels": {"sealed": "dict", "moments": "matrix?"},
     "block": _HELLO_BLOCK,
     "setup": {"norms": "vector"},
     "round": {"inner_products": "vector?", "primal_part": "matrix?", "proposals": "vector?",

@@ -837,6 +837,7 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
               partition: str | None = None, party_data: str | os.PathLike | None = None,
               iterations: int = 5, participation: str = "full", seed: int = 0,
               loss: str = "hinge", lam: float = 0.0, hyper: str = "", cipher: str = "ckks",
+              intercept: float | None = None, standardize: bool = False,
               key_bits: int = 2048, keys_dir: str | os.PathLike | None = None,
               insecure_test_keys: bool = False, overwrite: bool = False,
               reply_timeout: float = 120.0, compare: bool = False,
@@ -857,6 +858,9 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
     admit them too, and the output warns).
 
     ``hyper`` empty runs HyFDCA's defaults (the ``cocoa`` step rule).
+    ``intercept`` (the constant column's value; None: none) and ``standardize``
+    prepare the data as ``hyfl run`` does (run config keys of the same names);
+    block files were prepared when they were split, and bring their own.
 
     Parameters
     ----------
@@ -876,12 +880,12 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
         results are written all the same.
     """
     from hyfl.data import default_lambda, is_party_spec, load_data, load_party_spec
+    from hyfl.deploy.blocks import prepare_data
     from hyfl.deploy.config import DeployConfig, run_config_for
     from hyfl.deploy.keys import party_cipher
     from hyfl.deploy.report import Judgement, judge_progress, summarize
     from hyfl.experiments.runner import FALLBACK_LAMBDA
-    from hyfl.partition import parse_partition
-    from hyfl.problem import make_problem, solve_centralized
+    from hyfl.problem import solve_centralized
     from hyfl.runtime.simulation import evaluate
 
     log = log or (lambda line: None)
@@ -897,11 +901,28 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
                        "Write them with `hyfl deploy split`.")
         from hyfl.deploy.blocks import read_block
 
-        lam_default = read_block(files[0]).lam_default
+        blocks = [read_block(f) for f in files]
+        prepared = blocks[0].intercept or None, any(b.scale is not None and not np.all(
+            b.scale == 1.0) for b in blocks)
+        if intercept is not None and intercept != prepared[0] or standardize and not prepared[1]:
+            raise fail("--intercept/--standardize", "differ from how the block files in "
+                       f"{party_data} were prepared (intercept {prepared[0] or 'off'}, "
+                       f"{'standardized' if prepared[1] else 'not standardized'})",
+                       "Leave them out (block files bring their own), or split the data "
+                       "again with the options.")
+        intercept, standardize = prepared
+        lam_default = blocks[0].lam_default
         problem, parts = assemble(files, loss, lam or lam_default)
+        scale = None
+        if standardize:  # each file keeps the scales of its features
+            scale = np.ones(problem.n_features)
+            for b in blocks:
+                if b.scale is not None:
+                    scale[b.features] = b.scale
         data_keys = [{"data": str(f.resolve())} for f in files]
         run_data = {}
-        dataset_meta, data_name = {}, str(party_data)
+        dataset_meta = {"intercept_scaling": intercept} if intercept else {}
+        data_name = str(party_data)
     elif is_party_spec(data):  # each party names its own file; the alignment runs deployed
         if partition is not None:
             raise fail("--partition", f"is set, but {data!r} are party files, whose split is "
@@ -913,7 +934,9 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
         data_keys, run_data = _party_file_nodes(data)
         dataset, parts = load_party_spec(data, psi=False)  # pooled here, for the objective
         lam_default = FALLBACK_LAMBDA
-        problem = make_problem(dataset, loss, lam or lam_default)
+        dataset, problem, parts, scale = prepare_data(
+            dataset, loss, lam or lam_default, partition=parts, seed=seed,
+            intercept=intercept or 0.0, standardize=standardize)
         dataset_meta, data_name = dataset.meta, str(data)
     else:
         if partition is None:
@@ -924,9 +947,9 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
             partition = default_partition(parties)
         dataset = load_data(data)
         lam_default = default_lambda(data) or FALLBACK_LAMBDA
-        problem = make_problem(dataset, loss, lam or lam_default)
-        parts = parse_partition(partition, problem.X, seed=seed, meta=dataset.meta,
-                                labels=dataset.y)
+        dataset, problem, parts, scale = prepare_data(
+            dataset, loss, lam or lam_default, spec=partition, seed=seed,
+            intercept=intercept or 0.0, standardize=standardize)
         # Each party names the dataset in its own node config; the job gives the partition.
         named = str(Path(data).resolve()) if Path(data).is_file() else str(data)
         data_keys = [{"data": named} for _ in range(parts.n_clients)]
@@ -944,6 +967,7 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
     run_config = run_config_for(
         parties=K, iterations=iterations, participation=participation, seed=seed, loss=loss,
         lam=float(lam), hyper=hyper, cipher=cipher, reply_timeout=reply_timeout, out=str(out),
+        intercept=float(intercept or 0.0), standardize=bool(standardize),
         public_key=str(public) if public else "", insecure_test_keys=insecure_test_keys,
         **run_data,
     )
@@ -980,7 +1004,8 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
     # The best weights seen (the engines return them too): never worse than the zero model.
     save_model(out / MODEL_FILE, model_from_problem(
         problem, weights[int(rows[-1]["model_round"])], data_meta=dataset_meta,
-        partition=partition or "party files", algorithm="hyfdca", data=data_name))
+        partition=partition or "party files", algorithm="hyfdca", data=data_name,
+        feature_scale=scale))
     comparison = None
     if compare:
         own = party_cipher(cipher, private, insecure_test_keys=insecure_test_keys,

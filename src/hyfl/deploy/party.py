@@ -102,9 +102,11 @@ MESSAGE_FIELDS: dict[str, dict[str, str]] = {
     "align": {"peers": "matrix", "peer_counts": "ids", "channels": "matrix",
               "channel_nonces": "matrix?", "channel_tags": "matrix?", "task": "str",
               "classes": "list"},
-    "labels": {"shared_rows": "ids", "shared_counts": "ids"},
+    # With the job's standardize: the party's columns' global ids, for its masked sums.
+    "labels": {"shared_rows": "ids", "shared_counts": "ids", "moments_features": "ids?",
+               "n_features": "int?"},
     "block": {"samples": "ids", "features": "ids", "n_samples": "int", "n_features": "int",
-              "sealed": "dict?"},
+              "sealed": "dict?", "moments": "matrix?"},
     "setup": {"n_samples": "int", "n_features": "int", "n_outputs": "int", "lam": "number",
               "samples": "ids", "sample_counts": "ids", "features": "ids",
               "feature_counts": "ids", "nonces": "matrix?", "tags": "matrix?",
@@ -383,7 +385,7 @@ class Party:
             return on_align(aligning, payload, party, secret, self._log)
         if kind == "labels":
             return on_labels(aligning, payload, party)
-        block = on_block(aligning, payload, self.node, self._log)
+        block = on_block(aligning, payload, self.node, self._log, self.config)
         del self.state["alignment"]
         self.state["block"], self.state["aligned"] = _block_tree(block), True
         from hyfl.deploy.keys import cipher_fingerprint

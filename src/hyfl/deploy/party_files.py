@@ -19,18 +19,28 @@ when the run starts. Before the set-up the server runs the alignment of
 ``labels``
     For each peer, the party's rows it shares with that peer, in an order the
     server gives both -> their labels (as far as the party has them), sealed
-    for that peer.
+    for that peer. When the job standardizes (run config ``standardize``), the
+    message also numbers the party's columns, and the reply adds the sums and
+    sums of squares of its columns, masked for a secure sum
+    (:func:`hyfl.privacy.secure_scaling.masked_message`, with masks from the
+    pairs' channel keys): the server adds the replies and learns only the totals.
 ``block``
-    Its rows' global sample indices, its columns' global feature indices and
-    the labels its peers sealed for it -> the ``hello`` reply of any other
-    party (its block's ids and sizes, with the announcement tag), after which
-    the run goes on exactly as with a block file.
+    Its rows' global sample indices, its columns' global feature indices, the
+    labels its peers sealed for it (and the totals of the secure sum) -> the
+    ``hello`` reply of any other party (its block's ids and sizes, with the
+    announcement tag), after which the run goes on exactly as with a block file.
+    With ``standardize`` the party divides each column by its deviation from
+    the totals; with an ``intercept`` S it appends a constant column (global
+    feature ``n_features``) of value S to the rows it holds first (no peer of a
+    lower number holds them), as ``hyfl run`` does for party files
+    (:func:`hyfl.partition.with_constant_feature`).
 
 What leaves the party: its number of ids and rows, its column names (the
 features' names are the schema every party and the server work with), the
 distinct values of a classification label (not which row has which), blinded
-ids, and labels sealed for the peers that hold the same samples. Never an id
-or a feature value.
+ids, labels sealed for the peers that hold the same samples, and with
+``standardize`` masked column sums, whose total tells everybody each
+feature's mean and deviation. Never an id or a feature value.
 """
 
 from __future__ import annotations
@@ -175,7 +185,8 @@ def on_align(state: dict, payload: dict, party: int, secret: bytes | None, log) 
 
 
 def on_labels(state: dict, payload: dict, party: int) -> dict:
-    """The party's labels of the rows it shares with each peer, sealed for that peer."""
+    """The party's labels of the rows it shares with each peer, sealed for that peer; with
+    ``standardize``, its masked column sums."""
     rows, counts = _shared(payload, len(state["values"]))
     state["shared"] = {"rows": rows, "counts": counts}
     own = _label_values(state)
@@ -184,11 +195,35 @@ def on_labels(state: dict, payload: dict, party: int) -> dict:
         if j == party or chunk.size == 0 or own is None:
             continue
         sealed[str(j)] = seal(_pair_key(state, party, j), own[chunk], _context(party, j))
-    return {"sealed": sealed}
+    reply: dict[str, Any] = {"sealed": sealed}
+    if payload.get("moments_features") is not None:
+        reply["moments"] = _masked_moments(state, payload, party)
+    return reply
 
 
-def on_block(state: dict, payload: dict, node, log) -> Block:
-    """Build the party's block from its global ids and the labels its peers sealed."""
+def _masked_moments(state: dict, payload: dict, party: int) -> np.ndarray:
+    """The party's column sums and sums of squares (2, M) in global features, masked with
+    every peer's pairwise key (:func:`hyfl.privacy.secure_scaling.masked_message`)."""
+    from hyfl.privacy.secure_scaling import column_moments, masked_message
+
+    values = state["values"]
+    features = np.asarray(payload["moments_features"], dtype=np.int64)
+    n_features = int(payload["n_features"])
+    if features.shape != (values.shape[1],) or np.unique(features).size != features.size or (
+            features.size and (features.min() < 0 or features.max() >= n_features)):
+        raise fail("the server's 'labels' message field moments_features", "does not number "
+                   f"this party's {values.shape[1]} columns with distinct ids below "
+                   f"{n_features}", "Both sides must run the same hyfl version.")
+    state["moments_features"] = features
+    moments = column_moments(values, features, n_features)
+    peers = {j: _pair_key(state, party, j) for j in range(len(state["publics"])) if j != party}
+    return masked_message(moments, party, peers)
+
+
+def on_block(state: dict, payload: dict, node, log, config=None) -> Block:
+    """Build the party's block from its global ids and the labels its peers sealed (and
+    with the job's ``config`` -- a :class:`~hyfl.deploy.config.DeployConfig` -- standardized
+    and with its intercept)."""
     party = node.party
     values = state["values"]
     n_rows, n_columns = values.shape
@@ -235,13 +270,58 @@ def on_block(state: dict, payload: dict, node, log) -> Block:
     columns = np.argsort(features)
     X = sp.csr_matrix(values[np.ix_(order, columns)])
     X.eliminate_zeros()
+    samples, features = samples[order], features[columns]
     from hyfl.experiments.runner import FALLBACK_LAMBDA
 
     log(f"aligned: {n_rows} of {n_samples} samples, {n_columns} of {n_features} features")
-    return Block(party=party, samples=samples[order], features=features[columns], X=X,
+    scale = None
+    if config is not None and config.standardize:
+        if not np.array_equal(payload["features"], state.get("moments_features")):
+            raise fail("the server's 'block' message field features", "numbers this party's "
+                       "columns otherwise than its 'labels' message did (or that message "
+                       "asked for no column sums)", "The server does not follow hyfl's "
+                       "protocol.")
+        X, scale = _standardize(payload, X, features, n_samples, n_features, log)
+    intercept = 0.0 if config is None else float(config.intercept)
+    if intercept:
+        X, features, n_features, scale = _append_constant(state, party, order, X, features,
+                                                          n_features, scale, intercept, log)
+    return Block(party=party, samples=samples, features=features, X=X,
                  Y=_encode(labels[order], state["task"], len(state["classes"])),
                  n_samples=n_samples, n_features=n_features, lam_default=FALLBACK_LAMBDA,
-                 name=state["name"])
+                 name=state["name"], intercept=intercept, scale=scale)
+
+
+def _standardize(payload: dict, X, features: np.ndarray, n_samples: int, n_features: int,
+                 log):
+    """The columns divided by their deviations from the secure sum's totals."""
+    from hyfl.privacy.secure_scaling import decode, scale_columns, scales_from_moments
+
+    totals = np.asarray(payload.get("moments"))
+    if totals.dtype != np.uint64 or totals.shape != (2, n_features):
+        raise fail("the server's 'block' message field moments", f"is not the (2, {n_features}) "
+                   "sum of the parties' masked column sums", "Both sides must run the same "
+                   "hyfl version.")
+    scale = scales_from_moments(decode(totals), n_samples)
+    log("standardized: every feature divided by its deviation from the parties' secure sum")
+    return scale_columns(X, scale[features]), scale[features]
+
+
+def _append_constant(state: dict, party: int, order: np.ndarray, X, features: np.ndarray,
+                     n_features: int, scale, intercept: float, log):
+    """The block with the intercept's constant column (global feature ``n_features``) on the
+    rows this party holds first: those no peer of a lower number shares."""
+    rows, counts = state["shared"]["rows"], state["shared"]["counts"]
+    lower = rows[:int(np.sum(counts[:party]))]  # the rows shared with peers 0 .. party-1
+    first = np.ones(X.shape[0], dtype=bool)
+    first[np.argsort(order)[lower]] = False  # file rows -> block rows (sorted by sample)
+    if not first.any():  # every party counts the constant feature all the same
+        return X, features, n_features + 1, scale
+    column = sp.csr_matrix((np.full(int(first.sum()), intercept), (np.flatnonzero(first),
+                            np.zeros(int(first.sum()), dtype=np.int64))), shape=(X.shape[0], 1))
+    log(f"intercept: a constant {intercept:g} on the {int(first.sum())} samples held first here")
+    return (sp.hstack([X, column], format="csr"), np.append(features, n_features),
+            n_features + 1, None if scale is None else np.append(scale, 1.0))
 
 
 def _label_values(state: dict) -> np.ndarray | None:
@@ -398,9 +478,15 @@ def align_parties(hellos: dict[int, dict], exchange, config, log) -> tuple[dict[
     for (j, k), (rows_j, rows_k) in matches.items():
         order = rng.permutation(rows_j.size)
         rows[j][k], rows[k][j] = rows_j[order], rows_k[order]
+    numbered = {k: np.array([features[name] for name in columns[k]], dtype=np.int64)
+                for k in range(K)}
+    scaling = {k: ({"moments_features": numbered[k], "n_features": len(features)}
+                   if config.standardize else {}) for k in range(K)}
     replies = exchange({k: ("labels", {"shared_rows": np.concatenate(rows[k]),
-                                       "shared_counts": np.array([r.size for r in rows[k]])})
+                                       "shared_counts": np.array([r.size for r in rows[k]]),
+                                       **scaling[k]})
                         for k in range(K)})
+    moments = _sum_moments(replies, K, len(features)) if config.standardize else None
     sealed = {}
     for j in range(K):
         for key, value in replies[j]["sealed"].items():
@@ -413,11 +499,15 @@ def align_parties(hellos: dict[int, dict], exchange, config, log) -> tuple[dict[
     # 3. Each party's block: its global ids, and the labels sealed for it.
     replies = exchange({k: ("block", {
         "samples": index[k], "n_samples": n_samples, "n_features": len(features),
-        "features": np.array([features[name] for name in columns[k]], dtype=np.int64),
-        "sealed": sealed.get(k, {})}) for k in range(K)})
+        "features": numbered[k], "sealed": sealed.get(k, {}),
+        **({} if moments is None else {"moments": moments})}) for k in range(K)})
     seconds = time.perf_counter() - tic
     record = {"ids": sizes, "n_samples": n_samples, "n_features": len(features),
               "shared": shared, "task": task, "classes": classes, "seconds": seconds}
+    if moments is not None:  # what the secure sum revealed to everybody (docs/privacy.md)
+        from hyfl.privacy.secure_scaling import decode, scales_from_moments
+
+        record["scales"] = scales_from_moments(decode(moments), n_samples).tolist()
     log(f"aligned in {seconds:.1f} s: {n_samples:,} samples "
         f"({int(np.count_nonzero(holders > 1)):,} held by two or more parties), "
         f"{len(features)} features")
@@ -425,6 +515,22 @@ def align_parties(hellos: dict[int, dict], exchange, config, log) -> tuple[dict[
 
 
 _SAME_VERSION = "Run every party with the same hyfl version; the reply may be garbled or forged."
+
+
+def _sum_moments(replies: dict[int, dict], K: int, n_features: int) -> np.ndarray:
+    """The server's part of the secure sum: the parties' masked column sums added (uint64);
+    every party must send (the masks cancel only in the sum of all)."""
+    from hyfl.privacy.secure_scaling import sum_messages
+
+    messages = []
+    for k in range(K):
+        message = replies[k].get("moments")
+        if not (isinstance(message, np.ndarray) and message.dtype == np.uint64
+                and message.shape == (2, n_features)):
+            raise fail(f"party {k}'s reply to 'labels'", f"has no (2, {n_features}) masked "
+                       "column sums, which the job's standardize needs", _SAME_VERSION)
+        messages.append(message)
+    return sum_messages(messages)
 
 
 def _job_labels(labels: dict[int, dict], loss: str) -> tuple[str, list]:

@@ -27,6 +27,8 @@ is turned back into one for the raw features by dividing its weights by the scal
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import scipy.sparse as sp
 
@@ -68,6 +70,43 @@ def masked_messages(parts: list[np.ndarray], rng: np.random.Generator) -> list[n
     return messages
 
 
+def pair_mask(pair_key: bytes, shape: tuple[int, ...]) -> np.ndarray:
+    """The mask two parties derive from the key they share (uint64, uniform).
+
+    SHAKE-256 of the key with this use's label, read as little-endian
+    integers: both ends get the same stream, and nobody without the key can
+    tell it from random (the deployment's pairs share X25519 keys,
+    :meth:`hyfl.privacy.alignment.ChannelKey.shared`).
+    """
+    count = int(np.prod(shape, dtype=np.int64))
+    stream = hashlib.shake_256(b"hyfl secure-sum mask\0" + bytes(pair_key)).digest(8 * count)
+    return np.frombuffer(stream, dtype="<u8").astype(np.uint64).reshape(shape)
+
+
+def masked_message(values: np.ndarray, party: int, pair_keys: dict[int, bytes]) -> np.ndarray:
+    """What ``party`` sends of its ``values`` to a secure sum with keyed pairwise masks.
+
+    ``pair_keys`` maps every other party to the key the two share. The mask of
+    the pair ``j < k`` is added by ``j`` and subtracted by ``k``, so the masks
+    cancel in the server's sum (:func:`sum_messages`) when every party sends.
+    """
+    message = encode(values)
+    for peer, key in pair_keys.items():
+        if peer == party:
+            continue
+        mask = pair_mask(key, message.shape)
+        message = message + mask if party < peer else message - mask  # modulo 2**64
+    return message
+
+
+def sum_messages(messages: list[np.ndarray]) -> np.ndarray:
+    """The server's sum of masked messages (uint64, wrapping); :func:`decode` reads it."""
+    total = np.zeros_like(np.asarray(messages[0], dtype=np.uint64))
+    for message in messages:
+        total = total + np.asarray(message, dtype=np.uint64)
+    return total
+
+
 def secure_sum(parts: list[np.ndarray], rng: np.random.Generator) -> np.ndarray:
     """``sum(parts)`` as the server computes it from the masked messages alone."""
     messages = masked_messages(parts, rng)
@@ -77,17 +116,28 @@ def secure_sum(parts: list[np.ndarray], rng: np.random.Generator) -> np.ndarray:
     return decode(total)
 
 
+def column_moments(X, columns: np.ndarray | None = None, n_features: int | None = None
+                   ) -> np.ndarray:
+    """``[sum of x, sum of x^2]`` of each column of ``X``, shape (2, n_features).
+
+    ``columns`` are the global features of ``X``'s columns (default: the
+    columns themselves); the others are 0.
+    """
+    X = sp.csr_matrix(X, dtype=np.float64)
+    local = np.vstack([np.asarray(X.sum(axis=0)).ravel(),
+                       np.asarray(X.multiply(X).sum(axis=0)).ravel()])
+    if columns is None:
+        return local
+    out = np.zeros((2, int(n_features)))
+    out[:, np.asarray(columns, dtype=np.int64)] = local
+    return out
+
+
 def client_column_sums(partition: Partition, X) -> list[np.ndarray]:
     """Each client's ``[sum of x, sum of x^2]`` over its own entries, per feature (2, M)."""
     blocks = stack(partition, X)
-    M = X.shape[1]
-    parts = []
-    for k in range(blocks.n_clients):
-        rows = blocks.X[blocks.client_rowptr[k]:blocks.client_rowptr[k + 1]]
-        parts.append(np.vstack([np.asarray(rows.sum(axis=0)).ravel(),
-                                np.asarray(rows.multiply(rows).sum(axis=0)).ravel()])
-                     .reshape(2, M))
-    return parts
+    return [column_moments(blocks.X[blocks.client_rowptr[k]:blocks.client_rowptr[k + 1]])
+            for k in range(blocks.n_clients)]
 
 
 def secure_feature_scales(partition: Partition, X, rng: np.random.Generator,
@@ -108,10 +158,17 @@ def secure_feature_scales(partition: Partition, X, rng: np.random.Generator,
     -------
     ndarray, shape (M,)
     """
-    N = X.shape[0]
     totals = secure_sum(client_column_sums(partition, X), rng)
-    mean = totals[0] / N
-    variance = np.maximum(totals[1] / N - mean * mean, 0.0)
+    return scales_from_moments(totals, X.shape[0], keep)
+
+
+def scales_from_moments(totals: np.ndarray, n_samples: int,
+                        keep: np.ndarray | None = None) -> np.ndarray:
+    """Every feature's standard deviation from its summed ``[sum x, sum x^2]`` (2, M) over
+    ``n_samples`` samples; 1 where a feature does not vary and for the ``keep`` columns."""
+    totals = np.asarray(totals, dtype=np.float64)
+    mean = totals[0] / n_samples
+    variance = np.maximum(totals[1] / n_samples - mean * mean, 0.0)
     scale = np.sqrt(variance)
     scale[scale <= 1e-12 * np.maximum(1.0, np.abs(mean))] = 1.0
     if keep is not None:
