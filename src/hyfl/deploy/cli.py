@@ -60,7 +60,7 @@ RootCerts = Annotated[
 DeployIntercept = Annotated[
     str | None, typer.Option(metavar="S|off", help="Bias: a constant feature of value S, held "
                              "by each sample's first holder (as hyfl run --intercept S) "
-                             "[default: off; block files: as split].", show_default=False)
+                             "(default off; block files: as they were split).", show_default=False)
 ]
 DeployStandardize = Annotated[
     bool, typer.Option("--standardize", help="Divide every feature by its standard deviation, "
@@ -379,6 +379,8 @@ def run(
     cipher: Cipher = "paillier",
     partition: Annotated[str, typer.Option(help="Partition spec, for parties whose node config "
                                            "names a dataset.")] = "",
+    intercept: DeployIntercept = None,
+    standardize: DeployStandardize = False,
     reply_timeout: ReplyTimeout = 120.0,
     insecure: Insecure = False,
     root_certificates: RootCerts = None,
@@ -395,6 +397,7 @@ def run(
     import subprocess
     import time
 
+    from hyfl.data.dataset import parse_intercept
     from hyfl.deploy.config import DeployConfig, run_config_for
     from hyfl.deploy.local import (
         CONNECTION,
@@ -415,6 +418,7 @@ def run(
         config = run_config_for(
             parties=parties, iterations=iterations, participation=participation, seed=seed,
             loss=loss, lam=lam, hyper=_hyper(param), cipher=cipher, partition=partition,
+            intercept=parse_intercept(intercept or "off") or 0.0, standardize=standardize,
             reply_timeout=reply_timeout, out=str(out),
             public_key=str(public_key.resolve()) if public_key is not None else "",
             insecure_test_keys=insecure_test_keys,
