@@ -337,3 +337,94 @@ def test_class_weight_from_the_command_line_and_a_config(tmp_path):
     assert parse_config(config.to_dict()).data.class_weight == "balanced"
     with pytest.raises(HyflError, match="class_weight.*Choose one of: balanced"):
         parse_config({**base, "data": {"dataset": "breast_cancer", "class_weight": "heavy"}})
+
+
+# --------------------------------------------------------------------------- party files
+
+
+def _party_frames(rng, n=40):
+    import pandas as pd
+
+    ids = [f"c{i:03d}" for i in range(n)]
+    X = rng.normal(size=(n, 4))
+    y = np.where(X[:, 0] - 0.5 * X[:, 2] + 0.3 * rng.normal(size=n) > 0, "yes", "no")
+    weight = rng.integers(1, 4, size=n)
+    bank = pd.DataFrame({"id": ids, "x0": X[:, 0], "x1": X[:, 1], "label": y, "w": weight})
+    shop = pd.DataFrame({"id": ids, "x2": X[:, 2], "x3": X[:, 3]})
+    return bank, shop, weight
+
+
+def _repeated(frame, weight):
+    out = frame.loc[np.repeat(np.arange(len(frame)), weight)].reset_index(drop=True)
+    copy = out.groupby("id").cumcount().astype(str)
+    out["id"] = out["id"] + "-" + copy
+    return out.drop(columns=["w"], errors="ignore")
+
+
+def test_a_party_files_weight_column_weighs_samples_as_repeats(tmp_path):
+    """``;weight=w``: a sample of weight k counts as k copies of it (the weights are a
+    weighted mean's), through the whole set-up of ``hyfl run``, with the intercept."""
+    from hyfl.experiments.runner import RunSpec, prepare
+
+    bank, shop, weight = _party_frames(np.random.default_rng(3))
+    bank.to_csv(tmp_path / "bank.csv", index=False)
+    shop.to_csv(tmp_path / "shop.csv", index=False)
+    _repeated(bank, weight).to_csv(tmp_path / "bank-rep.csv", index=False)
+    _repeated(shop, weight).to_csv(tmp_path / "shop-rep.csv", index=False)
+    weighted = prepare(RunSpec(data=f"parties:{tmp_path / 'bank.csv'},{tmp_path / 'shop.csv'}"
+                               ";weight=w;psi=false", lam=0.01, loss="logistic"))
+    by_id = dict(zip(bank["id"], weight / weight.mean()))
+    ids = weighted.train.meta["sample_ids"]
+    np.testing.assert_allclose(weighted.problem.W[:, 0], [by_id[i] for i in ids])
+    repeated = prepare(RunSpec(data=f"parties:{tmp_path / 'bank-rep.csv'},"
+                               f"{tmp_path / 'shop-rep.csv'};psi=false", lam=0.01,
+                               loss="logistic"))
+    assert repeated.problem.n_samples == weight.sum()
+    np.testing.assert_allclose(weighted.optimum.primal, repeated.optimum.primal, rtol=1e-6)
+    np.testing.assert_allclose(weighted.optimum.w, repeated.optimum.w, atol=1e-4)
+
+
+def test_party_files_weights_that_disagree_or_are_missing_are_named(tmp_path):
+    from hyfl.data import load_party_spec
+
+    bank, shop, weight = _party_frames(np.random.default_rng(4))
+    shop["w"] = weight
+    shop.loc[7, "w"] = 9
+    bank.to_csv(tmp_path / "bank.csv", index=False)
+    shop.to_csv(tmp_path / "shop.csv", index=False)
+    spec = f"parties:{tmp_path / 'bank.csv'},{tmp_path / 'shop.csv'};weight=w;psi=false"
+    with pytest.raises(HyflError, match=r"sample 'c007' has weight \d in party file .*bank"
+                       r".* but 9 in party file .*shop"):
+        load_party_spec(spec)
+    # Horizontal parties, one without the column: its samples have no weight.
+    other = bank.assign(id=[f"d{i:03d}" for i in range(len(bank))]).drop(columns=["w"])
+    other.to_csv(tmp_path / "other.csv", index=False)
+    with pytest.raises(HyflError, match="samples 'd000', .* have no weight"):
+        load_party_spec(f"parties:{tmp_path / 'bank.csv'},{tmp_path / 'other.csv'};"
+                        "weight=w;psi=false")
+    bank.loc[3, "w"] = 0
+    bank.to_csv(tmp_path / "bank.csv", index=False)
+    with pytest.raises(HyflError, match=r"has weight 0 in column 'w' .*ID 'c003'"):
+        load_party_spec(spec)
+
+
+def test_a_model_of_weighted_party_files_names_the_weight_option_when_predicting(tmp_path):
+    from typer.testing import CliRunner
+
+    from hyfl.cli import app
+
+    bank, shop, _ = _party_frames(np.random.default_rng(5))
+    bank.to_csv(tmp_path / "bank.csv", index=False)
+    shop.to_csv(tmp_path / "shop.csv", index=False)
+    files = f"parties:{tmp_path / 'bank.csv'},{tmp_path / 'shop.csv'}"
+    runner = CliRunner()
+    done = runner.invoke(app, ["run", "--data", f"{files};weight=w;psi=false", "--iterations",
+                               "20", "--out", str(tmp_path / "r"), "--no-progress"])
+    assert done.exit_code in (0, 3), done.output
+    model = str(tmp_path / "r" / "model.npz")
+    done = runner.invoke(app, ["predict", model, "--data", f"{files};psi=false",
+                               "--out", str(tmp_path / "p.csv")])
+    assert done.exit_code == 2 and "option ;weight=w" in " ".join(done.output.split())
+    done = runner.invoke(app, ["predict", model, "--data", f"{files};weight=w;psi=false",
+                               "--out", str(tmp_path / "p.csv")])
+    assert done.exit_code == 0, done.output

@@ -245,6 +245,8 @@ def _how_read(meta: dict) -> dict:
         if meta.get("intercept_scaling") is not None:  # the constant column is not read
             names = names[:-1]
         out["feature_names"] = [str(name) for name in names]
+        if meta.get("weight_column"):
+            out["weight_column"] = str(meta["weight_column"])
     return out
 
 
@@ -519,9 +521,14 @@ def _check_feature_names(model: Model, names, data) -> None:
         return
     first = next((i for i, (a, b) in enumerate(zip(trained, names)) if a != b),
                  min(len(trained), len(names)))
+    weight = model.provenance.get("weight_column")
+    fix = ("List the party files in the training order, with the training columns."
+           if weight is None or weight not in list(names) else
+           f"Add the spec option ;weight={weight} (as in training), so that the weight column "
+           "is not read as a feature.")
     raise fail(f"data {str(data)!r}", f"have the feature columns {list(names)[:8]}, the "
                f"model was trained on {list(trained)[:8]} (they differ at column {first + 1})",
-               "List the party files in the training order, with the training columns.")
+               fix)
 
 
 def _replace_X(dataset, X):

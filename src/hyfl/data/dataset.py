@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import scipy.sparse as sp
@@ -28,6 +28,9 @@ class Dataset:
     task : {"binary", "multiclass", "regression"}
     meta : dict
         Free-form provenance (source path, preprocessing notes, image shape).
+    sample_weight : ndarray, shape (n_samples,), optional
+        Each sample's loss weight, as its data give it (a party file's weight
+        column); None: every sample weighs 1.
     """
 
     X: sp.csr_matrix
@@ -35,6 +38,7 @@ class Dataset:
     name: str = "data"
     task: str = "binary"
     meta: dict = field(default_factory=dict)
+    sample_weight: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.X.shape[0] != self.y.shape[0]:
@@ -42,6 +46,13 @@ class Dataset:
                 f"dataset {self.name!r}",
                 f"has {self.X.shape[0]} samples but {self.y.shape[0]} labels",
                 "Give one label per sample.",
+            )
+        if self.sample_weight is not None and np.shape(self.sample_weight) != (self.X.shape[0],):
+            raise fail(
+                f"dataset {self.name!r}",
+                f"has {np.size(self.sample_weight)} sample weights for {self.X.shape[0]} "
+                "samples",
+                "Give one weight per sample.",
             )
 
     @property
@@ -95,7 +106,7 @@ def with_intercept(data: Dataset, scaling: float = INTERCEPT_SCALING) -> Dataset
     meta = dict(data.meta, intercept_scaling=float(scaling))
     if meta.get("feature_names") is not None:
         meta["feature_names"] = (*meta["feature_names"], "(intercept)")
-    return Dataset(append_constant_column(data.X, scaling), data.y, data.name, data.task, meta)
+    return replace(data, X=append_constant_column(data.X, scaling), meta=meta)
 
 
 def parse_intercept(value) -> float | None:

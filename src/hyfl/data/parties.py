@@ -22,6 +22,11 @@ File format
   that holds it; parties that both label a sample must agree. A file may hold
   labels and no features (a label-only party: it is aligned like the others
   but is not a client, since it holds no block of X).
+* **Weight column** (only with ``weight_column``, spec option ``weight=``),
+  optional per file: each sample's loss weight, a number > 0. Once a file has
+  it every sample needs a weight from a party holding it, and parties that
+  weigh the same sample must agree. The weights become a weighted mean (scaled
+  to mean 1), so a sample of weight 3 counts as three copies of it.
 * **Feature columns**: every other column. Values must be numbers (booleans
   count as 0/1); an empty cell, NaN or inf is an error (write 0 for "absent"),
   and so is a value beyond ``|v| <= MAX_ABS_VALUE`` (1e150, whose square
@@ -136,6 +141,7 @@ class _Table:
     values: np.ndarray  # (n_rows, n_features) float64, finite
     labels: np.ndarray | None  # float64 or object (str); None: no label column
     label_known: np.ndarray | None  # bool per row
+    weights: np.ndarray | None = None  # float64 > 0 per row; None: no weight column
 
     @property
     def culprit(self) -> str:
@@ -373,6 +379,7 @@ def _read_table(
     label_column: str | None,
     declared_columns: Sequence[str] | None,
     unlabeled: str,
+    weight_column: str | None = None,
 ) -> _Table:
     parquet = path.name.lower().endswith(_PARQUET_SUFFIXES)
     culprit = f"party file {path} (party {party!r})"
@@ -400,7 +407,9 @@ def _read_table(
     ids = _canonical_ids(frame[id_column], parquet, culprit, id_column)
     _check_unique(ids, culprit, parquet)
     has_labels = label_column is not None and label_column in columns
-    features = [c for c in columns if c != id_column and not (has_labels and c == label_column)]
+    has_weights = weight_column is not None and weight_column in columns
+    features = [c for c in columns if c != id_column and not (has_labels and c == label_column)
+                and not (has_weights and c == weight_column)]
     if declared_columns is not None:
         declared = [str(c) for c in declared_columns]
         extra = [c for c in features if c not in declared]
@@ -438,7 +447,19 @@ def _read_table(
                 "party labels these samples; pass unlabeled='drop' (spec option "
                 "unlabeled=drop) to leave out samples nobody labels.",
             )
-    return _Table(party, path, parquet, ids, features, values, labels, known)
+    weights = None
+    if has_weights:
+        weights = _read_features(frame, [weight_column], parquet, culprit)[:, 0]
+        if not np.all(weights > 0):
+            row = int(np.flatnonzero(~(weights > 0))[0])
+            raise fail(
+                culprit,
+                f"has weight {weights[row]:g} in column {weight_column!r} at "
+                f"{_where(parquet, row)} (ID {ids[row]!r})",
+                "Give every sample a weight > 0; delete the rows of samples that should not "
+                "count.",
+            )
+    return _Table(party, path, parquet, ids, features, values, labels, known, weights)
 
 
 def read_party_file(path: str | os.PathLike, *, party: str, id_column: str = "id",
@@ -827,6 +848,7 @@ def load_parties(
     name: str = "parties",
     min_common: int = 1,
     scope: str = "shared",
+    weight_column: str | None = None,
 ) -> tuple[Dataset, Partition]:
     """Read one CSV/Parquet file per party and build the data set and its partition.
 
@@ -873,6 +895,10 @@ def load_parties(
         several parties hold must agree). ``party``: every file's columns are its
         own, named ``<party>.<column>`` (files that reuse names for different
         measurements, such as FATE's ``x0, x1, ...`` in both guest and host).
+    weight_column : str, optional
+        Column with each sample's loss weight (> 0), in the files that have it
+        (spec option ``weight=``): parties that weigh the same sample must agree,
+        and every sample needs a weight once any file has the column.
 
     Returns
     -------
@@ -923,6 +949,7 @@ def load_parties(
             label_column=label_column,
             declared_columns=None if columns is None else columns.get(party),
             unlabeled=unlabeled,
+            weight_column=weight_column,
         )
         for party, path in items
     ]
@@ -1079,6 +1106,7 @@ def load_parties(
         y=y,
         name=name,
         task=task,
+        sample_weight=_gather_weights(tables, rows, n_aligned, keep, sample_ids, weight_column),
         meta={
             "source": "party files",
             "format": "parties",
@@ -1087,6 +1115,7 @@ def load_parties(
             "label_parties": tuple(t.party for t in tables if t.labels is not None),
             "id_column": id_column,
             "label_column": label_column,
+            "weight_column": weight_column,
             "feature_names": tuple(feature_names),
             "sample_ids": tuple(str(i) for i in kept_ids),
             "classes": tuple(found_classes),
@@ -1207,6 +1236,7 @@ def parse_party_spec(value: str | os.PathLike) -> tuple[dict[str, Path], dict[st
     keywords = {
         "id": "id_column",
         "label": "label_column",
+        "weight": "weight_column",
         "task": "task",
         "classes": "classes",
         "features": "features",
@@ -1290,6 +1320,45 @@ def parse_party_spec(value: str | os.PathLike) -> tuple[dict[str, Path], dict[st
     return files, options
 
 
+def _gather_weights(tables, rows, n_aligned: int, keep: np.ndarray, sample_ids,
+                    weight_column: str | None) -> np.ndarray | None:
+    """Each kept sample's weight from the files with the weight column (None without any)."""
+    if not any(t.weights is not None for t in tables):
+        return None
+    weight = np.full(n_aligned, np.nan)
+    given_by = np.full(n_aligned, -1, dtype=np.int64)
+    for k, (t, g) in enumerate(zip(tables, rows)):
+        if t.weights is None:
+            continue
+        known = ~np.isnan(weight[g])
+        differ = known & (weight[g] != t.weights)
+        if differ.any():
+            row = int(np.flatnonzero(differ)[0])
+            other = tables[int(given_by[g[row]])]
+            raise fail(
+                f"sample {sample_ids[g[row]]!r}",
+                f"has weight {weight[g[row]]:g} in {other.culprit} but {t.weights[row]:g} in "
+                f"{t.culprit}",
+                f"Give a sample the same {weight_column!r} in every file that weighs it, or "
+                "drop the column from all but one of them.",
+            )
+        weight[g] = t.weights
+        given_by[g[~known]] = k
+    weight = weight[keep]
+    missing = np.flatnonzero(np.isnan(weight))
+    if missing.size:
+        ids = np.asarray(sample_ids)[np.flatnonzero(keep)[missing[:_MAX_NAMED]]]
+        raise fail(
+            f"sample{'s' if missing.size > 1 else ''} {', '.join(map(repr, ids))}"
+            f"{f' and {missing.size - _MAX_NAMED} more' if missing.size > _MAX_NAMED else ''}",
+            f"{'have' if missing.size > 1 else 'has'} no weight: no file that holds "
+            f"{'them' if missing.size > 1 else 'it'} has a {weight_column!r} column",
+            f"Add {weight_column!r} to a file holding every sample (for example the label "
+            "holder's), or leave the weight option out.",
+        )
+    return weight
+
+
 def load_party_spec(value: str | os.PathLike, **overrides: Any) -> tuple[Dataset, Partition]:
     """Load the party files a ``--data`` value names (see :func:`is_party_spec`).
 
@@ -1313,6 +1382,7 @@ def load_party_spec(value: str | os.PathLike, **overrides: Any) -> tuple[Dataset
 PARTY_OPTIONS = (
     "id_column",
     "label_column",
+    "weight_column",
     "psi",
     "features",
     "columns",

@@ -1053,7 +1053,9 @@ def split_rows(
     for label, rows in (("train", train_rows), ("val", val_rows)):
         meta = dict(data.meta, holdout=label, val_fraction=fraction, seed=seed)
         name = data.name if label == "train" else f"{data.name}-val"
-        parts.append(replace(data, X=data.X[rows], y=data.y[rows], name=name, meta=meta))
+        weight = None if data.sample_weight is None else data.sample_weight[rows]
+        parts.append(replace(data, X=data.X[rows], y=data.y[rows], name=name, meta=meta,
+                             sample_weight=weight))
     return parts[0], parts[1]
 
 

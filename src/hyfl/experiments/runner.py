@@ -318,19 +318,25 @@ def add_intercept(train, val, partition, scaling: float):
 
 
 def sample_weights(train, class_weight: str | None):
-    """The training samples' weights for ``class_weight`` (None: unweighted).
+    """The training samples' weights: the data's own (a party file's weight column) times
+    ``class_weight``'s; None when neither weighs.
 
     ``"balanced"`` is scikit-learn's: ``N / (C n_c)`` for a sample of class ``c``. In a
     federation the class counts are sums of the label holders' counts (the class
     frequencies are then known to every party)."""
+    own = train.sample_weight  # the data's own (a party file's weight column), or None
+    if own is not None:  # a weighted mean: integer weights count as repeated samples
+        own = np.asarray(own, dtype=np.float64) / float(np.mean(own))
     if class_weight is None:
-        return None
+        return own
     if train.task == "regression":
         raise fail("class_weight", f"is {class_weight!r}, but {train.name!r} is a regression "
                    "target", "Leave --class-weight out for real-valued targets.")
     from sklearn.utils.class_weight import compute_sample_weight
 
-    return compute_sample_weight(class_weight, train.y)
+    # As scikit-learn's linear models combine them: each sample's weight times its
+    # class's (from the class counts).
+    return compute_sample_weight(class_weight, train.y) * (1.0 if own is None else own)
 
 
 def scale_features(problem, val, partition, spec: RunSpec):
