@@ -33,6 +33,7 @@ from hyfl.data import (
     load_idx,
     load_libsvm,
     registry,
+    sources,
     train_validation,
 )
 from hyfl.errors import HyflError
@@ -450,7 +451,7 @@ def test_validation_labels_subset_check(isolated):
     train = Dataset(X=X[:4], y=np.array([0, 1, 0, 1]), name="t", task="multiclass")
     validation = Dataset(X=X[4:], y=np.array([1, 2]), name="v", task="multiclass")
     with pytest.raises(HyflError, match=r"'v' has labels \[2\]"):
-        registry._check_compatible(train, validation)
+        sources._check_compatible(train, validation)
 
 
 def test_validation_feature_mismatch(isolated):

@@ -19,10 +19,9 @@ from hyfl.data.registry import (
     dataset_names,
     default_lambda,
     has_test_split,
-    load_data,
     load_dataset,
-    train_validation,
 )
+from hyfl.data.sources import load_data, train_validation
 
 __all__ = [
     "DATASETS",

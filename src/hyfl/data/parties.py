@@ -1148,9 +1148,9 @@ _ENTRY_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
 def _is_registered(text: str) -> bool:
-    from hyfl.data.registry import _parse_name
+    from hyfl.data.registry import parse_dataset_name
 
-    return _parse_name(text)[0] is not None
+    return parse_dataset_name(text)[0] is not None
 
 
 def _party_files_in(folder: Path) -> list[Path]:
@@ -1448,7 +1448,7 @@ def load_party_data(
         The parties' partition of ``train.X`` (restricted to the training
         rows when ``val_fraction`` holds some out).
     """
-    from hyfl.data.registry import holdout_rows, split_rows
+    from hyfl.data.holdout import holdout_rows, split_rows
     from hyfl.partition import restrict_samples
 
     if val is not None and val_fraction is not None:
