@@ -52,168 +52,28 @@ import functools
 import inspect
 import secrets
 import time
-from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, fields
 
 import gmpy2
 import numpy as np
 from gmpy2 import mpz
 from phe import paillier as _phe
 
-from hyfl.errors import HyflError, check_choice, check_int, fail
+from hyfl.errors import check_choice, check_int, fail
 from hyfl.privacy._workers import ObfuscatorPool, powmods, usable_cores
+from hyfl.privacy.cipher_base import (  # noqa: F401  (the interface, re-exported)
+    DEFAULT_BOUND,
+    DEFAULT_GUARD_BITS,
+    DEFAULT_KEY_BITS,
+    DEFAULT_POOL_SIZE,
+    DEFAULT_PRECISION_BITS,
+    MIN_KEY_BITS,
+    Cipher,
+    OpCounts,
+    check_ciphertexts,
+    object_array,
+)
 from hyfl.privacy.encoding import FixedPoint, check_finite
-
-DEFAULT_KEY_BITS = 2048
-DEFAULT_PRECISION_BITS = 32
-DEFAULT_BOUND = 2.0**16
-DEFAULT_GUARD_BITS = 24
-DEFAULT_POOL_SIZE = 1024  # precomputed obfuscators per packed cipher (0.5 MB at 2048 bits)
-MIN_KEY_BITS = 128
-
-
-# --------------------------------------------------------------------------- counts
-
-
-@dataclass
-class OpCounts:
-    """Homomorphic operations done, counted in ciphertexts."""
-
-    encryptions: int = 0
-    decryptions: int = 0
-    additions: int = 0
-
-    def snapshot(self) -> OpCounts:
-        """A copy (later operations do not change it)."""
-        return OpCounts(self.encryptions, self.decryptions, self.additions)
-
-    def __sub__(self, other: OpCounts) -> OpCounts:
-        return OpCounts(
-            self.encryptions - other.encryptions,
-            self.decryptions - other.decryptions,
-            self.additions - other.additions,
-        )
-
-    def _restore(self, saved: OpCounts) -> None:
-        for f in fields(self):
-            setattr(self, f.name, getattr(saved, f.name))
-
-
-# --------------------------------------------------------------------------- base
-
-
-class Cipher(ABC):
-    """An additively homomorphic cipher over chunks of ``slots`` float values."""
-
-    name: str
-    slots: int
-    key_bits: int
-    ciphertext_bytes: int
-    counts: OpCounts
-    has_private_key: bool
-
-    @abstractmethod
-    def encrypt(self, chunks: np.ndarray) -> np.ndarray:
-        """Float chunks ``(n, slots)`` -> 1-D object array of ``n`` ciphertexts."""
-
-    @abstractmethod
-    def decrypt(self, ciphertexts: np.ndarray) -> np.ndarray:
-        """1-D object array of ``n`` ciphertexts -> float array ``(n, slots)``."""
-
-    def decrypt_integers(self, ciphertexts: np.ndarray) -> np.ndarray:
-        """Like :meth:`decrypt`, as the exact fixed-point integers ``round(v * 2**p)`` of the
-        decrypted sums (object array ``(n, slots)``), where the cipher encodes values so;
-        ``decrypt`` equals their ``int / 2**p``. For checks that need every bit
-        (:mod:`hyfl.privacy.tags`) of sums beyond float64's 53."""
-        raise NotImplementedError(f"the {self.name!r} cipher has no fixed-point integers")
-
-    @abstractmethod
-    def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """Elementwise homomorphic sum of two equal-length ciphertext arrays."""
-
-    @abstractmethod
-    def public(self) -> Cipher:
-        """The server's view: same scheme and public key, no private key, own counts."""
-
-    @abstractmethod
-    def zeros(self, n: int) -> np.ndarray:
-        """``n`` trivial ciphertexts of zero (not counted as encryptions).
-
-        The server starts from duals and inner products that everyone knows
-        are zero; a deterministic encryption of that public value hides
-        nothing and costs nothing, and sums with it are ordinary ciphertexts.
-        """
-
-    @abstractmethod
-    def describe(self) -> dict:
-        """JSON-ready parameters: name, slots, key_bits, precision, bounds, ..."""
-
-    def __repr__(self) -> str:
-        role = "private" if self.has_private_key else "public view"
-        return (
-            f"<{type(self).__name__} {self.name!r}, {self.key_bits}-bit, "
-            f"{self.slots} slots, {role}>"
-        )
-
-    # ------------------------------------------------------------------ helpers
-
-    def _chunks(self, chunks) -> np.ndarray:
-        try:
-            x = np.asarray(chunks, dtype=np.float64)
-        except (TypeError, ValueError):
-            raise fail(
-                "chunks",
-                f"cannot be read as a float array (got {type(chunks).__name__})",
-                f"Pass a float array of shape (n, {self.slots}).",
-            ) from None
-        if x.ndim != 2 or x.shape[1] != self.slots:
-            raise fail(
-                "chunks",
-                f"have shape {x.shape}, but cipher {self.name!r} takes (n, {self.slots})",
-                f"Lay the values out in rows of cipher.slots = {self.slots} "
-                "(zero-pad the last row).",
-            )
-        return x
-
-    def _ciphertexts(self, ciphertexts, what: str = "ciphertexts") -> np.ndarray:
-        if isinstance(ciphertexts, np.ndarray) and ciphertexts.dtype == object:
-            a = ciphertexts
-        else:
-            a = np.empty(len(ciphertexts), dtype=object)
-            a[:] = list(ciphertexts)
-        if a.ndim != 1:
-            raise fail(
-                what,
-                f"have shape {a.shape}, but ciphertext arrays are 1-D",
-                "Pass the 1-D object array returned by encrypt() or add().",
-            )
-        return a
-
-    def _pair(self, a, b) -> tuple[np.ndarray, np.ndarray]:
-        a = self._ciphertexts(a, "a")
-        b = self._ciphertexts(b, "b")
-        if a.shape != b.shape:
-            raise fail(
-                "add",
-                f"got {a.size} and {b.size} ciphertexts",
-                "Add two arrays of equal length (one ciphertext per chunk each).",
-            )
-        return a, b
-
-    def _no_private_key(self) -> HyflError:
-        return fail(
-            f"decrypt on the public view of cipher {self.name!r}",
-            "is impossible: the server holds no private key",
-            "Decrypt on a client's cipher (the one make_cipher returned), not on cipher.public().",
-        )
-
-
-def _objects(items: list) -> np.ndarray:
-    out = np.empty(len(items), dtype=object)
-    out[:] = items
-    return out
-
 
 # --------------------------------------------------------------------------- none
 
@@ -234,7 +94,7 @@ class PlainCipher(Cipher):
         x = self._chunks(chunks)
         check_finite(x)
         self.counts.encryptions += x.shape[0]
-        return _objects(x[:, 0].tolist())
+        return object_array(x[:, 0].tolist())
 
     def decrypt(self, ciphertexts: np.ndarray) -> np.ndarray:
         if not self.has_private_key:
@@ -252,7 +112,7 @@ class PlainCipher(Cipher):
         return PlainCipher(_private=False)
 
     def zeros(self, n: int) -> np.ndarray:
-        return _objects([0.0] * int(n))
+        return object_array([0.0] * int(n))
 
     def describe(self) -> dict:
         return {
@@ -444,33 +304,6 @@ def check_keybits(key_bits: int) -> int:
     return bits
 
 
-def check_ciphertexts(a: np.ndarray, kind: type, tag: int, cipher: str, what: str,
-                      max_addends: int | None) -> None:
-    """Refuse ciphertexts of another cipher or key, and addend counts that cannot be genuine.
-
-    The addend count travels with a ciphertext (the packed cipher subtracts that many
-    offsets on decryption, the lattice cipher bounds its noise with it), so a tampered
-    count must not pass: it must be an integer in ``0..max_addends`` (``None``: no
-    upper bound).
-    """
-    for i, x in enumerate(a):
-        if type(x) is not kind or x.tag != tag:
-            raise fail(
-                what,
-                f"hold {x!r}, which was not made by this {cipher!r} cipher or its public view",
-                "Only combine ciphertexts made under the same cipher and key pair.",
-            )
-        k = x.addends
-        if type(k) is not int or k < 0 or (max_addends is not None and k > max_addends):
-            raise fail(
-                f"{what}[{i}]",
-                f"carries an addend count of {k!r}; a genuine one is an integer in "
-                f"0..{'any' if max_addends is None else max_addends}",
-                "The ciphertext's metadata was altered or corrupted in transit: discard the "
-                "message and have the sender send it again.",
-            )
-
-
 def _check_tags(a: np.ndarray, tag: int, cipher: str, what: str, nsq,
                 max_addends: int | None) -> None:
     """:func:`check_ciphertexts` for Paillier, and each ciphertext in ``[1, n^2)``."""
@@ -502,7 +335,7 @@ class _PaillierBase(Cipher):
 
     def zeros(self, n: int) -> np.ndarray:
         # g^0 r^n with r = 1: the integer 1, a sum of no fresh encryptions.
-        return _objects([PaillierCiphertext(mpz(1), 0, self._tag) for _ in range(int(n))])
+        return object_array([PaillierCiphertext(mpz(1), 0, self._tag) for _ in range(int(n))])
 
     def _decrypt_raw(self, ciphertexts) -> tuple[np.ndarray, list, list]:
         if not self.has_private_key:
@@ -548,7 +381,7 @@ class PaillierCipher(_PaillierBase):
         cs = self._key.encrypt_ints(ints)
         self.counts.encryptions += len(cs)
         tag = self._tag
-        return _objects([PaillierCiphertext(c, 1, tag) for c in cs])
+        return object_array([PaillierCiphertext(c, 1, tag) for c in cs])
 
     def decrypt(self, ciphertexts: np.ndarray) -> np.ndarray:
         return self.fixed_point.decode(self.decrypt_integers(ciphertexts)).reshape(-1, 1)
@@ -582,7 +415,7 @@ class PaillierCipher(_PaillierBase):
             PaillierCiphertext(x.c * y.c % nsq, x.addends + y.addends, tag) for x, y in zip(a, b)
         ]
         self.counts.additions += len(out)
-        return _objects(out)
+        return object_array(out)
 
     def public(self) -> PaillierCipher:
         return PaillierCipher(self._key.public(), self.fixed_point, _tag=self._tag)
@@ -695,7 +528,7 @@ class PackedPaillierCipher(_PaillierBase):
         cs = self._key.encrypt_ints(plaintexts)
         self.counts.encryptions += len(cs)
         tag = self._tag
-        return _objects([PaillierCiphertext(c, 1, tag) for c in cs])
+        return object_array([PaillierCiphertext(c, 1, tag) for c in cs])
 
     def decrypt(self, ciphertexts: np.ndarray) -> np.ndarray:
         return self.fixed_point.decode(self.decrypt_integers(ciphertexts)).reshape(
@@ -741,7 +574,7 @@ class PackedPaillierCipher(_PaillierBase):
                 )
             out.append(PaillierCiphertext(x.c * y.c % nsq, k, tag))
         self.counts.additions += len(out)
-        return _objects(out)
+        return object_array(out)
 
     def public(self) -> PackedPaillierCipher:
         return PackedPaillierCipher(
@@ -797,9 +630,7 @@ def _make_packed(
     return PackedPaillierCipher(key, fp, guard_bits)
 
 
-# The lattice cipher builds on this module's interface (hyfl.privacy's __init__ imports
-# this module first, so the cycle always resolves in this order).
-from hyfl.privacy.lattice import make_ckks  # noqa: E402
+from hyfl.privacy.lattice import make_ckks  # noqa: E402  (it builds on cipher_base)
 
 CIPHERS: dict[str, tuple[Callable[..., Cipher], str]] = {
     "none": (_make_none, "no encryption: exact floats, operations still counted"),

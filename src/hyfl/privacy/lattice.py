@@ -92,13 +92,13 @@ import struct
 import numpy as np
 
 from hyfl.errors import check_int, check_positive, fail
-from hyfl.privacy.ciphers import (
+from hyfl.privacy.cipher_base import (
     DEFAULT_BOUND,
     DEFAULT_PRECISION_BITS,
     Cipher,
     OpCounts,
-    _objects,
     check_ciphertexts,
+    object_array,
 )
 from hyfl.privacy.encoding import FixedPoint
 
@@ -271,7 +271,7 @@ class CKKSCipher(Cipher):
         vectors = [self._encrypt_one(row) for row in grid]
         self.counts.encryptions += len(vectors)
         tag = self._tag
-        return _objects([LatticeCiphertext(v, 1, tag) for v in vectors])
+        return object_array([LatticeCiphertext(v, 1, tag) for v in vectors])
 
     def decrypt(self, ciphertexts: np.ndarray) -> np.ndarray:
         if not self.has_private_key:
@@ -322,7 +322,7 @@ class CKKSCipher(Cipher):
                 vector = x.vector + y.vector
             out.append(LatticeCiphertext(vector, k, tag))
         self.counts.additions += len(out)
-        return _objects(out)
+        return object_array(out)
 
     def public(self) -> CKKSCipher:
         context = self._context.copy()
@@ -332,7 +332,7 @@ class CKKSCipher(Cipher):
 
     def zeros(self, n: int) -> np.ndarray:
         # The public zero needs no encryption: an absent vector, added as the identity.
-        return _objects([LatticeCiphertext(None, 0, self._tag) for _ in range(int(n))])
+        return object_array([LatticeCiphertext(None, 0, self._tag) for _ in range(int(n))])
 
     def describe(self) -> dict:
         fp = self.fixed_point
@@ -391,7 +391,7 @@ class CKKSCipher(Cipher):
                            "The message was altered, or the parties use different keys.") from None
             self._check_vector(vector, f"ciphertexts[{i}]")
             out.append(LatticeCiphertext(vector, k, tag))
-        return _objects(out)
+        return object_array(out)
 
     # ------------------------------------------------------------------ keys
 
