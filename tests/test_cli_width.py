@@ -8,7 +8,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from hyfl import cli
-from hyfl.experiments.runner import CONVERGENCE_COLUMNS, COST_SUMMARY_COLUMNS
+from hyfl.experiments.outputs import CONVERGENCE_COLUMNS, COST_SUMMARY_COLUMNS
 
 runner = CliRunner()
 

@@ -16,7 +16,8 @@ from hyfl.experiments.config import (
     load_config,
     parse_config,
 )
-from hyfl.experiments.runner import SUMMARY_COLUMNS, RunSpec
+from hyfl.experiments.outputs import SUMMARY_COLUMNS
+from hyfl.experiments.spec import RunSpec
 from hyfl.runtime.simulation import WALL_TIME_COLUMNS
 
 runner = CliRunner()

@@ -153,10 +153,10 @@ def check_results_folder(out: str | os.PathLike, *, overwrite: bool = False,
 
 def max_file_bytes() -> int:
     """The cap :func:`read_npz` applies: ``$HYFL_MAX_FILE_BYTES`` or :data:`MAX_FILE_BYTES`."""
-    return _bytes_setting(MAX_FILE_BYTES_VARIABLE, MAX_FILE_BYTES)
+    return bytes_setting(MAX_FILE_BYTES_VARIABLE, MAX_FILE_BYTES)
 
 
-def _bytes_setting(variable: str, default: int) -> int:
+def bytes_setting(variable: str, default: int) -> int:
     """A byte count from the environment (a positive integer), else ``default``."""
     text = os.environ.get(variable, "").strip()
     if not text:

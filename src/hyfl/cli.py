@@ -639,7 +639,7 @@ def _print_experiment(result) -> None:
 
 
 def _print_comparison(rows, title: str, cost_title: str) -> None:
-    from hyfl.experiments.runner import CONVERGENCE_COLUMNS, COST_SUMMARY_COLUMNS
+    from hyfl.experiments.outputs import CONVERGENCE_COLUMNS, COST_SUMMARY_COLUMNS
 
     cost_columns = [c for c in COST_SUMMARY_COLUMNS if c != "engine"]
     for columns, caption, drop_order in [
@@ -714,8 +714,9 @@ def compare(
     simulated time) and costs.png (time per outer iteration by component).
     """
     from hyfl.data.dataset import parse_intercept
-    from hyfl.experiments.runner import RunSpec, summary_rows
+    from hyfl.experiments.outputs import summary_rows
     from hyfl.experiments.runner import compare as run_compare
+    from hyfl.experiments.spec import RunSpec
 
     try:
         hyper = _hyper(iic, local_steps, step_rule, a, b, mu, eta0, batch_size, param)
@@ -829,7 +830,7 @@ def tune(
     Writes trials.csv, best.toml and tuning.json per algorithm; paste best.toml's
     table into the config.
     """
-    from hyfl.experiments.runner import tune_config
+    from hyfl.experiments.tuning import tune_config
 
     try:
         results = tune_config(config, algorithms=algorithm, seconds=seconds,

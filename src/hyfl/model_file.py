@@ -359,7 +359,7 @@ def check_model_fields(culprit: str, header: dict, arrays: dict[str, np.ndarray]
 
     for name, (test, described) in _HEADER_FIELDS.items():
         if not test(header.get(name)):
-            raise refuse(f"header field {name!r}", f"= {_short(header.get(name))}, not "
+            raise refuse(f"header field {name!r}", f"= {short_repr(header.get(name))}, not "
                          f"{described}")
     weights, classes, labels = (np.asarray(arrays[name], dtype=np.float64) for name in _ARRAYS)
     task, n_outputs = header["task"], header["n_outputs"]
@@ -378,9 +378,9 @@ def check_model_fields(culprit: str, header: dict, arrays: dict[str, np.ndarray]
         raise refuse("classes and labels", f"of shapes {classes.shape} and {labels.shape} "
                      "(they must be 1-D, one label per class)")
     if np.any(np.diff(classes) <= 0):
-        raise refuse("classes", f"{_short(classes.tolist())} that are not sorted and distinct")
+        raise refuse("classes", f"{short_repr(classes.tolist())} that are not sorted and distinct")
     if np.unique(labels).size != labels.size:
-        raise refuse("labels", f"{_short(labels.tolist())} with one label for several classes")
+        raise refuse("labels", f"{short_repr(labels.tolist())} with one label for several classes")
     expected = {"binary": (1, 2), "multiclass": (n_outputs, n_outputs), "regression": (1, 0)}
     outputs, n_classes = expected[task]
     if (n_outputs, classes.size) != (outputs, n_classes) or (task == "multiclass"
@@ -394,7 +394,7 @@ def check_model_fields(culprit: str, header: dict, arrays: dict[str, np.ndarray]
     if names and not (isinstance(names, list) and all(isinstance(n, str) for n in names)
                       and len(set(names)) == len(names) == labels.size
                       and labels.tolist() == list(range(labels.size))):
-        raise refuse("header field 'label_names'", f"= {_short(names)}, not one distinct text "
+        raise refuse("header field 'label_names'", f"= {short_repr(names)}, not one distinct text "
                      "per label (with labels 0, 1, ...)")
     return Model(weights=weights, intercept=intercept, task=task, classes=classes, labels=labels,
                  loss=header["loss"], lam=float(header["lam"]), partition=header["partition"],
@@ -402,12 +402,12 @@ def check_model_fields(culprit: str, header: dict, arrays: dict[str, np.ndarray]
                  label_names=tuple(names))
 
 
-def _short(value) -> str:
+def short_repr(value) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _label_text(value) -> str:
+def label_text(value) -> str:
     if isinstance(value, str):
         return value
     value = float(value)
@@ -469,7 +469,7 @@ def predict_data(model_path: str | os.PathLike, data: str | os.PathLike,
     predicted = model.original_labels(model.predict_encoded(dataset.X))
     accuracy = ranking = None
     if model.task != "regression" and dataset.task != "regression":
-        truth = _original(dataset)
+        truth = original_labels_of(dataset)
         if truth is not None:
             accuracy = float(np.mean(predicted == truth))
             ranking = _ranking(model, scores, truth)
@@ -483,11 +483,11 @@ def predict_data(model_path: str | os.PathLike, data: str | os.PathLike,
     if scores.ndim == 1:
         columns = ["decision"]
     else:
-        columns = [f"decision_{_label_text(v)}" for v in names]
+        columns = [f"decision_{label_text(v)}" for v in names]
     if model.loss == "logistic" and model.task != "regression":
         from hyfl.losses import Logistic
 
-        columns += [f"probability_{_label_text(v)}" for v in names]
+        columns += [f"probability_{label_text(v)}" for v in names]
         scores = np.column_stack([scores, np.exp(Logistic.log_probabilities(scores))])
     scores = scores.reshape(len(scores), -1)
     out = Path(out)
@@ -498,7 +498,7 @@ def predict_data(model_path: str | os.PathLike, data: str | os.PathLike,
         writer = csv.writer(f)
         writer.writerow(["index", "prediction", *columns])
         for i in range(dataset.n_samples):
-            label = repr(float(predicted[i])) if regression else _label_text(predicted[i])
+            label = repr(float(predicted[i])) if regression else label_text(predicted[i])
             writer.writerow([i, label, *(repr(float(s)) for s in scores[i])])
     return Prediction(out=out, n_samples=dataset.n_samples, accuracy=accuracy, same_data=same,
                       ranking=ranking)
@@ -537,7 +537,7 @@ def _replace_X(dataset, X):
     return replace(dataset, X=X)
 
 
-def _original(dataset) -> np.ndarray | None:
+def original_labels_of(dataset) -> np.ndarray | None:
     """The dataset's labels as its original values (None if its mapping is unknown)."""
     original = tuple(dataset.meta.get("classes") or ())
     y = np.asarray(dataset.y, dtype=np.float64)

@@ -1342,7 +1342,7 @@ PARTITIONS: dict[str, PartitionKind] = {
     ),
 }
 
-_SPEC_PATTERN = re.compile(r"^\s*([A-Za-z_]+)\s*:\s*(\d+)\s*(?:[xX,*]\s*(\d+)\s*)?$")
+SPEC_PATTERN = re.compile(r"^\s*([A-Za-z_]+)\s*:\s*(\d+)\s*(?:[xX,*]\s*(\d+)\s*)?$")
 
 
 def _accepted_partitions() -> str:
@@ -1389,7 +1389,7 @@ def parse_partition(
     if isinstance(spec, str) and "@" in spec:
         spec, _, suffix = spec.partition("@")
         split = parse_sample_split(suffix, labels)
-    match = _SPEC_PATTERN.match(spec) if isinstance(spec, str) else None
+    match = SPEC_PATTERN.match(spec) if isinstance(spec, str) else None
     name = match.group(1).lower() if match else None
     if match is None or name not in PARTITIONS:
         raise fail(

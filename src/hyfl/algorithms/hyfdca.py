@@ -266,7 +266,7 @@ class HyFDCA:
         # Squared norms of the samples. In a deployment each client sends its
         # part and the server sums them over the holders once at set-up; the
         # sum is the row norm of the pooled matrix (a smaller temporary).
-        sq_norms = _row_squared_norms(problem.X)
+        sq_norms = row_squared_norms(problem.X)
         local = None
         if self.rule.subproblem:
             depth = self.history_depth(problem.n_features)
@@ -907,7 +907,7 @@ class WeightSnapshots:
         parts : ndarray, shape (n, C)
             Bitwise equal to the sparse product ``X[rows] @ w_k`` row by row.
         sq_norms : ndarray, shape (n,)
-            ``||x_r||^2`` of each row, as :func:`_row_squared_norms` of ``X[rows]``.
+            ``||x_r||^2`` of each row, as :func:`row_squared_norms` of ``X[rows]``.
         """
         return hyfdca_kernels.gather_inner_products(X, rows, self.slot[clients], self.store)
 
@@ -1401,7 +1401,7 @@ def _certify_checkpoint(state: HyFDCAState, t: int) -> None:
     state.last_active[:] = t
 
 
-def _row_squared_norms(X: sp.csr_matrix, chunk: int = 8192) -> np.ndarray:
+def row_squared_norms(X: sp.csr_matrix, chunk: int = 8192) -> np.ndarray:
     """Squared Euclidean norm of every row of a CSR matrix.
 
     Works on views of ``X.data`` a chunk of rows at a time, so the temporary

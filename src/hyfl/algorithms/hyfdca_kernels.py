@@ -73,7 +73,7 @@ def gather_inner_products(X, rows: np.ndarray, versions: np.ndarray, store: np.n
     sq_norms : ndarray, shape (n,)
         Bitwise equal to ``X[rows] @ store[v]`` (or the redirected product of
         :meth:`hyfl.algorithms.hyfdca.WeightSnapshots.row_inner_products`) and to
-        the row norms of :func:`hyfl.algorithms.hyfdca._row_squared_norms`.
+        the row norms of :func:`hyfl.algorithms.hyfdca.row_squared_norms`.
     """
     V, M, C = store.shape
     return _compiled().gather_inner_products(

@@ -62,7 +62,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from hyfl.algorithms.base import draw_local_samples
-from hyfl.algorithms.hyfdca import HyFDCA, _row_squared_norms
+from hyfl.algorithms.hyfdca import HyFDCA, row_squared_norms
 from hyfl.algorithms.hyfdca_certify import EVENTS, accepts, evaluation_size, next_trust
 from hyfl.algorithms.hyfdca_groups import (
     GroupHistory,
@@ -144,7 +144,7 @@ class Client:
         C = public.n_outputs
         self.alpha = np.zeros((self.samples.size, C))
         self.w = np.zeros((self.features.size, C))
-        self.own_sq = _row_squared_norms(self.X)
+        self.own_sq = row_squared_norms(self.X)
         self.sq_norms = np.zeros(self.samples.size)  # full ||x_i||^2, learned at set-up
         self.round: dict = {}
         if public.hyfdca.rule.subproblem:

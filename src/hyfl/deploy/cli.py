@@ -399,9 +399,9 @@ def run(
 
     from hyfl.data.dataset import parse_intercept
     from hyfl.deploy.config import DeployConfig, run_config_for
+    from hyfl.deploy.flower_app import toml_value
     from hyfl.deploy.local import (
         CONNECTION,
-        _toml_value,
         flower_command,
         flower_env,
         wait_for_results,
@@ -436,7 +436,7 @@ def run(
                          root_certificates=None if insecure else root_certificates)
         write_app(work / "app")
         overrides = work / "run-config.toml"
-        overrides.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in config.items()))
+        overrides.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in config.items()))
         command = [flower_command("flwr", env), "run", str(work / "app"), CONNECTION, "--stream",
                    "--run-config", str(overrides)]
     except HyflError as err:

@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 from gmpy2 import mpz
 
-from hyfl._io import _bytes_setting
+from hyfl._io import bytes_setting
 from hyfl.errors import HyflError, fail, is_finite
 from hyfl.privacy.ciphers import Cipher, PaillierCiphertext
 from hyfl.privacy.lattice import LatticeCiphertext
@@ -130,7 +130,7 @@ def decode(arrays: dict[str, np.ndarray], spec: str, cipher: Cipher | None = Non
 
 def max_message_bytes() -> int:
     """The cap on one decoded message or state: ``$HYFL_MAX_MESSAGE_BYTES`` or the default."""
-    return _bytes_setting(MAX_MESSAGE_BYTES_VARIABLE, MAX_MESSAGE_BYTES)
+    return bytes_setting(MAX_MESSAGE_BYTES_VARIABLE, MAX_MESSAGE_BYTES)
 
 
 class _Budget:

@@ -249,7 +249,7 @@ class ExperimentConfig:
 
     def spec(self, label: str, seed: int):
         """The :class:`~hyfl.experiments.runner.RunSpec` of algorithm ``label`` and ``seed``."""
-        from hyfl.experiments.runner import RunSpec
+        from hyfl.experiments.spec import RunSpec
 
         entry = self.algorithm(label)
         e, d, p, c = self.experiment, self.data, self.partition, self.costs
@@ -752,7 +752,7 @@ class _Validator:
     def data(self, table: Mapping) -> DataSection:
         from hyfl.data import dataset_names, default_lambda
         from hyfl.data.dataset import parse_intercept
-        from hyfl.experiments.runner import FALLBACK_LAMBDA
+        from hyfl.experiments.spec import FALLBACK_LAMBDA
         from hyfl.losses import LOSSES
 
         s = "data"
@@ -884,10 +884,10 @@ class _Validator:
         return "parties:" + ",".join(entries) + (sep + options if sep else "")
 
     def partition(self, table: Mapping, *, party_files: bool = False) -> PartitionSection:
-        from hyfl.experiments.runner import PARTY_PARTITION
+        from hyfl.experiments.spec import PARTY_PARTITION
         from hyfl.partition import (
-            _SPEC_PATTERN,
             PARTITIONS,
+            SPEC_PATTERN,
             parse_participation,
             parse_sample_split,
         )
@@ -911,7 +911,7 @@ class _Validator:
             except HyflError as err:
                 raise self.error(s, "spec", f"is {spec!r}; {err}", f"Use one of: {forms}, "
                                  "with grid, horizontal or quadrant optionally skewed.") from None
-        match = _SPEC_PATTERN.match(spec_base)
+        match = SPEC_PATTERN.match(spec_base)
         kind = PARTITIONS.get(match.group(1).lower()) if match else None
         numbers = [g for g in match.groups()[1:] if g is not None] if match else []
         if not party_files and (kind is None or len(numbers) != kind.n_numbers):

@@ -1,6 +1,6 @@
 """The embedded default run behind ``hyfl demo`` (no download, no arguments)."""
 
-from hyfl.experiments.runner import RunSpec
+from hyfl.experiments.spec import RunSpec
 
 DEMO_SPEC = RunSpec(
     algorithm="hyfdca",

@@ -354,7 +354,7 @@ def average_runs(runs: Sequence[LoadedRun], name: str | None = None) -> LoadedRu
     )
 
 
-def _natural_key(text: Any) -> tuple:
+def natural_key(text: Any) -> tuple:
     """Sort key that orders ``grid:3x3`` before ``grid:12x12`` and numbers numerically."""
     if isinstance(text, (int, float, np.integer, np.floating)) and not isinstance(text, bool):
         return (0, float(text), ())
@@ -425,9 +425,9 @@ def load_results(results_dir: str | Path) -> dict[str, dict[str, LoadedRun]]:
             "(<setting>/<algorithm>/[seed-<s>/]metrics.csv).",
         )
     ordered = {}
-    for setting in sorted(settings, key=_natural_key):
+    for setting in sorted(settings, key=natural_key):
         runs = settings[setting]
-        names = sorted(runs, key=lambda n: (n.lower() != "hyfdca", _natural_key(n.lower())))
+        names = sorted(runs, key=lambda n: (n.lower() != "hyfdca", natural_key(n.lower())))
         ordered[setting] = {n: runs[n] for n in names}
     return ordered
 
@@ -652,7 +652,7 @@ def _spread(values) -> float:
     return float(values.max() / values.min()) if values.size else 1.0
 
 
-def _has_time(run) -> bool:
+def carries_time(run) -> bool:
     sim = run.column("sim_time")
     return bool(np.isfinite(sim).any() and np.nanmax(sim) > 0)
 
@@ -809,7 +809,7 @@ def plot_runs(
     """
     plt = _pyplot()
     has_val = any(_has_values(r, "val_accuracy") for r in runs.values())
-    has_time = against_time and any(_has_time(r) for r in runs.values())
+    has_time = against_time and any(carries_time(r) for r in runs.values())
     n_rows = 2 if (has_val and has_time) else 1
     n_cols = 2 if (has_val or has_time) else 1
     fig, axes = plt.subplots(n_rows, n_cols, figsize=(5.5 * n_cols, 4 * n_rows), squeeze=False)
@@ -825,7 +825,7 @@ def plot_runs(
     log_time = (
         has_time
         and _spread(
-            np.nanmax(r.column("sim_time")) if _has_time(r) else np.nan for r in runs.values()
+            np.nanmax(r.column("sim_time")) if carries_time(r) else np.nan for r in runs.values()
         )
         > LOG_SPREAD
     )
@@ -907,7 +907,7 @@ def _plot_loss(ax, run, label: str, x: np.ndarray, keep: np.ndarray) -> None:
 # --------------------------------------------------------------------------- paper-style curves
 
 
-def _window_rows(iterations: np.ndarray, window: float) -> int:
+def window_row_count(iterations: np.ndarray, window: float) -> int:
     """Rows of the metrics table one window of ``window`` outer iterations spans."""
     if window < 2 or iterations.size < 2:
         return 1
@@ -933,7 +933,7 @@ def smoothed_curve(
     it = run.column("iteration")
     values = run.column(y)
     xs = it if x == "iteration" else run.column(x)
-    rows = _window_rows(it, window)
+    rows = window_row_count(it, window)
     smooth = moving_average(values, rows)
     n = values.size
     if n == 0:
@@ -1081,7 +1081,7 @@ def plot_setting_figure(
     """
     plt = _pyplot()
     xs = ["iteration"]
-    if against_time and any(_has_time(r) for r in runs.values()):
+    if against_time and any(carries_time(r) for r in runs.values()):
         xs.append("sim_time")
     fig, axes = plt.subplots(
         2,
@@ -1138,8 +1138,8 @@ def plot_settings_grid(
     if not settings:
         raise fail("settings", "is empty", "Pass at least one (clients, fraction) -> runs.")
     plt = _pyplot()
-    rows = sorted({k[0] for k in settings}, key=_natural_key)
-    cols = sorted({k[1] for k in settings}, key=_natural_key)
+    rows = sorted({k[0] for k in settings}, key=natural_key)
+    cols = sorted({k[1] for k in settings}, key=natural_key)
     names = [n for runs in settings.values() for n in runs]
     colors = algorithm_colors(sorted(set(names), key=names.index))
     fig = plt.figure(figsize=(3.6 * len(cols) + 1.0, 4.2 * len(rows) + 1.0), layout="constrained")
@@ -1178,7 +1178,7 @@ def plot_settings_grid(
                     va="center",
                     color="gray",
                 )
-            elif x == "sim_time" and not any(_has_time(r) for r in runs.values()):
+            elif x == "sim_time" and not any(carries_time(r) for r in runs.values()):
                 ax_loss.text(
                     0.5,
                     0.5,

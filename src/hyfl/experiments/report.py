@@ -64,8 +64,7 @@ import numpy as np
 from hyfl.errors import check_choice, fail
 from hyfl.experiments.plots import (
     LoadedRun,
-    _has_time,
-    _window_rows,
+    carries_time,
     display_name,
     load_results,
     majority_rate,
@@ -77,6 +76,7 @@ from hyfl.experiments.plots import (
     setting_info,
     time_breakdown,
     trivial_verdicts,
+    window_row_count,
 )
 from hyfl.runtime.simulation import first_round_below, settled_round_below
 
@@ -124,7 +124,7 @@ def budget_cutoffs(runs: Mapping[str, Any]) -> dict[str, float]:
     lasts = [_last(run.column("iteration")) for run in runs.values()]
     if lasts and all(math.isfinite(v) for v in lasts):
         cutoffs["iterations"] = min(lasts)
-    if runs and all(_has_time(run) for run in runs.values()):
+    if runs and all(carries_time(run) for run in runs.values()):
         times = {name: _last(run.column("sim_time")) for name, run in runs.items()}
         used_up = [t for name, t in times.items() if not _capped_before_time(runs[name])]
         cutoffs["sim_time"] = min(used_up) if used_up else min(times.values())
@@ -305,7 +305,7 @@ def setting_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
             + _get(final, "decryptions")
             + _get(final, "additions"),
             "seconds_per_iteration": sum(time_breakdown(run).values())
-            if _has_time(run)
+            if carries_time(run)
             else math.nan,
             "final_relative_loss_equal_time": timed.get("final_relative_loss", math.nan),
             "best_val_accuracy_equal_time": timed.get("best_val_accuracy", math.nan),
@@ -662,7 +662,7 @@ def _document(
             ("sim_time", "relative simulated time"),
         ):
             if x == "sim_time" and not any(
-                _has_time(r) for runs in grid.values() for r in runs.values()
+                carries_time(r) for runs in grid.values() for r in runs.values()
             ):
                 continue
             name = f"grid-{g + 1}-{'iterations' if x == 'iteration' else 'time'}.png"
@@ -914,12 +914,12 @@ def _window_note(runs: Mapping[str, Any], info: Mapping[str, Any], window: float
                 if window is not None
                 else paper_window(info.get("dataset"), n_iter, equal_time)
             )
-            rows = _window_rows(it, omega)
+            rows = window_row_count(it, omega)
             used.add("not smoothed" if rows < 2 else f"{omega:g} outer iterations ({rows} rows)")
         return " / ".join(sorted(used))
 
     note = f"Moving-average window: {text(False)} against outer iterations"
-    if any(_has_time(r) for r in runs.values()):
+    if any(carries_time(r) for r in runs.values()):
         note += f"; {text(True)} against simulated time"
     return note + "."
 
@@ -943,7 +943,7 @@ def _setting_table(
 ) -> _Table:
     rows = setting_rows(runs)
     winners = {(c.budget, c.metric): c.winners for c in comparisons if c.setting == setting}
-    has_time = any(_has_time(r) for r in runs.values())
+    has_time = any(carries_time(r) for r in runs.values())
     has_seeds = any(r["seeds"] > 1 for r in rows)
     columns = [
         "algorithm",

@@ -17,53 +17,55 @@ operation) in ``sim_time``.
 
 from __future__ import annotations
 
-import csv
-import dataclasses
 import json
-import math
-import os
 import platform
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from hyfl import __version__
-from hyfl._io import atomic_write, check_results_folder, dumps_json, write_json, write_text
-from hyfl._names import CLASS_WEIGHTS
+from hyfl._io import check_results_folder, dumps_json, write_text
 from hyfl.algorithms import algorithm_names, make_algorithm
-from hyfl.algorithms.hyfdca import HyFDCA
 from hyfl.costs import (
     COST_COLUMNS,
-    DEFAULT_HE_COSTS,
-    DEFAULT_HE_LAYOUT,
     TIME_COMPONENTS,
-    CostModel,
-    check_he_costs,
-    check_he_layout,
     he_label,
-    layout_slots,
-    resolve_he_costs,
     save_calibration,
 )
-from hyfl.data import default_lambda, is_party_spec, load_party_data, train_validation
-from hyfl.data.dataset import INTERCEPT_SCALING, parse_intercept, with_intercept
+from hyfl.data import default_lambda
 from hyfl.errors import check_choice, check_int, fail
-from hyfl.losses import LOSSES
-from hyfl.partition import parse_participation, parse_partition, stack, with_constant_feature
+from hyfl.experiments.outputs import (
+    AUC_TARGETS,
+    cost_title,
+    environment,
+    json_default,
+    plain_label,
+    run_title,
+    timestamp,
+    write_comparison,
+    write_experiment_summary,
+    write_outputs,
+)
+from hyfl.experiments.spec import (
+    FALLBACK_LAMBDA,
+    RunOutcome,
+    RunSpec,
+    Setup,
+    add_intercept,
+    load_split,
+    sample_weights,
+    scale_features,
+)
+from hyfl.partition import parse_participation, parse_partition, stack
 from hyfl.privacy.ciphers import CIPHERS, calibrate, check_keybits, make_cipher
-from hyfl.privacy.secure_scaling import scale_columns, secure_feature_scales
 from hyfl.problem import make_problem, solve_centralized
 from hyfl.runtime.protocol import run_protocol
 from hyfl.runtime.simulation import (
     DEFAULT_CHECKPOINT_SECONDS,
-    METRIC_COLUMNS,
     RunResult,
     Validation,
-    budget_record,
-    check_sim_time_budget,
     evaluate,
     first_round_at_least,
     first_round_below,
@@ -71,285 +73,6 @@ from hyfl.runtime.simulation import (
     simulate,
 )
 from hyfl.runtime.trivial import TrivialResult, advice, judge_trivial, majority_rate
-
-FALLBACK_LAMBDA = 1e-4
-AUC_TARGETS = (0.7, 0.75, 0.8)
-"""Validation AUCs whose first round the summaries report (FedBCD's Table 2 targets)."""
-DEFAULT_PARTITION = "grid:3x3"
-PARTY_PARTITION = "parties"  # the partition party files define
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """Everything that defines one run; defaults are ``hyfl run``'s defaults.
-
-    ``hyper`` holds the algorithm's hyperparameters by name (for example
-    ``{"iic": 7.4e-4}`` for HyFDCA or ``{"a": 0.05, "b": 1.0}`` for FedAvg);
-    ``hyfl compare`` also accepts ``"fedavg.a"``-style keys that apply to one
-    algorithm only.
-
-    ``cipher`` (a name in :data:`~hyfl.privacy.ciphers.CIPHERS`) and
-    ``key_bits`` choose HyFDCA's homomorphic encryption: ``none`` simulates it
-    (ciphertexts and operations counted, nothing encrypted), a real cipher
-    runs HyFDCA's parties with real encryption. Other algorithms never
-    encrypt. ``latency`` (seconds per round trip), ``he_costs`` (``auto``: the
-    running cipher's own costs, zero for ``none``; ``paper``, ``measured``, a
-    cipher name or a JSON file, see :func:`hyfl.costs.resolve_he_costs`) and
-    ``he_layout`` (which ciphertexts are counted: ``cipher``, ``sample`` or a
-    cipher name, see :func:`hyfl.costs.counting_layout`) make the cost model
-    of the simulated time.
-
-    ``intercept`` fits a bias as liblinear does: the data gain a constant column
-    of this value (:func:`hyfl.data.dataset.with_intercept`); None fits none.
-    ``class_weight="balanced"`` weights each sample's loss by ``N / (C n_c)``, ``n_c``
-    the count of its class (:func:`sample_weights`). ``standardize`` divides every
-    feature by its standard deviation, computed from a secure sum of the clients'
-    column statistics (:mod:`hyfl.privacy.secure_scaling`).
-
-    The budget: ``iterations`` outer iterations, or, with ``sim_time``
-    (simulated seconds), until the cumulative simulated time reaches it, at
-    most ``iterations`` rounds.
-
-    Party files (a party spec as ``data``, or a config's ``[data] parties``
-    table in ``parties``) bring their own partition: ``partition`` is then
-    ``None`` or ``"parties"``, and validation is ``val`` (more party files)
-    or ``val_fraction`` (rows held out of every party). Otherwise
-    ``partition`` defaults to :data:`DEFAULT_PARTITION`.
-    """
-
-    algorithm: str = "hyfdca"
-    data: str = "breast_cancer"
-    val: str | None = None
-    val_fraction: float | None = None
-    loss: str = "hinge"
-    lam: float | None = None
-    partition: str | None = None
-    participation: str = "0.5"
-    hyper: dict[str, Any] = field(default_factory=dict)
-    iterations: int = 2000
-    eval_every: int = 1
-    seed: int = 0
-    data_dir: str | None = None
-    cipher: str = "none"
-    key_bits: int | None = None
-    latency: float = 0.0
-    he_costs: str = DEFAULT_HE_COSTS
-    sim_time: float | None = None
-    parties: Any = None
-    he_layout: str = DEFAULT_HE_LAYOUT
-    intercept: float | None = INTERCEPT_SCALING
-    class_weight: str | None = None
-    standardize: bool = False
-
-    def validated(self) -> RunSpec:
-        check_choice("algorithm", self.algorithm, algorithm_names())
-        check_choice("loss", self.loss, LOSSES)
-        check_int("iterations", self.iterations, minimum=1)
-        check_sim_time_budget(self.sim_time)
-        check_int("eval_every", self.eval_every, minimum=1)
-        check_int("seed", self.seed, minimum=0)
-        parse_intercept(self.intercept)
-        if self.class_weight is not None:
-            check_choice("class_weight", self.class_weight, CLASS_WEIGHTS)
-        if not isinstance(self.standardize, bool):
-            raise fail("standardize", f"must be true or false, got {self.standardize!r}",
-                       "Pass --standardize (in a config: standardize = true).")
-        if self.hyper.get("iic") is not None and self.hyper.get("local_steps") is not None:
-            raise fail("--iic and --local-steps", "were both given", "Give only one of them.")
-        if self.val is not None and self.val_fraction is not None:
-            raise fail("--val and --val-fraction", "were both given", "Give only one of them.")
-        if self.uses_party_files() and self.partition not in (None, PARTY_PARTITION):
-            raise fail(
-                "--partition",
-                f"is {self.partition!r}, but party files bring their own partition",
-                f"Leave the partition out (or write {PARTY_PARTITION!r}) with party files.",
-            )
-        if not self.uses_party_files() and self.partition == PARTY_PARTITION:
-            raise fail(
-                "--partition",
-                f"is {PARTY_PARTITION!r}, but the data are not party files",
-                "Pass party files (--data parties:a.csv,b.csv) or a partition spec such as "
-                "grid:3x3.",
-            )
-        check_choice("cipher", self.cipher, CIPHERS)
-        if self.key_bits is not None:
-            check_keybits(self.key_bits)
-        _check_latency(self.latency)
-        # checked now, before any data is loaded (measured with the cipher in prepare())
-        check_he_costs(self.he_costs, self.cipher)
-        check_he_layout(self.he_layout, self.cipher)
-        return self
-
-    def uses_party_files(self) -> bool:
-        """Whether the data are party files (which define the partition)."""
-        return self.parties is not None or is_party_spec(self.data)
-
-    def partition_spec(self) -> str:
-        """The partition actually used: ``"parties"``, the given spec or the default."""
-        if self.uses_party_files():
-            return PARTY_PARTITION
-        return self.partition if self.partition is not None else DEFAULT_PARTITION
-
-    def cost_model(self, cipher=None) -> CostModel:
-        """Latency, per-operation HE costs and counted layout for a run with ``cipher``.
-
-        ``cipher`` is the built cipher of the run (default: built here from
-        ``cipher`` and ``key_bits``); ``he_costs = "auto"`` prices it with its
-        own costs (:func:`hyfl.costs.resolve_he_costs`).
-        """
-        check_he_costs(self.he_costs, self.cipher)
-        check_he_layout(self.he_layout, self.cipher)
-        if cipher is None:
-            cipher = make_cipher(self.cipher, key_bits=self.key_bits)
-        he = resolve_he_costs(self.he_costs, cipher, key_bits=self.key_bits)
-        return CostModel(
-            latency=float(self.latency),
-            he=he,
-            layout=self.he_layout,
-            layout_slots=layout_slots(self.he_layout, key_bits=self.key_bits),
-        ).validated()
-
-    def budget(self) -> dict[str, float | int]:
-        """``{"iterations": T}`` or ``{"sim_time": S, "max_iterations": T}``."""
-        return budget_record(self.iterations, self.sim_time)
-
-    def run_key(self) -> dict[str, Any]:
-        """What identifies this run's checkpoints: the spec without budget and data folder."""
-        key = asdict(self)
-        for name in ("iterations", "sim_time", "data_dir"):
-            key.pop(name)
-        return key
-
-    def uses_protocol(self, algorithm) -> bool:
-        """Whether ``algorithm`` runs with real encryption (HyFDCA and a real cipher)."""
-        return self.cipher != "none" and isinstance(algorithm, HyFDCA)
-
-    def hyper_for(self, name: str, *, only_accepted: bool = False) -> dict[str, Any]:
-        """Hyperparameters for algorithm ``name``: shared keys, then ``name.key`` overrides.
-
-        With ``only_accepted`` (used by ``compare``), shared keys an algorithm
-        does not have are skipped instead of being an error.
-        """
-        from hyfl.algorithms import accepted_hyperparameters
-
-        accepted = accepted_hyperparameters(name)
-        shared = {k: v for k, v in self.hyper.items() if "." not in k}
-        if only_accepted:
-            shared = {k: v for k, v in shared.items() if k in accepted}
-        specific = {
-            k.split(".", 1)[1]: v for k, v in self.hyper.items() if k.startswith(f"{name}.")
-        }
-        return {**shared, **specific}
-
-
-def _check_latency(latency: float) -> float:
-    try:
-        value = float(latency)
-    except (TypeError, ValueError):
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise fail(
-            "--latency",
-            f"must be seconds >= 0, got {latency!r}",
-            "Pass seconds per round trip, e.g. --latency 0.2575 (the paper used 0, 0.2575, 0.8).",
-        )
-    return value
-
-
-@dataclass
-class RunOutcome:
-    """What :func:`execute` produced."""
-
-    spec: RunSpec
-    result: RunResult
-    optimum_primal: float
-    optimum_method: str
-    optimum_val_accuracy: float
-    summary: dict[str, Any]
-    out_dir: Path | None
-    model: Any = None  # hyfl.model_file.Model of the final weights (None: not written)
-
-
-@dataclass(frozen=True)
-class Setup:
-    """Data, problem, optimum, partition, participation, cipher and cost model shared by runs.
-
-    The cipher (with its key pair) is built once and shared by the runs of a
-    comparison; each run counts its own operations.
-    """
-
-    train: Any
-    problem: Any
-    optimum: Any
-    partition: Any
-    participation: Any
-    validation: Validation | None
-    cipher: Any = None
-    cost_model: CostModel = field(default_factory=CostModel)
-    # Each feature's scale (M,) when the features were scaled across parties, else None.
-    feature_scale: Any = None
-
-
-def load_split(spec: RunSpec):
-    """``(train, validation, partition)`` of a spec; partition None unless party files give it."""
-    if spec.uses_party_files():
-        source = spec.parties if spec.parties is not None else spec.data
-        return load_party_data(
-            source, val=spec.val, val_fraction=spec.val_fraction, seed=spec.seed
-        )
-    train, val = train_validation(
-        spec.data,
-        val=spec.val,
-        val_fraction=spec.val_fraction,
-        seed=spec.seed,
-        data_dir=spec.data_dir,
-    )
-    return train, val, None
-
-
-def add_intercept(train, val, partition, scaling: float):
-    """Train and validation data with the constant intercept column, and the given
-    partition (party files) extended to it (:func:`hyfl.partition.with_constant_feature`)."""
-    train = with_intercept(train, scaling)
-    val = with_intercept(val, scaling) if val is not None else None
-    if partition is not None:
-        partition = with_constant_feature(partition, train.X)
-    return train, val, partition
-
-
-def sample_weights(train, class_weight: str | None):
-    """The training samples' weights: the data's own (a party file's weight column) times
-    ``class_weight``'s; None when neither weighs.
-
-    ``"balanced"`` is scikit-learn's: ``N / (C n_c)`` for a sample of class ``c``. In a
-    federation the class counts are sums of the label holders' counts (the class
-    frequencies are then known to every party)."""
-    own = train.sample_weight  # the data's own (a party file's weight column), or None
-    if own is not None:  # a weighted mean: integer weights count as repeated samples
-        own = np.asarray(own, dtype=np.float64) / float(np.mean(own))
-    if class_weight is None:
-        return own
-    if train.task == "regression":
-        raise fail("class_weight", f"is {class_weight!r}, but {train.name!r} is a regression "
-                   "target", "Leave --class-weight out for real-valued targets.")
-    from sklearn.utils.class_weight import compute_sample_weight
-
-    # As scikit-learn's linear models combine them: each sample's weight times its
-    # class's (from the class counts).
-    return compute_sample_weight(class_weight, train.y) * (1.0 if own is None else own)
-
-
-def scale_features(problem, val, partition, spec: RunSpec):
-    """The problem and validation data with every feature divided by its deviation from
-    the clients' secure sum (:mod:`hyfl.privacy.secure_scaling`; the intercept's
-    constant column stays), and the scales (M,)."""
-    constant = [problem.n_features - 1] if spec.intercept is not None else None
-    scale = secure_feature_scales(partition, problem.X, np.random.default_rng([spec.seed, 3]),
-                                  keep=constant)
-    problem = dataclasses.replace(problem, X=scale_columns(problem.X, scale))
-    if val is not None:
-        val = dataclasses.replace(val, X=scale_columns(val.X, scale))
-    return problem, val, scale
 
 
 def prepare(spec: RunSpec) -> Setup:
@@ -634,16 +357,16 @@ def task_of(setup: Setup) -> dict[str, Any]:
     original = train.meta.get("classes") if isinstance(train.meta, dict) else None
     if task == "multiclass":
         classes = list(original) if original is not None and len(original) else []
-        codes = [_plain(c) for c in problem.classes]
+        codes = [plain_label(c) for c in problem.classes]
         if len(classes) != len(codes):
             classes = codes
-        mapping = {str(_plain(c)): k for k, c in enumerate(classes)}
+        mapping = {str(plain_label(c)): k for k, c in enumerate(classes)}
     elif task == "binary":
         classes = list(original) if original is not None and len(original) == 2 else [-1, 1]
-        mapping = {str(_plain(classes[0])): -1, str(_plain(classes[1])): 1}
+        mapping = {str(plain_label(classes[0])): -1, str(plain_label(classes[1])): 1}
     else:
         classes, mapping = [], {}
-    return {"task": task, "classes": [_plain(c) for c in classes],
+    return {"task": task, "classes": [plain_label(c) for c in classes],
             "label_mapping": mapping, "loss": problem.loss.name,
             "intercept_scaling": train.meta.get("intercept_scaling"),
             "weighted": problem.W is not None}
@@ -665,14 +388,6 @@ def describe_task(task: dict[str, Any]) -> str:
     if task["task"] == "binary":
         return f"task: binary classification, classes {classes}; labels {mapping}{bias}"
     return f"task: regression ({task['loss']} loss){bias}"
-
-
-def _plain(value):
-    """A class label as an int when it is a whole number (1.0 -> 1); text stays text."""
-    if isinstance(value, str):
-        return value
-    number = float(value)
-    return int(number) if number.is_integer() else number
 
 
 def execute(spec: RunSpec, out_dir: str | Path | None = None, progress: bool = False,
@@ -751,107 +466,10 @@ def compare(
     write_comparison(outcomes, out)
     runs = {o.spec.algorithm: o.result for o in outcomes}
     encrypted = any(o.summary["engine"] == "protocol" for o in outcomes)
-    title = _title(spec, encrypted)
+    title = run_title(spec, encrypted)
     plot_runs(runs, out / "compare.png", title=title)
-    plot_cost_breakdown(runs, out / "costs.png", title=_cost_title(outcomes, spec, title))
+    plot_cost_breakdown(runs, out / "costs.png", title=cost_title(outcomes, spec, title))
     return outcomes
-
-
-CONVERGENCE_COLUMNS = (
-    "algorithm",
-    "final_relative_loss",
-    "best_val_accuracy",
-    "best_val_auc",
-    "rounds_to_1e-1",
-    "rounds_to_1e-2",
-    "rounds_to_1e-3",
-    "settled_1e-2",
-    "settled_1e-3",
-    "round_trips",
-    "median_round_ms",
-    *(f"rounds_to_auc_{level:g}" for level in AUC_TARGETS),
-)
-COST_SUMMARY_COLUMNS = (
-    "algorithm",
-    "engine",
-    "sim_time",
-    "bytes_up",
-    "bytes_down",
-    "encryptions",
-    "decryptions",
-    *(f"{component}_per_iter" for component in TIME_COMPONENTS),
-)
-"""Final cumulative costs, then the mean seconds per outer iteration of each component."""
-SUMMARY_COLUMNS = CONVERGENCE_COLUMNS + COST_SUMMARY_COLUMNS[1:]
-
-
-def summary_rows(outcomes: list[RunOutcome]) -> list[dict[str, Any]]:
-    rows = []
-    for o in outcomes:
-        s = o.summary
-        reach = s["rounds_to_relative_loss"]
-        rows.append(
-            {
-                "algorithm": s["algorithm"],
-                "final_relative_loss": s["final"]["relative_loss"],
-                "best_val_accuracy": s["best_val_accuracy"],
-                "best_val_auc": s.get("best_val_auc"),  # (absent from older run.json files)
-                "rounds_to_1e-1": reach["0.1"],
-                "rounds_to_1e-2": reach["0.01"],
-                "rounds_to_1e-3": reach["0.001"],
-                "settled_1e-2": s["settled_at_relative_loss"]["0.01"],
-                "settled_1e-3": s["settled_at_relative_loss"]["0.001"],
-                "round_trips": s["final"]["round_trips"],
-                "median_round_ms": 1e3 * s["median_round_seconds"],
-                **{f"rounds_to_auc_{level:g}": s.get("rounds_to_val_auc", {}).get(f"{level:g}")
-                   for level in AUC_TARGETS},
-                "engine": s["engine"],
-                **{
-                    key: s["costs"]["totals"][key]
-                    for key in ("sim_time", "bytes_up", "bytes_down", "encryptions", "decryptions")
-                },
-                **{f"{key}_per_iter": s["costs"]["per_iteration"][key] for key in TIME_COMPONENTS},
-            }
-        )
-    return rows
-
-
-def write_comparison(outcomes: list[RunOutcome], out: Path) -> None:
-    rows = summary_rows(outcomes)
-    with atomic_write(out / "summary.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=SUMMARY_COLUMNS)
-        writer.writeheader()
-        writer.writerows({k: _summary_value(k, v) for k, v in r.items()} for r in rows)
-    lines = ["| " + " | ".join(SUMMARY_COLUMNS) + " |", "|" + "---|" * len(SUMMARY_COLUMNS)]
-    for r in rows:
-        lines.append("| " + " | ".join(_fmt(r[c]) for c in SUMMARY_COLUMNS) + " |")
-    write_text(out / "summary.md", "\n".join(lines) + "\n")
-
-
-def _fmt(v: Any) -> str:
-    if v is None or (isinstance(v, float) and np.isnan(v)):
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
-
-
-def _title(spec: RunSpec, encrypted: bool = False) -> str:
-    """Plot title; names the cipher when (some) runs are really encrypted. A data file is
-    named by its file name, not its whole path."""
-    data = Path(spec.data).name if Path(spec.data).is_file() else spec.data
-    title = f"{data}, {spec.partition_spec()}, participation {spec.participation}"
-    return f"{title}, HyFDCA encrypted with {spec.cipher}" if encrypted else title
-
-
-def _cost_title(outcomes: list[RunOutcome], spec: RunSpec, title: str) -> str:
-    """Cost plot title: the latency and what priced the HE operations (one line per source)."""
-    labels = []
-    for o in outcomes:
-        label = he_label(o.result.config.get("costs"), spec.he_costs)
-        if label not in labels:
-            labels.append(label)
-    return f"{title}\nlatency {float(spec.latency):g} s per round trip, {'; '.join(labels)}"
 
 
 # ---------------------------------------------------------------------------
@@ -931,13 +549,13 @@ def run_experiment(
         from hyfl.neural.runner import run_experiment as run_neural_experiment
 
         out.mkdir(parents=True, exist_ok=True)
-        _atomic_text(out / "config.toml", config.to_toml())
-        _atomic_text(out / "environment.json", dumps_json(environment(), indent=2) + "\n")
+        write_text(out / "config.toml", config.to_toml())
+        write_text(out / "environment.json", dumps_json(environment(), indent=2) + "\n")
         outcomes, rows = run_neural_experiment(config, out, progress=progress, say=say)
         return ExperimentOutcome(config, out, outcomes, [], rows)
     out.mkdir(parents=True, exist_ok=True)
-    _atomic_text(out / "config.toml", config.to_toml())
-    _atomic_text(
+    write_text(out / "config.toml", config.to_toml())
+    write_text(
         out / "environment.json", dumps_json(environment(), indent=2) + "\n"
     )
     jobs = config.jobs()
@@ -988,9 +606,9 @@ def run_experiment(
         say(f"{where}: {'continuing from its checkpoint' if continuing else 'running'}")
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "run.json").unlink(missing_ok=True)
-        _atomic_text(
+        write_text(
             started,
-            dumps_json({"started": _now(), "spec": asdict(job.spec)}),
+            dumps_json({"started": timestamp(), "spec": asdict(job.spec)}),
         )
         outcome = run_prepared(
             setup,
@@ -1082,179 +700,6 @@ def _normalized(obj: Any) -> Any:
     return json.loads(json.dumps(obj, sort_keys=True, default=json_default))
 
 
-SEED_AGGREGATED_COLUMNS = tuple(c for c in SUMMARY_COLUMNS if c not in ("algorithm", "engine"))
-
-
-def write_experiment_summary(config, outcomes: list[RunOutcome], out: Path) -> list[dict[str, Any]]:
-    """``summary.csv``/``summary.md`` (and ``summary_seeds.csv``), ``compare.png``, ``costs.png``.
-
-    With one seed the summary is :func:`write_comparison`'s. With several,
-    ``summary_seeds.csv`` has every run's row (with its seed) and
-    ``summary.csv`` one row per algorithm: ``n_seeds`` and, for every numeric
-    column, ``<column>_mean`` and ``<column>_std`` (sample standard deviation,
-    0 for one value), empty when some seed has no value (e.g. a tolerance not
-    reached). The plots show the first seed's runs.
-    """
-    from hyfl.experiments.plots import plot_cost_breakdown, plot_runs
-
-    seeds = list(config.experiment.seeds)
-    if len(seeds) == 1:
-        write_comparison(outcomes, out)
-        rows = summary_rows(outcomes)
-    else:
-        per_run = [{"seed": o.spec.seed, **row} for o, row in zip(outcomes, summary_rows(outcomes))]
-        columns = ["algorithm", "seed", *SUMMARY_COLUMNS[1:]]
-        _write_csv(out / "summary_seeds.csv", columns, per_run)
-        rows = aggregate_seeds(per_run)
-        agg_columns = ["algorithm", "engine", "n_seeds"] + [
-            f"{c}_{stat}" for c in SEED_AGGREGATED_COLUMNS for stat in ("mean", "std")
-        ]
-        _write_csv(out / "summary.csv", agg_columns, rows)
-        header = ["algorithm", "engine", "seeds", *SEED_AGGREGATED_COLUMNS]
-        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        for r in rows:
-            cells = [r["algorithm"], r["engine"], str(r["n_seeds"])]
-            for c in SEED_AGGREGATED_COLUMNS:
-                mean, std = r[f"{c}_mean"], r[f"{c}_std"]
-                cells.append("-" if mean is None else f"{_fmt(mean)} ± {_fmt(std)}")
-            lines.append("| " + " | ".join(cells) + " |")
-        write_text(
-            out / "summary.md",
-            f"Mean ± sample standard deviation over seeds {seeds}.\n\n" + "\n".join(lines) + "\n"
-        )
-    first = [o for o in outcomes if o.spec.seed == seeds[0]]
-    if first:
-        runs = {o.summary["algorithm"]: o.result for o in first}
-        encrypted = any(o.summary.get("engine") == "protocol" for o in first)
-        title = _title(first[0].spec, encrypted)
-        if len(seeds) > 1:
-            title += f", seed {seeds[0]}"
-        plot_runs(runs, out / "compare.png", title=title)
-        plot_cost_breakdown(runs, out / "costs.png",
-                            title=_cost_title(first, first[0].spec, title))
-    return rows
-
-
-def aggregate_seeds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per algorithm: mean and sample std of every numeric summary column."""
-    by_algorithm: dict[str, list[dict[str, Any]]] = {}
-    for row in rows:
-        by_algorithm.setdefault(row["algorithm"], []).append(row)
-    out = []
-    for name, group in by_algorithm.items():
-        agg: dict[str, Any] = {
-            "algorithm": name,
-            "engine": group[0].get("engine"),
-            "n_seeds": len(group),
-        }
-        for column in SEED_AGGREGATED_COLUMNS:
-            values = [row.get(column) for row in group]
-            if any(v is None or not np.isfinite(v) for v in values):
-                agg[f"{column}_mean"] = agg[f"{column}_std"] = None
-                continue
-            values = np.asarray(values, dtype=float)
-            agg[f"{column}_mean"] = float(values.mean())
-            agg[f"{column}_std"] = float(values.std(ddof=1)) if values.size > 1 else 0.0
-        out.append(agg)
-    return out
-
-
-def _write_csv(path: Path, columns: list[str], rows: list[dict[str, Any]]) -> None:
-    with atomic_write(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows({k: _summary_value(k, r.get(k)) for k in columns} for r in rows)
-
-
-def _summary_value(column: str, value: Any) -> Any:
-    """A summary cell for the CSV: counts (rounds, bytes, HE operations) as integers."""
-    if value is None:
-        return ""
-    counts = column in INTEGER_COLUMNS or column in ("n_seeds", "seed") or column.startswith(
-        ("rounds_to_", "settled_"))
-    counts = counts and not column.endswith(("_mean", "_std"))
-    if counts and isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
-def environment() -> dict[str, Any]:
-    """Versions, machine and source revision, for ``environment.json``."""
-    from importlib import metadata
-
-    versions = {}
-    for package in ("hyfl", "numpy", "scipy", "scikit-learn", "phe", "gmpy2", "pandas", "pyarrow"):
-        try:
-            versions[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            versions[package] = None
-    versions["hyfl"] = versions["hyfl"] or __version__
-    try:
-        available = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        available = os.cpu_count()
-    return {
-        "date": _now(),
-        "versions": versions,
-        "python": {
-            "version": platform.python_version(),
-            "implementation": platform.python_implementation(),
-        },
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu": _cpu_model(),
-        "cores": os.cpu_count(),
-        "cores_available": available,
-        "git": _git_revision(),
-    }
-
-
-def _now() -> str:
-    from datetime import datetime, timezone
-
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.lower().startswith(("model name", "hardware", "cpu model")):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _git_revision() -> dict[str, Any] | None:
-    """Commit (and whether tracked files differ from it) of hyfl's source, if in a git checkout."""
-    import subprocess
-
-    source = Path(__file__).resolve().parent
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(source), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-        status = subprocess.run(
-            ["git", "-C", str(source), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return {"commit": commit, "dirty": bool(status.strip())} if commit else None
-
-
-def _atomic_text(path: Path, text: str) -> None:
-    write_text(path, text)
-
-
 def calibrate_ciphers(
     cipher: str,
     key_bits: int | None = None,
@@ -1280,196 +725,3 @@ def calibrate_ciphers(
         record["platform"] = platform.platform()
         records[name] = record
     return records, save_calibration(records, None if output is None else Path(output))
-
-
-def metric_columns(rows: list[dict[str, float]], first=METRIC_COLUMNS) -> list[str]:
-    """``first`` (default :data:`METRIC_COLUMNS`) in order, then the other columns of
-    ``rows`` alphabetically."""
-    extra = sorted({k for row in rows for k in row} - set(first))
-    return list(first) + extra
-
-
-def write_outputs(
-    outcome: RunOutcome, out_dir: Path, plot: bool = True, extra: dict | None = None
-) -> Path:
-    """Write ``metrics.csv``, ``metrics.parquet``, ``model.npz``, ``run.json`` and ``loss.png``.
-
-    ``loss.png`` only with ``plot``; ``model.npz`` (the final weights, see
-    :mod:`hyfl.model_file`) when the outcome has a model (a run loaded back from
-    its folder has none, and its ``model.npz`` is left as it is).
-
-    ``metrics.csv`` and ``metrics.parquet`` hold the same table: the columns
-    :data:`METRIC_COLUMNS` in that order (the cumulative costs among them),
-    then the engine's extra round statistics in alphabetical order, as
-    int64 for the counts of :data:`INTEGER_COLUMNS` (written ``10``, not
-    ``10.0``) and float64 for the others (missing values empty in the CSV, NaN
-    in Parquet). ``run.json``
-    records the spec, the algorithm, the engine, the cipher, the cost model,
-    the budget and what ended the run (``stopped_by``: ``iterations`` or
-    ``sim_time``), the rounds at which it was resumed, and, for protocol
-    runs, the set-up costs (encryptions, bytes) that precede the first round;
-    ``extra`` adds entries (config runs: ``overrides``, the values that
-    command-line flags set over the config file).
-    """
-    import pandas as pd
-
-    from hyfl.experiments.plots import plot_runs
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    rows = outcome.result.metrics
-    # the neural engine has its own columns (no objective gap, no HE counts)
-    columns = metric_columns(rows, outcome.result.config.get("metric_columns", METRIC_COLUMNS))
-    values = {k: np.array([_float(row.get(k)) for row in rows], dtype=float) for k in columns}
-    for k in integer_columns(values):
-        values[k] = values[k].astype(np.int64)
-    with atomic_write(out_dir / "metrics.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        for i in range(len(rows)):
-            writer.writerow({k: _csv_value(values[k][i]) for k in columns})
-    table = pd.DataFrame(values, columns=columns)
-    _atomic_parquet(table, out_dir / "metrics.parquet")
-    config = outcome.result.config
-    record = {
-        "hyfl_version": __version__,
-        "label": outcome.summary.get("algorithm", outcome.spec.algorithm),
-        "seed": outcome.spec.seed,
-        "spec": asdict(outcome.spec),
-        "algorithm": config["algorithm"],
-        "engine": config.get("engine", "simulation"),
-        "cipher": config.get("cipher"),
-        "costs": config.get("costs"),
-        "budget": config.get("budget", outcome.spec.budget()),
-        "stopped_by": config.get("stopped_by", "iterations"),
-        "rounds": config.get("rounds", len(outcome.result.round_times)),
-        "resumed_from": config.get("resumed_from", []),
-        "optimum_primal": config.get("optimum_primal"),
-        "summary": outcome.summary,
-        "machine": {
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "numpy": np.__version__,
-        },
-    }
-    if "setup" in outcome.result.config:
-        record["setup"] = outcome.result.config["setup"]
-    if outcome.model is not None:
-        from hyfl.model_file import MODEL_FILE, save_model
-
-        save_model(out_dir / MODEL_FILE, outcome.model)
-    record.update(extra or {})
-    write_json(out_dir / "run.json", record)
-    if plot:
-        plot_runs(
-            {outcome.spec.algorithm: outcome.result},
-            out_dir / "loss.png",
-            title=_title(outcome.spec, encrypted=record["engine"] == "protocol"),
-        )
-    return out_dir
-
-
-def _float(v: Any) -> float:
-    return np.nan if v is None else float(v)
-
-
-def _atomic_parquet(table, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    table.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
-
-
-#: Metric columns that count things (iterations, round trips, bytes, HE operations).
-INTEGER_COLUMNS = (
-    "iteration", "round_trips", "bytes_up", "bytes_down", "encryptions", "decryptions",
-    "additions",
-)
-
-
-def integer_columns(values: dict[str, np.ndarray]) -> list[str]:
-    """The columns of :data:`INTEGER_COLUMNS` in ``values`` whose every value is a whole number.
-
-    Parameters
-    ----------
-    values : dict of str to ndarray
-        Column name -> float values (NaN where missing).
-
-    Returns
-    -------
-    list of str
-        The columns to write as integers (a column with a missing value stays float).
-    """
-    return [
-        k for k in INTEGER_COLUMNS
-        if k in values and np.all(np.isfinite(values[k])) and np.all(values[k] % 1 == 0)
-    ]
-
-
-def _csv_value(v) -> str:
-    if isinstance(v, (int, np.integer)):
-        return str(int(v))
-    return "" if v is None or (isinstance(v, float) and np.isnan(v)) else repr(float(v))
-
-
-def json_default(obj):
-    """``json.dumps`` fallback for NumPy scalars and arrays (anything else as text)."""
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    return str(obj)
-
-
-def tune_config(
-    path: str | Path,
-    *,
-    algorithms: list[str] | None = None,
-    seconds: float = 600.0,
-    max_trials: int | None = None,
-    out_dir: str | Path | None = None,
-    seed: int = 0,
-    progress: bool = False,
-) -> dict[str, Any]:
-    """``hyfl tune CONFIG``: tune each algorithm of an experiment config.
-
-    Each ``[algorithms.LABEL]`` table is tuned on the config's data,
-    partition, participation, budget and costs (its first seed), with the
-    bounds of ``[tune.bounds]`` over the paper's defaults
-    (:data:`hyfl.experiments.tuning.DEFAULT_BOUNDS`). ``[tune] seconds`` and
-    ``max_trials`` in the config are used when not given here. Results go to
-    ``<out>/<label>/`` (trials.csv, best.toml, tuning.json).
-
-    Returns
-    -------
-    dict
-        ``label -> TuneResult``.
-    """
-    from hyfl.experiments.config import load_config
-    from hyfl.experiments.tuning import tune
-
-    config = load_config(path)
-    settings = dict(config.tune)
-    labels = algorithms or [entry.label for entry in config.algorithms]
-    out = Path(out_dir) if out_dir is not None else config.default_out() / "tuning"
-    results = {}
-    for label in labels:
-        try:
-            entry = config.algorithm(label)
-        except KeyError:
-            known = ", ".join(e.label for e in config.algorithms)
-            raise fail(
-                "--algorithm", f"{label!r} is not in {path}", f"Use one of: {known}"
-            ) from None
-        spec = config.spec(label, config.seeds[0])
-        bounds = settings.get("bounds", {})
-        bounds = bounds.get(label, bounds.get(entry.algorithm, bounds))
-        results[label] = tune(
-            spec,
-            entry.algorithm,
-            seconds=float(settings.get("seconds", seconds)),
-            max_trials=settings.get("max_trials", max_trials),
-            bounds={k: v for k, v in bounds.items() if not isinstance(v, dict)} or None,
-            seed=seed,
-            out_dir=out / label,
-            progress=progress,
-        )
-    return results

@@ -447,9 +447,9 @@ def _setting_table(group: StudyGroup) -> list[str]:
 
 
 def _order(info) -> tuple:
-    from hyfl.experiments.plots import _natural_key
+    from hyfl.experiments.plots import natural_key
 
-    return (_natural_key(str(info["clients"])), float(info["fraction"] or 0))
+    return (natural_key(str(info["clients"])), float(info["fraction"] or 0))
 
 
 def _last_finite(values) -> float:

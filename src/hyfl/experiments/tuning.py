@@ -1022,3 +1022,58 @@ def _write_best(path: Path, result: TuneResult, spec) -> None:
         for k, v in result.best.items()
     }
     path.write_text(header + tomli_w.dumps({"algorithms": {result.algorithm: values}}))
+
+
+def tune_config(
+    path: str | Path,
+    *,
+    algorithms: list[str] | None = None,
+    seconds: float = 600.0,
+    max_trials: int | None = None,
+    out_dir: str | Path | None = None,
+    seed: int = 0,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """``hyfl tune CONFIG``: tune each algorithm of an experiment config.
+
+    Each ``[algorithms.LABEL]`` table is tuned on the config's data,
+    partition, participation, budget and costs (its first seed), with the
+    bounds of ``[tune.bounds]`` over the paper's defaults
+    (:data:`hyfl.experiments.tuning.DEFAULT_BOUNDS`). ``[tune] seconds`` and
+    ``max_trials`` in the config are used when not given here. Results go to
+    ``<out>/<label>/`` (trials.csv, best.toml, tuning.json).
+
+    Returns
+    -------
+    dict
+        ``label -> TuneResult``.
+    """
+    from hyfl.experiments.config import load_config
+
+    config = load_config(path)
+    settings = dict(config.tune)
+    labels = algorithms or [entry.label for entry in config.algorithms]
+    out = Path(out_dir) if out_dir is not None else config.default_out() / "tuning"
+    results = {}
+    for label in labels:
+        try:
+            entry = config.algorithm(label)
+        except KeyError:
+            known = ", ".join(e.label for e in config.algorithms)
+            raise fail(
+                "--algorithm", f"{label!r} is not in {path}", f"Use one of: {known}"
+            ) from None
+        spec = config.spec(label, config.seeds[0])
+        bounds = settings.get("bounds", {})
+        bounds = bounds.get(label, bounds.get(entry.algorithm, bounds))
+        results[label] = tune(
+            spec,
+            entry.algorithm,
+            seconds=float(settings.get("seconds", seconds)),
+            max_trials=settings.get("max_trials", max_trials),
+            bounds={k: v for k, v in bounds.items() if not isinstance(v, dict)} or None,
+            seed=seed,
+            out_dir=out / label,
+            progress=progress,
+        )
+    return results

@@ -25,7 +25,8 @@ import numpy as np
 
 from hyfl.errors import check_int, fail
 from hyfl.neural.base import EVAL_COLUMNS
-from hyfl.runtime.simulation import RunResult, _progress_bar, random_streams
+from hyfl.runtime.progress import ProgressBar
+from hyfl.runtime.simulation import RunResult, random_streams
 
 NEURAL_COLUMNS = (
     "iteration",
@@ -99,7 +100,7 @@ def run(
         return row
 
     record(0, {"active_clients": 0.0})
-    with _progress_bar(progress, iterations, algorithm.name) as advance:
+    with ProgressBar(progress, iterations, algorithm.name) as advance:
         advance(0, None)
         for t in range(1, iterations + 1):
             active = np.asarray(participation.active(t, participation_rng), dtype=bool)

@@ -37,7 +37,7 @@ import numpy as np
 
 from hyfl._io import atomic_write, read_header, read_npz
 from hyfl.errors import HyflError, fail
-from hyfl.model_file import _short
+from hyfl.model_file import short_repr
 
 NEURAL_MODEL_KIND = "hyfl-neural-model"
 NEURAL_MODEL_FORMAT = 1
@@ -224,13 +224,13 @@ def check_neural_fields(culprit: str, header: dict, arrays: dict[str, np.ndarray
     client_views = header.get("client_views")
     if not isinstance(client_views, list) or not client_views or not all(
             _ints(v, 0, n_views) and v for v in client_views):
-        raise refuse("header field 'client_views'", f"= {_short(client_views)}, not a list of "
+        raise refuse("header field 'client_views'", f"= {short_repr(client_views)}, not a list of "
                      f"lists of view indices below {n_views}")
     classes = arrays.get("classes")
     if (classes is None or classes.ndim != 1 or classes.dtype.kind not in "iuf"
             or classes.size < 2 or not np.all(np.isfinite(classes))
             or np.any(np.diff(classes) <= 0)):
-        raise refuse("classes", f"{_short(None if classes is None else classes.tolist())}, "
+        raise refuse("classes", f"{short_repr(None if classes is None else classes.tolist())}, "
                      "not at least two finite labels, sorted and distinct")
     params = {k[len("param:"):]: v for k, v in arrays.items() if k.startswith("param:")}
     for key, value in params.items():
@@ -243,7 +243,7 @@ def check_neural_fields(culprit: str, header: dict, arrays: dict[str, np.ndarray
         scores = model.scores(np.zeros((1, inputs), dtype=np.float32))
     except Exception as err:  # noqa: BLE001 - whatever the forged fields break, say so
         raise refuse("parameters and header fields", f"that do not make a network "
-                     f"({type(err).__name__}: {_short(str(err))})") from None
+                     f"({type(err).__name__}: {short_repr(str(err))})") from None
     if np.shape(scores) != (1, classes.size):
         raise refuse("classes", f"({classes.size}) that do not match the network's "
                      f"{np.shape(scores)[-1]} outputs")
@@ -272,7 +272,7 @@ def predict_neural_data(model_path, data, out, *, data_dir=None):
     import csv
 
     from hyfl.data import load_data
-    from hyfl.model_file import Prediction, _label_text, _original
+    from hyfl.model_file import Prediction, label_text, original_labels_of
 
     model = load_neural_model(model_path)
     dataset = load_data(data, data_dir=data_dir)
@@ -285,7 +285,7 @@ def predict_neural_data(model_path, data, out, *, data_dir=None):
     accuracy = float(np.mean(encoded == np.asarray(dataset.y, dtype=np.float64)))
     predicted = encoded
     if dataset.task == "binary":  # -1/+1 back to the file's own labels when known
-        original = _original(replace(dataset, y=encoded))
+        original = original_labels_of(replace(dataset, y=encoded))
         predicted = original if original is not None else encoded
     out = Path(out)
     if out.parent != Path(""):
@@ -293,7 +293,7 @@ def predict_neural_data(model_path, data, out, *, data_dir=None):
     with atomic_write(out, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["index", "prediction",
-                         *(f"score_{_label_text(c)}" for c in model.classes)])
+                         *(f"score_{label_text(c)}" for c in model.classes)])
         for i in range(dataset.n_samples):
-            writer.writerow([i, _label_text(predicted[i]), *(repr(float(v)) for v in scores[i])])
+            writer.writerow([i, label_text(predicted[i]), *(repr(float(v)) for v in scores[i])])
     return Prediction(out=out, n_samples=dataset.n_samples, accuracy=accuracy, same_data=False)

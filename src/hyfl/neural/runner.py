@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from hyfl.errors import fail
-from hyfl.experiments.runner import _plain, _title
+from hyfl.experiments.outputs import plain_label, run_title
 from hyfl.runtime.simulation import first_round_at_least
 
 ACCURACY_PLOT = "accuracy.png"
@@ -56,7 +56,7 @@ def check_spec(spec) -> None:
 
 def prepare(spec) -> NeuralSetup:
     """Load the data, build partition and participation, cut the data into views."""
-    from hyfl.experiments.runner import load_split
+    from hyfl.experiments.spec import load_split
     from hyfl.neural import require_jax
     from hyfl.neural.views import make_view_data
     from hyfl.partition import parse_participation, parse_partition
@@ -72,8 +72,8 @@ def prepare(spec) -> NeuralSetup:
     participation = parse_participation(spec.participation, partition.n_clients)
     task = {
         "task": "multiclass" if data.n_classes > 2 else "binary",
-        "classes": [_plain(c) for c in data.classes],
-        "label_mapping": {str(_plain(c)): k for k, c in enumerate(data.classes)},
+        "classes": [plain_label(c) for c in data.classes],
+        "label_mapping": {str(plain_label(c)): k for k, c in enumerate(data.classes)},
         "loss": "cross-entropy (softmax)",
         "views": [int(v.size) for v in data.views],
         "client_views": [list(v) for v in data.client_views],
@@ -85,7 +85,7 @@ def run_prepared(setup: NeuralSetup, spec, name: str, hyper: dict, progress: boo
                  label: str | None = None):
     """Run neural algorithm ``name`` on a prepared set-up; a RunOutcome."""
     from hyfl.algorithms import make_algorithm
-    from hyfl.experiments.runner import RunOutcome, RunSpec
+    from hyfl.experiments.spec import RunOutcome, RunSpec
     from hyfl.neural.engine import run
 
     started = time.time()
@@ -163,7 +163,7 @@ def compare(spec, names: list[str], out_dir, progress: bool = False, overwrite: 
         outcomes.append(outcome)
     write_comparison(outcomes, out)
     plot_neural_runs({o.spec.algorithm: o.result for o in outcomes}, out / "compare.png",
-                     title=_title(spec))
+                     title=run_title(spec))
     return outcomes
 
 
@@ -200,7 +200,7 @@ def summary_rows(outcomes) -> list[dict[str, Any]]:
 def write_comparison(outcomes, out: Path) -> None:
     """``summary.csv`` and ``summary.md`` of a neural comparison."""
     from hyfl._io import atomic_write, write_text
-    from hyfl.experiments.runner import _fmt
+    from hyfl.experiments.outputs import format_cell
 
     rows = summary_rows(outcomes)
     with atomic_write(out / "summary.csv", "w", newline="") as f:
@@ -208,7 +208,7 @@ def write_comparison(outcomes, out: Path) -> None:
         writer.writeheader()
         writer.writerows({k: "" if v is None else v for k, v in r.items()} for r in rows)
     lines = ["| " + " | ".join(SUMMARY_COLUMNS) + " |", "|" + "---|" * len(SUMMARY_COLUMNS)]
-    lines += ["| " + " | ".join(_fmt(r[c]) for c in SUMMARY_COLUMNS) + " |" for r in rows]
+    lines += ["| " + " | ".join(format_cell(r[c]) for c in SUMMARY_COLUMNS) + " |" for r in rows]
     write_text(out / "summary.md", "\n".join(lines) + "\n")
 
 
@@ -238,7 +238,7 @@ def run_experiment(config, out: Path, *, progress: bool = False, say=print):
     from hyfl.experiments.plots import plot_neural_runs
 
     plot_neural_runs({o.summary["algorithm"]: o.result for o in first}, out / "compare.png",
-                     title=_title(first[0].spec))
+                     title=run_title(first[0].spec))
     return outcomes, summary_rows(outcomes)
 
 
@@ -255,8 +255,8 @@ def describe(setup: NeuralSetup) -> str:
 
 def write_outputs(outcome, setup: NeuralSetup, out_dir: Path) -> Path:
     """Write metrics, run.json, participation.csv, model.npz and accuracy.png."""
+    from hyfl.experiments.outputs import write_outputs as write_common
     from hyfl.experiments.plots import plot_neural_runs
-    from hyfl.experiments.runner import write_outputs as write_common
     from hyfl.neural.model_file import save_neural_model
 
     write_common(outcome, out_dir, plot=False, extra={"task": setup.task})
@@ -268,7 +268,7 @@ def write_outputs(outcome, setup: NeuralSetup, out_dir: Path) -> Path:
             writer.writerow([t, *row.tolist()])
     save_neural_model(out_dir / "model.npz", outcome, setup)
     plot_neural_runs({outcome.spec.algorithm: outcome.result}, out_dir / ACCURACY_PLOT,
-                     title=_title(outcome.spec))
+                     title=run_title(outcome.spec))
     return out_dir
 
 

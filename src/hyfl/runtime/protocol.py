@@ -32,11 +32,11 @@ from hyfl.errors import check_int, fail
 from hyfl.partition import Partition, stack
 from hyfl.privacy.layout import EncryptedVector, decrypt_samples
 from hyfl.problem import Optimum, Problem
+from hyfl.runtime.progress import ProgressBar
 from hyfl.runtime.simulation import (
     METRIC_COLUMNS,
     RunResult,
     Validation,
-    _progress_bar,
     best_certified,
     budget_record,
     check_sim_time_budget,
@@ -303,7 +303,7 @@ def run_protocol(
     )
     stopped_by = "iterations"
     label = f"{hyfdca.name} ({cipher.name})"
-    with _progress_bar(progress, bar_total, label, unit=bar_unit) as advance:
+    with ProgressBar(progress, bar_total, label, unit=bar_unit) as advance:
         for t in range(1, iterations + 1):
             active = np.asarray(participation.active(t, participation_rng), dtype=bool)
             hyfdca.check_participation(active, t)

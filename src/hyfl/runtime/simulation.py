@@ -55,6 +55,7 @@ from hyfl.metrics import RANKING_METRICS
 from hyfl.partition import Partition, StackedBlocks, stack
 from hyfl.privacy.ciphers import make_cipher
 from hyfl.problem import Optimum, Problem
+from hyfl.runtime.progress import ProgressBar
 from hyfl.runtime.work_clock import work_clock
 
 METRIC_COLUMNS = (
@@ -347,7 +348,7 @@ def simulate(
     bar_total, bar_unit = (
         (iterations, "rounds") if stop_sim_time is None else (stop_sim_time, "sim_time")
     )
-    with _progress_bar(progress and not done, bar_total, algorithm.name, unit=bar_unit) as advance:
+    with ProgressBar(progress and not done, bar_total, algorithm.name, unit=bar_unit) as advance:
         t = run.t
         advance(t, None, run.totals["sim_time"])
         while not done and t < iterations:
@@ -1070,58 +1071,3 @@ def _hyfl_version() -> str:
     return __version__
 
 
-class _progress_bar:
-    """A Rich progress bar that shows the latest relative loss, or nothing."""
-
-    def __init__(self, enabled: bool, total: float, label: str, unit: str = "rounds"):
-        self.enabled, self.total, self.label, self.unit = enabled, total, label, unit
-
-    def __enter__(self):
-        if not self.enabled:
-            return lambda t, row, sim_time=None: None
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        count = (
-            MofNCompleteColumn()
-            if self.unit == "rounds"
-            else TextColumn("{task.completed:.4g}/{task.total:.4g} s simulated")
-        )
-        self._progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            count,
-            TextColumn("{task.fields[status]}"),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            transient=False,
-        )
-        self._progress.__enter__()
-        task = self._progress.add_task(self.label, total=self.total, status="")
-
-        def advance(t: int, row: dict | None, sim_time: float | None = None) -> None:
-            if self.unit != "rounds":
-                t = min(float(sim_time or 0.0), self.total)
-            status = None
-            if row is not None and "status" in row:  # an engine's own words
-                status = row["status"]
-            elif row is not None:
-                rel = row.get("relative_loss", np.nan)
-                status = f"rel. loss {rel:.2e}" if np.isfinite(rel) else f"P {row['primal']:.4g}"
-            if status is None:
-                self._progress.update(task, completed=t)
-            else:
-                self._progress.update(task, completed=t, status=status)
-
-        return advance
-
-    def __exit__(self, *exc):
-        if self.enabled:
-            self._progress.__exit__(*exc)
-        return False
