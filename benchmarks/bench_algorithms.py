@@ -22,7 +22,8 @@ import numpy as np
 from hyfl.algorithms import ALGORITHMS, make_algorithm
 from hyfl.data import load_dataset
 from hyfl.errors import HyflError
-from hyfl.partition import RandomFraction, parse_partition, stack
+from hyfl.participation import RandomFraction
+from hyfl.partition import parse_partition, stack
 from hyfl.problem import make_problem
 from hyfl.runtime.simulation import random_streams
 

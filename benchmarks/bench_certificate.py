@@ -30,7 +30,8 @@ CASES = [
 def run_case(data: str, grid_spec: str, fraction: float, lam: float, rounds: int,
              certify: bool) -> dict:
     from hyfl import HyFDCA, load_data, make_problem, simulate, solve_centralized
-    from hyfl.partition import RandomFraction, grid
+    from hyfl.participation import RandomFraction
+    from hyfl.partition import grid
     from hyfl.runtime.simulation import settled_round_below
 
     problem = make_problem(load_data(data), "hinge", lam)

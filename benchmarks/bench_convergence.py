@@ -28,9 +28,9 @@ Partitions: ``--grids`` entries ``KxQ`` mean ``grid:KxQ`` (a full spec such as
 ``nonzero:3x3`` is used as given); MNIST always uses ``--mnist-partitions``
 (the paper's quadrant split; 4 and 500 clients by default, the two smallest
 of the paper's 5/500/5000 settings as ``configs/paper/make_configs.py``
-builds them). Participation 1 is :class:`~hyfl.partition.Full`, a fraction
-below 1 is :class:`~hyfl.partition.RandomFraction`, ``cyclic:C`` is
-:class:`~hyfl.partition.Cyclic`, as ``hyfl run`` parses them. ``dropout:P`` is
+builds them). Participation 1 is :class:`~hyfl.participation.Full`, a fraction
+below 1 is :class:`~hyfl.participation.RandomFraction`, ``cyclic:C`` is
+:class:`~hyfl.participation.Cyclic`, as ``hyfl run`` parses them. ``dropout:P`` is
 a trace with drop-outs (:func:`dropout_trace`): each client goes offline and
 comes back as a two-state Markov chain, online a fraction P of the rounds and
 offline for 10 rounds on average, so some clients miss long stretches. The
@@ -253,7 +253,7 @@ def dropout_availability(spec: str) -> float | None:
 
 def participation_of(case: Case, partition, args):
     """The participation schedule of a case; a ``dropout:P`` trace is also written to a file."""
-    from hyfl.partition import Trace, parse_participation
+    from hyfl.participation import Trace, parse_participation
 
     availability = dropout_availability(case.participation)
     if availability is None:
@@ -398,7 +398,8 @@ def warm_up(losses: list[str], seed: int) -> float:
     """
     from hyfl.algorithms.hyfdca import HyFDCA
     from hyfl.data import load_dataset
-    from hyfl.partition import Full, parse_partition
+    from hyfl.participation import Full
+    from hyfl.partition import parse_partition
     from hyfl.problem import make_problem
     from hyfl.runtime.simulation import simulate
 
@@ -817,7 +818,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"unknown loss(es) {bad_losses}; choose from hinge, logistic")
     args.participation = _split(args.participation)
     from hyfl.errors import HyflError
-    from hyfl.partition import parse_participation
+    from hyfl.participation import parse_participation
 
     for spec in args.participation:  # as hyfl run reads them (checked for 4 clients here)
         try:

@@ -199,7 +199,8 @@ def _build(case: Case, seed: int):
     """Problem, partition, participation schedule and algorithm of a case."""
     from hyfl.algorithms.hyfdca import HyFDCA
     from hyfl.data import load_dataset
-    from hyfl.partition import RandomFraction, parse_partition
+    from hyfl.participation import RandomFraction
+    from hyfl.partition import parse_partition
     from hyfl.problem import make_problem
 
     data = load_dataset(case.dataset)

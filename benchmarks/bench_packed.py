@@ -150,7 +150,7 @@ def algorithm(case: str):
 def run(case: str, path: str, problem, partition, keypair, rounds: int, seed: int = 0) -> dict:
     """One run of ``rounds`` outer iterations; per-round wall, CPU, operations and fill."""
     import hyfl.runtime.protocol as protocol
-    from hyfl.partition import Full
+    from hyfl.participation import Full
     from hyfl.privacy.ciphers import DEFAULT_POOL_SIZE, make_cipher
 
     options = dict(PATHS[path])

@@ -51,7 +51,8 @@ def run_case(name: str, cipher_name: str, key_bits: int, rounds: int, seed: int 
     from hyfl.algorithms.hyfdca import HyFDCA
     from hyfl.costs import CostModel, HECosts
     from hyfl.data import load_dataset
-    from hyfl.partition import Full, RandomFraction, parse_partition
+    from hyfl.participation import Full, RandomFraction
+    from hyfl.partition import parse_partition
     from hyfl.privacy.ciphers import calibrate, make_cipher
     from hyfl.problem import make_problem
     from hyfl.runtime.protocol import run_protocol

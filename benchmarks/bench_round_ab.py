@@ -31,7 +31,8 @@ import sys, time
 sys.path.insert(0, sys.argv[1])
 from hyfl.algorithms.hyfdca import HyFDCA
 from hyfl.data import load_data
-from hyfl.partition import RandomFraction, parse_partition
+from hyfl.partition import parse_partition
+from hyfl.participation import RandomFraction
 from hyfl.problem import make_problem
 from hyfl.runtime.simulation import simulate
 data, spec, p, lam, warmup, rounds = sys.argv[2:8]

@@ -30,7 +30,8 @@ from hyfl.costs import (
 )
 from hyfl.errors import HyflError
 from hyfl.experiments.runner import RunSpec, execute
-from hyfl.partition import RandomFraction, grid, stack
+from hyfl.participation import RandomFraction
+from hyfl.partition import grid, stack
 from hyfl.privacy.ciphers import CIPHERS, make_cipher
 from hyfl.problem import make_problem
 from hyfl.runtime.simulation import simulate

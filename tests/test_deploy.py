@@ -39,14 +39,8 @@ from hyfl.deploy.party import handle_message
 from hyfl.deploy.report import NO_PROGRESS_EXIT
 from hyfl.deploy.worker import Sessions
 from hyfl.errors import HyflError
-from hyfl.partition import (
-    Trace,
-    from_blocks,
-    grid,
-    horizontal,
-    nonzero_balanced,
-    parse_participation,
-)
+from hyfl.participation import Trace, parse_participation
+from hyfl.partition import from_blocks, grid, horizontal, nonzero_balanced
 from hyfl.privacy.audit import RecordingCipher, audit, private_values
 from hyfl.privacy.ciphers import make_cipher
 from hyfl.privacy.layout import EncryptedVector

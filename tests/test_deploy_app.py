@@ -244,7 +244,7 @@ def test_flwr_run_of_the_generated_app_reproduces_run_protocol(tmp_path, two_par
         read_results,
         write_connection,
     )
-    from hyfl.partition import parse_participation
+    from hyfl.participation import parse_participation
     from hyfl.privacy.ciphers import make_cipher
     from hyfl.runtime.protocol import run_protocol
     from test_deploy import _no_flower_processes_of

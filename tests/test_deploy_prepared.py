@@ -27,7 +27,7 @@ from hyfl.deploy.config import DeployConfig, run_config_for
 from hyfl.deploy.coordinator import Coordinator
 from hyfl.errors import HyflError
 from hyfl.experiments.runner import RunSpec, prepare
-from hyfl.partition import parse_participation
+from hyfl.participation import parse_participation
 from hyfl.privacy.ciphers import make_cipher
 from hyfl.runtime.protocol import run_protocol
 from in_process import RecordingTransport

@@ -6,7 +6,8 @@ import pytest
 from hyfl.algorithms import make_algorithm
 from hyfl.algorithms.disco import DiSCO
 from hyfl.errors import HyflError
-from hyfl.partition import Full, RandomFraction, grid, horizontal, stack, vertical
+from hyfl.participation import Full, RandomFraction
+from hyfl.partition import grid, horizontal, stack, vertical
 from hyfl.problem import make_problem, solve_centralized
 from hyfl.runtime.simulation import random_streams, simulate
 from reference_disco import ReferenceDiSCO

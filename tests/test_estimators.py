@@ -16,7 +16,8 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 import hyfl
 from hyfl import HyFDCA, HyFDCAClassifier, HyFDCARegressor, HyflError, make_problem, simulate
 from hyfl.data.dataset import Dataset, with_intercept
-from hyfl.partition import parse_participation, parse_partition
+from hyfl.participation import parse_participation
+from hyfl.partition import parse_partition
 from hyfl.problem import solve_centralized
 
 # Few rounds keep scikit-learn's ~50 checks per estimator fast (they check the API; the

@@ -9,17 +9,8 @@ from hyfl.algorithms import ALGORITHMS, make_algorithm
 from hyfl.algorithms.fedbcd import DEFAULT_PROX_MU, FedBCD, squared_spectral_norm
 from hyfl.data.dataset import Dataset
 from hyfl.errors import HyflError
-from hyfl.partition import (
-    Cyclic,
-    Full,
-    RandomFraction,
-    from_blocks,
-    grid,
-    horizontal,
-    nonzero_balanced,
-    stack,
-    vertical,
-)
+from hyfl.participation import Cyclic, Full, RandomFraction
+from hyfl.partition import from_blocks, grid, horizontal, nonzero_balanced, stack, vertical
 from hyfl.problem import make_problem, solve_centralized
 from hyfl.runtime.simulation import random_streams, simulate
 from reference_fedbcd import ReferenceFedBCD

@@ -10,7 +10,8 @@ from hyfl.algorithms.fedhybrid import DENSE_MAX_FEATURES, FedHybrid, second_deri
 from hyfl.data.dataset import Dataset
 from hyfl.errors import HyflError
 from hyfl.losses import get_loss
-from hyfl.partition import Full, RandomFraction, grid, horizontal, stack, vertical
+from hyfl.participation import Full, RandomFraction
+from hyfl.partition import grid, horizontal, stack, vertical
 from hyfl.problem import make_problem, solve_centralized
 from hyfl.runtime.simulation import random_streams, simulate
 from reference_fedhybrid import ReferenceFedHybrid, loss_second_derivative

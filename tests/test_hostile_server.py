@@ -351,7 +351,7 @@ def test_the_safe_rules_verdict_is_only_of_the_active_parties_gain_terms(monkeyp
     picks) or drops a party's terms is refused before the verdict is computed."""
     from hyfl.algorithms.hyfdca import HyFDCA
     from hyfl.algorithms.hyfdca_parties import Server
-    from hyfl.partition import RandomFraction
+    from hyfl.participation import RandomFraction
     from hyfl.privacy.ciphers import make_cipher
     from hyfl.privacy.layout import EncryptedVector
     from hyfl.runtime.protocol import run_protocol

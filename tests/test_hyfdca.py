@@ -8,17 +8,8 @@ from hyfl.algorithms.base import draw_local_samples
 from hyfl.algorithms.hyfdca import HyFDCA, local_steps_from_iic
 from hyfl.data.dataset import Dataset
 from hyfl.errors import HyflError
-from hyfl.partition import (
-    Cyclic,
-    Full,
-    RandomFraction,
-    from_blocks,
-    grid,
-    horizontal,
-    nonzero_balanced,
-    stack,
-    vertical,
-)
+from hyfl.participation import Cyclic, Full, RandomFraction
+from hyfl.partition import from_blocks, grid, horizontal, nonzero_balanced, stack, vertical
 from hyfl.problem import make_problem, solve_centralized
 from hyfl.runtime.simulation import random_streams, simulate
 from reference_hyfdca import ReferenceHyFDCA

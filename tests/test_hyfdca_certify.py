@@ -14,15 +14,8 @@ import pytest
 
 from hyfl.algorithms.hyfdca import HyFDCA
 from hyfl.algorithms.hyfdca_certify import checkpoint_accepted, conjugate_sums
-from hyfl.partition import (
-    Full,
-    RandomFraction,
-    grid,
-    horizontal,
-    nonzero_balanced,
-    stack,
-    vertical,
-)
+from hyfl.participation import Full, RandomFraction
+from hyfl.partition import grid, horizontal, nonzero_balanced, stack, vertical
 from hyfl.problem import make_problem
 from hyfl.runtime.simulation import random_streams
 from synthetic_data import synthetic

@@ -19,17 +19,8 @@ from hyfl.algorithms import hyfdca as hyfdca_module
 from hyfl.algorithms.hyfdca import HyFDCA
 from hyfl.algorithms.hyfdca_local import RunningAverage, SpanHistory
 from hyfl.errors import HyflError
-from hyfl.partition import (
-    Cyclic,
-    Full,
-    RandomFraction,
-    Trace,
-    grid,
-    horizontal,
-    nonzero_balanced,
-    stack,
-    vertical,
-)
+from hyfl.participation import Cyclic, Full, RandomFraction, Trace
+from hyfl.partition import grid, horizontal, nonzero_balanced, stack, vertical
 from hyfl.problem import make_problem, solve_centralized
 from hyfl.runtime.simulation import random_streams, simulate
 from reference_hyfdca import ReferenceCocoa

@@ -14,7 +14,8 @@ import pytest
 
 from hyfl.algorithms.hyfdca import HyFDCA
 from hyfl.errors import HyflError
-from hyfl.partition import RandomFraction, grid
+from hyfl.participation import RandomFraction
+from hyfl.partition import grid
 from hyfl.privacy.ciphers import make_cipher
 from hyfl.privacy.lattice import (
     MAX_MODULUS_BITS_128,

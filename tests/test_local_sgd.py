@@ -11,17 +11,8 @@ import hyfl.algorithms as registry
 from hyfl.algorithms.local_sgd import FedAvg, HyFEM
 from hyfl.data.dataset import Dataset
 from hyfl.errors import HyflError
-from hyfl.partition import (
-    Cyclic,
-    Full,
-    RandomFraction,
-    from_blocks,
-    grid,
-    horizontal,
-    nonzero_balanced,
-    stack,
-    vertical,
-)
+from hyfl.participation import Cyclic, Full, RandomFraction
+from hyfl.partition import from_blocks, grid, horizontal, nonzero_balanced, stack, vertical
 from hyfl.problem import make_problem, solve_centralized
 from hyfl.runtime.simulation import random_streams, simulate
 from reference_local_sgd import ReferenceLocalSGD
@@ -269,7 +260,8 @@ def test_setup_with_many_clients_times_features():
     import numpy as np
 
     from hyfl.algorithms.local_sgd import FedAvg
-    from hyfl.partition import Full, grid
+    from hyfl.participation import Full
+    from hyfl.partition import grid
     from hyfl.problem import make_problem
     from hyfl.runtime.simulation import simulate
 

@@ -6,7 +6,8 @@ import pytest
 from hyfl.algorithms import make_algorithm
 from hyfl.algorithms.mix_lr import MixLR
 from hyfl.errors import HyflError
-from hyfl.partition import Full, RandomFraction, from_blocks, grid, horizontal, stack
+from hyfl.participation import Full, RandomFraction
+from hyfl.partition import from_blocks, grid, horizontal, stack
 from hyfl.problem import make_problem, solve_centralized
 from hyfl.runtime.simulation import random_streams, simulate
 from reference_mix_lr import ReferenceMixLR

@@ -164,7 +164,7 @@ def test_view_data_from_arrays_runs_hyfem_and_checks_input():
     from hyfl.algorithms import make_algorithm
     from hyfl.neural.engine import run
     from hyfl.neural.views import view_data_from_arrays
-    from hyfl.partition import parse_participation
+    from hyfl.participation import parse_participation
 
     rng = np.random.default_rng(0)
     views = [rng.normal(size=(40, 3)), rng.normal(size=(40, 5))]

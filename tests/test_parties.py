@@ -12,7 +12,8 @@ import pytest
 from hyfl.algorithms.hyfdca import HyFDCA
 from hyfl.data import is_party_spec, load_parties, load_party_spec, parse_party_spec
 from hyfl.errors import HyflError
-from hyfl.partition import Full, stack
+from hyfl.participation import Full
+from hyfl.partition import stack
 from hyfl.problem import make_problem, solve_centralized
 from hyfl.runtime.simulation import simulate
 

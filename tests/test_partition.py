@@ -9,22 +9,24 @@ import pytest
 import scipy.sparse as sp
 
 from hyfl.errors import HyflError
-from hyfl.partition import (
+from hyfl.participation import (
     PARTICIPATIONS,
-    PARTITIONS,
     Cyclic,
     Full,
-    Partition,
     RandomFraction,
-    StackedBlocks,
     Trace,
+    load_trace,
+    parse_participation,
+)
+from hyfl.partition import (
+    PARTITIONS,
+    Partition,
+    StackedBlocks,
     client_block,
     from_blocks,
     grid,
     horizontal,
-    load_trace,
     nonzero_balanced,
-    parse_participation,
     parse_partition,
     quadrant,
     stack,

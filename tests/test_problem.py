@@ -8,7 +8,8 @@ from sklearn.datasets import make_classification
 from hyfl.algorithms.hyfdca import HyFDCA
 from hyfl.data.dataset import Dataset
 from hyfl.errors import HyflError
-from hyfl.partition import Full, horizontal
+from hyfl.participation import Full
+from hyfl.partition import horizontal
 from hyfl.problem import make_problem, solve_centralized
 from hyfl.runtime.simulation import simulate
 

@@ -19,7 +19,8 @@ import pytest
 
 from hyfl.algorithms.hyfdca import HyFDCA
 from hyfl.errors import HyflError
-from hyfl.partition import Full, RandomFraction, grid, horizontal, nonzero_balanced
+from hyfl.participation import Full, RandomFraction
+from hyfl.partition import grid, horizontal, nonzero_balanced
 from hyfl.privacy.audit import RecordingCipher, audit, private_values
 from hyfl.privacy.ciphers import PaillierCiphertext, PlainCipher, make_cipher
 from hyfl.privacy.layout import EncryptedVector, TaggedLayout

@@ -191,7 +191,7 @@ def test_sim_time_budget_stops_after_the_round_that_crosses_it():
     # round t is 10 t seconds of latency plus microseconds of compute.
     s = setup_for("fedavg")
     args = (make_algorithm("fedavg", {"iic": 0.05}), s.problem, s.partition)
-    from hyfl.partition import Full
+    from hyfl.participation import Full
 
     full = Full(s.partition.n_clients)
     model = CostModel(latency=10.0)

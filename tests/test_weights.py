@@ -25,7 +25,8 @@ from hyfl import HyFDCA, HyFDCAClassifier, HyFDCARegressor, make_problem, simula
 from hyfl.data.dataset import Dataset
 from hyfl.errors import HyflError
 from hyfl.losses import LOSSES
-from hyfl.partition import RandomFraction, grid, parse_partition
+from hyfl.participation import RandomFraction
+from hyfl.partition import grid, parse_partition
 from hyfl.privacy.ciphers import make_cipher
 from hyfl.problem import solve_centralized
 from hyfl.runtime.protocol import run_protocol
@@ -288,7 +289,7 @@ def test_fedhybrid_newton_reaches_the_weighted_optimum(weighted):
     """The baselines step on the weighted loss too: FedHybrid's Newton-type clients (weighted
     gradient and Hessian) reach the weighted problem's optimum."""
     from hyfl.algorithms import make_algorithm
-    from hyfl.partition import Full
+    from hyfl.participation import Full
 
     partition = parse_partition("horizontal:3", weighted.X, seed=0)
     logistic = make_problem(Dataset(weighted.X, weighted.Y[:, 0]), "logistic", weighted.lam,
@@ -301,7 +302,7 @@ def test_fedhybrid_newton_reaches_the_weighted_optimum(weighted):
 
 def test_one_full_batch_fedsgd_round_is_a_weighted_gradient_step(weighted):
     from hyfl.algorithms import make_algorithm
-    from hyfl.partition import Full
+    from hyfl.participation import Full
 
     n = weighted.n_samples
     partition = parse_partition("vertical:2", weighted.X, seed=0)

@@ -47,7 +47,8 @@ class Compiles(numba.core.event.Listener):
 numba.core.event.register("numba:compile", Compiles())
 from hyfl.algorithms.hyfdca import HyFDCA
 from hyfl.data import default_lambda, load_data
-from hyfl.partition import RandomFraction, grid
+from hyfl.partition import grid
+from hyfl.participation import RandomFraction
 from hyfl.problem import make_problem
 from hyfl.runtime.simulation import simulate
 problem = make_problem(load_data("breast_cancer"), "hinge", default_lambda("breast_cancer"))

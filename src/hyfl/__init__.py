@@ -8,7 +8,8 @@ engine, data loaders and the ``hyfl`` command.
 Typical use::
 
     from hyfl import HyFDCA, load_data, make_problem, solve_centralized, simulate
-    from hyfl.partition import grid, RandomFraction
+    from hyfl.partition import grid
+    from hyfl.participation import RandomFraction
 
 or, scikit-learn style, ``hyfl.HyFDCAClassifier().fit(X, y)`` and
 ``hyfl.HyFDCARegressor`` (:mod:`hyfl.estimators`, imported on first use).

@@ -375,7 +375,6 @@ def run(
     (resolved), environment.json, summary.csv, summary.md, compare.png, costs.png and
     DIR/<algorithm>/seed-<s>/ (metrics.parquet, metrics.csv, run.json, checkpoint.npz).
     """
-    from hyfl.data.dataset import parse_intercept
     from hyfl.experiments.runner import RunSpec, execute
 
     show = progress and not quiet
@@ -392,29 +391,7 @@ def run(
                 "Run `hyfl run CONFIG.toml --resume` (single runs from flags have no checkpoints).",
             )
         iterations = _iterations_for(ctx, [algorithm], iterations)
-        spec = RunSpec(
-            algorithm=algorithm,
-            data=data,
-            val=val,
-            val_fraction=val_fraction,
-            loss=loss,
-            lam=lam,
-            intercept=parse_intercept(intercept),
-            class_weight=class_weight,
-            standardize=standardize,
-            partition=partition,
-            participation=participation,
-            hyper=hyper,
-            iterations=iterations,
-            eval_every=eval_every,
-            seed=seed,
-            data_dir=data_dir,
-            cipher=cipher,
-            key_bits=key_bits,
-            latency=latency,
-            he_costs=he_costs,
-            he_layout=he_layout,
-        )
+        spec = RunSpec.from_options(ctx.params, hyper=hyper, iterations=iterations)
         outcome = execute(spec, out if out is not None else Path("hyfl-run"), progress=show,
                           overwrite=overwrite, log=None if quiet else _say)
     except HyflError as err:
@@ -429,31 +406,6 @@ def run(
     _exit_if_trivial([outcome])
 
 
-# Flags of `hyfl run` and where they go in a config (flags given override the config).
-_FLAG_KEYS = {
-    "data": ("data", "dataset"),
-    "val": ("data", "val"),
-    "val_fraction": ("data", "val_fraction"),
-    "loss": ("data", "loss"),
-    "lam": ("data", "lam"),
-    "intercept": ("data", "intercept"),
-    "class_weight": ("data", "class_weight"),
-    "standardize": ("data", "standardize"),
-    "data_dir": ("data", "data_dir"),
-    "partition": ("partition", "spec"),
-    "participation": ("partition", "participation"),
-    "cipher": ("costs", "cipher"),
-    "key_bits": ("costs", "key_bits"),
-    "latency": ("costs", "latency"),
-    "he_costs": ("costs", "he_costs"),
-    "he_layout": ("costs", "he_layout"),
-    "eval_every": ("experiment", "eval_every"),
-    "seed": ("experiment", "seeds"),
-    "iterations": ("experiment", "budget"),
-}
-_HYPER_FLAGS = ("iic", "local_steps", "step_rule", "a", "b", "mu", "eta0", "batch_size", "param")
-
-
 def _from_command_line(ctx, name: str) -> bool:
     """Whether flag ``name`` was given on the command line (not a default or env value)."""
     source = ctx.get_parameter_source(name)
@@ -463,43 +415,12 @@ def _from_command_line(ctx, name: str) -> bool:
 def _run_config(ctx, path: Path, out, hyper, *, resume: bool, overwrite: bool, progress: bool,
                 quiet: bool):
     """``hyfl run CONFIG``: the flags given on the command line override the config's values."""
-    from hyfl.experiments.config import apply_overrides, parse_config, read_toml
+    from hyfl.experiments.config import load_config_with_flags
     from hyfl.experiments.runner import run_experiment
 
-    explicit = {name for name in ctx.params if _from_command_line(ctx, name)}
-    overrides: dict[str, dict] = {}
-    flag_of: dict[str, str] = {}
-    for name, (section, key) in _FLAG_KEYS.items():
-        if name in explicit:
-            value = ctx.params[name]
-            if name == "seed":
-                value = [value]
-            elif name == "iterations":
-                value = {"iterations": value}
-            elif isinstance(value, Path):
-                value = str(value)
-            overrides.setdefault(section, {})[key] = value
-            flag_of[f"{section}.{key}"] = "--" + name.replace("_", "-")
-    raw = read_toml(path)
-    algorithm_flags = [n for n in ("algorithm", *_HYPER_FLAGS) if n in explicit]
-    if algorithm_flags:
-        name = ctx.params["algorithm"]
-        listed = raw.get("algorithms") if isinstance(raw.get("algorithms"), dict) else {}
-        if "algorithm" not in explicit and name not in listed:
-            raise fail(
-                ", ".join("--" + n.replace("_", "-") for n in algorithm_flags),
-                f"would set hyperparameters of {name}, which the config does not run",
-                f"Name the algorithm with --algorithm (the config runs {', '.join(listed)}).",
-            )
-        entry = listed.get(name) if isinstance(listed.get(name), dict) else {}
-        if "algorithm" in explicit:
-            overrides["algorithms"] = {name: {**entry, **hyper}}
-        else:  # hyperparameters only: the config's other algorithms stay
-            overrides["algorithms"] = {**listed, name: {**entry, **hyper}}
-        flag_of["algorithms"] = ", ".join("--" + n.replace("_", "-") for n in algorithm_flags)
-    raw, record = apply_overrides(raw, overrides, flag_of)
-    config = parse_config(raw, source=str(path), base=path.resolve().parent)
-    config = dataclasses.replace(config, overrides=record)
+    explicit = {name: ctx.params[name] for name in ctx.params if _from_command_line(ctx, name)}
+    config = load_config_with_flags(path, explicit, hyper, ctx.params["algorithm"])
+    record = config.overrides
     if record and not quiet:
         for key, item in record.items():
             console.print(
@@ -713,7 +634,6 @@ def compare(
     Writes DIR/summary.csv, summary.md, compare.png (against outer iterations and
     simulated time) and costs.png (time per outer iteration by component).
     """
-    from hyfl.data.dataset import parse_intercept
     from hyfl.experiments.outputs import summary_rows
     from hyfl.experiments.runner import compare as run_compare
     from hyfl.experiments.spec import RunSpec
@@ -722,29 +642,8 @@ def compare(
         hyper = _hyper(iic, local_steps, step_rule, a, b, mu, eta0, batch_size, param)
         names = [n.strip() for n in algorithms.split(",") if n.strip()]
         iterations = _iterations_for(ctx, names, iterations)
-        spec = RunSpec(
-            algorithm=names[0] if names else "hyfdca",
-            data=data,
-            val=val,
-            val_fraction=val_fraction,
-            loss=loss,
-            lam=lam,
-            intercept=parse_intercept(intercept),
-            class_weight=class_weight,
-            standardize=standardize,
-            partition=partition,
-            participation=participation,
-            hyper=hyper,
-            iterations=iterations,
-            eval_every=eval_every,
-            seed=seed,
-            data_dir=data_dir,
-            cipher=cipher,
-            key_bits=key_bits,
-            latency=latency,
-            he_costs=he_costs,
-            he_layout=he_layout,
-        )
+        spec = RunSpec.from_options(ctx.params, algorithm=names[0] if names else "hyfdca",
+                                    hyper=hyper, iterations=iterations)
         outcomes = run_compare(spec, names, out, progress=progress, overwrite=overwrite,
                                log=_say)
     except HyflError as err:

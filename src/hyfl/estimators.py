@@ -62,7 +62,8 @@ from hyfl.errors import (
     fail,
 )
 from hyfl.losses import Logistic
-from hyfl.partition import Partition, parse_participation, parse_partition
+from hyfl.participation import parse_participation
+from hyfl.partition import Partition, parse_partition
 from hyfl.problem import make_problem
 from hyfl.runtime.simulation import simulate
 from hyfl.runtime.trivial import judge_trivial, majority_rate
@@ -313,7 +314,7 @@ _SHARED_PARAMETERS = """\
         are capped at the data's size (see ``partition_``).
     participation : float or str, default 1.0
         Which clients take part in each round, see
-        :func:`hyfl.partition.parse_participation`: ``1.0``/``"full"``, a
+        :func:`hyfl.participation.parse_participation`: ``1.0``/``"full"``, a
         fraction such as ``0.5`` (random clients each round), ``"cyclic:C"``.
     max_iter : int, default 5000
         Most outer iterations (rounds of the federation).

@@ -13,18 +13,21 @@ from hyfl.data.parties import (
 )
 from hyfl.data.registry import (
     DATASETS,
+    FALLBACK_LAMBDA,
     FILES,
     check_files,
     dataset_files,
     dataset_names,
     default_lambda,
     has_test_split,
+    lambda_for,
     load_dataset,
 )
 from hyfl.data.sources import load_data, train_validation
 
 __all__ = [
     "DATASETS",
+    "FALLBACK_LAMBDA",
     "FILES",
     "DataFile",
     "Dataset",
@@ -34,6 +37,7 @@ __all__ = [
     "default_lambda",
     "downloads_allowed",
     "has_test_split",
+    "lambda_for",
     "is_party_spec",
     "load_data",
     "load_dataset",

@@ -76,6 +76,7 @@ from hyfl.errors import HyflError, check_choice, fail
 __all__ = [
     "DATASETS",
     "FILES",
+    "FALLBACK_LAMBDA",
     "DataFile",
     "DatasetSpec",
     "cache_dir",
@@ -85,6 +86,7 @@ __all__ = [
     "default_lambda",
     "download_dir",
     "has_test_split",
+    "lambda_for",
     "load_dataset",
     "load_libsvm_like",
     "locate_files",
@@ -582,6 +584,16 @@ def _spec(name: str) -> DatasetSpec:
 def has_test_split(name: str) -> bool:
     """Whether the named dataset comes with a separate test split."""
     return bool(_spec(name).test_files)
+
+
+FALLBACK_LAMBDA = 1e-4
+"""The regularization of data without a paper value (files, party files, in-memory data)."""
+
+
+def lambda_for(source: str | os.PathLike) -> float:
+    """The regularization a run of ``source`` uses when none is given: the paper's value
+    of a registered dataset (:func:`default_lambda`), else :data:`FALLBACK_LAMBDA`."""
+    return default_lambda(source) or FALLBACK_LAMBDA
 
 
 def default_lambda(name: str | os.PathLike) -> float | None:

@@ -182,7 +182,7 @@ def load_block(node, config) -> Block:
         block = read_block(source, party)
         _check_prepared_alike(block, config, source)
         return block
-    from hyfl.data import default_lambda, is_party_spec, load_data
+    from hyfl.data import is_party_spec, lambda_for, load_data
     from hyfl.partition import client_block, stack
 
     if is_party_spec(source):
@@ -198,7 +198,7 @@ def load_block(node, config) -> Block:
                    f"Parties that cut their block from {source!r} need the partition spec, "
                    "e.g. partition=grid:2x2 (K*Q = parties).")
     dataset = load_data(source, node.data_dir or None)
-    lam_default = default_lambda(source) or _fallback_lambda()
+    lam_default = lambda_for(source)
     dataset, problem, partition, scale = prepare_data(
         dataset, config.loss, config.lam or lam_default, spec=config.partition,
         seed=config.seed, intercept=config.intercept, standardize=config.standardize)
@@ -274,8 +274,3 @@ def _check_prepared_alike(block: Block, config, source: str) -> None:
                    "--standardize), or submit the job with the files' intercept and "
                    "standardize.")
 
-
-def _fallback_lambda() -> float:
-    from hyfl.experiments.runner import FALLBACK_LAMBDA
-
-    return FALLBACK_LAMBDA

@@ -147,10 +147,9 @@ def split(
 ):
     """Write one block file per party (its samples, features, block and labels): all a party's
     machine needs of the data."""
-    from hyfl.data import default_lambda, is_party_spec, load_data, load_party_spec
+    from hyfl.data import FALLBACK_LAMBDA, is_party_spec, lambda_for, load_data, load_party_spec
     from hyfl.data.dataset import parse_intercept
     from hyfl.deploy.blocks import prepare_data, write_blocks
-    from hyfl.experiments.runner import FALLBACK_LAMBDA
 
     try:
         if is_party_spec(data):
@@ -163,7 +162,7 @@ def split(
             if partition is None:
                 raise fail("--partition", "is not set", "Pass a spec such as grid:2x2.")
             dataset, parts = load_data(data, data_dir), None
-            lam = default_lambda(data) or FALLBACK_LAMBDA
+            lam = lambda_for(data)
         bias = parse_intercept(intercept or "off") or 0.0
         dataset, problem, parts, scale = prepare_data(
             dataset, loss, lam, partition=parts, spec=partition or "", seed=seed,

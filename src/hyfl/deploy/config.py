@@ -277,7 +277,7 @@ class DeployConfig:
         return {"precision_bits": self.precision_bits, "guard_bits": self.guard_bits}
 
     def participation_schedule(self):
-        from hyfl.partition import parse_participation
+        from hyfl.participation import parse_participation
 
         return parse_participation(self.participation, self.parties)
 

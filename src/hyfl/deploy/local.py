@@ -653,7 +653,7 @@ def compare_with_protocol(results: dict, weights: np.ndarray, problem, partition
     and, with ``optimum``, its final relative loss.
     """
     from hyfl.algorithms import make_algorithm
-    from hyfl.partition import Trace
+    from hyfl.participation import Trace
     from hyfl.runtime.protocol import run_protocol
 
     config = results["config"]
@@ -879,12 +879,11 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
         a run that did not learn is reported there, not raised, so that its
         results are written all the same.
     """
-    from hyfl.data import default_lambda, is_party_spec, load_data, load_party_spec
+    from hyfl.data import FALLBACK_LAMBDA, is_party_spec, lambda_for, load_data, load_party_spec
     from hyfl.deploy.blocks import prepare_data
     from hyfl.deploy.config import DeployConfig, run_config_for
     from hyfl.deploy.keys import party_cipher
     from hyfl.deploy.report import Judgement, judge_progress, summarize
-    from hyfl.experiments.runner import FALLBACK_LAMBDA
     from hyfl.problem import solve_centralized
     from hyfl.runtime.simulation import evaluate
 
@@ -946,7 +945,7 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
                            "--party-data.")
             partition = default_partition(parties)
         dataset = load_data(data)
-        lam_default = default_lambda(data) or FALLBACK_LAMBDA
+        lam_default = lambda_for(data)
         dataset, problem, parts, scale = prepare_data(
             dataset, loss, lam or lam_default, spec=partition, seed=seed,
             intercept=intercept or 0.0, standardize=standardize)

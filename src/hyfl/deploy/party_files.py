@@ -271,7 +271,7 @@ def on_block(state: dict, payload: dict, node, log, config=None) -> Block:
     X = sp.csr_matrix(values[np.ix_(order, columns)])
     X.eliminate_zeros()
     samples, features = samples[order], features[columns]
-    from hyfl.experiments.runner import FALLBACK_LAMBDA
+    from hyfl.data import FALLBACK_LAMBDA
 
     log(f"aligned: {n_rows} of {n_samples} samples, {n_columns} of {n_features} features")
     scale = None

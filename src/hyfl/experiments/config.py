@@ -395,6 +395,88 @@ def load_config(path: str | os.PathLike) -> ExperimentConfig:
     return parse_config(raw, source=str(path), base=Path(path).resolve().parent)
 
 
+# Flags of `hyfl run` and where they go in a config (flags given override the config).
+FLAG_KEYS = {
+    "data": ("data", "dataset"),
+    "val": ("data", "val"),
+    "val_fraction": ("data", "val_fraction"),
+    "loss": ("data", "loss"),
+    "lam": ("data", "lam"),
+    "intercept": ("data", "intercept"),
+    "class_weight": ("data", "class_weight"),
+    "standardize": ("data", "standardize"),
+    "data_dir": ("data", "data_dir"),
+    "partition": ("partition", "spec"),
+    "participation": ("partition", "participation"),
+    "cipher": ("costs", "cipher"),
+    "key_bits": ("costs", "key_bits"),
+    "latency": ("costs", "latency"),
+    "he_costs": ("costs", "he_costs"),
+    "he_layout": ("costs", "he_layout"),
+    "eval_every": ("experiment", "eval_every"),
+    "seed": ("experiment", "seeds"),
+    "iterations": ("experiment", "budget"),
+}
+HYPER_FLAGS = ("iic", "local_steps", "step_rule", "a", "b", "mu", "eta0", "batch_size", "param")
+
+
+def load_config_with_flags(path: str | os.PathLike, flags: Mapping[str, Any],
+                           hyper: Mapping[str, Any], algorithm: str) -> ExperimentConfig:
+    """``hyfl run CONFIG``: the config at ``path`` with the command line's flags over it.
+
+    Parameters
+    ----------
+    path : path-like
+        The config file.
+    flags : mapping
+        The flags given on the command line (``hyfl run``'s parameter names), and only
+        those: each replaces its config value (:data:`FLAG_KEYS`); ``--algorithm`` or a
+        hyperparameter flag (:data:`HYPER_FLAGS`) sets that algorithm's table.
+    hyper : mapping
+        The hyperparameters the flags make up.
+    algorithm : str
+        The algorithm they are for (``--algorithm``, given or its default).
+
+    Returns
+    -------
+    ExperimentConfig
+        Its ``overrides`` record what each flag replaced (the command prints it).
+    """
+    overrides: dict[str, dict] = {}
+    flag_of: dict[str, str] = {}
+    for name, (section, key) in FLAG_KEYS.items():
+        if name in flags:
+            value = flags[name]
+            if name == "seed":
+                value = [value]
+            elif name == "iterations":
+                value = {"iterations": value}
+            elif isinstance(value, os.PathLike):
+                value = os.fspath(value)
+            overrides.setdefault(section, {})[key] = value
+            flag_of[f"{section}.{key}"] = "--" + name.replace("_", "-")
+    raw = read_toml(path)
+    algorithm_flags = [n for n in ("algorithm", *HYPER_FLAGS) if n in flags]
+    if algorithm_flags:
+        listed = raw.get("algorithms") if isinstance(raw.get("algorithms"), dict) else {}
+        name = algorithm
+        if "algorithm" not in flags and name not in listed:
+            raise fail(
+                ", ".join("--" + n.replace("_", "-") for n in algorithm_flags),
+                f"would set hyperparameters of {name}, which the config does not run",
+                f"Name the algorithm with --algorithm (the config runs {', '.join(listed)}).",
+            )
+        entry = listed.get(name) if isinstance(listed.get(name), dict) else {}
+        if "algorithm" in flags:
+            overrides["algorithms"] = {name: {**entry, **hyper}}
+        else:  # hyperparameters only: the config's other algorithms stay
+            overrides["algorithms"] = {**listed, name: {**entry, **hyper}}
+        flag_of["algorithms"] = ", ".join("--" + n.replace("_", "-") for n in algorithm_flags)
+    raw, record = apply_overrides(raw, overrides, flag_of)
+    config = parse_config(raw, source=str(path), base=Path(path).resolve().parent)
+    return replace(config, overrides=record)
+
+
 def apply_overrides(
     raw: Mapping[str, Any], overrides: Mapping[str, Mapping[str, Any]],
     flags: Mapping[str, str] | None = None,
@@ -750,9 +832,8 @@ class _Validator:
         )
 
     def data(self, table: Mapping) -> DataSection:
-        from hyfl.data import dataset_names, default_lambda
+        from hyfl.data import dataset_names, lambda_for
         from hyfl.data.dataset import parse_intercept
-        from hyfl.experiments.spec import FALLBACK_LAMBDA
         from hyfl.losses import LOSSES
 
         s = "data"
@@ -796,7 +877,7 @@ class _Validator:
             fix="Write a positive regularization, e.g. lam = 1e-4 (or leave it out).",
         )
         if lam is None:
-            lam = default_lambda(dataset) or FALLBACK_LAMBDA
+            lam = lambda_for(dataset)
         try:  # true, false, a positive number, or a flag's text ("off", "10")
             intercept = parse_intercept(table.get("intercept", True))
         except HyflError:
@@ -885,12 +966,8 @@ class _Validator:
 
     def partition(self, table: Mapping, *, party_files: bool = False) -> PartitionSection:
         from hyfl.experiments.spec import PARTY_PARTITION
-        from hyfl.partition import (
-            PARTITIONS,
-            SPEC_PATTERN,
-            parse_participation,
-            parse_sample_split,
-        )
+        from hyfl.participation import parse_participation
+        from hyfl.partition import PARTITIONS, SPEC_PATTERN, parse_sample_split
 
         s = "partition"
         self.known_keys(s, table, PARTITION_KEYS)

@@ -34,7 +34,7 @@ from hyfl.costs import (
     he_label,
     save_calibration,
 )
-from hyfl.data import default_lambda
+from hyfl.data import lambda_for
 from hyfl.errors import check_choice, check_int, fail
 from hyfl.experiments.outputs import (
     AUC_TARGETS,
@@ -49,7 +49,6 @@ from hyfl.experiments.outputs import (
     write_outputs,
 )
 from hyfl.experiments.spec import (
-    FALLBACK_LAMBDA,
     RunOutcome,
     RunSpec,
     Setup,
@@ -58,7 +57,8 @@ from hyfl.experiments.spec import (
     sample_weights,
     scale_features,
 )
-from hyfl.partition import parse_participation, parse_partition, stack
+from hyfl.participation import parse_participation
+from hyfl.partition import parse_partition, stack
 from hyfl.privacy.ciphers import CIPHERS, calibrate, check_keybits, make_cipher
 from hyfl.problem import make_problem, solve_centralized
 from hyfl.runtime.protocol import run_protocol
@@ -81,7 +81,7 @@ def prepare(spec: RunSpec) -> Setup:
     train, val, partition = load_split(spec)
     if spec.intercept is not None:
         train, val, partition = add_intercept(train, val, partition, spec.intercept)
-    lam = spec.lam if spec.lam is not None else (default_lambda(spec.data) or FALLBACK_LAMBDA)
+    lam = spec.lam if spec.lam is not None else (lambda_for(spec.data))
     problem = make_problem(train, spec.loss, lam,
                            sample_weight=sample_weights(train, spec.class_weight))
     if partition is None:

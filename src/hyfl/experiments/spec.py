@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,9 +44,6 @@ from hyfl.runtime.simulation import (
     budget_record,
     check_sim_time_budget,
 )
-
-FALLBACK_LAMBDA = 1e-4
-
 
 DEFAULT_PARTITION = "grid:3x3"
 
@@ -115,6 +113,20 @@ class RunSpec:
     intercept: float | None = INTERCEPT_SCALING
     class_weight: str | None = None
     standardize: bool = False
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any], **values: Any) -> RunSpec:
+        """A spec from options by name, such as a command's parameters (``ctx.params``).
+
+        Takes the names that are fields of :class:`RunSpec` from ``options`` and
+        ``values`` (which win) and ignores the others; ``intercept`` may be a flag's
+        text (``"1"``, ``"off"``: :func:`~hyfl.data.dataset.parse_intercept`).
+        """
+        known = {f.name for f in dataclasses.fields(cls)}
+        chosen = {k: v for k, v in {**options, **values}.items() if k in known}
+        if "intercept" in chosen:
+            chosen["intercept"] = parse_intercept(chosen["intercept"])
+        return cls(**chosen)
 
     def validated(self) -> RunSpec:
         check_choice("algorithm", self.algorithm, algorithm_names())

@@ -59,7 +59,8 @@ def prepare(spec) -> NeuralSetup:
     from hyfl.experiments.spec import load_split
     from hyfl.neural import require_jax
     from hyfl.neural.views import make_view_data
-    from hyfl.partition import parse_participation, parse_partition
+    from hyfl.participation import parse_participation
+    from hyfl.partition import parse_partition
 
     spec.validated()
     check_spec(spec)
