@@ -1,0 +1,68 @@
+"""``hyfl run`` and ``hyfl compare`` write what they wrote before the package was
+reorganized (issue "One place for each idea").
+
+``tests/data/golden/`` holds the outputs of the two commands below as the code
+of 2026-11-28 (commit b65cf06, before the split of ``experiments/runner.py``,
+``partition.py`` and the cipher and data modules) wrote them: every metric
+column that does not measure time (times are the machine's), the summary, the
+keys of ``run.json`` and the files. A refactoring that changes a number, a
+column, a key or a file fails here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from hyfl.cli import TRIVIAL_EXIT_CODE, app
+
+GOLDEN = Path(__file__).parent / "data" / "golden"
+#: Columns that measure time: they differ from run to run.
+TIMED = ("round_seconds", "sim_time", "time_", "server_seconds", "median_round_ms")
+RUN = ["run", "--data", "breast_cancer", "--partition", "grid:2x2", "--iterations", "30",
+       "--eval-every", "5", "--seed", "1", "--val-fraction", "0.2", "--no-progress"]
+COMPARE = ["compare", "--algorithms", "hyfdca,fedavg", "--data", "breast_cancer",
+           "--partition", "grid:2x2", "--iterations", "20", "--eval-every", "5", "--seed", "2",
+           "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("outputs")
+    for args, folder in ((RUN, "run"), (COMPARE, "cmp")):
+        done = CliRunner().invoke(app, [*args, "--out", str(out / folder)])
+        assert done.exit_code in (0, TRIVIAL_EXIT_CODE), done.output
+    return out
+
+
+def _keys(tree, prefix: str = "") -> set[str]:
+    if not isinstance(tree, dict):
+        return set()
+    return {k for key, value in tree.items()
+            for k in {prefix + key} | _keys(value, f"{prefix}{key}.")}
+
+
+@pytest.mark.parametrize("name, path", [
+    ("run-metrics.csv", "run/metrics.csv"),
+    ("compare-hyfdca-metrics.csv", "cmp/hyfdca/metrics.csv"),
+    ("compare-fedavg-metrics.csv", "cmp/fedavg/metrics.csv"),
+    ("compare-summary.csv", "cmp/summary.csv"),
+])
+def test_the_numbers_are_the_ones_written_before(written, name, path):
+    before = pd.read_csv(GOLDEN / name)
+    now = pd.read_csv(written / path)
+    assert [c for c in now.columns if not c.startswith(TIMED)] == list(before.columns)
+    pd.testing.assert_frame_equal(now[before.columns], before, check_exact=False, rtol=1e-9,
+                                  atol=1e-12, check_dtype=False)  # 1.0 reads back as 1
+
+
+def test_the_files_and_run_record_keys_are_the_ones_written_before(written):
+    before = json.loads((GOLDEN / "outputs.json").read_text())
+    files = sorted(str(p.relative_to(written)) for p in written.rglob("*") if p.is_file())
+    assert files == before["files"]
+    record = json.loads((written / "run" / "run.json").read_text())
+    assert sorted(_keys(record)) == before["run_json_keys"]
