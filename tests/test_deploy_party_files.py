@@ -271,7 +271,8 @@ def test_deploy_local_gives_each_party_its_own_file(tmp_path):
 
 def test_a_model_of_text_labelled_party_files_predicts_from_them(tmp_path):
     """The model file keeps text labels; ``hyfl predict`` reads party files in their order."""
-    from hyfl.model_file import load_model, model_from_problem, predict_data, save_model
+    from hyfl.model_file import load_model, model_from_problem, save_model
+    from hyfl.predict import predict_data
 
     files, ids, X, y = organisation_files(tmp_path)
     spec = f"parties:{','.join(map(str, files))};id=customer;label=income"

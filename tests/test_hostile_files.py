@@ -25,7 +25,7 @@ from hyfl.data import load_data
 from hyfl.deploy.blocks import read_block, write_blocks
 from hyfl.deploy.codec import MAX_MESSAGE_BYTES_VARIABLE, bundle, decode, encode, unbundle
 from hyfl.errors import HyflError
-from hyfl.model_file import Model, _content_hash, load_model, model_from_problem, save_model
+from hyfl.model_file import Model, load_model, model_from_problem, model_sha256, save_model
 from hyfl.partition import grid
 from hyfl.privacy.ciphers import make_cipher
 from hyfl.privacy.layout import EncryptedVector
@@ -257,7 +257,7 @@ def forge(path, header: dict | None = None, **arrays):
     head = json.loads(content.pop("__header__").tobytes())
     head.update(header or {})
     content.update(arrays)
-    head["content_sha256"] = _content_hash(content, head)
+    head["content_sha256"] = model_sha256(content, head)
     np.savez(path, __header__=np.frombuffer(json.dumps(head).encode(), np.uint8), **content)
     return path
 
@@ -467,7 +467,7 @@ def neural_model(tmp_path_factory):
 ])
 def test_forged_neural_model_files_are_refused_naming_the_field(tmp_path, neural_model,
                                                                 forgery, field):
-    from hyfl.neural.model_file import _content_hash, load_neural_model
+    from hyfl.neural.model_file import load_neural_model, neural_model_sha256
 
     arrays = dict(neural_model)
     header = json.loads(arrays.pop("__header__").tobytes())
@@ -476,7 +476,7 @@ def test_forged_neural_model_files_are_refused_naming_the_field(tmp_path, neural
             arrays[key] = change(arrays[key])
         else:
             header[key] = change
-    header["content_sha256"] = _content_hash(arrays, header)
+    header["content_sha256"] = neural_model_sha256(arrays, header)
     path = tmp_path / "model.npz"
     np.savez(path, __header__=np.frombuffer(json.dumps(header).encode(), np.uint8), **arrays)
     with pytest.raises(HyflError, match="has .*" + field) as caught:

@@ -208,7 +208,7 @@ def test_predict_with_a_neural_model_reproduces_its_validation_accuracy(
     recorded hyperparameters, views and image boxes from the file) and scores the test
     split exactly as the run's last evaluation did."""
     from hyfl.model_file import load_model
-    from hyfl.neural.model_file import predict_neural_data
+    from hyfl.predict import predict_neural_data
 
     out = tmp_path / "r"
     outcome = execute(spec(digits_dir, algorithm=algorithm, partition=partition,
@@ -224,7 +224,7 @@ def test_predict_with_a_neural_model_reproduces_its_validation_accuracy(
 
 
 def test_predict_refuses_data_of_another_width(digits_dir, tmp_path):
-    from hyfl.neural.model_file import predict_neural_data
+    from hyfl.predict import predict_neural_data
 
     execute(spec(digits_dir), out_dir=tmp_path / "r")
     with pytest.raises(HyflError, match="has 30 features, the model was trained on 65"):

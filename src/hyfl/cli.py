@@ -906,14 +906,10 @@ def predict(
     or the real value for regression; ``decision`` holds the score (one column per
     class for multiclass). Data with another feature count are refused.
     """
-    from hyfl.model_file import predict_data
-    from hyfl.neural.model_file import is_neural_model, predict_neural_data
+    from hyfl.predict import predict_file
 
     try:
-        if is_neural_model(model):
-            done = predict_neural_data(model, data, out, data_dir=data_dir)
-        else:
-            done = predict_data(model, data, out, data_dir=data_dir)
+        done = predict_file(model, data, out, data_dir=data_dir)
     except HyflError as err:
         _fail(err)
     line = f"wrote {done.out} ({done.n_samples} predictions)"

@@ -31,9 +31,7 @@ numeric arrays only:
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import json
 import math
 import os
 import time
@@ -43,8 +41,8 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from hyfl._io import atomic_write, read_header, read_npz
 from hyfl.errors import HyflError, fail
+from hyfl.model_container import check_content, content_sha256, read_container, write_container
 
 MODEL_FORMAT = 2
 _READABLE_FORMATS = (1, 2)  # format 1: no intercept array
@@ -72,16 +70,6 @@ def data_checksum(X, y) -> str:
     for arr, dtype in ((X.indptr, "<i8"), (X.indices, "<i8"), (X.data, "<f8"),
                        (np.asarray(y), "<f8")):
         h.update(np.ascontiguousarray(arr, dtype=dtype).tobytes())
-    return h.hexdigest()
-
-
-def _content_hash(arrays: dict[str, np.ndarray], header: dict) -> str:
-    h = hashlib.sha256()
-    for name in _ARRAYS:
-        arr = np.ascontiguousarray(arrays[name], dtype="<f8")
-        h.update(name.encode() + np.asarray(arr.shape, dtype="<i8").tobytes() + arr.tobytes())
-    body = {k: v for k, v in header.items() if k != "content_sha256"}
-    h.update(json.dumps(body, sort_keys=True).encode())
     return h.hexdigest()
 
 
@@ -252,7 +240,6 @@ def _how_read(meta: dict) -> dict:
 
 def save_model(path: str | os.PathLike, model: Model) -> Path:
     """Write ``model`` to ``path`` (an ``.npz``; see the module docstring), atomically."""
-    path = Path(path)
     arrays = {name: np.asarray(getattr(model, name), dtype=np.float64)
               for name in _ARRAYS + _OPTIONAL_ARRAYS}
     header = {
@@ -269,13 +256,14 @@ def save_model(path: str | os.PathLike, model: Model) -> Path:
     }
     if model.label_names:
         header["label_names"] = list(model.label_names)
-    header["content_sha256"] = _content_hash(arrays, header)
-    blob = json.dumps(header, sort_keys=True).encode()
-    arrays["__header__"] = np.frombuffer(blob, dtype=np.uint8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_write(path, "wb") as f:
-        np.savez(f, **arrays)
-    return path
+    return write_container(path, arrays, header, names=_ARRAYS)
+
+
+def model_sha256(arrays: dict[str, np.ndarray], header: dict) -> str:
+    """The ``content_sha256`` of a linear model file (its rule:
+    :func:`hyfl.model_container.content_sha256` over ``weights``, ``classes``,
+    ``labels``)."""
+    return content_sha256(arrays, header, names=_ARRAYS)
 
 
 def load_model(path: str | os.PathLike) -> Model:
@@ -289,21 +277,16 @@ def load_model(path: str | os.PathLike) -> Model:
         was edited (its arrays or header do not match its ``content_sha256``), or
         a field does not fit the others (see :func:`check_model_fields`).
     """
-    path = Path(path)
-    culprit = f"model file {path}"
-    if not path.is_file():
-        raise fail(culprit, "does not exist", "Pass the model.npz of a results folder "
-                   "(`hyfl run --out DIR` writes DIR/model.npz).")
-    arrays = read_npz(path, culprit, "a hyfl model",
-                      "Pass a model.npz written by hyfl (it never holds pickled objects).",
-                      expect={"__header__": ("u", 1)})
-    header = read_header(arrays.pop("__header__"), culprit, "a hyfl model",
-                         "Pass a model.npz written by hyfl.")
-    if header.get("kind") == "hyfl-neural-model":
-        raise fail(culprit, f"holds a neural model ({header.get('algorithm')}), which this "
+    header, arrays, culprit = read_container(
+        path, "Pass the model.npz of a results folder (`hyfl run --out DIR` writes "
+        "DIR/model.npz).")
+    kind = header.get("kind")
+    if isinstance(kind, str) and kind.startswith("hyfl-") and kind != MODEL_KIND:
+        other = kind.removeprefix("hyfl-").removesuffix("-model")  # e.g. "neural"
+        raise fail(culprit, f"holds a {other} model ({header.get('algorithm')}), which this "
                    "reader of linear models cannot use",
-                   "Use hyfl predict, or hyfl.neural.model_file.load_neural_model.")
-    if header.get("kind") != MODEL_KIND:
+                   "Use hyfl predict, or hyfl.predict.load_any_model, which reads every kind.")
+    if kind != MODEL_KIND:
         raise fail(culprit, "is not a hyfl model file", "Pass a model.npz written by hyfl.")
     if header.get("format") not in _READABLE_FORMATS:
         provenance = header.get("provenance")
@@ -318,9 +301,7 @@ def load_model(path: str | os.PathLike) -> Model:
     if missing or bad:
         raise fail(culprit, f"lacks float arrays {missing + bad}",
                    "The file is damaged; retrain or restore it.")
-    if header.get("content_sha256") != _content_hash(arrays, header):
-        raise fail(culprit, "does not match its checksum (it was edited or damaged)",
-                   "Retrain, or restore the file the run wrote.")
+    check_content(culprit, header, arrays, names=_ARRAYS)
     # The checksum catches accidents, not forgeries (anyone can recompute it): every
     # field is checked on its own too.
     return check_model_fields(culprit, header, arrays)
@@ -407,148 +388,6 @@ def short_repr(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def label_text(value) -> str:
-    if isinstance(value, str):
-        return value
-    value = float(value)
-    return str(int(value)) if value.is_integer() else repr(value)
-
-
-@dataclass
-class Prediction:
-    """What :func:`predict_data` wrote: counts, accuracy, ranking metrics (AUC, KS,
-    average precision: :mod:`hyfl.metrics`) and whether the data are the training data."""
-
-    out: Path
-    n_samples: int
-    accuracy: float | None
-    same_data: bool
-    ranking: dict | None = None
-
-
-def predict_data(model_path: str | os.PathLike, data: str | os.PathLike,
-                 out: str | os.PathLike, *, data_dir: str | os.PathLike | None = None
-                 ) -> Prediction:
-    """``hyfl predict``: load a model and data, write one CSV row per sample.
-
-    Columns: ``index`` (0-based row of the data), ``prediction`` (the original
-    label; the real value for regression), then ``decision`` (one output) or
-    ``decision_<label>`` per class (multiclass, by original label); a logistic
-    model adds ``probability_<label>`` per class (:meth:`hyfl.losses.Logistic.
-    log_probabilities`).
-
-    ``accuracy`` compares the predictions with the data's own labels in original
-    label space, and ``ranking`` holds the AUC, KS and average precision of the
-    decision values against them (both None for regression or data without
-    original labels).
-
-    A LIBSVM file is read with the training file's index base (0- or 1-based, when
-    the training data was a LIBSVM file) and, since such a file only reveals its
-    largest feature index, given the model's width when it looks narrower; data
-    with more features than the model, or a named dataset of another width, are
-    refused.
-    """
-    from hyfl.data import dataset_names, is_party_spec, load_data, load_party_spec
-    from hyfl.data.loaders import load_libsvm
-
-    model = load_model(model_path)
-    name = str(data).partition(":")[0]
-    if is_party_spec(data):  # labelled party files, read together here (no alignment needed)
-        dataset, _ = load_party_spec(data, psi=False)
-        _check_feature_names(model, dataset.meta.get("feature_names", ()), data)
-    elif name not in dataset_names() and Path(data).is_file():
-        dataset = load_libsvm(data, zero_based=model.provenance.get("zero_based", "auto"))
-        if dataset.n_features < model.n_features:  # trailing features the file never uses
-            from hyfl.data.loaders import widen
-
-            dataset = _replace_X(dataset, widen(dataset.X, model.n_features))
-    else:
-        dataset = load_data(data, data_dir=data_dir)
-    model.check_features(dataset.n_features, f"data {str(data)!r}")
-    scores = model.decision_function(dataset.X)
-    predicted = model.original_labels(model.predict_encoded(dataset.X))
-    accuracy = ranking = None
-    if model.task != "regression" and dataset.task != "regression":
-        truth = original_labels_of(dataset)
-        if truth is not None:
-            accuracy = float(np.mean(predicted == truth))
-            ranking = _ranking(model, scores, truth)
-    same = data_checksum(dataset.X, dataset.y) == model.provenance.get("data_sha256")
-    if model.task == "binary":
-        names = model.original_labels(np.array([-1.0, 1.0]))
-    elif model.task == "multiclass":
-        names = model.original_labels(model.classes)
-    else:
-        names = ()
-    if scores.ndim == 1:
-        columns = ["decision"]
-    else:
-        columns = [f"decision_{label_text(v)}" for v in names]
-    if model.loss == "logistic" and model.task != "regression":
-        from hyfl.losses import Logistic
-
-        columns += [f"probability_{label_text(v)}" for v in names]
-        scores = np.column_stack([scores, np.exp(Logistic.log_probabilities(scores))])
-    scores = scores.reshape(len(scores), -1)
-    out = Path(out)
-    if out.parent != Path(""):
-        out.parent.mkdir(parents=True, exist_ok=True)
-    regression = model.task == "regression"
-    with atomic_write(out, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["index", "prediction", *columns])
-        for i in range(dataset.n_samples):
-            label = repr(float(predicted[i])) if regression else label_text(predicted[i])
-            writer.writerow([i, label, *(repr(float(s)) for s in scores[i])])
-    return Prediction(out=out, n_samples=dataset.n_samples, accuracy=accuracy, same_data=same,
-                      ranking=ranking)
-
-
-def _ranking(model: Model, scores: np.ndarray, truth: np.ndarray) -> dict:
-    """AUC, KS and average precision of a model's decision values against original labels."""
-    from hyfl.metrics import ranking_metrics
-
-    if scores.ndim == 1:  # the positive class is the one encoded +1
-        positive = model.original_labels(np.array([1.0]))[0]
-        return ranking_metrics(scores, np.where(truth == positive, 1, -1))
-    return ranking_metrics(scores, truth, model.original_labels(model.classes))
-
-
-def _check_feature_names(model: Model, names, data) -> None:
-    """Party files must bring the training columns in the training order."""
-    trained = model.provenance.get("feature_names")
-    if trained is None or list(trained) == list(names):
-        return
-    first = next((i for i, (a, b) in enumerate(zip(trained, names)) if a != b),
-                 min(len(trained), len(names)))
-    weight = model.provenance.get("weight_column")
-    fix = ("List the party files in the training order, with the training columns."
-           if weight is None or weight not in list(names) else
-           f"Add the spec option ;weight={weight} (as in training), so that the weight column "
-           "is not read as a feature.")
-    raise fail(f"data {str(data)!r}", f"have the feature columns {list(names)[:8]}, the "
-               f"model was trained on {list(trained)[:8]} (they differ at column {first + 1})",
-               fix)
-
-
-def _replace_X(dataset, X):
-    from dataclasses import replace
-
-    return replace(dataset, X=X)
-
-
-def original_labels_of(dataset) -> np.ndarray | None:
-    """The dataset's labels as its original values (None if its mapping is unknown)."""
-    original = tuple(dataset.meta.get("classes") or ())
-    y = np.asarray(dataset.y, dtype=np.float64)
-    text = any(isinstance(label, str) for label in original)
-    values = np.asarray(original, dtype=object if text else np.float64)
-    if dataset.task == "binary" and len(original) == 2:
-        return values[(y > 0).astype(np.int64)]
-    if dataset.task == "multiclass" and original:
-        return values[y.astype(np.int64)]
-    return None
-
-
-__all__ = ["MODEL_FILE", "MODEL_FORMAT", "Model", "Prediction", "check_model_fields",
-           "data_checksum", "load_model", "model_from_problem", "predict_data", "save_model"]
+__all__ = ["MODEL_FILE", "MODEL_FORMAT", "MODEL_KIND", "Model", "check_model_fields",
+           "data_checksum", "load_model", "model_from_problem", "model_sha256", "save_model",
+           "short_repr"]

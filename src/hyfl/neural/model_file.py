@@ -1,7 +1,8 @@
 """Neural models on disk: ``model.npz`` of a neural run.
 
-Like :mod:`hyfl.model_file` (read with ``allow_pickle=False``, a JSON header,
-a SHA-256 of the content that refuses edited files), with:
+In the container every model file uses (:mod:`hyfl.model_container`: read with
+``allow_pickle=False``, a JSON header, a SHA-256 of the content that refuses
+edited files), with:
 
 ``param:<path>``
     float32 arrays, the trained parameters by pytree path
@@ -21,22 +22,27 @@ a SHA-256 of the content that refuses edited files), with:
     width of the data it was trained on and the columns dropped from it, e.g.
     MNIST's bias column), provenance and ``content_sha256``.
 
-:func:`predict_neural_data` is ``hyfl predict`` for these files.
+The container (header, checksum, safe reading) is :mod:`hyfl.model_container`'s;
+:func:`hyfl.predict.predict_neural_data` is ``hyfl predict`` for these files.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from hyfl._io import atomic_write, read_header, read_npz
 from hyfl.errors import HyflError, fail
+from hyfl.model_container import (
+    check_content,
+    content_sha256,
+    read_container,
+    read_kind,
+    write_container,
+)
 from hyfl.model_file import short_repr
 
 NEURAL_MODEL_KIND = "hyfl-neural-model"
@@ -84,17 +90,6 @@ class NeuralModel:
         return np.concatenate(parts) if parts else np.zeros((0, self.classes.size))
 
 
-def _content_hash(arrays: dict[str, np.ndarray], header: dict) -> str:
-    h = hashlib.sha256()
-    for name in sorted(arrays):
-        arr = np.ascontiguousarray(arrays[name])
-        h.update(name.encode() + str(arr.dtype).encode())
-        h.update(np.asarray(arr.shape, dtype="<i8").tobytes() + arr.tobytes())
-    body = {k: v for k, v in header.items() if k != "content_sha256"}
-    h.update(json.dumps(body, sort_keys=True, default=str).encode())
-    return h.hexdigest()
-
-
 def save_neural_model(path: str | os.PathLike, outcome, setup) -> Path:
     """Write the trained parameters of a neural run (``outcome.result.weights``)."""
     from hyfl import __version__
@@ -128,36 +123,28 @@ def save_neural_model(path: str | os.PathLike, outcome, setup) -> Path:
             "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         },
     }
-    header["content_sha256"] = _content_hash(arrays, header)
-    arrays["__header__"] = np.frombuffer(json.dumps(header, sort_keys=True,
-                                                    default=str).encode(), dtype=np.uint8)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_write(path, "wb") as f:
-        np.savez(f, **arrays)
-    return path
+    return write_container(path, arrays, header)
+
+
+def neural_model_sha256(arrays: dict[str, np.ndarray], header: dict) -> str:
+    """The ``content_sha256`` of a neural model file (every array, with its dtype:
+    :func:`hyfl.model_container.content_sha256`)."""
+    return content_sha256(arrays, header)
 
 
 def load_neural_model(path: str | os.PathLike) -> NeuralModel:
     """Read a neural ``model.npz``; refuses other files, edited ones and forged fields
     (see :func:`check_neural_fields`) with a clear error."""
-    path = Path(path)
-    culprit = f"model file {path}"
-    if not path.is_file():
-        raise fail(culprit, "does not exist", "Pass the model.npz of a neural run's folder.")
-    arrays = read_npz(path, culprit, "a hyfl model", "Pass a model.npz written by hyfl.",
-                      expect={"__header__": ("u", 1)})
-    header = read_header(arrays.pop("__header__"), culprit, "a hyfl model",
-                         "Pass a model.npz written by hyfl.")
+    header, arrays, culprit = read_container(
+        path, "Pass the model.npz of a neural run's folder.",
+        "Pass a model.npz written by hyfl.")
     if header.get("kind") != NEURAL_MODEL_KIND:
         raise fail(culprit, "is not a neural hyfl model",
                    "Pass the model.npz of a hyfem-nn or fedbcd-nn run.")
     if header.get("format") != NEURAL_MODEL_FORMAT:
         raise fail(culprit, f"has format {header.get('format')!r}, this hyfl reads "
                    f"{NEURAL_MODEL_FORMAT}", "Retrain with this hyfl version.")
-    if header.get("content_sha256") != _content_hash(arrays, header):
-        raise fail(culprit, "does not match its checksum (it was edited or damaged)",
-                   "Retrain, or restore the file the run wrote.")
+    check_content(culprit, header, arrays)
     return check_neural_fields(culprit, header, arrays)
 
 
@@ -252,48 +239,4 @@ def check_neural_fields(culprit: str, header: dict, arrays: dict[str, np.ndarray
 
 def is_neural_model(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a readable ``.npz`` whose header says it is a neural model."""
-    try:
-        arrays = read_npz(path, "model file", "a hyfl model", "", only=("__header__",),
-                          expect={"__header__": ("u", 1)})
-        header = read_header(arrays["__header__"], "model file", "a hyfl model", "")
-    except HyflError:
-        return False
-    return header.get("kind") == NEURAL_MODEL_KIND
-
-
-def predict_neural_data(model_path, data, out, *, data_dir=None):
-    """``hyfl predict`` for a neural model: one CSV row per sample of ``data``.
-
-    Columns: ``index``, ``prediction`` (the original label) and one
-    ``score_<label>`` per class (the model's logit). Data of another width
-    than the training data are refused. Returns a
-    :class:`hyfl.model_file.Prediction`.
-    """
-    import csv
-
-    from hyfl.data import load_data
-    from hyfl.model_file import Prediction, label_text, original_labels_of
-
-    model = load_neural_model(model_path)
-    dataset = load_data(data, data_dir=data_dir)
-    expected = int(model.header["input_features"])
-    if dataset.n_features != expected:
-        raise fail(f"data {str(data)!r}", f"has {dataset.n_features} features, the model was "
-                   f"trained on {expected}", "Pass data with the training data's features.")
-    scores = model.scores(dataset.X)
-    encoded = model.classes[np.argmax(scores, axis=1)]  # labels as hyfl loaded them
-    accuracy = float(np.mean(encoded == np.asarray(dataset.y, dtype=np.float64)))
-    predicted = encoded
-    if dataset.task == "binary":  # -1/+1 back to the file's own labels when known
-        original = original_labels_of(replace(dataset, y=encoded))
-        predicted = original if original is not None else encoded
-    out = Path(out)
-    if out.parent != Path(""):
-        out.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_write(out, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["index", "prediction",
-                         *(f"score_{label_text(c)}" for c in model.classes)])
-        for i in range(dataset.n_samples):
-            writer.writerow([i, label_text(predicted[i]), *(repr(float(v)) for v in scores[i])])
-    return Prediction(out=out, n_samples=dataset.n_samples, accuracy=accuracy, same_data=False)
+    return read_kind(path) == NEURAL_MODEL_KIND
