@@ -624,3 +624,15 @@ def test_calibrate_ignores_the_pool(keypair):
     calibrate(cipher, n_values=4)
     assert cipher._key._pool is pool and len(pool) >= before  # nothing was taken from it
     pool.close()
+
+
+@pytest.mark.parametrize("name, key_bits", [("none", None), ("paillier", 512), ("packed", 512),
+                                            ("packed", 1024), ("ckks", None)])
+def test_slot_counts_without_a_key_are_the_ciphers_own(name, key_bits):
+    """hyfl.costs.layout_slots reads the slot count from a formula, not from a keyed cipher."""
+    from hyfl.costs import layout_slots
+    from hyfl.privacy.ciphers import cipher_slots
+
+    cipher = make_cipher(name, key_bits=key_bits) if key_bits else make_cipher(name)
+    assert cipher_slots(name, key_bits=key_bits) == cipher.slots
+    assert layout_slots(name, key_bits=key_bits) == cipher.slots

@@ -317,11 +317,11 @@ def check_he_layout(layout, cipher: str) -> str:
 
 def layout_slots(layout: str, *, key_bits: int | None = None) -> int | None:
     """Values per ciphertext of ``he_layout`` (None for ``cipher`` and ``sample``)."""
-    from hyfl.privacy.ciphers import make_cipher
+    from hyfl.privacy.ciphers import cipher_slots
 
     if layout in HE_LAYOUTS:
         return None
-    return int(make_cipher(layout, key_bits=key_bits).slots)
+    return cipher_slots(layout, key_bits=key_bits)
 
 
 def load_he_costs(spec: str, cipher: str) -> HECosts:

@@ -491,8 +491,8 @@ class PackedPaillierCipher(_PaillierBase):
         self.max_addends = 2**self.guard_bits
         self._max_count = self.max_addends
         self._offset = fixed_point.max_int
-        self.slot_bits = (2 * self.max_addends * self._offset).bit_length()
-        self.slots = (self.key_bits - 3) // self.slot_bits
+        self.slot_bits, self.slots = packed_slot_layout(self.key_bits, fixed_point,
+                                                        self.guard_bits)
         if self.slots < 1:
             raise fail(
                 "key_bits",
@@ -630,7 +630,7 @@ def _make_packed(
     return PackedPaillierCipher(key, fp, guard_bits)
 
 
-from hyfl.privacy.lattice import make_ckks  # noqa: E402  (it builds on cipher_base)
+from hyfl.privacy.lattice import POLY_MODULUS_DEGREE, make_ckks  # noqa: E402  (it builds on cipher_base)
 
 CIPHERS: dict[str, tuple[Callable[..., Cipher], str]] = {
     "none": (_make_none, "no encryption: exact floats, operations still counted"),
@@ -647,6 +647,35 @@ CIPHERS: dict[str, tuple[Callable[..., Cipher], str]] = {
         "CKKS lattice cipher (SEAL via TenSEAL), 4096 values per ciphertext, 128-bit security",
     ),
 }
+
+
+def packed_slot_layout(key_bits: int, fixed_point: FixedPoint, guard_bits: int
+                       ) -> tuple[int, int]:
+    """Bits per slot and slots per ciphertext of the packed cipher.
+
+    A slot holds a sum of up to ``2**guard_bits`` values, each offset by the
+    fixed point's largest magnitude to make it non-negative; three bits of the
+    modulus stay free.
+    """
+    slot_bits = (2 * 2**guard_bits * fixed_point.max_int).bit_length()
+    return slot_bits, (key_bits - 3) // slot_bits
+
+
+def cipher_slots(name: str, *, key_bits: int | None = None) -> int:
+    """Values per ciphertext of cipher ``name`` at its default encoding, without making
+    a key (``packed``: from the key size; ``ckks``: half the ring dimension)."""
+    check_choice("cipher", name, CIPHERS)
+    if name == "packed":
+        bits = DEFAULT_KEY_BITS if key_bits is None else check_keybits(key_bits)
+        _, slots = packed_slot_layout(bits, FixedPoint(DEFAULT_PRECISION_BITS, DEFAULT_BOUND),
+                                      DEFAULT_GUARD_BITS)
+        if slots < 1:
+            raise fail("key_bits", f"is {bits}, too small for one packed slot",
+                       "Use a larger key (2048 bits).")
+        return slots
+    if name == "ckks":
+        return POLY_MODULUS_DEGREE // 2
+    return 1
 
 
 def make_cipher(
