@@ -28,6 +28,7 @@ from hyfl._names import (
     STEP_RULES,
 )
 from hyfl._names import CIPHER_NAMES as CIPHERS
+from hyfl.deploy.cli import app as deploy_app
 from hyfl.errors import HyflError, fail
 
 app = typer.Typer(
@@ -1120,10 +1121,9 @@ def _unwrap_help(typer_app: typer.Typer) -> None:
             info.help = "\n\n".join(" ".join(p.splitlines()) for p in doc.split("\n\n"))
 
 
-_deploy_app = __import__("hyfl.deploy.cli", fromlist=["app"]).app
 _unwrap_help(app)
-_unwrap_help(_deploy_app)
-app.add_typer(_deploy_app, name="deploy")
+_unwrap_help(deploy_app)
+app.add_typer(deploy_app, name="deploy")
 
 if __name__ == "__main__":  # pragma: no cover
     app()
