@@ -7,7 +7,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from hyfl import cli
+from hyfl import cli, cli_tables
 from hyfl.experiments.outputs import CONVERGENCE_COLUMNS, COST_SUMMARY_COLUMNS
 
 runner = CliRunner()
@@ -15,9 +15,10 @@ runner = CliRunner()
 
 @pytest.fixture
 def narrow(monkeypatch):
-    """``cli.console`` as an 80-column terminal whose output the test reads back."""
+    """``cli.console`` and ``cli_tables.console`` as an 80-column terminal read back."""
     console = Console(width=80, record=True, color_system=None, highlight=False)
-    monkeypatch.setattr(cli, "console", console)
+    monkeypatch.setattr(cli, "console", console)  # the commands' lines
+    monkeypatch.setattr(cli_tables, "console", console)  # their tables
     return console
 
 
@@ -41,7 +42,7 @@ def _row(name: str, scale: float) -> dict:
 
 def test_comparison_tables_fit_80_columns_and_keep_numbers_whole(narrow):
     rows = [_row("hyfem-avg", 1.0), _row("fedbcd-p", 3.0), _row("hyfdca", 7.0)]
-    cli._print_comparison(rows, "breast_cancer, grid:3x3, participation 0.5",
+    cli_tables.print_comparison(rows, "breast_cancer, grid:3x3, participation 0.5",
                           "simulated cost; seconds per outer iteration")
     text = narrow.export_text()
     lines = _readable(text)
@@ -55,8 +56,8 @@ def test_comparison_tables_fit_80_columns_and_keep_numbers_whole(narrow):
 
 def test_comparison_tables_keep_every_column_when_the_terminal_is_wide(monkeypatch):
     wide = Console(width=250, record=True, color_system=None)
-    monkeypatch.setattr(cli, "console", wide)
-    cli._print_comparison([_row("hyfdca", 1.0)], "title", "cost")
+    monkeypatch.setattr(cli_tables, "console", wide)
+    cli_tables.print_comparison([_row("hyfdca", 1.0)], "title", "cost")
     text = wide.export_text()
     assert "left out" not in text and "settled 1e-3" in text and "dec." in text
 
@@ -71,7 +72,7 @@ def test_experiment_table_over_seeds_fits_80_columns(narrow):
     config = SimpleNamespace(name="paper-rcv1", seeds=(0, 1, 2),
                              data=SimpleNamespace(dataset="rcv1"),
                              partition=SimpleNamespace(spec="grid:3x3", participation="0.5"))
-    cli._print_experiment(SimpleNamespace(config=config, rows=[row]))
+    cli_tables.print_experiment(SimpleNamespace(config=config, rows=[row]))
     text = narrow.export_text()
     _readable(text)
     assert "fedbcd-p" in text and "0.0001234 ± 6.789e-05" in text

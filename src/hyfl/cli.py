@@ -10,12 +10,9 @@ from typing import Annotated
 
 import click
 import typer
-from rich import box
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from hyfl._format import format_bytes as _bytes
 from hyfl._format import format_seconds as _seconds
 from hyfl._names import (
     ALGORITHM_NAMES,
@@ -28,6 +25,16 @@ from hyfl._names import (
     STEP_RULES,
 )
 from hyfl._names import CIPHER_NAMES as CIPHERS
+from hyfl.cli_tables import (
+    console,
+    name_column,
+    number_column,
+    print_comparison,
+    print_costs,
+    print_experiment,
+    print_neural_summary,
+    print_summary,
+)
 from hyfl.deploy.cli import app as deploy_app
 from hyfl.errors import HyflError, fail
 
@@ -39,7 +46,6 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 # No emoji codes: an error quoting a user's text shows ":x:" as typed.
-console = Console(emoji=False)
 
 
 def _show_version(value: bool) -> None:
@@ -63,7 +69,6 @@ def _main(
     ] = False,
 ) -> None:
     """Hybrid federated learning of linear models (HyFDCA and baselines)."""
-
 
 
 def _choice(names) -> click.Choice:
@@ -287,7 +292,7 @@ def demo(
                           log=_say)
     except HyflError as err:
         _fail(err)
-    _print_summary(outcome)
+    print_summary(outcome)
     _exit_if_trivial([outcome])
 
 
@@ -400,10 +405,10 @@ def run(
     if quiet:
         console.print(f"wrote {outcome.out_dir}")
     elif outcome.summary["engine"] == "neural":
-        _print_neural_summary([outcome])
+        print_neural_summary([outcome])
     else:
-        _print_summary(outcome)
-        _print_costs(outcome)
+        print_summary(outcome)
+        print_costs(outcome)
     _exit_if_trivial([outcome])
 
 
@@ -446,144 +451,9 @@ def _run_config(ctx, path: Path, out, hyper, *, resume: bool, overwrite: bool, p
         log=None if quiet else console.print,
     )
     if not quiet:
-        _print_experiment(result)
+        print_experiment(result)
     console.print(f"wrote {result.out_dir}")
     _exit_if_trivial(result.outcomes)
-
-
-def _natural_width(table: Table) -> int:
-    """Columns ``table`` needs to show every cell whole (its width on an unbounded terminal)."""
-    probe = Console(width=10_000, color_system=None, highlight=False)
-    with probe.capture() as captured:
-        probe.print(table)
-    return max((len(line.rstrip()) for line in captured.get().splitlines()), default=0)
-
-
-def _fitted(make, columns: list[str], drop_order: tuple[str, ...]) -> tuple[Table, list[str]]:
-    """``make(columns)``, leaving out columns in ``drop_order`` until it fits the terminal.
-
-    Numbers are never cut or wrapped (a cut ``0.0012`` reads as another number), so a
-    table too wide for ``console.width`` loses its least important columns instead;
-    the caller names them so the reader knows where to find them.
-    """
-    shown, dropped = list(columns), []
-    table = make(shown)
-    for name in drop_order:
-        if _natural_width(table) <= console.width:
-            break
-        if name in shown:
-            shown.remove(name)
-            dropped.append(name)
-            table = make(shown)
-    return table, dropped
-
-
-def _say_dropped(dropped: list[str], where: str) -> None:
-    if dropped:
-        console.print(
-            f"[dim]left out at this terminal width: {escape(', '.join(dropped))} "
-            f"(see {escape(where)})[/]"
-        )
-
-
-def _name_column(table: Table, header: str) -> None:
-    """A text column that folds a long name rather than cutting it to ``algorit…``."""
-    table.add_column(header, overflow="fold", min_width=min(10, max(len(header), 4)))
-
-
-def _number_column(table: Table, header: str) -> None:
-    # Whole numbers or nothing: a number split over two lines or cut with an ellipsis
-    # misreads; tables that cannot fit drop columns instead (:func:`_fitted`).
-    table.add_column(header, justify="right", no_wrap=True)
-
-
-# Columns the summary tables leave out first when the terminal is narrow (all are in
-# summary.csv): the stricter/looser thresholds and the smaller cost components.
-_CONVERGENCE_DROP = ("rounds_to_auc_0.7", "rounds_to_auc_0.75", "rounds_to_auc_0.8",
-                     "settled_1e-3", "rounds_to_1e-1", "rounds_to_1e-3", "median_round_ms",
-                     "round_trips", "settled_1e-2", "best_val_auc", "best_val_accuracy")
-_COST_DROP = ("decryptions", "time_latency_per_iter", "time_server_per_iter", "bytes_down",
-              "encryptions", "time_encryption_per_iter", "time_client_per_iter", "bytes_up")
-_EXPERIMENT_DROP = ("round_trips", "settled_1e-2", "best_val_auc", "best_val_accuracy", "seeds")
-
-
-def _print_experiment(result) -> None:
-    outcomes = getattr(result, "outcomes", None)
-    if outcomes and outcomes[0].summary["engine"] == "neural":
-        _print_neural_summary(outcomes)
-        return
-    config = result.config
-    title = (
-        f"{config.name}: {config.data.dataset}, {config.partition.spec}, "
-        f"participation {config.partition.participation}"
-    )
-    if len(config.seeds) == 1:
-        _print_comparison(result.rows, title, "simulated cost; seconds per outer iteration")
-        return
-    headers = {
-        "final_relative_loss": "rel. loss",
-        "best_val_accuracy": "best val. acc.",
-        "best_val_auc": "best val. AUC",
-        "settled_1e-2": "settled 1e-2",
-        "round_trips": "round trips",
-        "sim_time": "sim_time",
-    }
-
-    def make(shown: list[str]) -> Table:
-        table = Table(
-            title=f"{title}; mean ± std over seeds {list(config.seeds)}",
-            box=box.SIMPLE_HEAD,
-            padding=(0, 1),
-            pad_edge=False,
-        )
-        _name_column(table, "algorithm")
-        for column in shown:
-            _number_column(table, headers.get(column, column))
-        for row in result.rows:
-            cells = [row["algorithm"]]
-            for column in shown:
-                if column == "seeds":
-                    cells.append(str(row["n_seeds"]))
-                    continue
-                # (.get: rows of results written before a column existed lack it)
-                mean, std = row.get(f"{column}_mean"), row.get(f"{column}_std")
-                cells.append(
-                    "-"
-                    if mean is None
-                    else f"{_summary_cell(column, mean)} ± {_summary_cell(column, std)}"
-                )
-            table.add_row(*cells)
-        return table
-
-    table, dropped = _fitted(make, ["seeds", *headers], _EXPERIMENT_DROP)
-    console.print(table)
-    _say_dropped([headers.get(c, c) for c in dropped], "summary.csv")
-
-
-def _print_comparison(rows, title: str, cost_title: str) -> None:
-    from hyfl.experiments.outputs import CONVERGENCE_COLUMNS, COST_SUMMARY_COLUMNS
-
-    cost_columns = [c for c in COST_SUMMARY_COLUMNS if c != "engine"]
-    for columns, caption, drop_order in [
-        (CONVERGENCE_COLUMNS, title, _CONVERGENCE_DROP),
-        (cost_columns, cost_title, _COST_DROP),
-    ]:
-
-        def make(shown: list[str], caption=caption) -> Table:
-            table = Table(title=caption, box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
-            for column in shown:
-                header = _HEADERS.get(column, column)
-                if column == "algorithm":
-                    _name_column(table, header)
-                else:
-                    _number_column(table, header)
-            for row in rows:
-                table.add_row(*[_summary_cell(c, row[c]) for c in shown])
-            return table
-
-        table, dropped = _fitted(make, list(columns), drop_order)
-        console.print(table)
-        _say_dropped([_HEADERS.get(c, c) for c in dropped], "summary.csv")
 
 
 @app.command(epilog=TRIVIAL_EPILOG)
@@ -650,7 +520,7 @@ def compare(
     except HyflError as err:
         _fail(err)
     if outcomes and outcomes[0].summary["engine"] == "neural":
-        _print_neural_summary(outcomes)
+        print_neural_summary(outcomes)
         console.print(f"wrote {out}/summary.csv, summary.md, compare.png")
         _exit_if_trivial(outcomes)
         return
@@ -663,7 +533,7 @@ def compare(
         "client, server, latency and HE: seconds per outer iteration"
         + (f"; {', '.join(encrypted)} really encrypted ({cipher})" if encrypted else "")
     )
-    _print_comparison(rows, title, cost_title)
+    print_comparison(rows, title, cost_title)
     console.print(
         f"wrote {out}/summary.csv, summary.md, compare.png, costs.png and one folder per algorithm"
     )
@@ -695,9 +565,9 @@ def calibrate(
     table = Table(title="time per homomorphic operation on this machine")
     for column in ("cipher", "key bits", "slots", "operation", "per ciphertext", "per value"):
         if column in ("cipher", "operation"):
-            _name_column(table, column)
+            name_column(table, column)
         else:
-            _number_column(table, column)
+            number_column(table, column)
     for name, r in records.items():
         for i, op in enumerate(("encrypt", "decrypt", "add")):
             first = i == 0
@@ -738,11 +608,11 @@ def tune(
     except HyflError as err:
         _fail(err)
     table = Table(title="chosen hyperparameters (Gray Relational Analysis)")
-    _name_column(table, "algorithm")
+    name_column(table, "algorithm")
     for column in ("trials", "divergent"):
-        _number_column(table, column)
+        number_column(table, column)
     table.add_column("best", overflow="fold")  # KEY=VALUE list: wraps between values
-    _number_column(table, "grade")
+    number_column(table, "grade")
     for label, result in results.items():
         best = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                          for k, v in result.best.items())
@@ -858,7 +728,7 @@ def datasets(data_dir: DataDir = None):
     table = Table()
     table.add_column("name", no_wrap=True)
     table.add_column("task", overflow="fold")
-    _number_column(table, "paper lambda")
+    number_column(table, "paper lambda")
     table.add_column("files", overflow="fold")  # whole paths, folded rather than cut
     for name, entry in DATASETS.items():
         lam = default_lambda(name)
@@ -937,174 +807,6 @@ def _hyper(iic, local_steps, step_rule, a, b, mu, eta0, batch_size, param) -> di
         "batch_size": batch_size,
     }
     return {**{k: v for k, v in named.items() if v is not None}, **_parse_params(param)}
-
-
-_HEADERS = {
-    "final_relative_loss": "rel. loss",
-    "best_val_accuracy": "best val. acc.",
-    "best_val_auc": "best val. AUC",
-    "rounds_to_1e-1": "first 1e-1",
-    "rounds_to_1e-2": "first 1e-2",
-    "rounds_to_1e-3": "first 1e-3",
-    "settled_1e-2": "settled 1e-2",
-    "settled_1e-3": "settled 1e-3",
-    "round_trips": "round trips",
-    "median_round_ms": "wall ms/round",
-    "bytes_up": "up",
-    "bytes_down": "down",
-    "encryptions": "enc.",
-    "decryptions": "dec.",
-    "time_client_per_iter": "client",
-    "time_server_per_iter": "server",
-    "time_latency_per_iter": "latency",
-    "time_encryption_per_iter": "HE",
-}
-
-
-def _summary_cell(column: str, value) -> str:
-    if value is None or value != value:
-        return "-"
-    if column.startswith("bytes_"):
-        return _bytes(value)
-    if column == "sim_time" or column.endswith("_per_iter"):
-        return _seconds(value)
-    if column in ("encryptions", "decryptions"):
-        return f"{int(value):,}"
-    return _cell(value)
-
-
-def _cell(value) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
-def _print_summary(outcome) -> None:
-    s = outcome.summary
-    final = s["final"]
-    # The solver's name (up to 49 characters) goes in the caption, which wraps: in a
-    # column it would squeeze the row names at 80 columns.
-    table = Table(title=f"{outcome.spec.algorithm} against the centralized optimum",
-                  caption=f"centralized optimum: {outcome.optimum_method}")
-    table.add_column("", no_wrap=True)
-    _number_column(table, outcome.spec.algorithm)
-    _number_column(table, "centralized")
-    table.add_row("primal P(w)", f"{final['primal']:.6g}", f"{outcome.optimum_primal:.6g}")
-    if final["dual"] == final["dual"]:  # primal-dual methods only
-        table.add_row("dual D(alpha)", f"{final['dual']:.6g}", "")
-        table.add_row("duality gap", f"{final['gap']:.3g}", "")
-    table.add_row("relative loss", f"{final['relative_loss']:.3g}", "0")
-    central = s.get("optimum", {})
-
-    def number(value) -> str:
-        return "" if value is None or value != value else f"{value:.4f}"
-
-    # Accuracy and AUC beside the central model's, and the majority class's rate (the
-    # accuracy of a model that learned nothing); AP: average precision.
-    # (short labels: the table must fit 80 columns beside the solver's name)
-    for split, majority in (("train", s.get("majority_rate")),
-                            ("val", s.get("val_majority_rate"))):
-        name = "train" if split == "train" else "val."
-        if number(final.get(f"{split}_accuracy")):
-            reference = number(central.get(f"{split}_accuracy"))
-            if majority is not None:
-                reference += f" (majority class {number(majority)})"
-            table.add_row(f"accuracy ({name})", number(final[f"{split}_accuracy"]), reference)
-        if number(final.get(f"{split}_auc")):
-            table.add_row(f"AUC ({name})", number(final[f"{split}_auc"]),
-                          number(central.get(f"{split}_auc")))
-    if number(final.get("val_ks")):
-        table.add_row("KS / AP (val.)",
-                      f"{final['val_ks']:.4f} / {final['val_average_precision']:.4f}", "")
-    table.add_row("outer iterations", f"{int(final['iteration'])}", "")
-    table.add_row("round trips", f"{final['round_trips']:g}", "")
-    # The one time per round of this table: measured; the simulated cost is below.
-    table.add_row("wall time / round", f"{1e3 * s['median_round_seconds']:.3f} ms", "")
-    console.print(table)
-    if s.get("shared_ids"):
-        shared = ", ".join(f"{party} {n}" for party, n in s["shared_ids"].items())
-        console.print(f"sample IDs shared with another party: {shared}")
-    if outcome.out_dir is not None:
-        console.print(
-            f"wrote {outcome.out_dir}/metrics.csv, metrics.parquet, run.json and loss.png"
-        )
-
-
-def _print_neural_summary(outcomes) -> None:
-    """The table of neural runs: accuracy of the global and local models, traffic."""
-    from hyfl.neural.runner import summary_rows
-
-    table = Table(title="neural runs (validation = the data's test split)")
-    table.add_column("", overflow="fold")
-    for o in outcomes:
-        _number_column(table, o.summary["algorithm"])
-    rows = summary_rows(outcomes)
-    shown = {
-        "final_val_accuracy": ("val. accuracy (final, global)", "{:.4f}"),
-        "best_val_accuracy": ("val. accuracy (best)", "{:.4f}"),
-        "final_local_val_accuracy": ("local models' val. accuracy", "{:.4f}"),
-        "final_val_auc": ("val. AUC (final, global)", "{:.4f}"),
-        "rounds_to_0.95": ("first round at 0.95", "{:.0f}"),
-        "final_loss": ("training loss", "{:.4g}"),
-        "round_trips": ("round trips", "{:,.0f}"),
-    }
-    for key, (label, form) in shown.items():
-        table.add_row(label, *(_maybe(form, r[key]) for r in rows))
-    table.add_row("bytes up", *(_bytes(r["bytes_up"]) for r in rows))
-    table.add_row("bytes down", *(_bytes(r["bytes_down"]) for r in rows))
-    table.add_row("wall time per round (median)", *(_seconds(r["median_round_s"]) for r in rows))
-    console.print(table)
-    folders = ", ".join(str(o.out_dir) for o in outcomes if o.out_dir is not None)
-    if folders and len(outcomes) == 1:
-        console.print(f"wrote {folders} (metrics.csv, run.json, participation.csv, model.npz, "
-                      "accuracy.png)")
-
-
-def _maybe(form: str, value) -> str:
-    if value is None or (isinstance(value, float) and value != value):
-        return "-"
-    return form.format(value)
-
-
-def _print_costs(outcome) -> None:
-    s = outcome.summary
-    costs = s["costs"]
-    per, totals = costs["per_iteration"], costs["totals"]
-    iterations = int(s["final"]["iteration"])
-    he = outcome.result.config.get("costs", {}).get("he_costs", {})
-    caption = f"HE operations priced by: {he.get('source', outcome.spec.he_costs)}"
-    if "he_seconds_measured" in costs:
-        caption += (
-            f". The real cryptography of this run took {_seconds(costs['he_seconds_measured'])} "
-            "of compute; sim_time charges its operations at the per-operation costs above instead"
-        )
-    title = (f"simulated cost ({s['engine']} engine, cipher {s['cipher']}, "
-             f"latency {outcome.spec.latency:g} s)")
-    # As wide as the title where the terminal allows, so the title is not wrapped
-    # between a number and its unit.
-    table = Table(title=title, caption=caption, min_width=min(len(title), console.width))
-    table.add_column("", overflow="fold")
-    _number_column(table, "per iteration")
-    _number_column(table, f"total ({iterations} it.)")
-    _number_column(table, "share")
-    labels = {
-        "time_client": "client compute",
-        "time_server": "server compute",
-        "time_latency": "latency",
-        "time_encryption": "encryption",
-    }
-    total_time = per["sim_time"]
-    for key, label in labels.items():
-        share = f"{per[key] / total_time:.1%}" if total_time > 0 else "-"
-        table.add_row(label, _seconds(per[key]), _seconds(per[key] * iterations), share)
-    table.add_row("[bold]sim_time[/]", _seconds(total_time), _seconds(totals["sim_time"]), "")
-    table.add_section()
-    table.add_row("bytes up", "", _bytes(totals["bytes_up"]), "")
-    table.add_row("bytes down", "", _bytes(totals["bytes_down"]), "")
-    for key in ("encryptions", "decryptions", "additions"):
-        table.add_row(key, "", f"{int(totals[key]):,}", "")
-    table.add_row("round trips", "", f"{totals['round_trips']:.1f}", "")
-    console.print(table)
 
 
 def _unwrap_help(typer_app: typer.Typer) -> None:
