@@ -1,4 +1,7 @@
-"""Trained models on disk: ``model.npz`` and predictions from it.
+"""Trained linear models on disk: ``model.npz``.
+
+(Predicting from a model file is :mod:`hyfl.predict`; the container -- header,
+checksum, safe reading -- is :mod:`hyfl.model_container`.)
 
 Every results folder (``hyfl run``, each run of a config, ``hyfl deploy local``)
 holds a ``model.npz``; ``hyfl predict`` reads it. The file is an ``.npz`` read with

@@ -1,4 +1,6 @@
-"""Who holds which block of the data, and who takes part in each round.
+"""Who holds which block of the data.
+
+(Who takes part in each round is :mod:`hyfl.participation`.)
 
 A :class:`Partition` splits the data matrix ``X`` (N samples x M features)
 across K clients by samples *and* features: client k holds the samples
