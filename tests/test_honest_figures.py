@@ -12,7 +12,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from hyfl.costs import TIME_COMPONENTS  # noqa: E402
-from hyfl.experiments import plots  # noqa: E402
+from hyfl.experiments import plots, results  # noqa: E402
 
 
 def _row(algorithm: str, seconds: dict[str, float]) -> dict[str, float | str]:
@@ -117,7 +117,7 @@ def _accuracy_run(majority: float | None, in_summary: bool = True):
             config["summary"] = {"majority_rate": majority}
         else:
             config["majority_rate"] = majority
-    return plots.LoadedRun("hyfdca", metrics, config)
+    return results.LoadedRun("hyfdca", metrics, config)
 
 
 def _majority_lines(fig) -> list:
@@ -240,8 +240,8 @@ def test_report_explains_every_axis(tmp_path):
 
 
 def test_title_without_a_config_describes_the_runs(tmp_path):
-    from hyfl.experiments.plots import load_results
     from hyfl.experiments.report import experiment_name
+    from hyfl.experiments.results import load_results
 
     root = _write_results(tmp_path / "out")
     (root / "config.toml").unlink()

@@ -21,9 +21,6 @@ import pytest
 from hyfl.costs import TIME_COMPONENTS
 from hyfl.errors import HyflError
 from hyfl.experiments.plots import (
-    LoadedRun,
-    load_results,
-    load_run,
     moving_average,
     paper_window,
     plot_cost_breakdown,
@@ -40,6 +37,7 @@ from hyfl.experiments.report import (
     setting_rows,
     win_counts,
 )
+from hyfl.experiments.results import LoadedRun, load_results, load_run
 
 PNG = b"\x89PNG\r\n\x1a\n"
 ITERATIONS = np.arange(0, 101, 10, dtype=float)  # 11 evaluations, t = 0..100

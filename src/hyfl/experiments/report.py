@@ -1,7 +1,7 @@
 """``hyfl report``: one document with the paper-style figures and tables of a results folder.
 
 :func:`build_report` discovers every setting and run under a results folder
-(the layouts of :func:`hyfl.experiments.plots.load_results`: a ``hyfl
+(the layouts of :func:`hyfl.experiments.results.load_results`: a ``hyfl
 compare`` folder, or folders of them, with optional ``seed-<s>`` levels) and
 writes a self-contained HTML file (figures embedded as base64 PNG, plain CSS,
 no script, no network) or a Markdown file whose figures are PNG files in
@@ -63,21 +63,18 @@ import numpy as np
 
 from hyfl.errors import check_choice, fail
 from hyfl.experiments.plots import (
-    LoadedRun,
     carries_time,
     display_name,
-    load_results,
     majority_rate,
     paper_window,
     plot_cost_breakdown,
     plot_cost_breakdown_settings,
     plot_setting_figure,
     plot_settings_grid,
-    setting_info,
     time_breakdown,
-    trivial_verdicts,
     window_row_count,
 )
+from hyfl.experiments.results import LoadedRun, load_results, setting_info, trivial_verdicts
 from hyfl.runtime.simulation import first_round_below, settled_round_below
 
 FORMATS = ("html", "markdown")
@@ -271,7 +268,7 @@ def setting_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
     ``final_relative_loss_equal_time`` and ``best_val_accuracy_equal_time``
     (within the equal-simulated-time budget; NaN without one), ``trivial``
     (``[(seed, TrivialResult)]`` of the runs no better than trivial,
-    :func:`~hyfl.experiments.plots.trivial_verdicts`; empty for none).
+    :func:`~hyfl.experiments.results.trivial_verdicts`; empty for none).
     """
     cutoffs = budget_cutoffs(runs)
     rows = []
@@ -478,7 +475,7 @@ def build_report(
     Parameters
     ----------
     results_dir : path
-        A results folder (layouts: :func:`hyfl.experiments.plots.load_results`).
+        A results folder (layouts: :func:`hyfl.experiments.results.load_results`).
     format : ``"html"`` or ``"markdown"``
         HTML: one self-contained file, figures embedded as base64 PNG.
         Markdown: figures written to ``report_files/`` next to the file and

@@ -289,8 +289,8 @@ class StudyGroup:
 
 def load_study(out: str | Path) -> list[StudyGroup]:
     """Every (data set, budget) group of settings under a study's results folder."""
-    from hyfl.experiments.plots import load_results, setting_info
     from hyfl.experiments.report import compare_setting
+    from hyfl.experiments.results import load_results, setting_info
 
     out = Path(out)
     # OUT/.../<group>/<setting>/<algorithm>/seed-<s>/run.json
@@ -447,7 +447,7 @@ def _setting_table(group: StudyGroup) -> list[str]:
 
 
 def _order(info) -> tuple:
-    from hyfl.experiments.plots import natural_key
+    from hyfl.experiments.results import natural_key
 
     return (natural_key(str(info["clients"])), float(info["fraction"] or 0))
 
