@@ -4,13 +4,8 @@
 from hyfl.data.dataset import Dataset
 from hyfl.data.fetch import DataFile, downloads_allowed
 from hyfl.data.loaders import load_idx, load_libsvm
-from hyfl.data.parties import (
-    is_party_spec,
-    load_parties,
-    load_party_data,
-    load_party_spec,
-    parse_party_spec,
-)
+from hyfl.data.parties import load_parties
+from hyfl.data.party_spec import is_party_spec, load_party_data, load_party_spec, parse_party_spec
 from hyfl.data.registry import (
     DATASETS,
     FALLBACK_LAMBDA,

@@ -66,7 +66,7 @@ def load_data(
     name, split = parse_dataset_name(str(name_or_path))
     if name is not None:
         return load_dataset(name, split or "train", data_dir)
-    from hyfl.data.parties import is_party_spec
+    from hyfl.data.party_spec import is_party_spec
 
     if is_party_spec(name_or_path):
         raise fail(

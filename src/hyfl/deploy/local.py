@@ -687,7 +687,7 @@ def compare_with_protocol(results: dict, weights: np.ndarray, problem, partition
 
 def _party_file_nodes(spec: str) -> tuple[list[dict], dict]:
     """Each party's node config data keys and the run config keys of a party spec."""
-    from hyfl.data.parties import parse_party_spec
+    from hyfl.data.party_spec import parse_party_spec
 
     files, options = parse_party_spec(spec)
     deployed = {"id_column", "label_column", "min_common", "psi", "name"}

@@ -927,7 +927,7 @@ class _Validator:
 
     def parties(self, value: Any) -> dict[str, Any]:
         """A ``[data.parties]`` table: ``files`` paths resolved, options checked by name."""
-        from hyfl.data.parties import PARTY_OPTIONS
+        from hyfl.data.party_spec import PARTY_OPTIONS
 
         s, fix = "data", 'Write [data.parties] with files = { a = "a.csv", b = "b.parquet" }.'
         if not isinstance(value, Mapping):
