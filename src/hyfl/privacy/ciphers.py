@@ -333,6 +333,14 @@ class _PaillierBase(Cipher):
         self.counts = OpCounts()
         self._wire_bytes = (2 * self.key_bits + 7) // 8  # one integer mod n^2
 
+    def _description(self, bounds: dict, **more) -> dict:
+        """What :meth:`describe` reports: the key, the encoding and ``bounds``."""
+        fp = self.fixed_point
+        return {"name": self.name, "slots": self.slots, "key_bits": self.key_bits,
+                "ciphertext_bytes": self.ciphertext_bytes,
+                "precision": {"precision_bits": fp.precision_bits, "resolution": fp.resolution},
+                "bounds": bounds, **more}
+
     def zeros(self, n: int) -> np.ndarray:
         # g^0 r^n with r = 1: the integer 1, a sum of no fresh encryptions.
         return object_array([PaillierCiphertext(mpz(1), 0, self._tag) for _ in range(int(n))])
@@ -422,19 +430,9 @@ class PaillierCipher(_PaillierBase):
 
     def describe(self) -> dict:
         fp = self.fixed_point
-        return {
-            "name": self.name,
-            "slots": self.slots,
-            "key_bits": self.key_bits,
-            "ciphertext_bytes": self.ciphertext_bytes,
-            "precision": {"precision_bits": fp.precision_bits, "resolution": fp.resolution},
-            "bounds": {
-                "value": fp.bound,
-                "encoded_bits": fp.max_int.bit_length(),
-                # Sums stay decodable while |encoded sum| <= n/3 (python-paillier's max_int).
-                "sum_encoded_bits": int(self._key.max_int.bit_length()),
-            },
-        }
+        # Sums stay decodable while |encoded sum| <= n/3 (python-paillier's max_int).
+        return self._description({"value": fp.bound, "encoded_bits": fp.max_int.bit_length(),
+                                  "sum_encoded_bits": int(self._key.max_int.bit_length())})
 
 
 # --------------------------------------------------------------------------- packed
@@ -582,17 +580,8 @@ class PackedPaillierCipher(_PaillierBase):
         )
 
     def describe(self) -> dict:
-        fp = self.fixed_point
-        return {
-            "name": self.name,
-            "slots": self.slots,
-            "key_bits": self.key_bits,
-            "ciphertext_bytes": self.ciphertext_bytes,
-            "precision": {"precision_bits": fp.precision_bits, "resolution": fp.resolution},
-            "bounds": {"value": fp.bound, "addends": self.max_addends},
-            "guard_bits": self.guard_bits,
-            "slot_bits": self.slot_bits,
-        }
+        return self._description({"value": self.fixed_point.bound, "addends": self.max_addends},
+                                 guard_bits=self.guard_bits, slot_bits=self.slot_bits)
 
 
 # --------------------------------------------------------------------------- registry
