@@ -30,6 +30,7 @@ from hyfl.partition import grid
 from hyfl.privacy.ciphers import make_cipher
 from hyfl.privacy.layout import EncryptedVector
 from hyfl.problem import make_problem
+from hyfl.runtime.checkpoint import Checkpointing
 
 #: Peak Python/NumPy allocation a refused input may cause (the attacks aim at gigabytes).
 PEAK = 50 << 20
@@ -326,7 +327,7 @@ def checkpoint(tmp_path_factory):
     from test_resume import run
 
     path = tmp_path_factory.mktemp("checkpoint") / "checkpoint.npz"
-    run("hyfdca", 4, checkpoint=path)
+    run("hyfdca", 4, checkpointing=Checkpointing(path))
     with np.load(path, allow_pickle=False) as f:
         return {name: f[name] for name in f.files}
 
@@ -336,7 +337,7 @@ def resume_from(tmp_path, arrays: dict, **more_members):
 
     path = tmp_path / "checkpoint.npz"
     np.savez(path, **{**arrays, **more_members})
-    return lambda: run("hyfdca", 8, checkpoint=path, resume=True)
+    return lambda: run("hyfdca", 8, checkpointing=Checkpointing(path, resume=True))
 
 
 def state_fields(arrays: dict) -> tuple[dict, dict]:

@@ -13,7 +13,8 @@ from hyfl.costs import CostModel, HECosts
 from hyfl.errors import HyflError
 from hyfl.experiments.runner import RunSpec, prepare
 from hyfl.privacy.ciphers import make_cipher
-from hyfl.runtime import simulation
+from hyfl.runtime import checkpoint, simulation
+from hyfl.runtime.checkpoint import Checkpointing
 from hyfl.runtime.protocol import run_protocol
 from hyfl.runtime.simulation import WALL_TIME_COLUMNS, simulate
 
@@ -83,11 +84,11 @@ def assert_same_run(a, b):
 def test_resume_to_a_larger_budget_equals_an_uninterrupted_run(case, tmp_path):
     full = run(case, 20)
     path = tmp_path / "checkpoint.npz"
-    first = run(case, 7, checkpoint=path)
+    first = run(case, 7, checkpointing=Checkpointing(path))
     assert first.config["stopped_by"] == "iterations" and path.exists()
     # The first part evaluated round 7 only because it ended there.
     assert [r["iteration"] for r in first.metrics] == [0, 3, 6, 7]
-    resumed = run(case, 20, checkpoint=path, resume=True)
+    resumed = run(case, 20, checkpointing=Checkpointing(path, resume=True))
     assert_same_run(full, resumed)
     assert [r["iteration"] for r in resumed.metrics] == [0, 3, 6, 9, 12, 15, 18, 20]
     assert resumed.config["resumed_from"] == [7] and resumed.config["rounds"] == 20
@@ -103,17 +104,17 @@ def test_resume_after_a_crash_mid_run(case, tmp_path):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        run(case, 15, checkpoint=path, checkpoint_every=2, on_evaluate=crash)
+        run(case, 15, checkpointing=Checkpointing(path, every=2), on_evaluate=crash)
     with np.load(path, allow_pickle=False) as f:
         assert json.loads(f["__header__"].tobytes())["round"] == 8  # the last before the crash
-    resumed = run(case, 15, checkpoint=path, checkpoint_every=2, resume=True)
+    resumed = run(case, 15, checkpointing=Checkpointing(path, resume=True, every=2))
     assert_same_run(full, resumed)
     assert resumed.config["resumed_from"] == [8]
 
 
 def test_checkpoints_leave_out_the_data(tmp_path):
     path = tmp_path / "checkpoint.npz"
-    run("fedavg", 5, checkpoint=path, checkpoint_seconds=0.0)
+    run("fedavg", 5, checkpointing=Checkpointing(path, seconds=0.0))
     X = setup_for("fedavg").problem.X
     # FedAvg's state holds an index of every non-zero (as large as X.data): a token too.
     assert path.stat().st_size < X.data.nbytes / 4
@@ -122,19 +123,20 @@ def test_checkpoints_leave_out_the_data(tmp_path):
 def test_resume_without_a_checkpoint_starts_afresh_and_a_finished_run_is_kept(tmp_path):
     path = tmp_path / "checkpoint.npz"
     full = run("hyfdca", 6)
-    fresh = run("hyfdca", 6, checkpoint=path, resume=True)
+    fresh = run("hyfdca", 6, checkpointing=Checkpointing(path, resume=True))
     assert_same_run(full, fresh) and fresh.config["resumed_from"] == []
-    again = run("hyfdca", 6, checkpoint=path, resume=True)  # nothing left to run
+    # nothing left to run
+    again = run("hyfdca", 6, checkpointing=Checkpointing(path, resume=True))
     assert_same_run(full, again)
     with pytest.raises(HyflError, match="past the budget of 4 iterations"):
-        run("hyfdca", 4, checkpoint=path, resume=True)
+        run("hyfdca", 4, checkpointing=Checkpointing(path, resume=True))
 
 
 def test_a_checkpoint_of_another_run_is_refused(tmp_path):
     path = tmp_path / "checkpoint.npz"
-    run("hyfdca", 4, checkpoint=path)
+    run("hyfdca", 4, checkpointing=Checkpointing(path))
     s = setup_for("hyfdca")
-    common = dict(seed=3, eval_every=3, checkpoint=path, resume=True)
+    common = dict(seed=3, eval_every=3, checkpointing=Checkpointing(path, resume=True))
     with pytest.raises(HyflError, match=r"different run \(algorithm.iic: checkpoint has 0.2"):
         simulate(
             make_algorithm("hyfdca", {"iic": 0.3}),
@@ -165,16 +167,16 @@ def test_a_checkpoint_of_another_run_is_refused(tmp_path):
         )
     path.write_bytes(path.read_bytes()[:50])
     with pytest.raises(HyflError, match="cannot be read"):
-        run("hyfdca", 8, checkpoint=path, resume=True)
+        run("hyfdca", 8, checkpointing=Checkpointing(path, resume=True))
 
 
 def test_a_checkpoint_of_an_older_state_format_is_refused(tmp_path):
     """A checkpoint written before the saved state changed shape (its format number is
     older) is refused with the way out, not resumed into the wrong state."""
-    from hyfl.runtime.simulation import CHECKPOINT_FORMAT
+    from hyfl.runtime.checkpoint import CHECKPOINT_FORMAT
 
     path = tmp_path / "checkpoint.npz"
-    run("hyfdca", 4, checkpoint=path)
+    run("hyfdca", 4, checkpointing=Checkpointing(path))
     with np.load(path, allow_pickle=False) as f:
         arrays = {name: f[name] for name in f.files}
     header = json.loads(arrays["__header__"].tobytes())
@@ -183,7 +185,7 @@ def test_a_checkpoint_of_an_older_state_format_is_refused(tmp_path):
     with open(path, "wb") as f:
         np.savez(f, **arrays)
     with pytest.raises(HyflError, match="not a hyfl checkpoint of this version"):
-        run("hyfdca", 8, checkpoint=path, resume=True)
+        run("hyfdca", 8, checkpointing=Checkpointing(path, resume=True))
 
 
 def test_sim_time_budget_stops_after_the_round_that_crosses_it():
@@ -267,16 +269,16 @@ def test_a_crafted_checkpoint_runs_no_code(tmp_path):
     they name is imported, called or unpickled."""
     case = "hyfdca"
     path = tmp_path / "checkpoint.npz"
-    run(case, 4, checkpoint=path, checkpoint_every=2)
+    run(case, 4, checkpointing=Checkpointing(path, every=2))
     for label, content, marker in list(_crafted_checkpoints(tmp_path, path)):
         crafted = tmp_path / label.replace(" ", "-") / "checkpoint.npz"
         crafted.parent.mkdir()
         crafted.write_bytes(content)
         with pytest.raises(HyflError, match="checkpoint"):
-            run(case, 6, checkpoint=crafted, checkpoint_every=2, resume=True)
+            run(case, 6, checkpointing=Checkpointing(crafted, resume=True, every=2))
         assert not marker.exists(), label
 
 
 def test_the_checkpoint_code_uses_no_pickle():
-    source = Path(simulation.__file__).read_text()
+    source = "".join(Path(m.__file__).read_text() for m in (checkpoint, simulation))
     assert "import pickle" not in source and "pickle.load" not in source

@@ -93,10 +93,6 @@ lam 1e-3) it settles at relative loss 1e-3 within 300 rounds (docs/convergence.m
 _CAPPABLE = re.compile(r"^\s*(grid|horizontal|vertical)\s*:\s*(\d+)\s*(?:[xX,*]\s*(\d+)\s*)?$")
 
 
-class _Converged(HyflError):
-    """Raised by the evaluation callback to stop the simulation at the tolerance."""
-
-
 def _seed(random_state) -> int:
     """An int seed for the engine: an int passes through (so a direct
     ``simulate(..., seed=random_state)`` call reproduces the fit)."""
@@ -200,16 +196,15 @@ class _HyFDCAEstimator(BaseEstimator):
         participation = parse_participation(self.participation, partition.n_clients)
         tol = float(self.tol)
 
-        def stop_at_tolerance(row: dict) -> None:
-            if row["iteration"] > 0 and row["gap"] <= tol * abs(row["primal"]):
-                raise _Converged("tolerance reached")
+        def at_tolerance(row: dict) -> str | None:
+            """The engine's stop condition (asked after each round, not at the start)."""
+            if row["gap"] <= tol * abs(row["primal"]):
+                return f"converged: relative duality gap <= tol={tol:g}"
+            return None
 
-        try:
-            result = simulate(algorithm, problem, partition, participation, int(self.max_iter),
-                              seed=seed, on_evaluate=stop_at_tolerance)
-            converged = False
-        except _Converged as stop:
-            result, converged = stop.result, True
+        result = simulate(algorithm, problem, partition, participation, int(self.max_iter),
+                          seed=seed, stop_when=at_tolerance)
+        converged = result.config["stopped_by"] == "stop_when"
         self.partition_ = spec
         self.n_iter_ = int(result.config["rounds"])
         self.history_ = _as_history(result.metrics)

@@ -61,9 +61,9 @@ from hyfl.participation import parse_participation
 from hyfl.partition import parse_partition, stack
 from hyfl.privacy.ciphers import CIPHERS, calibrate, check_keybits, make_cipher
 from hyfl.problem import make_problem, solve_centralized
+from hyfl.runtime.checkpoint import Checkpointing
 from hyfl.runtime.protocol import run_protocol
 from hyfl.runtime.simulation import (
-    DEFAULT_CHECKPOINT_SECONDS,
     RunResult,
     Validation,
     evaluate,
@@ -122,19 +122,15 @@ def run_prepared(
     hyper: dict[str, Any],
     progress: bool = False,
     *,
-    checkpoint: str | Path | None = None,
-    resume: bool = False,
-    checkpoint_every: int | None = None,
-    checkpoint_seconds: float = DEFAULT_CHECKPOINT_SECONDS,
+    checkpointing: Checkpointing | None = None,
     label: str | None = None,
 ) -> RunOutcome:
     """Run algorithm ``name`` on a prepared set-up and summarize it.
 
     The budget is the spec's (``iterations``, or ``sim_time`` capped by
-    ``iterations``). ``checkpoint``, ``resume``, ``checkpoint_every`` and
-    ``checkpoint_seconds`` are :func:`~hyfl.runtime.simulation.simulate`'s;
-    the encrypted protocol engine has no checkpoints, so ``resume`` with an
-    existing ``checkpoint`` file is an error there. ``label`` names the run
+    ``iterations``). ``checkpointing`` is :func:`~hyfl.runtime.simulation.simulate`'s;
+    the encrypted protocol engine has no checkpoints, so resuming from an
+    existing checkpoint file is an error there. ``label`` names the run
     in the summary (default ``name``).
     """
     started = time.time()
@@ -153,9 +149,9 @@ def run_prepared(
     args = (algorithm, problem, setup.partition, setup.participation, spec.iterations)
     run_spec = RunSpec(**{**asdict(spec), "algorithm": name, "hyper": hyper})
     if spec.uses_protocol(algorithm):
-        if resume and checkpoint is not None and Path(checkpoint).exists():
+        if checkpointing is not None and checkpointing.resume and checkpointing.path.exists():
             raise fail(
-                f"checkpoint {checkpoint}",
+                f"checkpoint {checkpointing.path}",
                 f"cannot be resumed: {name} with cipher {spec.cipher} runs on the encrypted "
                 "protocol engine, which has no checkpoints",
                 "Delete the run's folder to run it again from the start, or use cipher none.",
@@ -166,10 +162,7 @@ def run_prepared(
             *args,
             cipher=cipher,
             stop_sim_time=spec.sim_time,
-            checkpoint=checkpoint,
-            checkpoint_every=checkpoint_every,
-            checkpoint_seconds=checkpoint_seconds,
-            resume=resume,
+            checkpointing=checkpointing,
             run_key=run_spec.run_key(),
             **common,
         )
@@ -616,10 +609,9 @@ def run_experiment(
             entry.algorithm,
             dict(entry.hyper),
             progress,
-            checkpoint=None if encrypted else checkpoint,
-            resume=resume,
-            checkpoint_every=config.experiment.checkpoint_every,
-            checkpoint_seconds=config.experiment.checkpoint_seconds,
+            checkpointing=None if encrypted else Checkpointing(
+                checkpoint, resume=resume, every=config.experiment.checkpoint_every,
+                seconds=config.experiment.checkpoint_seconds),
             label=job.label,
         )
         outcome.out_dir = write_outputs(outcome, run_dir, plot=False,

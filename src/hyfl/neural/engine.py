@@ -23,9 +23,9 @@ import time
 
 import numpy as np
 
-from hyfl.errors import check_int, fail
+from hyfl.errors import fail
 from hyfl.neural.base import EVAL_COLUMNS
-from hyfl.runtime.progress import ProgressBar
+from hyfl.runtime.budget import Budget, StopWhen
 from hyfl.runtime.simulation import RunResult, random_streams
 
 NEURAL_COLUMNS = (
@@ -55,6 +55,7 @@ def run(
     eval_every: int = 1,
     latency: float = 0.0,
     progress: bool = False,
+    stop_when: StopWhen | None = None,
 ) -> RunResult:
     """Run ``iterations`` outer iterations of a neural ``algorithm`` on ``data``.
 
@@ -71,6 +72,10 @@ def run(
     latency : float, default 0
         Seconds charged per round trip in ``sim_time``.
     progress : bool, default False
+    stop_when : callable, optional
+        As in :func:`~hyfl.runtime.simulation.simulate`: ``stop_when(row)`` after
+        each evaluation of a round; a string ends the run there
+        (``config["stopped_by"] == "stop_when"``, the string ``config["stop_reason"]``).
 
     Returns
     -------
@@ -79,8 +84,7 @@ def run(
         exported parameters (a dict of arrays) and ``duals`` None;
         ``config["participation"]`` the active mask of every round (rounds x clients).
     """
-    iterations = check_int("iterations", iterations, minimum=1)
-    eval_every = check_int("eval_every", eval_every, minimum=1)
+    budget = Budget(iterations, eval_every, stop_when=stop_when)
     participation_rng, algorithm_rng = random_streams(seed)
     state = algorithm.setup(data, int(algorithm_rng.integers(2**31 - 1)))
     totals = dict.fromkeys(CUMULATIVE, 0.0)
@@ -100,9 +104,10 @@ def run(
         return row
 
     record(0, {"active_clients": 0.0})
-    with ProgressBar(progress, iterations, algorithm.name) as advance:
+    stopped_by, reason = "iterations", None
+    with budget.progress_bar(progress, algorithm.name) as advance:
         advance(0, None)
-        for t in range(1, iterations + 1):
+        for t in range(1, budget.iterations + 1):
             active = np.asarray(participation.active(t, participation_rng), dtype=bool)
             if active.shape != (data.n_clients,):
                 raise fail(
@@ -129,12 +134,16 @@ def run(
                 ("sim_time", client + server + latency * trips),
             ):
                 totals[key] += float(value)
-            if t % eval_every == 0 or t == iterations:
+            row = None
+            if budget.evaluates(t, crossed=False):
                 extra = {k: v for k, v in stats.items() if k not in CUMULATIVE}
                 row = record(t, extra)
                 advance(t, {"status": _status(row)})
             else:
                 advance(t, None)
+            stopped_by, reason = budget.stopped_by(t, False, row)
+            if stopped_by is not None:
+                break
     return RunResult(
         metrics=metrics,
         weights=algorithm.export(state),
@@ -143,10 +152,11 @@ def run(
         config={
             "algorithm": algorithm.config(),
             "seed": seed,
-            "iterations": iterations,
-            "rounds": iterations,
-            "budget": {"iterations": iterations},
-            "stopped_by": "iterations",
+            "iterations": budget.iterations,
+            "rounds": len(round_times),
+            "budget": budget.record(),
+            "stopped_by": stopped_by,
+            **({"stop_reason": reason} if reason is not None else {}),
             "resumed_from": [],
             "optimum_primal": None,
             "engine": "neural",

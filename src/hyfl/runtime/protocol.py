@@ -28,18 +28,16 @@ from hyfl.algorithms.hyfdca import HyFDCA
 from hyfl.algorithms.hyfdca_local import RunningAverage
 from hyfl.algorithms.hyfdca_parties import build_parties
 from hyfl.costs import COST_COLUMNS, FLOAT_BYTES, ID_BYTES, TIME_COMPONENTS, CostModel
-from hyfl.errors import check_int, fail
+from hyfl.errors import fail
 from hyfl.partition import Partition, stack
 from hyfl.privacy.layout import EncryptedVector, decrypt_samples
 from hyfl.problem import Optimum, Problem
-from hyfl.runtime.progress import ProgressBar
+from hyfl.runtime.budget import Budget, StopWhen
 from hyfl.runtime.simulation import (
     METRIC_COLUMNS,
     RunResult,
     Validation,
     best_certified,
-    budget_record,
-    check_sim_time_budget,
     evaluate,
     keep_best,
     random_streams,
@@ -163,6 +161,7 @@ def run_protocol(
     on_round: Callable[[Any, list], None] | None = None,
     monitor_duals: bool = True,
     stop_sim_time: float | None = None,
+    stop_when: StopWhen | None = None,
     compact: bool = True,
 ) -> RunResult:
     """Run HyFDCA with separate parties and real messages (see the module docstring).
@@ -195,6 +194,10 @@ def run_protocol(
         at most ``iterations`` rounds; ``config["stopped_by"]`` says which.
         (This engine has no checkpoints: an interrupted encrypted run starts
         over.)
+    stop_when : callable, optional
+        As in :func:`~hyfl.runtime.simulation.simulate`: ``stop_when(row)`` after
+        each evaluation of a round; a string ends the run there
+        (``config["stopped_by"] == "stop_when"``, the string ``config["stop_reason"]``).
     compact : bool, default True
         Send the values summed within a round in the round's compact layout
         (:meth:`hyfl.privacy.layout.SlotLayout.compact`). ``False`` keeps the
@@ -214,9 +217,7 @@ def run_protocol(
             f"{getattr(hyfdca, 'name', hyfdca)!r} has no encrypted protocol",
             "Real encryption applies to hyfdca only; run other algorithms with --cipher none",
         )
-    iterations = check_int("iterations", iterations, minimum=1)
-    eval_every = check_int("eval_every", eval_every, minimum=1)
-    stop_sim_time = check_sim_time_budget(stop_sim_time)
+    budget = Budget(iterations, eval_every, stop_sim_time, stop_when)
     if hyfdca.sip_scope == "paper":
         raise fail(
             "sip_scope",
@@ -261,7 +262,7 @@ def run_protocol(
     chosen = {"weights": server.w, "duals": None}
     kept = {"best": None}  # see hyfl.runtime.simulation.keep_best
 
-    def record(t: int) -> None:
+    def record(t: int) -> dict[str, float]:
         row = {"iteration": float(t)}
         # Monitoring only: a client decrypts the server's duals to report the gap.
         duals = _monitor_duals(server, cipher, problem) if monitor_duals else None
@@ -294,17 +295,15 @@ def run_protocol(
         metrics.append(row)
         if on_evaluate is not None:
             on_evaluate(row)
+        return row
 
     counts_before = [c.snapshot() for c in counters]
     record(0)
     _restore(counters, counts_before)
-    bar_total, bar_unit = (
-        (iterations, "rounds") if stop_sim_time is None else (stop_sim_time, "sim_time")
-    )
-    stopped_by = "iterations"
+    stopped_by, reason = "iterations", None
     label = f"{hyfdca.name} ({cipher.name})"
-    with ProgressBar(progress, bar_total, label, unit=bar_unit) as advance:
-        for t in range(1, iterations + 1):
+    with budget.progress_bar(progress, label) as advance:
+        for t in range(1, budget.iterations + 1):
             active = np.asarray(participation.active(t, participation_rng), dtype=bool)
             hyfdca.check_participation(active, t)
             wire.reset()
@@ -341,16 +340,17 @@ def run_protocol(
             last_stats.update({k: float(v) for k, v in wire.counts.items()})
             if on_round is not None:
                 on_round(server, clients)
-            crossed = stop_sim_time is not None and totals["sim_time"] >= stop_sim_time
-            if t % eval_every == 0 or t == iterations or crossed:
+            crossed = budget.crossed(totals["sim_time"])
+            row = None
+            if budget.evaluates(t, crossed):
                 counts_before = [c.snapshot() for c in counters]
-                record(t)
+                row = record(t)
                 _restore(counters, counts_before)
-                advance(t, metrics[-1], totals["sim_time"])
+                advance(t, row, totals["sim_time"])
             elif progress:
                 advance(t, None, totals["sim_time"])
-            if crossed:
-                stopped_by = "sim_time"
+            stopped_by, reason = budget.stopped_by(t, crossed, row)
+            if stopped_by is not None:
                 break
 
     return RunResult(
@@ -363,10 +363,11 @@ def run_protocol(
             "engine": "protocol",
             "cipher": cipher.describe(),
             "seed": seed,
-            "iterations": iterations,
+            "iterations": budget.iterations,
             "rounds": len(round_times),
-            "budget": budget_record(iterations, stop_sim_time),
+            "budget": budget.record(),
             "stopped_by": stopped_by,
+            **({"stop_reason": reason} if reason is not None else {}),
             "resumed_from": [],
             "optimum_primal": optimum.primal if optimum else None,
             "costs": model.describe(),
