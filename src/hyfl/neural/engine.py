@@ -152,11 +152,7 @@ def run(
         config={
             "algorithm": algorithm.config(),
             "seed": seed,
-            "iterations": budget.iterations,
-            "rounds": len(round_times),
-            "budget": budget.record(),
-            "stopped_by": stopped_by,
-            **({"stop_reason": reason} if reason is not None else {}),
+            **budget.end_record(len(round_times), stopped_by, reason),
             "resumed_from": [],
             "optimum_primal": None,
             "engine": "neural",

@@ -120,6 +120,13 @@ class Budget:
         """:func:`budget_record` of this budget."""
         return budget_record(self.iterations, self.sim_time)
 
+    def end_record(self, rounds: int, stopped_by: str, reason: str | None) -> dict:
+        """What a result's config records of how its run ended: the budget, the rounds run,
+        ``stopped_by`` and, for ``stop_when``, its ``stop_reason``."""
+        return {"iterations": self.iterations, "rounds": int(rounds), "budget": self.record(),
+                "stopped_by": stopped_by,
+                **({"stop_reason": reason} if reason is not None else {})}
+
     def progress_bar(self, enabled: bool, label: str) -> ProgressBar:
         """The run's progress bar: over rounds, or over simulated seconds with ``sim_time``."""
         if self.sim_time is None:

@@ -322,11 +322,7 @@ def simulate(
             config={
                 "algorithm": algorithm.config(),
                 "seed": seed,
-                "iterations": budget.iterations,
-                "rounds": run.t,
-                "budget": budget.record(),
-                "stopped_by": run.stopped_by,
-                **({"stop_reason": run.stop_reason} if run.stop_reason is not None else {}),
+                **budget.end_record(run.t, run.stopped_by, run.stop_reason),
                 "resumed_from": list(run.resumed_from),
                 "optimum_primal": optimum.primal if optimum else None,
                 "engine": "simulation",
