@@ -128,14 +128,15 @@ def test_a_runtime_api_secret_is_a_private_file_in_a_private_folder(tmp_path):
 def test_the_secret_file_goes_once_flower_has_read_it(tmp_path):
     import importlib
 
-    from hyfl.deploy.supernode import _forget_once_loaded, runtime_api_secret
+    from hyfl.deploy.flower_patches import forget_secret_once_loaded
+    from hyfl.deploy.supernode import runtime_api_secret
 
     path = runtime_api_secret(tmp_path)
     secret = path.read_bytes()
     cli = importlib.import_module("flwr.supernode.cli.flower_supernode")
     original = cli.load_superexec_auth_secret
     try:
-        assert _forget_once_loaded(path)
+        assert forget_secret_once_loaded(path)
         assert cli.load_superexec_auth_secret(secret_file=str(path)) == secret
     finally:
         cli.load_superexec_auth_secret = original

@@ -323,7 +323,7 @@ class FlowerTransport:
     def exchange(self, messages: dict[int, tuple[str, dict]], timeout: float
                  ) -> tuple[dict[int, dict], set[int]]:
         parties = sorted(messages)
-        from hyfl.deploy.supernode import Backoff
+        from hyfl.deploy.backoff import Backoff
 
         ids = self._push([self._message(self.nodes[k], *messages[k]) for k in parties])
         pushed = time.monotonic()
@@ -421,7 +421,7 @@ def run_server(grid: Grid, run_config: dict) -> dict:
     except Exception as err:
         write_failure(run_config.get("out", ""), err)
         raise
-    from hyfl.deploy.supernode import quick_object_pulls
+    from hyfl.deploy.flower_patches import quick_object_pulls
 
     quick_object_pulls("flwr.superlink.grid.http_grid")  # replies are read without a 1 s wait
     transport = FlowerTransport(grid, cipher, poll=config.poll,

@@ -8,7 +8,7 @@ starts the ordinary SuperNode with these changes:
   :mod:`hyfl.deploy.worker`, against the SuperNode's Runtime API
   (``--host``/``--port``), instead of Flower starting a ClientApp process per
   message. The SuperNode then also gives up on a task whose worker stopped
-  sending heartbeats after :data:`TASK_PATIENCE` seconds instead of 60 (the
+  sending heartbeats after ``TASK_PATIENCE`` seconds instead of 60 (the
   message gets Flower's "ClientApp crashed" reply, which the server counts as
   an absence), so a restarted worker is back within seconds.
   The Runtime API is then closed to other local users: a new random secret
@@ -26,13 +26,14 @@ starts the ordinary SuperNode with these changes:
   on it. This module caps those sleeps at ``$HYFL_SUPERNODE_POLL`` seconds
   (default 0.2). The cost is more idle requests to the SuperLink.
 
-The patches replace names seen by single Flower modules, so they are tied to
+The patches (all in :mod:`hyfl.deploy.flower_patches`) replace names seen by
+single Flower modules, so they are tied to
 the pinned Flower version: with any other version the SuperNode starts
 unmodified (a worker needs the patched version and is then not started).
 
 On Linux it also starts the SuperNode's SuperExec (the one process the
 SuperNode starts, from its main thread; it starts the ClientApp processes)
-with ``SIGKILL`` as its parent-death signal (:func:`die_with_supernode`):
+with ``SIGKILL`` as its parent-death signal (``die_with_supernode``):
 killing the SuperNode, even with SIGKILL, ends its SuperExec at once
 instead of leaving it re-parented to init. The ClientApp processes it had
 started then stop through Flower's own ``--parent-pid`` monitor; under
@@ -53,155 +54,22 @@ import subprocess as _subprocess
 import sys
 import tempfile
 import threading
-import time as _time
 from pathlib import Path
 
-PATCHED_VERSION = "1.41.0"
-#: Seconds without a heartbeat after which the SuperNode gives up on a worker's task.
-TASK_PATIENCE = 10.0
+from hyfl.deploy.flower_patches import (
+    ON_MESSAGE,
+    PATCHED_VERSION,
+    cap_supernode_polls,
+    die_with_supernode,
+    forget_secret_once_loaded,
+    quick_object_pulls,
+    shorten_task_patience,
+)
+
 #: Seconds between two looks for the worker's reply (Flower: 0.5).
 REPLY_POLL = 0.002
 #: Seconds between two starts of a worker that keeps dying.
 RESTART_DELAY = 1.0
-
-
-class Backoff:
-    """Poll waits that start short after activity and grow to ``cap`` while idle.
-
-    HyFDCA's messages come in bursts (a round's exchanges follow each other
-    within milliseconds to a second), so a poller that just saw a message
-    looks again at once, and one that has seen nothing for a while rests.
-    """
-
-    def __init__(self, cap: float, start: float = 0.001, factor: float = 1.5):
-        self.cap, self.start, self.factor = cap, min(start, cap), factor
-        self.wait = self.start
-
-    def reset(self) -> None:
-        """Activity: the next waits are short again."""
-        self.wait = self.start
-
-    def next(self) -> float:
-        """Seconds to wait now (each call waits longer, up to ``cap``)."""
-        wait = self.wait
-        self.wait = min(self.wait * self.factor, self.cap)
-        return wait
-
-
-class _CappedTime:
-    """The ``time`` module with ``sleep`` capped: the idle poll (3 s in Flower) backs off
-    from a millisecond to ``limit`` seconds, the shorter waits (for the ClientApp's
-    reply, 0.5 s in Flower) are capped at ``reply_limit``."""
-
-    def __init__(self, limit: float, reply_limit: float | None = None):
-        self.idle = Backoff(limit)
-        self.reply_limit = limit if reply_limit is None else reply_limit
-
-    def __getattr__(self, name):
-        return getattr(_time, name)
-
-    def sleep(self, seconds: float) -> None:
-        _time.sleep(self.idle.next() if seconds >= 1.0 else min(seconds, self.reply_limit))
-
-
-#: Called (in the SuperNode's process) each time the SuperNode has stored a message with
-#: its objects: :func:`supervise_worker` wakes the worker through it.
-ON_MESSAGE: list = []
-
-
-def patch(limit: float, reply_limit: float | None = None) -> bool:
-    """Cap the SuperNode's poll sleeps; False (and no change) if Flower is not 1.41.0."""
-    import flwr
-    import flwr.supernode.start_client_internal as internal
-
-    if flwr.__version__ != PATCHED_VERSION or getattr(internal, "time", None) is not _time:
-        return False
-    capped = _CappedTime(limit, reply_limit)
-    pull = internal._pull_and_store_message
-
-    def pull_and_reset(*args, **kwargs):  # a message came: poll quickly for the next one
-        run_id = pull(*args, **kwargs)
-        if run_id is not None:
-            capped.idle.reset()
-            for hook in ON_MESSAGE:
-                hook()
-        return run_id
-
-    internal.time, internal._pull_and_store_message = capped, pull_and_reset
-    return True
-
-
-class _DyingSubprocess:
-    """The ``subprocess`` module whose ``Popen`` children get SIGKILL when their parent dies."""
-
-    def __getattr__(self, name):
-        return getattr(_subprocess, name)
-
-    @staticmethod
-    def Popen(*args, **kwargs):  # noqa: N802 (the module's name)
-        from hyfl.deploy._reaper import PR_SET_PDEATHSIG, prctl
-
-        if "preexec_fn" not in kwargs:
-            kwargs["preexec_fn"] = lambda: prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        return _subprocess.Popen(*args, **kwargs)
-
-
-def die_with_supernode() -> bool:
-    """Linux: the SuperExec the SuperNode starts dies with it; False (no change) elsewhere."""
-    import flwr
-    import flwr.supernode.start_client_internal as internal
-
-    from hyfl.deploy._reaper import LINUX
-
-    if (not LINUX or flwr.__version__ != PATCHED_VERSION
-            or getattr(internal, "subprocess", None) is not _subprocess):
-        return False
-    internal.subprocess = _DyingSubprocess()
-    return True
-
-
-def shorten_task_patience(seconds: float = TASK_PATIENCE) -> bool:
-    """Expire a silent task after ``seconds`` (Flower: 60); False (no change) if not 1.41.0."""
-    import flwr
-    import flwr.supercore.corestate.in_memory_corestate as corestate
-
-    if flwr.__version__ != PATCHED_VERSION or not hasattr(corestate, "HEARTBEAT_PATIENCE"):
-        return False
-    corestate.HEARTBEAT_DEFAULT_INTERVAL = seconds / corestate.HEARTBEAT_PATIENCE
-    return True
-
-
-#: Backoff of a pull of a message's objects that are not there yet (Flower: 1 s, doubling
-#: to 10 s). Both ends store a message before its objects, so the first pull often
-#: comes too early: each message waited about a second for nothing.
-OBJECT_PULL_BACKOFF = (0.002, 0.05)
-
-
-def quick_object_pulls(module_name: str) -> bool:
-    """Retry early object pulls in ``module_name`` after milliseconds, not seconds.
-
-    ``module_name`` is one of the Flower 1.41.0 modules that pull a message's
-    objects: ``flwr.supernode.start_client_internal`` (SuperNode from
-    SuperLink), ``flwr.superlink.grid.http_grid`` (ServerApp from SuperLink),
-    ``flwr.supernode.runtime.run_clientapp`` (ClientApp from SuperNode).
-    False (and no change) with another Flower version.
-    """
-    import functools
-    import importlib
-
-    import flwr
-    from flwr.supercore.inflatable import inflatable_utils
-
-    if flwr.__version__ != PATCHED_VERSION:
-        return False
-    module = importlib.import_module(module_name)
-    initial, cap = OBJECT_PULL_BACKOFF
-    for name in ("pull_objects", "pull_and_inflate_object_from_tree"):
-        original = getattr(inflatable_utils, name)
-        if getattr(module, name, None) is original:
-            setattr(module, name, functools.partial(original, initial_backoff=initial,
-                                                    backoff_cap=cap))
-    return True
 
 
 def _option(argv: list[str], name: str, default: str) -> str:
@@ -238,7 +106,7 @@ def runtime_api_secret(folder: str | os.PathLike | None = None) -> Path:
     by default ``$XDG_RUNTIME_DIR`` when that is this user's private folder (a
     tmpfs on most Linux systems), else the temporary folder. :func:`main`
     removes the folder as soon as Flower has read the file
-    (:func:`_forget_once_loaded`); at the latest it goes when this process
+    (:func:`forget_secret_once_loaded`); at the latest it goes when this process
     exits. 256 random bits, as 64 hexadecimal digits: Flower reads the file's
     bytes as they are.
     """
@@ -248,32 +116,6 @@ def runtime_api_secret(folder: str | os.PathLike | None = None) -> Path:
     with atomic_write(path, "wb", permissions=0o600) as f:
         f.write(secrets.token_hex(32).encode())
     return path
-
-
-def _forget_once_loaded(path: Path) -> bool:
-    """Remove the secret's folder as soon as Flower's SuperNode has read the secret.
-
-    The SuperNode keeps it in memory; the workers get it through a pipe
-    (:func:`supervise_worker`), so no copy stays on disk, even if the SuperNode
-    is killed later. False (the folder stays until exit) if Flower reads it
-    elsewhere than in 1.41.0.
-    """
-    import importlib
-
-    # (``import ... as`` would give the function the package re-exports under this name)
-    cli = importlib.import_module("flwr.supernode.cli.flower_supernode")
-    load = getattr(cli, "load_superexec_auth_secret", None)
-    if load is None:
-        return False
-
-    def load_and_forget(secret_file):
-        try:
-            return load(secret_file)
-        finally:
-            shutil.rmtree(path.parent, ignore_errors=True)
-
-    cli.load_superexec_auth_secret = load_and_forget
-    return True
 
 
 def _check_private(path: str) -> str | None:
@@ -387,7 +229,7 @@ def main() -> None:
     limit = float(os.environ.get("HYFL_SUPERNODE_POLL", "0.2"))
     die_with_supernode()
     # A worker replies within milliseconds: look for its reply as often.
-    patched = patch(limit, REPLY_POLL if worker else None) and quick_object_pulls(
+    patched = cap_supernode_polls(limit, REPLY_POLL if worker else None) and quick_object_pulls(
         "flwr.supernode.start_client_internal")
     if not patched:
         print(f"hyfl: Flower is not {PATCHED_VERSION}; starting the SuperNode unmodified",
@@ -413,7 +255,7 @@ def main() -> None:
             path = Path(given)
         else:  # Flower's SuperNode and the worker share a new secret
             path = runtime_api_secret()
-            _forget_once_loaded(path)
+            forget_secret_once_loaded(path)
             argv = [*argv, "--superexec-auth-secret-file", str(path)]
         secret = path.read_bytes()
         if not 0 < len(secret) <= 4096:  # (handed to each worker through a pipe)

@@ -61,7 +61,7 @@ DEFAULT_POLL = 0.1
 #: Longest wait between two task polls of a worker that its SuperNode wakes per message.
 WOKEN_POLL = 1.0
 #: Seconds between two heartbeats of a task (well inside the SuperNode's patience,
-#: :data:`hyfl.deploy.supernode.TASK_PATIENCE`).
+#: :data:`hyfl.deploy.flower_patches.TASK_PATIENCE`).
 HEARTBEAT_SECONDS = 2.0
 
 
@@ -167,7 +167,7 @@ class Worker:
         The SuperNode's Runtime API (``flower-supernode --host/--port``).
     poll : float, default :data:`DEFAULT_POLL`
         Longest wait between two polls while there is no task (see
-        :class:`~hyfl.deploy.supernode.Backoff`).
+        :class:`~hyfl.deploy.backoff.Backoff`).
     root_certificates : bytes, optional
         CA certificate when the Runtime API serves TLS; insecure otherwise.
     wake : int, optional
@@ -224,7 +224,8 @@ class Worker:
         from flwr.proto.runtime_pb2 import AcquireTaskRequest
         from flwr.supercore.constant import TaskType
 
-        from hyfl.deploy.supernode import Backoff, quick_object_pulls
+        from hyfl.deploy.backoff import Backoff
+        from hyfl.deploy.flower_patches import quick_object_pulls
 
         quick_object_pulls("flwr.supernode.runtime.run_clientapp")
         stop = stop or threading.Event()

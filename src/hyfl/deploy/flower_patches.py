@@ -1,0 +1,207 @@
+"""Every place where hyfl changes Flower's internals (Flower 1.41.0), in one module.
+
+Flower has no public hooks for what the deployment needs, so these functions
+replace names inside single Flower modules. Each checks ``flwr.__version__``
+first and, with any other version than :data:`PATCHED_VERSION`, changes nothing
+and returns False (the SuperNode then runs unmodified, and a party worker, which
+needs them, is not started). ``tests/test_flower_patches.py`` asserts, for each,
+that its target exists in the installed Flower and that Flower reads the patched
+value at call time, so a Flower release that renames or rebinds a target fails a
+test instead of silently turning a speed-up off.
+
+=================================  ===================================================
+patch                              what it changes in Flower
+=================================  ===================================================
+:func:`cap_supernode_polls`        ``flwr.supernode.start_client_internal.time``: a
+                                   :class:`CappedTime` whose ``sleep`` backs the idle
+                                   poll (3 s in Flower) off from a millisecond to the
+                                   cap, and caps the 0.5 s waits for the ClientApp's
+                                   reply; and its ``_pull_and_store_message``, wrapped
+                                   to reset the backoff and wake the worker
+                                   (:data:`ON_MESSAGE`) when a message came
+:func:`die_with_supernode`         ``flwr.supernode.start_client_internal.subprocess``:
+                                   a :class:`DyingSubprocess` whose ``Popen`` gives the
+                                   SuperExec SIGKILL as its parent-death signal (Linux)
+:func:`shorten_task_patience`      ``flwr.supercore.corestate.in_memory_corestate.``
+                                   ``HEARTBEAT_DEFAULT_INTERVAL``: a silent task
+                                   expires after :data:`TASK_PATIENCE` s, not 60
+:func:`quick_object_pulls`         ``pull_objects`` and ``pull_and_inflate_object_``
+                                   ``from_tree`` as bound in one of three Flower
+                                   modules: early object pulls retried after
+                                   milliseconds (:data:`OBJECT_PULL_BACKOFF`), not
+                                   seconds
+:func:`forget_secret_once_loaded`  ``flwr.supernode.cli.flower_supernode.``
+                                   ``load_superexec_auth_secret``: the Runtime API's
+                                   secret file is removed as soon as Flower read it
+=================================  ===================================================
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess as _subprocess
+import time as _time
+from pathlib import Path
+
+from hyfl.deploy.backoff import Backoff
+
+__all__ = ["OBJECT_PULL_BACKOFF", "ON_MESSAGE", "PATCHED_VERSION", "TASK_PATIENCE", "CappedTime",
+           "DyingSubprocess", "cap_supernode_polls", "die_with_supernode",
+           "forget_secret_once_loaded", "quick_object_pulls", "shorten_task_patience"]
+
+
+PATCHED_VERSION = "1.41.0"
+
+
+#: Seconds without a heartbeat after which the SuperNode gives up on a worker's task.
+TASK_PATIENCE = 10.0
+
+
+
+class CappedTime:
+    """The ``time`` module with ``sleep`` capped: the idle poll (3 s in Flower) backs off
+    from a millisecond to ``limit`` seconds, the shorter waits (for the ClientApp's
+    reply, 0.5 s in Flower) are capped at ``reply_limit``."""
+
+    def __init__(self, limit: float, reply_limit: float | None = None):
+        self.idle = Backoff(limit)
+        self.reply_limit = limit if reply_limit is None else reply_limit
+
+    def __getattr__(self, name):
+        return getattr(_time, name)
+
+    def sleep(self, seconds: float) -> None:
+        _time.sleep(self.idle.next() if seconds >= 1.0 else min(seconds, self.reply_limit))
+
+
+#: Called (in the SuperNode's process) each time the SuperNode has stored a message with
+#: its objects: :func:`supervise_worker` wakes the worker through it.
+ON_MESSAGE: list = []
+
+
+
+def cap_supernode_polls(limit: float, reply_limit: float | None = None) -> bool:
+    """Cap the SuperNode's poll sleeps; False (and no change) if Flower is not 1.41.0."""
+    import flwr
+    import flwr.supernode.start_client_internal as internal
+
+    if flwr.__version__ != PATCHED_VERSION or getattr(internal, "time", None) is not _time:
+        return False
+    capped = CappedTime(limit, reply_limit)
+    pull = internal._pull_and_store_message
+
+    def pull_and_reset(*args, **kwargs):  # a message came: poll quickly for the next one
+        run_id = pull(*args, **kwargs)
+        if run_id is not None:
+            capped.idle.reset()
+            for hook in ON_MESSAGE:
+                hook()
+        return run_id
+
+    internal.time, internal._pull_and_store_message = capped, pull_and_reset
+    return True
+
+
+
+class DyingSubprocess:
+    """The ``subprocess`` module whose ``Popen`` children get SIGKILL when their parent dies."""
+
+    def __getattr__(self, name):
+        return getattr(_subprocess, name)
+
+    @staticmethod
+    def Popen(*args, **kwargs):  # noqa: N802 (the module's name)
+        from hyfl.deploy._reaper import PR_SET_PDEATHSIG, prctl
+
+        if "preexec_fn" not in kwargs:
+            kwargs["preexec_fn"] = lambda: prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        return _subprocess.Popen(*args, **kwargs)
+
+
+
+def die_with_supernode() -> bool:
+    """Linux: the SuperExec the SuperNode starts dies with it; False (no change) elsewhere."""
+    import flwr
+    import flwr.supernode.start_client_internal as internal
+
+    from hyfl.deploy._reaper import LINUX
+
+    if (not LINUX or flwr.__version__ != PATCHED_VERSION
+            or getattr(internal, "subprocess", None) is not _subprocess):
+        return False
+    internal.subprocess = DyingSubprocess()
+    return True
+
+
+
+def shorten_task_patience(seconds: float = TASK_PATIENCE) -> bool:
+    """Expire a silent task after ``seconds`` (Flower: 60); False (no change) if not 1.41.0."""
+    import flwr
+    import flwr.supercore.corestate.in_memory_corestate as corestate
+
+    if flwr.__version__ != PATCHED_VERSION or not hasattr(corestate, "HEARTBEAT_PATIENCE"):
+        return False
+    corestate.HEARTBEAT_DEFAULT_INTERVAL = seconds / corestate.HEARTBEAT_PATIENCE
+    return True
+
+
+#: Backoff of a pull of a message's objects that are not there yet (Flower: 1 s, doubling
+#: to 10 s). Both ends store a message before its objects, so the first pull often
+#: comes too early: each message waited about a second for nothing.
+OBJECT_PULL_BACKOFF = (0.002, 0.05)
+
+
+
+def quick_object_pulls(module_name: str) -> bool:
+    """Retry early object pulls in ``module_name`` after milliseconds, not seconds.
+
+    ``module_name`` is one of the Flower 1.41.0 modules that pull a message's
+    objects: ``flwr.supernode.start_client_internal`` (SuperNode from
+    SuperLink), ``flwr.superlink.grid.http_grid`` (ServerApp from SuperLink),
+    ``flwr.supernode.runtime.run_clientapp`` (ClientApp from SuperNode).
+    False (and no change) with another Flower version.
+    """
+    import functools
+    import importlib
+
+    import flwr
+    from flwr.supercore.inflatable import inflatable_utils
+
+    if flwr.__version__ != PATCHED_VERSION:
+        return False
+    module = importlib.import_module(module_name)
+    initial, cap = OBJECT_PULL_BACKOFF
+    for name in ("pull_objects", "pull_and_inflate_object_from_tree"):
+        original = getattr(inflatable_utils, name)
+        if getattr(module, name, None) is original:
+            setattr(module, name, functools.partial(original, initial_backoff=initial,
+                                                    backoff_cap=cap))
+    return True
+
+
+
+def forget_secret_once_loaded(path: Path) -> bool:
+    """Remove the secret's folder as soon as Flower's SuperNode has read the secret.
+
+    The SuperNode keeps it in memory; the workers get it through a pipe
+    (:func:`supervise_worker`), so no copy stays on disk, even if the SuperNode
+    is killed later. False (the folder stays until exit) if Flower reads it
+    elsewhere than in 1.41.0.
+    """
+    import importlib
+
+    # (``import ... as`` would give the function the package re-exports under this name)
+    cli = importlib.import_module("flwr.supernode.cli.flower_supernode")
+    load = getattr(cli, "load_superexec_auth_secret", None)
+    if load is None:
+        return False
+
+    def load_and_forget(secret_file):
+        try:
+            return load(secret_file)
+        finally:
+            shutil.rmtree(path.parent, ignore_errors=True)
+
+    cli.load_superexec_auth_secret = load_and_forget
+    return True

@@ -1,0 +1,160 @@
+"""Each patch of :mod:`hyfl.deploy.flower_patches` against the installed Flower.
+
+For every patch: its target exists and is what the patch expects before it is
+applied (Flower's own object), Flower's code looks the name up as a module global
+at call time (a ``LOAD_GLOBAL`` in one of the module's functions, not a value bound
+as a default argument at import), and once patched the patched value is what a
+call gets. A Flower release that renames, moves or rebinds a target fails here,
+instead of the deployment's speed-ups silently switching off. Every patch is
+undone after its test (monkeypatch registers the originals first).
+"""
+
+from __future__ import annotations
+
+import dis
+import functools
+import importlib
+import inspect
+import subprocess
+import sys
+import time
+import types
+
+import pytest
+
+flwr = pytest.importorskip("flwr")
+
+from hyfl.deploy import flower_patches as patches  # noqa: E402
+
+pytestmark = pytest.mark.skipif(flwr.__version__ != patches.PATCHED_VERSION,
+                                reason=f"the patches target Flower {patches.PATCHED_VERSION}")
+
+OBJECT_PULL_MODULES = ("flwr.supernode.start_client_internal", "flwr.superlink.grid.http_grid",
+                       "flwr.supernode.runtime.run_clientapp")
+
+
+def _code_objects(module: types.ModuleType):
+    """The code of every function (nested ones and methods too) defined in ``module``."""
+    stack = [value.__code__ for value in vars(module).values()
+             if inspect.isfunction(value) and value.__module__ == module.__name__]
+    for value in vars(module).values():
+        if inspect.isclass(value) and value.__module__ == module.__name__:
+            stack += [f.__code__ for f in vars(value).values() if inspect.isfunction(f)]
+    while stack:
+        code = stack.pop()
+        yield code
+        stack += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+
+
+def _reads_global(module: types.ModuleType, name: str) -> bool:
+    """Whether a function of ``module`` looks ``name`` up as a global when it runs."""
+    return any(ins.opname == "LOAD_GLOBAL" and ins.argval == name
+               for code in _code_objects(module) for ins in dis.get_instructions(code))
+
+
+def _bound_at_import(module: types.ModuleType, value) -> bool:
+    """Whether a function of ``module`` holds ``value`` as a default argument."""
+    for f in vars(module).values():
+        if inspect.isfunction(f) and f.__module__ == module.__name__:
+            defaults = (*(f.__defaults__ or ()), *(f.__kwdefaults__ or {}).values())
+            if any(d is value for d in defaults):
+                return True
+    return False
+
+
+def test_the_supernodes_poll_sleeps_are_capped(monkeypatch):
+    internal = importlib.import_module("flwr.supernode.start_client_internal")
+    assert internal.time is time  # Flower's own module, before the patch
+    assert _reads_global(internal, "time") and _reads_global(internal, "_pull_and_store_message")
+    calls = []
+    monkeypatch.setattr(internal, "time", internal.time)  # restored after the test
+    monkeypatch.setattr(internal, "_pull_and_store_message", lambda *a, **k: 7)
+    monkeypatch.setattr(patches, "ON_MESSAGE", [lambda: calls.append("woken")])
+    assert patches.cap_supernode_polls(0.05, 0.002)
+    assert isinstance(internal.time, patches.CappedTime)
+    started = time.perf_counter()
+    internal.time.sleep(3)  # Flower's idle poll: backed off from a millisecond
+    internal.time.sleep(0.5)  # its wait for the ClientApp's reply: capped
+    assert time.perf_counter() - started < 0.5
+    assert internal._pull_and_store_message() == 7 and calls == ["woken"]
+    assert internal.time.monotonic() > 0  # the rest of the time module passes through
+    assert not patches.cap_supernode_polls(0.05)  # applied once only
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")
+def test_the_superexec_dies_with_the_supernode(monkeypatch):
+    internal = importlib.import_module("flwr.supernode.start_client_internal")
+    assert internal.subprocess is subprocess and _reads_global(internal, "subprocess")
+    monkeypatch.setattr(internal, "subprocess", internal.subprocess)
+    assert patches.die_with_supernode()
+    assert isinstance(internal.subprocess, patches.DyingSubprocess)
+    # A child started through the patched name has SIGKILL (9) as its parent-death signal.
+    probe = ("import ctypes, signal; libc = ctypes.CDLL(None); v = ctypes.c_int(); "
+             "libc.prctl(2, ctypes.byref(v)); print(v.value)")  # PR_GET_PDEATHSIG
+    child = internal.subprocess.Popen([sys.executable, "-c", probe], stdout=subprocess.PIPE,
+                                      text=True)
+    out, _ = child.communicate(timeout=60)
+    assert int(out) == 9
+
+
+def test_a_silent_task_expires_after_task_patience(monkeypatch):
+    corestate = importlib.import_module("flwr.supercore.corestate.in_memory_corestate")
+    constant = importlib.import_module("flwr.common.constant")
+    assert corestate.HEARTBEAT_DEFAULT_INTERVAL == constant.HEARTBEAT_DEFAULT_INTERVAL
+    assert _reads_global(corestate, "HEARTBEAT_DEFAULT_INTERVAL")
+    assert not _bound_at_import(corestate, corestate.HEARTBEAT_DEFAULT_INTERVAL)
+    monkeypatch.setattr(corestate, "HEARTBEAT_DEFAULT_INTERVAL",
+                        corestate.HEARTBEAT_DEFAULT_INTERVAL)
+    assert patches.shorten_task_patience(10.0)
+    assert corestate.HEARTBEAT_PATIENCE * corestate.HEARTBEAT_DEFAULT_INTERVAL == \
+        pytest.approx(10.0)
+
+
+@pytest.mark.parametrize("module_name", OBJECT_PULL_MODULES)
+def test_early_object_pulls_retry_after_milliseconds(monkeypatch, module_name):
+    from flwr.supercore.inflatable import inflatable_utils
+
+    module = importlib.import_module(module_name)
+    bound = [n for n in ("pull_objects", "pull_and_inflate_object_from_tree")
+             if getattr(module, n, None) is getattr(inflatable_utils, n)]
+    assert bound, f"{module_name} binds neither pull function"
+    for name in bound:
+        assert _reads_global(module, name)
+        assert {"initial_backoff", "backoff_cap"} <= set(
+            inspect.signature(getattr(inflatable_utils, name)).parameters)
+        monkeypatch.setattr(module, name, getattr(module, name))
+    assert patches.quick_object_pulls(module_name)
+    initial, cap = patches.OBJECT_PULL_BACKOFF
+    for name in bound:
+        patched = getattr(module, name)
+        assert isinstance(patched, functools.partial)
+        assert patched.func is getattr(inflatable_utils, name)
+        assert patched.keywords == {"initial_backoff": initial, "backoff_cap": cap}
+
+
+def test_the_runtime_api_secret_is_forgotten_once_loaded(monkeypatch, tmp_path):
+    cli = importlib.import_module("flwr.supernode.cli.flower_supernode")
+    assert callable(cli.load_superexec_auth_secret)
+    assert _reads_global(cli, "load_superexec_auth_secret")
+    monkeypatch.setattr(cli, "load_superexec_auth_secret", cli.load_superexec_auth_secret)
+    folder = tmp_path / "private"
+    folder.mkdir()
+    secret = folder / "secret"
+    secret.write_bytes(b"ab" * 32)
+    assert patches.forget_secret_once_loaded(secret)
+    assert cli.load_superexec_auth_secret(secret)  # Flower's call, through the patch
+    assert not folder.exists()
+
+
+def test_another_flower_version_is_left_unmodified(monkeypatch, tmp_path):
+    internal = importlib.import_module("flwr.supernode.start_client_internal")
+    corestate = importlib.import_module("flwr.supercore.corestate.in_memory_corestate")
+    before = (internal.time, internal.subprocess, internal._pull_and_store_message,
+              corestate.HEARTBEAT_DEFAULT_INTERVAL, internal.pull_objects)
+    monkeypatch.setattr(flwr, "__version__", "9.9.9")
+    assert not patches.cap_supernode_polls(0.05)
+    assert not patches.die_with_supernode()
+    assert not patches.shorten_task_patience()
+    assert not patches.quick_object_pulls("flwr.supernode.start_client_internal")
+    assert (internal.time, internal.subprocess, internal._pull_and_store_message,
+            corestate.HEARTBEAT_DEFAULT_INTERVAL, internal.pull_objects) == before
