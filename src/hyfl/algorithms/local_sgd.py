@@ -90,7 +90,7 @@ import scipy.sparse as sp
 from hyfl._ragged import concat_ranges, segment_ids
 from hyfl.algorithms.base import draw_local_samples
 from hyfl.algorithms.hyfdca import local_steps_from_iic
-from hyfl.errors import check_choice, check_int, check_positive, fail
+from hyfl.errors import check_choice, check_int, check_positive, check_range, fail
 from hyfl.partition import StackedBlocks
 from hyfl.problem import Problem
 from hyfl.runtime.work_clock import work_clock
@@ -325,16 +325,8 @@ class HyFEM(LocalSGD):
     def validated(self) -> HyFEM:
         super().validated()
         check_choice("variant", self.variant, HYFEM_VARIANTS)
-        try:
-            mu = float(self.mu)
-        except (TypeError, ValueError):
-            mu = math.nan
-        if not math.isfinite(mu) or mu < 0:
-            raise fail(
-                "mu",
-                f"must be a number >= 0, got {self.mu!r}",
-                'Pass a non-negative proximal weight such as mu=1.0 (or variant="avg").',
-            )
+        check_range("mu", self.mu, 0.0, fix='Pass a non-negative proximal weight such as '
+                    'mu=1.0 (or variant="avg").')
         return self
 
 
