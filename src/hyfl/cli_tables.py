@@ -27,7 +27,6 @@ def _natural_width(table: Table) -> int:
     return max((len(line.rstrip()) for line in captured.get().splitlines()), default=0)
 
 
-
 def _fitted(make, columns: list[str], drop_order: tuple[str, ...]) -> tuple[Table, list[str]]:
     """``make(columns)``, leaving out columns in ``drop_order`` until it fits the terminal.
 
@@ -47,7 +46,6 @@ def _fitted(make, columns: list[str], drop_order: tuple[str, ...]) -> tuple[Tabl
     return table, dropped
 
 
-
 def _say_dropped(dropped: list[str], where: str) -> None:
     if dropped:
         console.print(
@@ -56,11 +54,9 @@ def _say_dropped(dropped: list[str], where: str) -> None:
         )
 
 
-
 def name_column(table: Table, header: str) -> None:
     """A text column that folds a long name rather than cutting it to ``algorit…``."""
     table.add_column(header, overflow="fold", min_width=min(10, max(len(header), 4)))
-
 
 
 def number_column(table: Table, header: str) -> None:
@@ -81,7 +77,6 @@ _COST_DROP = ("decryptions", "time_latency_per_iter", "time_server_per_iter", "b
 
 
 _EXPERIMENT_DROP = ("round_trips", "settled_1e-2", "best_val_auc", "best_val_accuracy", "seeds")
-
 
 
 def print_experiment(result) -> None:
@@ -137,7 +132,6 @@ def print_experiment(result) -> None:
     _say_dropped([headers.get(c, c) for c in dropped], "summary.csv")
 
 
-
 def print_comparison(rows, title: str, cost_title: str) -> None:
     from hyfl.experiments.outputs import CONVERGENCE_COLUMNS, COST_SUMMARY_COLUMNS
 
@@ -186,7 +180,6 @@ _HEADERS = {
 }
 
 
-
 def _summary_cell(column: str, value) -> str:
     if value is None or value != value:
         return "-"
@@ -199,12 +192,10 @@ def _summary_cell(column: str, value) -> str:
     return _cell(value)
 
 
-
 def _cell(value) -> str:
     if value is None:
         return "-"
     return f"{value:.4g}" if isinstance(value, float) else str(value)
-
 
 
 def print_summary(outcome) -> None:
@@ -258,7 +249,6 @@ def print_summary(outcome) -> None:
         )
 
 
-
 def print_neural_summary(outcomes) -> None:
     """The table of neural runs: accuracy of the global and local models, traffic."""
     from hyfl.neural.runner import summary_rows
@@ -289,12 +279,10 @@ def print_neural_summary(outcomes) -> None:
                       "accuracy.png)")
 
 
-
 def _maybe(form: str, value) -> str:
     if value is None or (isinstance(value, float) and value != value):
         return "-"
     return form.format(value)
-
 
 
 def print_costs(outcome) -> None:

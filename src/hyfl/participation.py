@@ -37,14 +37,12 @@ class Participation(Protocol):
         ...
 
 
-
 def _check_round(t: int) -> int:
     if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 1:
         raise fail(
             f"round t={t!r}", "is not a round number", "Outer iterations are numbered 1, 2, ...."
         )
     return int(t)
-
 
 
 @dataclass(frozen=True)
@@ -62,7 +60,6 @@ class Full:
         """All-True mask of shape (n_clients,); ``rng`` is not used."""
         _check_round(t)
         return np.ones(self.n_clients, dtype=bool)
-
 
 
 @dataclass(frozen=True)
@@ -92,7 +89,6 @@ class RandomFraction:
         """Bool mask of shape (n_clients,), each entry True with probability p."""
         _check_round(t)
         return rng.random(self.n_clients) < self.p
-
 
 
 @dataclass(frozen=True)
@@ -138,7 +134,6 @@ class Cyclic:
         return mask
 
 
-
 @dataclass(frozen=True, eq=False)
 class Trace:
     """An explicit participation trace, repeated when it runs out.
@@ -170,7 +165,6 @@ class Trace:
         """Bool mask of shape (n_clients,): row ``(t - 1) mod T`` of the trace."""
         t = _check_round(t)
         return self.masks[(t - 1) % self.masks.shape[0]].copy()
-
 
 
 def load_trace(path: str | Path, n_clients: int) -> Trace:
@@ -233,7 +227,6 @@ def load_trace(path: str | Path, n_clients: int) -> Trace:
     return Trace(np.stack(rounds))
 
 
-
 def _check_fraction(p: Any) -> float:
     try:
         value = float(p)
@@ -248,12 +241,10 @@ def _check_fraction(p: Any) -> float:
     return value
 
 
-
 def _fraction(p: Any, n_clients: int) -> Participation:
     p = _check_fraction(p)
     # p = 1 is full participation; Full lets engines take the cheaper path.
     return Full(n_clients) if p == 1 else RandomFraction(n_clients, p)
-
 
 
 def _cyclic(argument: str, n_clients: int) -> Cyclic:
@@ -266,7 +257,6 @@ def _cyclic(argument: str, n_clients: int) -> Cyclic:
             "Write cyclic:C, e.g. cyclic:2.",
         ) from None
     return Cyclic(n_clients, n_groups)
-
 
 
 @dataclass(frozen=True)
@@ -292,10 +282,8 @@ PARTICIPATIONS: dict[str, ParticipationKind] = {
 }
 
 
-
 def _accepted_participations() -> str:
     return ", ".join(kind.form for kind in PARTICIPATIONS.values())
-
 
 
 def parse_participation(spec: Any, n_clients: int) -> Participation:

@@ -46,17 +46,14 @@ _OPTION_KEYS = (
 _ENTRY_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
-
 def _is_registered(text: str) -> bool:
     from hyfl.data.registry import parse_dataset_name
 
     return parse_dataset_name(text)[0] is not None
 
 
-
 def _party_files_in(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_file() and party_suffix(p.name))
-
 
 
 def is_party_spec(value: Any) -> bool:
@@ -83,7 +80,6 @@ def is_party_spec(value: Any) -> bool:
         return False
 
 
-
 def _parse_bool(key: str, value: str) -> bool:
     lower = value.strip().lower()
     if lower in ("1", "yes", "true", "on"):
@@ -91,7 +87,6 @@ def _parse_bool(key: str, value: str) -> bool:
     if lower in ("0", "no", "false", "off"):
         return False
     raise fail(f"party spec option {key}", f"is {value!r}", "Use yes or no.")
-
 
 
 def _parse_features(value: str) -> list[str] | int:
@@ -116,7 +111,6 @@ def _parse_features(value: str) -> list[str] | int:
             "Give an existing text file (one name per line), names as f1|f2|..., or a count.",
         )
     return [n.strip() for n in value.split("|") if n.strip()]
-
 
 
 def parse_party_spec(value: str | os.PathLike) -> tuple[dict[str, Path], dict[str, Any]]:
@@ -225,7 +219,6 @@ def parse_party_spec(value: str | os.PathLike) -> tuple[dict[str, Path], dict[st
     return files, options
 
 
-
 def load_party_spec(value: str | os.PathLike, **overrides: Any) -> tuple[Dataset, Partition]:
     """Load the party files a ``--data`` value names (see :func:`is_party_spec`).
 
@@ -262,7 +255,6 @@ PARTY_OPTIONS = (
 )
 
 
-
 def _load_source(source: Any, **overrides: Any) -> tuple[Dataset, Partition]:
     """Party data from a spec string/path, or from a mapping ``{"files": ..., **options}``."""
     if isinstance(source, Mapping):
@@ -283,7 +275,6 @@ def _load_source(source: Any, **overrides: Any) -> tuple[Dataset, Partition]:
         files = options.pop("files")
         return load_parties(files, **{**options, **overrides})
     return load_party_spec(source, **overrides)
-
 
 
 def load_party_data(

@@ -58,7 +58,6 @@ PATCHED_VERSION = "1.41.0"
 TASK_PATIENCE = 10.0
 
 
-
 class CappedTime:
     """The ``time`` module with ``sleep`` capped: the idle poll (3 s in Flower) backs off
     from a millisecond to ``limit`` seconds, the shorter waits (for the ClientApp's
@@ -78,7 +77,6 @@ class CappedTime:
 #: Called (in the SuperNode's process) each time the SuperNode has stored a message with
 #: its objects: :func:`supervise_worker` wakes the worker through it.
 ON_MESSAGE: list = []
-
 
 
 def cap_supernode_polls(limit: float, reply_limit: float | None = None) -> bool:
@@ -103,7 +101,6 @@ def cap_supernode_polls(limit: float, reply_limit: float | None = None) -> bool:
     return True
 
 
-
 class DyingSubprocess:
     """The ``subprocess`` module whose ``Popen`` children get SIGKILL when their parent dies."""
 
@@ -119,7 +116,6 @@ class DyingSubprocess:
         return _subprocess.Popen(*args, **kwargs)
 
 
-
 def die_with_supernode() -> bool:
     """Linux: the SuperExec the SuperNode starts dies with it; False (no change) elsewhere."""
     import flwr
@@ -132,7 +128,6 @@ def die_with_supernode() -> bool:
         return False
     internal.subprocess = DyingSubprocess()
     return True
-
 
 
 def shorten_task_patience(seconds: float = TASK_PATIENCE) -> bool:
@@ -150,7 +145,6 @@ def shorten_task_patience(seconds: float = TASK_PATIENCE) -> bool:
 #: to 10 s). Both ends store a message before its objects, so the first pull often
 #: comes too early: each message waited about a second for nothing.
 OBJECT_PULL_BACKOFF = (0.002, 0.05)
-
 
 
 def quick_object_pulls(module_name: str) -> bool:
@@ -178,7 +172,6 @@ def quick_object_pulls(module_name: str) -> bool:
             setattr(module, name, functools.partial(original, initial_backoff=initial,
                                                     backoff_cap=cap))
     return True
-
 
 
 def forget_secret_once_loaded(path: Path) -> bool:

@@ -32,7 +32,6 @@ AUC_TARGETS = (0.7, 0.75, 0.8)
 """Validation AUCs whose first round the summaries report (FedBCD's Table 2 targets)."""
 
 
-
 def plain_label(value):
     """A class label as an int when it is a whole number (1.0 -> 1); text stays text."""
     if isinstance(value, str):
@@ -73,7 +72,6 @@ COST_SUMMARY_COLUMNS = (
 SUMMARY_COLUMNS = CONVERGENCE_COLUMNS + COST_SUMMARY_COLUMNS[1:]
 
 
-
 def summary_rows(outcomes: list[RunOutcome]) -> list[dict[str, Any]]:
     rows = []
     for o in outcomes:
@@ -105,7 +103,6 @@ def summary_rows(outcomes: list[RunOutcome]) -> list[dict[str, Any]]:
     return rows
 
 
-
 def write_comparison(outcomes: list[RunOutcome], out: Path) -> None:
     rows = summary_rows(outcomes)
     with atomic_write(out / "summary.csv", "w", newline="") as f:
@@ -118,7 +115,6 @@ def write_comparison(outcomes: list[RunOutcome], out: Path) -> None:
     write_text(out / "summary.md", "\n".join(lines) + "\n")
 
 
-
 def format_cell(v: Any) -> str:
     if v is None or (isinstance(v, float) and np.isnan(v)):
         return "-"
@@ -127,14 +123,12 @@ def format_cell(v: Any) -> str:
     return str(v)
 
 
-
 def run_title(spec: RunSpec, encrypted: bool = False) -> str:
     """Plot title; names the cipher when (some) runs are really encrypted. A data file is
     named by its file name, not its whole path."""
     data = Path(spec.data).name if Path(spec.data).is_file() else spec.data
     title = f"{data}, {spec.partition_spec()}, participation {spec.participation}"
     return f"{title}, HyFDCA encrypted with {spec.cipher}" if encrypted else title
-
 
 
 def cost_title(outcomes: list[RunOutcome], spec: RunSpec, title: str) -> str:
@@ -148,7 +142,6 @@ def cost_title(outcomes: list[RunOutcome], spec: RunSpec, title: str) -> str:
 
 
 SEED_AGGREGATED_COLUMNS = tuple(c for c in SUMMARY_COLUMNS if c not in ("algorithm", "engine"))
-
 
 
 def write_experiment_summary(config, outcomes: list[RunOutcome], out: Path) -> list[dict[str, Any]]:
@@ -201,7 +194,6 @@ def write_experiment_summary(config, outcomes: list[RunOutcome], out: Path) -> l
     return rows
 
 
-
 def aggregate_seeds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per algorithm: mean and sample std of every numeric summary column."""
     by_algorithm: dict[str, list[dict[str, Any]]] = {}
@@ -226,13 +218,11 @@ def aggregate_seeds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-
 def _write_csv(path: Path, columns: list[str], rows: list[dict[str, Any]]) -> None:
     with atomic_write(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows({k: _summary_value(k, r.get(k)) for k in columns} for r in rows)
-
 
 
 def _summary_value(column: str, value: Any) -> Any:
@@ -245,7 +235,6 @@ def _summary_value(column: str, value: Any) -> Any:
     if counts and isinstance(value, float) and value.is_integer():
         return int(value)
     return value
-
 
 
 def environment() -> dict[str, Any]:
@@ -279,12 +268,10 @@ def environment() -> dict[str, Any]:
     }
 
 
-
 def timestamp() -> str:
     from datetime import datetime, timezone
 
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
 
 
 def _cpu_model() -> str:
@@ -296,7 +283,6 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
 
 
 def _git_revision() -> dict[str, Any] | None:
@@ -324,13 +310,11 @@ def _git_revision() -> dict[str, Any] | None:
     return {"commit": commit, "dirty": bool(status.strip())} if commit else None
 
 
-
 def metric_columns(rows: list[dict[str, float]], first=METRIC_COLUMNS) -> list[str]:
     """``first`` (default :data:`METRIC_COLUMNS`) in order, then the other columns of
     ``rows`` alphabetically."""
     extra = sorted({k for row in rows for k in row} - set(first))
     return list(first) + extra
-
 
 
 def write_outputs(
@@ -412,10 +396,8 @@ def write_outputs(
     return out_dir
 
 
-
 def _float(v: Any) -> float:
     return np.nan if v is None else float(v)
-
 
 
 def _atomic_parquet(table, path: Path) -> None:
@@ -429,7 +411,6 @@ INTEGER_COLUMNS = (
     "iteration", "round_trips", "bytes_up", "bytes_down", "encryptions", "decryptions",
     "additions",
 )
-
 
 
 def integer_columns(values: dict[str, np.ndarray]) -> list[str]:
@@ -451,12 +432,10 @@ def integer_columns(values: dict[str, np.ndarray]) -> list[str]:
     ]
 
 
-
 def _csv_value(v) -> str:
     if isinstance(v, (int, np.integer)):
         return str(int(v))
     return "" if v is None or (isinstance(v, float) and np.isnan(v)) else repr(float(v))
-
 
 
 def json_default(obj):

@@ -46,7 +46,6 @@ METRICS_FILES = ("metrics.parquet", "metrics.csv", "metrics.csv.gz")
 _SEED_DIR = re.compile(r"^seed[-_=]?(\d+)$", re.IGNORECASE)
 
 
-
 @dataclass
 class LoadedRun:
     """One run read back from disk (or several seeds averaged).
@@ -109,7 +108,6 @@ class LoadedRun:
         return optimum_primal_of(self)
 
 
-
 def optimum_primal_of(run) -> float | None:
     config = getattr(run, "config", None) or {}
     value = config.get("optimum_primal")
@@ -124,10 +122,8 @@ def optimum_primal_of(run) -> float | None:
     return value if math.isfinite(value) and value != 0 else None
 
 
-
 class _EmptyMetrics(HyflError):
     """A metrics file with a header but no rows (a run still going, or crashed)."""
-
 
 
 def _metrics_file(folder: Path) -> Path | None:
@@ -135,7 +131,6 @@ def _metrics_file(folder: Path) -> Path | None:
         if (folder / name).is_file():
             return folder / name
     return None
-
 
 
 def _read_metrics(path: Path) -> pd.DataFrame:
@@ -158,7 +153,6 @@ def _read_metrics(path: Path) -> pd.DataFrame:
     return frame.sort_values("iteration", kind="stable").reset_index(drop=True)
 
 
-
 def _read_config(folder: Path) -> dict[str, Any]:
     path = folder / "run.json"
     if not path.is_file():
@@ -174,11 +168,9 @@ def _read_config(folder: Path) -> dict[str, Any]:
         ) from None
 
 
-
 def _seed_of(name: str) -> int | None:
     match = _SEED_DIR.match(name)
     return int(match.group(1)) if match else None
-
 
 
 def _algorithm_name(config: dict[str, Any]) -> str | None:
@@ -189,7 +181,6 @@ def _algorithm_name(config: dict[str, Any]) -> str | None:
         return algorithm
     spec = config.get("spec")
     return spec.get("algorithm") if isinstance(spec, dict) else None
-
 
 
 def load_run(folder: str | Path, name: str | None = None) -> LoadedRun:
@@ -248,7 +239,6 @@ def load_run(folder: str | Path, name: str | None = None) -> LoadedRun:
     )
 
 
-
 def average_runs(runs: Sequence[LoadedRun], name: str | None = None) -> LoadedRun:
     """Mean of several seeds' runs at the outer iterations all of them evaluated.
 
@@ -289,14 +279,12 @@ def average_runs(runs: Sequence[LoadedRun], name: str | None = None) -> LoadedRu
     )
 
 
-
 def natural_key(text: Any) -> tuple:
     """Sort key that orders ``grid:3x3`` before ``grid:12x12`` and numbers numerically."""
     if isinstance(text, (int, float, np.integer, np.floating)) and not isinstance(text, bool):
         return (0, float(text), ())
     parts = re.split(r"(\d+(?:\.\d+)?)", str(text))
     return (1, 0.0, tuple((0, float(p), "") if i % 2 else (1, 0.0, p) for i, p in enumerate(parts)))
-
 
 
 def load_results(results_dir: str | Path) -> dict[str, dict[str, LoadedRun]]:
@@ -369,7 +357,6 @@ def load_results(results_dir: str | Path) -> dict[str, dict[str, LoadedRun]]:
     return ordered
 
 
-
 def _fraction_of(participation: Any) -> float | str | None:
     if participation is None:
         return None
@@ -386,7 +373,6 @@ def _fraction_of(participation: Any) -> float | str | None:
         return str(participation)
 
 
-
 def _he_costs_label(config: Mapping[str, Any], spec: Mapping[str, Any]) -> str | None:
     """What priced a run's HE operations (its recorded cost model), else the spec's choice."""
     from hyfl.costs import he_label
@@ -395,7 +381,6 @@ def _he_costs_label(config: Mapping[str, Any], spec: Mapping[str, Any]) -> str |
     if isinstance(costs, dict) and isinstance(costs.get("he_costs"), dict):
         return he_label(costs)
     return spec.get("he_costs")
-
 
 
 def setting_info(runs: Mapping[str, Any]) -> dict[str, Any]:

@@ -51,7 +51,6 @@ DEFAULT_PARTITION = "grid:3x3"
 PARTY_PARTITION = "parties"  # the partition party files define
 
 
-
 @dataclass(frozen=True)
 class RunSpec:
     """Everything that defines one run; defaults are ``hyfl run``'s defaults.
@@ -229,7 +228,6 @@ class RunSpec:
         return {**shared, **specific}
 
 
-
 def _check_latency(latency: float) -> float:
     try:
         value = float(latency)
@@ -244,7 +242,6 @@ def _check_latency(latency: float) -> float:
     return value
 
 
-
 @dataclass
 class RunOutcome:
     """What :func:`execute` produced."""
@@ -257,7 +254,6 @@ class RunOutcome:
     summary: dict[str, Any]
     out_dir: Path | None
     model: Any = None  # hyfl.model_file.Model of the final weights (None: not written)
-
 
 
 @dataclass(frozen=True)
@@ -280,7 +276,6 @@ class Setup:
     feature_scale: Any = None
 
 
-
 def load_split(spec: RunSpec):
     """``(train, validation, partition)`` of a spec; partition None unless party files give it."""
     if spec.uses_party_files():
@@ -298,7 +293,6 @@ def load_split(spec: RunSpec):
     return train, val, None
 
 
-
 def add_intercept(train, val, partition, scaling: float):
     """Train and validation data with the constant intercept column, and the given
     partition (party files) extended to it (:func:`hyfl.partition.with_constant_feature`)."""
@@ -307,7 +301,6 @@ def add_intercept(train, val, partition, scaling: float):
     if partition is not None:
         partition = with_constant_feature(partition, train.X)
     return train, val, partition
-
 
 
 def sample_weights(train, class_weight: str | None):
@@ -330,7 +323,6 @@ def sample_weights(train, class_weight: str | None):
     # As scikit-learn's linear models combine them: each sample's weight times its
     # class's (from the class counts).
     return compute_sample_weight(class_weight, train.y) * (1.0 if own is None else own)
-
 
 
 def scale_features(problem, val, partition, spec: RunSpec):
