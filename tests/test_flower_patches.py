@@ -65,6 +65,8 @@ def _bound_at_import(module: types.ModuleType, value) -> bool:
 def test_the_supernodes_poll_sleeps_are_capped(monkeypatch):
     internal = importlib.import_module("flwr.supernode.start_client_internal")
     assert internal.time is time  # Flower's own module, before the patch
+    assert inspect.isfunction(internal._pull_and_store_message)
+    assert internal._pull_and_store_message.__module__ == internal.__name__
     assert _reads_global(internal, "time") and _reads_global(internal, "_pull_and_store_message")
     calls = []
     monkeypatch.setattr(internal, "time", internal.time)  # restored after the test
@@ -108,6 +110,18 @@ def test_a_silent_task_expires_after_task_patience(monkeypatch):
     assert patches.shorten_task_patience(10.0)
     assert corestate.HEARTBEAT_PATIENCE * corestate.HEARTBEAT_DEFAULT_INTERVAL == \
         pytest.approx(10.0)
+    # The SuperNode's state (Flower's own class) gives a running task that much patience.
+    from flwr.supercore.constant import TaskType
+    from flwr.supercore.date import now
+    from flwr.supernode.nodestate import InMemoryNodeState
+
+    state = InMemoryNodeState(None)
+    task = state.create_task(TaskType.CLIENT_APP, 1)
+    started = now()
+    assert state.claim_task(task) and state.activate_task(task)
+    assert state.acknowledge_task_heartbeat(task)
+    patience = (state.task_token_store[task].active_until - started).total_seconds()
+    assert 10.0 <= patience < 11.0
 
 
 @pytest.mark.parametrize("module_name", OBJECT_PULL_MODULES)
@@ -133,8 +147,10 @@ def test_early_object_pulls_retry_after_milliseconds(monkeypatch, module_name):
 
 
 def test_the_runtime_api_secret_is_forgotten_once_loaded(monkeypatch, tmp_path):
+    from flwr.supercore.auth import superexec_secret
+
     cli = importlib.import_module("flwr.supernode.cli.flower_supernode")
-    assert callable(cli.load_superexec_auth_secret)
+    assert cli.load_superexec_auth_secret is superexec_secret.load_superexec_auth_secret
     assert _reads_global(cli, "load_superexec_auth_secret")
     monkeypatch.setattr(cli, "load_superexec_auth_secret", cli.load_superexec_auth_secret)
     folder = tmp_path / "private"
@@ -149,12 +165,24 @@ def test_the_runtime_api_secret_is_forgotten_once_loaded(monkeypatch, tmp_path):
 def test_another_flower_version_is_left_unmodified(monkeypatch, tmp_path):
     internal = importlib.import_module("flwr.supernode.start_client_internal")
     corestate = importlib.import_module("flwr.supercore.corestate.in_memory_corestate")
-    before = (internal.time, internal.subprocess, internal._pull_and_store_message,
-              corestate.HEARTBEAT_DEFAULT_INTERVAL, internal.pull_objects)
+    cli = importlib.import_module("flwr.supernode.cli.flower_supernode")
+    pulls = [importlib.import_module(m) for m in OBJECT_PULL_MODULES]
+
+    def targets():
+        return (internal.time, internal.subprocess, internal._pull_and_store_message,
+                corestate.HEARTBEAT_DEFAULT_INTERVAL, cli.load_superexec_auth_secret,
+                *[getattr(m, n, None) for m in pulls
+                  for n in ("pull_objects", "pull_and_inflate_object_from_tree")])
+
+    before = targets()
+    secret = tmp_path / "private" / "secret"
+    secret.parent.mkdir()
+    secret.write_bytes(b"ab" * 32)
     monkeypatch.setattr(flwr, "__version__", "9.9.9")
     assert not patches.cap_supernode_polls(0.05)
     assert not patches.die_with_supernode()
     assert not patches.shorten_task_patience()
-    assert not patches.quick_object_pulls("flwr.supernode.start_client_internal")
-    assert (internal.time, internal.subprocess, internal._pull_and_store_message,
-            corestate.HEARTBEAT_DEFAULT_INTERVAL, internal.pull_objects) == before
+    assert not any(patches.quick_object_pulls(m) for m in OBJECT_PULL_MODULES)
+    assert not patches.forget_secret_once_loaded(secret)
+    assert targets() == before
+    assert secret.exists()

@@ -9,31 +9,45 @@ that its target exists in the installed Flower and that Flower reads the patched
 value at call time, so a Flower release that renames or rebinds a target fails a
 test instead of silently turning a speed-up off.
 
-=================================  ===================================================
-patch                              what it changes in Flower
-=================================  ===================================================
-:func:`cap_supernode_polls`        ``flwr.supernode.start_client_internal.time``: a
-                                   :class:`CappedTime` whose ``sleep`` backs the idle
-                                   poll (3 s in Flower) off from a millisecond to the
-                                   cap, and caps the 0.5 s waits for the ClientApp's
-                                   reply; and its ``_pull_and_store_message``, wrapped
-                                   to reset the backoff and wake the worker
-                                   (:data:`ON_MESSAGE`) when a message came
-:func:`die_with_supernode`         ``flwr.supernode.start_client_internal.subprocess``:
-                                   a :class:`DyingSubprocess` whose ``Popen`` gives the
-                                   SuperExec SIGKILL as its parent-death signal (Linux)
-:func:`shorten_task_patience`      ``flwr.supercore.corestate.in_memory_corestate.``
-                                   ``HEARTBEAT_DEFAULT_INTERVAL``: a silent task
-                                   expires after :data:`TASK_PATIENCE` s, not 60
-:func:`quick_object_pulls`         ``pull_objects`` and ``pull_and_inflate_object_``
-                                   ``from_tree`` as bound in one of three Flower
-                                   modules: early object pulls retried after
-                                   milliseconds (:data:`OBJECT_PULL_BACKOFF`), not
-                                   seconds
-:func:`forget_secret_once_loaded`  ``flwr.supernode.cli.flower_supernode.``
-                                   ``load_superexec_auth_secret``: the Runtime API's
-                                   secret file is removed as soon as Flower read it
-=================================  ===================================================
+:func:`cap_supernode_polls`
+    Touches ``flwr.supernode.start_client_internal.time`` (the module global
+    ``time``) and ``._pull_and_store_message``. ``time`` becomes a
+    :class:`CappedTime` whose ``sleep`` backs the idle poll of the SuperLink
+    (``time.sleep(3)`` in Flower) off from a millisecond to the cap and caps the
+    0.5 s waits for the ClientApp's reply; the pull is wrapped to reset that
+    backoff and wake the worker (:data:`ON_MESSAGE`) when a message came. Why:
+    both intervals are hard-coded, and each message waited 1.5 s on average
+    before a party even started on it. Another version (or a ``time`` that is
+    not the ``time`` module): no change, False.
+:func:`die_with_supernode`
+    Touches ``flwr.supernode.start_client_internal.subprocess``: a
+    :class:`DyingSubprocess` whose ``Popen`` gives the SuperExec SIGKILL as its
+    parent-death signal (Linux). Why: a killed SuperNode otherwise leaves its
+    SuperExec re-parented to init. Another version, another ``subprocess`` or
+    not Linux: no change, False.
+:func:`shorten_task_patience`
+    Writes ``flwr.supercore.corestate.in_memory_corestate.HEARTBEAT_DEFAULT_INTERVAL``
+    (imported there by name from ``flwr.common.constant``) so that a task whose
+    worker sends no heartbeat expires after :data:`TASK_PATIENCE` s
+    (``HEARTBEAT_PATIENCE`` intervals), not 60. Why: a restarted worker is back
+    within seconds, and the message gets Flower's "ClientApp crashed" reply
+    (an absence) instead of holding the round for a minute. Another version or
+    no ``HEARTBEAT_PATIENCE``: no change, False.
+:func:`quick_object_pulls`
+    Rebinds ``pull_objects`` and ``pull_and_inflate_object_from_tree`` (those of
+    ``flwr.supercore.inflatable.inflatable_utils``) as bound in one of
+    ``flwr.supernode.start_client_internal``, ``flwr.superlink.grid.http_grid``
+    and ``flwr.supernode.runtime.run_clientapp``, to partials with
+    :data:`OBJECT_PULL_BACKOFF`. Why: both ends store a message before its
+    objects, so the first pull often came too early and waited Flower's 1 s
+    backoff. Another version: no change, False; a name bound to something
+    else is left alone.
+:func:`forget_secret_once_loaded`
+    Touches ``flwr.supernode.cli.flower_supernode.load_superexec_auth_secret``:
+    wrapped to remove the Runtime API secret's private folder as soon as Flower
+    has read it. Why: no copy of the secret stays on disk, even if the
+    SuperNode is killed later. Another version or no such name: no change,
+    False (the folder then goes when the process exits).
 """
 
 from __future__ import annotations
@@ -75,7 +89,7 @@ class CappedTime:
 
 
 #: Called (in the SuperNode's process) each time the SuperNode has stored a message with
-#: its objects: :func:`supervise_worker` wakes the worker through it.
+#: its objects: :func:`hyfl.deploy.supernode.supervise_worker` wakes the worker through it.
 ON_MESSAGE: list = []
 
 
@@ -178,12 +192,16 @@ def forget_secret_once_loaded(path: Path) -> bool:
     """Remove the secret's folder as soon as Flower's SuperNode has read the secret.
 
     The SuperNode keeps it in memory; the workers get it through a pipe
-    (:func:`supervise_worker`), so no copy stays on disk, even if the SuperNode
-    is killed later. False (the folder stays until exit) if Flower reads it
-    elsewhere than in 1.41.0.
+    (:func:`hyfl.deploy.supernode.supervise_worker`), so no copy stays on disk, even if
+    the SuperNode is killed later. False (the folder stays until exit) if Flower reads it
+    elsewhere (or is not 1.41.0).
     """
     import importlib
 
+    import flwr
+
+    if flwr.__version__ != PATCHED_VERSION:
+        return False
     # (``import ... as`` would give the function the package re-exports under this name)
     cli = importlib.import_module("flwr.supernode.cli.flower_supernode")
     load = getattr(cli, "load_superexec_auth_secret", None)
