@@ -7,6 +7,13 @@ of 2026-11-28 (commit b65cf06, before the split of ``experiments/runner.py``,
 column that does not measure time (times are the machine's), the summary, the
 keys of ``run.json`` and the files. A refactoring that changes a number, a
 column, a key or a file fails here.
+
+One deliberate change since: the last row of ``run-metrics.csv`` counts the
+checkpoint duals a returning client is sent as the protocol sends them (the
+samples that changed after its last sync), not by comparing values, which
+rounding made machine-dependent (``bytes_down`` 1,004,860 -> 1,004,248 and
+``decryptions`` 42,899 -> 42,865; see
+``tests/test_protocol.py::test_checkpoint_traffic_is_counted_as_the_protocol_sends_it``).
 """
 
 from __future__ import annotations

@@ -1314,8 +1314,13 @@ def certificate_configure(state: HyFDCAState, active: np.ndarray, io: RoundIO) -
     rowptr = blocks.client_rowptr
     rows = concat_ranges(rowptr[asked], rowptr[asked + 1] - rowptr[asked])
     samples = blocks.row_sample[rows]
-    differ = np.any(state.alpha_local[rows] != cert.checkpoint[samples], axis=1)
-    io.traffic["checkpoint_down"] = (blocks.clients_of(rows[differ]), samples[differ])
+    # A copy differs from the checkpoint where its sample changed after the client's last
+    # sync and before the checkpoint opened: the rule the protocol's server applies to
+    # its round stamps. (Comparing the values instead would count a copy that a refresh
+    # made equal up to rounding, and how it rounds depends on the machine's BLAS kernel.)
+    owners = blocks.clients_of(rows)
+    differ = cert.checkpoint_updated_at[samples] > state.last_active[owners]
+    io.traffic["checkpoint_down"] = (owners[differ], samples[differ])
     io.floats_up += float(np.sum(state.feature_counts[asked])) * state.w.shape[1]
     cert.pending[asked] = False
 
@@ -1347,6 +1352,7 @@ def certify_round(state: HyFDCAState, active: np.ndarray, moved: np.ndarray, exa
             decided += 1
     if cert.checkpoint is None and not cert.current:
         cert.checkpoint = state.alpha.copy()
+        cert.checkpoint_updated_at = state.updated_at.copy()
         cert.checkpoint_changes = cert.explored_changes
         cert.pending = cert.stale.copy()
         cert.opened_at = t
@@ -1370,7 +1376,7 @@ def _certify_checkpoint(state: HyFDCAState, t: int) -> None:
     exploration from the certified pair (:mod:`hyfl.algorithms.hyfdca_certify`)."""
     cert, problem, local = state.local.certificate, state.problem, state.local
     checkpoint, checkpoint_w = cert.checkpoint, cert.checkpoint_w
-    cert.checkpoint = cert.checkpoint_w = None
+    cert.checkpoint = cert.checkpoint_w = cert.checkpoint_updated_at = None
     # The conjugate sum at the checkpoint: in the protocol the server keeps it
     # from the judges' encrypted changes; here it is recomputed.
     checkpoint_conjugate = conjugate_sums(problem.loss, checkpoint, problem.Y, problem.W)

@@ -133,6 +133,8 @@ class Certificate:
     explored_changes: int = 0
     certified_changes: int = 0
     checkpoint_changes: int = 0
+    # Each dual's last-changed round when the checkpoint opened (which copies differ).
+    checkpoint_updated_at: np.ndarray | None = None
 
     @classmethod
     def zero(cls, n_samples: int, n_features: int, n_outputs: int, n_clients: int):
