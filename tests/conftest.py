@@ -55,6 +55,24 @@ def _isolated_he_cost_cache(tmp_path_factory):
     mp.undo()
 
 
+def _shared_data():
+    """$HYFL_DATA, else the shared folder beside the repository (CI has ../shared)."""
+    from pathlib import Path
+
+    candidates = [Path(p) for p in (os.environ.get("HYFL_DATA"),) if p]
+    candidates.append(Path(__file__).resolve().parents[2] / "shared" / "data")
+    return next((p for p in candidates if (p / "README.md").is_file()), None)
+
+
+@pytest.fixture
+def shared_data():
+    """The real data sets' folder; the test is skipped where it is absent."""
+    folder = _shared_data()
+    if folder is None:
+        pytest.skip("shared/data folder not available")
+    return folder
+
+
 @pytest.fixture
 def x64():
     """JAX in float64 for the test (finite differences), restored afterwards."""

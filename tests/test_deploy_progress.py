@@ -356,7 +356,8 @@ def test_run_follows_the_job_and_exits_3_when_no_round_is_accepted(tmp_path, mon
     assert re.search(r"rounds \(accepted\) *│ *2 \(2\) │", result.output)
 
 
-def test_local_no_better_than_the_majority_class_exits_3(tmp_path, in_process_local):
+def test_local_no_better_than_the_majority_class_exits_3(tmp_path, in_process_local,
+                                                         shared_data):
     """ijcnn1 (training split) is 90.3% one class: one round of the theory rule's small
     steps lowers the objective below the zero model's but still predicts the majority class
     everywhere."""
