@@ -24,7 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hyfl._io import atomic_write, read_header, read_npz
+from hyfl._io import read_header, read_npz
+from hyfl._private_files import private_write
 from hyfl.errors import HyflError, fail
 
 __all__ = ["HEADER", "check_content", "content_sha256", "read_container", "read_kind",
@@ -67,8 +68,8 @@ def write_container(path: str | os.PathLike, arrays: dict[str, np.ndarray], head
     header = {**header, "content_sha256": content_sha256(arrays, header, names=names)}
     blob = json.dumps(header, sort_keys=True, default=str).encode()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_write(path, "wb") as f:
+    # Weights and feature scales (the parties' column statistics): owner only.
+    with private_write(path, "wb") as f:
         np.savez(f, **arrays, **{HEADER: np.frombuffer(blob, dtype=np.uint8)})
     return path
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hyfl._io import atomic_write
+from hyfl._private_files import private_write
 from hyfl.errors import fail
 from hyfl.model_container import read_kind
 from hyfl.model_file import Model, data_checksum, load_model
@@ -220,9 +220,8 @@ def write_predictions(out: str | os.PathLike, predicted: np.ndarray, columns: li
                       values: np.ndarray, *, regression: bool = False) -> Path:
     """Write ``index, prediction, *columns`` per sample to ``out``, atomically."""
     out = Path(out)
-    if out.parent != Path(""):
-        out.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_write(out, "w", newline="") as f:
+    # One line per sample of the data: owner only (hyfl._private_files).
+    with private_write(out, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["index", "prediction", *columns])
         for i in range(len(predicted)):

@@ -163,13 +163,12 @@ def save_state(context: Context, state: tuple[dict, str],
         context.state[_STATE] = pack(*state)[_CONTENT]
     path = _state_file(context, folder)
     if path is not None:
-        from hyfl._io import atomic_write
+        from hyfl._private_files import savez_private
 
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # 0600 from its creation (a chmod afterwards left it readable meanwhile).
         arrays, spec = state
-        with atomic_write(path, "wb", durable=path.parent == _state_dir(context)) as f:
-            np.savez(f, __spec__=np.array(spec), **arrays)
-        path.chmod(0o600)
+        savez_private(path, durable=path.parent == _state_dir(context),
+                      __spec__=np.array(spec), **arrays)
 
 
 def _state_dir(context: Context) -> Path | None:
@@ -276,12 +275,12 @@ class FlowerTransport:
 
     def _record(self, party: Any, kind: str, arrays: dict, spec: str) -> None:
         """Keep a reply as it arrived (for the privacy audit of the tests; ``$HYFL_AUDIT_DIR``)."""
-        folder = Path(self.audit_dir)
-        folder.mkdir(parents=True, exist_ok=True)
+        from hyfl._private_files import savez_private
+
         self.recorded += 1
         name = str(party).replace(" ", "-")
-        np.savez(folder / f"{os.getpid()}-{self.recorded:06d}-{name}-{kind}.npz",
-                 __spec__=np.array(spec), **arrays)
+        savez_private(Path(self.audit_dir) / f"{os.getpid()}-{self.recorded:06d}-{name}-{kind}.npz",
+                      durable=False, __spec__=np.array(spec), **arrays)
 
     def connect(self, n_parties: int, timeout: float, hello: dict) -> dict[int, dict]:
         deadline = time.monotonic() + timeout

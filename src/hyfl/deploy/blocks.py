@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from hyfl._io import atomic_write, read_npz
+from hyfl._io import read_npz
+from hyfl._private_files import private_folder, private_write
 from hyfl.errors import fail
 
 __all__ = ["BLOCK_FORMAT", "Block", "load_block", "prepare_data", "read_block", "write_blocks"]
@@ -93,14 +94,14 @@ def write_blocks(problem, partition, out_dir: str | os.PathLike, *, name: str = 
     from hyfl.partition import client_block, stack
 
     blocks = stack(partition, problem.X)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    # Raw feature values and labels: private from their creation (hyfl._private_files).
+    out = private_folder(out_dir)
     paths = []
     lam = float(problem.lam if lam_default is None else lam_default)
     for k in range(blocks.n_clients):
         samples, features, X = client_block(blocks, k)
         path = out / f"party-{k}.npz"
-        with atomic_write(path, "wb") as f:
+        with private_write(path, "wb") as f:
             np.savez(
                 f,
                 format=np.array(BLOCK_FORMAT), version=np.array(1), party=np.array(k),

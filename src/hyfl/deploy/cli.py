@@ -396,6 +396,7 @@ def run(
     import subprocess
     import time
 
+    from hyfl._private_files import open_private, private_folder, write_private_text
     from hyfl.data.dataset import parse_intercept
     from hyfl.deploy.config import DeployConfig, run_config_for
     from hyfl.deploy.flower_app import toml_value
@@ -424,7 +425,8 @@ def run(
         )
         job = DeployConfig.from_run_config(config)  # fail here rather than on the SuperLink
         try:
-            out.mkdir(parents=True, exist_ok=True)
+            # The server's weights and flwr run's log: owner only (hyfl._private_files).
+            private_folder(out)
         except OSError as err:
             raise fail(f"--out {out}", f"cannot be created ({err.strerror})",
                        "Pass a folder on this machine (the coordinator's) that you can write "
@@ -435,7 +437,8 @@ def run(
                          root_certificates=None if insecure else root_certificates)
         write_app(work / "app")
         overrides = work / "run-config.toml"
-        overrides.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in config.items()))
+        write_private_text(overrides, "".join(f"{k} = {toml_value(v)}\n"
+                                              for k, v in config.items()))
         command = [flower_command("flwr", env), "run", str(work / "app"), CONNECTION, "--stream",
                    "--run-config", str(overrides)]
     except HyflError as err:
@@ -445,7 +448,7 @@ def run(
                   f"{job.algorithm.step_rule}, cipher {cipher}; flwr run's output: {log_file}")
     submitted = time.time()
     try:
-        with open(log_file, "ab") as log, RoundDisplay(console, iterations) as display:
+        with open_private(log_file, "ab") as log, RoundDisplay(console, iterations) as display:
             process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
             try:
                 results = wait_for_results(process, out, log_file, on_progress=display.show,

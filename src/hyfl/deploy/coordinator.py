@@ -80,7 +80,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from hyfl._io import atomic_write, write_json
+from hyfl._private_files import private_folder, private_write, write_private_json
 from hyfl.deploy.codec import check_fields
 from hyfl.deploy.config import DeployConfig, structure_blocks
 from hyfl.errors import HyflError, fail
@@ -713,17 +713,16 @@ class Coordinator:
     def _write(self, final: bool = False) -> None:
         if not self.config.out:
             return
-        out = Path(self.config.out)
-        out.mkdir(parents=True, exist_ok=True)
+        out = private_folder(self.config.out)  # a model of the parties' data: owner only
         if final and self.weights:
-            with atomic_write(out / "weights.npz", "wb") as f:
+            with private_write(out / "weights.npz", "wb") as f:
                 np.savez(f, w=np.stack(self.weights))
         elif len(self.weights) > 1:
             # The latest round's w alone (rewriting the whole history every round would
             # cost O(rounds^2 x features)), before deploy.json: whoever sees round t
             # there finds w of round t or later here (hyfl deploy local shows the
             # objective of each round as it ends).
-            with atomic_write(out / LATEST_WEIGHTS, "wb") as f:
+            with private_write(out / LATEST_WEIGHTS, "wb") as f:
                 np.savez(f, iteration=len(self.weights) - 1, w=self.weights[-1])
         _atomic_json(out / "deploy.json", self.results)
 
@@ -792,8 +791,7 @@ def _check_sizes(hellos: dict[int, dict]) -> None:
 def write_failure(out: str, err: BaseException) -> None:
     """Record a run that failed before it started (bad run config, missing key file)."""
     if isinstance(out, str) and out.strip():
-        path = Path(out.strip())
-        path.mkdir(parents=True, exist_ok=True)
+        path = private_folder(out.strip())
         _atomic_json(path / "deploy.json", {"status": "failed", "error": str(err),
                                             "engine": "flower", "rounds": []})
 
@@ -812,7 +810,7 @@ def _config_record(config: DeployConfig) -> dict:
 
 
 def _atomic_json(path: Path, value: Any) -> None:
-    write_json(path, value, indent=1)
+    write_private_json(path, value, indent=1)
 
 
 def _json_default(obj):

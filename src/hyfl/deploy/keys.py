@@ -41,6 +41,7 @@ from pathlib import Path
 from phe import paillier as _phe
 
 from hyfl._io import write_json
+from hyfl._private_files import private_folder, write_private_json
 from hyfl.errors import check_choice, fail
 from hyfl.privacy.ciphers import (
     DEFAULT_GUARD_BITS,
@@ -72,6 +73,9 @@ CKKS_KEY_FORMAT = "hyfl-ckks-key"
 KEY_SCHEMES = {"paillier": "paillier", "packed": "paillier", "ckks": "ckks"}
 PRIVATE_KEY_FILE = "private-key.json"
 PUBLIC_KEY_FILE = "public-key.json"
+#: The public key is handed out, so others may read it; never write it (a swapped public
+#: key would have the server encrypt under someone else's key).
+PUBLIC_KEY_MODE = 0o644
 DEFAULT_DEPLOY_KEY_BITS = 2048
 #: The smallest Paillier modulus a deployment accepts without the insecure flag:
 #: 1024-bit moduli are within reach of factoring, and factoring n is decrypting.
@@ -157,11 +161,11 @@ def generate_keys(out_dir: str | os.PathLike, key_bits: int = DEFAULT_DEPLOY_KEY
                 "Pass another folder, or overwrite=True (--overwrite) to replace the key pair; "
                 "every party then needs the new private key.",
             )
-    out.mkdir(parents=True, exist_ok=True)
+    private_folder(out)  # a new key folder: 0700 from its mkdir
     if KEY_SCHEMES[scheme] == "ckks":
         private, public = _ckks_records()
-        write_json(private_path, private, indent=1, permissions=0o600)
-        write_json(public_path, public, indent=1)
+        write_private_json(private_path, private, indent=1)
+        write_json(public_path, public, indent=1, permissions=PUBLIC_KEY_MODE)
         return private_path, public_path
     public_key, private_key = _phe.generate_paillier_keypair(n_length=bits)
     n = int(public_key.n)
@@ -170,8 +174,9 @@ def generate_keys(out_dir: str | os.PathLike, key_bits: int = DEFAULT_DEPLOY_KEY
     private = {**common, "kind": "private", "p": hex(int(private_key.p)),
                "q": hex(int(private_key.q))}
     # The private key is created 0600 from the start, never world-readable.
-    write_json(private_path, private, indent=1, permissions=0o600)
-    write_json(public_path, {**common, "kind": "public"}, indent=1)
+    write_private_json(private_path, private, indent=1)
+    write_json(public_path, {**common, "kind": "public"}, indent=1,
+               permissions=PUBLIC_KEY_MODE)
     return private_path, public_path
 
 

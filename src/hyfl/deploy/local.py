@@ -53,7 +53,14 @@ from typing import Any
 
 import numpy as np
 
-from hyfl._io import check_results_folder, read_npz, write_json
+from hyfl._io import check_results_folder, read_npz
+from hyfl._private_files import (
+    open_private,
+    private_folder,
+    private_write,
+    write_private_json,
+    write_private_text,
+)
 from hyfl.deploy.coordinator import LATEST_WEIGHTS
 from hyfl.deploy.flower_app import APP_COMPONENTS, write_flower_app
 from hyfl.deploy.flower_app import toml_value as _toml_value
@@ -102,8 +109,7 @@ def write_connection(flwr_home: str | os.PathLike, address: str, *, name: str = 
     Without ``root_certificates`` the connection is insecure (loopback tests);
     with it, TLS against that CA certificate (an absolute path is written).
     """
-    home = Path(flwr_home)
-    home.mkdir(parents=True, exist_ok=True)
+    home = private_folder(flwr_home)
     lines = ["[superlink]", f"default = {_toml_value(name)}", "", f"[superlink.{name}]",
              f"address = {_toml_value(address)}"]
     if root_certificates is None:
@@ -114,9 +120,7 @@ def write_connection(flwr_home: str | os.PathLike, address: str, *, name: str = 
             raise fail(f"CA certificate {ca}", "does not exist",
                        "Pass the certificate of the CA that signed the SuperLink's certificate.")
         lines.append(f"root-certificates = {_toml_value(str(ca))}")
-    path = home / "config.toml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return write_private_text(home / "config.toml", "\n".join(lines) + "\n")
 
 
 def flower_env(flwr_home: str | os.PathLike, superexec_poll: float = 0.1) -> dict[str, str]:
@@ -304,13 +308,13 @@ class LocalDeployment:
     # -- start and stop ------------------------------------------------------------
     def start(self, timeout: float = 120.0) -> LocalDeployment:
         """Start the SuperLink, wait until it is healthy, start one SuperNode per party."""
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        # Logs, configs and Flower's state of the parties' run: owner only.
+        private_folder(self.workdir)
         self.home = self.workdir / "flwr_home"
         self.env = flower_env(self.home, self.superexec_poll)
         for name in _LEGACY_GRPC:  # they would listen on 0.0.0.0: loopback only here
             self.env.pop(name, None)
-        self.logs = self.workdir / "logs"
-        self.logs.mkdir(exist_ok=True)
+        self.logs = private_folder(self.workdir / "logs")
         self.port = _free_port()
         self.address = f"127.0.0.1:{self.port}"
         write_connection(self.home, self.address)
@@ -329,8 +333,8 @@ class LocalDeployment:
         """Start (or restart) the SuperNode of ``party``."""
         config = next(c for c in self.node_configs if int(c["party"]) == party)
         node_file = self.workdir / "nodes" / f"party-{party}.toml"
-        node_file.parent.mkdir(exist_ok=True)
-        node_file.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in config.items()))
+        write_private_text(node_file, "".join(f"{k} = {_toml_value(v)}\n"
+                                              for k, v in config.items()))
         if self.node_poll is None:
             supernode = [flower_command("flower-supernode", self.env)]
         else:
@@ -391,7 +395,8 @@ class LocalDeployment:
     def submit(self, run_config: Mapping[str, Any], name: str = "run") -> subprocess.Popen:
         """Start ``flwr run --stream`` for one job; returns the process (its log: logs/NAME.log)."""
         overrides = self.workdir / f"{name}-config.toml"
-        overrides.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in run_config.items()))
+        write_private_text(overrides, "".join(f"{k} = {_toml_value(v)}\n"
+                                              for k, v in run_config.items()))
         process = self._spawn(name, [
             flower_command("flwr", self.env), "run", str(self.app), CONNECTION, "--stream",
             "--run-config", str(overrides),
@@ -408,7 +413,8 @@ class LocalDeployment:
                                 on_progress=on_progress)
 
     def _spawn(self, name: str, command: list[str]) -> subprocess.Popen:
-        log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 (kept by the child)
+        # A party's log quotes the errors of its messages: owner only.
+        log = open_private(self.logs / f"{name}.log", "ab")
         try:
             return subprocess.Popen(reaped(command), stdout=log, stderr=subprocess.STDOUT,
                                     env=self.env, cwd=self.workdir, start_new_session=True)
@@ -578,7 +584,7 @@ def deployment_metrics(results: dict, weights: np.ndarray, problem=None, optimum
 def write_metrics(rows: list[dict[str, float]], path: str | os.PathLike) -> Path:
     """Write metrics rows as CSV (columns :data:`DEPLOY_COLUMNS`)."""
     path = Path(path)
-    with path.open("w", newline="") as f:
+    with private_write(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=DEPLOY_COLUMNS, extrasaction="ignore")
         writer.writeheader()
         for row in rows:
@@ -735,9 +741,10 @@ def _prepare_out(out: Path, overwrite: bool) -> None:
             shutil.rmtree(path)
         else:
             path.unlink(missing_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
     # It will hold the private key, the parties' plaintext states and Flower's files:
-    # no other local user may read or enter it.
+    # no other local user may read or enter it (a new folder is 0700 from its mkdir,
+    # an existing one is restricted before anything is written into it).
+    private_folder(out)
     out.chmod(0o700)
 
 
@@ -1010,7 +1017,7 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
         own = party_cipher(cipher, private, insecure_test_keys=insecure_test_keys,
                            **config.cipher_options())
         comparison = compare_with_protocol(results, weights, problem, parts, own, optimum)
-        write_json(out / "comparison.json", comparison, indent=1)
+        write_private_json(out / "comparison.json", comparison, indent=1)
     reported = [row["relative_loss"] for row in rows]
     judgement = judge_progress(results, [row["round_relative_loss"] for row in rows])
     if judgement.progressed:  # below the zero model; and above always predicting one class?

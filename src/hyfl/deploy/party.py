@@ -65,7 +65,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from hyfl._io import atomic_write
+from hyfl._private_files import private_folder, private_write
 from hyfl.deploy.codec import check_fields, decode, encode
 from hyfl.deploy.config import DeployConfig, NodeSettings, structure_blocks
 from hyfl.deploy.guard import FORGED_FIX, Guard, announcement_tag, check_announcements
@@ -563,10 +563,10 @@ class Party:
         self._close_abandoned(client)
         self._guard.finish()
         if self.node.out:
-            out = Path(self.node.out)
-            out.mkdir(parents=True, exist_ok=True)
+            # Its final duals, whose signs are its labels: owner only from creation.
+            out = private_folder(Path(self.node.out))
             block = self.state["block"]
-            with atomic_write(out / f"party-{self.node.party}.npz", "wb") as f:
+            with private_write(out / f"party-{self.node.party}.npz", "wb") as f:
                 np.savez(f, samples=block["samples"], features=block["features"],
                          alpha=client.alpha, w=client.w)
         return {"written": bool(self.node.out)}

@@ -101,7 +101,7 @@ def _private_runtime_dir() -> str | None:
 def runtime_api_secret(folder: str | os.PathLike | None = None) -> Path:
     """A new random secret for a SuperNode's Runtime API, in a file only this user can read.
 
-    The file (mode 0600, written through :func:`hyfl._io.atomic_write`) is the
+    The file (mode 0600 from its creation, :mod:`hyfl._private_files`) is the
     only one in a new folder of mode 0700 (``tempfile.mkdtemp``) in ``folder``,
     by default ``$XDG_RUNTIME_DIR`` when that is this user's private folder (a
     tmpfs on most Linux systems), else the temporary folder. :func:`main`
@@ -110,12 +110,10 @@ def runtime_api_secret(folder: str | os.PathLike | None = None) -> Path:
     exits. 256 random bits, as 64 hexadecimal digits: Flower reads the file's
     bytes as they are.
     """
-    from hyfl._io import atomic_write
+    from hyfl._private_files import write_private_bytes
 
     path = _private_folder("hyfl-supernode-", folder) / SECRET_NAME
-    with atomic_write(path, "wb", permissions=0o600) as f:
-        f.write(secrets.token_hex(32).encode())
-    return path
+    return write_private_bytes(path, secrets.token_hex(32).encode())
 
 
 def _check_private(path: str) -> str | None:

@@ -27,11 +27,9 @@ checkpoint someone left in a results folder cannot run code.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -481,18 +479,11 @@ class _Checkpointer:
         }, arrays)
         arrays["__header__"] = _json_array(header)
         arrays["__body__"] = _json_array(body)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                np.savez(f, **arrays)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        # Every party's duals (whose signs are the labels) and weights: a 0600 file from
+        # its creation, renamed into place (hyfl._private_files).
+        from hyfl._private_files import savez_private
+
+        savez_private(self.path, **arrays)
         self.saved_at = run.t
 
     def load(self, run: RunProgress, rngs: dict, participation) -> Any:
