@@ -34,24 +34,48 @@ FORGED = "does not follow hyfl's protocol"
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """A genuine encrypted run (cocoa rule, its certificate, 3 parties holding features)."""
+def setting(tmp_path_factory):
+    """Two parties' worth of everything but a run: keys, data files, node configs, the
+    server's public cipher (shared by both recorded runs, so that their ciphertexts can
+    be combined as a server holding both would)."""
     tmp = tmp_path_factory.mktemp("hostile")
     private, public = generate_keys(tmp / "keys", 256, insecure_test_keys=True)
     problem = make_problem(synthetic(n=60, m=6), "hinge", 0.05)
     partition = grid(problem.n_samples, problem.n_features, 1, PARTIES)
     files = write_blocks(problem, partition, tmp / "blocks", lam_default=problem.lam)
-    config = run_config_for(parties=PARTIES, iterations=ROUNDS, cipher="paillier",
-                            public_key=str(public), seed=1, insecure_test_keys=True,
-                            participation="0.67")  # absences: returning parties, checkpoints
     nodes = [{"party": k, "key": str(private), "cipher": "paillier",
               "insecure-test-keys": True, "data": str(f)} for k, f in enumerate(files)]
-    deploy = DeployConfig.from_run_config(config)
-    cipher = server_cipher("paillier", public, **deploy.cipher_options(),
+    config = run_config_for(parties=PARTIES, iterations=ROUNDS, cipher="paillier",
+                            public_key=str(public), seed=1, insecure_test_keys=True,
+                            participation="0.67")
+    cipher = server_cipher("paillier", public,
+                           **DeployConfig.from_run_config(config).cipher_options(),
                            insecure_test_keys=True)
-    transport = RecordingTransport(nodes, config, cipher)
-    Coordinator(deploy, transport, cipher, log=lambda line: None).run()
+    return {"public": public, "nodes": nodes, "cipher": cipher}
+
+
+def _record_run(setting, seed: int) -> RecordingTransport:
+    """A genuine encrypted run (cocoa rule, its certificate, 3 parties holding features)."""
+    config = run_config_for(parties=PARTIES, iterations=ROUNDS, cipher="paillier",
+                            public_key=str(setting["public"]), seed=seed,
+                            insecure_test_keys=True,
+                            participation="0.67")  # absences: returning parties, checkpoints
+    transport = RecordingTransport(setting["nodes"], config, setting["cipher"])
+    Coordinator(DeployConfig.from_run_config(config), transport, setting["cipher"],
+                log=lambda line: None).run()
     return transport
+
+
+@pytest.fixture(scope="module")
+def run(setting):
+    return _record_run(setting, 1)
+
+
+@pytest.fixture(scope="module")
+def other_run(setting):
+    """A second run of the same parties (same keys, same data), another seed: what a
+    server that ran the job twice holds."""
+    return _record_run(setting, 2)
 
 
 def _find(run, kind, party=None, t=None) -> Record:
@@ -563,3 +587,172 @@ def test_the_worker_keeps_the_state_in_its_folder_not_in_the_context(run, tmp_pa
                    state=RecordDict(), run_config=run.run_config)
     save_state(kept, record.after, folder)
     assert (tmp_path / "dir" / saved.name).is_file() and len(kept.state) == 0
+
+
+# -- issue 42, point 3: sums, states and tags of another run ----------------------------
+
+def _attempt(run, record: Record) -> int:
+    """The attempt of its round a party was in after ``record``."""
+    return int(decode(*record.after, run.cipher)["guard"]["attempts"])
+
+
+def _round_of(run, record: Record) -> int:
+    return int(decode(*record.after, run.cipher)["guard"]["t"])
+
+
+def _at(run, kind: str, party: int, t: int, attempt: int) -> Record | None:
+    """The ``kind`` record of ``party`` in round ``t``, attempt ``attempt`` (else None)."""
+    return next((r for r in run.records if r.kind == kind and r.party == party
+                 and _round_of(run, r) == t and _attempt(run, r) == attempt), None)
+
+
+def _judged(run) -> list[Record]:
+    return [r for r in run.records if r.kind == "step"]
+
+
+def _negated(cipher, ciphertexts: np.ndarray) -> np.ndarray:
+    """``Enc(-m)`` from ``Enc(m)`` with the public key alone (the inverse mod n^2)."""
+    import gmpy2
+
+    from hyfl.privacy.ciphers import PaillierCiphertext
+
+    nsq = cipher._key.nsq
+    out = np.empty(ciphertexts.size, dtype=object)
+    out[:] = [PaillierCiphertext(gmpy2.invert(x.c, nsq), x.addends, x.tag) for x in ciphertexts]
+    return out
+
+
+def _combined(cipher, terms, tag_shift: int):
+    """``sum_j lambda_j S_j`` for ``terms`` = [(lambda_j, EncryptedVector)], plus
+    ``tag_shift * TAG_PRIME`` in the tag (the last value): a server's integer combination
+    of genuine sums, brought into the tag's range by a multiple of the prime."""
+    from hyfl.privacy.layout import EncryptedVector
+    from hyfl.privacy.tags import TAG_PRIME
+
+    total = None
+    for coefficient, vec in terms:
+        part = vec.ciphertexts if coefficient > 0 else _negated(cipher, vec.ciphertexts)
+        for _ in range(abs(coefficient)):
+            total = part if total is None else cipher.add(total, part)
+    shift = np.zeros((total.size, 1))
+    shift[-1, 0] = np.ldexp(float(tag_shift * TAG_PRIME), -32)  # exact: 42 bits
+    total = cipher.add(total, cipher.encrypt(shift))
+    return EncryptedVector(terms[0][1].chunks, total)
+
+
+def test_a_judged_sum_of_another_run_is_refused(run, other_run):
+    """The issue's reproducer: the judge of run 2 was sent run 1's summed totals of the
+    same round and attempt (every context alike: same parties, same kind, round, attempt,
+    senders) and returned the step computed from them. The tags are keyed with the run's
+    identity now: another run's sum does not verify, nothing is returned."""
+    tried = 0
+    for judged in _judged(run):
+        t, attempt = _round_of(run, judged), _attempt(run, judged)
+        there = _at(other_run, "direction", judged.party, t, attempt)
+        if there is None:
+            continue
+        with pytest.raises(HyflError, match="their tag does not verify"):
+            handle_message("step", judged.message, there.after, other_run.nodes[judged.party],
+                           other_run.run_config)
+        tried += 1
+    assert tried, "no round in which the same party judged in one run and was active in both"
+
+
+def test_inner_products_of_another_run_are_refused(run, other_run):
+    """Run 1's inner products (with who made them when) replayed into run 2's proposals
+    of the same round and attempt: same chunks, same contexts, genuine tags of the same
+    secret -- refused, since the tags are keyed with the run."""
+    proposals = next(r for r in other_run.records if r.kind == "proposals"
+                     and _at(run, "proposals", r.party, _round_of(other_run, r),
+                             _attempt(other_run, r)) is not None)
+    earlier = _at(run, "proposals", proposals.party, _round_of(other_run, proposals),
+                  _attempt(other_run, proposals)).payload
+    genuine = proposals.payload
+    assert np.array_equal(earlier["z"].chunks, genuine["z"].chunks)
+    _send(other_run, proposals)  # genuine
+    with pytest.raises(HyflError, match="tag does not verify"):
+        _send(other_run, proposals, {**genuine, "z": earlier["z"], "z_made": earlier["z_made"]})
+
+
+def test_row_norms_of_another_run_are_refused(run, other_run):
+    """Run 1's set-up row norms in run 2's first round (the same parties' same data:
+    the same values and contexts) are refused: a state of another run."""
+
+    def with_norms(r):
+        return r.kind == "round" and (r.payload.get("deliveries") or {}).get("norms") is not None
+
+    first = next(r for r in other_run.records if with_norms(r))
+    norms = next(r for r in run.records if with_norms(r) and r.party == first.party)
+    payload = first.payload
+    payload["deliveries"]["norms"] = norms.payload["deliveries"]["norms"]
+    _send(other_run, first)  # genuine
+    with pytest.raises(HyflError, match="tag does not verify"):
+        _send(other_run, first, payload)
+
+
+def test_a_chosen_combination_of_genuine_sums_is_refused(run, other_run):
+    """The issue's second reproducer: ``2*S_B - S_A`` of two genuine summed totals (S_A of
+    run 1, S_B of run 2, the same round, attempt and active parties), its tag shifted by
+    a multiple of the prime into range, was accepted by run 2's judge (it is no sum of
+    genuine contributions). Within one run, a combination of two rounds' sums fails too.
+    Every shift the server could try is refused, and the genuine sum still verifies."""
+    def key(r, on):
+        return _round_of(on, r), _attempt(on, r), tuple(sorted(r.payload["active"].tolist()))
+
+    ones = {key(r, run): r for r in _judged(run)}
+    pairs = [(ones[key(r, other_run)], r) for r in _judged(other_run) if key(r, other_run) in ones]
+    assert pairs, "no round judged with the same active parties in both runs"
+    first, second = pairs[0]
+    within = next((r for r in _judged(other_run) if r is not second
+                   and key(r, other_run)[2] == key(second, other_run)[2]), None)
+    cipher = run.cipher
+    assert within is not None, "no second round of run 2 judged with the same active parties"
+    combinations = {"across runs": [(2, second.payload["totals"]),
+                                    (-1, first.payload["totals"])],
+                    "within run 2": [(2, second.payload["totals"]),
+                                     (-1, within.payload["totals"])],
+                    "of three sums": [(1, second.payload["totals"]),
+                                      (1, within.payload["totals"]),
+                                      (-1, first.payload["totals"])]}
+    m = second.payload["active"].size
+    accepted = []
+    _send(other_run, second)  # genuine
+    for name, terms in combinations.items():
+        for shift in range(-2 * m, 3 * m + 1):  # every multiple that can land in range
+            forged = {**second.payload, "totals": _combined(cipher, terms, shift)}
+            try:
+                _send(other_run, second, forged)
+            except HyflError as err:
+                assert "their tag does not verify" in str(err)
+                continue
+            accepted.append((name, shift))
+    assert not accepted, f"combinations accepted (which, tag shift): {accepted}"
+
+
+def test_the_run_identity_is_each_partys_own_from_the_announced_nonces(run, other_run):
+    """Every party computes the run's identity itself, SHA-256 of the set-up's nonces
+    (each under its party's tag): all agree, two runs differ. A server that relays a
+    peer's genuine announcement of another run gets the set-up through (the tag is
+    genuine) but the party's identity then differs from its peers', and their sums are
+    refused: the server cannot make parties share a run identity it chose."""
+    from hyfl.privacy.tags import RUN_BYTES, run_identity
+
+    def identities(r):
+        setups = [x for x in r.records if x.kind == "setup"]
+        nonces = [bytes(row) for row in setups[0].payload["nonces"].astype(np.uint8)]
+        return {bytes(decode(*x.after, r.cipher)["run"]) for x in setups}, run_identity(nonces)
+
+    (one,), expected = identities(run)
+    (two,), _ = identities(other_run)
+    assert one == expected and len(one) == RUN_BYTES and one != two
+    setup = _find(other_run, "setup", party=0)
+    forged = setup.payload
+    earlier = _find(run, "setup", party=0).payload
+    for name in ("nonces", "tags"):
+        forged[name][1] = earlier[name][1]  # party 1's genuine announcement of run 1
+    _, state = _send(other_run, setup, forged)
+    assert bytes(decode(*state, other_run.cipher)["run"]) not in (one, two)
+    first = next(r for r in other_run.records if r.kind == "round" and r.party == 0)
+    assert first.payload["deliveries"]["norms"] is not None
+    with pytest.raises(HyflError, match="tag does not verify"):
+        _send(other_run, first, state=state)

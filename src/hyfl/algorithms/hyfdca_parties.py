@@ -133,8 +133,11 @@ class Client:
     and weights."""
 
     def __init__(self, k: int, public: Public, samples, features, X_local, Y_local, loss, cipher,
-                 W_local=None):
+                 W_local=None, run: bytes | None = None):
         self.k, self.public, self.loss, self.cipher = k, public, loss, cipher
+        # The run's identity (hyfl.privacy.tags.run_identity): it keys every tag, so that
+        # sums, states and tags of another run do not verify here.
+        self.run = None if run is None else bytes(run)
         self.samples = np.asarray(samples, dtype=np.int64)  # I_k, ascending
         self.features = np.asarray(features, dtype=np.int64)  # M_k, ascending
         self.X = sp.csr_matrix(X_local)
@@ -577,8 +580,8 @@ class Client:
     # -- the line search's sums, tagged (hyfl.privacy.tags) ---------------------------------
     @functools.cached_property
     def _tag_key(self):
-        """The tag key (None without a private key), derived once: it hashes the key."""
-        return tag_key(self.cipher)
+        """The run's tag key (None without a private key), derived once: it hashes the key."""
+        return tag_key(self.cipher, self.run)
 
     def _round_context(self, kind: str) -> tuple:
         """What names this attempt's contributions of one kind (a sender is appended)."""
@@ -1577,10 +1580,12 @@ def public_info(hyfdca: HyFDCA, blocks: StackedBlocks, n_outputs: int, lam: floa
 
 
 def build_parties(hyfdca: HyFDCA, problem: Problem, blocks: StackedBlocks, private, public_cipher,
-                  rng: np.random.Generator, compact: bool = True):
+                  rng: np.random.Generator, compact: bool = True, run: bytes | None = None):
     """The server and every client of one run, each holding only its own data.
 
-    ``compact=False`` sends every value in the fixed layout (see :class:`Public`).
+    ``compact=False`` sends every value in the fixed layout (see :class:`Public`);
+    ``run`` is the run's identity the clients key their tags with
+    (:func:`hyfl.privacy.tags.run_identity`; needed with a private key).
     """
     public = public_info(hyfdca, blocks, problem.Y.shape[1], problem.lam, private.slots,
                          compact)
@@ -1589,7 +1594,7 @@ def build_parties(hyfdca: HyFDCA, problem: Problem, blocks: StackedBlocks, priva
         samples, features, X_local = client_block(blocks, k)
         clients.append(
             Client(k, public, samples, features, X_local, problem.Y[samples], problem.loss,
-                   private, problem.weights_of(samples))
+                   private, problem.weights_of(samples), run=run)
         )
         samples_of.append(samples)
         features_of.append(features)

@@ -17,6 +17,10 @@ State (a tree for :mod:`hyfl.deploy.codec`):
 ``public``
     What every party knows (:class:`~hyfl.algorithms.hyfdca_parties.Public`
     without the hyperparameters, which come from the run config), from ``setup``.
+``run``
+    The run's identity (:func:`~hyfl.privacy.tags.run_identity` of every
+    party's set-up nonce, checked under its tag), which keys the run's tags;
+    absent without a private key.
 ``client``
     :meth:`Client.get_state`: duals and weights copies, the round's draws,
     for the cocoa rule its memory of past rounds and its last step...
@@ -78,7 +82,7 @@ from hyfl.deploy.party_files import (
     open_file,
 )
 from hyfl.errors import HyflError, JobRefused, fail
-from hyfl.privacy.tags import cipher_secret
+from hyfl.privacy.tags import cipher_secret, run_identity
 
 __all__ = ["KINDS", "QUERY_KINDS", "Party", "handle_message", "open_party", "own_cipher",
            "server_text"]
@@ -419,9 +423,15 @@ class Party:
             raise fail(self._from_server("setup"), f"sets {payload['n_outputs']} outputs, but "
                        f"this party's labels have {block['Y'].shape[1]}", FORGED_FIX)
         secret = cipher_secret(self.cipher)
+        self.state.pop("run", None)
         if secret is not None:
             check_announcements(secret, k, bytes.fromhex(self.state["guard"]["nonce"]), payload,
                                 samples, features, self.config.lam)
+            # The run's identity, computed here from the nonces just checked (each party's
+            # under its tag, this party's own fresh one among them): every tag of the run
+            # is keyed with it, so nothing of another run verifies (issue 42, point 3).
+            run = run_identity([bytes(row) for row in payload["nonces"].astype(np.uint8)])
+            self.state["run"] = np.frombuffer(run, dtype=np.uint8).copy()
         blocks = structure_blocks(payload["n_samples"], payload["n_features"], samples, features)
         public = public_info(self.config.algorithm, blocks, payload["n_outputs"], payload["lam"],
                              self.cipher.slots)
@@ -667,8 +677,10 @@ class Party:
         X = sp.csr_matrix((block["data"], block["indices"], block["indptr"]),
                           shape=tuple(block["shape"]))
         public = _public_from_tree(self.state["public"], self.config.algorithm)
+        run = self.state.get("run")
         client = Client(self.node.party, public, block["samples"], block["features"], X,
-                        block["Y"], get_loss(self.config.loss), self.cipher)
+                        block["Y"], get_loss(self.config.loss), self.cipher,
+                        run=None if run is None else bytes(np.asarray(run, dtype=np.uint8)))
         if "client" in self.state:
             _set_client_state(client, self.state["client"])
         self._live = client

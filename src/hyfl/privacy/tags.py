@@ -28,6 +28,31 @@ Conditions for that bound (the protocol must keep them): a context is used
 for one plaintext only (else two ciphertexts of one context subtract to a
 tag-free difference), and the receiver knows the contexts it expects from
 facts it holds or can verify.
+
+Runs. A context names a place within a run (kind, round, attempt, sender),
+and two runs of the same parties pass through the same places: with one key
+for every run, another run's sum of the same place would verify, and so
+would ``2 S_B - S_A`` of two runs' sums of one place (its offsets sum to the
+expected ones) -- one plaintext per context would hold within each run only.
+So the key is of the secret *and* the run (:class:`TagKey` derives its
+coefficients and offsets from both): the run's identity is
+:func:`run_identity` of every party's fresh set-up nonce, which each party
+computes itself from the nonces the set-up relays (authenticated with the
+secret, its own among them), never a value the server chooses. Another
+run's tags are then those of an independent key.
+
+Chosen combinations. The server holds genuine sums ``S_j`` (each of a set
+``C_j`` of contexts) and the public key: it can send ``sum_j lambda_j S_j``
+plus any encryption of its own ``d`` (tag part ``d_tag``), for integers
+``lambda_j`` of its choosing. Its tag exceeds the one the receiver expects
+of contexts ``C`` by ``sum_c mu_c b(c) + d_tag - a . d (mod P)``, with
+``mu_c = sum_j lambda_j [c in C_j] - [c in C]`` per context. One plaintext
+per context makes the combination's values ``sum_c (mu_c + [c in C]) u_c``
+(plus ``d``), so it is the genuine sum of ``C`` exactly when every ``mu_c``
+and ``d`` are 0. Otherwise, since the offsets and coefficients are
+pseudorandom per context and per run and unknown to the server, the excess
+is 0 mod ``P`` with chance about ``1/P``; a refusal ends the run, and the
+next run has another key, so failed tries teach nothing about the next.
 """
 
 from __future__ import annotations
@@ -37,24 +62,39 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["TAG_PRIME", "TagKey", "cipher_secret", "tag_key"]
+from hyfl.errors import fail
+
+__all__ = ["RUN_BYTES", "TAG_PRIME", "TagKey", "cipher_secret", "run_identity", "tag_key"]
 
 #: The tags' modulus: the largest prime below 2**40 (a forgery passes with chance 2**-40;
 #: a tag, as a fixed-point value with 32 fractional bits, stays below 2**8).
 TAG_PRIME = 2**40 - 87
+#: The size of a run's identity (a SHA-256 digest).
+RUN_BYTES = 32
 
 
 class TagKey:
-    """Coefficients and offsets of the tags, derived from the parties' shared secret.
+    """Coefficients and offsets of the tags of one run, from the parties' shared secret.
 
     Parameters
     ----------
     secret : bytes
         What :func:`cipher_secret` returns (32 bytes).
+    run : bytes
+        The run's identity (:func:`run_identity`, :data:`RUN_BYTES` bytes). Every
+        coefficient and offset depends on it: another run's tags do not verify.
     """
 
-    def __init__(self, secret: bytes):
-        self.secret = bytes(secret)
+    def __init__(self, secret: bytes, run: bytes):
+        run = bytes(run)
+        if len(run) != RUN_BYTES:
+            raise fail("the tags' run identity", f"has {len(run)} bytes, not {RUN_BYTES}",
+                       "Pass run_identity() of the parties' set-up nonces.")
+        self.run = run
+        # The key of this run's streams: the secret alone would give every run the same
+        # offsets, so another run's sums (and combinations of them) would verify.
+        self._key = hashlib.blake2b(run, key=bytes(secret), digest_size=32,
+                                    person=b"hyfl run tags").digest()
         self._streams: dict[str, np.ndarray] = {}  # family -> its longest coefficient prefix yet
 
     def _stream(self, label: bytes, n: int) -> list[int]:
@@ -62,7 +102,7 @@ class TagKey:
         out: list[int] = []
         block = 0
         while len(out) < n:
-            digest = hashlib.blake2b(label + block.to_bytes(8, "little"), key=self.secret,
+            digest = hashlib.blake2b(label + block.to_bytes(8, "little"), key=self._key,
                                      digest_size=64, person=b"hyfl tag stream").digest()
             # 8 values of 64 bits per block, reduced mod P (bias below 2**-24).
             out.extend(int.from_bytes(digest[i:i + 8], "little") % TAG_PRIME
@@ -151,10 +191,47 @@ def cipher_secret(cipher) -> bytes | None:
     return hashlib.blake2b(material, digest_size=32, person=b"hyfl party key").digest()
 
 
-def tag_key(cipher) -> TagKey | None:
-    """The tag key of a key holder's cipher (None without a private key: no tags)."""
+def tag_key(cipher, run: bytes | None) -> TagKey | None:
+    """The tag key of a key holder's cipher in run ``run`` (None without a private key:
+    no tags).
+
+    ``run`` is the run's identity (:func:`run_identity`); a key holder without one is
+    refused: its tags would be those of every run.
+    """
     secret = cipher_secret(cipher)
-    return None if secret is None else TagKey(secret)
+    if secret is None:
+        return None
+    if run is None:
+        raise fail("the tag key", "has no run identity (it would be every run's key)",
+                   "Give the party the run's identity from the set-up's nonces.")
+    return TagKey(secret, run)
+
+
+def run_identity(nonces: Sequence[bytes]) -> bytes:
+    """The identity of a run: SHA-256 over every party's set-up nonce, in party order.
+
+    Each party draws a fresh nonce for its announcement and the set-up relays
+    all of them with their tags (keyed with the secret the server lacks), so
+    every party computes the same identity from values it checked, its own
+    fresh nonce among them: no earlier run had it, and the server cannot
+    choose it.
+
+    Parameters
+    ----------
+    nonces : sequence of bytes
+        Party ``k``'s nonce at position ``k``.
+
+    Returns
+    -------
+    bytes
+        :data:`RUN_BYTES` bytes.
+    """
+    h = hashlib.sha256(b"hyfl run identity\0")
+    h.update(len(nonces).to_bytes(8, "little"))
+    for nonce in nonces:
+        nonce = bytes(nonce)  # length-prefixed: the concatenation is unambiguous
+        h.update(len(nonce).to_bytes(8, "little") + nonce)
+    return h.digest()
 
 
 def _context_bytes(context: Sequence) -> bytes:

@@ -18,6 +18,7 @@ fixed-point precision.
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,6 +32,7 @@ from hyfl.costs import COST_COLUMNS, FLOAT_BYTES, ID_BYTES, TIME_COMPONENTS, Cos
 from hyfl.errors import fail
 from hyfl.partition import Partition, stack
 from hyfl.privacy.layout import EncryptedVector, decrypt_samples
+from hyfl.privacy.tags import run_identity
 from hyfl.problem import Optimum, Problem
 from hyfl.runtime.budget import Budget, StopWhen
 from hyfl.runtime.simulation import (
@@ -229,8 +231,13 @@ def run_protocol(
     participation_rng, algorithm_rng = random_streams(seed)
     private = _Timed(cipher)
     public_cipher = _Timed(cipher.public())
+    # The run's identity, as a deployment's parties compute it from the fresh nonces of
+    # their set-up announcements: it keys the tags (hyfl.privacy.tags). The nonces are
+    # fresh, not from the seed: two runs of one seed are two runs. They are no part of
+    # the rounds' messages (a deployment sends them with hello), so no cost counts them.
+    run = run_identity([secrets.token_bytes(16) for _ in range(blocks.n_clients)])
     server, clients = build_parties(hyfdca, problem, blocks, private, public_cipher, algorithm_rng,
-                                    compact=compact)
+                                    compact=compact, run=run)
     model = (cost_model or CostModel()).validated()
     wire = wire or Wire(int(cipher.ciphertext_bytes))
     wire.ciphertext_bytes = int(cipher.ciphertext_bytes)
