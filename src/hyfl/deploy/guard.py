@@ -30,6 +30,9 @@ party to the honest protocol's shape:
   ``setup`` must relay every party's announcement unchanged
   (:func:`check_announcements`), with the regularization they agree on.
 
+Values the server computes are held to what an honest server can send where
+the party can bound them: the cocoa subproblem's ``coef`` (:func:`check_coef`).
+
 What the guard does *not* do: it bounds how often the server can ask, not
 what one question reveals. A single forged ciphertext in one allowed message
 still decrypts into the reply (docs/privacy.md, "An active server").
@@ -51,7 +54,7 @@ import numpy as np
 from hyfl.errors import fail
 
 __all__ = ["AFTER", "CERTIFY_MAX", "FORGED_FIX", "ONCE_PER_ATTEMPT", "Guard", "announcement_tag",
-           "check_announcements"]
+           "check_announcements", "check_coef", "coef_bounds"]
 
 #: Kinds a party answers at most once per attempt of a round.
 ONCE_PER_ATTEMPT = ("weights", "proposals", "image", "direction", "step", "changes",
@@ -159,6 +162,43 @@ class Guard:
             self.state["done"].append(kind)
         if kind == "weights":
             self.state["weights_due"] = False
+
+
+# -- values the server computes, within what an honest one sends -----------------------
+#: Relative slack on :func:`coef_bounds` (the server divides in floating point too).
+_COEF_SLACK = 1e-9
+
+
+def coef_bounds(n_parties: int, n_samples: int, lam: float) -> tuple[float, float]:
+    """The cocoa subproblem's scaling an honest server sends: ``sigma / (lam * N)``.
+
+    ``sigma`` stays between :data:`~hyfl.algorithms.hyfdca_local.SIGMA_FLOOR` and its
+    ceiling (:func:`~hyfl.algorithms.hyfdca_local.next_sigma`), which is the most
+    parties adding on one feature (at most ``n_parties``) times the most samples one
+    party updates (at most ``N``): ``coef`` is in
+    ``[SIGMA_FLOOR / (lam N), n_parties / lam]``.
+    """
+    from hyfl.algorithms.hyfdca_local import SIGMA_FLOOR
+
+    scale = float(lam) * int(n_samples)
+    return SIGMA_FLOOR / scale, max(int(n_parties), 1) * int(n_samples) / scale
+
+
+def check_coef(coef, n_parties: int, n_samples: int, lam: float, kind: str, party: int
+               ) -> float:
+    """``coef`` of a server's ``kind`` message, refused outside :func:`coef_bounds`.
+
+    Why: the party solves its subproblem with it and returns the proposals; a
+    server choosing it (zero, negative, huge) chooses what the proposals are a
+    function of, outside anything the protocol computes.
+    """
+    low, high = coef_bounds(n_parties, n_samples, lam)
+    value = float(coef)
+    if not (np.isfinite(value) and low * (1 - _COEF_SLACK) <= value <= high * (1 + _COEF_SLACK)):
+        raise fail(f"the server's {kind!r} message to party {party}",
+                   f"field coef is {value!r}, outside [{low:g}, {high:g}] (sigma / (lam N) "
+                   "with sigma between its floor and ceiling)", FORGED_FIX)
+    return value
 
 
 # -- the set-up's partition, authenticated ----------------------------------------------

@@ -72,7 +72,13 @@ import scipy.sparse as sp
 from hyfl._private_files import private_folder, private_write
 from hyfl.deploy.codec import check_fields, decode, encode
 from hyfl.deploy.config import DeployConfig, NodeSettings, structure_blocks
-from hyfl.deploy.guard import FORGED_FIX, Guard, announcement_tag, check_announcements
+from hyfl.deploy.guard import (
+    FORGED_FIX,
+    Guard,
+    announcement_tag,
+    check_announcements,
+    check_coef,
+)
 from hyfl.deploy.party_files import (
     ALIGN_KINDS,
     is_party_file,
@@ -528,6 +534,8 @@ class Party:
                           kind, "grams")
         if payload.get("towards_w") is not None:
             self._check_shape(payload["towards_w"], (self._outputs, depth), kind, "towards_w")
+        check_coef(payload["coef"], self.config.parties, client.public.n_samples,
+                   client.public.lam, kind, self.node.party)
         return {"proposals": client.cocoa_proposals(payload)}
 
     def _image(self, client, payload: dict) -> dict:
