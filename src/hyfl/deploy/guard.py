@@ -29,6 +29,8 @@ party to the honest protocol's shape:
   with a secret derived from the private key (which the server lacks), and
   ``setup`` must relay every party's announcement unchanged
   (:func:`check_announcements`), with the regularization they agree on.
+  The checked nonces are also the run's identity
+  (:func:`hyfl.privacy.tags.run_identity`), which keys the run's tags.
 
 Values the server computes are held to what an honest server can send where
 the party can bound them: the cocoa subproblem's ``coef`` (:func:`check_coef`).
