@@ -259,8 +259,11 @@ def _valid_payload(kind: str, d: dict) -> dict:
             # the alignment of party files (refused by a party with a block, as here)
             "align": {"peers": np.zeros((2, 32), np.uint8), "peer_counts": np.array([0, 1, 1]),
                       "channels": np.zeros((3, 32), np.uint8), "task": "binary",
-                      "classes": ["a", "b"]},
-            "labels": {"shared_rows": np.array([0]), "shared_counts": np.array([0, 1, 0])},
+                      "nonces": np.zeros((3, 16), np.uint8), "classes": ["a", "b"],
+                      "column_keys": np.zeros((3, 32), np.uint8),
+                      "column_counts": np.array([1, 1, 1])},
+            "labels": {"shared_rows": np.array([0]), "peer_rows": np.array([0]),
+                       "shared_counts": np.array([0, 1, 0])},
             "block": {"samples": np.arange(n_local), "features": np.arange(d["n_features"]),
                       "n_samples": 30, "n_features": d["n_features"], "sealed": {}}}[kind]
 

@@ -84,23 +84,51 @@ def test_the_config_key_and_its_check():
 
 
 def test_keyed_pairwise_masks_cancel_in_the_sum_and_hide_each_message():
-    """The deployment's secure sum: masks from the pairs' shared keys (both ends derive the
-    same stream), added by the lower party and subtracted by the higher."""
-    from hyfl.privacy.secure_scaling import (
-        decode,
-        encode,
-        masked_message,
-        pair_mask,
-        sum_messages,
-    )
+    """The deployment's secure sum: masks from the pairs' shared keys and the run's
+    identity (both ends derive the same values), added by the lower party and subtracted
+    by the higher."""
+    from hyfl.privacy.secure_scaling import cell_masks, masked_message, sum_messages
 
     rng = np.random.default_rng(5)
     parts = [rng.normal(size=(2, 7)) * 100 for _ in range(4)]
     keys = {(j, k): rng.bytes(32) for j in range(4) for k in range(j + 1, 4)}
     shared = [{p: keys[tuple(sorted((k, p)))] for p in range(4) if p != k} for k in range(4)]
-    messages = [masked_message(parts[k], k, shared[k]) for k in range(4)]
+    run = rng.bytes(32)
+    messages = [masked_message(parts[k], k, shared[k], run) for k in range(4)]
     np.testing.assert_allclose(decode(sum_messages(messages)), sum(parts), atol=1e-6)
     for k in range(4):
         assert not np.any(messages[k] == encode(parts[k]))  # nothing in the clear
-    np.testing.assert_array_equal(pair_mask(b"k" * 32, (2, 3)), pair_mask(b"k" * 32, (2, 3)))
-    assert not np.array_equal(pair_mask(b"k" * 32, (6,)), pair_mask(b"j" * 32, (6,)))
+    columns = np.arange(6)
+    np.testing.assert_array_equal(cell_masks(b"k" * 32, run, columns),
+                                  cell_masks(b"k" * 32, run, columns))
+    assert not np.any(cell_masks(b"k" * 32, run, columns) == cell_masks(b"j" * 32, run, columns))
+    other_run = cell_masks(b"k" * 32, rng.bytes(32), columns)
+    assert not np.any(cell_masks(b"k" * 32, run, columns) == other_run)  # per run
+
+
+def test_a_cells_mask_is_its_column_and_moment_not_a_stream_position():
+    """Issue 42, point 2, at the level of the masks: told a larger feature count and
+    shifted column numbers, a party used to send, in cells where it holds nothing, the
+    stream its peer's cells were masked with -- the sums of squares included -- and the
+    server read the peer's own statistics (tests/test_relayed_values.py). A mask is now a
+    function of the pair, the run, the global column and the moment alone, so the server
+    learns per cell the sum of what the parties put there and never a mask. Which cells a
+    party fills is the numbering, which each party checks itself (a party told that it
+    holds nothing where it does would leave its peer's values alone in those cells:
+    tests/test_relayed_values.py::test_the_server_cannot_unmask_one_partys_column_sums)."""
+    from hyfl.privacy.secure_scaling import cell_masks, masked_message
+
+    rng = np.random.default_rng(6)
+    key, run, M = rng.bytes(32), rng.bytes(32), 3
+    full = cell_masks(key, run, np.arange(4 * M))
+    # Any subset, in any order, gets the same cells' masks: no position in a stream.
+    picked = np.array([7, 2, 9])
+    np.testing.assert_array_equal(cell_masks(key, run, picked), full[:, picked])
+    # The stream attack: party 1 told 3M features and its columns the last M; its first
+    # 2M sums-cells used to be the mask stream of party 0's sums and sums of squares.
+    values = rng.normal(10.0, 2.0, size=(2, M))
+    first = masked_message(values, 0, {1: key}, run)
+    second = masked_message(np.hstack([np.zeros((2, 2 * M)), values]), 1, {0: key}, run)
+    recovered = decode(first + second[0, :2 * M].reshape(2, M))
+    assert np.all(np.abs(recovered[1] - values[1]) > 1.0)  # squares: another cell's mask
+    assert not np.any(second[0, M:2 * M] == (-full[1, :M]).astype(np.uint64))

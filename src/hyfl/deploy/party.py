@@ -110,11 +110,11 @@ MESSAGE_FIELDS: dict[str, dict[str, str]] = {
     "hello": {"cipher": "str?", "fingerprint": "str?"},
     # The alignment of parties with their own files (hyfl.deploy.party_files).
     "align": {"peers": "matrix", "peer_counts": "ids", "channels": "matrix",
-              "channel_nonces": "matrix?", "channel_tags": "matrix?", "task": "str",
-              "classes": "list"},
+              "nonces": "matrix", "tags": "matrix?", "column_keys": "matrix",
+              "column_counts": "ids", "task": "str", "classes": "list"},
     # With the job's standardize: the party's columns' global ids, for its masked sums.
-    "labels": {"shared_rows": "ids", "shared_counts": "ids", "moments_features": "ids?",
-               "n_features": "int?"},
+    "labels": {"shared_rows": "ids", "peer_rows": "ids", "shared_counts": "ids",
+               "moments_features": "ids?", "n_features": "int?"},
     "block": {"samples": "ids", "features": "ids", "n_samples": "int", "n_features": "int",
               "sealed": "dict?", "moments": "matrix?"},
     "setup": {"n_samples": "int", "n_features": "int", "n_outputs": "int", "lam": "number",

@@ -4,29 +4,44 @@ A party whose node config names a party file (``data='hospital.csv'``: CSV or
 Parquet with an id column, its feature columns and optionally a label column,
 the format of :mod:`hyfl.data.parties`) does not know its block's global ids
 when the run starts. Before the set-up the server runs the alignment of
-:mod:`hyfl.privacy.alignment` through four messages, all relayed by it:
+:mod:`hyfl.privacy.alignment` through four messages, all relayed by it. One
+rule holds throughout: a party uses a value the server relays only after
+checking that the party it names made it, for this run, at this place.
 
 ``hello``
     The party reads its file and answers with its number of ids, its column
-    names, what its labels are (their kind, and for classification their
-    distinct values), its ids blinded with a fresh secret scalar, and the public
-    half of its label-channel key (tagged with the key holders' secret).
+    names and their keys (:func:`hyfl.privacy.alignment.column_keys`), what its
+    labels are (their kind, and for classification their distinct values), its
+    ids blinded with a fresh secret scalar in a fresh secret order, a fresh
+    nonce, the public half of its label-channel key, and a tag over all that
+    its peers will see (:func:`hyfl.privacy.alignment.hello_tag`, keyed with the
+    key holders' secret).
 ``align``
-    Its peers' blinded ids -> the same, blinded again with its scalar. The
-    server joins the results (:func:`hyfl.privacy.alignment.join`) and numbers
-    the samples; the message also brings the task and its classes and the
-    peers' channel keys.
+    Every party's hello as sent (lists, nonces, channel keys, column keys, tags)
+    and the task and classes -> the peers' lists blinded again with its scalar.
+    The party first checks every peer's tag for its place and its own place
+    against what it sent (a list extended with guessed ids, moved to another
+    place or replaced is refused before anything is blinded), then computes the
+    run's identity (:func:`hyfl.privacy.alignment.alignment_identity`) and
+    numbers the features itself from the column keys. The server joins the
+    results (:func:`hyfl.privacy.alignment.join`) and numbers the samples.
 ``labels``
-    For each peer, the party's rows it shares with that peer, in an order the
-    server gives both -> their labels (as far as the party has them), sealed
-    for that peer. When the job standardizes (run config ``standardize``), the
-    message also numbers the party's columns, and the reply adds the sums and
-    sums of squares of its columns, masked for a secure sum
+    For each peer, the pairs of rows the party shares with it (its position and
+    the peer's, in an order the server gives both) -> for every such peer, its
+    labels of those rows (NaN where it has none), sealed for that peer and bound
+    to the run, the pair, the classes and the blinded ids of each row
+    (:func:`hyfl.privacy.alignment.label_context`). When the job standardizes
+    (run config ``standardize``), the message also numbers the party's columns,
+    which must be the numbering the party derived, and the reply adds the sums
+    and sums of squares of its columns, masked per cell for a secure sum
     (:func:`hyfl.privacy.secure_scaling.masked_message`, with masks from the
-    pairs' channel keys): the server adds the replies and learns only the totals.
+    pairs' channel keys and the run's identity): the server adds the replies
+    and learns only the totals.
 ``block``
-    Its rows' global sample indices, its columns' global feature indices, the
-    labels its peers sealed for it (and the totals of the secure sum) -> the
+    Its positions' global sample indices, its columns' global feature indices
+    (again checked against its own numbering), the labels its peers sealed for
+    it -- one list from every peer it shares rows with, each opened only on
+    the rows it was sealed for (and the totals of the secure sum) -> the
     ``hello`` reply of any other party (its block's ids and sizes, with the
     announcement tag), after which the run goes on exactly as with a block file.
     With ``standardize`` the party divides each column by its deviation from
@@ -36,11 +51,13 @@ when the run starts. Before the set-up the server runs the alignment of
     (:func:`hyfl.partition.with_constant_feature`).
 
 What leaves the party: its number of ids and rows, its column names (the
-features' names are the schema every party and the server work with), the
-distinct values of a classification label (not which row has which), blinded
-ids, labels sealed for the peers that hold the same samples, and with
-``standardize`` masked column sums, whose total tells everybody each
-feature's mean and deviation. Never an id or a feature value.
+features' names are the schema every party and the server work with) and
+their keys, the distinct values of a classification label (not which row has
+which), blinded ids in an order that is not its file's, labels sealed for the
+peers that hold the same samples, and with ``standardize`` masked column
+sums, whose total tells everybody each feature's mean and deviation. Never
+an id or a feature value. Each refusal names the message and the field
+(tests/test_relayed_values.py).
 """
 
 from __future__ import annotations
@@ -56,7 +73,20 @@ import scipy.sparse as sp
 
 from hyfl.deploy.blocks import Block
 from hyfl.errors import fail
-from hyfl.privacy.alignment import BlindingKey, ChannelKey, channel_tag, hash_ids, seal, unseal
+from hyfl.privacy.alignment import (
+    POINT_BYTES,
+    BlindingKey,
+    ChannelKey,
+    alignment_identity,
+    column_keys,
+    hash_ids,
+    hello_tag,
+    label_context,
+    number_features,
+    pairing_digest,
+    seal,
+    unseal,
+)
 
 __all__ = ["ALIGN_KINDS", "HELLO_FIELDS", "align_parties", "is_party_file", "on_align", "on_block",
            "on_labels", "open_file"]
@@ -110,17 +140,26 @@ def open_file(node, config, secret: bytes | None, log) -> tuple[dict, dict]:
     labels, label_info = _labels_of(table, classification)
     key, channel = BlindingKey(), ChannelKey()
     n = len(table.ids)
+    # The list goes out in a fresh secret order, not the file's: positions in it tell the
+    # server and the peers nothing of the file's order (a file sorted by a private column
+    # would otherwise show its ranking), and every row number the server sends back is a
+    # position in this list (``order`` maps it to the file's row).
+    order = np.random.default_rng(secrets.randbits(128)).permutation(n)
     log(f"party file {path.name}: {n} ids, {len(table.features)} columns; blinding the ids")
-    blinded = key.apply(hash_ids(table.ids), _progress(log, "blinded", n), "the party's ids")
+    ids = np.asarray(table.ids, dtype=object)[order]
+    blinded = key.apply(hash_ids(list(ids)), _progress(log, "blinded", n), "the party's ids")
     nonce = secrets.token_bytes(16)
     public = channel.public
-    tag = b"" if secret is None else channel_tag(secret, node.party, public, nonce)
+    keys = column_keys(list(table.features), secret)
+    tag = b"" if secret is None else hello_tag(secret, node.party, nonce, public, blinded, keys)
     state = {"key": _bytes(key.secret), "channel": _bytes(channel.secret),
              "values": table.values, "labels": labels, "name": path.name,
-             "columns": list(table.features)}
-    hello = {"n_ids": n, "columns": list(table.features), "labels": label_info,
-             "blinded": blinded, "channel": _bytes(public), "channel_nonce": _bytes(nonce),
-             "channel_tag": _bytes(tag) if tag else None}
+             "columns": list(table.features), "order": order, "blinded": blinded,
+             "nonce": _bytes(nonce), "column_keys": keys, "classification": classification,
+             "parties": int(config.parties)}
+    hello = {"n_ids": n, "columns": list(table.features), "column_keys": keys,
+             "labels": label_info, "blinded": blinded, "channel": _bytes(public),
+             "nonce": _bytes(nonce), "tag": _bytes(tag) if tag else None}
     return state, hello
 
 
@@ -155,69 +194,176 @@ def _labels_of(table, classification: bool) -> tuple[Any, dict]:
 
 
 def on_align(state: dict, payload: dict, party: int, secret: bytes | None, log) -> dict:
-    """Blind the peers' ids again; learn the classes and the peers' channel keys."""
+    """Check every peer's ``hello`` as relayed, then blind the peers' ids again.
+
+    With the key holders' ``secret``, each peer's blinded ids, channel key, nonce
+    and column keys must carry that peer's :func:`~hyfl.privacy.alignment.hello_tag`
+    for its place, and this party's own place must hold what it sent: a list the
+    server extended with guessed ids, moved to another party's place or took from
+    another run is refused before any point is blinded (tests/test_relayed_values.py).
+    The run's identity, the features' numbering and the task are derived from the
+    checked values; the peers' lists and their re-blinding are kept to bind the
+    labels to their rows (:func:`on_labels`).
+    """
     peers = np.asarray(payload["peers"], dtype=np.uint8)
     counts = np.asarray(payload["peer_counts"], dtype=np.int64)
-    if counts.size < party + 1 or counts[party] != 0 or counts.sum() != peers.shape[0]:
+    K = counts.size
+    if (K != state["parties"] or K < party + 1 or counts[party] != 0 or np.any(counts < 0)
+            or counts.sum() != peers.shape[0] or peers.shape[1:] != (POINT_BYTES,)):
         raise fail("the server's 'align' message", "has peer lists that do not add up",
-                   "Both sides must run the same hyfl version.")
+                   _SAME_VERSION)
     publics = np.asarray(payload["channels"], dtype=np.uint8)
-    if publics.shape != (counts.size, 32):
-        raise fail("the server's 'align' message", "has channel keys of the wrong shape",
-                   "Both sides must run the same hyfl version.")
+    nonces = np.asarray(payload["nonces"], dtype=np.uint8)
+    keys = np.asarray(payload["column_keys"], dtype=np.uint8)
+    key_counts = np.asarray(payload["column_counts"], dtype=np.int64)
+    if (publics.shape != (K, 32) or nonces.shape != (K, 16) or key_counts.shape != (K,)
+            or np.any(key_counts < 1) or keys.shape != (int(key_counts.sum()), POINT_BYTES)):
+        raise fail("the server's 'align' message", "has channel keys, nonces or column keys "
+                   "of the wrong shape", _SAME_VERSION)
+    lists = dict(zip(range(K), np.split(peers, np.cumsum(counts)[:-1])))
+    columns = np.split(keys, np.cumsum(key_counts)[:-1])
+    own = (np.array_equal(publics[party], _own_public(state))
+           and np.array_equal(nonces[party], state["nonce"])
+           and np.array_equal(columns[party], state["column_keys"]))
+    if not own:
+        raise fail(f"party {party}'s own hello as the server relays it", "differs from what "
+                   "this party sent (its nonce, channel key or columns)", _FORGED)
     if secret is not None:
-        nonces, tags = payload.get("channel_nonces"), payload.get("channel_tags")
-        if nonces is None or tags is None:
-            raise fail("the server's 'align' message", "carries the peers' channel keys "
-                       "without their tags", "The server does not follow hyfl's protocol.")
-        for j in range(counts.size):
-            expected = channel_tag(secret, j, publics[j].tobytes(), bytes(nonces[j]))
-            if j != party and not secrets.compare_digest(expected, bytes(tags[j])):
-                raise fail(f"party {j}'s channel key", "does not carry its tag (the server "
-                           "replaced it)", "The server does not follow hyfl's protocol; "
-                           "the party answers no more messages of this run.")
-    state["publics"] = publics
-    state["task"], state["classes"] = payload["task"], list(payload["classes"])
+        tags = payload.get("tags")
+        tags = None if tags is None else np.asarray(tags, dtype=np.uint8)
+        if tags is None or tags.shape != (K, 32):
+            raise fail("the server's 'align' message", "carries the peers' hellos without "
+                       "their tags", _FORGED)
+        for j in range(K):
+            if j == party:
+                continue
+            expected = hello_tag(secret, j, nonces[j].tobytes(), publics[j].tobytes(),
+                                 lists[j], columns[j])
+            if not secrets.compare_digest(expected, tags[j].tobytes()):
+                raise fail(f"party {j}'s hello as the server relays it", "does not carry party "
+                           f"{j}'s tag (its blinded ids, channel key, nonce or columns were "
+                           "changed, or are another party's or another run's)", _FORGED)
+    state["run"] = _bytes(alignment_identity([row.tobytes() for row in nonces]))
+    features, n_features = number_features(columns)
+    state["features"], state["n_features"] = features[party], n_features
+    state["task"], state["classes"] = _checked_task(state, payload)
+    state["publics"], state["peers"], state["peer_counts"] = publics, peers, counts
     key = BlindingKey(bytes(state["key"]))
-    log(f"re-blinding {peers.shape[0]} ids of {counts.size - 1} peers")
-    return {"reblinded": key.apply(peers, _progress(log, "re-blinded", peers.shape[0]),
-                                   "the peers' blinded ids")}
+    log(f"re-blinding {peers.shape[0]} ids of {K - 1} peers")
+    reblinded = key.apply(peers, _progress(log, "re-blinded", peers.shape[0]),
+                          "the peers' blinded ids")
+    state["reblinded"] = reblinded
+    return {"reblinded": reblinded}
+
+
+def _checked_task(state: dict, payload: dict) -> tuple[str, list]:
+    """The task and classes the server names, checked against what this party knows: the
+    classes in their one sorted order (the server numbers them so), each once, the
+    party's own values among them, and the task their number makes."""
+    task, classes = str(payload["task"]), list(payload["classes"])
+    labels = state["labels"]
+    if not state["classification"]:
+        ok = task == "regression" and not classes
+    else:
+        text = bool(classes) and all(isinstance(c, str) for c in classes)
+        try:
+            values = [str(c) if text else float(c) for c in classes]
+            ordered = values == sorted(set(values))
+        except (TypeError, ValueError):
+            ordered = False
+        own = [] if labels is None else labels["values"]
+        same_kind = labels is None or text == (labels["kind"] == "text")
+        ok = (ordered and same_kind and len(classes) >= 2 and set(own) <= set(values)
+              and task == ("binary" if len(classes) == 2 else "multiclass"))
+    if not ok:
+        raise fail("the server's 'align' message fields task and classes", f"({task!r}, "
+                   f"{len(classes)} classes) do not fit this party's labels and loss", _FORGED)
+    return task, classes
 
 
 def on_labels(state: dict, payload: dict, party: int) -> dict:
     """The party's labels of the rows it shares with each peer, sealed for that peer; with
-    ``standardize``, its masked column sums."""
-    rows, counts = _shared(payload, len(state["values"]))
-    state["shared"] = {"rows": rows, "counts": counts}
+    ``standardize``, its masked column sums.
+
+    For every peer it shares rows with the party seals a list (its labels, NaN where it
+    has none), bound to the run, both parties, the task and classes, and the blinded ids
+    of the rows (:func:`~hyfl.privacy.alignment.pairing_digest`): the receiver opens it
+    only on its rows of the same samples in the same order, so a server that reorders or
+    swaps rows stops the run (tests/test_relayed_values.py). The column sums are masked
+    per cell with the run's identity, and sent only for the numbering this party derived
+    itself from the tagged column lists.
+    """
+    positions, peer_positions, counts = _shared(payload, state)
+    order = np.asarray(state["order"], dtype=np.int64)
+    state["shared"] = {"rows": order[positions], "counts": counts,
+                       "positions": positions, "peer_positions": peer_positions}
     own = _label_values(state)
     sealed = {}
-    for j, chunk in enumerate(np.split(rows, np.cumsum(counts)[:-1])):
-        if j == party or chunk.size == 0 or own is None:
-            continue
-        sealed[str(j)] = seal(_pair_key(state, party, j), own[chunk], _context(party, j))
+    for j in np.flatnonzero(counts):
+        j = int(j)
+        chunk = np.split(positions, np.cumsum(counts)[:-1])[j]
+        values = np.full(chunk.size, _UNKNOWN) if own is None else own[order[chunk]]
+        sealed[str(j)] = seal(_pair_key(state, party, j), values,
+                              _labels_context(state, party, j, sender=True))
     reply: dict[str, Any] = {"sealed": sealed}
     if payload.get("moments_features") is not None:
         reply["moments"] = _masked_moments(state, payload, party)
     return reply
 
 
+def _labels_context(state: dict, party: int, peer: int, sender: bool) -> bytes:
+    """The associated data of the labels sealed between this party and ``peer``, as this
+    party computes it (:func:`~hyfl.privacy.alignment.label_context`): its own blinded
+    ids of the shared rows, the peer's (from the checked ``align`` message) and the
+    doubly blinded ids it made of the peer's, row by row in the server's order."""
+    counts = state["shared"]["counts"]
+    split = np.cumsum(counts)[:-1]
+    mine = np.split(state["shared"]["positions"], split)[peer]
+    theirs = np.split(state["shared"]["peer_positions"], split)[peer]
+    start = int(np.sum(state["peer_counts"][:peer]))
+    peer_ids = np.asarray(state["peers"], dtype=np.uint8)[start:][theirs]
+    doubles = np.asarray(state["reblinded"], dtype=np.uint8)[start:][theirs]
+    own_ids = np.asarray(state["blinded"], dtype=np.uint8)[mine]
+    pairing = (pairing_digest(own_ids, peer_ids, doubles) if sender
+               else pairing_digest(peer_ids, own_ids, doubles))
+    sender_id, receiver_id = (party, peer) if sender else (peer, party)
+    return label_context(bytes(state["run"]), sender_id, receiver_id, _task_digest(state),
+                         pairing)
+
+
+def _task_digest(state: dict) -> bytes:
+    """SHA-256 of the task and classes this party was given (the labels are class indices:
+    both ends of a channel must read them alike)."""
+    import hashlib
+    import json
+
+    text = json.dumps([state["task"], [str(c) for c in state["classes"]]])
+    return hashlib.sha256(text.encode()).digest()
+
+
 def _masked_moments(state: dict, payload: dict, party: int) -> np.ndarray:
-    """The party's column sums and sums of squares (2, M) in global features, masked with
-    every peer's pairwise key (:func:`hyfl.privacy.secure_scaling.masked_message`)."""
+    """The party's column sums and sums of squares (2, M) in global features, masked per
+    cell with every peer's pairwise key and the run's identity
+    (:func:`hyfl.privacy.secure_scaling.masked_message`)."""
     from hyfl.privacy.secure_scaling import column_moments, masked_message
 
     values = state["values"]
     features = np.asarray(payload["moments_features"], dtype=np.int64)
-    n_features = int(payload["n_features"])
-    if features.shape != (values.shape[1],) or np.unique(features).size != features.size or (
-            features.size and (features.min() < 0 or features.max() >= n_features)):
-        raise fail("the server's 'labels' message field moments_features", "does not number "
-                   f"this party's {values.shape[1]} columns with distinct ids below "
-                   f"{n_features}", "Both sides must run the same hyfl version.")
+    n_features = int(payload["n_features"]) if payload.get("n_features") is not None else -1
+    # The numbering must be the one this party derived from its peers' tagged column
+    # lists: a count or column ids of the server's choosing would let one party's sums
+    # fill cells where its peers send nothing but masks.
+    if not (np.array_equal(features, state["features"]) and n_features == state["n_features"]):
+        raise fail("the server's 'labels' message fields moments_features and n_features",
+                   f"number this party's {values.shape[1]} columns otherwise than the "
+                   f"parties' tagged column lists do ({state['n_features']} features)", _FORGED)
+    if len(state["publics"]) < 2:  # no peer, no mask: the sums would go out in the clear
+        raise fail("the job's standardize", "needs a secure sum of two parties or more",
+                   "Run with two parties or more, or without standardize.")
     state["moments_features"] = features
     moments = column_moments(values, features, n_features)
     peers = {j: _pair_key(state, party, j) for j in range(len(state["publics"])) if j != party}
-    return masked_message(moments, party, peers)
+    return masked_message(moments, party, peers, bytes(state["run"]))
 
 
 def on_block(state: dict, payload: dict, node, log, config=None) -> Block:
@@ -237,16 +383,32 @@ def on_block(state: dict, payload: dict, node, log, config=None) -> Block:
             raise fail(f"the server's 'block' message field {name}", "does not number this "
                        f"party's {size} {'rows' if name == 'samples' else 'columns'} with "
                        f"distinct ids below {n}", "Both sides must run the same hyfl version.")
+    if not (np.array_equal(features, state["features"]) and n_features == state["n_features"]):
+        raise fail("the server's 'block' message fields features and n_features", "number "
+                   "this party's columns otherwise than the parties' tagged column lists do",
+                   _FORGED)
+    by_row = np.empty(n_rows, dtype=np.int64)
+    by_row[np.asarray(state["order"], dtype=np.int64)] = samples  # positions -> file rows
+    samples = by_row
     labels = _label_values(state)
     labels = np.full(n_rows, _UNKNOWN) if labels is None else labels.copy()
     source = np.where(np.isnan(labels), -1, party)  # who gave each row its label
     rows, counts = state["shared"]["rows"], state["shared"]["counts"]
     sealed = payload.get("sealed") or {}
+    unexpected = sorted(set(sealed) - {str(j) for j in np.flatnonzero(counts)})
+    if unexpected:
+        raise fail("the server's 'block' message field sealed", f"has labels from "
+                   f"{unexpected[0]!r}, which shares no rows with this party", _FORGED)
     for j, chunk in enumerate(np.split(rows, np.cumsum(counts)[:-1])):
-        if str(j) not in sealed:
+        if chunk.size == 0:
             continue
-        theirs = unseal(_pair_key(state, party, j), sealed[str(j)], _context(j, party),
-                        f"the labels party {j} sealed for party {party}")
+        what = f"the labels party {j} sealed for party {party}"
+        if str(j) not in sealed:  # every peer seals for every shared row, labelled or not
+            raise fail(what, "are missing (the server held them back)", _FORGED)
+        # Opened only with the run, the pair, the classes and the blinded ids of these
+        # rows in this order: labels put on other rows, or in another order, stop here.
+        theirs = unseal(_pair_key(state, party, j), sealed[str(j)],
+                        _labels_context(state, party, j, sender=False), what)
         if theirs.shape != chunk.shape:
             raise fail(f"the labels party {j} sent", f"are {theirs.size} for {chunk.size} "
                        "shared samples", "Both sides must run the same hyfl version.")
@@ -276,11 +438,9 @@ def on_block(state: dict, payload: dict, node, log, config=None) -> Block:
     log(f"aligned: {n_rows} of {n_samples} samples, {n_columns} of {n_features} features")
     scale = None
     if config is not None and config.standardize:
-        if not np.array_equal(payload["features"], state.get("moments_features")):
-            raise fail("the server's 'block' message field features", "numbers this party's "
-                       "columns otherwise than its 'labels' message did (or that message "
-                       "asked for no column sums)", "The server does not follow hyfl's "
-                       "protocol.")
+        if state.get("moments_features") is None:
+            raise fail("the server's 'labels' message", "asked for no column sums, which the "
+                       "job's standardize needs", _FORGED)
         X, scale = _standardize(payload, X, features, n_samples, n_features, log)
     intercept = 0.0 if config is None else float(config.intercept)
     if intercept:
@@ -352,13 +512,27 @@ def _encode(index: np.ndarray, task: str, n_classes: int) -> np.ndarray:
     return np.where(index[:, None] == np.arange(n_classes)[None, :], 1.0, -1.0)
 
 
-def _shared(payload: dict, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
-    rows = np.asarray(payload["shared_rows"], dtype=np.int64)
+def _shared(payload: dict, state: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The pairs of the ``labels`` message: this party's positions, the peers' positions
+    (in the peers' lists of ``align``) and the count per peer, checked against the lists."""
+    positions = np.asarray(payload["shared_rows"], dtype=np.int64)
+    peer_positions = np.asarray(payload["peer_rows"], dtype=np.int64)
     counts = np.asarray(payload["shared_counts"], dtype=np.int64)
-    if counts.sum() != rows.size or (rows.size and (rows.min() < 0 or rows.max() >= n_rows)):
-        raise fail("the server's 'labels' message", "names rows this party does not have",
-                   "Both sides must run the same hyfl version.")
-    return rows, counts
+    sizes = np.asarray(state["peer_counts"], dtype=np.int64)
+    n_rows = len(state["values"])
+    if (counts.shape != sizes.shape or np.any(counts < 0) or counts.sum() != positions.size
+            or peer_positions.shape != positions.shape):
+        raise fail("the server's 'labels' message", "has shared rows that do not add up",
+                   _SAME_VERSION)
+    split = np.cumsum(counts)[:-1]
+    for j, (mine, theirs) in enumerate(zip(np.split(positions, split),
+                                           np.split(peer_positions, split))):
+        if mine.size and (mine.min() < 0 or mine.max() >= n_rows or theirs.min() < 0
+                          or theirs.max() >= sizes[j] or np.unique(mine).size != mine.size
+                          or np.unique(theirs).size != theirs.size):
+            raise fail("the server's 'labels' message", f"names rows that this party or "
+                       f"party {j} does not have, or one row twice", _SAME_VERSION)
+    return positions, peer_positions, counts
 
 
 def _pair_key(state: dict, party: int, peer: int) -> bytes:
@@ -366,8 +540,8 @@ def _pair_key(state: dict, party: int, peer: int) -> bytes:
     return channel.shared(bytes(state["publics"][peer]), (party, peer))
 
 
-def _context(sender: int, receiver: int) -> bytes:
-    return b"hyfl labels %d->%d" % (sender, receiver)
+def _own_public(state: dict) -> np.ndarray:
+    return _bytes(ChannelKey(bytes(state["channel"])).public)
 
 
 def _bytes(value: bytes) -> np.ndarray:
@@ -389,8 +563,8 @@ def _progress(log, what: str, total: int):
 
 # -- the server's side ---------------------------------------------------------------------
 #: The ``align`` field of a party file's ``hello`` (types of hyfl.deploy.codec.check_fields).
-HELLO_FIELDS = {"n_ids": "int", "columns": "list", "labels": "dict", "blinded": "matrix",
-                "channel": "ids", "channel_nonce": "ids", "channel_tag": "ids?"}
+HELLO_FIELDS = {"n_ids": "int", "columns": "list", "column_keys": "matrix", "labels": "dict",
+                "blinded": "matrix", "channel": "ids", "nonce": "ids", "tag": "ids?"}
 
 
 def align_parties(hellos: dict[int, dict], exchange, config, log) -> tuple[dict[int, dict], dict]:
@@ -418,6 +592,10 @@ def align_parties(hellos: dict[int, dict], exchange, config, log) -> tuple[dict[
         if np.shape(info[k]["blinded"]) != (sizes[k], POINT_BYTES) or sizes[k] < 1:
             raise fail(f"party {k}'s hello", f"announces {sizes[k]} ids but sends "
                        f"{np.shape(info[k]['blinded'])} blinded ones", _SAME_VERSION)
+        if np.shape(info[k]["column_keys"]) != (len(info[k]["columns"]), POINT_BYTES) or \
+                np.shape(info[k]["nonce"]) != (16,):
+            raise fail(f"party {k}'s hello", "has column keys or a nonce of the wrong shape",
+                       _SAME_VERSION)
     columns = [[str(c) for c in info[k]["columns"]] for k in range(K)]
     features: dict[str, int] = {}  # column name -> global feature, by first appearance
     for names in columns:
@@ -428,18 +606,25 @@ def align_parties(hellos: dict[int, dict], exchange, config, log) -> tuple[dict[
         f"({_task_text(task, classes)})")
 
     # 1. Each party blinds its peers' lists again.
+    # Every party's hello goes to its peers as it was sent, with its tag (they check it).
     channels = np.stack([np.asarray(info[k]["channel"], dtype=np.uint8) for k in range(K)])
-    tagged = all(info[k].get("channel_tag") is not None for k in range(K))
+    tagged = all(info[k].get("tag") is not None for k in range(K))
+    shared_fields = {
+        "channels": channels, "task": task, "classes": classes,
+        "nonces": np.stack([np.asarray(info[j]["nonce"], dtype=np.uint8) for j in range(K)]),
+        "column_keys": np.concatenate([np.asarray(info[j]["column_keys"], dtype=np.uint8)
+                                       for j in range(K)]),
+        "column_counts": np.array([len(columns[j]) for j in range(K)], dtype=np.int64)}
+    if tagged:
+        shared_fields["tags"] = np.stack([np.asarray(info[j]["tag"], dtype=np.uint8)
+                                          for j in range(K)])
     messages = {}
     for k in range(K):
         peers = [np.asarray(info[j]["blinded"], dtype=np.uint8) for j in range(K) if j != k]
         payload = {"peers": np.concatenate(peers) if peers else np.empty((0, POINT_BYTES),
                                                                            dtype=np.uint8),
                    "peer_counts": np.array([0 if j == k else sizes[j] for j in range(K)]),
-                   "channels": channels, "task": task, "classes": classes}
-        if tagged:
-            payload["channel_nonces"] = np.stack([info[j]["channel_nonce"] for j in range(K)])
-            payload["channel_tags"] = np.stack([info[j]["channel_tag"] for j in range(K)])
+                   **shared_fields}
         messages[k] = ("align", payload)
     replies = exchange(messages)
     double = {}  # (owner, blinder) -> the owner's ids blinded by both, in the owner's order
@@ -473,7 +658,9 @@ def align_parties(hellos: dict[int, dict], exchange, config, log) -> tuple[dict[
     shared = [int(np.count_nonzero(holders[g] > 1)) for g in index]
     _check_overlap(columns, sizes, shared, config.min_common)
 
-    # 2. Labels for the samples a peer holds too, in one order for both sides of a pair.
+    # 2. Labels for the samples a peer holds too, in one order for both sides of a pair;
+    # each side is told the other's rows too (positions in the lists it re-blinded), to
+    # bind the labels to the blinded ids of their rows.
     rows = {k: [np.empty(0, dtype=np.int64)] * K for k in range(K)}
     for (j, k), (rows_j, rows_k) in matches.items():
         order = rng.permutation(rows_j.size)
@@ -483,6 +670,8 @@ def align_parties(hellos: dict[int, dict], exchange, config, log) -> tuple[dict[
     scaling = {k: ({"moments_features": numbered[k], "n_features": len(features)}
                    if config.standardize else {}) for k in range(K)}
     replies = exchange({k: ("labels", {"shared_rows": np.concatenate(rows[k]),
+                                       "peer_rows": np.concatenate([rows[j][k]
+                                                                    for j in range(K)]),
                                        "shared_counts": np.array([r.size for r in rows[k]]),
                                        **scaling[k]})
                         for k in range(K)})
@@ -515,6 +704,8 @@ def align_parties(hellos: dict[int, dict], exchange, config, log) -> tuple[dict[
 
 
 _SAME_VERSION = "Run every party with the same hyfl version; the reply may be garbled or forged."
+_FORGED = ("The server does not follow hyfl's protocol; the party answers no more messages of "
+           "this run.")
 
 
 def _sum_moments(replies: dict[int, dict], K: int, n_features: int) -> np.ndarray:

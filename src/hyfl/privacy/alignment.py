@@ -15,27 +15,45 @@ Every party ``k`` draws a secret scalar ``a_k`` and hashes each id to a point
 X25519 u-coordinate). Blinding is X25519 scalar multiplication, which
 commutes: ``(H(x)^a)^b = (H(x)^b)^a``.
 
-1. Each party sends its blinded ids ``H(x)^a_k``, in file order.
-2. The server hands each party its peers' lists; the party blinds them again
-   with its own scalar and sends them back, in the peer's order.
+1. Each party sends its blinded ids ``H(x)^a_k``, in a fresh secret order (not
+   its file's), with a tag (:func:`hello_tag`) over them, its nonce, its
+   channel key and its columns' keys.
+2. The server hands each party its peers' lists; the party checks each
+   list's tag for its place, and only then blinds them again with its own
+   scalar and sends them back, in the peer's order.
 3. For a pair ``(j, k)`` the server now holds ``H(x)^(a_j a_k)`` for the rows
-   of ``j`` and for the rows of ``k``, each in its owner's row order; equal
+   of ``j`` and for the rows of ``k``, each in its owner's list order; equal
    values are the same sample (:func:`join`). It numbers the samples
-   (:func:`number_samples`) in an order drawn afresh each run, so the global
-   indices reveal no party's file order.
+   (:func:`number_samples`) in an order drawn afresh each run.
 
-What each side learns (semi-honest parties and server, no collusion; the
-decisional Diffie-Hellman assumption on Curve25519 and its twist, which the
-curve was chosen to make hard; SHA-256 as a random oracle):
+What each side learns (the decisional Diffie-Hellman assumption on
+Curve25519 and its twist, which the curve was chosen to make hard; SHA-256 as
+a random oracle; no collusion of the server with a party):
 
-* the **server**: every party's number of ids and, per pair, which row of one
-  is which row of the other -- the layout HyFDCA's server needs anyway. It
-  never sees an id, and cannot test a guessed id: that needs a party's
-  scalar.
-* a **party**: its peers' numbers of ids, and then only what the deployment
-  tells it (its samples' global indices, and the holder counts the set-up
-  sends). Unlike a PSI whose output goes to the parties, it does not learn
-  which of its rows a given peer holds.
+* the **server**: every party's number of ids and, per pair, which position of
+  one list is which of the other -- the layout HyFDCA's server needs anyway,
+  not the files' row orders (the lists go out shuffled). It never sees an id.
+  An active server **cannot test a guessed id**: that needs a party to blind a
+  point of the server's choosing, and a party blinds only lists under their
+  owner's tag for their place. Refused: guesses appended to a list, a list in another peer's place
+  (``tests/test_relayed_values.py::test_the_server_cannot_test_guessed_ids_against_a_partys_file``,
+  ``::test_a_peer_list_in_another_peers_place_is_refused``).
+* a **party**: its peers' numbers of ids, the keys of their column names
+  (:func:`column_keys`: which columns two parties share, and whether a peer
+  has a name it guesses), and then what the deployment tells it: for each
+  peer, which of its rows that peer holds too (to seal their labels), its
+  samples' global indices and the holder counts of the set-up.
+
+The run's identity (:func:`alignment_identity`) is SHA-256 of every party's
+``hello`` nonce in party order; each party computes it from the nonces it
+checked (its own fresh one among them), and it enters every seal and mask of
+the alignment: values of another run, or of a run the server showed some
+parties otherwise, neither open nor cancel.
+
+Re-blinded lists go to the server only, which cannot check them (it lacks
+the tag key); no party uses a list another party re-blinded. A party uses
+only its own re-blinding of its peers' tagged lists, which is what binds the
+labels to their rows (below).
 
 Cost: a party blinds its own ids once and each peer's once: ``n_k + sum_j
 n_j`` X25519 operations (OpenSSL's, about 30-60 microseconds each here, see
@@ -45,10 +63,16 @@ The label channel
 -----------------
 A sample's holders all need its label, which often only one of them has. Two
 parties ``j`` and ``k`` agree a pairwise key by X25519 (:class:`ChannelKey`),
-its public halves relayed by the server and authenticated with the secret the
-key holders share (:func:`hyfl.privacy.tags.cipher_secret`: the server cannot
-substitute its own halves), and send each other labels sealed with AES-GCM
-(:func:`seal`, :func:`unseal`), in an order the server gives both.
+its public halves relayed by the server under their owners' tags (the server
+cannot substitute its own halves), and send each other labels sealed with
+AES-GCM (:func:`seal`, :func:`unseal`), in an order the server gives both.
+The seal's associated data (:func:`label_context`) holds the run's identity,
+sender, receiver, the task and classes, and :func:`pairing_digest` of the
+rows: per row, the sender's and the receiver's blinded ids and the doubly
+blinded id each computes itself from the other's -- equal only for one
+sample. A label opens only on the receiver's row of the same sample, in the
+same order: a server that reorders or swaps rows stops the run
+(``tests/test_relayed_values.py::test_the_server_cannot_put_labels_on_the_wrong_samples``).
 
 Point-hashing note: about half of all 32-byte strings are u-coordinates of
 the quadratic twist rather than the curve. X25519 is defined on both and
@@ -71,8 +95,9 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from hyfl.errors import fail
 
-__all__ = ["POINT_BYTES", "BlindingKey", "ChannelKey", "channel_tag", "hash_ids", "join",
-           "number_samples", "seal", "unseal"]
+__all__ = ["POINT_BYTES", "BlindingKey", "ChannelKey", "alignment_identity", "column_keys",
+           "hash_ids", "hello_tag", "join", "label_context", "number_features", "number_samples",
+           "pairing_digest", "seal", "unseal"]
 
 #: Bytes of a blinded id (an X25519 u-coordinate).
 POINT_BYTES = 32
@@ -235,11 +260,102 @@ class ChannelKey:
         return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(point)
 
 
-def channel_tag(secret: bytes, party: int, public: bytes, nonce: bytes) -> bytes:
-    """A party's tag over its channel key's public half (keyed with the key holders' secret)."""
-    mac = hashlib.blake2b(key=secret, digest_size=32, person=b"hyfl channel")
-    mac.update(party.to_bytes(8, "little") + bytes(public) + bytes(nonce))
+def column_keys(names: Sequence[str], secret: bytes | None) -> np.ndarray:
+    """A digest of each column name, keyed with the key holders' secret: ``(n, 32)`` uint8.
+
+    The parties number the features themselves from these (:func:`number_features`),
+    so the numbering the server sends each party can be checked; a peer sees which
+    names two parties share, not the names (unless it guesses one). Without a secret
+    (cipher ``none``) the digest is unkeyed.
+    """
+    out = np.empty((len(names), POINT_BYTES), dtype=np.uint8)
+    for i, name in enumerate(names):
+        mac = hashlib.blake2b(str(name).encode(), key=secret or b"", digest_size=POINT_BYTES,
+                              person=b"hyfl column")
+        out[i] = np.frombuffer(mac.digest(), dtype=np.uint8)
+    return out
+
+
+def number_features(keys: Sequence[np.ndarray]) -> tuple[list[np.ndarray], int]:
+    """Global feature ids of every party's columns: by first appearance, in party order.
+
+    Parameters
+    ----------
+    keys : sequence of ndarray of uint8, shape (n_k, 32)
+        Each party's :func:`column_keys`, in its column order.
+
+    Returns
+    -------
+    features : list of ndarray of int64
+        Each party's columns' global ids (as the server numbers the names).
+    n_features : int
+    """
+    seen: dict[bytes, int] = {}
+    features = []
+    for party in keys:
+        ids = [seen.setdefault(bytes(row), len(seen)) for row in np.asarray(party, np.uint8)]
+        features.append(np.asarray(ids, dtype=np.int64))
+    return features, len(seen)
+
+
+def hello_tag(secret: bytes, party: int, nonce: bytes, public: bytes, blinded: np.ndarray,
+              columns: np.ndarray) -> bytes:
+    """A party's tag over everything its ``hello`` gives the server to relay to its peers.
+
+    Keyed with the key holders' secret (the server lacks it): the party's index, its
+    fresh nonce, its channel key's public half, its number of ids and its blinded ids
+    (by their SHA-256), its columns' keys (:func:`column_keys`). A peer checks it before
+    it re-blinds a list or uses a key: the server can add no point to a list, move a
+    list to another party's place, or replace a key (tests/test_relayed_values.py).
+    """
+    blinded = np.ascontiguousarray(blinded, dtype=np.uint8)
+    columns = np.ascontiguousarray(columns, dtype=np.uint8)
+    mac = hashlib.blake2b(key=secret, digest_size=32, person=b"hyfl hello v2")
+    for item in (int(party).to_bytes(8, "little"), bytes(nonce), bytes(public),
+                 blinded.shape[0].to_bytes(8, "little"),
+                 hashlib.sha256(blinded.tobytes()).digest(),
+                 columns.shape[0].to_bytes(8, "little"),
+                 hashlib.sha256(columns.tobytes()).digest()):
+        mac.update(len(item).to_bytes(8, "little") + item)  # length-prefixed: unambiguous
     return mac.digest()
+
+
+def alignment_identity(nonces: Sequence[bytes]) -> bytes:
+    """The alignment's run identity: SHA-256 over every party's ``hello`` nonce, in party
+    order (each fresh, and under its party's :func:`hello_tag`). Every party computes it
+    from the nonces it checked, its own among them: the server cannot choose it, and no
+    other run has it."""
+    h = hashlib.sha256(b"hyfl alignment identity\0")
+    h.update(len(nonces).to_bytes(8, "little"))
+    for nonce in nonces:
+        nonce = bytes(nonce)
+        h.update(len(nonce).to_bytes(8, "little") + nonce)
+    return h.digest()
+
+
+def pairing_digest(sender_ids: np.ndarray, receiver_ids: np.ndarray, doubles: np.ndarray
+                   ) -> bytes:
+    """SHA-256 of the rows a sealed label list is of, in its order.
+
+    Row ``i`` is the sender's blinded id of its row, the receiver's blinded id of
+    its row (both as their owners sent them in ``hello``, under their tags) and
+    the doubly blinded id of the sample: the sender computes it from the
+    receiver's id, the receiver from the sender's, so the two agree only if both
+    rows are of one sample. Bound into the seal (:func:`label_context`), a label
+    opens only on the receiver's row of the same sample, in the same order.
+    """
+    rows = np.concatenate([np.ascontiguousarray(a, dtype=np.uint8).reshape(-1, POINT_BYTES)
+                           for a in (sender_ids, receiver_ids, doubles)], axis=1)
+    return hashlib.sha256(np.ascontiguousarray(rows).tobytes()).digest()
+
+
+def label_context(run: bytes, sender: int, receiver: int, labels: bytes, pairing: bytes
+                  ) -> bytes:
+    """The associated data of the labels ``sender`` seals for ``receiver``: the run,
+    both parties, a digest of the job's task and classes (``labels``) and
+    :func:`pairing_digest` of the rows."""
+    return (b"hyfl labels v2\0" + bytes(run) + int(sender).to_bytes(8, "little")
+            + int(receiver).to_bytes(8, "little") + bytes(labels) + bytes(pairing))
 
 
 def seal(key: bytes, values: np.ndarray, context: bytes) -> np.ndarray:

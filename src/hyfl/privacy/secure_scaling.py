@@ -27,8 +27,6 @@ is turned back into one for the raw features by dividing its weights by the scal
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 import scipy.sparse as sp
 
@@ -70,31 +68,56 @@ def masked_messages(parts: list[np.ndarray], rng: np.random.Generator) -> list[n
     return messages
 
 
-def pair_mask(pair_key: bytes, shape: tuple[int, ...]) -> np.ndarray:
-    """The mask two parties derive from the key they share (uint64, uniform).
+def cell_masks(pair_key: bytes, run: bytes, columns: np.ndarray) -> np.ndarray:
+    """The masks two parties derive for the given global columns: (2, n) uint64, uniform.
 
-    SHAKE-256 of the key with this use's label, read as little-endian
-    integers: both ends get the same stream, and nobody without the key can
-    tell it from random (the deployment's pairs share X25519 keys,
-    :meth:`hyfl.privacy.alignment.ChannelKey.shared`).
+    Cell ``(moment, column)`` gets its own pseudorandom value: AES-256 (a key
+    derived by HKDF from the pair's key, with the run's identity as salt) of the
+    block ``(moment, column)``, its first 8 bytes read as a little-endian
+    integer. A mask is thus a function of the pair, the run, the global column
+    and the moment alone -- never of a position in a stream the server's feature
+    count or numbering would shape, so a party told other numbers than its peer
+    masks other cells with other values and carries none of its peer's masks
+    (tests/test_secure_scaling.py). Both ends of a pair get the same values, and
+    nobody without the key can tell them from random (the deployment's pairs share
+    X25519 keys, :meth:`hyfl.privacy.alignment.ChannelKey.shared`; the run's
+    identity is :func:`hyfl.privacy.alignment.alignment_identity`).
     """
-    count = int(np.prod(shape, dtype=np.int64))
-    stream = hashlib.shake_256(b"hyfl secure-sum mask\0" + bytes(pair_key)).digest(8 * count)
-    return np.frombuffer(stream, dtype="<u8").astype(np.uint64).reshape(shape)
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    columns = np.asarray(columns, dtype=np.int64)
+    if columns.ndim != 1 or (columns.size and columns.min() < 0):
+        raise fail("the secure sum's columns", "are not a list of global feature ids",
+                   "Both sides must run the same hyfl version.")
+    key = HKDF(algorithm=hashes.SHA256(), length=32, salt=bytes(run),
+               info=b"hyfl secure-sum cell masks v2").derive(bytes(pair_key))
+    blocks = np.zeros((2, columns.size, 2), dtype="<u8")  # one 16-byte block per cell
+    blocks[:, :, 0] = np.arange(2, dtype=np.uint64)[:, None]  # the moment
+    blocks[:, :, 1] = columns.astype(np.uint64)[None, :]  # the global column
+    encryptor = Cipher(algorithms.AES(key), modes.ECB()).encryptor()  # a PRF of distinct blocks
+    out = encryptor.update(blocks.tobytes()) + encryptor.finalize()
+    return np.frombuffer(out, dtype="<u8").reshape(2, columns.size, 2)[:, :, 0].astype(np.uint64)
 
 
-def masked_message(values: np.ndarray, party: int, pair_keys: dict[int, bytes]) -> np.ndarray:
+def masked_message(values: np.ndarray, party: int, pair_keys: dict[int, bytes], run: bytes,
+                   columns: np.ndarray | None = None) -> np.ndarray:
     """What ``party`` sends of its ``values`` to a secure sum with keyed pairwise masks.
 
-    ``pair_keys`` maps every other party to the key the two share. The mask of
-    the pair ``j < k`` is added by ``j`` and subtracted by ``k``, so the masks
-    cancel in the server's sum (:func:`sum_messages`) when every party sends.
+    ``values`` (2, n) are the moments of the global ``columns`` (default ``0 .. n-1``);
+    ``pair_keys`` maps every other party to the key the two share; ``run`` is the run's
+    identity. The mask of the pair ``j < k`` (:func:`cell_masks`) is added by ``j`` and
+    subtracted by ``k``, so the masks cancel in the server's sum (:func:`sum_messages`)
+    when every party sends the same cells.
     """
     message = encode(values)
+    if columns is None:
+        columns = np.arange(message.shape[1])
     for peer, key in pair_keys.items():
         if peer == party:
             continue
-        mask = pair_mask(key, message.shape)
+        mask = cell_masks(key, run, columns)
         message = message + mask if party < peer else message - mask  # modulo 2**64
     return message
 
