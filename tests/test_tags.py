@@ -195,3 +195,33 @@ def test_a_key_holder_has_no_tags_without_a_run():
     one, two = tag_key(cipher, RUN), tag_key(cipher, run_identity([b"z" * 16]))
     assert one.offset(("totals", 1)) != two.offset(("totals", 1))
     assert one.coefficients(FAMILY, 4) != two.coefficients(FAMILY, 4)
+
+
+def test_the_in_process_engine_keys_each_run_with_fresh_nonces(monkeypatch):
+    """run_protocol gives its parties a run identity as a deployment's compute it (fresh
+    nonces, not the seed): two runs of one seed have two identities, every client of a
+    run the same one, and the run's sums verify under it."""
+    from hyfl.algorithms.hyfdca import HyFDCA
+    from hyfl.participation import Full
+    from hyfl.partition import grid
+    from hyfl.problem import make_problem
+    from hyfl.runtime import protocol
+    from synthetic_data import synthetic
+
+    seen = []
+    build = protocol.build_parties
+
+    def spy(*args, **kwargs):
+        server, clients = build(*args, **kwargs)
+        seen.append({client.run for client in clients})
+        return server, clients
+
+    monkeypatch.setattr(protocol, "build_parties", spy)
+    problem = make_problem(synthetic(n=30, m=4), "hinge", 0.05)
+    partition = grid(problem.n_samples, problem.n_features, 1, 2)
+    cipher = make_cipher("paillier", key_bits=256)
+    for _ in range(2):
+        protocol.run_protocol(HyFDCA(local_steps=2), problem, partition,
+                              Full(2), 1, cipher, seed=0)
+    (one,), (two,) = seen
+    assert len(one) == RUN_BYTES and one != two

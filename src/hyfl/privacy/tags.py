@@ -38,8 +38,9 @@ So the key is of the secret *and* the run (:class:`TagKey` derives its
 coefficients and offsets from both): the run's identity is
 :func:`run_identity` of every party's fresh set-up nonce, which each party
 computes itself from the nonces the set-up relays (authenticated with the
-secret, its own among them), never a value the server chooses. Another
-run's tags are then those of an independent key.
+secret, its own among them), never a value the server chooses. It is no
+secret (the server relays the nonces): what matters is that no two runs
+share it. Another run's tags are then those of an independent key.
 
 Chosen combinations. The server holds genuine sums ``S_j`` (each of a set
 ``C_j`` of contexts) and the public key: it can send ``sum_j lambda_j S_j``
