@@ -199,11 +199,13 @@ def on_align(state: dict, payload: dict, party: int, secret: bytes | None, log) 
     With the key holders' ``secret``, each peer's blinded ids, channel key, nonce
     and column keys must carry that peer's :func:`~hyfl.privacy.alignment.hello_tag`
     for its place, and this party's own place must hold what it sent: a list the
-    server extended with guessed ids, moved to another party's place or took from
-    another run is refused before any point is blinded (tests/test_relayed_values.py).
-    The run's identity, the features' numbering and the task are derived from the
-    checked values; the peers' lists and their re-blinding are kept to bind the
-    labels to their rows (:func:`on_labels`).
+    server extended with guessed ids or moved to another party's place is refused
+    before any point is blinded (tests/test_relayed_values.py). A peer's hello
+    replayed from another run carries a genuine tag; it changes the run's identity
+    instead (SHA-256 of the nonces), under which nothing this party seals or masks
+    opens or cancels at a party that saw the real one. The features' numbering and
+    the task are derived from the checked values; the peers' lists and their
+    re-blinding are kept to bind the labels to their rows (:func:`on_labels`).
     """
     peers = np.asarray(payload["peers"], dtype=np.uint8)
     counts = np.asarray(payload["peer_counts"], dtype=np.int64)

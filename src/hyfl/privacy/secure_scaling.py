@@ -11,7 +11,9 @@ clients, so that the totals -- and nothing else -- become known:
   client ``k`` sends ``encode(v_k) + sum_{j > k} m_kj - sum_{j < k} m_jk``. Each
   message alone is uniformly distributed; the server adds them and the masks
   cancel, leaving ``encode(sum_k v_k)`` exactly. (No dropout recovery: every
-  client must send, which holds before training.)
+  client must send, which holds before training.) In a deployment the masks are
+  per cell (:func:`cell_masks`: the pair's key, the run, the global column and
+  the moment), never a stream a feature count could shift.
 * **What it reveals.** Every party and the server learn each feature's mean and
   standard deviation over all samples (cells no party holds count as 0), and
   nothing about any one party's entries beyond what those totals imply -- for a
