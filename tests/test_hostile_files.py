@@ -213,7 +213,7 @@ def test_a_zip_bomb_member_is_refused_with_little_memory(tmp_path, model_path, b
     path = {"model": model_path, "block": block_path, "neural": model_path}[target]
     zip_bomb(path, "weights" if target != "block" else "X_data")
     load = {"model": load_model, "block": read_block, "neural": load_neural_model}[target]
-    error = refused(lambda: load(path), "a zip bomb")
+    error = refused(lambda: load(path), "would decode to")
     assert str(path) in str(error)
     assert not is_neural_model(path)
 
@@ -396,7 +396,7 @@ def test_a_checkpoint_bomb_or_lying_header_is_refused_with_little_memory(tmp_pat
                                                                          checkpoint):
     resume = resume_from(tmp_path, checkpoint)
     zip_bomb(tmp_path / "checkpoint.npz", "a2")
-    refused(resume, "a zip bomb")
+    refused(resume, "would decode to")
     resume = resume_from(tmp_path, checkpoint)
     with_member(tmp_path / "checkpoint.npz", "a2", npy((100_000_000,)) + bytes(8))
     refused(resume, "declares 800000000 bytes")

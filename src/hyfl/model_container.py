@@ -76,12 +76,14 @@ def write_container(path: str | os.PathLike, arrays: dict[str, np.ndarray], head
 
 def read_container(path: str | os.PathLike, missing_fix: str,
                    fix: str = "Pass a model.npz written by hyfl (it never holds pickled "
-                   "objects).") -> tuple[dict, dict[str, np.ndarray], str]:
+                   "objects).", *, known: Sequence[str] | None = None
+                   ) -> tuple[dict, dict[str, np.ndarray], str]:
     """The header and arrays of the model file at ``path``, and the name errors use for it.
 
     Nothing is unpickled, and every member's size is checked before it is read
     (:func:`hyfl._io.read_npz`). The checksum is not checked here: its rule is
-    the kind's (:func:`check_content`).
+    the kind's (:func:`check_content`). ``known``: the only array names the kind
+    holds (any other member is refused unread).
 
     Raises
     ------
@@ -93,7 +95,8 @@ def read_container(path: str | os.PathLike, missing_fix: str,
     culprit = f"model file {path}"
     if not path.is_file():
         raise fail(culprit, "does not exist", missing_fix)
-    arrays = read_npz(path, culprit, _WHAT, fix, expect={HEADER: ("u", 1)})
+    arrays = read_npz(path, culprit, _WHAT, fix, expect={HEADER: ("u", 1)},
+                      known=None if known is None else (*known, HEADER))
     header = read_header(arrays.pop(HEADER), culprit, _WHAT, "Pass a model.npz written by hyfl.")
     return header, arrays, culprit
 

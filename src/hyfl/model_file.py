@@ -282,7 +282,7 @@ def load_model(path: str | os.PathLike) -> Model:
     """
     header, arrays, culprit = read_container(
         path, "Pass the model.npz of a results folder (`hyfl run --out DIR` writes "
-        "DIR/model.npz).")
+        "DIR/model.npz).", known=_ARRAYS + _OPTIONAL_ARRAYS)
     kind = header.get("kind")
     if isinstance(kind, str) and kind.startswith("hyfl-") and kind != MODEL_KIND:
         other = kind.removeprefix("hyfl-").removesuffix("-model")  # e.g. "neural"

@@ -43,6 +43,8 @@ _MEMBERS = {
     "X_indptr": ("iu", 1), "X_shape": ("iu", 1), "Y": ("biuf", None),
     "lam_default": ("iuf", 0), "name": ("U", 0), "partition": ("U", 0),
 }
+#: Members of newer files (an older file lacks them); any other member is refused unread.
+_OPTIONAL_MEMBERS = ("intercept", "scale")
 
 
 @dataclass(frozen=True)
@@ -126,7 +128,8 @@ def read_block(path: str | os.PathLike, party: int | None = None) -> Block:
         raise fail(f"block file {where}", "does not exist on this machine",
                    "Copy the party's file from `hyfl deploy split` here, or pass a dataset name.")
     culprit, fix = f"block file {where}", "Pass a party-K.npz written by `hyfl deploy split`."
-    f = read_npz(where, culprit, f"a {BLOCK_FORMAT} file", fix, kinds="biufU", expect=_MEMBERS)
+    f = read_npz(where, culprit, f"a {BLOCK_FORMAT} file", fix, kinds="biufU", expect=_MEMBERS,
+                 known=(*_MEMBERS, *_OPTIONAL_MEMBERS))
     if str(f["format"]) != BLOCK_FORMAT:
         raise fail(culprit, f"is not a {BLOCK_FORMAT} file", fix)
     samples, features = f["samples"].astype(np.int64), f["features"].astype(np.int64)
