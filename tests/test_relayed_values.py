@@ -142,6 +142,39 @@ def test_a_peer_list_in_another_peers_place_is_refused(tmp_path, keys, with_tags
     assert refusal is not None and "party 0's hello" in refusal and "tag" in refusal, refusal
 
 
+def test_a_hello_replayed_from_another_run_opens_and_cancels_nothing(tmp_path, keys):
+    """A genuine hello of party 1 from an earlier run (its tag verifies: the key is the
+    same) shown to party 0 in a new run, with standardize: party 0 then computes another
+    run identity than party 1, so their masks do not cancel (the server's sum of their
+    masked column sums is not the totals) and the list each seals for the other does not
+    open: the run stops at ``block`` -- the parties share no rows, so only the seal
+    every party sends every peer, empty or not, shows it."""
+    from hyfl.privacy.secure_scaling import column_moments, sum_messages
+    from hyfl.privacy.secure_scaling import decode as decode_fixed
+
+    files = _horizontal_files(tmp_path)
+    earlier, transport = _deploy(files, keys, standardize=True)
+    assert _run(earlier) is None
+    old = transport.reply(1, "hello")["align"]
+
+    def replay(k, kind, payload):
+        if k == 0 and kind == "align":
+            payload = dict(payload)
+            payload["peers"] = old["blinded"]
+            for name, value in (("nonces", old["nonce"]), ("channels", old["channel"]),
+                                ("tags", old["tag"])):
+                payload[name] = payload[name].copy()
+                payload[name][1] = value
+        return payload
+
+    coordinator, transport = _deploy(files, keys, forge=replay, standardize=True)
+    refusal = _run(coordinator)
+    sums = [transport.reply(k, "labels")["moments"] for k in range(2)]
+    pooled = sum(column_moments(pd.read_csv(f)[["x0", "x1", "x2"]].to_numpy()) for f in files)
+    assert np.all(np.abs(decode_fixed(sum_messages(sums)) - pooled) > 1.0)
+    assert refusal is not None and "sealed for party" in refusal and "do not open" in refusal
+
+
 # ----------------------------------------------------------------------------- 2. unmasking
 
 def _horizontal_files(folder):

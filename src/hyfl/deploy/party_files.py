@@ -287,11 +287,13 @@ def on_labels(state: dict, payload: dict, party: int) -> dict:
     """The party's labels of the rows it shares with each peer, sealed for that peer; with
     ``standardize``, its masked column sums.
 
-    For every peer it shares rows with the party seals a list (its labels, NaN where it
-    has none), bound to the run, both parties, the task and classes, and the blinded ids
-    of the rows (:func:`~hyfl.privacy.alignment.pairing_digest`): the receiver opens it
-    only on its rows of the same samples in the same order, so a server that reorders or
-    swaps rows stops the run (tests/test_relayed_values.py). The column sums are masked
+    For every peer the party seals a list (its labels of the rows they share, NaN where it
+    has none; empty if they share none), bound to the run, both parties, the task, classes
+    and feature count, and the blinded ids of the rows
+    (:func:`~hyfl.privacy.alignment.pairing_digest`): the receiver opens it only on its
+    rows of the same samples in the same order, so a server that reorders or swaps rows,
+    or shows the parties different runs, stops the run (tests/test_relayed_values.py).
+    The column sums are masked
     per cell with the run's identity, and sent only for the numbering this party derived
     itself from the tagged column lists.
     """
@@ -301,8 +303,10 @@ def on_labels(state: dict, payload: dict, party: int) -> dict:
                        "positions": positions, "peer_positions": peer_positions}
     own = _label_values(state)
     sealed = {}
-    for j in np.flatnonzero(counts):
-        j = int(j)
+    # A list for every peer, empty where they share no rows: each confirms to its receiver
+    # that both parties see one run (its identity and numbering are in the seal), so a view
+    # the server showed some parties otherwise stops the run at ``block``.
+    for j in (j for j in range(counts.size) if j != party):
         chunk = np.split(positions, np.cumsum(counts)[:-1])[j]
         values = np.full(chunk.size, _UNKNOWN) if own is None else own[order[chunk]]
         sealed[str(j)] = seal(_pair_key(state, party, j), values,
@@ -335,11 +339,12 @@ def _labels_context(state: dict, party: int, peer: int, sender: bool) -> bytes:
 
 def _task_digest(state: dict) -> bytes:
     """SHA-256 of the task and classes this party was given (the labels are class indices:
-    both ends of a channel must read them alike)."""
+    both ends of a channel must read them alike) and of the feature count it derived."""
     import hashlib
     import json
 
-    text = json.dumps([state["task"], [str(c) for c in state["classes"]]])
+    text = json.dumps([state["task"], [str(c) for c in state["classes"]],
+                       int(state["n_features"])])
     return hashlib.sha256(text.encode()).digest()
 
 
@@ -397,15 +402,15 @@ def on_block(state: dict, payload: dict, node, log, config=None) -> Block:
     source = np.where(np.isnan(labels), -1, party)  # who gave each row its label
     rows, counts = state["shared"]["rows"], state["shared"]["counts"]
     sealed = payload.get("sealed") or {}
-    unexpected = sorted(set(sealed) - {str(j) for j in np.flatnonzero(counts)})
+    unexpected = sorted(set(sealed) - {str(j) for j in range(counts.size) if j != party})
     if unexpected:
         raise fail("the server's 'block' message field sealed", f"has labels from "
-                   f"{unexpected[0]!r}, which shares no rows with this party", _FORGED)
+                   f"{unexpected[0]!r}, which is not a peer of this party", _FORGED)
     for j, chunk in enumerate(np.split(rows, np.cumsum(counts)[:-1])):
-        if chunk.size == 0:
+        if j == party:
             continue
         what = f"the labels party {j} sealed for party {party}"
-        if str(j) not in sealed:  # every peer seals for every shared row, labelled or not
+        if str(j) not in sealed:  # every peer seals a list (for every shared row, or empty)
             raise fail(what, "are missing (the server held them back)", _FORGED)
         # Opened only with the run, the pair, the classes and the blinded ids of these
         # rows in this order: labels put on other rows, or in another order, stop here.
@@ -681,10 +686,10 @@ def align_parties(hellos: dict[int, dict], exchange, config, log) -> tuple[dict[
     sealed = {}
     for j in range(K):
         for key, value in replies[j]["sealed"].items():
-            if key not in {str(k) for k in range(K) if rows[j][k].size} or not (
+            if key not in {str(k) for k in range(K) if k != j} or not (
                     isinstance(value, np.ndarray) and value.dtype == np.uint8):
                 raise fail(f"party {j}'s reply to 'labels'", f"seals labels for {key!r}, not "
-                           "a peer it shares samples with", _SAME_VERSION)
+                           "a peer", _SAME_VERSION)
             sealed.setdefault(int(key), {})[str(j)] = value
 
     # 3. Each party's block: its global ids, and the labels sealed for it.
