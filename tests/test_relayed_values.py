@@ -279,3 +279,27 @@ def test_the_server_cannot_put_labels_on_the_wrong_samples(tmp_path, keys):
     # party 1 sealed in the reordered order; party 1 would refuse party 0's).
     assert "sealed for party" in refusal and "do not open" in refusal, refusal
     assert transport.reply(1, "block") is None
+
+
+def test_classes_in_another_order_or_with_a_phantom_class_are_refused(tmp_path, keys):
+    """Labels travel as class indices: the server reversing the classes for one party (its
+    labels would flip against its peers') is refused by that party; a class added for one
+    party only (sorted, so the order checks pass) makes the pairs' seals disagree."""
+    files, *_ = organisation_files(tmp_path)
+
+    def reverse(k, kind, payload):
+        if k == 0 and kind == "align":
+            payload = {**payload, "classes": payload["classes"][::-1]}
+        return payload
+
+    refusal = _run(_deploy(files, keys, forge=reverse)[0])
+    assert refusal is not None and "task and classes" in refusal, refusal
+
+    def phantom(k, kind, payload):
+        if k == 1 and kind == "align":  # the telco has no labels of its own to check with
+            payload = {**payload, "classes": [*payload["classes"], "~phantom"],
+                       "task": "multiclass"}
+        return payload
+
+    refusal = _run(_deploy(files, keys, forge=phantom)[0])
+    assert refusal is not None and "do not open" in refusal, refusal
