@@ -303,3 +303,26 @@ def test_classes_in_another_order_or_with_a_phantom_class_are_refused(tmp_path, 
 
     refusal = _run(_deploy(files, keys, forge=phantom)[0])
     assert refusal is not None and "do not open" in refusal, refusal
+
+
+def test_a_partys_list_goes_out_in_a_fresh_secret_order(tmp_path, keys):
+    """The blinded ids of ``hello`` are the file's ids blinded in a fresh secret order: the
+    positions the server (and, through ``labels``, a peer) sees tell nothing of the file's
+    row order -- which a file sorted by a private column would show."""
+    from hyfl.privacy.alignment import BlindingKey
+
+    files, *_ = organisation_files(tmp_path)
+    orders = []
+    for _ in range(2):
+        coordinator, transport = _deploy(files, keys)
+        assert _run(coordinator) is None
+        record = next(r for r in transport.records if r.party == 0 and r.kind == "hello")
+        state = decode(*record.after)["alignment"]
+        sent = transport.reply(0, "hello")["align"]["blinded"]
+        ids = list(pd.read_csv(files[0])["customer"])
+        in_file_order = BlindingKey(bytes(state["key"])).apply(hash_ids(ids))
+        order = np.asarray(state["order"], dtype=np.int64)
+        np.testing.assert_array_equal(sent, in_file_order[order])
+        assert not np.array_equal(order, np.arange(order.size))
+        orders.append(order)
+    assert not np.array_equal(*orders)  # fresh each run
