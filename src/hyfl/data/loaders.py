@@ -17,8 +17,9 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
+from hyfl._io import check_decoded, decoded_cap, open_bounded
 from hyfl.data.dataset import Dataset
-from hyfl.errors import check_int, fail
+from hyfl.errors import HyflError, check_int, fail
 
 __all__ = [
     "load_libsvm",
@@ -281,6 +282,12 @@ def _first_bad_line(path: Path, max_features: int = MAX_FEATURES) -> tuple[int, 
 # --------------------------------------------------------------------------- LIBSVM
 
 
+#: Bytes of arrays one character of LIBSVM text may become: ``1 1:1`` and its line break
+#: (6 characters) is a value, an index, a label and a row pointer (28 bytes), and the
+#: parser's arrays grow by doubling.
+_LIBSVM_COST = 8
+
+
 def load_libsvm(
     path: str | os.PathLike,
     n_features: int | None = None,
@@ -350,7 +357,13 @@ def load_libsvm(
         # the decision can be recorded and reused for the matching test file.
         from sklearn.datasets import load_svmlight_file  # deferred: slow to import
 
-        X_raw, y = load_svmlight_file(str(path), dtype=np.float64, zero_based=True)
+        # Through a stream bounded by the file's size (hyfl._io's rule): a .gz or .bz2
+        # of a few hundred kB could otherwise inflate to gigabytes of samples.
+        with open_bounded(path, source, "Pass the file its data set publishes.",
+                          cost=_LIBSVM_COST) as f:
+            X_raw, y = load_svmlight_file(f, dtype=np.float64, zero_based=True)
+    except HyflError:
+        raise
     except ValueError as error:
         where = _first_bad_line(path, max_features)
         at = f" at line {where[0]} ({where[1]})" if where else ""
@@ -469,8 +482,13 @@ def _read_maybe_gzip(path: Path, what: str) -> bytes:
         head = f.read(2)
     try:
         if head == b"\x1f\x8b":
+            # Read at most one byte past the file's bound (hyfl._io's rule): no gzip bomb.
+            cap = decoded_cap(path.stat().st_size)
             with gzip.open(path, "rb") as f:
-                return f.read()
+                content = f.read(cap + 1)
+            check_decoded(f"{what} {path}", len(content), path.stat().st_size,
+                          "Get a fresh copy of the file.", "gunzipped, counted while reading")
+            return content
         return path.read_bytes()
     except (OSError, EOFError) as error:
         raise fail(

@@ -101,9 +101,10 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from hyfl._io import check_csv_shape, open_bounded, read_parquet
 from hyfl.data.dataset import Dataset
 from hyfl.data.loaders import check_values, clean_csr, map_labels
-from hyfl.errors import check_choice, check_int, fail
+from hyfl.errors import HyflError, check_choice, check_int, fail
 from hyfl.partition import Partition, from_blocks
 
 __all__ = ["PARTY_SUFFIXES", "load_parties", "party_name", "party_suffix", "read_party_file"]
@@ -174,14 +175,8 @@ def _read_frame(path: Path, parquet: bool, id_column: str, culprit: str):
             "Write a header line and one row per sample, or leave the party out.",
         )
     if parquet:
-        try:
-            frame = pd.read_parquet(path)
-        except (ValueError, OSError, ImportError) as error:
-            raise fail(
-                culprit,
-                f"could not be read as Parquet: {error}",
-                "Check that the file is a complete Parquet file, or save it as .csv.",
-            ) from error
+        # Bounded by the file's size, checked from its metadata before any page is read.
+        frame = read_parquet(path, culprit, "Save it again from its source, or as .csv.")
         names = [str(c).strip() for c in frame.columns]
     else:
         if path.name.lower().endswith(".csv"):
@@ -193,9 +188,18 @@ def _read_frame(path: Path, parquet: bool, id_column: str, culprit: str):
                     "is not UTF-8 text (it looks UTF-16 encoded or binary)",
                     "Save it as a UTF-8 CSV (e.g. 'CSV UTF-8' in a spreadsheet program).",
                 )
+        fix = ("Write one header line and rows with as many comma-separated fields as the "
+               "header.")
         try:
-            header = pd.read_csv(path, header=None, nrows=1, dtype=str, keep_default_na=False)
-            frame = pd.read_csv(path, dtype={id_column: str})
+            # Columns x rows against the file's size first (a compressed one is bounded
+            # while it streams): pandas fills every short row to the header's width.
+            check_csv_shape(path, culprit, fix)
+            with open_bounded(path, culprit, fix) as f:
+                header = pd.read_csv(f, header=None, nrows=1, dtype=str, keep_default_na=False)
+            with open_bounded(path, culprit, fix) as f:
+                frame = pd.read_csv(f, dtype={id_column: str})
+        except HyflError:
+            raise
         except pd.errors.EmptyDataError as error:
             raise fail(
                 culprit,

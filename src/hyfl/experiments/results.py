@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hyfl._io import check_csv_shape, read_parquet
 from hyfl.errors import HyflError, fail
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -136,11 +137,16 @@ def _metrics_file(folder: Path) -> Path | None:
 def _read_metrics(path: Path) -> pd.DataFrame:
     import pandas as pd
 
+    fix = "Re-run that algorithm or delete its folder; a run writes metrics.csv when it ends."
     try:
+        # A results folder may come from someone else: bounded by the file (hyfl._io).
         if path.name.endswith(".parquet"):
-            frame = pd.read_parquet(path)
+            frame = read_parquet(path, f"metrics file {path}", fix)
         else:
+            check_csv_shape(path, f"metrics file {path}", fix)
             frame = pd.read_csv(path)
+    except HyflError:
+        raise
     except Exception as exc:  # pandas/pyarrow raise many kinds
         raise fail(
             f"metrics file {path}",

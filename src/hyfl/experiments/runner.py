@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from hyfl._io import check_results_folder, dumps_json, write_text
+from hyfl._io import check_results_folder, dumps_json, read_parquet, write_text
 from hyfl.algorithms import algorithm_names, make_algorithm
 from hyfl.costs import (
     COST_COLUMNS,
@@ -624,14 +624,13 @@ def run_experiment(
 
 def load_finished_run(run_dir: Path, spec: RunSpec) -> RunOutcome | None:
     """A run folder's outcome if it holds a finished run of exactly ``spec``, else None."""
-    import pandas as pd
-
     record_path, table_path = run_dir / "run.json", run_dir / "metrics.parquet"
     if (run_dir / STARTED_FILE).exists() or not record_path.exists() or not table_path.exists():
         return None
     try:
         record = json.loads(record_path.read_text())
-        table = pd.read_parquet(table_path)
+        # Bounded by its size (hyfl._io); a refused table is a run to redo, like a broken one.
+        table = read_parquet(table_path, f"metrics table {table_path}", "")
     except (OSError, ValueError):
         return None
     if _normalized(record.get("spec")) != _normalized(asdict(spec)):
