@@ -1210,7 +1210,7 @@ def test_every_process_dies_with_the_deployment_even_on_sigkill(tmp_path,
         os.kill(node, signal.SIGKILL)
         _wait_for(lambda: not ({node, reaper, *helpers} & set(_processes_of(work))), 10,
                   "the killed SuperNode's processes to end")
-        assert any("flower-superlink" in c for _, c in _processes_of(work).values())
+        assert any("hyfl.deploy.superlink" in c for _, c in _processes_of(work).values())
         # 2. The deployment's own process, with SIGKILL: nothing it started survives.
         process.kill()
         process.wait(timeout=10)

@@ -265,6 +265,7 @@ def test_flwr_run_of_the_generated_app_reproduces_run_protocol(tmp_path, two_par
         # The user's side: their own FLWR_HOME with a named connection to the SuperLink.
         home = work / "user-flwr-home"
         write_connection(home, local.address, name="my-superlink")
+        local.write_control_credentials(home)  # the Control API admits its owner only
         env = flower_env(home)
         run = subprocess.run(
             [flower_command("flwr", env), "run", str(project), "my-superlink", "--stream",

@@ -111,7 +111,7 @@ def _deployment_processes(home: Path) -> set[int]:
 
 
 def test_a_runtime_api_secret_is_a_private_file_in_a_private_folder(tmp_path):
-    from hyfl.deploy.supernode import _check_private, runtime_api_secret
+    from hyfl.deploy.supernode import check_private, runtime_api_secret
 
     first, second = runtime_api_secret(tmp_path), runtime_api_secret(tmp_path)
     for path in (first, second):
@@ -119,10 +119,10 @@ def test_a_runtime_api_secret_is_a_private_file_in_a_private_folder(tmp_path):
         assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
         assert os.listdir(path.parent) == [path.name]  # no temporary file left
         assert len(bytes.fromhex(path.read_text())) == 32  # 256 random bits
-        assert _check_private(str(path)) is None
+        assert check_private(str(path)) is None
     assert first.parent != second.parent and first.read_bytes() != second.read_bytes()
     first.chmod(0o644)
-    assert "readable by others" in _check_private(str(first))
+    assert "readable by others" in check_private(str(first))
 
 
 def test_the_secret_file_goes_once_flower_has_read_it(tmp_path):
@@ -161,7 +161,7 @@ def test_a_partys_runtime_api_hands_its_tasks_only_to_its_worker(tmp_path, monke
     lines: list[str] = []
     work = tmp_path / "flower"
     with LocalDeployment([{"party": 0}], work, log=lines.append) as local:
-        assert any("Control API has no authentication" in line for line in lines)
+        assert any("Control API (flwr run: jobs run as you): owner only" in line for line in lines)
         worker = _wait_for(lambda: local.worker_pid(0), 60, "party 0's worker")
         supernode = int(Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[1])
         argv = Path(f"/proc/{worker}/cmdline").read_bytes().split(b"\0")

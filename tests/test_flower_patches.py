@@ -186,3 +186,27 @@ def test_another_flower_version_is_left_unmodified(monkeypatch, tmp_path):
     assert not patches.forget_secret_once_loaded(secret)
     assert targets() == before
     assert secret.exists()
+
+
+def test_the_control_api_admits_only_the_owners_token(monkeypatch):
+    """``load_control_authn_plugin`` is Flower's own (the no-op plugin in open-source
+    Flower), read as a global when the SuperLink parses its options; once patched, that
+    call gets the owner-token plugin; another version changes nothing."""
+    from flwr.common.constant import ACCESS_TOKEN_KEY
+    from flwr.superlink import config_loader
+    from flwr.superlink.auth_plugin import NoOpControlAuthnPlugin
+
+    cli = importlib.import_module("flwr.superlink.cli.flower_superlink")
+    assert cli.load_control_authn_plugin is config_loader.load_control_authn_plugin
+    assert isinstance(cli.load_control_authn_plugin(), NoOpControlAuthnPlugin)
+    assert _reads_global(cli, "load_control_authn_plugin")
+    monkeypatch.setattr(cli, "load_control_authn_plugin", cli.load_control_authn_plugin)
+    monkeypatch.setattr(flwr, "__version__", "9.9.9")
+    before = cli.load_control_authn_plugin
+    assert not patches.require_control_token(b"t" * 64)
+    assert cli.load_control_authn_plugin is before
+    monkeypatch.setattr(flwr, "__version__", patches.PATCHED_VERSION)
+    assert patches.require_control_token(b"t" * 64)
+    plugin = cli.load_control_authn_plugin()
+    assert plugin.validate_tokens_in_metadata([(ACCESS_TOKEN_KEY, "t" * 64)])[0]
+    assert plugin.validate_tokens_in_metadata([]) == (False, None)

@@ -48,6 +48,19 @@ test instead of silently turning a speed-up off.
     has read it. Why: no copy of the secret stays on disk, even if the
     SuperNode is killed later. Another version or no such name: no change,
     False (the folder then goes when the process exits).
+:func:`require_control_token`
+    Touches ``flwr.superlink.cli.flower_superlink.load_control_authn_plugin``
+    (imported there by name from ``flwr.superlink.config_loader``): it returns
+    :func:`owner_token_authn`'s plugin, which admits a Control API request only with
+    ``Authorization: Bearer <token>`` of a secret only the deploying user holds.
+    Why: open-source Flower's Control API (what ``flwr run`` calls) has no
+    authentication (its OIDC plugin is Flower Enterprise's), so any local user
+    could submit a job to ``hyfl deploy local``'s SuperLink and run code as the
+    deploying user. ``flwr run`` sends the token from its own credential store
+    (``$FLWR_HOME/credentials.yaml``, 0600 in a 0700 folder) as it would an
+    OIDC access token. Another version or no such name: no change, False (and
+    :mod:`hyfl.deploy.superlink` then refuses to start: this patch is not a
+    speed-up that may be missing).
 """
 
 from __future__ import annotations
@@ -62,7 +75,9 @@ from hyfl.deploy.backoff import Backoff
 
 __all__ = ["OBJECT_PULL_BACKOFF", "ON_MESSAGE", "PATCHED_VERSION", "TASK_PATIENCE", "CappedTime",
            "DyingSubprocess", "cap_supernode_polls", "die_with_supernode",
-           "forget_secret_once_loaded", "quick_object_pulls", "shorten_task_patience"]
+           "forget_secret_once_loaded", "owner_token_authn", "quick_object_pulls",
+           "require_control_token",
+           "shorten_task_patience"]
 
 
 PATCHED_VERSION = "1.41.0"
@@ -215,4 +230,69 @@ def forget_secret_once_loaded(path: Path) -> bool:
             shutil.rmtree(path.parent, ignore_errors=True)
 
     cli.load_superexec_auth_secret = load_and_forget
+    return True
+
+
+def _owner_token_authn_class():
+    """The plugin class of :func:`owner_token_authn`, built on Flower's
+    ``ControlAuthnPlugin`` (imported here: importing this module must not import Flower)."""
+    import hmac
+
+    from flwr.common.constant import ACCESS_TOKEN_KEY, NOOP_ACCOUNT_NAME, NOOP_FLWR_AID
+    from flwr.supercore.auth.typing import AccountInfo
+    from flwr.supercore.error import ApiErrorCode, FlowerError
+    from flwr.superlink.auth_plugin import ControlAuthnPlugin
+
+    class _OwnerTokenAuthn(ControlAuthnPlugin):
+        """Admits a Control API request only with the deploying user's bearer token.
+
+        The account it returns is Flower's no-auth account: the SuperLink's (no-op)
+        federation has that one member, and runs belong to it as without a plugin.
+        """
+
+        def __init__(self, token: bytes = b""):
+            if len(token) < 32:
+                raise ValueError("the Control API token must have at least 32 bytes")
+            self.token = bytes(token)
+
+        def get_login_details(self):
+            return None  # no login: the token is handed to flwr through its own store
+
+        def validate_tokens_in_metadata(self, metadata):
+            given = [v for k, v in metadata if k == ACCESS_TOKEN_KEY]
+            value = given[0] if len(given) == 1 else b""
+            value = value.encode() if isinstance(value, str) else bytes(value)
+            if value and hmac.compare_digest(value, self.token):
+                return True, AccountInfo(flwr_aid=NOOP_FLWR_AID, account_name=NOOP_ACCOUNT_NAME)
+            return False, None
+
+        def get_auth_tokens(self, device_code):
+            raise FlowerError(ApiErrorCode.NO_ACCOUNT_AUTH,
+                              "This SuperLink admits only its owner's token; there is no login.")
+
+        def refresh_tokens(self, metadata):
+            return None, None  # nothing to refresh: the token does not expire
+
+    return _OwnerTokenAuthn
+
+
+def owner_token_authn(token: bytes):
+    """A Flower ``ControlAuthnPlugin`` admitting only requests bearing ``token``."""
+    return _owner_token_authn_class()(token)
+
+
+def require_control_token(token: bytes) -> bool:
+    """Admit only Control API requests bearing ``token``; False (no change) if Flower is not
+    1.41.0 or reads its Control authentication plugin elsewhere."""
+    import importlib
+
+    import flwr
+
+    if flwr.__version__ != PATCHED_VERSION:
+        return False
+    cli = importlib.import_module("flwr.superlink.cli.flower_superlink")
+    if not callable(getattr(cli, "load_control_authn_plugin", None)):
+        return False
+    plugin = owner_token_authn(token)
+    cli.load_control_authn_plugin = lambda: plugin
     return True

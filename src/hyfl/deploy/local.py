@@ -23,10 +23,20 @@ Flower 1.41 needs, besides the installed packages:
 **Who else can reach it.** Every port listens on 127.0.0.1 only (the
 SuperLink's one HTTP port, each SuperNode's Runtime API; Flower's legacy
 gRPC servers, which would listen on 0.0.0.0, stay off), so no other machine
-can. Other users of *this* machine can: the SuperLink's Control API (what
-``flwr run`` calls) has no authentication in open-source Flower 1.41, so any
-of them could submit a job, which would run as the deploying user. Each
-party's Runtime API hands its tasks only to its worker, which holds the
+can. Of the other users of *this* machine: the SuperLink's Control API (what
+``flwr run`` calls, which submits jobs that run as the deploying user) admits
+only requests bearing a token of this deployment (:mod:`hyfl.deploy.superlink`;
+open-source Flower has no authentication of its own there), which only the
+deploying user holds (``FLWR_HOME/credentials.yaml``, 0600 in a 0700 folder,
+:meth:`LocalDeployment.write_control_credentials`). The same port's Fleet API
+lets anyone join as one more SuperNode (without the parties' key it cannot
+make a party's announcement, so at most it stops the run; a party's SuperNode
+signs its requests with a key pair held in its memory, so nobody can act as
+it), and its Runtime API (the ServerApp's)
+admits a task's token, which is on the ServerApp's command line (readable in
+``/proc`` by other local users unless it is mounted ``hidepid``): whoever reads
+it can act as the server of that run, which the parties do not trust anyway.
+Each party's Runtime API hands its tasks only to its worker, which holds the
 party's secret (:func:`hyfl.deploy.supernode.runtime_api_secret`); with
 ``worker=False`` it hands them to anyone. :data:`REACHABLE` says so in the
 deployment's output; docs/deployment.md ("Who can reach a local deployment")
@@ -38,6 +48,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -64,6 +75,7 @@ from hyfl._private_files import (
 from hyfl.deploy.coordinator import LATEST_WEIGHTS
 from hyfl.deploy.flower_app import APP_COMPONENTS, write_flower_app
 from hyfl.deploy.flower_app import toml_value as _toml_value
+from hyfl.deploy.superlink import TOKEN_OPTION
 from hyfl.errors import HyflError, fail
 
 __all__ = [
@@ -84,10 +96,15 @@ __all__ = [
 
 CONNECTION = "hyfl-local"
 #: Said at the start of every local deployment (format with ``address``).
-REACHABLE = ("SuperLink on {address} (loopback only: no other machine can reach it). Every "
-             "user of this machine can: its Control API has no authentication in open-source "
-             "Flower, so any of them could submit a job (flwr run) that runs as you. Deploy on "
-             "a machine you do not share with people you do not trust.")
+REACHABLE = ("SuperLink on {address} (loopback only: no other machine can reach it). Control "
+             "API (flwr run: jobs run as you): owner only, each request needs this "
+             "deployment's token, kept in {credentials} (mode 0600). Fleet API (same port): "
+             "any local user can join as one more SuperNode; without the parties' key it cannot "
+             "make a party's announcement (at most it stops the run), nor act as an existing "
+             "party's SuperNode. ServerAppIo API (same port): a run's "
+             "token is on its ServerApp's command line, so a local user who reads it can act "
+             "as that run's server, which no party trusts anyway; mount /proc with hidepid=2 "
+             "to close that.")
 #: Flower 1.41's switches for its legacy gRPC servers, which listen on 0.0.0.0.
 _LEGACY_GRPC = ("FLWR_INTERNAL_GRPC_CONTROL_API", "FLWR_INTERNAL_GRPC_FLEET_API")
 
@@ -121,6 +138,43 @@ def write_connection(flwr_home: str | os.PathLike, address: str, *, name: str = 
                        "Pass the certificate of the CA that signed the SuperLink's certificate.")
         lines.append(f"root-certificates = {_toml_value(str(ca))}")
     return write_private_text(home / "config.toml", "\n".join(lines) + "\n")
+
+
+def write_control_credentials(flwr_home: str | os.PathLike, address: str, token: bytes) -> Path:
+    """``token`` as the Control API access token of ``address`` in Flower's credential store
+    of ``flwr_home`` (``credentials.yaml``), where ``flwr`` looks for an OIDC login's:
+    Flower's CLI then sends it as ``Authorization: Bearer`` with every Control API request
+    (:mod:`hyfl.deploy.superlink` checks it). The store is written 0600 in a 0700 folder."""
+    import base64
+
+    import yaml
+    from flwr.cli.constant import (
+        ACCESS_TOKEN_STORE_KEY,
+        AUTHN_TYPE_STORE_KEY,
+        REFRESH_TOKEN_STORE_KEY,
+    )
+    from flwr.common.constant import AuthnType
+
+    path = private_folder(flwr_home) / "credentials.yaml"
+    stored = {}
+    if path.is_file():
+        stored = yaml.safe_load(path.read_text()) or {}
+    # (Flower's FileCredentialStore format: base64 values; the "refresh token" is never
+    # used, the SuperLink's token does not expire, but the CLI wants one)
+    for key, value in ((AUTHN_TYPE_STORE_KEY, AuthnType.OIDC.encode()),
+                       (ACCESS_TOKEN_STORE_KEY, token), (REFRESH_TOKEN_STORE_KEY, token)):
+        stored[key % address] = base64.b64encode(value).decode()
+    return write_private_text(path, yaml.safe_dump(stored))
+
+
+def _token_file(token: bytes) -> Path:
+    """``token`` in a new 0600 file in a new 0700 folder, for the SuperLink to read (it
+    removes the folder at once, :func:`hyfl.deploy.superlink.read_token`)."""
+    from hyfl._private_files import write_private_bytes
+    from hyfl.deploy.supernode import private_temp_folder
+
+    return write_private_bytes(private_temp_folder("hyfl-superlink-", None) / "control-token",
+                               token)
 
 
 def flower_env(flwr_home: str | os.PathLike, superexec_poll: float = 0.1) -> dict[str, str]:
@@ -319,15 +373,27 @@ class LocalDeployment:
         self.address = f"127.0.0.1:{self.port}"
         write_connection(self.home, self.address)
         self.app = write_app(self.workdir / "app")
+        # The Control API submits jobs that run as this user: only this user's token is
+        # admitted (hyfl.deploy.superlink); flwr run finds it in FLWR_HOME's credentials.
+        self.control_token = secrets.token_hex(32).encode()
+        credentials = self.write_control_credentials(self.home)
+        flower_command("flower-superlink", self.env)  # Flower is installed
         self.superlink = self._spawn("superlink", [
-            flower_command("flower-superlink", self.env), "--insecure", "--host", "127.0.0.1",
+            sys.executable, "-m", "hyfl.deploy.superlink", TOKEN_OPTION,
+            str(_token_file(self.control_token)), "--insecure", "--host", "127.0.0.1",
             "--port", str(self.port), "--disable-runtime-dependency-installation",
         ])
         self._wait(lambda: _healthy(f"http://{self.address}/health"), timeout, "the SuperLink")
-        self.log(REACHABLE.format(address=self.address))
+        self.log(REACHABLE.format(address=self.address, credentials=credentials))
         for config in self.node_configs:
             self.start_party(int(config["party"]))
         return self
+
+    def write_control_credentials(self, flwr_home: str | os.PathLike) -> Path:
+        """Let ``flwr`` with this ``FLWR_HOME`` use the SuperLink's Control API: its token
+        in Flower's credential store there (``credentials.yaml``, mode 0600, as for an
+        OIDC login); returns that file."""
+        return write_control_credentials(flwr_home, self.address, self.control_token)
 
     def start_party(self, party: int) -> None:
         """Start (or restart) the SuperNode of ``party``."""

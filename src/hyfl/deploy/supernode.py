@@ -112,11 +112,11 @@ def runtime_api_secret(folder: str | os.PathLike | None = None) -> Path:
     """
     from hyfl._private_files import write_private_bytes
 
-    path = _private_folder("hyfl-supernode-", folder) / SECRET_NAME
+    path = private_temp_folder("hyfl-supernode-", folder) / SECRET_NAME
     return write_private_bytes(path, secrets.token_hex(32).encode())
 
 
-def _check_private(path: str) -> str | None:
+def check_private(path: str) -> str | None:
     """Why a secret file given by the user is not private (None: it is)."""
     try:
         info = os.stat(path)
@@ -137,10 +137,10 @@ def worker_state_folder(folder: str | os.PathLike | None = None) -> Path:
     worker finds the state of its run's last answered message (as Flower's
     ``context.state``, which the SuperNode keeps in memory, would).
     """
-    return _private_folder("hyfl-party-state-", folder)
+    return private_temp_folder("hyfl-party-state-", folder)
 
 
-def _private_folder(prefix: str, folder: str | os.PathLike | None) -> Path:
+def private_temp_folder(prefix: str, folder: str | os.PathLike | None) -> Path:
     """A new folder of mode 0700 (``tempfile.mkdtemp``) in ``folder`` (default: the
     user's private runtime folder, else the temporary folder), removed at exit."""
     private = Path(tempfile.mkdtemp(prefix=prefix,
@@ -247,7 +247,7 @@ def main() -> None:
                   f"{_option(argv, '--port', '9094')}"
         given = _option(argv, "--superexec-auth-secret-file", "")
         if given:
-            problem = _check_private(given)
+            problem = check_private(given)
             if problem is not None:
                 sys.exit(f"hyfl: --superexec-auth-secret-file {given} {problem}")
             path = Path(given)

@@ -1,0 +1,84 @@
+"""``flower-superlink`` whose Control API admits only the deploying user (Flower 1.41.0).
+
+``python -m hyfl.deploy.superlink --hyfl-control-token-file FILE [flower-superlink
+options]`` starts Flower's ordinary SuperLink with one change: a Control API request
+(``flwr run``, ``flwr ls``, ``flwr stop``...; everything under ``/v1/control/``) is
+admitted only with ``Authorization: Bearer <token>``, the token being the bytes of
+``FILE`` (:func:`hyfl.deploy.flower_patches.require_control_token`). Why: in
+open-source Flower the Control API has no authentication, and it is what submits
+jobs, so any user of the machine could otherwise run code as the deploying user.
+
+``FILE`` must be readable by its owner only (this user) and is removed, with its
+folder, as soon as it is read: the token then lives in this process and in the
+deploying user's ``$FLWR_HOME/credentials.yaml`` (0600, in a 0700 folder), from
+which ``flwr run`` sends it (:func:`hyfl.deploy.local.write_control_credentials`).
+
+What this does not close (Flower 1.41.0 has no switch for them; docs/deployment.md,
+"Who can reach a local deployment"): the same port's Fleet API (any local user can
+join as one more SuperNode: without the parties' key it cannot make a party's
+announcement, so at most it stops the run, and it cannot act as a party's SuperNode,
+whose requests are signed with a key pair that lives in that SuperNode's memory)
+and Runtime API (the ServerApp's; a task's token is on the ServerApp process's
+command line, which other local users can read in ``/proc`` unless it is mounted
+``hidepid``).
+
+With another Flower version the SuperLink is not started (exit with a message): an
+open Control API is not an acceptable fallback.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+from hyfl.deploy.flower_patches import PATCHED_VERSION, require_control_token
+
+#: The option naming the token file (removed from what Flower sees).
+TOKEN_OPTION = "--hyfl-control-token-file"
+
+
+def _take_option(argv: list[str], name: str) -> tuple[str | None, list[str]]:
+    rest, value, i = [], None, 0
+    while i < len(argv):
+        if argv[i] == name and i + 1 < len(argv):
+            value, i = argv[i + 1], i + 2
+            continue
+        if argv[i].startswith(name + "="):
+            value = argv[i].split("=", 1)[1]
+        else:
+            rest.append(argv[i])
+        i += 1
+    return value, rest
+
+
+def read_token(path: str) -> bytes:
+    """The token in ``path`` (owner-only, 32 to 4096 bytes); its folder is removed."""
+    from hyfl.deploy.supernode import check_private
+
+    problem = check_private(path)
+    if problem is not None:
+        sys.exit(f"hyfl: {TOKEN_OPTION} {path} {problem}")
+    token = Path(path).read_bytes()
+    # No copy stays on disk beside the client's credential store.
+    shutil.rmtree(Path(path).parent, ignore_errors=True)
+    if not 32 <= len(token) <= 4096:
+        sys.exit(f"hyfl: {TOKEN_OPTION} {path}: a token of 32 to 4096 bytes, not {len(token)}")
+    return token
+
+
+def main() -> None:
+    path, argv = _take_option(sys.argv[1:], TOKEN_OPTION)
+    if path is None:
+        sys.exit(f"hyfl: {TOKEN_OPTION} FILE is required (the Control API's token)")
+    if not require_control_token(read_token(path)):
+        sys.exit(f"hyfl: the SuperLink's owner-only Control API needs Flower {PATCHED_VERSION}; "
+                 f"install flwr=={PATCHED_VERSION}")
+    from flwr.superlink.cli.flower_superlink import flower_superlink
+
+    sys.argv = ["flower-superlink", *argv]
+    flower_superlink()
+
+
+if __name__ == "__main__":
+    main()
