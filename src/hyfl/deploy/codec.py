@@ -35,7 +35,9 @@ Decoding is bounded by what was received: each array may be referenced once
 hundred times), ciphertext widths and counts are checked against the arrays
 that carry them before any ciphertext object is built, and one message or
 state may decode to at most :func:`max_message_bytes` (its arrays, what its
-JSON description may cost parsed, and the Python objects of its ciphertexts).
+JSON description may cost parsed, and the Python objects of its ciphertexts), and
+at most :func:`hyfl._io.decoded_cap` of its own received bytes (the rule every
+reader follows).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from typing import Any
 import numpy as np
 from gmpy2 import mpz
 
-from hyfl._io import bytes_setting
+from hyfl._io import bytes_setting, check_decoded, decoded_cap
 from hyfl.errors import HyflError, fail, is_finite
 from hyfl.privacy.ciphers import Cipher, PaillierCiphertext
 from hyfl.privacy.lattice import LatticeCiphertext
@@ -117,7 +119,7 @@ def decode(arrays: dict[str, np.ndarray], spec: str, cipher: Cipher | None = Non
         if not isinstance(array, np.ndarray) or array.dtype.kind not in "biuf":
             raise fail(where, f"has array {name!r} of type "
                        f"{getattr(array, 'dtype', type(array).__name__)}, not numeric", _GARBLED)
-    budget = _Budget(where)
+    budget = _Budget(where, encoded_bytes(arrays, spec))
     # The arrays may each be referenced once: all of them is the most a description can use.
     budget.charge(sum(int(a.nbytes) for a in arrays.values()) + _JSON_COST * len(spec),
                   f"{len(arrays)} arrays and a description of {len(spec)} characters")
@@ -136,13 +138,18 @@ def max_message_bytes() -> int:
 class _Budget:
     """What one message may still decode to, and the arrays its description has used."""
 
-    def __init__(self, where: str):
-        self.where, self.cap = where, max_message_bytes()
-        self.left, self.used = self.cap, set()
+    def __init__(self, where: str, received: int):
+        # Two bounds: the absolute cap, and the rule every reader of hyfl follows (a file
+        # or message decodes to at most hyfl._io.decoded_cap of its own size).
+        self.where, self.cap, self.received = where, max_message_bytes(), received
+        self.relative = decoded_cap(received)
+        self.left, self.used = min(self.cap, self.relative), set()
 
     def charge(self, nbytes: int, what: str) -> None:
         """Count ``nbytes`` about to be allocated; refuse the message past the cap."""
         self.left -= nbytes
+        if self.left < 0 and self.relative < self.cap:
+            check_decoded(self.where, self.relative - self.left, self.received, _GARBLED, what)
         if self.left < 0:
             raise fail(self.where, f"would decode to more than {self.cap} bytes ({what})",
                        f"{_GARBLED} If a genuine run needs more, raise "
@@ -194,7 +201,7 @@ def unbundle(buffer: np.ndarray, layout: str, *, sender: str = "") -> dict[str, 
                    "text", _GARBLED)
     data = np.asarray(buffer, dtype=np.uint8).ravel()
     # Its arrays are copied out of the buffer, whole (the layout must account for every byte).
-    _Budget(where).charge(int(data.size) + _JSON_COST * len(layout),
+    _Budget(where, int(data.size) + len(layout)).charge(int(data.size) + _JSON_COST * len(layout),
                           f"a bundle of {data.size} bytes and a layout of {len(layout)} "
                           "characters")
     try:
