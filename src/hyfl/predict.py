@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hyfl._io import csv_text
 from hyfl._private_files import private_write
 from hyfl.errors import fail
 from hyfl.model_container import read_kind
@@ -223,10 +224,11 @@ def write_predictions(out: str | os.PathLike, predicted: np.ndarray, columns: li
     # One line per sample of the data: owner only (hyfl._private_files).
     with private_write(out, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["index", "prediction", *columns])
+        # Labels and score columns are named by the data's own classes: escaped (OWASP).
+        writer.writerow(["index", "prediction", *map(csv_text, columns)])
         for i in range(len(predicted)):
             label = repr(float(predicted[i])) if regression else label_text(predicted[i])
-            writer.writerow([i, label, *(repr(float(v)) for v in values[i])])
+            writer.writerow([i, csv_text(label), *(repr(float(v)) for v in values[i])])
     return out
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from hyfl import __version__
-from hyfl._io import atomic_write, write_json, write_text
+from hyfl._io import atomic_write, csv_text, write_json, write_text
 from hyfl.costs import (
     TIME_COMPONENTS,
     he_label,
@@ -234,7 +234,9 @@ def _summary_value(column: str, value: Any) -> Any:
     counts = counts and not column.endswith(("_mean", "_std"))
     if counts and isinstance(value, float) and value.is_integer():
         return int(value)
-    return value
+    # Text (an algorithm's, a data set's or a party's name) may come from a file: no
+    # formula a spreadsheet would run (OWASP).
+    return csv_text(value)
 
 
 def environment() -> dict[str, Any]:

@@ -61,7 +61,7 @@ from typing import Any
 
 import numpy as np
 
-from hyfl._io import write_json
+from hyfl._io import csv_text, write_json
 from hyfl.algorithms import accepted_hyperparameters, algorithm_names, make_algorithm
 from hyfl.errors import HyflError, check_choice, check_int, fail
 
@@ -987,7 +987,8 @@ def _write_trials(out: Path, trials: list[dict[str, Any]], bounds: Mapping[str, 
                 "wall_seconds": _csv(t["wall_seconds"]),
                 **{k: _csv(t["hyper"].get(k)) for k in bounds},
                 **{k: _csv(t["metrics"].get(k)) for k in METRICS},
-                "error": t["error"] or "",
+                # An error quotes names from the data's files: no formula (OWASP).
+                "error": csv_text(t["error"] or ""),
             }
             writer.writerow(row)
     tmp.replace(out / "trials.csv")

@@ -200,14 +200,16 @@ def summary_rows(outcomes) -> list[dict[str, Any]]:
 
 def write_comparison(outcomes, out: Path) -> None:
     """``summary.csv`` and ``summary.md`` of a neural comparison."""
-    from hyfl._io import atomic_write, write_text
+    from hyfl._io import atomic_write, csv_text, write_text
     from hyfl.experiments.outputs import format_cell
 
     rows = summary_rows(outcomes)
     with atomic_write(out / "summary.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=SUMMARY_COLUMNS)
         writer.writeheader()
-        writer.writerows({k: "" if v is None else v for k, v in r.items()} for r in rows)
+        # Names may come from files: text a spreadsheet would run is escaped (OWASP).
+        writer.writerows({k: "" if v is None else csv_text(v) for k, v in r.items()}
+                         for r in rows)
     lines = ["| " + " | ".join(SUMMARY_COLUMNS) + " |", "|" + "---|" * len(SUMMARY_COLUMNS)]
     lines += ["| " + " | ".join(format_cell(r[c]) for c in SUMMARY_COLUMNS) + " |" for r in rows]
     write_text(out / "summary.md", "\n".join(lines) + "\n")
