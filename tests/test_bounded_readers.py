@@ -316,6 +316,20 @@ def test_a_libsvm_gzip_bomb_is_refused_while_it_streams(tmp_path):
     assert_refused(out, str(path), "would decode to")
 
 
+def test_a_gzip_without_its_suffix_is_bounded_too(tmp_path):
+    """Downloads keep their names (covtype.data may be gzipped): found by its magic bytes."""
+    from hyfl._io import open_bounded
+    from hyfl.errors import HyflError
+
+    path = tmp_path / "covtype.data"
+    with gzip.open(path, "wb", compresslevel=9) as f:
+        f.write(bytes(64 << 20))
+    with pytest.raises(HyflError, match="would decode to"), \
+            open_bounded(path, "Covtype file x", "Fix it.") as stream:
+        while stream.read(1 << 20):
+            pass
+
+
 def test_a_results_metrics_csv_whose_header_pandas_fills_is_refused(tmp_path):
     """A results folder from someone else: 300 kB of metrics.csv, 16 GB as a table."""
     path = tmp_path / "metrics.csv"

@@ -319,7 +319,8 @@ _OPENERS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
 def open_bounded(path: str | os.PathLike, culprit: str, fix: str, *,
                  cost: int = 1) -> Iterator[io.BufferedReader]:
     """``path`` opened for reading bytes, decompressed by its suffix (``.gz``, ``.bz2``,
-    ``.xz``, ``.zip`` of one member) and bounded by :func:`decoded_cap` of its size.
+    ``.xz``, ``.zip`` of one member; gzip also by its magic bytes) and bounded by
+    :func:`decoded_cap` of its size.
 
     A compressed file expands while it is read, so its size cannot be checked first: the
     stream counts what it yields and raises a :class:`~hyfl.errors.HyflError` naming the
@@ -358,7 +359,11 @@ def open_bounded(path: str | os.PathLike, culprit: str, fix: str, *,
                           f"member {members[0].filename!r} as declared")
             raw = archive.open(members[0])
         else:
-            raw = _OPENERS.get(suffix, open)(path, "rb")
+            opener = _OPENERS.get(suffix)
+            if opener is None:  # gzip without its suffix (downloads keep their names)
+                with open(path, "rb") as f:
+                    opener = gzip.open if f.read(2) == b"\x1f\x8b" else open
+            raw = opener(path, "rb")
     except (OSError, zipfile.BadZipFile, EOFError, lzma.LZMAError) as err:
         if archive is not None:
             archive.close()

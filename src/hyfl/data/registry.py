@@ -66,7 +66,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from hyfl._io import read_npz
+from hyfl._io import check_csv_shape, open_bounded, read_npz
 from hyfl.data import fetch
 from hyfl.data.dataset import Dataset, append_constant_column
 from hyfl.data.fetch import DataFile, cache_dir, download_dir, downloads_allowed, sha256_of
@@ -266,8 +266,13 @@ def _read_covtype(paths: tuple[Path, ...], train: Dataset | None) -> Dataset:
                 first = f.readline().strip()
             # covtype.csv has a header line; the UCI covtype.data has none.
             header = None if first[:1] and (first[0].isdigit() or first[0] in "+-") else 0
-            with _open_text(path) as f:
+            # Columns x rows against the file's size first, and a gzip bounded while it
+            # streams (hyfl._io's rule).
+            check_csv_shape(path, culprit, "Use the UCI covtype.data(.gz) or covtype.csv(.gz).")
+            with open_bounded(path, culprit, "") as f:
                 table = pd.read_csv(f, header=header, dtype=np.float64).to_numpy()
+        except HyflError:
+            raise
         except (ValueError, OSError, EOFError, pd.errors.ParserError) as error:
             raise fail(
                 culprit,
