@@ -392,6 +392,11 @@ def test_a_checkpoint_referencing_one_array_many_times_is_refused(tmp_path, chec
     assert isinstance(error, HyflError) and "referenced twice" in str(error)
 
 
+def test_a_checkpoint_member_no_field_refers_to_is_refused(tmp_path, checkpoint):
+    with pytest.raises(HyflError, match="holds member 'extra', which no field"):
+        resume_from(tmp_path, checkpoint, extra=np.zeros(3))()
+
+
 def test_a_checkpoint_bomb_or_lying_header_is_refused_with_little_memory(tmp_path,
                                                                          checkpoint):
     resume = resume_from(tmp_path, checkpoint)

@@ -504,6 +504,11 @@ class _Checkpointer:
             self.codec.used.clear()
             body = self.codec.decode(json.loads(arrays.pop("__body__").tobytes()), arrays)
             _check_like(body["state"], self.setup_state, "state")
+            # Every array is one field's: a member nothing refers to is not hyfl's.
+            stray = sorted(set(arrays) - self.codec.used)
+            if stray:
+                raise fail(f"checkpoint {self.path}", f"holds member {stray[0]!r}, which no "
+                           "field of its state refers to", start_over)
             rng_states = body["rngs"]
             for name, rng in rngs.items():
                 rng.bit_generator.state = rng_states[name]
