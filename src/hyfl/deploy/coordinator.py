@@ -107,8 +107,8 @@ REPLY_FIELDS: dict[str, dict[str, str]] = {
     "hello": _HELLO_BLOCK,
     # A party with its own file (hyfl.deploy.party_files): aligned before its block is known.
     "hello (party file)": {**_HELLO_COMMON, "align": "dict"},
-    "align": {"reblinded": "matrix"},
-    "labels": {"sealed": "dict", "moments": "matrix?"},
+    "align": {"reblinded": "matrix", "tags": "matrix?"},
+    "labels": {"sealed": "dict", "moments": "matrix?", "moments_check": "ids?"},
     "block": _HELLO_BLOCK,
     "setup": {"norms": "vector"},
     "round": {"inner_products": "vector?", "primal_part": "matrix?", "proposals": "vector?",

@@ -81,7 +81,9 @@ from hyfl.deploy.guard import (
 )
 from hyfl.deploy.party_files import (
     ALIGN_KINDS,
+    check_numbering,
     is_party_file,
+    numbering_record,
     on_align,
     on_block,
     on_labels,
@@ -114,9 +116,10 @@ MESSAGE_FIELDS: dict[str, dict[str, str]] = {
               "column_counts": "ids", "task": "str", "classes": "list"},
     # With the job's standardize: the party's columns' global ids, for its masked sums.
     "labels": {"shared_rows": "ids", "peer_rows": "ids", "shared_counts": "ids",
-               "moments_features": "ids?", "n_features": "int?"},
+               "doubles": "matrix", "double_tags": "matrix?", "samples": "ids",
+               "n_samples": "int", "moments_features": "ids?", "n_features": "int?"},
     "block": {"samples": "ids", "features": "ids", "n_samples": "int", "n_features": "int",
-              "sealed": "dict?", "moments": "matrix?"},
+              "sealed": "dict?", "moments": "matrix?", "moments_check": "ids?"},
     "setup": {"n_samples": "int", "n_features": "int", "n_outputs": "int", "lam": "number",
               "samples": "ids", "sample_counts": "ids", "features": "ids",
               "feature_counts": "ids", "nonces": "matrix?", "tags": "matrix?",
@@ -396,6 +399,7 @@ class Party:
         if kind == "labels":
             return on_labels(aligning, payload, party)
         block = on_block(aligning, payload, self.node, self._log, self.config)
+        self.state["numbering"] = numbering_record(aligning)  # checked at setup
         del self.state["alignment"]
         self.state["block"], self.state["aligned"] = _block_tree(block), True
         from hyfl.deploy.keys import cipher_fingerprint
@@ -425,6 +429,7 @@ class Party:
                 and np.array_equal(features[k], block["features"])):
             raise fail(f"party {k}", "was sent a partition in which its block differs from its "
                        "data", "Restart the run; every party must keep its data during a run.")
+        check_numbering(self.state.get("numbering"), samples, k, int(payload["n_samples"]))
         if payload["n_outputs"] != block["Y"].shape[1]:
             raise fail(self._from_server("setup"), f"sets {payload['n_outputs']} outputs, but "
                        f"this party's labels have {block['Y'].shape[1]}", FORGED_FIX)

@@ -81,9 +81,12 @@ from hyfl.privacy.alignment import (
     column_keys,
     hash_ids,
     hello_tag,
+    join,
     label_context,
     number_features,
     pairing_digest,
+    reblinded_tag,
+    relay_key,
     seal,
     unseal,
 )
@@ -246,6 +249,10 @@ def on_align(state: dict, payload: dict, party: int, secret: bytes | None, log) 
                            f"{j}'s tag (its blinded ids, channel key, nonce or columns were "
                            "changed, or are another party's or another run's)", _FORGED)
     state["run"] = _bytes(alignment_identity([row.tobytes() for row in nonces]))
+    if secret is not None:  # the secure sum's check sum (its totals are verified at block)
+        from hyfl.privacy.secure_scaling import check_key
+
+        state["check_key"] = _bytes(check_key(secret, bytes(state["run"])))
     features, n_features = number_features(columns)
     state["features"], state["n_features"] = features[party], n_features
     state["task"], state["classes"] = _checked_task(state, payload)
@@ -255,7 +262,22 @@ def on_align(state: dict, payload: dict, party: int, secret: bytes | None, log) 
     reblinded = key.apply(peers, _progress(log, "re-blinded", peers.shape[0]),
                           "the peers' blinded ids")
     state["reblinded"] = reblinded
-    return {"reblinded": reblinded}
+    reply = {"reblinded": reblinded}
+    if secret is not None:  # each peer's list re-blinded, tagged for its owner (on_labels)
+        key = relay_key(secret, bytes(state["run"]))
+        state["relay_key"] = _bytes(key)
+        tags = np.zeros((K, 32), dtype=np.uint8)
+        for j in range(K):
+            if j != party:
+                tags[j] = _bytes(reblinded_tag(key, party, j, _chunk(reblinded, counts, j)))
+        reply["tags"] = tags
+    return reply
+
+
+def _chunk(points: np.ndarray, counts: np.ndarray, j: int) -> np.ndarray:
+    """Party ``j``'s part of a concatenation of lists of ``counts`` points each."""
+    start = int(np.sum(counts[:j]))
+    return points[start:start + int(counts[j])]
 
 
 def _checked_task(state: dict, payload: dict) -> tuple[str, list]:
@@ -298,6 +320,8 @@ def on_labels(state: dict, payload: dict, party: int) -> dict:
     itself from the tagged column lists.
     """
     positions, peer_positions, counts = _shared(payload, state)
+    _check_join(state, payload, party, positions, peer_positions, counts)
+    state["samples"], state["n_samples"] = _numbering(state, payload)
     order = np.asarray(state["order"], dtype=np.int64)
     state["shared"] = {"rows": order[positions], "counts": counts,
                        "positions": positions, "peer_positions": peer_positions}
@@ -313,8 +337,105 @@ def on_labels(state: dict, payload: dict, party: int) -> dict:
                               _labels_context(state, party, j, sender=True))
     reply: dict[str, Any] = {"sealed": sealed}
     if payload.get("moments_features") is not None:
-        reply["moments"] = _masked_moments(state, payload, party)
+        reply["moments"], check = _masked_moments(state, payload, party)
+        if check is not None:
+            reply["moments_check"] = check
     return reply
+
+
+def _check_join(state: dict, payload: dict, party: int, positions: np.ndarray,
+                peer_positions: np.ndarray, counts: np.ndarray) -> None:
+    """The pairs of the ``labels`` message must be this party's join with each peer, which
+    it computes itself: its own re-blinding of the peer's (tagged) list against the
+    peer's re-blinding of its own list, which the server relays under the peer's
+    :func:`~hyfl.privacy.alignment.reblinded_tag`. A shared pair left out (the server
+    could then number the sample twice, at each holder otherwise, unnoticed), or a pair
+    added, stops the run. What the party learns is what the message tells it anyway:
+    which of its rows each peer holds, at which of the peer's positions."""
+    n = len(state["values"])
+    sizes = np.asarray(state["peer_counts"], dtype=np.int64)
+    K = sizes.size
+    doubles = payload.get("doubles")
+    doubles = None if doubles is None else np.asarray(doubles, dtype=np.uint8)
+    if doubles is None or doubles.shape != ((K - 1) * n, POINT_BYTES):
+        raise fail("the server's 'labels' message", f"does not relay every peer's re-blinding "
+                   f"of this party's {n} ids (field doubles)", _FORGED)
+    key = state.get("relay_key")
+    tags = payload.get("double_tags")
+    if key is not None:
+        tags = None if tags is None else np.asarray(tags, dtype=np.uint8)
+        if tags is None or tags.shape != (K, 32):
+            raise fail("the server's 'labels' message", "relays the peers' re-blindings "
+                       "without their tags", _FORGED)
+    split = np.cumsum(counts)[:-1]
+    mine, theirs = np.split(positions, split), np.split(peer_positions, split)
+    chunks = iter(np.split(doubles, K - 1)) if K > 1 else iter(())
+    for j in range(K):
+        if j == party:
+            continue
+        of_mine = next(chunks)  # party j's re-blinding of this party's list
+        if key is not None and not secrets.compare_digest(
+                reblinded_tag(bytes(key), j, party, of_mine), tags[j].tobytes()):
+            raise fail(f"party {j}'s re-blinding of party {party}'s ids as the server relays "
+                       "it", f"does not carry party {j}'s tag for this run", _FORGED)
+        rows_mine, rows_theirs = join(of_mine, _chunk(state["reblinded"], sizes, j),
+                                      (f"party {party}", f"party {j}"))
+        order = np.argsort(mine[j], kind="stable")
+        if not (np.array_equal(mine[j][order], rows_mine)
+                and np.array_equal(theirs[j][order], rows_theirs)):
+            raise fail("the server's 'labels' message", f"names other rows than the "
+                       f"{rows_mine.size} this party shares with party {j} (a shared sample "
+                       "left out, or one added)", _FORGED)
+
+
+def _numbering(state: dict, payload: dict) -> tuple[np.ndarray, int]:
+    """The global sample numbers of the party's positions (``labels``; bound into every
+    seal row by row, so that two holders of one sample given two numbers stop the run)."""
+    samples = np.asarray(payload.get("samples", np.zeros(0, np.int64)), dtype=np.int64)
+    n_rows = len(state["values"])
+    n_samples = payload.get("n_samples")
+    if (not isinstance(n_samples, int) or samples.shape != (n_rows,)
+            or np.unique(samples).size != n_rows
+            or (n_rows and (samples.min() < 0 or samples.max() >= n_samples))):
+        raise fail("the server's 'labels' message fields samples and n_samples", "do not number "
+                   f"this party's {n_rows} rows with distinct ids below n_samples", _FORGED)
+    return samples, int(n_samples)
+
+
+def numbering_record(state: dict) -> dict:
+    """What :func:`check_numbering` needs at ``setup``: per peer, the sorted global numbers
+    of the samples this party shares with it (as the checked join and the seals fixed)."""
+    counts = state["shared"]["counts"]
+    numbers = np.asarray(state["samples"], dtype=np.int64)
+    chunks = np.split(state["shared"]["positions"], np.cumsum(counts)[:-1])
+    return {"counts": np.asarray(counts, dtype=np.int64),
+            "numbers": np.concatenate([np.sort(numbers[c]) for c in chunks]
+                                      or [np.empty(0, np.int64)]).astype(np.int64)}
+
+
+def check_numbering(record: dict | None, samples: list, party: int, n_samples: int) -> None:
+    """At ``setup``: every peer's samples (under their owners' announcement tags) meet this
+    party's exactly in the samples the two share, and every number has a holder. With
+    the seals (one number per shared sample at both holders) this leaves the server no
+    numbering but a consistent one: two different samples given one number (a sample
+    of this party's made a peer's), or a number nobody holds, stop the run."""
+    if record is None:
+        return
+    counts = np.asarray(record["counts"], dtype=np.int64)
+    expected = np.split(np.asarray(record["numbers"], dtype=np.int64), np.cumsum(counts)[:-1])
+    culprit = f"the server's 'setup' message to party {party}"
+    if len(samples) != counts.size:
+        raise fail(culprit, f"has {len(samples)} parties, the alignment {counts.size}", _FORGED)
+    own = np.asarray(samples[party], dtype=np.int64)
+    for j in range(counts.size):
+        if j != party and not np.array_equal(
+                np.intersect1d(own, np.asarray(samples[j], dtype=np.int64)), expected[j]):
+            raise fail(culprit, f"gives party {j} other samples in common with this party than "
+                       "the ones the two share (two samples under one number)", _FORGED)
+    held = np.unique(np.concatenate([np.asarray(s, dtype=np.int64) for s in samples]))
+    if held.size != n_samples:
+        raise fail(culprit, f"numbers {n_samples} samples, of which the parties hold "
+                   f"{held.size}", _FORGED)
 
 
 def _labels_context(state: dict, party: int, peer: int, sender: bool) -> bytes:
@@ -330,8 +451,9 @@ def _labels_context(state: dict, party: int, peer: int, sender: bool) -> bytes:
     peer_ids = np.asarray(state["peers"], dtype=np.uint8)[start:][theirs]
     doubles = np.asarray(state["reblinded"], dtype=np.uint8)[start:][theirs]
     own_ids = np.asarray(state["blinded"], dtype=np.uint8)[mine]
-    pairing = (pairing_digest(own_ids, peer_ids, doubles) if sender
-               else pairing_digest(peer_ids, own_ids, doubles))
+    numbers = np.asarray(state["samples"], dtype=np.int64)[mine]  # this side's own numbers
+    pairing = (pairing_digest(own_ids, peer_ids, doubles, numbers) if sender
+               else pairing_digest(peer_ids, own_ids, doubles, numbers))
     sender_id, receiver_id = (party, peer) if sender else (peer, party)
     return label_context(bytes(state["run"]), sender_id, receiver_id, _task_digest(state),
                          pairing)
@@ -344,15 +466,17 @@ def _task_digest(state: dict) -> bytes:
     import json
 
     text = json.dumps([state["task"], [str(c) for c in state["classes"]],
-                       int(state["n_features"])])
+                       int(state["n_features"]), int(state["n_samples"])])
     return hashlib.sha256(text.encode()).digest()
 
 
-def _masked_moments(state: dict, payload: dict, party: int) -> np.ndarray:
+def _masked_moments(state: dict, payload: dict, party: int
+                    ) -> tuple[np.ndarray, np.ndarray | None]:
     """The party's column sums and sums of squares (2, M) in global features, masked per
     cell with every peer's pairwise key and the run's identity
-    (:func:`hyfl.privacy.secure_scaling.masked_message`)."""
-    from hyfl.privacy.secure_scaling import column_moments, masked_message
+    (:func:`hyfl.privacy.secure_scaling.masked_message`), and (with the key holders'
+    secret) their masked check sum (:func:`hyfl.privacy.secure_scaling.masked_check`)."""
+    from hyfl.privacy.secure_scaling import column_moments, masked_check, masked_message
 
     values = state["values"]
     features = np.asarray(payload["moments_features"], dtype=np.int64)
@@ -370,7 +494,11 @@ def _masked_moments(state: dict, payload: dict, party: int) -> np.ndarray:
     state["moments_features"] = features
     moments = column_moments(values, features, n_features)
     peers = {j: _pair_key(state, party, j) for j in range(len(state["publics"])) if j != party}
-    return masked_message(moments, party, peers, bytes(state["run"]))
+    run = bytes(state["run"])
+    check = None
+    if state.get("check_key") is not None:
+        check = masked_check(moments, party, peers, run, bytes(state["check_key"]))
+    return masked_message(moments, party, peers, run), check
 
 
 def on_block(state: dict, payload: dict, node, log, config=None) -> Block:
@@ -390,6 +518,9 @@ def on_block(state: dict, payload: dict, node, log, config=None) -> Block:
             raise fail(f"the server's 'block' message field {name}", "does not number this "
                        f"party's {size} {'rows' if name == 'samples' else 'columns'} with "
                        f"distinct ids below {n}", "Both sides must run the same hyfl version.")
+    if not (np.array_equal(samples, state["samples"]) and n_samples == state["n_samples"]):
+        raise fail("the server's 'block' message fields samples and n_samples", "number this "
+                   "party's rows otherwise than its 'labels' message did", _FORGED)
     if not (np.array_equal(features, state["features"]) and n_features == state["n_features"]):
         raise fail("the server's 'block' message fields features and n_features", "number "
                    "this party's columns otherwise than the parties' tagged column lists do",
@@ -448,7 +579,8 @@ def on_block(state: dict, payload: dict, node, log, config=None) -> Block:
         if state.get("moments_features") is None:
             raise fail("the server's 'labels' message", "asked for no column sums, which the "
                        "job's standardize needs", _FORGED)
-        X, scale = _standardize(payload, X, features, n_samples, n_features, log)
+        X, scale = _standardize(payload, X, features, n_samples, n_features, log,
+                                state.get("check_key"), len(state["publics"]))
     intercept = 0.0 if config is None else float(config.intercept)
     if intercept:
         X, features, n_features, scale = _append_constant(state, party, order, X, features,
@@ -460,15 +592,27 @@ def on_block(state: dict, payload: dict, node, log, config=None) -> Block:
 
 
 def _standardize(payload: dict, X, features: np.ndarray, n_samples: int, n_features: int,
-                 log):
-    """The columns divided by their deviations from the secure sum's totals."""
-    from hyfl.privacy.secure_scaling import decode, scale_columns, scales_from_moments
+                 log, check_key=None, n_parties: int = 0):
+    """The columns divided by their deviations from the secure sum's totals (with the key
+    holders' secret: only totals that carry the parties' summed check sum)."""
+    from hyfl.privacy.secure_scaling import (
+        decode,
+        scale_columns,
+        scales_from_moments,
+        verify_totals,
+    )
 
     totals = np.asarray(payload.get("moments"))
     if totals.dtype != np.uint64 or totals.shape != (2, n_features):
         raise fail("the server's 'block' message field moments", f"is not the (2, {n_features}) "
                    "sum of the parties' masked column sums", "Both sides must run the same "
                    "hyfl version.")
+    if check_key is not None and not verify_totals(
+            totals, np.asarray(payload.get("moments_check", np.zeros(0, np.uint64))),
+            n_parties, bytes(check_key)):
+        raise fail("the server's 'block' message fields moments and moments_check", "are not "
+                   "the sum of the parties' masked column sums of this run (the totals do not "
+                   "carry the parties' summed check sum)", _FORGED)
     scale = scales_from_moments(decode(totals), n_samples)
     log("standardized: every feature divided by its deviation from the parties' secure sum")
     return scale_columns(X, scale[features]), scale[features]
@@ -634,6 +778,15 @@ def align_parties(hellos: dict[int, dict], exchange, config, log) -> tuple[dict[
                    **shared_fields}
         messages[k] = ("align", payload)
     replies = exchange(messages)
+    double_tags = np.zeros((K, K, 32), dtype=np.uint8)  # [blinder, owner]: blinder's tag
+    for k in range(K):
+        tags = replies[k].get("tags")
+        if tags is not None:
+            tags = np.asarray(tags, dtype=np.uint8)
+            if tags.shape != (K, 32):
+                raise fail(f"party {k}'s reply to 'align'", f"has tags of shape {tags.shape}",
+                           _SAME_VERSION)
+            double_tags[k] = tags
     double = {}  # (owner, blinder) -> the owner's ids blinded by both, in the owner's order
     for k in range(K):
         reblinded = np.asarray(replies[k]["reblinded"], dtype=np.uint8)
@@ -680,9 +833,18 @@ def align_parties(hellos: dict[int, dict], exchange, config, log) -> tuple[dict[
                                        "peer_rows": np.concatenate([rows[j][k]
                                                                     for j in range(K)]),
                                        "shared_counts": np.array([r.size for r in rows[k]]),
+                                       # every peer's re-blinding of k's list, with its tag:
+                                       # k checks the pairs against its own join
+                                       "doubles": np.concatenate(
+                                           [double[(k, j)] for j in range(K) if j != k]
+                                           or [np.empty((0, POINT_BYTES), np.uint8)]),
+                                       **({"double_tags": double_tags[:, k]} if tagged
+                                          else {}),
+                                       "samples": index[k], "n_samples": n_samples,
                                        **scaling[k]})
                         for k in range(K)})
     moments = _sum_moments(replies, K, len(features)) if config.standardize else None
+    check = _sum_checks(replies, K) if config.standardize else None
     sealed = {}
     for j in range(K):
         for key, value in replies[j]["sealed"].items():
@@ -696,7 +858,8 @@ def align_parties(hellos: dict[int, dict], exchange, config, log) -> tuple[dict[
     replies = exchange({k: ("block", {
         "samples": index[k], "n_samples": n_samples, "n_features": len(features),
         "features": numbered[k], "sealed": sealed.get(k, {}),
-        **({} if moments is None else {"moments": moments})}) for k in range(K)})
+        **({} if moments is None else {"moments": moments}),
+        **({} if check is None else {"moments_check": check})}) for k in range(K)})
     seconds = time.perf_counter() - tic
     record = {"ids": sizes, "n_samples": n_samples, "n_features": len(features),
               "shared": shared, "task": task, "classes": classes, "seconds": seconds}
@@ -729,6 +892,20 @@ def _sum_moments(replies: dict[int, dict], K: int, n_features: int) -> np.ndarra
                        "column sums, which the job's standardize needs", _SAME_VERSION)
         messages.append(message)
     return sum_messages(messages)
+
+
+def _sum_checks(replies: dict[int, dict], K: int) -> np.ndarray | None:
+    """The parties' masked check sums added (uint64), if they sent them (a cipher's key)."""
+    from hyfl.privacy.secure_scaling import CHECK_LIMBS, sum_messages
+
+    checks = [replies[k].get("moments_check") for k in range(K)]
+    if all(c is None for c in checks):
+        return None
+    for k, c in enumerate(checks):
+        if not (isinstance(c, np.ndarray) and c.dtype == np.uint64 and c.shape == (CHECK_LIMBS,)):
+            raise fail(f"party {k}'s reply to 'labels'", f"has no ({CHECK_LIMBS},) masked check "
+                       "sum of its column sums", _SAME_VERSION)
+    return sum_messages(checks)
 
 
 def _job_labels(labels: dict[int, dict], loss: str) -> tuple[str, list]:

@@ -97,7 +97,7 @@ from hyfl.errors import fail
 
 __all__ = ["POINT_BYTES", "BlindingKey", "ChannelKey", "alignment_identity", "column_keys",
            "hash_ids", "hello_tag", "join", "label_context", "number_features", "number_samples",
-           "pairing_digest", "seal", "unseal"]
+           "pairing_digest", "reblinded_tag", "relay_key", "seal", "unseal"]
 
 #: Bytes of a blinded id (an X25519 u-coordinate).
 POINT_BYTES = 32
@@ -333,8 +333,28 @@ def alignment_identity(nonces: Sequence[bytes]) -> bytes:
     return h.digest()
 
 
-def pairing_digest(sender_ids: np.ndarray, receiver_ids: np.ndarray, doubles: np.ndarray
-                   ) -> bytes:
+def relay_key(secret: bytes, run: bytes) -> bytes:
+    """The key of the tags over what a party sends its peers after ``hello``
+    (:func:`reblinded_tag`): the key holders' secret and the run's identity."""
+    return hashlib.blake2b(bytes(run), key=secret, digest_size=32,
+                           person=b"hyfl relay key").digest()
+
+
+def reblinded_tag(key: bytes, blinder: int, owner: int, points: np.ndarray) -> bytes:
+    """``blinder``'s tag over its re-blinding of ``owner``'s list (:func:`relay_key`): the
+    server relays the list to its owner, which computes its join with that peer itself
+    and so checks that the server's ``labels`` message names every shared pair and no
+    other (a pair left out, or added, stops the run)."""
+    points = np.ascontiguousarray(points, dtype=np.uint8)
+    mac = hashlib.blake2b(key=key, digest_size=32, person=b"hyfl reblinded")
+    for item in (int(blinder).to_bytes(8, "little"), int(owner).to_bytes(8, "little"),
+                 points.shape[0].to_bytes(8, "little"), hashlib.sha256(points.tobytes()).digest()):
+        mac.update(len(item).to_bytes(8, "little") + item)
+    return mac.digest()
+
+
+def pairing_digest(sender_ids: np.ndarray, receiver_ids: np.ndarray, doubles: np.ndarray,
+                   numbers: np.ndarray | None = None) -> bytes:
     """SHA-256 of the rows a sealed label list is of, in its order.
 
     Row ``i`` is the sender's blinded id of its row, the receiver's blinded id of
@@ -343,10 +363,16 @@ def pairing_digest(sender_ids: np.ndarray, receiver_ids: np.ndarray, doubles: np
     receiver's id, the receiver from the sender's, so the two agree only if both
     rows are of one sample. Bound into the seal (:func:`label_context`), a label
     opens only on the receiver's row of the same sample, in the same order.
+    ``numbers``, each side's own global sample number of its row: equal only if the
+    server numbered the sample alike at both holders.
     """
     rows = np.concatenate([np.ascontiguousarray(a, dtype=np.uint8).reshape(-1, POINT_BYTES)
                            for a in (sender_ids, receiver_ids, doubles)], axis=1)
-    return hashlib.sha256(np.ascontiguousarray(rows).tobytes()).digest()
+    digest = hashlib.sha256(np.ascontiguousarray(rows).tobytes())
+    if numbers is not None:
+        numbers = np.ascontiguousarray(numbers, dtype="<i8")
+        digest.update(b"numbers" + numbers.size.to_bytes(8, "little") + numbers.tobytes())
+    return digest.digest()
 
 
 def label_context(run: bytes, sender: int, receiver: int, labels: bytes, pairing: bytes

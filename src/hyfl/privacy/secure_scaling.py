@@ -70,7 +70,8 @@ def masked_messages(parts: list[np.ndarray], rng: np.random.Generator) -> list[n
     return messages
 
 
-def cell_masks(pair_key: bytes, run: bytes, columns: np.ndarray) -> np.ndarray:
+def cell_masks(pair_key: bytes, run: bytes, columns: np.ndarray, moments: int = 2,
+               first_moment: int = 0) -> np.ndarray:
     """The masks two parties derive for the given global columns: (2, n) uint64, uniform.
 
     Cell ``(moment, column)`` gets its own pseudorandom value: AES-256 (a key
@@ -95,12 +96,13 @@ def cell_masks(pair_key: bytes, run: bytes, columns: np.ndarray) -> np.ndarray:
                    "Both sides must run the same hyfl version.")
     key = HKDF(algorithm=hashes.SHA256(), length=32, salt=bytes(run),
                info=b"hyfl secure-sum cell masks v2").derive(bytes(pair_key))
-    blocks = np.zeros((2, columns.size, 2), dtype="<u8")  # one 16-byte block per cell
-    blocks[:, :, 0] = np.arange(2, dtype=np.uint64)[:, None]  # the moment
+    blocks = np.zeros((moments, columns.size, 2), dtype="<u8")  # one 16-byte block per cell
+    blocks[:, :, 0] = (first_moment + np.arange(moments, dtype=np.uint64))[:, None]  # moment
     blocks[:, :, 1] = columns.astype(np.uint64)[None, :]  # the global column
     encryptor = Cipher(algorithms.AES(key), modes.ECB()).encryptor()  # a PRF of distinct blocks
     out = encryptor.update(blocks.tobytes()) + encryptor.finalize()
-    return np.frombuffer(out, dtype="<u8").reshape(2, columns.size, 2)[:, :, 0].astype(np.uint64)
+    return np.frombuffer(out, dtype="<u8").reshape(moments, columns.size, 2)[:, :, 0] \
+        .astype(np.uint64)
 
 
 def masked_message(values: np.ndarray, party: int, pair_keys: dict[int, bytes], run: bytes,
@@ -122,6 +124,91 @@ def masked_message(values: np.ndarray, party: int, pair_keys: dict[int, bytes], 
         mask = cell_masks(key, run, columns)
         message = message + mask if party < peer else message - mask  # modulo 2**64
     return message
+
+
+#: The check sum's field: the Mersenne prime 2**127 - 1, larger than any difference of two
+#: totals (each below 2**64), so no change of the totals is a multiple of it.
+CHECK_PRIME = 2**127 - 1
+#: The check sum travels as this many 32-bit limbs, one uint64 cell each: the server's sum
+#: of the cells is then the exact sum of the parties' limbs (no carry is lost mod 2**64).
+CHECK_LIMBS = 4
+#: The moment number of the check sum's cells in :func:`cell_masks` (the moments are 0, 1).
+_CHECK_MOMENT = 2
+
+
+def check_key(secret: bytes, run: bytes) -> bytes:
+    """The key of the secure sum's check sum: the key holders' ``secret`` and the run's
+    identity (a server lacks the first; another run has another second)."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=bytes(run),
+                info=b"hyfl secure-sum check v1").derive(bytes(secret))
+
+
+def _field_elements(key: bytes, first: int, columns: np.ndarray) -> list[int]:
+    """Pseudorandom elements of ``GF(CHECK_PRIME)``: AES-256 under ``key`` of the blocks
+    ``(first, c)``, read as 128-bit integers (reduced; bias below 2**-126)."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    blocks = np.zeros((np.size(columns), 2), dtype="<u8")
+    blocks[:, 0], blocks[:, 1] = first, np.asarray(columns, dtype=np.uint64)
+    encryptor = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
+    out = encryptor.update(blocks.tobytes()) + encryptor.finalize()
+    return [int.from_bytes(out[16 * i:16 * i + 16], "little") % CHECK_PRIME
+            for i in range(np.size(columns))]
+
+
+def _check_of(key: bytes, encoded: np.ndarray, offsets: list[int]) -> int:
+    """``sum_c r_c v_c + sum(offsets) mod CHECK_PRIME`` of encoded (2, n) values ``v`` read
+    as signed integers, with ``r`` per cell (moment, column) from ``key``."""
+    values = np.asarray(encoded, dtype=np.uint64).view(np.int64)
+    n = values.shape[1]
+    total = sum(offsets)
+    for moment in range(2):
+        r = _field_elements(key, moment, np.arange(n))
+        total += sum(a * int(v) for a, v in zip(r, values[moment].tolist()))
+    return total % CHECK_PRIME
+
+
+def _offset(key: bytes, party: int) -> int:
+    return _field_elements(key, 3, np.array([party]))[0]
+
+
+def masked_check(values: np.ndarray, party: int, pair_keys: dict[int, bytes], run: bytes,
+                 key: bytes) -> np.ndarray:
+    """The check sum ``party`` adds to its :func:`masked_message` of ``values`` (2, n):
+    ``t = r . encode(values) + b_party mod CHECK_PRIME`` with ``r`` per cell and ``b`` per
+    party from :func:`check_key` (which the server lacks), as ``CHECK_LIMBS`` 32-bit limbs
+    masked with the pairs' keys like every other cell (moment 2 of :func:`cell_masks`).
+
+    The server's sum of the limbs is ``sum_k t_k``, which equals ``r . T + sum_k b_k`` for
+    the true totals ``T``. Totals altered by ``d != 0`` pass only if the check sum is
+    altered by ``r . d`` (mod the prime), which the server cannot compute without ``r``:
+    chance ``2**-127``, and ``b`` refuses a multiple ``lambda T`` of the totals
+    (:func:`verify_totals`; tests/test_review_alignment.py).
+    """
+    t = _check_of(key, encode(values), [_offset(key, party)])
+    limbs = np.array([(t >> (32 * i)) & 0xFFFFFFFF for i in range(CHECK_LIMBS)],
+                     dtype=np.uint64)
+    for peer, pair in pair_keys.items():
+        if peer == party:
+            continue
+        mask = cell_masks(pair, run, np.arange(CHECK_LIMBS), moments=1,
+                          first_moment=_CHECK_MOMENT)[0]
+        limbs = limbs + mask if party < peer else limbs - mask  # modulo 2**64
+    return limbs
+
+
+def verify_totals(totals: np.ndarray, check: np.ndarray, n_parties: int, key: bytes) -> bool:
+    """Whether the summed ``totals`` (2, n) uint64 carry the summed check sum ``check``
+    (``CHECK_LIMBS`` uint64) of ``n_parties`` parties' :func:`masked_check`."""
+    check = np.asarray(check, dtype=np.uint64)
+    if check.shape != (CHECK_LIMBS,):
+        return False
+    summed = sum(int(limb) << (32 * i) for i, limb in enumerate(check.tolist()))
+    expected = _check_of(key, totals, [_offset(key, k) for k in range(n_parties)])
+    return summed % CHECK_PRIME == expected
 
 
 def sum_messages(messages: list[np.ndarray]) -> np.ndarray:
