@@ -63,7 +63,13 @@ import scipy.sparse as sp
 
 from hyfl.algorithms.base import draw_local_samples
 from hyfl.algorithms.hyfdca import HyFDCA, row_squared_norms
-from hyfl.algorithms.hyfdca_certify import EVENTS, accepts, evaluation_size, next_trust
+from hyfl.algorithms.hyfdca_certify import (
+    EVENTS,
+    TRUST_FLOOR,
+    accepts,
+    evaluation_size,
+    next_trust,
+)
 from hyfl.algorithms.hyfdca_groups import (
     GroupHistory,
     absent_image,
@@ -107,6 +113,9 @@ from hyfl.privacy.tags import tag_key
 from hyfl.problem import Problem
 
 GAIN_TERMS = 3  # first-order sum, full-sample weight, active-part weight
+#: Slack on the dual domain of decrypted duals (Client._in_domain): the fixed-point
+#: rounding of a few contributions, far below the tags' blind shift (about 256).
+DOMAIN_SLACK = 1e-6
 
 
 @dataclass(frozen=True)
@@ -199,6 +208,14 @@ class Client:
     # -- 1. configure and refresh --------------------------------------------------
     def configure(self, message: dict) -> dict | None:
         """Store the round's instructions; a returning client refreshes its duals."""
+        limit = message.get("limit")
+        if limit is not None and not TRUST_FLOOR <= float(limit) <= 1.0:
+            # The round's longest step bounds the line search and the step the party takes
+            # (Party._changes checks it against the limit): an honest server sends the
+            # certificate's trust, in [TRUST_FLOOR, 1].
+            raise fail("the round's instructions", f"set the longest step (field "
+                       f"configure.limit) to {float(limit)!r}, outside the certificate's trust "
+                       f"[{TRUST_FLOOR:g}, 1]", "The server does not follow hyfl's protocol.")
         self.round = dict(message)
         hy, t = self.public.hyfdca, message["t"]
         self.round["gamma_t"] = 1.0 / t if hy.gamma == "1/t" else float(hy.gamma)
@@ -259,6 +276,7 @@ class Client:
                            "The server does not follow hyfl's protocol.")
         values = decrypt_tagged(self.cipher, TaggedLayout(layout, per_chunk=True), vec,
                                 self.samples[local], self._tag_key, "duals", expected, what)
+        self._in_domain(values, local, what)
         return local, values
 
     def _certificate(self, events: np.ndarray, duals: EncryptedVector | None,
@@ -498,6 +516,9 @@ class Client:
         self.proposal = decrypt_tagged(
             self.cipher, proposal_layout, message["proposal"], self.samples[updated],
             self._tag_key, "proposal", expected, "the summed proposals")
+        # The drawers' proposals average moves within the dual domain: a sum that leaves
+        # it holds a multiple of the tags' prime the tag cannot see (_in_domain).
+        self._in_domain(self.alpha[updated] + self.proposal, updated, "the summed proposals")
         if message.get("previous") is not None:  # returning: the last steps, made by others
             # The states before last round's step of the chunks it moved: the step is
             # the difference to the states this client was refreshed with.
@@ -671,7 +692,8 @@ class Client:
         contributions of ``contexts`` before any value is used."""
         ints = decrypt_samples(self.cipher, _totals_layout(self.cipher, n + 1), vector,
                                np.array([0]), integers=True).ravel()
-        if not self._tag_key.verify(kind, list(ints[:n]), ints[n], contexts):
+        if not self._tag_key.verify(kind, list(ints[:n]), ints[n], contexts,
+                                    bound=self.cipher.fixed_point.max_int):
             raise fail(what, f"are not the sum of {of} (their tag does not verify): the "
                        "server changed them",
                        "The server does not follow hyfl's protocol; nothing was sent back.")
@@ -733,6 +755,28 @@ class Client:
         return encrypt_tagged(self.cipher, TaggedLayout(self.public.layout, per_chunk=True),
                               self.samples[local], self.alpha[local], self._tag_key, "duals",
                               self._round_context("state"), self.k)
+
+    def _in_domain(self, values: np.ndarray, local: np.ndarray, what: str) -> None:
+        """Refuse decrypted duals of local samples ``local`` outside the dual domain.
+
+        A tag is linear modulo the prime ``P`` (:mod:`hyfl.privacy.tags`): a server
+        that adds ``k P`` fixed-point units (``k P / 2**precision_bits``, about 256 at 32
+        bits) to one value of a genuine sum leaves its tag valid whatever the key. The
+        values an honest sum of duals or of averaged proposals holds stay in the dual
+        domain (up to the encoding's rounding), so where that domain is narrower than
+        the shift, such a sum is refused before anything is computed from it. (A loss
+        with an unbounded dual domain, such as the squared loss, has no such check:
+        docs/privacy.md, "How the tags work".)
+        """
+        if self._tag_key is None:
+            return
+        lo, hi = self.loss.dual_bounds(self.Y[local], self._weights(local))
+        slack = DOMAIN_SLACK * (1.0 + np.abs(np.where(np.isfinite(lo), lo, 0.0))
+                                + np.abs(np.where(np.isfinite(hi), hi, 0.0)))
+        if np.any(values < lo - slack) or np.any(values > hi + slack):
+            raise fail(what, "hold duals outside the dual domain (a multiple of the tags' "
+                       "prime added to a genuine sum: its tag cannot see it)",
+                       "The server does not follow hyfl's protocol; nothing was sent back.")
 
     def _feasible(self, values: np.ndarray, local: np.ndarray) -> np.ndarray:
         """Project decrypted duals into the dual domain (fixed-point rounding may step out)."""

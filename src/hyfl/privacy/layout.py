@@ -519,7 +519,8 @@ def decrypt_tagged(cipher, layout: TaggedLayout, vector: EncryptedVector, sample
     for group, tag in zip(np.unique(groups).tolist(), tags):
         mine = np.repeat(groups == group, layout.slots)
         contexts = [_group_context(c, layout, group) for c in expected[group]]
-        if not key.verify(family, values.ravel()[mine], tag, contexts, positions=where[mine]):
+        if not key.verify(family, values.ravel()[mine], tag, contexts, positions=where[mine],
+                          bound=cipher.fixed_point.max_int):
             raise fail(what, "is not the sum of the contributions the protocol entitles it to "
                        f"(group {group}'s tag does not verify): the server changed it",
                        "The server does not follow hyfl's protocol; nothing was sent back.")

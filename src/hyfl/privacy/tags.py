@@ -54,6 +54,16 @@ and ``d`` are 0. Otherwise, since the offsets and coefficients are
 pseudorandom per context and per run and unknown to the server, the excess
 is 0 mod ``P`` with chance about ``1/P``; a refusal ends the run, and the
 next run has another key, so failed tries teach nothing about the next.
+
+Values shifted by a multiple of the prime. The check is linear modulo ``P``
+over integers: ``a_j (u_j + k P) = a_j u_j (mod P)`` for any ``a_j``, so with
+a public ``P`` the server could add ``k P`` to any one value unseen (an
+attacker's review read a party's feature row through ``image`` that way).
+So ``P`` is a secret prime of the run's key in ``[2**39, 2**40)``
+(:attr:`TagKey.prime`), and :meth:`TagKey.verify` refuses a sum holding an
+integer beyond what its ``m`` contributions can encode (``bound``): a shift
+then is a multiple of at most one candidate prime, and passes with chance
+about one in the ``2**34`` primes of the range.
 """
 
 from __future__ import annotations
@@ -67,8 +77,10 @@ from hyfl.errors import fail
 
 __all__ = ["RUN_BYTES", "TAG_PRIME", "TagKey", "cipher_secret", "run_identity", "tag_key"]
 
-#: The tags' modulus: the largest prime below 2**40 (a forgery passes with chance 2**-40;
-#: a tag, as a fixed-point value with 32 fractional bits, stays below 2**8).
+#: A bound on the tags' modulus: the largest prime below 2**40 (a tag, as a fixed-point
+#: value with 32 fractional bits, stays below 2**8). The modulus of a run is a secret
+#: prime in [2**39, 2**40) derived from its key (:attr:`TagKey.prime`): with a public one
+#: the server could add any multiple of it to a value unseen.
 TAG_PRIME = 2**40 - 87
 #: The size of a run's identity (a SHA-256 digest).
 RUN_BYTES = 32
@@ -96,6 +108,9 @@ class TagKey:
         # offsets, so another run's sums (and combinations of them) would verify.
         self._key = hashlib.blake2b(run, key=bytes(secret), digest_size=32,
                                     person=b"hyfl run tags").digest()
+        # The run's prime, as secret as the key ("Values shifted by a multiple of the
+        # prime" in the module's docstring): a public one let the server add k P to any value.
+        self.prime = _secret_prime(self._key)
         self._streams: dict[str, np.ndarray] = {}  # family -> its longest coefficient prefix yet
 
     def _stream(self, label: bytes, n: int) -> list[int]:
@@ -106,7 +121,7 @@ class TagKey:
             digest = hashlib.blake2b(label + block.to_bytes(8, "little"), key=self._key,
                                      digest_size=64, person=b"hyfl tag stream").digest()
             # 8 values of 64 bits per block, reduced mod P (bias below 2**-24).
-            out.extend(int.from_bytes(digest[i:i + 8], "little") % TAG_PRIME
+            out.extend(int.from_bytes(digest[i:i + 8], "little") % self.prime
                        for i in range(0, 64, 8))
             block += 1
         return out[:n]
@@ -138,26 +153,33 @@ class TagKey:
         ``positions``: where each integer sits in the family's vectors (default
         ``0 .. n-1``); the coefficients are those of the positions.
         """
-        return (self._weighted(family, integers, positions) + self.offset(context)) % TAG_PRIME
+        return (self._weighted(family, integers, positions) + self.offset(context)) % self.prime
 
     def verify(self, family: str, integers: Sequence[int], tag: int,
-               contexts: Iterable[Sequence], positions=None) -> bool:
+               contexts: Iterable[Sequence], positions=None, bound: int | None = None
+               ) -> bool:
         """Is ``tag`` the summed tag of ``integers`` summed over exactly ``contexts``?
 
         ``tag`` is the decrypted sum of the contributions' tags (an integer in
-        ``[0, m * TAG_PRIME)`` for ``m`` contributions), ``integers`` the decrypted
+        ``[0, m * prime)`` for ``m`` contributions), ``integers`` the decrypted
         sum of their values (at ``positions``, as in :meth:`tag`). Each context
-        counts once: a list naming one twice is refused.
+        counts once: a list naming one twice is refused. ``bound``: the largest
+        magnitude of one contribution's integer (the encoding's ``max_int``); a sum
+        with an integer beyond ``m * bound`` is refused (no honest sum has one).
         """
         contexts = [tuple(c) for c in contexts]
         tag = int(tag)
         if len(set(contexts)) < len(contexts):  # a contribution counted twice never verifies
             return False
-        if not 0 <= tag < max(len(contexts), 1) * TAG_PRIME:
+        if not 0 <= tag < max(len(contexts), 1) * self.prime:
             return False
+        if bound is not None:
+            limit = len(contexts) * int(bound)
+            if any(abs(int(x)) > limit for x in integers):
+                return False
         expected = self._weighted(family, integers, positions)
         expected += sum(self.offset(c) for c in contexts)
-        return (tag - expected) % TAG_PRIME == 0
+        return (tag - expected) % self.prime == 0
 
     def _weighted(self, family: str, integers: Sequence[int], positions) -> int:
         """``sum_j a_j u_j`` over the integers (Python ints: exact at any size)."""
@@ -233,6 +255,45 @@ def run_identity(nonces: Sequence[bytes]) -> bytes:
         nonce = bytes(nonce)  # length-prefixed: the concatenation is unambiguous
         h.update(len(nonce).to_bytes(8, "little") + nonce)
     return h.digest()
+
+
+#: The run's secret prime is the first prime from a secret point of [2**39, 2**39 + this).
+_PRIME_WINDOW = 2**39 - 2**20
+#: Bases of a Miller-Rabin test that is exact below 3.3 * 10**24.
+_MR_BASES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41)
+
+
+def _secret_prime(key: bytes) -> int:
+    """The tags' modulus of one run: a prime in ``[2**39, 2**40)`` only the key's holders
+    know (the first prime at or after a point the key chooses)."""
+    seed = hashlib.blake2b(key=key, digest_size=8, person=b"hyfl tag prime").digest()
+    candidate = 2**39 + int.from_bytes(seed, "little") % _PRIME_WINDOW
+    while not _is_prime(candidate):
+        candidate += 1
+    return candidate
+
+
+def _is_prime(n: int) -> bool:
+    """Deterministic Miller-Rabin for the sizes :func:`_secret_prime` tests."""
+    if n < 2:
+        return False
+    for p in _MR_BASES:
+        if n % p == 0:
+            return n == p
+    d, r = n - 1, 0
+    while d % 2 == 0:
+        d, r = d // 2, r + 1
+    for a in _MR_BASES:
+        x = pow(a, d, n)
+        if x in (1, n - 1):
+            continue
+        for _ in range(r - 1):
+            x = x * x % n
+            if x == n - 1:
+                break
+        else:
+            return False
+    return True
 
 
 def _context_bytes(context: Sequence) -> bytes:

@@ -1,0 +1,206 @@
+"""An independent attacker's review of the active server during training (issue 42, point 6).
+
+The attacks of a dishonest coordinator after the set-up, on a recorded genuine run
+(:mod:`test_hostile_server`'s harness: the real codec and
+:func:`~hyfl.deploy.party.handle_message`, the party's state before each message).
+Each test sends a party a message the honest protocol never sends and checks that it
+is refused before any reply is computed from it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hyfl.deploy.codec import decode
+from hyfl.errors import HyflError
+from hyfl.privacy.layout import EncryptedVector
+from hyfl.privacy.tags import TAG_PRIME
+from test_hostile_server import _find, _record_run, _send, _with_stale
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A genuine encrypted run of :mod:`test_hostile_server`'s setting (its fixture's
+    body: three parties holding features, the cocoa rule with its certificate)."""
+    from hyfl.deploy.blocks import write_blocks
+    from hyfl.deploy.config import DeployConfig, run_config_for
+    from hyfl.deploy.keys import generate_keys, server_cipher
+    from hyfl.partition import grid
+    from hyfl.problem import make_problem
+    from synthetic_data import synthetic
+    from test_hostile_server import PARTIES, ROUNDS
+
+    tmp = tmp_path_factory.mktemp("review")
+    private, public = generate_keys(tmp / "keys", 256, insecure_test_keys=True)
+    problem = make_problem(synthetic(n=60, m=6), "hinge", 0.05)
+    partition = grid(problem.n_samples, problem.n_features, 1, PARTIES)
+    files = write_blocks(problem, partition, tmp / "blocks", lam_default=problem.lam)
+    nodes = [{"party": k, "key": str(private), "cipher": "paillier",
+              "insecure-test-keys": True, "data": str(f)} for k, f in enumerate(files)]
+    config = run_config_for(parties=PARTIES, iterations=ROUNDS, cipher="paillier",
+                            public_key=str(public), seed=1, insecure_test_keys=True,
+                            participation="0.67")
+    cipher = server_cipher("paillier", public,
+                           **DeployConfig.from_run_config(config).cipher_options(),
+                           insecure_test_keys=True)
+    return _record_run({"public": public, "nodes": nodes, "cipher": cipher}, 1)
+
+#: The largest multiple of the tags' prime, in fixed-point units of 32 fractional bits,
+#: that the cipher still encodes (bound 2**16): 255 * P / 2**32 ~ 65280.
+SHIFT = np.ldexp(float(255 * TAG_PRIME), -32)
+
+
+#: Either defence: the tag (its prime is the run's secret now) or the dual domain.
+REFUSED = "tag does not verify|outside the dual domain"
+
+
+def _shifted(cipher, vector: EncryptedVector, index: int, shift: float = SHIFT
+             ) -> EncryptedVector:
+    """``vector`` with ``Enc(shift)`` added to its ciphertext ``index`` (the server holds
+    the public key: it can add any value it encrypts)."""
+    out = vector.ciphertexts.copy()
+    out[index:index + 1] = cipher.add(out[index:index + 1], cipher.encrypt(np.array([[shift]])))
+    return EncryptedVector(vector.chunks, out)
+
+
+def test_a_multiple_of_the_tag_prime_added_to_a_proposal_is_refused(run):
+    """The tag is ``a . u + b mod P``: adding ``k P`` to one value ``u_j`` leaves it
+    unchanged whatever ``a_j`` is, so the judge of the tag cannot see it. Added to the
+    first sample's summed proposal it made ``image`` return ``X^T p + k P / 2^32 x_i``:
+    the party's feature row of that sample times a known factor (exactly, from the
+    genuine image of a replay), which the tags were built to prevent. Honest summed
+    proposals keep the duals in their domain (hinge: width 1), so a sum that leaves it
+    is refused."""
+    record = _find(run, "image", t=2)
+    genuine = record.payload
+    forged = {**genuine, "proposal": _shifted(run.cipher, genuine["proposal"], 0)}
+    with pytest.raises(HyflError, match=REFUSED):
+        _send(run, record, forged)
+
+
+def test_a_multiple_of_the_tag_prime_added_to_a_stored_state_is_refused(run):
+    """The same shift on a stored state sent back as stale duals: the party's primal
+    part ``X^T alpha`` then held a state of the server's choosing (after the party's
+    clipping: a label-dependent bound). A state outside the dual domain is refused."""
+    record = _with_stale(run)
+    payload = record.payload
+    payload["configure"]["stale"] = _shifted(run.cipher, payload["configure"]["stale"], 0)
+    with pytest.raises(HyflError, match=REFUSED):
+        _send(run, record, payload)
+
+
+def test_the_genuine_messages_still_pass_the_domain_checks(run):
+    """The two checks above accept what an honest server sends (replayed exactly)."""
+    record = _find(run, "image", t=2)
+    assert "primal_part" in decode(*_send(run, record)[0], run.cipher)
+    record = _with_stale(run)
+    assert "primal_part" in decode(*_send(run, record)[0], run.cipher)
+
+
+@pytest.mark.parametrize("limit", [2.0, 1e6, 0.0, -1.0, np.inf, np.nan])
+def test_the_rounds_longest_step_is_the_certificates_trust(run, limit):
+    """``limit`` (the round's longest step) comes from the server in ``round``; the
+    ``changes`` check of the step (``[0, limit]``) and the line search are bounded by
+    it, so a server that set it to 1e6 could make a party take any step. An honest
+    server sends the certificate's trust, in ``[TRUST_FLOOR, 1]``."""
+    record = _find(run, "round", t=2)
+    payload = record.payload
+    assert payload["configure"].get("limit") is not None  # the run has its certificate
+    payload["configure"]["limit"] = limit
+    with pytest.raises(HyflError, match="configure.limit. to|field .limit. is"):
+        _send(run, record, payload)
+
+
+
+def _secret_prime(run, record) -> int:
+    """The tags' prime of the party ``record`` went to (what the server does not know)."""
+    from hyfl.deploy.party import open_party
+
+    party = open_party(run.nodes[record.party], run.run_config, record.before)
+    return party._client()._tag_key.prime
+
+
+@pytest.mark.parametrize("kind", ["proposals", "step"])
+def test_a_multiple_of_the_public_prime_added_to_a_sum_without_a_domain_is_refused(run, kind):
+    """The inner products ``z`` (remembered, in the span sums ``direction`` returns in
+    plaintext) and the judge's totals (the step and coherence) have no domain a party
+    could check: with the public prime ``P``, ``z_i + k P`` and ``margin + k P`` were
+    accepted. The prime is now a secret of the run's key: the shift no longer cancels."""
+    record = _find(run, kind, t=2 if kind == "step" else 3)
+    genuine = record.payload
+    field = "z" if kind == "proposals" else "totals"
+    index = 0 if kind == "proposals" else genuine[field].ciphertexts.size - 2
+    forged = {**genuine, field: _shifted(run.cipher, genuine[field], index)}
+    with pytest.raises(HyflError, match="tag does not verify"):
+        _send(run, record, forged)
+
+
+def test_the_prime_is_the_runs_secret(run):
+    """Each run's key has its own prime in [2**39, 2**40), not the public bound."""
+    from hyfl.privacy.tags import TagKey, _is_prime
+
+    primes = {TagKey(bytes(32), bytes([r]) * 32).prime for r in range(8)}
+    assert len(primes) == 8
+    assert all(2**39 <= p < TAG_PRIME and _is_prime(p) for p in primes)
+    assert _secret_prime(run, _find(run, "image", t=2)) not in (TAG_PRIME, *primes)
+
+
+def test_a_shift_by_the_secret_prime_is_caught_by_the_domain_and_the_range(run):
+    """What is left for a server that guessed the run's prime (chance about 2**-34 per
+    run, a refusal ends the run): on duals, the dual domain (hinge: width 1) refuses it;
+    anywhere, a value beyond what the contributions can encode (m * max_int) is refused."""
+    from hyfl.privacy.tags import TagKey
+
+    record = _find(run, "image", t=2)
+    genuine = record.payload
+    prime = _secret_prime(run, record)
+    shift = np.ldexp(float(255 * prime), -32)
+    forged = {**genuine, "proposal": _shifted(run.cipher, genuine["proposal"], 0, shift)}
+    with pytest.raises(HyflError, match="outside the dual domain"):
+        _send(run, record, forged)
+    # The range: a sum of two contributions of at most 100 each, shifted by multiples.
+    key = TagKey(bytes(32), bytes(32))
+    values = [60, -100]
+    context = [("kind", 1), ("kind", 2)]
+    tag = (key.tag("f", [30, -50], context[0]) + key.tag("f", [30, -50], context[1]))
+    assert key.verify("f", values, tag, context, bound=100)
+    shifted = [60 + key.prime, -100]  # the tag still matches: only the range sees it
+    assert key.verify("f", shifted, tag, context)
+    assert not key.verify("f", shifted, tag, context, bound=100)
+
+
+def test_ciphertexts_swapped_within_a_sum_or_a_party_named_twice_are_refused(run):
+    """Attacks that fail (evidence): two values of a genuine sum swapped (each tag
+    coefficient is of its position), and the judge's active list naming a party twice
+    (its totals counted twice)."""
+    record = _find(run, "image", t=2)
+    genuine = record.payload
+    vec = genuine["proposal"]
+    data = np.flatnonzero(vec.chunks < vec.chunks.max())  # (the tag chunks come last)
+    if data.size >= 2:
+        swapped = vec.ciphertexts.copy()
+        swapped[[data[0], data[1]]] = swapped[[data[1], data[0]]]
+        with pytest.raises(HyflError, match="tag does not verify"):
+            _send(run, record, {**genuine, "proposal": EncryptedVector(vec.chunks, swapped)})
+    record = _find(run, "step", t=2)
+    genuine = record.payload
+    twice = np.append(genuine["active"], record.party)
+    with pytest.raises(HyflError, match="do not include the judge"):
+        _send(run, record, {**genuine, "active": twice})
+
+
+@pytest.mark.parametrize("field", ["grams", "towards_w"])
+def test_non_finite_server_numbers_in_proposals_return_nothing(run, field):
+    """Attacks that fail (evidence): the Gram matrices (and, with sample groups, the
+    margin offsets) are only shape-checked; NaN or inf in them stop the party before
+    anything is encrypted (the encoding refuses non-finite values)."""
+    record = _find(run, "proposals", t=3)
+    genuine = record.payload
+    value = genuine.get(field)
+    if value is None:
+        pytest.skip("the split has no sample groups: no towards_w")
+    forged = value.astype(float).copy()
+    forged.flat[0] = np.nan
+    with pytest.raises(Exception):  # noqa: B017 (any refusal; none returns a reply)
+        _send(run, record, {**genuine, field: forged})
