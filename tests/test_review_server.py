@@ -20,9 +20,9 @@ from test_hostile_server import _find, _record_run, _send, _with_stale
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """A genuine encrypted run of :mod:`test_hostile_server`'s setting (its fixture's
-    body: three parties holding features, the cocoa rule with its certificate)."""
+def setting(tmp_path_factory):
+    """:mod:`test_hostile_server`'s setting (its fixture's body): keys, three parties'
+    data files and node configs, the server's public cipher."""
     from hyfl.deploy.blocks import write_blocks
     from hyfl.deploy.config import DeployConfig, run_config_for
     from hyfl.deploy.keys import generate_keys, server_cipher
@@ -44,7 +44,14 @@ def run(tmp_path_factory):
     cipher = server_cipher("paillier", public,
                            **DeployConfig.from_run_config(config).cipher_options(),
                            insecure_test_keys=True)
-    return _record_run({"public": public, "nodes": nodes, "cipher": cipher}, 1)
+    return {"public": public, "nodes": nodes, "cipher": cipher, "config": config}
+
+
+@pytest.fixture(scope="module")
+def run(setting):
+    """A genuine encrypted run (three parties holding features, the cocoa rule with its
+    certificate)."""
+    return _record_run(setting, 1)
 
 #: The largest multiple of the tags' prime, in fixed-point units of 32 fractional bits,
 #: that the cipher still encodes (bound 2**16): 255 * P / 2**32 ~ 65280.
@@ -204,3 +211,54 @@ def test_non_finite_server_numbers_in_proposals_return_nothing(run, field):
     forged.flat[0] = np.nan
     with pytest.raises(Exception):  # noqa: B017 (any refusal; none returns a reply)
         _send(run, record, {**genuine, field: forged})
+
+
+def test_the_judges_evaluation_is_of_the_reports_the_server_names(setting, monkeypatch):
+    """A documented exposure (docs/privacy.md, the ``step`` row), not refused: besides the
+    step and the coherence the judge returns the round certificate's sums (loss,
+    conjugate, correct predictions) over the samples the parties report, and which
+    samples each party reports (``reports_local``) is the server's word. A server that
+    names one sample in all the round's reports reads that sample's loss, conjugate
+    and whether it is predicted correctly, every round, without a refusal."""
+    from hyfl.algorithms import hyfdca_parties
+    from hyfl.deploy.config import DeployConfig
+    from hyfl.deploy.coordinator import Coordinator
+    from in_process import RecordingTransport
+
+    shares = []
+    terms = hyfdca_parties._evaluation_terms
+    monkeypatch.setattr(hyfdca_parties, "_evaluation_terms",
+                        lambda loss, margins, *rest: shares.append(
+                            (margins.shape[0], terms(loss, margins, *rest))) or shares[-1][1])
+    chosen = {}
+
+    def forge(k, kind, payload):
+        configure = payload.get("configure") if kind == "round" else None
+        if configure is not None and int(configure["t"]) == 2:
+            reports = np.zeros_like(configure["reports_local"])
+            if not chosen and reports.size:  # the first party told of round 2: one sample
+                chosen["party"] = k
+                reports[0] = True
+            configure["reports_local"] = reports
+        return payload
+
+    replies = []
+
+    class Recording(RecordingTransport):
+        def _deliver(self, k, kind, payload):
+            reply = super()._deliver(k, kind, payload)
+            replies.append((k, kind, reply))
+            return reply
+
+    transport = Recording(setting["nodes"], setting["config"], setting["cipher"], forge=forge)
+    try:
+        Coordinator(DeployConfig.from_run_config(setting["config"]), transport,
+                    setting["cipher"], log=lambda line: None).run()
+    except HyflError:
+        pass  # the forged round may derail the server's own bookkeeping later
+    step = [reply for _, kind, reply in replies if kind == "step"]
+    one = [share for count, share in shares if count == 1]
+    assert chosen and one, "no party reported exactly one sample"
+    # A judge returned the sums of the one sample named: its loss, conjugate, correctness.
+    assert any(np.allclose(np.asarray(r["evaluation"]), share, rtol=0, atol=1e-9)
+               for r in step for share in one)
