@@ -16,29 +16,32 @@ from hyfl.deploy.codec import decode
 from hyfl.errors import HyflError
 from hyfl.privacy.layout import EncryptedVector
 from hyfl.privacy.tags import TAG_PRIME
-from test_hostile_server import _find, _record_run, _send, _with_stale
+from test_hostile_server import PARTIES, ROUNDS, _find, _record_run, _send, _with_stale
 
 
 @pytest.fixture(scope="module")
 def setting(tmp_path_factory):
     """:mod:`test_hostile_server`'s setting (its fixture's body): keys, three parties'
     data files and node configs, the server's public cipher."""
+    return _setting(tmp_path_factory, PARTIES, 1)
+
+
+def _setting(tmp_path_factory, parties: int, sample_blocks: int) -> dict:
     from hyfl.deploy.blocks import write_blocks
     from hyfl.deploy.config import DeployConfig, run_config_for
     from hyfl.deploy.keys import generate_keys, server_cipher
     from hyfl.partition import grid
     from hyfl.problem import make_problem
     from synthetic_data import synthetic
-    from test_hostile_server import PARTIES, ROUNDS
-
     tmp = tmp_path_factory.mktemp("review")
     private, public = generate_keys(tmp / "keys", 256, insecure_test_keys=True)
     problem = make_problem(synthetic(n=60, m=6), "hinge", 0.05)
-    partition = grid(problem.n_samples, problem.n_features, 1, PARTIES)
+    partition = grid(problem.n_samples, problem.n_features, sample_blocks,
+                     parties // sample_blocks)
     files = write_blocks(problem, partition, tmp / "blocks", lam_default=problem.lam)
     nodes = [{"party": k, "key": str(private), "cipher": "paillier",
               "insecure-test-keys": True, "data": str(f)} for k, f in enumerate(files)]
-    config = run_config_for(parties=PARTIES, iterations=ROUNDS, cipher="paillier",
+    config = run_config_for(parties=parties, iterations=ROUNDS, cipher="paillier",
                             public_key=str(public), seed=1, insecure_test_keys=True,
                             participation="0.67")
     cipher = server_cipher("paillier", public,
@@ -262,3 +265,29 @@ def test_the_judges_evaluation_is_of_the_reports_the_server_names(setting, monke
     # A judge returned the sums of the one sample named: its loss, conjugate, correctness.
     assert any(np.allclose(np.asarray(r["evaluation"]), share, rtol=0, atol=1e-9)
                for r in step for share in one)
+
+
+def test_a_setup_without_one_of_the_parties_is_refused(tmp_path_factory):
+    """A forged partition: ``setup`` relaying every announcement but one (a 2 x 2 grid,
+    where the other three still hold every sample and feature). Each relayed tag
+    verified, so the parties accepted a partition without the fourth and trained a
+    three-party model of the server's making. A party now requires every party of the
+    job in its set-up."""
+    from hyfl.deploy.config import DeployConfig
+    from hyfl.deploy.coordinator import Coordinator
+    from in_process import RecordingTransport
+
+    setting4 = _setting(tmp_path_factory, 4, 2)
+    run4 = RecordingTransport(setting4["nodes"], setting4["config"], setting4["cipher"])
+    Coordinator(DeployConfig.from_run_config(setting4["config"]), run4, setting4["cipher"],
+                log=lambda line: None).run()
+    record = _find(run4, "setup", party=0)
+    p = record.payload
+    K = p["sample_counts"].size
+    ns, nf = p["sample_counts"][:K - 1], p["feature_counts"][:K - 1]
+    dropped = {**p, "samples": p["samples"][:ns.sum()], "sample_counts": ns,
+               "features": p["features"][:nf.sum()], "feature_counts": nf,
+               "nonces": p["nonces"][:K - 1], "tags": p["tags"][:K - 1],
+               "lam_defaults": p["lam_defaults"][:K - 1]}
+    with pytest.raises(HyflError, match="parties"):
+        _send(run4, record, dropped)

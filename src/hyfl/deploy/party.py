@@ -424,6 +424,10 @@ class Party:
         self._guard.setup()
         samples = np.split(payload["samples"], np.cumsum(payload["sample_counts"])[:-1])
         features = np.split(payload["features"], np.cumsum(payload["feature_counts"])[:-1])
+        if len(samples) != self.config.parties or len(features) != self.config.parties:
+            # (each relayed announcement verifies alone: one left out would go unseen)
+            raise fail(self._from_server("setup"), f"holds a partition of {len(samples)} "
+                       f"parties, not the job's {self.config.parties}", FORGED_FIX)
         block = self.state["block"]
         if not (np.array_equal(samples[k], block["samples"])
                 and np.array_equal(features[k], block["features"])):
