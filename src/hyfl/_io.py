@@ -378,6 +378,12 @@ def open_bounded(path: str | os.PathLike, culprit: str, fix: str, *,
             archive.close()
 
 
+#: What pandas spends on one column of a table besides its cells (its arrays, Series,
+#: index entry and parser state): 2.3 kB measured for ``pd.read_csv``, 5.2 kB for a party
+#: file read whole; a header of 200,000 columns over one row (1.9 MB) took 856 MB.
+CSV_COLUMN_BYTES = 8 << 10
+
+
 def check_csv_shape(path: str | os.PathLike, culprit: str, fix: str, *,
                     cell_bytes: int = 8) -> tuple[int, int]:
     """Columns of ``path``'s header and an upper bound on its rows, checked against
@@ -385,7 +391,8 @@ def check_csv_shape(path: str | os.PathLike, culprit: str, fix: str, *,
 
     pandas fills every short row up to the header's width: a header of 20,000 columns
     over rows of one character each (160 kB) would become gigabytes of NaN. Columns
-    times rows times ``cell_bytes`` (a float64 cell) must fit the cap. The header is
+    times rows times ``cell_bytes`` (a float64 cell), plus :data:`CSV_COLUMN_BYTES` per
+    column (a wide header over few rows costs pandas per column), must fit the cap. The header is
     the first CSV record (quoted line breaks included); rows are counted as line
     breaks (``\n`` or ``\r``: an upper bound), in one streaming pass of bounded memory
     (:func:`open_bounded`, so a compressed file is bounded too).
@@ -419,17 +426,19 @@ def check_csv_shape(path: str | os.PathLike, culprit: str, fix: str, *,
         except csv.Error as err:  # a field beyond csv.field_size_limit() (128 kB)
             raise fail(culprit, f"has an unreadable header line ({err})", fix) from None
         columns = max(len(header), 1)
+        check_decoded(culprit, CSV_COLUMN_BYTES * columns, size, fix, f"{columns} columns x "
+                      f"{CSV_COLUMN_BYTES:,} bytes, what pandas spends per column")
         # The rest in chunks of bounded size (the text wrapper read ahead of the header).
         breaks, last = 0, "\n"
         chunk = text.read(1 << 16)
         while chunk:
             breaks += chunk.count("\n") + chunk.count("\r")
             last = chunk[-1]
-            check_decoded(culprit, cell_bytes * columns * breaks, size, fix,
-                          f"{columns} columns x at least {breaks} rows")
+            check_decoded(culprit, columns * (cell_bytes * breaks + CSV_COLUMN_BYTES), size,
+                          fix, f"{columns} columns x at least {breaks} rows")
             chunk = text.read(1 << 16)
     rows = breaks + (last not in "\r\n")
-    check_decoded(culprit, cell_bytes * columns * rows, size, fix,
+    check_decoded(culprit, columns * (cell_bytes * rows + CSV_COLUMN_BYTES), size, fix,
                   f"{columns} columns x up to {rows} rows")
     return columns, rows
 
@@ -470,6 +479,18 @@ def read_parquet(path: str | os.PathLike, culprit: str, fix: str):
     try:
         parquet = pq.ParquetFile(path)
         meta = parquet.metadata
+        # A nested cell (list, struct, map) becomes a Python object per row in pandas (a
+        # 2.8 MB file of 5 million empty lists took 1.1 GB), and hyfl's tables hold one
+        # number or text per cell: refused from the schema, before any page is read.
+        arrow = parquet.schema_arrow
+        for field in arrow:
+            if pa.types.is_nested(field.type):
+                raise fail(culprit, f"has column {field.name!r} of nested type {field.type} "
+                           "(each cell would be a Python object)",
+                           f"{fix} Save one number or text per cell.".strip())
+        # Dates, times and decimals become Python objects too: counted as strings are.
+        objects = {i for i, field in enumerate(arrow) if pa.types.is_date(field.type)
+                   or pa.types.is_time(field.type) or pa.types.is_decimal(field.type)}
         pages = values = 0
         strings = set()
         for g in range(meta.num_row_groups):
@@ -482,7 +503,8 @@ def read_parquet(path: str | os.PathLike, culprit: str, fix: str):
                 if kind in ("BYTE_ARRAY", "FIXED_LEN_BYTE_ARRAY"):
                     strings.add(column.path_in_schema.split(".")[0])
                 width = {"BYTE_ARRAY": 64, "FIXED_LEN_BYTE_ARRAY": 64 + max(
-                    int(getattr(parquet.schema.column(c), "length", 0) or 0), 0)}.get(kind, 8)
+                    int(getattr(parquet.schema.column(c), "length", 0) or 0), 0)}.get(
+                    kind, 64 if c in objects else 8)
                 values += count * width
         check_decoded(culprit, pages, size, fix, "uncompressed pages, as its metadata declares")
         check_decoded(culprit, values, size, fix,
@@ -627,6 +649,15 @@ def _check_zip_sizes(archive: zipfile.ZipFile, size: int, culprit: str, fix: str
                            "holds")
     if not infos:
         return
+    # Zip64 sizes are 64-bit and the attacker's: checked as Python integers first (a sum
+    # of int64 would wrap: two members declaring 2**63 each cancelled a third's 1.5 GB).
+    for i in infos:
+        if i.header_offset + _LOCAL_HEADER + i.compress_size > size:
+            raise _Refused(f"member {i.filename!r} declares {i.compress_size} bytes at offset "
+                           f"{i.header_offset}, past the file's end ({size} bytes): a forged "
+                           "size?")
+    check_decoded(culprit, sum(i.file_size for i in infos), size, fix,
+                  f"{len(infos)} members' sizes as its zip directory declares")
     start = np.array([i.header_offset for i in infos], dtype=np.int64)
     # The local header's name is as long as the directory's (zipfile checks they match);
     # its extra field is not known before it is opened, so it is not counted (a lower
@@ -652,8 +683,6 @@ def _check_zip_sizes(archive: zipfile.ZipFile, size: int, culprit: str, fix: str
         i = infos[order[overlap[0] + 1]]
         raise _Refused(f"member {i.filename!r} overlaps another member's bytes (one stream "
                        "inflated for several members: a zip bomb?)")
-    check_decoded(culprit, int(declared.sum()), size, fix,
-                  f"{len(infos)} members' sizes as its zip directory declares")
 
 
 class _Refused(Exception):

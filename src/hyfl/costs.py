@@ -159,7 +159,7 @@ def _read_calibration(path: Path) -> dict:
     """The calibration file's records ({} when it is missing or unreadable)."""
     try:
         data = json.loads(path.read_text()) if path.exists() else {}
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -345,7 +345,7 @@ def load_he_costs(spec: str, cipher: str) -> HECosts:
         )
     try:
         data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise fail("--he-costs", f"cannot read {path}: {exc}", "Pass a JSON file") from exc
     record = data.get(cipher, data) if isinstance(data, dict) else None
     try:

@@ -571,7 +571,7 @@ def read_results(out: str | os.PathLike, missing_ok: bool = False,
         if missing_ok:
             return None
         raise fail(f"results {path}", "do not exist", "Run the job first.") from None
-    except ValueError:
+    except (ValueError, RecursionError):
         return None if missing_ok else {}
 
 

@@ -374,6 +374,9 @@ def read_toml(path: str | os.PathLike) -> dict[str, Any]:
         raise fail(
             f"config file {str(p)!r}", f"is not valid TOML: {err}", "Fix the syntax."
         ) from None
+    except RecursionError:  # arrays or tables nested thousands deep
+        raise fail(f"config file {str(p)!r}", "is nested too deeply to read",
+                   "Fix the syntax (a config nests a few levels deep).") from None
 
 
 def load_config(path: str | os.PathLike) -> ExperimentConfig:

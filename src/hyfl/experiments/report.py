@@ -1008,8 +1008,15 @@ def _setting_table(
 # --------------------------------------------------------------------------- rendering
 
 
+def _md_text(text: str) -> str:
+    """Text (possibly a name from someone's results folder) as one Markdown line with no
+    raw HTML: line breaks would end a table or start a block of the file's choosing, and
+    ``<`` a tag a viewer renders."""
+    return " ".join(str(text).splitlines()).replace("<", "&lt;")
+
+
 def _md_cell(text: str, strong: bool) -> str:
-    text = text.replace("|", "\\|")
+    text = _md_text(text).replace("|", "\\|")
     return f"**{text}**" if strong and text != "-" else text
 
 
@@ -1017,15 +1024,16 @@ def _markdown(blocks: list, figures_dir: str) -> str:
     lines: list[str] = []
     for block in blocks:
         if isinstance(block, _Heading):
-            lines += ["#" * block.level + " " + block.text, ""]
+            lines += ["#" * block.level + " " + _md_text(block.text), ""]
         elif isinstance(block, _Para):
-            lines += [f"**{block.text}**" if block.strong else block.text, ""]
+            text = _md_text(block.text)
+            lines += [f"**{text}**" if block.strong else text, ""]
         elif isinstance(block, _Table):
-            lines.append("| " + " | ".join(block.columns) + " |")
+            lines.append("| " + " | ".join(_md_cell(c, False) for c in block.columns) + " |")
             lines.append("|" + "|".join("---" for _ in block.columns) + "|")
             for row in block.rows:
                 lines.append("| " + " | ".join(_md_cell(t, s) for t, s in row) + " |")
-            lines += ["", block.note, ""]
+            lines += ["", _md_text(block.note), ""]
         elif isinstance(block, _Image):
             lines += [f"![{block.alt}]({figures_dir}/{block.file})", ""]
             if block.caption:

@@ -166,7 +166,7 @@ def _read_config(folder: Path) -> dict[str, Any]:
     try:
         # run.json may hold NaN (Python's json writes and reads it)
         return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # Recursion: nested thousands deep
         raise fail(
             f"run record {path}",
             f"is not valid JSON ({exc})",

@@ -631,7 +631,7 @@ def load_finished_run(run_dir: Path, spec: RunSpec) -> RunOutcome | None:
         record = json.loads(record_path.read_text())
         # Bounded by its size (hyfl._io); a refused table is a run to redo, like a broken one.
         table = read_parquet(table_path, f"metrics table {table_path}", "")
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     if _normalized(record.get("spec")) != _normalized(asdict(spec)):
         return None
