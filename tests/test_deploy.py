@@ -1192,7 +1192,7 @@ def test_every_process_dies_with_the_deployment_even_on_sigkill(tmp_path,
         def up():
             found = _processes_of(work)
             lines = [c for _, c in found.values()]
-            ready = (any("flower-superexec" in c for c in lines)
+            ready = (any("flower-superexec" in c or "hyfl.deploy.superexec" in c for c in lines)
                      and any("-m hyfl.deploy.worker" in c for c in lines)
                      and any("flwr-serverapp" in c for c in lines))
             return found if ready else None

@@ -27,6 +27,8 @@ combined, masks compared across runs.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -334,3 +336,74 @@ def test_two_parties_masked_sums_combined_and_masks_across_runs_show_nothing(tmp
     difference = decode(runs[0][0] - runs[1][0])
     assert np.all(np.abs(difference) > 1e3)
     assert all(np.all(np.abs(decode(m)) > 1e3) for m in first)  # each alone: residues
+
+
+# ---------------------------------------------------------------- a local user
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_the_serverapps_task_token_is_on_no_command_line(tmp_path):
+    """``hyfl deploy local``: while a job's ServerApp runs, no process of the deployment has
+    a task token on its command line (which every local user reads in /proc/PID/cmdline).
+    Before: Flower's SuperExec started ``flwr-serverapp --token <64 hex digits>``, and any
+    user could act as that run's server. Now the SuperLink's SuperExec hands it over as
+    ``--token-file /dev/fd/N`` (an in-memory file), and the ServerApp still starts."""
+    import re
+    import time
+
+    from hyfl.deploy.config import run_config_for as run_config
+    from hyfl.deploy.local import LocalDeployment
+
+    files, *_ = organisation_files(tmp_path / "files")
+    nodes = [{"party": 0, "cipher": "none", "data": str(files[0]), "id-column": "customer",
+              "label-column": "income"}]
+    work = tmp_path / "flower"
+    with LocalDeployment(nodes, work) as local:
+        # Two parties expected, one started: the ServerApp waits for the second one.
+        local.submit(run_config(parties=2, iterations=1, cipher="none", out=str(tmp_path / "out"),
+                                connect_timeout=600.0))
+        end, serverapp = time.monotonic() + 180, None
+        while serverapp is None and time.monotonic() < end:
+            for entry in Path("/proc").iterdir():
+                try:
+                    line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                except OSError:
+                    continue
+                if "flwr-serverapp" in line:
+                    serverapp = line
+            time.sleep(0.5)
+        assert serverapp is not None, "no ServerApp started"
+        lines = []
+        for entry in Path("/proc").iterdir():
+            try:
+                lines.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+            except OSError:
+                continue
+    assert "--token-file /dev/fd/" in serverapp, serverapp
+    leaked = [line for line in lines if re.search(r"--token[ =][0-9a-f]{32,}", line)]
+    assert not leaked, f"a task token on a command line: {leaked}"
+
+
+def test_the_superexec_patches_hold_on_the_installed_flower():
+    """The two patches behind the test above, against the installed Flower (in a fresh
+    interpreter, to leave this one's Flower alone): the SuperLink starts its SuperExec
+    through hyfl, whose executor passes the token as an open in-memory file."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from hyfl.deploy import flower_patches as p\n"
+        "assert p.superexec_through_hyfl() and p.tokens_off_command_lines()\n"
+        "import importlib\n"
+        "cli = importlib.import_module('flwr.superlink.cli.flower_superlink')\n"
+        "command = cli._get_superexec_command(runtime_address='127.0.0.1:1', "
+        "runtime_certificates=None, runtime_root_certificates_path=None, parent_pid=1, "
+        "runtime_dependency_install=False)\n"
+        "assert command[:3] == [sys.executable, '-m', 'hyfl.deploy.superexec'], command\n"
+        "from flwr.supercore.superexec.executor.subprocess_executor import SubprocessExecutor\n"
+        "assert SubprocessExecutor.launch._hyfl\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr

@@ -296,3 +296,94 @@ def require_control_token(token: bytes) -> bool:
     plugin = owner_token_authn(token)
     cli.load_control_authn_plugin = lambda: plugin
     return True
+
+
+#: The module the SuperLink starts its SuperExec through (:func:`superexec_through_hyfl`).
+SUPEREXEC_MODULE = "hyfl.deploy.superexec"
+
+
+def superexec_through_hyfl() -> bool:
+    """Start the SuperLink's SuperExec as ``python -m hyfl.deploy.superexec`` (Flower's
+    ``flower-superexec`` with :func:`tokens_off_command_lines`); False (no change) if Flower
+    is not 1.41.0 or builds that command elsewhere.
+
+    Touches ``flwr.superlink.cli.flower_superlink._get_superexec_command``. Why: the
+    SuperExec, a process of its own, starts each ServerApp with its task token on the
+    command line (``flwr-serverapp --token ...``), which every local user reads in
+    ``/proc/PID/cmdline``; the patch must run in that process."""
+    import importlib
+    import sys
+
+    import flwr
+
+    if flwr.__version__ != PATCHED_VERSION:
+        return False
+    cli = importlib.import_module("flwr.superlink.cli.flower_superlink")
+    original = getattr(cli, "_get_superexec_command", None)
+    if not callable(original) or getattr(original, "_hyfl", False):
+        return callable(original)
+
+    def command(*args, **kwargs) -> list[str]:
+        flower = original(*args, **kwargs)
+        if not flower or flower[0] != "flower-superexec":
+            return flower
+        return [sys.executable, "-m", SUPEREXEC_MODULE, *flower[1:]]
+
+    command._hyfl = True  # type: ignore[attr-defined]
+    cli._get_superexec_command = command
+    return True
+
+
+def tokens_off_command_lines() -> bool:
+    """A SuperExec that hands each task's token to its process (``flwr-serverapp``) as
+    ``--token-file /dev/fd/N``: an anonymous in-memory file (``memfd_create``) passed as
+    an open descriptor, on no command line and on no disk; False (no change) if Flower is
+    not 1.41.0 or its subprocess executor builds the command otherwise.
+
+    Touches ``flwr.supercore.superexec.executor.subprocess_executor.SubprocessExecutor``'s
+    ``launch``. Flower's task processes read ``--token-file`` with ``Path.read_text`` after
+    an ``isfile`` check, which a memfd passes (it is a regular file). Only the process
+    itself (and its user, through ``/proc/PID/fd``) can open it."""
+    import importlib
+    import os
+    import subprocess
+
+    import flwr
+
+    if flwr.__version__ != PATCHED_VERSION or not hasattr(os, "memfd_create"):
+        return False
+    module = importlib.import_module("flwr.supercore.superexec.executor.subprocess_executor")
+    executor = getattr(module, "SubprocessExecutor", None)
+    launch = getattr(executor, "launch", None)
+    if not callable(launch):
+        return False
+    if getattr(launch, "_hyfl", False):
+        return True
+    constant = importlib.import_module("flwr.supercore.constant")
+    types = importlib.import_module("flwr.supercore.superexec.executor.types")
+
+    def private_launch(self, spec):
+        fd = os.memfd_create("flwr-task-token", 0)  # not inheritable unless passed
+        try:
+            os.write(fd, str(spec.token).encode())
+            args = [constant.TASK_TYPE_TO_COMMAND[spec.task_type],
+                    constant.TASK_TYPE_TO_APPIO_API_ADDRESS_ARG[spec.task_type],
+                    spec.runtime_api_address, "--token-file", f"/dev/fd/{fd}"]
+            if spec.insecure:
+                args.append("--insecure")
+            elif spec.root_certificates_path is not None:
+                args.extend(["--root-certificates", spec.root_certificates_path])
+            if spec.parent_pid is not None:
+                args.extend(["--parent-pid", str(spec.parent_pid)])
+            if spec.runtime_dependency_install:
+                args.append("--allow-runtime-dependency-installation")
+            output = ({"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+                      if spec.suppress_output else {})
+            subprocess.Popen(args, pass_fds=(fd,), **output)  # noqa: S603
+        finally:
+            os.close(fd)
+        return types.LaunchResult.accepted()
+
+    private_launch._hyfl = True  # type: ignore[attr-defined]
+    executor.launch = private_launch
+    return True

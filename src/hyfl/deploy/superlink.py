@@ -32,7 +32,11 @@ import shutil
 import sys
 from pathlib import Path
 
-from hyfl.deploy.flower_patches import PATCHED_VERSION, require_control_token
+from hyfl.deploy.flower_patches import (
+    PATCHED_VERSION,
+    require_control_token,
+    superexec_through_hyfl,
+)
 
 #: The option naming the token file (removed from what Flower sees).
 TOKEN_OPTION = "--hyfl-control-token-file"
@@ -71,7 +75,7 @@ def main() -> None:
     path, argv = _take_option(sys.argv[1:], TOKEN_OPTION)
     if path is None:
         sys.exit(f"hyfl: {TOKEN_OPTION} FILE is required (the Control API's token)")
-    if not require_control_token(read_token(path)):
+    if not (require_control_token(read_token(path)) and superexec_through_hyfl()):
         sys.exit(f"hyfl: the SuperLink's owner-only Control API needs Flower {PATCHED_VERSION}; "
                  f"install flwr=={PATCHED_VERSION}")
     from flwr.superlink.cli.flower_superlink import flower_superlink
