@@ -291,3 +291,27 @@ def test_a_setup_without_one_of_the_parties_is_refused(tmp_path_factory):
                "lam_defaults": p["lam_defaults"][:K - 1]}
     with pytest.raises(HyflError, match="parties"):
         _send(run4, record, dropped)
+
+
+def test_a_holders_part_claimed_never_sent_is_the_documented_exposure(run):
+    """A documented exposure (docs/privacy.md, the ``proposals`` row), not refused: the
+    server may say another holder's part of ``z`` is still the set-up's zeros (it
+    cannot know whether that holder ever took part), so the party's own part alone is
+    accepted as the sum. That is what a ``w`` zero on the other holders' features gives
+    an honest server too; no value of the server's choosing enters."""
+    record = _find(run, "proposals", t=3)
+    k = record.party
+    prior = next(r for r in run.records if r.party == k and r.kind in ("round", "weights")
+                 and r.after is record.before)
+    own = decode(*_send(run, prior)[0], run.cipher)["inner_products"]
+    genuine = record.payload
+    made = genuine["z_made"].reshape(-1, 2).copy()
+    holders = np.arange(made.shape[0])  # (every party holds every sample here)
+    made[holders != k] = 0
+    reply = decode(*_send(run, record, {**genuine, "z": own, "z_made": made.reshape(-1)})[0],
+                   run.cipher)
+    assert "proposals" in reply
+    # A part claimed made in another attempt than the one that made it is refused.
+    made[holders != k] = (1, 1)
+    with pytest.raises(HyflError, match="tag does not verify"):
+        _send(run, record, {**genuine, "z": own, "z_made": made.reshape(-1)})
