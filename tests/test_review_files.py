@@ -201,3 +201,54 @@ def test_the_markdown_report_keeps_hostile_names_on_their_line_without_html(tmp_
     assert "\n# Approved" not in page  # no heading of the folder's own
     table = [line for line in page.splitlines() if line.startswith("|")]
     assert len(table) == 3 and all(line.count(" | ") == 1 for line in table[::2])
+
+
+# ----------------------------------------------------------------------------- IDX, Parquet
+
+
+def test_an_idx_header_whose_int64_size_wraps_is_a_clear_error(tmp_path):
+    """IDX images declaring 2**31 x 2**31 x 4 over no data: the int64 product of the
+    dimensions wrapped to 0 bytes, "as many as the file holds", and reshaping raised a
+    ValueError traceback; 0 x (2**32 - 1)**2 too."""
+    for name, dims in (("wrap", (2**31, 2**31, 4)), ("zero", (0, 2**32 - 1, 2**32 - 1))):
+        images, labels = tmp_path / f"{name}-images.idx", tmp_path / f"{name}-labels.idx"
+        images.write_bytes(struct.pack(">IIII", 2051, *dims))
+        labels.write_bytes(struct.pack(">II", 2049, dims[0] % 2**32))
+        out = read_bounded(f"load_idx({str(images)!r}, {str(labels)!r})",
+                           "from hyfl.data.loaders import load_idx")
+        assert_refused(out, str(images), "values per sample")
+
+
+def test_a_parquet_footer_that_understates_its_rows_reads_only_what_it_declares(tmp_path):
+    """Attack that failed: a footer rewritten to declare 1,000 rows and 1,000 bytes over
+    a page of 20 million values (thrift varints replaced, footer length fixed). Arrow
+    reads the rows the footer declares, so the file reads as 1,000 rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def varint(v: int) -> bytes:
+        out = bytearray()
+        while True:
+            byte, v = v & 0x7F, v >> 7
+            out.append(byte | (0x80 if v else 0))
+            if not v:
+                return bytes(out)
+
+    path = tmp_path / "bank.parquet"
+    n, claim = 20_000_000, 1000
+    pq.write_table(pa.table({"x": pa.array(np.zeros(n, dtype=np.int8))}), path,
+                   compression="zstd", use_dictionary=False, data_page_size=1 << 31,
+                   row_group_size=n, write_statistics=False)
+    raw = path.read_bytes()
+    length = struct.unpack("<I", raw[-8:-4])[0]
+    footer, body = raw[-8 - length:-8], raw[:-8 - length]
+    meta = pq.ParquetFile(path).metadata
+    group, column = meta.row_group(0), meta.row_group(0).column(0)
+    for value in {column.total_uncompressed_size, meta.num_rows, column.num_values,
+                  group.total_byte_size}:
+        footer = footer.replace(varint(value << 1), varint(claim << 1))  # zigzag
+    path.write_bytes(body + footer + struct.pack("<I", len(footer)) + b"PAR1")
+    assert pq.ParquetFile(path).metadata.num_rows == claim
+    out = read_bounded(f"assert read_parquet({str(path)!r}, 'party file x', '').shape == "
+                       f"({claim}, 1)", "from hyfl._io import read_parquet")
+    assert out["error"] is None and out["growth"] < 200 << 20, out

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import math
 import os
 import struct
 from pathlib import Path
@@ -524,7 +525,15 @@ def _parse_idx(path: Path, what: str, magic: int, ndim: int) -> np.ndarray:
             "The file is truncated or not IDX; get a fresh copy.",
         )
     dims = struct.unpack(f">{ndim}I", content[4:header_size])
-    expected = int(np.prod(dims, dtype=np.int64))
+    # Python integers: an int64 product wraps (2**31 x 2**31 x 4 "is" 0 bytes).
+    expected = math.prod(dims)
+    if math.prod(dims[1:]) > MAX_FEATURES:
+        raise fail(
+            culprit,
+            f"declares {' x '.join(str(d) for d in dims)}: {math.prod(dims[1:])} values per "
+            f"sample, more than the {MAX_FEATURES} features hyfl reads",
+            "The header is damaged or forged; get a fresh copy of the file.",
+        )
     found_bytes = len(content) - header_size
     if found_bytes != expected:
         shape = " x ".join(str(d) for d in dims)
