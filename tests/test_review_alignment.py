@@ -294,6 +294,26 @@ def test_a_truncated_or_repeated_peer_list_is_refused(tmp_path, keys, how):
     assert refusal is not None and "party 2's hello" in refusal and "tag" in refusal, refusal
 
 
+def test_peers_re_blindings_swapped_in_labels_are_refused(tmp_path, keys):
+    """The server hands the bank the telco's re-blinding of the bank's list in the shop's
+    place and the other way round, tags moved along (so that the bank's join checks
+    would see other pairs): each tag names its blinder, and the bank refuses."""
+    files, *_ = organisation_files(tmp_path)
+
+    def forge(k, kind, payload):
+        if k == 0 and kind == "labels":
+            first, second = np.split(payload["doubles"], 2)
+            tags = payload["double_tags"][[0, 2, 1]]
+            payload = {**payload, "doubles": np.concatenate([second, first]),
+                       "double_tags": tags}
+        return payload
+
+    coordinator, transport = _deploy(files, keys, forge=forge)
+    refusal = _run(coordinator)
+    assert transport.reply(0, "labels") is None
+    assert refusal is not None and "re-blinding of party 0's ids" in refusal, refusal
+
+
 def test_a_hostile_peer_tagging_its_hello_for_another_place_is_refused(tmp_path, keys):
     """A hostile party holds the key holders' secret, so it can tag anything. The shop
     tags its hello as party 0's (to have its list taken for the bank's): the server puts

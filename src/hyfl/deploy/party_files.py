@@ -27,7 +27,10 @@ checking that the party it names made it, for this run, at this place.
     results (:func:`hyfl.privacy.alignment.join`) and numbers the samples.
 ``labels``
     For each peer, the pairs of rows the party shares with it (its position and
-    the peer's, in an order the server gives both) -> for every such peer, its
+    the peer's, in an order the server gives both), every peer's re-blinding of
+    the party's list under that peer's tag (the party checks the pairs against
+    the join it computes itself: none left out, none added) and the global
+    numbers of the party's rows (each row's number enters its seal) -> for every such peer, its
     labels of those rows (NaN where it has none), sealed for that peer and bound
     to the run, the pair, the classes and the blinded ids of each row
     (:func:`hyfl.privacy.alignment.label_context`). When the job standardizes
@@ -38,10 +41,14 @@ checking that the party it names made it, for this run, at this place.
     pairs' channel keys and the run's identity): the server adds the replies
     and learns only the totals.
 ``block``
-    Its positions' global sample indices, its columns' global feature indices
+    Its positions' global sample indices (those of ``labels``; at ``setup`` the
+    party checks that every peer's announced samples meet its own exactly in the
+    ones they share, :func:`check_numbering`), its columns' global feature indices
     (again checked against its own numbering), the labels its peers sealed for
     it -- one list from every peer it shares rows with, each opened only on
-    the rows it was sealed for (and the totals of the secure sum) -> the
+    the rows it was sealed for (and the totals of the secure sum, used only if
+    they carry the parties' summed check sum,
+    :func:`hyfl.privacy.secure_scaling.verify_totals`) -> the
     ``hello`` reply of any other party (its block's ids and sizes, with the
     announcement tag), after which the run goes on exactly as with a block file.
     With ``standardize`` the party divides each column by its deviation from

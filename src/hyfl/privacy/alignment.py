@@ -50,10 +50,17 @@ checked (its own fresh one among them), and it enters every seal and mask of
 the alignment: values of another run, or of a run the server showed some
 parties otherwise, neither open nor cancel.
 
-Re-blinded lists go to the server only, which cannot check them (it lacks
-the tag key); no party uses a list another party re-blinded. A party uses
-only its own re-blinding of its peers' tagged lists, which is what binds the
-labels to their rows (below).
+Re-blinded lists go to the server, which cannot check them (it lacks the tag
+key), and each party's re-blinding of a peer's list goes back to that peer
+under a tag keyed with the secret and the run (:func:`reblinded_tag`): the
+peer computes its join with the party itself and refuses a ``labels``
+message whose pairs are not exactly that join (a shared sample left out
+could otherwise be numbered twice unnoticed). That join is what the message
+tells the party anyway: which of its rows the peer holds, at which of the
+peer's positions. Each party's own re-blinding of its peers' tagged lists is
+what binds the labels to their rows (below), with each side's own global
+number of the row: two holders of one sample given two numbers do not open
+each other's labels.
 
 Cost: a party blinds its own ids once and each peer's once: ``n_k + sum_j
 n_j`` X25519 operations (OpenSSL's, about 30-60 microseconds each here, see

@@ -13,7 +13,9 @@ clients, so that the totals -- and nothing else -- become known:
   cancel, leaving ``encode(sum_k v_k)`` exactly. (No dropout recovery: every
   client must send, which holds before training.) In a deployment the masks are
   per cell (:func:`cell_masks`: the pair's key, the run, the global column and
-  the moment), never a stream a feature count could shift.
+  the moment), never a stream a feature count could shift, and every party adds a
+  keyed linear check sum (:func:`masked_check`), so that totals the server altered
+  are refused (:func:`verify_totals`).
 * **What it reveals.** Every party and the server learn each feature's mean and
   standard deviation over all samples (cells no party holds count as 0), and
   nothing about any one party's entries beyond what those totals imply -- for a
