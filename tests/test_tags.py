@@ -114,10 +114,12 @@ def _combine(sums, coefficients):
 
 def _verifies_with_a_shift(key, values, tag, contexts) -> bool:
     """Does the combination verify for some multiple of the prime added to its tag (the
-    server's free choice: it brings the tag into range)?"""
-    bound = len(contexts) * TAG_PRIME
-    return any(key.verify(FAMILY, values, tag + shift * TAG_PRIME, contexts)
-               for shift in range(-(tag // TAG_PRIME) - 1, -((tag - bound) // TAG_PRIME) + 1))
+    server's free choice: it brings the tag into range)? The run's own prime, which the
+    server does not know (a server that knew it, at its strongest)."""
+    prime = key.prime
+    bound = len(contexts) * prime
+    return any(key.verify(FAMILY, values, tag + shift * prime, contexts)
+               for shift in range(-(tag // prime) - 1, -((tag - bound) // prime) + 1))
 
 
 def test_another_runs_sums_and_their_combinations_do_not_verify():

@@ -257,20 +257,21 @@ def run_identity(nonces: Sequence[bytes]) -> bytes:
     return h.digest()
 
 
-#: The run's secret prime is the first prime from a secret point of [2**39, 2**39 + this).
-_PRIME_WINDOW = 2**39 - 2**20
 #: Bases of a Miller-Rabin test that is exact below 3.3 * 10**24.
 _MR_BASES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41)
 
 
 def _secret_prime(key: bytes) -> int:
-    """The tags' modulus of one run: a prime in ``[2**39, 2**40)`` only the key's holders
-    know (the first prime at or after a point the key chooses)."""
-    seed = hashlib.blake2b(key=key, digest_size=8, person=b"hyfl tag prime").digest()
-    candidate = 2**39 + int.from_bytes(seed, "little") % _PRIME_WINDOW
-    while not _is_prime(candidate):
-        candidate += 1
-    return candidate
+    """The tags' modulus of one run: a prime in ``[2**39, TAG_PRIME]`` only the key's
+    holders know, uniform among them (the first prime of a stream of independent odd
+    candidates the key draws: not the prime after a gap, which a large gap would favour)."""
+    for counter in range(1 << 20):
+        seed = hashlib.blake2b(counter.to_bytes(8, "little"), key=key, digest_size=8,
+                               person=b"hyfl tag prime").digest()
+        candidate = (2**39 + int.from_bytes(seed, "little") % 2**39) | 1
+        if candidate <= TAG_PRIME and _is_prime(candidate):
+            return candidate
+    raise AssertionError("no prime among 2**20 candidates")  # pragma: no cover (p ~ 0)
 
 
 def _is_prime(n: int) -> bool:
