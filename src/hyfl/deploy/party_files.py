@@ -619,7 +619,8 @@ def _standardize(payload: dict, X, features: np.ndarray, n_samples: int, n_featu
             n_parties, bytes(check_key)):
         raise fail("the server's 'block' message fields moments and moments_check", "are not "
                    "the sum of the parties' masked column sums of this run (the totals do not "
-                   "carry the parties' summed check sum)", _FORGED)
+                   "carry the parties' summed check sum: altered, or of another run; or an "
+                   "honest sum beyond the secure sum's range)", _FORGED)
     scale = scales_from_moments(decode(totals), n_samples)
     log("standardized: every feature divided by its deviation from the parties' secure sum")
     return scale_columns(X, scale[features]), scale[features]
