@@ -45,7 +45,13 @@ import numpy as np
 import scipy.sparse as sp
 
 from hyfl.errors import HyflError, fail
-from hyfl.model_container import check_content, content_sha256, read_container, write_container
+from hyfl.model_container import (
+    check_content,
+    content_sha256,
+    read_container,
+    read_kind,
+    write_container,
+)
 
 MODEL_FORMAT = 2
 _READABLE_FORMATS = (1, 2)  # format 1: no intercept array
@@ -280,15 +286,18 @@ def load_model(path: str | os.PathLike) -> Model:
         was edited (its arrays or header do not match its ``content_sha256``), or
         a field does not fit the others (see :func:`check_model_fields`).
     """
+    # Another kind of model file holds members this kind never does: name the kind
+    # from the header alone before the members are checked against this kind's.
+    kind = read_kind(path)
+    if isinstance(kind, str) and kind.startswith("hyfl-") and kind != MODEL_KIND:
+        other = kind.removeprefix("hyfl-").removesuffix("-model")  # e.g. "neural"
+        raise fail(f"model file {path}", f"holds a {other} model, which this reader of "
+                   "linear models cannot use",
+                   "Use hyfl predict, or hyfl.predict.load_any_model, which reads every kind.")
     header, arrays, culprit = read_container(
         path, "Pass the model.npz of a results folder (`hyfl run --out DIR` writes "
         "DIR/model.npz).", known=_ARRAYS + _OPTIONAL_ARRAYS)
     kind = header.get("kind")
-    if isinstance(kind, str) and kind.startswith("hyfl-") and kind != MODEL_KIND:
-        other = kind.removeprefix("hyfl-").removesuffix("-model")  # e.g. "neural"
-        raise fail(culprit, f"holds a {other} model ({header.get('algorithm')}), which this "
-                   "reader of linear models cannot use",
-                   "Use hyfl predict, or hyfl.predict.load_any_model, which reads every kind.")
     if kind != MODEL_KIND:
         raise fail(culprit, "is not a hyfl model file", "Pass a model.npz written by hyfl.")
     if header.get("format") not in _READABLE_FORMATS:
