@@ -315,3 +315,28 @@ def test_a_holders_part_claimed_never_sent_is_the_documented_exposure(run):
     made[holders != k] = (1, 1)
     with pytest.raises(HyflError, match="tag does not verify"):
         _send(run, record, {**genuine, "z": own, "z_made": made.reshape(-1)})
+
+
+def test_an_attempts_messages_replayed_in_the_next_attempt_are_refused(run):
+    """Attacks that fail (evidence): the round restarted (one more attempt, which the
+    guard allows), then the first attempt's ``proposals`` sent again -- the same inner
+    products, to get a second set of proposals from one context. The party's own part
+    must be of this attempt: refused."""
+    opened = next(r for r in run.records if r.kind == "round" and r.party == 0
+                  and int(r.payload["configure"]["t"]) == 2)
+    asked = next(r for r in run.records[run.records.index(opened):]
+                 if r.party == 0 and r.kind == "proposals")
+    before = asked.before
+    _, restarted = _send(run, opened, state=before)  # attempt 2 of round 2
+    later = [r for r in run.records[run.records.index(opened):run.records.index(asked)]
+             if r.party == 0 and r.kind == "weights"]
+    for record in later:  # the weights the round announced, as the server sent them
+        _, restarted = _send(run, record, state=restarted)
+    with pytest.raises(HyflError, match="not a part it can"):
+        _send(run, asked, state=restarted)
+    # ... and claimed to be of this attempt, its tag (of attempt 1) does not verify.
+    genuine = asked.payload
+    made = genuine["z_made"].reshape(-1, 2).copy()
+    made[(made[:, 0] == 2) & (made[:, 1] == 1)] = (2, 2)
+    with pytest.raises(HyflError, match="tag does not verify"):
+        _send(run, asked, {**genuine, "z_made": made.reshape(-1)}, state=restarted)
