@@ -427,3 +427,33 @@ def test_the_superexec_patches_hold_on_the_installed_flower():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.slow
+def test_a_stopped_deployment_leaves_no_party_state(tmp_path):
+    """``hyfl deploy local`` run to its end and stopped: no party's worker state (its last
+    ``context.state``: the block's raw features and labels, the plaintext duals, the
+    alignment's secrets) stays in the runtime folder. Before, every party's
+    ``hyfl-party-state-*`` folder stayed with its state file (Flower ends a SuperNode on
+    SIGTERM through ``os._exit``, which skips ``atexit``); private (0700), but kept past
+    the run for as long as the machine's temporary files are."""
+    import re
+
+    from hyfl.deploy.config import run_config_for as run_config
+    from hyfl.deploy.local import LocalDeployment
+    from hyfl.deploy.supernode import _private_runtime_dir
+
+    files, *_ = organisation_files(tmp_path / "files")
+    nodes = [{"party": k, "cipher": "none", "data": str(f), "id-column": "customer",
+              "label-column": "income"} for k, f in enumerate(files)]
+    with LocalDeployment(nodes, tmp_path / "flower") as local:
+        results = local.run(run_config(parties=3, iterations=1, cipher="none",
+                                       out=str(tmp_path / "out")), timeout=240)
+    assert results["status"] == "completed", results.get("error")
+    log = (tmp_path / "flower" / "logs" / "party-0.log").read_text(errors="replace")
+    run = re.search(r"RUN (\d+)", log).group(1)
+    import tempfile
+
+    folder = Path(_private_runtime_dir() or tempfile.gettempdir())
+    left = sorted(folder.glob(f"hyfl-party-state-*/run-{run}-party-*"))
+    assert not left, f"party states left after the deployment stopped: {left}"

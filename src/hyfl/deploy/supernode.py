@@ -146,6 +146,15 @@ def private_temp_folder(prefix: str, folder: str | os.PathLike | None) -> Path:
     private = Path(tempfile.mkdtemp(prefix=prefix,
                                     dir=folder if folder is not None else _private_runtime_dir()))
     atexit.register(shutil.rmtree, private, True)
+    # Flower's processes stop on SIGTERM through flwr_exit, whose force-exit timer ends in
+    # os._exit (no atexit): the folder then stayed, with the parties' last states in it
+    # (tests/test_review_alignment.py::test_a_stopped_deployment_leaves_no_party_state).
+    try:
+        from flwr.supercore.exit import add_exit_handler
+    except ImportError:  # another Flower: atexit only
+        pass
+    else:
+        add_exit_handler(lambda: shutil.rmtree(private, True), run_before_force_exit=True)
     return private
 
 
@@ -207,6 +216,11 @@ def supervise_worker(runtime_api_address: str, stop: threading.Event,
             current.clear()
             worker.stdin.close()
             if code in (-signal.SIGTERM, -signal.SIGINT):  # an orderly stop (of the party)
+                # Its last states: nothing reads them any more (only a folder of
+                # worker_state_folder's; a party's own state-dir is never passed here).
+                if state_folder is not None and Path(state_folder).name.startswith(
+                        "hyfl-party-state-"):
+                    shutil.rmtree(state_folder, ignore_errors=True)
                 return
             if not stop.is_set():
                 print(f"hyfl: the party worker (pid {worker.pid}) exited with code {code}; "
