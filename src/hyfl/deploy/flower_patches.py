@@ -61,6 +61,19 @@ test instead of silently turning a speed-up off.
     OIDC access token. Another version or no such name: no change, False (and
     :mod:`hyfl.deploy.superlink` then refuses to start: this patch is not a
     speed-up that may be missing).
+:func:`superexec_through_hyfl`
+    Touches ``flwr.superlink.cli.flower_superlink._get_superexec_command``: the
+    SuperLink starts its SuperExec as ``python -m hyfl.deploy.superexec``. Why: the
+    next patch must run in that process. Another version: no change, False (and
+    :mod:`hyfl.deploy.superlink` refuses to start).
+:func:`tokens_off_command_lines`
+    Replaces ``SubprocessExecutor.launch`` (``flwr.supercore.superexec.executor.
+    subprocess_executor``): a task process gets ``--token-file /dev/fd/N`` (a memfd
+    passed as a descriptor) instead of ``--token TOKEN``. Why: a command line is
+    readable by every local user in ``/proc/PID/cmdline``, and the ServerApp's task
+    token lets its holder act as the run's server. Another version or no
+    ``memfd_create``: no change, False (and :mod:`hyfl.deploy.superexec` refuses to
+    start).
 """
 
 from __future__ import annotations
