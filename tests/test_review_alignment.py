@@ -457,3 +457,24 @@ def test_a_stopped_deployment_leaves_no_party_state(tmp_path):
     folder = Path(_private_runtime_dir() or tempfile.gettempdir())
     left = sorted(folder.glob(f"hyfl-party-state-*/run-{run}-party-*"))
     assert not left, f"party states left after the deployment stopped: {left}"
+
+
+@pytest.mark.slow
+def test_no_other_local_user_can_take_the_serverapps_task(tmp_path):
+    """``hyfl deploy local``: the SuperLink's ``AcquireTask`` (which hands a run's ServerApp
+    task and its token to whoever asks first) refuses a request without the SuperExec's
+    secret, or with another (401); the deployment's own SuperExec, which holds it, still
+    runs jobs (the other loopback tests). Before: it answered anyone (200), so a local
+    user polling it could take a run's task and act as its server."""
+    from flwr.proto.runtime_pb2 import AcquireTaskRequest
+    from flwr.supercore.constant import TaskType
+
+    from hyfl.deploy.local import LocalDeployment
+    from test_deploy_channels import _runtime_client, _status
+
+    with LocalDeployment([{"party": 0}], tmp_path / "flower") as local:
+        request = AcquireTaskRequest(supported_task_types=[TaskType.SERVER_APP])
+        for key in (None, b"not the deployment's secret"):
+            stranger = _runtime_client(local.address, secret=key)
+            assert _status(lambda c=stranger: c.AcquireTask(request)) == 401
+            stranger.close()

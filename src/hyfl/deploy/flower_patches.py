@@ -376,7 +376,7 @@ def tokens_off_command_lines() -> bool:
     types = importlib.import_module("flwr.supercore.superexec.executor.types")
 
     def private_launch(self, spec):
-        fd = os.memfd_create("flwr-task-token", 0)  # not inheritable unless passed
+        fd = os.memfd_create("flwr-task-token")  # close-on-exec: only pass_fds hands it on
         try:
             os.write(fd, str(spec.token).encode())
             args = [constant.TASK_TYPE_TO_COMMAND[spec.task_type],

@@ -33,11 +33,10 @@ lets anyone join as one more SuperNode (without the parties' key it cannot
 make a party's announcement, so at most it stops the run; a party's SuperNode
 signs its requests with a key pair held in its memory, so nobody can act as
 it), and its Runtime API (the ServerApp's)
-admits a task's token, which is on no command line (the SuperLink's SuperExec,
-:mod:`hyfl.deploy.superexec`, hands it to the ServerApp as ``--token-file
-/dev/fd/N``, an in-memory file), but Flower's ``AcquireTask`` there has no
-authentication: a local user who polls it may take the task first and act as
-the server of that run, which the parties do not trust anyway.
+hands a run's task only to the deployment's own SuperExec, which shares a secret
+with the SuperLink (:func:`hyfl.deploy.superlink.own_superexec`), and whose
+ServerApps get their token as an in-memory file, on no command line
+(:mod:`hyfl.deploy.superexec`).
 Each party's Runtime API hands its tasks only to its worker, which holds the
 party's secret (:func:`hyfl.deploy.supernode.runtime_api_secret`); with
 ``worker=False`` it hands them to anyone. :data:`REACHABLE` says so in the
@@ -103,11 +102,9 @@ REACHABLE = ("SuperLink on {address} (loopback only: no other machine can reach 
              "deployment's token, kept in {credentials} (mode 0600). Fleet API (same port): "
              "any local user can join as one more SuperNode; without the parties' key it cannot "
              "make a party's announcement (at most it stops the run), nor act as an existing "
-             "party's SuperNode. ServerAppIo API (same port): a run's task token is on no "
-             "command line (the SuperExec hands it to the ServerApp as an in-memory file), "
-             "but Flower does not authenticate the API's AcquireTask, so a local user who "
-             "polls it may take a run's ServerApp task before the SuperExec does and act as "
-             "that run's server, which no party trusts anyway.")
+             "party's SuperNode. ServerAppIo API (same port): owner only, a run's task goes "
+             "only to this deployment's SuperExec (a secret shared with the SuperLink), and "
+             "its token is on no command line.")
 #: Flower 1.41's switches for its legacy gRPC servers, which listen on 0.0.0.0.
 _LEGACY_GRPC = ("FLWR_INTERNAL_GRPC_CONTROL_API", "FLWR_INTERNAL_GRPC_FLEET_API")
 
