@@ -252,3 +252,23 @@ def test_a_parquet_footer_that_understates_its_rows_reads_only_what_it_declares(
     out = read_bounded(f"assert read_parquet({str(path)!r}, 'party file x', '').shape == "
                        f"({claim}, 1)", "from hyfl._io import read_parquet")
     assert out["error"] is None and out["growth"] < 200 << 20, out
+
+
+def test_a_party_parquet_of_many_one_row_columns_is_refused_quickly(tmp_path):
+    """20,000 one-row columns (3 MB): each column's readers cost Arrow and pandas about
+    32 kB (50,000 columns, 7.3 MB, took 1.6 GB resident), and reading the schema once per
+    column made the check quadratic (5,000 columns 26 s; 50,000 would take most of an
+    hour). Refused from the footer, in seconds."""
+    import time
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "bank.parquet"
+    pq.write_table(pa.table({f"c{i}": pa.array([1.0]) for i in range(20_000)}), path,
+                   compression="zstd", write_statistics=False)
+    start = time.monotonic()
+    out = read_bounded(f"read_party_file({str(path)!r}, party='bank', id_column='c0')",
+                       "from hyfl.data.parties import read_party_file")
+    assert_refused(out, str(path), "20000 columns", "HYFL_MAX_EXPANSION")
+    assert time.monotonic() - start < 60
