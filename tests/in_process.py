@@ -93,3 +93,41 @@ def secrets_without(secrets, shares) -> list:
     shared = np.concatenate(shares) if shares else np.empty(0)
     recorded = [np.asarray(x, dtype=float).ravel() for x in secrets]
     return [x[~np.isin(x, shared)] for x in recorded]
+
+
+class AlteringTransport(RecordingTransport):
+    """A recording transport that also keeps every reply, and lets the server alter it
+    (``alter(party, kind, reply) -> reply``) before the coordinator reads it."""
+
+    def __init__(self, nodes, run, cipher, forge=None, alter=None):
+        super().__init__(nodes, run, cipher, forge)
+        self.alter, self.replies = alter, []
+
+    def _deliver(self, k, kind, payload):
+        reply = super()._deliver(k, kind, payload)
+        self.replies.append((k, kind, reply))
+        return reply if self.alter is None else self.alter(k, kind, reply)
+
+    def reply(self, k: int, kind: str) -> dict | None:
+        """Party ``k``'s last reply to ``kind`` (None: it gave none)."""
+        return next((r for p, q, r in reversed(self.replies) if p == k and q == kind), None)
+
+
+def party_files_deployment(files, keys, *, forge=None, alter=None, iterations=2,
+                           id_column="customer", label_column="income", **run_extra):
+    """A coordinator and its :class:`AlteringTransport` for parties with their own
+    ``files`` (ckks, test keys ``(private, public)``), in this process."""
+    from hyfl.deploy.config import DeployConfig, run_config_for
+    from hyfl.deploy.coordinator import Coordinator
+    from hyfl.deploy.keys import server_cipher
+
+    private, public = keys
+    run = run_config_for(parties=len(files), iterations=iterations, cipher="ckks", lam=0.05,
+                         public_key=str(public), insecure_test_keys=True, **run_extra)
+    nodes = [{"party": k, "key": str(private), "cipher": "ckks", "insecure-test-keys": True,
+              "data": str(path), "id-column": id_column, "label-column": label_column}
+             for k, path in enumerate(files)]
+    config = DeployConfig.from_run_config(run)
+    server = server_cipher("ckks", public, **config.cipher_options(), insecure_test_keys=True)
+    transport = AlteringTransport(nodes, run, server, forge, alter)
+    return Coordinator(config, transport, server, log=lambda line: None), transport

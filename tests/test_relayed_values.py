@@ -23,31 +23,11 @@ import pandas as pd
 import pytest
 
 from hyfl.deploy.codec import decode
-from hyfl.deploy.config import DeployConfig, run_config_for
-from hyfl.deploy.coordinator import Coordinator
-from hyfl.deploy.keys import generate_keys, server_cipher
+from hyfl.deploy.keys import generate_keys
 from hyfl.errors import HyflError
 from hyfl.privacy.alignment import hash_ids
-from in_process import RecordingTransport
+from in_process import party_files_deployment as _deploy
 from synthetic_data import organisation_files
-
-
-class Relay(RecordingTransport):
-    """A recording transport that also keeps every reply, and lets the server alter it
-    (``alter(party, kind, reply) -> reply``) before the coordinator reads it."""
-
-    def __init__(self, nodes, run, cipher, forge=None, alter=None):
-        super().__init__(nodes, run, cipher, forge)
-        self.alter, self.replies = alter, []
-
-    def _deliver(self, k, kind, payload):
-        reply = super()._deliver(k, kind, payload)
-        self.replies.append((k, kind, reply))
-        return reply if self.alter is None else self.alter(k, kind, reply)
-
-    def reply(self, k: int, kind: str) -> dict | None:
-        """Party ``k``'s last reply to ``kind`` (None: it gave none)."""
-        return next((r for p, q, r in reversed(self.replies) if p == k and q == kind), None)
 
 
 @pytest.fixture(scope="module")
@@ -55,18 +35,6 @@ def keys(tmp_path_factory):
     return generate_keys(tmp_path_factory.mktemp("ckks-keys"), cipher="ckks")
 
 
-def _deploy(files, keys, *, forge=None, alter=None, id_column="customer",
-            label_column="income", **run_extra):
-    private, public = keys
-    run = run_config_for(parties=len(files), iterations=2, cipher="ckks", lam=0.05,
-                         public_key=str(public), insecure_test_keys=True, **run_extra)
-    nodes = [{"party": k, "key": str(private), "cipher": "ckks", "insecure-test-keys": True,
-              "data": str(path), "id-column": id_column, "label-column": label_column}
-             for k, path in enumerate(files)]
-    config = DeployConfig.from_run_config(run)
-    server = server_cipher("ckks", public, **config.cipher_options(), insecure_test_keys=True)
-    transport = Relay(nodes, run, server, forge, alter)
-    return Coordinator(config, transport, server, log=lambda line: None), transport
 
 
 def _run(coordinator) -> str | None:
