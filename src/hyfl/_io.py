@@ -217,6 +217,13 @@ def max_file_bytes() -> int:
 
 def bytes_setting(variable: str, default: int) -> int:
     """A byte count from the environment (a positive integer), else ``default``."""
+    return positive_setting(variable, default, "a positive number of bytes", "a byte count")
+
+
+def positive_setting(variable: str, default: int, what: str = "a positive whole number",
+                     example: str = "a value") -> int:
+    """A positive integer from the environment variable ``variable``, else ``default``;
+    anything else is an error naming the variable (``what`` it must be, ``example``)."""
     text = os.environ.get(variable, "").strip()
     if not text:
         return default
@@ -225,25 +232,15 @@ def bytes_setting(variable: str, default: int) -> int:
     except ValueError:
         value = 0
     if value <= 0:
-        raise fail(f"${variable}", f"is {text!r}, not a positive number of bytes",
-                   f"Set it to a byte count such as {default}, or unset it.")
+        raise fail(f"${variable}", f"is {text!r}, not {what}",
+                   f"Set it to {example} such as {default}, or unset it.")
     return value
 
 
 def decoded_ratio() -> int:
     """How many times its size a file may decode to: ``$HYFL_MAX_EXPANSION`` or
     :data:`DECODED_RATIO`."""
-    text = os.environ.get(DECODED_RATIO_VARIABLE, "").strip()
-    if not text:
-        return DECODED_RATIO
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise fail(f"${DECODED_RATIO_VARIABLE}", f"is {text!r}, not a positive whole number",
-                   f"Set it to a ratio such as {DECODED_RATIO}, or unset it.")
-    return value
+    return positive_setting(DECODED_RATIO_VARIABLE, DECODED_RATIO, example="a ratio")
 
 
 def decoded_cap(size: int) -> int:
