@@ -168,6 +168,9 @@ def test_a_partys_runtime_api_hands_its_tasks_only_to_its_worker(tmp_path, monke
         assert argv[argv.index(b"--parent-pid") + 1] == str(supernode).encode()
         assert b"--superexec-auth-secret-fd" in argv  # from a pipe, not a file
         assert b"--superexec-auth-secret-file" not in argv
+        # The SuperNodes' runtime folder is the deployment's own (removed when it stops).
+        private = work / "runtime"
+        assert stat.S_IMODE(private.stat().st_mode) == 0o700
         # The secret's folder was made here, and removed once Flower had read the file;
         # what stays is the worker's folder for the party's states (mode 0700, its own).
         _wait_for(lambda: not any(p.name.startswith("hyfl-supernode-")

@@ -428,6 +428,9 @@ def test_a_stopped_deployment_leaves_no_party_state(tmp_path):
     folder = Path(_private_runtime_dir() or tempfile.gettempdir())
     left = sorted(folder.glob(f"hyfl-party-state-*/run-{run}-party-*"))
     assert not left, f"party states left after the deployment stopped: {left}"
+    # The parties keep their states in the deployment's own runtime folder, removed with
+    # it, so a SuperNode that Flower ends before its own clean-up leaves nothing either.
+    assert not (tmp_path / "flower" / "runtime").exists()
 
 
 @pytest.mark.slow

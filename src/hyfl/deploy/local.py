@@ -369,6 +369,11 @@ class LocalDeployment:
         for name in _LEGACY_GRPC:  # they would listen on 0.0.0.0: loopback only here
             self.env.pop(name, None)
         self.logs = private_folder(self.workdir / "logs")
+        # The SuperNodes' workers keep their parties' states in the private runtime folder
+        # (hyfl.deploy.supernode.worker_state_folder): this deployment's own, removed when
+        # it stops, so a SuperNode that Flower ends before its clean-up leaves nothing.
+        self.runtime = private_folder(self.workdir / "runtime")
+        self.env["XDG_RUNTIME_DIR"] = str(self.runtime.resolve())
         self.port = _free_port()
         self.address = f"127.0.0.1:{self.port}"
         write_connection(self.home, self.address)
@@ -446,6 +451,8 @@ class LocalDeployment:
         # process groups of their own; they all carry this deployment's FLWR_HOME.
         if hasattr(self, "home"):
             _stop_stragglers(str(self.home.resolve()))
+        if hasattr(self, "runtime"):  # the parties' last states: nothing reads them now
+            shutil.rmtree(self.runtime, ignore_errors=True)
 
     def __enter__(self) -> LocalDeployment:
         try:
