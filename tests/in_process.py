@@ -131,3 +131,14 @@ def party_files_deployment(files, keys, *, forge=None, alter=None, iterations=2,
     server = server_cipher("ckks", public, **config.cipher_options(), insecure_test_keys=True)
     transport = AlteringTransport(nodes, run, server, forge, alter)
     return Coordinator(config, transport, server, log=lambda line: None), transport
+
+
+def refusal_of(coordinator) -> str | None:
+    """The run's refusal, the error's text (None: it finished)."""
+    from hyfl.errors import HyflError
+
+    try:
+        coordinator.run()
+    except HyflError as error:
+        return str(error)
+    return None

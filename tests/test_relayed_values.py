@@ -24,26 +24,15 @@ import pytest
 
 from hyfl.deploy.codec import decode
 from hyfl.deploy.keys import generate_keys
-from hyfl.errors import HyflError
 from hyfl.privacy.alignment import hash_ids
 from in_process import party_files_deployment as _deploy
+from in_process import refusal_of as _run
 from synthetic_data import organisation_files
 
 
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory):
     return generate_keys(tmp_path_factory.mktemp("ckks-keys"), cipher="ckks")
-
-
-
-
-def _run(coordinator) -> str | None:
-    """The run's refusal (None: it finished)."""
-    try:
-        coordinator.run()
-    except HyflError as error:
-        return str(error)
-    return None
 
 
 # ----------------------------------------------------------------------------- 1. guessed ids

@@ -34,27 +34,16 @@ import pandas as pd
 import pytest
 
 from hyfl.deploy.keys import generate_keys, party_cipher
-from hyfl.errors import HyflError
 from hyfl.privacy.alignment import hello_tag
 from hyfl.privacy.tags import cipher_secret
 from in_process import party_files_deployment as _deploy
+from in_process import refusal_of as _run
 from synthetic_data import organisation_files
 
 
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory):
     return generate_keys(tmp_path_factory.mktemp("ckks-keys"), cipher="ckks")
-
-
-
-
-def _run(coordinator) -> str | None:
-    """The run's refusal (None: it finished)."""
-    try:
-        coordinator.run()
-    except HyflError as error:
-        return str(error)
-    return None
 
 
 def _chunks(payload: dict) -> list[tuple[np.ndarray, np.ndarray]]:
