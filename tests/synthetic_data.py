@@ -54,3 +54,18 @@ def organisation_files(folder, seed=0):
              write(np.arange(20, 90), range(3, 6), False, "telco.parquet"),
              write(np.arange(40, 90), range(6, 9), True, "shop.csv")]
     return files, ids, X, y
+
+
+def horizontal_organisation_files(folder):
+    """Two organisations with the same three columns for different customers (each
+    column held by both: only the sum of their statistics is theirs to reveal)."""
+    rng = np.random.default_rng(7)
+    paths = []
+    for k, start in enumerate((0, 40)):
+        frame = pd.DataFrame({"customer": [f"c{i}" for i in range(start, start + 40)]})
+        for c in range(3):
+            frame[f"x{c}"] = rng.normal(10.0 * (k + 1), 2.0 + c, size=40)
+        frame["income"] = np.where(rng.random(40) > 0.5, "yes", "no")
+        paths.append(folder / f"org{k}.csv")
+        frame.to_csv(paths[-1], index=False)
+    return paths

@@ -27,6 +27,7 @@ from hyfl.deploy.keys import generate_keys
 from hyfl.privacy.alignment import hash_ids
 from in_process import party_files_deployment as _deploy
 from in_process import refusal_of as _run
+from synthetic_data import horizontal_organisation_files as _horizontal_files
 from synthetic_data import organisation_files
 
 
@@ -139,20 +140,6 @@ def test_a_hello_replayed_from_another_run_opens_and_cancels_nothing(tmp_path, k
 
 
 # ----------------------------------------------------------------------------- 2. unmasking
-
-def _horizontal_files(folder):
-    """Two organisations with the same three columns for different customers (each
-    column held by both: only the sum of their statistics is theirs to reveal)."""
-    rng = np.random.default_rng(7)
-    paths = []
-    for k, start in enumerate((0, 40)):
-        frame = pd.DataFrame({"customer": [f"c{i}" for i in range(start, start + 40)]})
-        for c in range(3):
-            frame[f"x{c}"] = rng.normal(10.0 * (k + 1), 2.0 + c, size=40)
-        frame["income"] = np.where(rng.random(40) > 0.5, "yes", "no")
-        paths.append(folder / f"org{k}.csv")
-        frame.to_csv(paths[-1], index=False)
-    return paths
 
 
 def test_the_server_cannot_unmask_one_partys_column_sums(tmp_path, keys):

@@ -30,7 +30,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from hyfl.deploy.keys import generate_keys, party_cipher
@@ -38,6 +37,7 @@ from hyfl.privacy.alignment import hello_tag
 from hyfl.privacy.tags import cipher_secret
 from in_process import party_files_deployment as _deploy
 from in_process import refusal_of as _run
+from synthetic_data import horizontal_organisation_files as _horizontal_files
 from synthetic_data import organisation_files
 
 
@@ -169,18 +169,6 @@ def test_a_shared_sample_left_out_of_labels_and_split_stops_the_run(tmp_path, ke
 
 
 # ---------------------------------------------------------------- the secure sum's totals
-
-def _horizontal_files(folder):
-    rng = np.random.default_rng(7)
-    paths = []
-    for k, start in enumerate((0, 40)):
-        frame = pd.DataFrame({"customer": [f"c{i}" for i in range(start, start + 40)]})
-        for c in range(3):
-            frame[f"x{c}"] = rng.normal(10.0 * (k + 1), 2.0 + c, size=40)
-        frame["income"] = np.where(rng.random(40) > 0.5, "yes", "no")
-        paths.append(folder / f"org{k}.csv")
-        frame.to_csv(paths[-1], index=False)
-    return paths
 
 
 @pytest.mark.parametrize("guess", ["totals only", "check shifted alike"])
