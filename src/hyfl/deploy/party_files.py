@@ -57,6 +57,15 @@ checking that the party it names made it, for this run, at this place.
     lower number holds them), as ``hyfl run`` does for party files
     (:func:`hyfl.partition.with_constant_feature`).
 
+Cells two parties hold (a column both have, for samples both hold) are the lower-numbered
+party's, as :func:`hyfl.data.parties.load_parties` makes the first holder own them: at
+``labels`` the other party sets them to 0 in its values (its block and its column sums),
+knowing from the checked ``align`` message which columns each peer holds and from the join
+which rows. The partition, the standardization and so the iterates are ``hyfl run``'s
+on the same files (tests/test_deploy_accepts.py). That the two values agree is not
+checked here (neither party sees the other's); ``hyfl deploy local``, which reads all
+files, checks it as ``hyfl run`` does before it starts anything.
+
 What leaves the party: its number of ids and rows, its column names (the
 features' names are the schema every party and the server work with) and
 their keys, the distinct values of a classification label (not which row has
@@ -262,6 +271,9 @@ def on_align(state: dict, payload: dict, party: int, secret: bytes | None, log) 
         state["check_key"] = _bytes(check_key(secret, bytes(state["run"])))
     features, n_features = number_features(columns)
     state["features"], state["n_features"] = features[party], n_features
+    # Every party's columns (global ids), for the cells a lower-numbered peer owns (on_labels).
+    state["all_features"] = np.concatenate(features).astype(np.int64)
+    state["feature_counts"] = key_counts
     state["task"], state["classes"] = _checked_task(state, payload)
     state["publics"], state["peers"], state["peer_counts"] = publics, peers, counts
     key = BlindingKey(bytes(state["key"]))
@@ -332,6 +344,7 @@ def on_labels(state: dict, payload: dict, party: int) -> dict:
     order = np.asarray(state["order"], dtype=np.int64)
     state["shared"] = {"rows": order[positions], "counts": counts,
                        "positions": positions, "peer_positions": peer_positions}
+    _drop_peer_cells(state, party)
     own = _label_values(state)
     sealed = {}
     # A list for every peer, empty where they share no rows: each confirms to its receiver
@@ -348,6 +361,31 @@ def on_labels(state: dict, payload: dict, party: int) -> dict:
         if check is not None:
             reply["moments_check"] = check
     return reply
+
+
+def _drop_peer_cells(state: dict, party: int) -> None:
+    """Leave out the cells a lower-numbered peer holds too: the rows this party shares with
+    peer ``j < party`` in the columns both hold become 0 here (the peer's value is the
+    cell's), as :func:`hyfl.data.parties.load_parties` makes the first party in order own a
+    cell several parties hold. The party still holds those columns (its other rows' cells are
+    its own): its block, its column sums and so the standardization count each cell once,
+    and the partition is the one ``hyfl run`` builds from the same files."""
+    counts = np.asarray(state["shared"]["counts"], dtype=np.int64)
+    split = np.cumsum(counts)[:-1]
+    chunks = np.split(np.asarray(state["shared"]["rows"], dtype=np.int64), split)
+    feature_counts = np.asarray(state["feature_counts"], dtype=np.int64)
+    peers = np.split(np.asarray(state["all_features"], dtype=np.int64),
+                     np.cumsum(feature_counts)[:-1])
+    own = np.asarray(state["features"], dtype=np.int64)
+    values = np.array(state["values"], dtype=np.float64)  # a writable copy
+    dropped = 0
+    for j in range(min(party, counts.size)):
+        rows = chunks[j]
+        columns = np.flatnonzero(np.isin(own, peers[j]))
+        if rows.size and columns.size:
+            dropped += int(np.count_nonzero(values[np.ix_(rows, columns)]))
+            values[np.ix_(rows, columns)] = 0.0
+    state["values"], state["dropped_cells"] = values, dropped
 
 
 def _check_join(state: dict, payload: dict, party: int, positions: np.ndarray,
@@ -581,6 +619,9 @@ def on_block(state: dict, payload: dict, node, log, config=None) -> Block:
     from hyfl.data import FALLBACK_LAMBDA
 
     log(f"aligned: {n_rows} of {n_samples} samples, {n_columns} of {n_features} features")
+    if state.get("dropped_cells"):
+        log(f"left out {state['dropped_cells']} cells that a lower-numbered peer holds too "
+            "(the samples and columns both hold: the peer's)")
     scale = None
     if config is not None and config.standardize:
         if state.get("moments_features") is None:
@@ -813,13 +854,12 @@ def align_parties(hellos: dict[int, dict], exchange, config, log) -> tuple[dict[
             rows_j, rows_k = join(double[(j, k)], double[(k, j)], (f"party {j}", f"party {k}"))
             if rows_j.size:
                 matches[(j, k)] = (rows_j, rows_k)
-                both = sorted(set(columns[j]) & set(columns[k]))
-                if both:
-                    raise fail(f"parties {j} and {k}", f"share {rows_j.size:,} samples and "
-                               f"also the columns {both[:5]}", "A deployed party file's cells "
-                               "must be its own: rename or drop those columns in one of the "
-                               "two files (`hyfl deploy split` on files brought together "
-                               "resolves such overlaps).")
+                both = [name for name in columns[k] if name in set(columns[j])]
+                if both:  # cells both hold: party j's (the first holder's), as hyfl run does
+                    log(f"{_named(hellos, j)} and {_named(hellos, k)} share {rows_j.size:,} "
+                        f"samples and the columns {', '.join(both[:5])}"
+                        f"{' ...' if len(both) > 5 else ''}: those cells are "
+                        f"{_named(hellos, j)}'s, {_named(hellos, k)} leaves them out")
     rng = np.random.default_rng(secrets.randbits(128))  # fresh: no file order shows through
     index, n_samples = number_samples(sizes, matches, rng)
     holders = np.bincount(np.concatenate(index), minlength=n_samples)
@@ -879,6 +919,12 @@ def align_parties(hellos: dict[int, dict], exchange, config, log) -> tuple[dict[
         f"({int(np.count_nonzero(holders > 1)):,} held by two or more parties), "
         f"{len(features)} features")
     return {k: {**replies[k], "node": hellos[k].get("node")} for k in range(K)}, record
+
+
+def _named(hellos: dict[int, dict], k: int) -> str:
+    """Party ``k`` with the file name its hello gives (``party 1 (hospital.csv)``)."""
+    name = hellos[k].get("name") if isinstance(hellos.get(k), dict) else None
+    return f"party {k} ({name})" if name else f"party {k}"
 
 
 _SAME_VERSION = "Run every party with the same hyfl version; the reply may be garbled or forged."
