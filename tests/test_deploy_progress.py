@@ -284,7 +284,7 @@ def test_local_with_the_defaults_learns_and_shows_every_round(tmp_path, in_proce
     lines = result.output.splitlines()
     shown = [line for line in lines if line.startswith("round ")]
     assert len(shown) == 5 and shown[0].startswith("round 1/5  parties 0,1,2,3  absent -  "
-                                                   f"accepted  rel. loss {loss[1]:.3g}  ")
+                                                   f"accepted  rel. loss {loss[1]:.3g} (")
     text = " ".join(result.output.split())
     assert f"{best[0]:.3g} -> {best[-1]:.3g}" in text and "in-process" in text
     assert "no progress" not in text

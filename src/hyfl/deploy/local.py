@@ -950,7 +950,10 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
         Called as ``on_round(record, relative_loss)`` when a round ends: its
         record of ``deploy.json`` and the relative loss of its ``w``
         (evaluated here, where the data are; None if that round's ``w`` was
-        already replaced by the next one's).
+        already replaced by the next one's). The record has one more entry,
+        ``reported``: ``{"round": r, "relative_loss": x}``, the model the run
+        reports so far (the best ``w`` evaluated, the zero model of the start
+        included; :func:`hyfl.deploy.report.round_line` shows it).
 
     Returns
     -------
@@ -1062,13 +1065,26 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
     optimum = solve_centralized(problem)
     labels = problem.Y[:, 0] if problem.Y.shape[1] == 1 else None
 
+    # The model reported so far (as deployment_metrics reports it): the best w seen, the
+    # zero model of the start included; each round's line says which it is.
+    start = evaluate(problem, np.zeros_like(optimum.w), None,
+                     optimum, None, labels) if on_round is not None else None
+    kept = {"round": 0, "primal": None if start is None else float(start["primal"]),
+            "relative_loss": None if start is None else float(start["relative_loss"])}
+
     def progress(record: dict) -> None:
         if on_round is None:
             return
-        w = _latest_weights(out, int(record["iteration"]))
-        loss_t = (None if w is None else
-                  float(evaluate(problem, w, None, optimum, None, labels)["relative_loss"]))
-        on_round(record, loss_t)
+        t = int(record["iteration"])
+        w = _latest_weights(out, t)
+        loss_t = None
+        if w is not None:
+            values = evaluate(problem, w, None, optimum, None, labels)
+            loss_t = float(values["relative_loss"])
+            if float(values["primal"]) <= kept["primal"]:
+                kept.update(round=t, primal=float(values["primal"]), relative_loss=loss_t)
+        on_round({**record, "reported": {"round": kept["round"],
+                                         "relative_loss": kept["relative_loss"]}}, loss_t)
 
     with LocalDeployment(nodes, out / "flower", log=log, node_poll=node_poll,
                          worker=worker) as deployment:
@@ -1103,5 +1119,9 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
                                   f"Run more rounds (--iterations {max(2 * iterations, 10)}), "
                                   "or try --participation full.")
     return LocalRun(out=out, results=results, metrics=rows, comparison=comparison,
-                    summary=summarize(results, reported, comparison), judgement=judgement,
+                    summary=summarize(results, reported, comparison,
+                                      round_relative_loss=[row["round_relative_loss"]
+                                                           for row in rows],
+                                      model_round=int(rows[-1]["model_round"])),
+                    judgement=judgement,
                     warnings=warnings)

@@ -212,7 +212,9 @@ _COUNTS = ("encryptions", "decryptions", "additions")
 
 
 def summarize(results: Mapping[str, Any], relative_loss: Sequence[float] | None = None,
-              comparison: Mapping[str, Any] | None = None) -> dict[str, Any]:
+              comparison: Mapping[str, Any] | None = None, *,
+              round_relative_loss: Sequence[float] | None = None,
+              model_round: int | None = None) -> dict[str, Any]:
     """The numbers of a deployed run's summary (set-up excluded, as in ``metrics.csv``).
 
     Parameters
@@ -223,13 +225,19 @@ def summarize(results: Mapping[str, Any], relative_loss: Sequence[float] | None 
         At the start and after each round (``hyfl deploy local``).
     comparison : mapping, optional
         :func:`hyfl.deploy.local.compare_with_protocol`'s result (``--compare``).
+    round_relative_loss : sequence of float, optional
+        Of each round's own ``w`` (the start included), where ``relative_loss`` is
+        of the model reported (the best ``w`` seen, of round ``model_round``).
+    model_round : int, optional
+        The round whose ``w`` is the model reported (0: the zero model of the start).
 
     Returns
     -------
     dict
         ``parties``, ``cipher``, ``step_rule``, ``rounds``, ``accepted``,
         ``absences``, ``relative_loss_start`` and ``relative_loss_final``
-        (None if unknown), ``round_seconds_median``, ``seconds_total``,
+        (None if unknown), ``model_round`` and ``relative_loss_last_round`` (the
+        last round's own ``w``; None if unknown), ``round_seconds_median``, ``seconds_total``,
         ``payload_bytes_up``/``down`` (measured messages),
         ``bytes_up``/``down`` (HyFDCA's count, as the engines'), the HE
         operation counts, and ``comparison``.
@@ -251,6 +259,9 @@ def summarize(results: Mapping[str, Any], relative_loss: Sequence[float] | None 
         "absences": sum(len(r.get("absent", [])) for r in rounds),
         "relative_loss_start": float(relative_loss[0]) if known else None,
         "relative_loss_final": float(relative_loss[-1]) if known else None,
+        "model_round": None if model_round is None else int(model_round),
+        "relative_loss_last_round": (float(round_relative_loss[-1]) if round_relative_loss
+                                     is not None and len(round_relative_loss) else None),
         "round_seconds_median": float(np.median(seconds)) if seconds else None,
         "seconds_total": (results.get("seconds") or {}).get("total"),
         **{key: total(key) for key in ("payload_bytes_up", "payload_bytes_down", "bytes_up",
@@ -292,9 +303,16 @@ def summary_table(summary: Mapping[str, Any]):
         row("absences (party-rounds)", str(summary["absences"]))
     start, final = summary["relative_loss_start"], summary["relative_loss_final"]
     if final is not None:
-        row("relative loss", f"{start:.3g} -> {final:.3g}",
+        # Which model: the best w seen (what model.npz holds), not the last round's.
+        kept = summary.get("model_round")
+        label = ("relative loss" if kept is None else
+                 f"relative loss (best w: {_whose(kept)})")
+        row(label, f"{start:.3g} -> {final:.3g}",
             "" if c is None or c.get("protocol_relative_loss") is None
             else f"{start:.3g} -> {c['protocol_relative_loss']:.3g}")
+        last = summary.get("relative_loss_last_round")
+        if last is not None and kept is not None and kept != summary["rounds"]:
+            row("relative loss, last round's w", f"{last:.3g}")
     row("s per round (median)", format_seconds(summary["round_seconds_median"]),
         "" if c is None else format_seconds(c.get("protocol_round_seconds_median")))
     if summary.get("seconds_total") is not None:
@@ -323,14 +341,22 @@ def round_line(record: Mapping[str, Any], *, total: int | None = None,
                relative_loss: float | None = None, show_loss: bool = False) -> str:
     """One round of a deployed run as a line of plain text.
 
-    ``round 3/5  parties 0,1,3  absent 2  accepted  rel. loss 3.58  gap 0.12  acc. 0.912
-    31.2 s  up 1.2 MB down 3.4 MB`` -- the parties that took part, those the schedule
-    chose but that did not answer (absent), the verdict (``no parties`` when nobody
-    took part), the relative loss of the round's ``w`` (with ``show_loss``; ``-``
-    when not known), the duality gap and accuracy of the round's start that the
-    parties' secure sums certify (where they are exact), the round's wall time and
-    the measured bytes of its
+    ``round 3/5  parties 0,1,3  absent 2  accepted  rel. loss 3.58 (this round's w;
+    reported: round 2's, 3.41, no better w since)  round start: gap 0.12, acc. 0.912
+    31.2 s  up 1.2 MB  down 3.4 MB`` -- the parties that took part, those the schedule
+    chose but that did not answer (absent), the verdict of the step rule's test
+    (``no parties`` when nobody took part), the relative loss of the round's own
+    ``w`` (with ``show_loss``; ``-`` when not known) and, when the record has a
+    ``reported`` entry (``{"round": r, "relative_loss": x}``, what ``hyfl deploy
+    local`` reports: the best ``w`` seen), which model is reported and why it is
+    an earlier round's; then the duality gap and accuracy that the parties'
+    secure sums certify (where they are exact) -- of the ``w`` the round *started*
+    from, not of its result --, the round's wall time and the measured bytes of its
     messages; ``N attempts`` when the round was restarted after an absence.
+
+    An accepted round is one whose step the rule's test let through; the cocoa
+    rule explores ahead of what it certifies, so its ``w`` may get worse for a
+    while although every round is accepted: the reported model never does.
     """
     t = int(record["iteration"])
     width = len(str(total)) if total else 0
@@ -341,18 +367,39 @@ def round_line(record: Mapping[str, Any], *, total: int | None = None,
     parts.append(_verdict(record))
     if show_loss:
         known = relative_loss is not None and math.isfinite(relative_loss)
-        parts.append(f"rel. loss {relative_loss:.3g}" if known else "rel. loss -")
+        loss = f"rel. loss {relative_loss:.3g}" if known else "rel. loss -"
+        reported = record.get("reported")
+        if reported is not None:
+            loss += f" ({_reported(t, reported)})"
+        parts.append(loss)
     certificate = record.get("certificate")
     if certificate:  # the round start's, from the parties' secure sums
-        parts.append(f"gap {certificate['gap']:.3g}")
+        start = f"round start: gap {certificate['gap']:.3g}"
         if "accuracy" in certificate:
-            parts.append(f"acc. {certificate['accuracy']:.3f}")
+            start += f", acc. {certificate['accuracy']:.3f}"
+        parts.append(start)
     parts.append(format_seconds(record.get("round_seconds")))
     parts.append(f"up {format_bytes(float(record.get('payload_bytes_up', 0)))}")
     parts.append(f"down {format_bytes(float(record.get('payload_bytes_down', 0)))}")
     if int(record.get("attempts", 1)) > 1:
         parts.append(f"{record['attempts']} attempts")
     return "  ".join(parts)
+
+
+def _whose(round_: int) -> str:
+    """``round 3's`` (``the start's`` for round 0, the zero model)."""
+    return "the start's" if int(round_) == 0 else f"round {int(round_)}'s"
+
+
+def _reported(t: int, reported: Mapping[str, Any]) -> str:
+    """Which model a deployed round reports beside its own ``w``, and why an earlier one."""
+    kept = int(reported["round"])
+    if kept == t:
+        return "this round's w, reported"
+    value = reported.get("relative_loss")
+    value = "" if value is None or not math.isfinite(value) else f", {value:.3g}"
+    zero = " (w = 0)" if kept == 0 else ""
+    return f"this round's w; reported: {_whose(kept)}{zero}{value}, no better w since"
 
 
 def _verdict(record: Mapping[str, Any]) -> str:
@@ -418,6 +465,11 @@ class RoundDisplay:
         status = _verdict(record)
         if self.show_loss and relative_loss is not None and math.isfinite(relative_loss):
             status += f", rel. loss {relative_loss:.3g}"
+            reported = record.get("reported")
+            if reported is not None and int(reported["round"]) != int(record["iteration"]):
+                value = reported.get("relative_loss")
+                status += f" (reported: {_whose(reported['round'])}" + (
+                    f", {value:.3g})" if value is not None and math.isfinite(value) else ")")
         self._progress.update(self._task, completed=int(record["iteration"]), status=status)
 
     def __exit__(self, *exc) -> None:
