@@ -708,14 +708,18 @@ QUICK_SCALE = 0.1
 
 @app.command()
 def algorithms():
-    """List the registered algorithms."""
+    """List the registered algorithms, each with its options (--param NAME=VALUE) and defaults."""
     from hyfl.algorithms import ALGORITHMS
+    from hyfl.cli_tables import algorithm_options
 
-    table = Table()
+    table = Table(caption="options: --param NAME=VALUE (hyfl run, compare), defaults shown; "
+                  "auto: chosen from the data or the other options when left unset")
     table.add_column("name", no_wrap=True)  # short registry names: never `algorit…`
-    table.add_column("what", overflow="fold")
+    table.add_column("what, and options (defaults)", overflow="fold")
     for name, entry in ALGORITHMS.items():
-        table.add_row(name, entry.summary)
+        options = ", ".join(f"{key}={value}" for key, value in algorithm_options(entry))
+        summary = escape(entry.summary)
+        table.add_row(name, f"{summary}\n[dim]{escape(options)}[/]" if options else summary)
     console.print(table)
 
 
@@ -762,20 +766,25 @@ def predict(
     data: Annotated[
         str,
         typer.Option(help="Dataset name (see `hyfl datasets`, NAME:test for a test split), "
-                     "LIBSVM file or labelled party files (parties:a.csv,b.csv, in the "
-                     "training order), with the training data's features.",
+                     "LIBSVM file, or party files with or without labels (a folder, one "
+                     "file or parties:a.csv,b.parquet;id=patient), with the training "
+                     "data's features (party files: the training columns by name).",
                      show_default=False),
     ],
     out: Annotated[
-        Path, typer.Option(help="CSV to write: index, prediction, decision value(s).")
+        Path, typer.Option(help="CSV to write: index (party files: id), prediction, "
+                           "decision value(s) (the score), logistic probabilities.")
     ] = Path("predictions.csv"),
     data_dir: Annotated[str | None, typer.Option(help="Folder with dataset files.")] = None,
 ):
     """Predict with a trained model: one CSV row per sample of DATA.
 
-    The prediction is the original label of the training data (e.g. 0/1, not -1/+1)
-    or the real value for regression; ``decision`` holds the score (one column per
-    class for multiclass). Data with another feature count are refused.
+    The prediction is the original label of the training data (e.g. 0/1 or "benign",
+    not -1/+1) or the real value for regression; ``decision`` holds the score, the margin
+    (one column per class for multiclass), and a logistic model adds each class's
+    probability. Party files need no labels: every row is scored under its own id;
+    with labels the accuracy and ranking metrics are reported. Data with other
+    features are refused, naming the columns that differ.
     """
     from hyfl.predict import predict_file
 
@@ -785,7 +794,10 @@ def predict(
         _fail(err)
     line = f"wrote {done.out} ({done.n_samples} predictions)"
     if done.accuracy is not None:
-        line += f"; accuracy against the data's labels {done.accuracy:.4f}"
+        labelled = getattr(done, "n_labelled", None)
+        of = ("" if labelled in (None, done.n_samples) else
+              f" ({labelled} labelled rows)")
+        line += f"; accuracy against the data's labels{of} {done.accuracy:.4f}"
         ranking = getattr(done, "ranking", None)  # (none for neural models)
         if ranking is not None and ranking["auc"] == ranking["auc"]:
             line += (f", AUC {ranking['auc']:.4f}, KS {ranking['ks']:.4f}, average "

@@ -198,6 +198,44 @@ def _cell(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def algorithm_options(entry) -> list[tuple[str, str]]:
+    """An algorithm's options (hyperparameters) and their defaults, read from its dataclass.
+
+    ``entry`` is an :class:`~hyfl.algorithms.AlgorithmEntry`: its class's fields
+    in declaration order (``name`` left out), each with the entry's preset
+    value if it has one, else the field's default; ``None`` shows as ``auto``
+    (the algorithm chooses from the data or its other options).
+    """
+    import dataclasses
+
+    options = []
+    for f in dataclasses.fields(entry.cls):
+        if f.name == "name" or not f.init:
+            continue
+        if f.name in entry.preset:
+            value = entry.preset[f.name]
+        elif f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            value = "required"
+        options.append((f.name, _option_value(value)))
+    return options
+
+
+def _option_value(value) -> str:
+    if value is None:
+        return "auto"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (tuple, list)):
+        return "(" + ",".join(_option_value(v) for v in value) + ")"
+    return str(value)
+
+
 def print_summary(outcome) -> None:
     s = outcome.summary
     final = s["final"]
