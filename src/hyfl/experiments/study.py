@@ -143,8 +143,13 @@ def plan_study(root: str | Path, out: str | Path) -> list[StudyRun]:
 
 
 def _run_one(config_path: str, out_dir: str, factor: float,
-             full: bool = False) -> tuple[str, float, str | None]:
-    """Worker: run one config (resuming) on one thread; returns (path, seconds, error)."""
+             full: bool = False, progress: bool = False,
+             log: Callable[[str], None] | None = None) -> tuple[str, float, str | None]:
+    """Worker: run one config (resuming) on one thread; returns (path, seconds, error).
+
+    ``progress`` and ``log`` are :func:`~hyfl.experiments.runner.run_experiment`'s (a
+    study of one config runs it in the calling process, with its runs' progress bars).
+    """
     from threadpoolctl import threadpool_limits
 
     from hyfl.experiments.config import load_config
@@ -155,7 +160,7 @@ def _run_one(config_path: str, out_dir: str, factor: float,
         with threadpool_limits(1):  # one core per worker: the workers are the parallelism
             config = load_config(config_path)
             config = scaled(full_budget(config) if full else config, factor)
-            run_experiment(config, out_dir, resume=True)
+            run_experiment(config, out_dir, resume=True, progress=progress, log=log)
     except HyflError as err:
         return config_path, time.perf_counter() - started, str(err)
     return config_path, time.perf_counter() - started, None
@@ -189,7 +194,8 @@ def run_study(
     log : callable, optional
         Hears one line per event.
     progress : bool, default False
-        Show a progress bar over configs.
+        Show a progress bar over configs; a study of one config runs it in this
+        process instead, with a progress bar over each of its runs' rounds.
 
     Returns
     -------
@@ -221,6 +227,20 @@ def run_study(
         )
     Path(out).mkdir(parents=True, exist_ok=True)
     errors = []
+    if len(runnable) == 1:
+        # One config: run here, with a progress bar per run (over its rounds) and a line
+        # per run, instead of one worker behind a bar that stays at 0/1 until the end.
+        run = runnable[0]
+        path, seconds, error = _run_one(str(run.config_path), str(run.out_dir), float(scale),
+                                        full, progress=progress, log=log)
+        if error is not None:
+            say(f"failed {path} after {seconds:.0f} s: {error}")
+            raise fail(f"study {root}", f"had 1 failing config: {path}: {error}",
+                       "Fix it and run the same command again: finished runs are kept and "
+                       "read back.")
+        say(f"finished {path} in {seconds:.0f} s")
+        summarize_study(out)
+        return runnable
     with _bar(progress, len(runnable)) as advance, ProcessPoolExecutor(jobs) as pool:
         futures = [
             pool.submit(_run_one, str(run.config_path), str(run.out_dir), float(scale), full)
