@@ -28,7 +28,8 @@ from hyfl.neural.model_file import NEURAL_MODEL_KIND, NeuralModel, load_neural_m
 
 __all__ = ["Prediction", "agreement", "label_text", "linear_outputs", "load_any_model",
            "neural_outputs", "original_labels_of", "predict_data", "predict_file",
-           "predict_neural_data", "read_data_for", "write_predictions"]
+           "column_mismatch", "predict_neural_data", "read_data_for", "read_party_rows",
+           "write_predictions"]
 
 
 @dataclass
@@ -41,6 +42,7 @@ class Prediction:
     accuracy: float | None
     same_data: bool
     ranking: dict | None = None
+    n_labelled: int | None = None  # rows with a known label (party files), None: all
 
 
 def load_any_model(path: str | os.PathLike) -> Model | NeuralModel:
@@ -68,7 +70,8 @@ def predict_data(model_path: str | os.PathLike, data: str | os.PathLike,
                  ) -> Prediction:
     """``hyfl predict`` for a linear model: write one CSV row per sample of ``data``.
 
-    Columns: ``index`` (0-based row of the data), ``prediction`` (the original
+    Columns: ``index`` (0-based row of the data; ``id``, each row's own id, for party
+    files), ``prediction`` (the original
     label; the real value for regression), then ``decision`` (one output) or
     ``decision_<label>`` per class (multiclass, by original label); a logistic
     model adds ``probability_<label>`` per class (:meth:`hyfl.losses.Logistic.
@@ -83,11 +86,16 @@ def predict_data(model_path: str | os.PathLike, data: str | os.PathLike,
     dataset = read_data_for(model, data, data_dir)
     predicted, columns, values, decisions = linear_outputs(model, dataset)
     accuracy, ranking = agreement(model, dataset, predicted, decisions)
-    same = data_checksum(dataset.X, dataset.y) == model.provenance.get("data_sha256")
+    y = np.asarray(dataset.y, dtype=np.float64)
+    same = (not np.isnan(y).any()
+            and data_checksum(dataset.X, y) == model.provenance.get("data_sha256"))
+    parties = "truth" in dataset.meta  # party files: each row's own id
     out = write_predictions(out, predicted, columns, values,
-                            regression=model.task == "regression")
+                            regression=model.task == "regression",
+                            ids=dataset.meta["sample_ids"] if parties else None)
+    labelled = int(np.count_nonzero(~np.isnan(y))) if parties else None
     return Prediction(out=out, n_samples=dataset.n_samples, accuracy=accuracy, same_data=same,
-                      ranking=ranking)
+                      ranking=ranking, n_labelled=labelled)
 
 
 def read_data_for(model: Model, data: str | os.PathLike,
@@ -98,15 +106,15 @@ def read_data_for(model: Model, data: str | os.PathLike,
     the training data was a LIBSVM file) and, since such a file only reveals its
     largest feature index, given the model's width when it looks narrower; data
     with more features than the model, or a named dataset of another width, are
-    refused. Party files must bring the training columns in the training order.
+    refused. Party files are read by :func:`read_party_rows`: labelled or not,
+    their columns matched to the model's by name.
     """
-    from hyfl.data import dataset_names, is_party_spec, load_data, load_party_spec
+    from hyfl.data import dataset_names, is_party_spec, load_data
     from hyfl.data.loaders import load_libsvm, widen
 
     name = str(data).partition(":")[0]
-    if is_party_spec(data):  # labelled party files, read together here (no alignment needed)
-        dataset, _ = load_party_spec(data, psi=False)
-        _check_feature_names(model, dataset.meta.get("feature_names", ()), data)
+    if is_party_spec(data):
+        dataset = read_party_rows(model, data)
     elif name not in dataset_names() and Path(data).is_file():
         dataset = load_libsvm(data, zero_based=model.provenance.get("zero_based", "auto"))
         if dataset.n_features < model.n_features:  # trailing features the file never uses
@@ -115,6 +123,130 @@ def read_data_for(model: Model, data: str | os.PathLike,
         dataset = load_data(data, data_dir=data_dir)
     model.check_features(dataset.n_features, f"data {str(data)!r}")
     return dataset
+
+
+def read_party_rows(model: Model, data: str | os.PathLike):
+    """Party files as rows to score: every sample some file with features holds, labelled
+    or not, its features in the model's order.
+
+    The samples are numbered as :func:`hyfl.data.load_parties` numbers them (the first
+    file's rows, then each later file's new ids); ``meta["sample_ids"]`` holds their
+    ids. A sample's label is the first file's that labels it; ``y`` holds the encoded
+    label (NaN where none is known) and ``meta["truth"]`` the original one (None
+    there). The model's weight column (``;weight=`` in training) is never a feature,
+    so the spec need not repeat the option. The files' feature columns must be the
+    model's (any file order); a mismatch names only the differing columns
+    (:func:`column_mismatch`).
+    """
+    import scipy.sparse as sp
+
+    from hyfl.data import parse_party_spec
+    from hyfl.data.dataset import Dataset
+    from hyfl.data.loaders import clean_csr
+    from hyfl.data.parties import read_party_file
+
+    files, options = parse_party_spec(data)
+    id_column = options.get("id_column", "id")
+    label_column = options.get("label_column", "label")
+    weight = options.get("weight_column") or model.provenance.get("weight_column")
+    tables = [read_party_file(path, party=party, id_column=id_column,
+                              label_column=label_column) for party, path in files.items()]
+    for table in tables:
+        if weight and weight in table.features:  # a loss weight, not a feature
+            keep = [c for c in range(len(table.features)) if table.features[c] != weight]
+            table.features = [table.features[c] for c in keep]
+            table.values = table.values[:, keep]
+        if options.get("scope") == "party":
+            table.features = [f"{table.party}.{column}" for column in table.features]
+    trained = model.provenance.get("feature_names")
+    columns = list(dict.fromkeys(c for t in tables for c in t.features))
+    if trained is None:  # a model of other data: the files' own order, checked by width
+        trained = columns
+    trained = [str(c) for c in trained]
+    if sorted(columns) != sorted(trained):
+        raise column_mismatch(model, trained, columns, data)
+    index: dict[str, int] = {}
+    for table in tables:
+        if table.features:
+            for i in table.ids:
+                index.setdefault(i, len(index))
+    feature = {name: m for m, name in enumerate(trained)}
+    rows, cols, vals = [], [], []
+    held = np.zeros((len(index), len(trained)), dtype=bool)
+    truth = np.full(len(index), None, dtype=object)
+    for table in tables:
+        g = np.array([index.get(i, -1) for i in table.ids], dtype=np.int64)
+        if table.features:
+            m = np.array([feature[c] for c in table.features], dtype=np.int64)
+            own = ~held[np.ix_(g, m)]  # a cell two files hold: the first file's, as in training
+            r, c = np.nonzero(own & (table.values != 0))
+            rows.append(g[r]), cols.append(m[c]), vals.append(table.values[r, c])
+            held[np.ix_(g, m)] = True
+        if table.labels is not None:
+            new = table.label_known & (g >= 0)
+            new[new] = [truth[k] is None for k in g[new]]
+            for row in np.flatnonzero(new):
+                value = table.labels[row]
+                truth[g[row]] = value if isinstance(value, str) else float(value)
+    X = sp.csr_matrix((np.concatenate(vals or [np.empty(0)]),
+                       (np.concatenate(rows or [np.empty(0, np.int64)]),
+                        np.concatenate(cols or [np.empty(0, np.int64)]))),
+                      shape=(len(index), len(trained)))
+    y = _encoded_truth(model, truth)
+    return Dataset(X=clean_csr(X), y=y, name="parties", task=model.task,
+                   meta={"format": "parties", "source": "party files",
+                         "feature_names": tuple(trained), "sample_ids": tuple(index),
+                         "id_column": id_column, "truth": truth})
+
+
+def _encoded_truth(model: Model, truth: np.ndarray) -> np.ndarray:
+    """The known labels in hyfl's encoding (as training encoded them), NaN elsewhere and
+    for labels the model does not know."""
+    y = np.full(truth.size, np.nan)
+    known = np.array([t is not None for t in truth], dtype=bool)
+    if model.task == "regression":
+        for i in np.flatnonzero(known):
+            y[i] = float(truth[i]) if not isinstance(truth[i], str) else np.nan
+        return y
+    names = [label_text(v) for v in model.original_labels(model.classes)]
+    position = {name: k for k, name in enumerate(names)}
+    for i in np.flatnonzero(known):
+        k = position.get(label_text(truth[i]))
+        if k is not None:
+            y[i] = model.classes[k]
+    return y
+
+
+def column_mismatch(model: Model, trained, columns, data):
+    """The error for files whose feature columns are not the model's: only the names that
+    differ (missing ones, unexpected ones, each with its close matches)."""
+    import difflib
+
+    missing = [c for c in trained if c not in set(columns)]
+    extra = [c for c in columns if c not in set(trained)]
+
+    def named(names, among):
+        shown = []
+        for name in names[:8]:
+            close = difflib.get_close_matches(name, among, n=2, cutoff=0.5)
+            shown.append(f"{name!r}" + (f" (close: {', '.join(map(repr, close))})" if close
+                                        else ""))
+        more = f" and {len(names) - 8} more" if len(names) > 8 else ""
+        return ", ".join(shown) + more
+
+    parts = []
+    if missing:
+        parts.append(f"lack the model's feature column{'s' if len(missing) > 1 else ''} "
+                     f"{named(missing, extra)}")
+    if extra:
+        parts.append(f"have column{'s' if len(extra) > 1 else ''} the model was not trained "
+                     f"on: {named(extra, missing)}")
+    weight = model.provenance.get("weight_column")
+    fix = ("Bring the training columns (rename the close matches, drop the unexpected "
+           "columns, or name the id and label columns with ;id= and ;label=).")
+    if weight and weight in missing:
+        fix += f" The model's weight column is {weight!r}."
+    return fail(f"data {str(data)!r}", "; ".join(parts), fix)
 
 
 def linear_outputs(model: Model, dataset):
@@ -145,6 +277,13 @@ def agreement(model: Model, dataset, predicted: np.ndarray, decisions: np.ndarra
     own labels (None, None for regression or data without original labels)."""
     if model.task == "regression" or dataset.task == "regression":
         return None, None
+    if "truth" in dataset.meta:  # party files: the rows with a label the model knows
+        known = ~np.isnan(np.asarray(dataset.y, dtype=np.float64))
+        if not known.any():
+            return None, None
+        truth = model.original_labels(np.asarray(dataset.y, dtype=np.float64)[known])
+        return (float(np.mean(predicted[known] == truth)),
+                _ranking(model, decisions[known], truth))
     truth = original_labels_of(dataset)
     if truth is None:
         return None, None
@@ -159,23 +298,6 @@ def _ranking(model: Model, scores: np.ndarray, truth: np.ndarray) -> dict:
         positive = model.original_labels(np.array([1.0]))[0]
         return ranking_metrics(scores, np.where(truth == positive, 1, -1))
     return ranking_metrics(scores, truth, model.original_labels(model.classes))
-
-
-def _check_feature_names(model: Model, names, data) -> None:
-    """Party files must bring the training columns in the training order."""
-    trained = model.provenance.get("feature_names")
-    if trained is None or list(trained) == list(names):
-        return
-    first = next((i for i, (a, b) in enumerate(zip(trained, names)) if a != b),
-                 min(len(trained), len(names)))
-    weight = model.provenance.get("weight_column")
-    fix = ("List the party files in the training order, with the training columns."
-           if weight is None or weight not in list(names) else
-           f"Add the spec option ;weight={weight} (as in training), so that the weight column "
-           "is not read as a feature.")
-    raise fail(f"data {str(data)!r}", f"have the feature columns {list(names)[:8]}, the "
-               f"model was trained on {list(trained)[:8]} (they differ at column {first + 1})",
-               fix)
 
 
 # --------------------------------------------------------------------------- neural
@@ -218,17 +340,20 @@ def neural_outputs(model: NeuralModel, dataset):
 
 
 def write_predictions(out: str | os.PathLike, predicted: np.ndarray, columns: list[str],
-                      values: np.ndarray, *, regression: bool = False) -> Path:
-    """Write ``index, prediction, *columns`` per sample to ``out``, atomically."""
+                      values: np.ndarray, *, regression: bool = False, ids=None) -> Path:
+    """Write ``index, prediction, *columns`` per sample to ``out``, atomically; with ``ids``
+    (party files' rows) ``id`` and each row's own id instead of ``index``."""
     out = Path(out)
     # One line per sample of the data: owner only (hyfl._private_files).
     with private_write(out, "w", newline="") as f:
         writer = csv.writer(f)
         # Labels and score columns are named by the data's own classes: escaped (OWASP).
-        writer.writerow(["index", "prediction", *map(csv_text, columns)])
+        writer.writerow(["index" if ids is None else "id", "prediction",
+                         *map(csv_text, columns)])
         for i in range(len(predicted)):
             label = repr(float(predicted[i])) if regression else label_text(predicted[i])
-            writer.writerow([i, csv_text(label), *(repr(float(v)) for v in values[i])])
+            key = i if ids is None else csv_text(str(ids[i]))
+            writer.writerow([key, csv_text(label), *(repr(float(v)) for v in values[i])])
     return out
 
 
