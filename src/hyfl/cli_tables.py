@@ -68,6 +68,7 @@ def number_column(table: Table, header: str) -> None:
 # Columns the summary tables leave out first when the terminal is narrow (all are in
 # summary.csv): the stricter/looser thresholds and the smaller cost components.
 _CONVERGENCE_DROP = ("rounds_to_auc_0.7", "rounds_to_auc_0.75", "rounds_to_auc_0.8",
+                     "settled_acc_0.001", "rounds_to_acc_0.001", "settled_acc_0.01",
                      "settled_1e-3", "rounds_to_1e-1", "rounds_to_1e-3", "median_round_ms",
                      "round_trips", "settled_1e-2", "best_val_auc", "best_val_accuracy")
 
@@ -156,6 +157,28 @@ def print_comparison(rows, title: str, cost_title: str) -> None:
         table, dropped = _fitted(make, list(columns), drop_order)
         console.print(table)
         _say_dropped([_HEADERS.get(c, c) for c in dropped], "summary.csv")
+        if columns is CONVERGENCE_COLUMNS:
+            _say_levels([c for c in columns if c not in dropped])
+
+
+def _say_levels(shown: list[str]) -> None:
+    """What the level columns of a convergence table mean (those shown)."""
+    from hyfl.experiments.outputs import ACCURACY_MARGINS
+
+    margins = [m for m in ACCURACY_MARGINS
+               if f"rounds_to_acc_{m:g}" in shown or f"settled_acc_{m:g}" in shown]
+    words = ["first / settled: the first evaluated round at the level / the round from "
+             "which every evaluation stays there"]
+    if margins:
+        words.append(", ".join(_accuracy_header(m) for m in margins) + ": training accuracy "
+                     ">= the central model's minus " + ", ".join(f"{m:g}" for m in margins))
+    console.print(f"[dim]{escape('; '.join(words))}[/]")
+
+
+def _accuracy_header(margin: float) -> str:
+    """``acc-1pt`` (the central model's accuracy minus 0.01), ``acc-.1pt`` (minus 0.001)."""
+    points = f"{100 * margin:g}"
+    return f"acc-{points[1:] if points.startswith('0.') else points}pt"
 
 
 _HEADERS = {
@@ -167,6 +190,13 @@ _HEADERS = {
     "rounds_to_1e-3": "first 1e-3",
     "settled_1e-2": "settled 1e-2",
     "settled_1e-3": "settled 1e-3",
+    "rounds_to_auc_0.7": "first AUC 0.7",
+    "rounds_to_auc_0.75": "first AUC 0.75",
+    "rounds_to_auc_0.8": "first AUC 0.8",
+    "rounds_to_acc_0.01": "first acc-1pt",
+    "settled_acc_0.01": "settled acc-1pt",
+    "rounds_to_acc_0.001": "first acc-.1pt",
+    "settled_acc_0.001": "settled acc-.1pt",
     "round_trips": "round trips",
     "median_round_ms": "wall ms/round",
     "bytes_up": "up",
@@ -242,7 +272,9 @@ def print_summary(outcome) -> None:
     # The solver's name (up to 49 characters) goes in the caption, which wraps: in a
     # column it would squeeze the row names at 80 columns.
     table = Table(title=f"{outcome.spec.algorithm} against the centralized optimum",
-                  caption=f"centralized optimum: {outcome.optimum_method}")
+                  caption=f"centralized optimum: {outcome.optimum_method}; rounds to: the first "
+                  "evaluated round at the level (and the round from which it stays there); "
+                  "acc-1pt, acc-.1pt: the central model's training accuracy minus 0.01, 0.001")
     table.add_column("", no_wrap=True)
     number_column(table, outcome.spec.algorithm)
     number_column(table, "centralized")
@@ -273,6 +305,30 @@ def print_summary(outcome) -> None:
     if number(final.get("val_ks")):
         table.add_row("KS / AP (val.)",
                       f"{final['val_ks']:.4f} / {final['val_average_precision']:.4f}", "")
+    # Rounds to the relative loss levels and to the central model's training accuracy
+    # (less 1 and 0.1 point): the first evaluated round there, and where it settled.
+    def rounds(first, settled) -> str:
+        def one(value) -> str:
+            return "-" if value is None or value != value else f"{int(value)}"
+        if first is None or first != first:
+            return "not reached"
+        return f"{one(first)} (settled {one(settled)})"
+
+    reach, settled = s.get("rounds_to_relative_loss", {}), s.get("settled_at_relative_loss", {})
+    for level in ("0.01", "0.001"):
+        if level in reach:
+            table.add_row(f"rounds to {float(level):.0e}".replace("e-0", "e-"),
+                          rounds(reach[level], settled.get(level)), "")
+    from hyfl.experiments.outputs import ACCURACY_MARGINS, accuracy_reach
+
+    accuracy = accuracy_reach(outcome)
+    central_accuracy = central.get("train_accuracy")
+    for m in ACCURACY_MARGINS:
+        first = accuracy[f"rounds_to_acc_{m:g}"]
+        if number(central_accuracy) and number(final.get("train_accuracy")):
+            table.add_row(f"rounds to {_accuracy_header(m)}",
+                          rounds(first, accuracy[f"settled_acc_{m:g}"]),
+                          f"acc. {number(central_accuracy - m)} (train)")
     table.add_row("outer iterations", f"{int(final['iteration'])}", "")
     table.add_row("round trips", f"{final['round_trips']:g}", "")
     # The one time per round of this table: measured; the simulated cost is below.

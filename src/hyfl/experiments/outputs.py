@@ -31,6 +31,46 @@ from hyfl.runtime.simulation import (
 AUC_TARGETS = (0.7, 0.75, 0.8)
 """Validation AUCs whose first round the summaries report (FedBCD's Table 2 targets)."""
 
+ACCURACY_MARGINS = (0.01, 0.001)
+"""How far below the central model's training accuracy the summaries' accuracy levels are.
+
+For each margin ``m`` (1 point and 0.1 point) a summary reports the first
+evaluated round whose training accuracy is at least the central optimum's
+minus ``m`` (``rounds_to_acc_<m>``) and the round from which every evaluation
+stays there (``settled_acc_<m>``; none if the last one is below), beside the
+relative loss levels (``rounds_to_1e-k``, ``settled_1e-k``). Relative to the
+central model's accuracy, not a fixed level: what a federated run can reach
+on the data is what the pooled data reach. Empty for a regression.
+"""
+
+
+def accuracy_reach(outcome) -> dict[str, float | None]:
+    """The first and settled rounds at the central model's training accuracy minus each
+    margin of :data:`ACCURACY_MARGINS` (``rounds_to_acc_0.01``, ``settled_acc_0.01``, ...).
+
+    Read from the run's metrics and the central model's accuracy in its summary
+    (``summary["optimum"]["train_accuracy"]``); None where either is unknown or the
+    level is not reached.
+    """
+    from hyfl.runtime.simulation import first_round_at_least, settled_round_below
+
+    keys = [f"{kind}_acc_{m:g}" for m in ACCURACY_MARGINS for kind in ("rounds_to", "settled")]
+    central = (outcome.summary.get("optimum") or {}).get("train_accuracy")
+    try:
+        iterations = outcome.result.column("iteration")
+        accuracy = outcome.result.column("train_accuracy")
+    except (AttributeError, KeyError):
+        return dict.fromkeys(keys)
+    if central is None or not np.isfinite(central) or not np.isfinite(accuracy).any():
+        return dict.fromkeys(keys)
+    reach: dict[str, float | None] = {}
+    for m in ACCURACY_MARGINS:
+        level = float(central) - m - 1e-12  # an accuracy is k/N: equal is reached
+        reach[f"rounds_to_acc_{m:g}"] = first_round_at_least(iterations, accuracy, level)
+        # at least the level throughout <=> -accuracy at most -level throughout (NaN: not)
+        reach[f"settled_acc_{m:g}"] = settled_round_below(iterations, -accuracy, -level)
+    return reach
+
 
 def plain_label(value):
     """A class label as an int when it is a whole number (1.0 -> 1); text stays text."""
@@ -53,6 +93,7 @@ CONVERGENCE_COLUMNS = (
     "round_trips",
     "median_round_ms",
     *(f"rounds_to_auc_{level:g}" for level in AUC_TARGETS),
+    *(f"{kind}_acc_{m:g}" for m in ACCURACY_MARGINS for kind in ("rounds_to", "settled")),
 )
 
 
@@ -92,6 +133,7 @@ def summary_rows(outcomes: list[RunOutcome]) -> list[dict[str, Any]]:
                 "median_round_ms": 1e3 * s["median_round_seconds"],
                 **{f"rounds_to_auc_{level:g}": s.get("rounds_to_val_auc", {}).get(f"{level:g}")
                    for level in AUC_TARGETS},
+                **accuracy_reach(o),
                 "engine": s["engine"],
                 **{
                     key: s["costs"]["totals"][key]
