@@ -1,4 +1,5 @@
-"""The progress bar of a long run: one line per run, with its latest relative loss.
+"""The progress bar of a long run: one line per run, with its latest relative loss and
+which model it is of (:func:`reported_model`).
 
 The simulation, protocol and neural engines advance it with ``advance(t, row,
 sim_time)`` after each evaluation; disabled (``--no-progress``, the estimators) it
@@ -9,7 +10,30 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["ProgressBar"]
+__all__ = ["MODEL_NAMES", "ProgressBar", "reported_model"]
+
+MODEL_NAMES = ("last iterate", "average", "certified")
+"""The candidate models by the ``model`` column's value (HyFDCA's: its last iterate, its
+running average and the image of its certified duals; other algorithms: the last iterate)."""
+
+
+def reported_model(row: dict) -> str:
+    """Which model a metrics row reports, in words: ``last iterate``, ``round 3's average
+    (no better pair since)``.
+
+    ``model`` names the candidate (:data:`MODEL_NAMES`); ``model_round`` (primal-dual
+    algorithms) the round it is from: the engines keep the best certified pair seen,
+    so an earlier round's model stays reported until a round brings a lower objective.
+    """
+    index = row.get("model", 0)
+    index = 0 if index is None or not np.isfinite(index) else int(index)
+    name = MODEL_NAMES[index] if 0 <= index < len(MODEL_NAMES) else f"model {index}"
+    kept, t = row.get("model_round"), row.get("iteration")
+    if kept is None or not np.isfinite(kept) or t is None or int(kept) == int(t):
+        return name
+    if int(kept) == 0:
+        return "the start's w = 0 (no better pair since)"
+    return f"round {int(kept)}'s {name} (no better pair since)"
 
 
 class ProgressBar:
@@ -30,20 +54,24 @@ class ProgressBar:
             TimeElapsedColumn,
             TimeRemainingColumn,
         )
+        from rich.table import Column
 
         count = (
             MofNCompleteColumn()
             if self.unit == "rounds"
             else TextColumn("{task.completed:.4g}/{task.total:.4g} s simulated")
         )
+        # The status last, cut at the terminal's edge: the bar, counts and times stay whole.
         self._progress = Progress(
             TextColumn("[bold]{task.description}"),
-            BarColumn(),
+            BarColumn(bar_width=20),
             count,
-            TextColumn("{task.fields[status]}"),
             TimeElapsedColumn(),
             TimeRemainingColumn(),
+            TextColumn("{task.fields[status]}",
+                       table_column=Column(no_wrap=True, overflow="ellipsis", ratio=1)),
             transient=False,
+            expand=True,
         )
         self._progress.__enter__()
         task = self._progress.add_task(self.label, total=self.total, status="")
@@ -57,6 +85,7 @@ class ProgressBar:
             elif row is not None:
                 rel = row.get("relative_loss", np.nan)
                 status = f"rel. loss {rel:.2e}" if np.isfinite(rel) else f"P {row['primal']:.4g}"
+                status += f", {reported_model(row)}" if "model" in row else ""
             if status is None:
                 self._progress.update(task, completed=t)
             else:
