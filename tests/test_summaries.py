@@ -175,3 +175,123 @@ def test_hyfl_study_of_one_config_file(tmp_path, quiet):
                                      *(["-q"] if quiet else [])])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "out" / "study.md").exists()
+
+
+# ----------------------------------------------------------------------------- hyfl run progress
+
+
+def test_the_run_progress_says_which_model_the_loss_is_of():
+    from hyfl.runtime.progress import reported_model
+
+    assert reported_model({"iteration": 5.0, "model": 0.0, "model_round": 5.0}) == "last iterate"
+    assert reported_model({"iteration": 5.0, "model": 1.0, "model_round": 5.0}) == "average"
+    assert (reported_model({"iteration": 9.0, "model": 2.0, "model_round": 3.0})
+            == "round 3's certified (no better pair since)")
+    assert reported_model({"iteration": 9.0, "model": 0.0, "model_round": 0.0}).startswith(
+        "the start's w = 0")
+    assert reported_model({"iteration": 9.0, "model": 0.0}) == "last iterate"  # no duals
+
+
+def test_the_run_progress_bar_shows_the_model_words(monkeypatch):
+    import rich.progress
+
+    from hyfl.runtime.progress import ProgressBar
+
+    console = Console(file=io.StringIO(), width=200, force_terminal=True, color_system=None)
+    made = rich.progress.Progress
+
+    def on_console(*columns, **kwargs):
+        return made(*columns, **{**kwargs, "console": console})
+
+    monkeypatch.setattr(rich.progress, "Progress", on_console)
+    with ProgressBar(True, 10, "hyfdca") as advance:
+        advance(4, {"iteration": 4.0, "relative_loss": 0.0123, "model": 2.0,
+                    "model_round": 2.0, "primal": 1.0})
+    text = console.file.getvalue()
+    assert "rel. loss 1.23e-02, round 2's certified (no better pair since)" in text
+
+
+# ----------------------------------------------------------------------------- accuracy levels
+
+
+def _column(path, name):
+    import csv
+
+    return [float(row[name]) for row in csv.DictReader(open(path))]
+
+
+def test_summaries_give_the_rounds_to_the_central_models_accuracy(tmp_path):
+    import csv
+    import json
+
+    from hyfl.experiments.outputs import ACCURACY_MARGINS
+
+    out = tmp_path / "cmp"
+    result = runner.invoke(cli.app, ["compare", "--algorithms", "hyfdca,fedavg", "--data",
+                                     "breast_cancer", "--iterations", "20", "--out", str(out),
+                                     "--no-progress"])
+    assert result.exit_code in (0, cli.TRIVIAL_EXIT_CODE), result.output
+    rows = {row["algorithm"]: row for row in csv.DictReader(open(out / "summary.csv"))}
+    for name in ("hyfdca", "fedavg"):
+        central = json.loads((out / name / "run.json").read_text())["summary"]["optimum"][
+            "train_accuracy"]
+        iterations = _column(out / name / "metrics.csv", "iteration")
+        accuracy = _column(out / name / "metrics.csv", "train_accuracy")
+        for m in ACCURACY_MARGINS:
+            there = [a >= central - m - 1e-12 for a in accuracy]
+            first = next((it for it, ok in zip(iterations, there) if ok), None)
+            below = [i for i, ok in enumerate(there) if not ok]
+            start = below[-1] + 1 if below else 0
+            settled = iterations[start] if start < len(iterations) else None
+            cell = rows[name][f"rounds_to_acc_{m:g}"]
+            assert (float(cell) if cell else None) == first, (name, m)
+            cell = rows[name][f"settled_acc_{m:g}"]
+            assert (float(cell) if cell else None) == settled, (name, m)
+    assert rows["hyfdca"]["rounds_to_acc_0.01"] != ""  # HyFDCA gets within a point in 20
+    assert "rounds_to_acc_0.01" in (out / "summary.md").read_text()
+
+
+def test_the_run_summary_shows_the_rounds_to_each_level_at_80_columns(tmp_path, monkeypatch):
+    from hyfl import cli_tables
+
+    console = Console(file=io.StringIO(), width=80, color_system=None)
+    monkeypatch.setattr(cli, "console", console)
+    monkeypatch.setattr(cli_tables, "console", console)
+    result = runner.invoke(cli.app, ["run", "--data", "breast_cancer", "--iterations", "20",
+                                     "--no-progress", "--out", str(tmp_path / "r")])
+    assert result.exit_code in (0, cli.TRIVIAL_EXIT_CODE), result.output
+    text = console.file.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    for label in ("rounds to 1e-2", "rounds to 1e-3", "rounds to acc-1pt", "rounds to acc-.1pt"):
+        assert label in text, label
+    assert "(settled " in text and "acc-1pt, acc-.1pt: the central model's" in " ".join(
+        text.split())
+
+
+def test_the_compare_table_explains_its_levels(tmp_path, monkeypatch):
+    from hyfl import cli_tables
+
+    console = Console(file=io.StringIO(), width=300, color_system=None)
+    monkeypatch.setattr(cli_tables, "console", console)
+    result = runner.invoke(cli.app, ["compare", "--algorithms", "hyfdca", "--data",
+                                     "breast_cancer", "--iterations", "10", "--out",
+                                     str(tmp_path / "c"), "--no-progress"])
+    assert result.exit_code in (0, cli.TRIVIAL_EXIT_CODE), result.output
+    text = console.file.getvalue()
+    for header in ("first acc-1pt", "settled acc-1pt", "first acc-.1pt", "settled acc-.1pt",
+                   "first AUC 0.7"):
+        assert header in text, header
+    assert "training accuracy >= the central model's minus 0.01, 0.001" in text
+
+
+def test_a_config_runs_summary_md_has_the_accuracy_levels(tmp_path):
+    from hyfl.experiments.config import load_config
+    from hyfl.experiments.runner import run_experiment
+
+    path = tmp_path / "one.toml"
+    path.write_text(STUDY_CONFIG.format(iterations=10))
+    run_experiment(load_config(path), tmp_path / "out")
+    header = (tmp_path / "out" / "summary.md").read_text().splitlines()[0]
+    for column in ("rounds_to_acc_0.01", "settled_acc_0.01", "rounds_to_acc_0.001",
+                   "settled_acc_0.001"):
+        assert column in header
