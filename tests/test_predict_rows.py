@@ -126,3 +126,174 @@ def test_a_column_mismatch_names_only_the_differing_columns(tmp_path):
     assert "not trained on: 'x4_new' (close: 'x4'), 'extra'" in text
     for same in ("'x0'", "'x3'", "'x8'"):  # the columns that match are not listed
         assert same not in text
+
+
+# ----------------------------------------------------------------------------- deployed
+
+def _deployed_scores(tmp_path, files, model_path, asker, **node_extra):
+    """``hyfl deploy predict`` in this process: the parties' own files, the real codec and
+    messages; returns the asker's predictions and the job's record."""
+    from hyfl.deploy.config import DeployConfig, run_config_for
+    from hyfl.deploy.keys import server_cipher
+    from hyfl.deploy.scoring import score_deployed
+    from hyfl.deploy.scoring_local import InProcessTransport
+
+    model = load_model(model_path)
+    run = run_config_for(parties=len(files), loss=model.loss, cipher="none")
+    nodes = [{"party": k, "cipher": "none", "data": str(path), "id-column": "customer",
+              "label-column": "income", "out": str(tmp_path / f"party-{k}"), **node_extra}
+             for k, path in enumerate(files)]
+    config = DeployConfig.from_run_config(run)
+    cipher = server_cipher("none", None, **config.cipher_options())
+    transport = InProcessTransport(nodes, run, cipher)
+    record = score_deployed(model, config, transport, asker=asker, log=lambda line: None)
+    return pd.read_csv(tmp_path / f"party-{asker}" / "predictions.csv"), record, transport
+
+
+@pytest.mark.parametrize("loss", ["hinge", "logistic"])
+def test_deploy_predict_equals_predict_on_the_pooled_rows(tmp_path, loss):
+    files, ids, X, y = organisation_files(tmp_path / "train")
+    model = _model(tmp_path, files, loss=loss)
+    new = _unlabelled(tmp_path, files)
+    predict_data(model, f"parties:{','.join(map(str, new))};id=customer", tmp_path / "p.csv")
+    pooled = pd.read_csv(tmp_path / "p.csv").set_index("id")
+    for asker in (0, 1):  # the bank (CSV) and the telco (Parquet, unlabelled in training)
+        written, record, _ = _deployed_scores(tmp_path / f"asker-{asker}", new, model, asker)
+        own = (pd.read_parquet(new[asker]) if new[asker].suffix == ".parquet"
+               else pd.read_csv(new[asker]))["customer"]
+        assert list(written["id"]) == list(own)  # its rows, its ids, in its file's order
+        assert record["rows"] == len(own) and record["n_samples"] == 90
+        expected = pooled.loc[written["id"]]
+        assert list(written.columns) == list(pooled.reset_index().columns)
+        np.testing.assert_allclose(written["decision"], expected["decision"], rtol=0,
+                                   atol=1e-9)
+        assert list(written["prediction"]) == list(expected["prediction"])
+        for column in written.columns[3:]:  # the logistic model's probabilities
+            np.testing.assert_allclose(written[column], expected[column], rtol=0, atol=1e-9)
+
+
+def test_deploy_predict_shows_the_server_no_score_and_the_asker_no_peer_part(tmp_path):
+    """What the server relays are sealed blobs; the asker's own part is masked: neither a
+    peer's part nor the margins appear in the clear in any message or reply."""
+    from hyfl.deploy.scoring_local import InProcessTransport
+
+    files, ids, X, y = organisation_files(tmp_path / "train")
+    model_path = _model(tmp_path, files)
+    new = _unlabelled(tmp_path, files)
+    seen = []
+    deliver = InProcessTransport._deliver
+
+    def recording(self, k, kind, payload):
+        reply = deliver(self, k, kind, payload)
+        seen.append((k, kind, payload, reply))
+        return reply
+
+    InProcessTransport._deliver = recording
+    try:
+        written, *_ = _deployed_scores(tmp_path, new, model_path, asker=0)
+    finally:
+        InProcessTransport._deliver = deliver
+    margins = written["decision"].to_numpy()
+    model = load_model(model_path)
+    # Each peer's part of the bank's margins, as the test computes them in the clear.
+    frame = pd.read_csv(new[0]).set_index("customer")
+    parts = []
+    for path, columns in ((new[1], ["x3", "x4", "x5"]), (new[2], ["x6", "x7", "x8"])):
+        peer = (pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path))
+        peer = peer.set_index("customer").reindex(frame.index).fillna(0.0)
+        rows = [int(c[1]) for c in columns]
+        parts.append(peer[columns].to_numpy() @ model.weights[rows, 0])
+    secret = np.concatenate([margins, *parts])
+    secret = secret[np.abs(secret) > 1e-6]
+
+    def floats(tree):
+        if isinstance(tree, dict):
+            for value in tree.values():
+                yield from floats(value)
+        elif isinstance(tree, list | tuple):
+            for value in tree:
+                yield from floats(value)
+        elif isinstance(tree, np.ndarray) and tree.dtype.kind == "f":
+            yield tree.ravel()
+
+    for k, kind, payload, reply in seen:
+        if kind not in ("score", "scores"):
+            continue
+        for values in (*floats(payload), *floats(reply)):
+            assert not np.isin(np.round(values, 9), np.round(secret, 9)).any(), (k, kind)
+    assert {kind for _, kind, _, _ in seen} >= {"align", "labels", "score", "scores"}
+    assert "block" not in {kind for _, kind, _, _ in seen}
+    # The peers' replies to 'score' hold only their parts sealed for the asker.
+    for k, kind, _, reply in seen:
+        if kind == "score" and k != 0:
+            assert set(reply) <= {"sealed", "timing"} and set(reply["sealed"]) == {"0"}
+            assert reply["sealed"]["0"].dtype == np.uint8
+
+
+def test_hyfl_deploy_predict_writes_the_askers_rows_as_hyfl_predict_does(tmp_path):
+    """The command: the parties' files of new rows in, the asker's predictions out (with
+    the parties' ckks keys, so that the alignment is authenticated), equal to
+    ``hyfl predict`` on the same files."""
+    from typer.testing import CliRunner
+
+    from hyfl.cli import app
+    from hyfl.deploy.keys import generate_keys
+
+    files, *_ = organisation_files(tmp_path / "train")
+    model = _model(tmp_path, files, loss="logistic")
+    new = _unlabelled(tmp_path, files)
+    spec = f"parties:{','.join(map(str, new))};id=customer"
+    generate_keys(tmp_path / "keys", cipher="ckks")
+    runner = CliRunner()
+    done = runner.invoke(app, ["deploy", "predict", str(model), "--data", spec, "--asker", "2",
+                               "--cipher", "ckks", "--keys", str(tmp_path / "keys"),
+                               "--out", str(tmp_path / "d")])
+    assert done.exit_code == 0, done.output
+    assert "party 2 wrote" in done.output and "50 predictions" in done.output
+    done = runner.invoke(app, ["predict", str(model), "--data", spec,
+                               "--out", str(tmp_path / "p.csv")])
+    assert done.exit_code == 0, done.output
+    deployed = pd.read_csv(tmp_path / "d" / "party-2" / "predictions.csv")
+    pooled = pd.read_csv(tmp_path / "p.csv").set_index("id").loc[deployed["id"]]
+    assert list(deployed["prediction"]) == list(pooled["prediction"])
+    for column in deployed.columns[2:]:
+        np.testing.assert_allclose(deployed[column], pooled[column], rtol=0, atol=1e-9)
+    # Without a key folder a keyed cipher is refused, naming the fix.
+    done = runner.invoke(app, ["deploy", "predict", str(model), "--data", spec, "--cipher",
+                               "ckks", "--out", str(tmp_path / "e")])
+    assert done.exit_code == 2 and "--keys" in done.output
+
+
+def test_a_party_refuses_to_score_rows_the_asker_does_not_hold(tmp_path):
+    """The ``score`` message's samples are checked against the alignment: the asker's must
+    be its own rows, a peer's rows among them exactly the ones it shares with the asker."""
+    from hyfl.deploy import scoring_local as scoring
+
+    files, *_ = organisation_files(tmp_path / "train")
+    model = _model(tmp_path, files)
+    new = _unlabelled(tmp_path, files)
+    deliver = scoring.InProcessTransport._deliver
+
+    held = {}  # the telco's global samples, as the alignment's 'labels' numbers them
+
+    def forging(party, change):
+        def _deliver(self, k, kind, payload):
+            if kind == "labels" and k == 1:
+                held["telco"] = np.asarray(payload["samples"])
+            if kind == "score" and k == party:
+                payload = {**payload, "samples": change(np.asarray(payload["samples"]))}
+            return deliver(self, k, kind, payload)
+        return _deliver
+
+    # The bank (asker) holds customers 0-59, the telco 20-89: a telco sample the bank does
+    # not hold put in the place of one of the bank's.
+    cases = [(0, lambda s: s[::-1], "not this party's own rows"),
+             (1, lambda s: np.append(s[1:], np.setdiff1d(held["telco"], s)[0]),
+              "other rows than the ones it shares with party 0")]
+    for party, change, message in cases:
+        scoring.InProcessTransport._deliver = forging(party, change)
+        try:
+            with pytest.raises(HyflError, match=message):
+                _deployed_scores(tmp_path / f"forged-{party}", new, model, asker=0)
+        finally:
+            scoring.InProcessTransport._deliver = deliver

@@ -254,21 +254,45 @@ def linear_outputs(model: Model, dataset):
     decision values (for :func:`agreement`)."""
     decisions = model.decision_function(dataset.X)
     predicted = model.original_labels(model.predict_encoded(dataset.X))
+    columns, values = score_columns(decisions, output_names(model),
+                                    model.loss == "logistic" and model.task != "regression")
+    return predicted, columns, values, decisions
+
+
+def output_names(model: Model) -> tuple:
+    """The original label of each score, in the model's order (binary: the label encoded
+    -1, then +1; multiclass: one per class; regression: none)."""
     if model.task == "binary":
-        names = model.original_labels(np.array([-1.0, 1.0]))
-    elif model.task == "multiclass":
-        names = model.original_labels(model.classes)
-    else:
-        names = ()
+        return tuple(model.original_labels(np.array([-1.0, 1.0])))
+    if model.task == "multiclass":
+        return tuple(model.original_labels(model.classes))
+    return ()
+
+
+def score_columns(decisions: np.ndarray, names, logistic: bool) -> tuple[list[str], np.ndarray]:
+    """The score columns' names and values: ``decision`` (or ``decision_<label>`` per
+    class) and for a logistic model ``probability_<label>`` per class
+    (:meth:`hyfl.losses.Logistic.log_probabilities`)."""
     columns = (["decision"] if decisions.ndim == 1
                else [f"decision_{label_text(v)}" for v in names])
     values = decisions
-    if model.loss == "logistic" and model.task != "regression":
+    if logistic:
         from hyfl.losses import Logistic
 
         columns += [f"probability_{label_text(v)}" for v in names]
         values = np.column_stack([decisions, np.exp(Logistic.log_probabilities(decisions))])
-    return predicted, columns, values.reshape(len(values), -1), decisions
+    return columns, values.reshape(len(values), -1)
+
+
+def labels_of_scores(decisions: np.ndarray, task: str, names) -> np.ndarray:
+    """The predicted labels of scores, as :meth:`hyfl.model_file.Model.predict` gives them
+    (binary: the second label where the score is >= 0; multiclass: the largest score's)."""
+    if task == "regression":
+        return np.asarray(decisions, dtype=np.float64)
+    names = np.asarray(list(names), dtype=object)
+    if task == "binary":
+        return names[(np.asarray(decisions) >= 0).astype(np.int64)]
+    return names[np.argmax(decisions, axis=1)]
 
 
 def agreement(model: Model, dataset, predicted: np.ndarray, decisions: np.ndarray

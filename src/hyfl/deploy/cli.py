@@ -643,3 +643,52 @@ def local(
     _report(outcome.summary, outcome.judgement, outcome.warnings,
             [f"results in {outcome.out} ({written}"
              f"{', comparison.json' if outcome.comparison else ''})"])
+
+# ----------------------------------------------------------------------------- predict
+
+
+@app.command()
+def predict(
+    model: Annotated[Path, typer.Argument(help="A model.npz trained on party files (hyfl run "
+                                          "or deploy local --data parties:...).",
+                                          metavar="MODEL", show_default=False)],
+    data: Annotated[str, typer.Option(help="The parties' files of new rows, one per party "
+                                      "(parties:a.csv,b.parquet;id=patient or a folder), "
+                                      "labels optional.", show_default=False)],
+    asker: Annotated[int, typer.Option(help="The party (its place in --data) that gets the "
+                                       "scores of the rows it holds.")] = 0,
+    cipher: Annotated[str, typer.Option(click_type=click.Choice(list(CIPHER_NAMES)),
+                                        metavar="CIPHER", help="The parties' cipher policy; "
+                                        "with a key (--keys) the alignment is authenticated "
+                                        "by the parties' shared secret.")] = "none",
+    keys_dir: Annotated[Path | None, typer.Option("--keys", help="Key folder of hyfl deploy "
+                                                  "keys (with --cipher other than none).")] =
+    None,
+    insecure_test_keys: InsecureKeys = False,
+    reply_timeout: ReplyTimeout = 120.0,
+    out: Annotated[Path, typer.Option(help="Folder of the parties' outputs: the asker writes "
+                                      "OUT/party-K/predictions.csv.")] = Path("hyfl-predict"),
+):
+    """Score new rows with the parties' own files, without pooling them.
+
+    The parties align their files as for training (blinded ids, pairwise channel keys),
+    then each computes its part of every margin of the asker's rows (its cells times its
+    block of the weights), masks it with pairwise masks that cancel only in the sum of
+    all parties' parts and seals it for the asker; the server relays the sealed parts.
+    The asker adds them up and writes, per row it holds, its id, the prediction (the
+    label's own value), the score and for a logistic model the class probabilities:
+    the rows ``hyfl predict`` writes for the pooled files. The server sees no score, no
+    part and no id. The parties run in this process, each with only its own file and
+    state, every message through the deployment's codec (docs/deployment.md, "Scoring
+    new rows").
+    """
+    from hyfl.deploy.scoring_local import predict_local
+
+    try:
+        done = predict_local(model, data, out, asker=asker, cipher=cipher, keys_dir=keys_dir,
+                             reply_timeout=reply_timeout, insecure_test_keys=insecure_test_keys,
+                             log=lambda line: console.print(escape(line)))
+    except HyflError as err:
+        _fail(err)
+    console.print(escape(f"party {done['asker']} wrote {done['predictions']} ({done['rows']} "
+                         f"predictions of {done['n_samples']} aligned samples)"))

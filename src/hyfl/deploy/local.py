@@ -89,6 +89,7 @@ __all__ = [
     "run_local",
     "deployment_metrics",
     "flower_env",
+    "party_file_nodes",
     "read_results",
     "write_app",
     "write_connection",
@@ -784,6 +785,12 @@ def _party_file_nodes(spec: str) -> tuple[list[dict], dict]:
     nodes = [{**node, "data": str(Path(path).resolve())} for path in files.values()]
     run = {"min_common": int(options["min_common"])} if "min_common" in options else {}
     return nodes, run
+
+
+def party_file_nodes(spec: str) -> tuple[list[dict], dict]:
+    """Each party's node config data keys and the run config keys of a party spec (for a
+    job other than ``deploy local``'s: ``hyfl deploy predict``)."""
+    return _party_file_nodes(spec)
 
 
 def default_partition(parties: int) -> str:

@@ -89,6 +89,7 @@ from hyfl.deploy.party_files import (
     on_labels,
     open_file,
 )
+from hyfl.deploy.scoring import SCORE_FIELDS, SCORE_KINDS, on_score, on_scores
 from hyfl.errors import HyflError, JobRefused, fail
 from hyfl.privacy.tags import cipher_secret, run_identity
 
@@ -98,7 +99,8 @@ __all__ = ["KINDS", "QUERY_KINDS", "Party", "handle_message", "open_party", "own
 #: Message kinds a party handles (Flower message types ``train.<kind>`` or ``query.<kind>``).
 KINDS = ("hello", "align", "labels", "block", "setup", "round", "weights", "steps", "duals",
          "verdict", "commit",
-         "proposals", "image", "direction", "step", "changes", "certify", "ping", "finish")
+         "proposals", "image", "direction", "step", "changes", "certify", "ping", "finish",
+         *SCORE_KINDS)
 #: Kinds sent as ``query.*`` (they change no model state); the rest are ``train.*``.
 QUERY_KINDS = ("hello", "ping", "verdict", "step", "certify", "finish")
 #: Kinds of one step rule only: the per-sample rules', the cocoa rule's.
@@ -141,6 +143,8 @@ MESSAGE_FIELDS: dict[str, dict[str, str]] = {
                 "certified_made": "ids?", "checkpoint_made": "ids?"},
     "ping": {},
     "finish": {"deliveries": "dict?"},
+    # Scoring new rows after the alignment (hyfl.deploy.scoring), instead of block.
+    **SCORE_FIELDS,
 }
 _CONFIGURE_FIELDS = {"t": "int", "updated_local": "ids", "reports_local": "mask",
                      "n_draws": "int", "stale": "vector?", "drawn_local": "ids?",
@@ -314,6 +318,8 @@ class Party:
             return self.hello(payload)
         if kind in ALIGN_KINDS:
             return self.align(kind, payload)
+        if kind in SCORE_KINDS:
+            return self.score(kind, payload)
         if "block" not in self.state:
             raise fail(f"party {self.node.party}", f"got a {kind!r} message before 'hello'",
                        "The server starts every run with hello; restart the run.")
@@ -405,6 +411,20 @@ class Party:
         from hyfl.deploy.keys import cipher_fingerprint
 
         return self._announce(block, cipher_fingerprint(self.cipher))
+
+    def score(self, kind: str, payload: dict) -> dict:
+        """Scoring new rows (:mod:`hyfl.deploy.scoring`): after the alignment's ``labels``,
+        ``score`` once, then (the asker only) ``scores`` once."""
+        aligning = self.state.get("alignment")
+        done = [] if aligning is None else aligning.setdefault("done", [])
+        due = ["align", "labels"] if kind == "score" else ["align", "labels", "score"]
+        if done != due:
+            raise fail(f"party {self.node.party}", f"got a {kind!r} message after "
+                       f"{done or 'no alignment'}, not after {due}", FORGED_FIX)
+        done.append(kind)
+        if kind == "score":
+            return on_score(aligning, payload, self.node.party, self.node.out)
+        return on_scores(aligning, payload, self.node.party, self.node.out, self.config.loss)
 
     def _log(self, line: str) -> None:
         print(f"party {self.node.party}: {line}", flush=True)

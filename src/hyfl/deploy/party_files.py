@@ -108,7 +108,7 @@ from hyfl.privacy.alignment import (
 )
 
 __all__ = ["ALIGN_KINDS", "HELLO_FIELDS", "align_parties", "is_party_file", "on_align", "on_block",
-           "on_labels", "open_file"]
+           "on_labels", "open_file", "pair_key"]
 
 #: The alignment's messages after ``hello``, in protocol order.
 ALIGN_KINDS = ("align", "labels", "block")
@@ -175,7 +175,8 @@ def open_file(node, config, secret: bytes | None, log) -> tuple[dict, dict]:
              "values": table.values, "labels": labels, "name": path.name,
              "columns": list(table.features), "order": order, "blinded": blinded,
              "nonce": _bytes(nonce), "column_keys": keys, "classification": classification,
-             "parties": int(config.parties)}
+             "parties": int(config.parties),
+             "ids": list(table.ids)}  # (kept here: only a scoring asker writes them out)
     hello = {"n_ids": n, "columns": list(table.features), "column_keys": keys,
              "labels": label_info, "blinded": blinded, "channel": _bytes(public),
              "nonce": _bytes(nonce), "tag": _bytes(tag) if tag else None}
@@ -740,6 +741,12 @@ def _pair_key(state: dict, party: int, peer: int) -> bytes:
     return channel.shared(bytes(state["publics"][peer]), (party, peer))
 
 
+def pair_key(state: dict, party: int, peer: int) -> bytes:
+    """The key ``party`` shares with ``peer`` from the alignment's channel keys (after
+    ``align``): what its seals and secure-sum masks for that peer are keyed with."""
+    return _pair_key(state, party, peer)
+
+
 def _own_public(state: dict) -> np.ndarray:
     return _bytes(ChannelKey(bytes(state["channel"])).public)
 
@@ -767,8 +774,15 @@ HELLO_FIELDS = {"n_ids": "int", "columns": "list", "column_keys": "matrix", "lab
                 "blinded": "matrix", "channel": "ids", "nonce": "ids", "tag": "ids?"}
 
 
-def align_parties(hellos: dict[int, dict], exchange, config, log) -> tuple[dict[int, dict], dict]:
+def align_parties(hellos: dict[int, dict], exchange, config, log, *, job=None,
+                  final=None) -> tuple[dict[int, dict], dict]:
     """The server's side: run the alignment; return the parties' block hellos and a record.
+
+    ``job`` (task, classes), if given, is the task instead of the one the parties'
+    labels make (a model's, when scoring: :mod:`hyfl.deploy.scoring`); ``final``, if
+    given, replaces the ``block`` message: ``final(aligned) -> replies``, with
+    ``aligned`` the numbering (``index``: each party's global samples by position,
+    ``features``: its columns' global features, ``n_samples``, ``feature_names``).
 
     Parameters
     ----------
@@ -801,7 +815,8 @@ def align_parties(hellos: dict[int, dict], exchange, config, log) -> tuple[dict[
     for names in columns:
         for name in names:
             features.setdefault(name, len(features))
-    task, classes = _job_labels({k: info[k]["labels"] for k in range(K)}, config.loss)
+    task, classes = (_job_labels({k: info[k]["labels"] for k in range(K)}, config.loss)
+                     if job is None else job)
     log(f"aligning the parties' files: {', '.join(f'{n:,}' for n in sizes)} ids "
         f"({_task_text(task, classes)})")
 
@@ -901,6 +916,14 @@ def align_parties(hellos: dict[int, dict], exchange, config, log) -> tuple[dict[
                 raise fail(f"party {j}'s reply to 'labels'", f"seals labels for {key!r}, not "
                            "a peer", _SAME_VERSION)
             sealed.setdefault(int(key), {})[str(j)] = value
+
+    if final is not None:  # scoring (hyfl.deploy.scoring): no block, the job's own message
+        replies = final({"index": index, "features": numbered, "n_samples": n_samples,
+                         "feature_names": list(features), "sealed": sealed})
+        record = {"ids": sizes, "n_samples": n_samples, "n_features": len(features),
+                  "shared": shared, "task": task, "classes": classes,
+                  "seconds": time.perf_counter() - tic}
+        return {k: {**replies.get(k, {}), "node": hellos[k].get("node")} for k in range(K)}, record
 
     # 3. Each party's block: its global ids, and the labels sealed for it.
     replies = exchange({k: ("block", {
