@@ -77,7 +77,8 @@ _COST_DROP = ("decryptions", "time_latency_per_iter", "time_server_per_iter", "b
               "encryptions", "time_encryption_per_iter", "time_client_per_iter", "bytes_up")
 
 
-_EXPERIMENT_DROP = ("round_trips", "settled_1e-2", "best_val_auc", "best_val_accuracy", "seeds")
+_EXPERIMENT_DROP = ("settled_acc_0.01", "round_trips", "rounds_to_acc_0.01", "settled_1e-2",
+                    "best_val_auc", "best_val_accuracy", "seeds")
 
 
 def print_experiment(result) -> None:
@@ -98,6 +99,8 @@ def print_experiment(result) -> None:
         "best_val_accuracy": "best val. acc.",
         "best_val_auc": "best val. AUC",
         "settled_1e-2": "settled 1e-2",
+        "rounds_to_acc_0.01": "first acc-1pt",
+        "settled_acc_0.01": "settled acc-1pt",
         "round_trips": "round trips",
         "sim_time": "sim_time",
     }
@@ -131,6 +134,7 @@ def print_experiment(result) -> None:
     table, dropped = _fitted(make, ["seeds", *headers], _EXPERIMENT_DROP)
     console.print(table)
     _say_dropped([headers.get(c, c) for c in dropped], "summary.csv")
+    _say_levels([c for c in headers if c not in dropped])
 
 
 def print_comparison(rows, title: str, cost_title: str) -> None:
@@ -165,6 +169,8 @@ def _say_levels(shown: list[str]) -> None:
     """What the level columns of a convergence table mean (those shown)."""
     from hyfl.experiments.outputs import ACCURACY_MARGINS
 
+    if not any(c.startswith(("rounds_to_", "settled_")) for c in shown):
+        return
     margins = [m for m in ACCURACY_MARGINS
                if f"rounds_to_acc_{m:g}" in shown or f"settled_acc_{m:g}" in shown]
     words = ["first / settled: the first evaluated round at the level / the round from "
