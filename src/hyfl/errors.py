@@ -33,10 +33,33 @@ class TrivialModelWarning(UserWarning):
     :func:`hyfl.runtime.trivial.judge_trivial`)."""
 
 
+class PartyFileWarning(UserWarning):
+    """Party files that read, but look mistaken: a column name one letter off another
+    party's (:func:`hyfl.data.parties.load_parties` records the text in
+    ``meta["notices"]``; ``hyfl run`` prints it before training)."""
+
+
 def fail(culprit: str, problem: str, fix: str, *,
          error: type[HyflError] = HyflError) -> HyflError:
-    """Build the standard error: ``"<culprit> <problem>. <fix>"`` (of class ``error``)."""
-    return error(f"{culprit} {problem}. {fix}")
+    """Build the standard error: ``"<culprit> <problem>. <fix>"`` (of class ``error``).
+
+    A ``problem`` that already ends in a period (it quotes another error's message,
+    which ends in its fix's period, or a trailing ``...``) gets no second one.
+    """
+    problem = problem.rstrip()
+    return error(f"{culprit} {problem}{'' if problem.endswith('.') else '.'} {fix}")
+
+
+def clause(message: object) -> str:
+    """An error's message without its final period, to quote inside another sentence.
+
+    ``f"the run failed: {clause(err)}. See the log"`` reads "... again. See the log",
+    not "... again.. See the log". An ellipsis (``...``) is kept.
+    """
+    text = str(message).rstrip()
+    if text.endswith(".") and not text.endswith(".."):
+        text = text[:-1]
+    return text
 
 
 def is_finite(value: int | float) -> bool:

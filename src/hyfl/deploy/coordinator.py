@@ -83,7 +83,7 @@ import numpy as np
 from hyfl._private_files import private_folder, private_write, write_private_json
 from hyfl.deploy.codec import check_fields
 from hyfl.deploy.config import DeployConfig, structure_blocks
-from hyfl.errors import HyflError, fail
+from hyfl.errors import HyflError, clause, fail
 from hyfl.losses import get_loss
 from hyfl.privacy.layout import TaggedLayout
 
@@ -210,10 +210,11 @@ class Coordinator:
             self.results["seconds"]["finish"] = time.perf_counter() - tic
             self.results["status"] = "completed"
         except HyflError as err:
-            self.results.update(status="failed", error=str(err))
+            # Without its final period: readers quote it inside a sentence ("failed: ...").
+            self.results.update(status="failed", error=clause(err))
             raise
         except Exception as err:
-            self.results.update(status="failed", error=f"{type(err).__name__}: {err}")
+            self.results.update(status="failed", error=clause(f"{type(err).__name__}: {err}"))
             raise
         finally:
             self.results["seconds"]["total"] = time.perf_counter() - started
@@ -792,7 +793,7 @@ def write_failure(out: str, err: BaseException) -> None:
     """Record a run that failed before it started (bad run config, missing key file)."""
     if isinstance(out, str) and out.strip():
         path = private_folder(out.strip())
-        _atomic_json(path / "deploy.json", {"status": "failed", "error": str(err),
+        _atomic_json(path / "deploy.json", {"status": "failed", "error": clause(err),
                                             "engine": "flower", "rounds": []})
 
 
