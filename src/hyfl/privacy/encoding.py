@@ -85,8 +85,11 @@ class FixedPoint:
                     "value",
                     f"{float(v[i])!r} at position {i} exceeds the fixed-point bound {self.bound:g} "
                     f"({int((np.abs(v) > self.bound).sum())} of {v.size} value(s) do)",
-                    "Raise the cipher's bound (e.g. make_cipher(..., bound=...)) or lower "
-                    "precision_bits to make room, or rescale the values.",
+                    "Data in raw units (values in the thousands, squared norms in the "
+                    "millions) overflow it: pass --standardize (hyfl run, hyfl deploy) to "
+                    "divide every feature by its deviation first, or rescale the features "
+                    "in the files; in Python, raise the cipher's bound "
+                    "(make_cipher(..., bound=...)) or lower precision_bits to make room.",
                 )
         return v
 
