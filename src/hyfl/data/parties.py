@@ -92,7 +92,10 @@ without its extensions. Paths may not contain ``,`` or ``;``.
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,7 +107,7 @@ import scipy.sparse as sp
 from hyfl._io import check_csv_shape, open_bounded, read_parquet
 from hyfl.data.dataset import Dataset
 from hyfl.data.loaders import check_values, clean_csr, map_labels
-from hyfl.errors import HyflError, check_choice, check_int, fail
+from hyfl.errors import HyflError, PartyFileWarning, check_choice, check_int, fail
 from hyfl.partition import Partition, from_blocks
 
 __all__ = ["PARTY_SUFFIXES", "load_parties", "party_name", "party_suffix", "read_party_file"]
@@ -422,6 +425,8 @@ def _read_table(
                 "Make the file's feature columns exactly the declared ones, or fix the "
                 "declaration (columns=...).",
             )
+    if label_column is not None and not has_labels:
+        _check_label_near_miss(frame, features, label_column, id_column, culprit)
     if not features and not has_labels:
         raise fail(
             culprit,
@@ -455,6 +460,141 @@ def _read_table(
                 "count.",
             )
     return _Table(party, path, parquet, ids, features, values, labels, known, weights)
+
+
+def _squeezed(name: str) -> str:
+    """A column name without case, spaces, ``_``, ``-`` and ``.``: ``Mean_Radius`` is
+    ``meanradius``."""
+    return re.sub(r"[\s_.\-]+", "", name).casefold()
+
+
+def _edits(a: str, b: str, limit: int) -> int:
+    """Edits (insert, delete, substitute, swap two neighbours) from ``a`` to ``b``; any
+    count above ``limit`` is returned as ``limit + 1``."""
+    if abs(len(a) - len(b)) > limit:
+        return limit + 1
+    before, row = None, list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        current = [i] + [0] * len(b)
+        for j, cb in enumerate(b, 1):
+            current[j] = min(row[j] + 1, current[j - 1] + 1, row[j - 1] + (ca != cb))
+            if (before is not None and i > 1 and j > 1 and ca == b[j - 2]
+                    and a[i - 2] == cb):
+                current[j] = min(current[j], before[j - 2] + 1)
+        if min(current) > limit:
+            return limit + 1
+        before, row = row, current
+    return min(row[-1], limit + 1)
+
+
+def _near_miss(a: str, b: str) -> bool:
+    """Whether two distinct column names look like one name mistyped.
+
+    The same name but for case and separators (``Outcome``, ``outcome``;
+    ``mean radius``, ``mean_radius``), or one or two typing slips in a longer name
+    (``mean raduis``: ``difflib`` ratio >= 0.85 and at most 2 edits, 1 below 7
+    characters). Names that differ only in their numbers (``x10``, ``x11``) are
+    a numbered series, never a slip.
+    """
+    if a == b:
+        return False
+    if _squeezed(a) == _squeezed(b):
+        return True
+    if re.sub(r"\d+", "#", a) == re.sub(r"\d+", "#", b):
+        return False
+    x, y = a.casefold(), b.casefold()
+    if difflib.SequenceMatcher(None, x, y).ratio() < 0.85:
+        return False
+    limit = 1 if min(len(x), len(y)) < 7 else 2
+    return _edits(x, y, limit) <= limit
+
+
+def _is_text(column) -> bool:
+    """Whether a column holds values that are not numbers (it cannot be a feature)."""
+    import pandas as pd
+
+    if pd.api.types.is_bool_dtype(column) or pd.api.types.is_numeric_dtype(column):
+        return False
+    if pd.api.types.is_datetime64_any_dtype(column) or pd.api.types.is_timedelta64_dtype(
+        column
+    ):
+        return False
+    parsed = pd.to_numeric(column.astype(object), errors="coerce")
+    return bool((parsed.isna() & column.notna()).any())
+
+
+def _check_label_near_miss(frame, features: list[str], label_column: str, id_column: str,
+                           culprit: str) -> None:
+    """Raise if a file without the label column has a column that must be it misnamed.
+
+    A file without the label column is a party without labels (a clinic holding
+    only features), which is fine. But a column whose name is a near miss of the
+    label's (``Outcome`` for ``outcome``), or a text column (``result`` holding
+    ``benign``/``malignant``: text cannot be a feature), is the label under
+    another name: read as a feature it would leak the label into X, or fail as
+    text with a hint (pass label=) that would break the files that do use
+    ``label_column``.
+    """
+    close = [c for c in features if _near_miss(c, label_column)]
+    text = [c for c in features if c not in close and _is_text(frame[c])]
+    if not close and not text:
+        return
+    shown = []
+    for c in (close + text)[:_MAX_NAMED]:
+        values = [str(v).strip() for v in frame[c].dropna().unique()[:3].tolist()]
+        kind = "text column" if _is_text(frame[c]) else "column"
+        shown.append(f"{kind} {c!r} (values {', '.join(map(repr, values))}"
+                     f"{', ...' if frame[c].nunique() > 3 else ''})")
+    first = (close + text)[0]
+    problem = (f"has no label column {label_column!r}, but its {' and '.join(shown)} "
+               f"{'looks' if len(shown) == 1 else 'look'} like labels "
+               f"({'a name close to ' + repr(label_column) if close else 'text, not a feature'})")
+    texts = [_is_text(frame[c]) for c in close + text]
+    if not any(texts):
+        otherwise = "rename the column so that it does not look like the label"
+    elif all(texts):
+        otherwise = "encode the column as numbers or remove it (features are numbers)"
+    else:
+        otherwise = "rename those columns, encoding text ones as numbers (features are numbers)"
+    fix = (f"If {first!r} holds this party's labels, rename it to {label_column!r} in this "
+           "file (every party that labels names its label column alike), or, if every file "
+           f"calls it {first!r}, pass label_column={first!r} (spec option label={first}). "
+           f"A party without labels is fine: then {otherwise}.")
+    raise fail(culprit, problem, fix)
+
+
+def _column_notices(tables: list[_Table]) -> list[str]:
+    """Columns held by one party whose name is a near miss of another party's column.
+
+    A misspelt header (``mean raduis`` in one file, ``mean radius`` in the others)
+    is not an error: it becomes a feature of its own, held by that party alone, and
+    the model learns two half-empty columns. Each such pair is named once, with
+    both files, so that the user can rename one.
+    """
+    holders: dict[str, list[int]] = {}
+    for k, t in enumerate(tables):
+        for name in t.features:
+            holders.setdefault(name, []).append(k)
+    if len(holders) > 2000:  # pairwise names: keep the check cheap on wide data
+        return []
+    notices, seen = [], set()
+    for name, (k, *others) in holders.items():
+        if others:
+            continue
+        for other, where in holders.items():
+            pair = frozenset((name, other))
+            if k in where or pair in seen or not _near_miss(name, other):
+                continue
+            seen.add(pair)
+            near = tables[where[0]]
+            also = f" and {len(where) - 1} more" if len(where) > 1 else ""
+            notices.append(
+                f"column {name!r} of {tables[k].culprit} is held by no other party, but "
+                f"{near.culprit}{also} has {other!r}: if they are one feature, rename one of "
+                "them (a misspelt name becomes a feature of its own, which the other parties' "
+                "samples lack)"
+            )
+    return notices
 
 
 def read_party_file(path: str | os.PathLike, *, party: str, id_column: str = "id",
@@ -952,6 +1092,9 @@ def load_parties(
         for table in tables:
             table.features = [f"{table.party}.{column}" for column in table.features]
     feature_names = _global_features(tables, features, id_column, label_column)
+    notices = _column_notices(tables) if scope == "shared" else []
+    for notice in notices:
+        warnings.warn(notice, PartyFileWarning, stacklevel=2)
     rows, n_aligned, psi_bytes = _align(tables, psi)
     shared_ids = _check_common_ids(tables, rows, n_aligned, min_common, id_column)
 
@@ -981,11 +1124,16 @@ def load_parties(
                 holders = ", ".join(t.party for t, g in zip(tables, rows) if i in g)
                 held.append(f"{sample_ids[i]!r} (in {holders})")
             more = f" and {missing.size - _MAX_NAMED} more" if missing.size > _MAX_NAMED else ""
+            without = [t for t in tables if t.labels is None]
+            unlabelled = (
+                f" ({', '.join(t.culprit for t in without[:_MAX_NAMED])} "
+                f"{'has' if len(without) == 1 else 'have'} no {label_column!r} column)"
+                if without and len(without) < len(tables) else "")
             raise fail(
                 f"sample{'s' if missing.size > 1 else ''} {', '.join(held)}{more}",
                 f"{'have' if missing.size > 1 else 'has'} no label: no party that holds "
                 f"{'them' if missing.size > 1 else 'it'} has a {label_column!r} column with "
-                "a value for it",
+                f"a value for it{unlabelled}",
                 "Add a label column with these labels to one of those files, delete these "
                 "rows, or pass unlabeled='drop' (spec option unlabeled=drop) to leave them out.",
             )
@@ -1119,6 +1267,7 @@ def load_parties(
             "dropped_unlabeled": int(n_aligned - n_samples),
             "shared_cells": bool(overlap),
             "shared_ids": shared_ids,
+            "notices": tuple(notices),
         },
     )
     return dataset, partition
