@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import platform
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ from hyfl.costs import (
     save_calibration,
 )
 from hyfl.data import lambda_for
-from hyfl.errors import check_choice, check_int, fail
+from hyfl.errors import PartyFileWarning, check_choice, check_int, fail
 from hyfl.experiments.outputs import (
     AUC_TARGETS,
     cost_title,
@@ -57,6 +58,7 @@ from hyfl.experiments.spec import (
     sample_weights,
     scale_features,
 )
+from hyfl.experiments.stall import stall_message, stalled_steps
 from hyfl.participation import parse_participation
 from hyfl.partition import parse_partition, stack
 from hyfl.privacy.ciphers import CIPHERS, calibrate, check_keybits, make_cipher
@@ -228,6 +230,12 @@ def run_prepared(
     shared_ids = getattr(setup.train, "meta", {}).get("shared_ids")
     if shared_ids is not None:  # party files: sample IDs each party shares with another
         summary["shared_ids"] = dict(shared_ids)
+    # A tail of rounds without progress (steps rejected, or the objective flat), with why.
+    names = getattr(setup.train, "meta", {}).get("feature_names")
+    stalled = stalled_steps(result.metrics, problem.X, names, standardized=spec.standardize)
+    if stalled is not None:
+        stalled["message"] = stall_message(stalled, label or name)
+        summary["stalled"] = stalled
     if hasattr(algorithm, "steps_per_client"):
         summary["local_steps"] = algorithm.steps_per_client(
             problem.n_samples, setup.partition.n_clients
@@ -383,6 +391,26 @@ def describe_task(task: dict[str, Any]) -> str:
     return f"task: regression ({task['loss']} loss){bias}"
 
 
+def _prepare_telling(spec: RunSpec, log) -> Setup:
+    """:func:`prepare`, telling ``log`` the party files' notices (a misspelt column,
+    :class:`~hyfl.errors.PartyFileWarning`) instead of warning them a second time."""
+    with warnings.catch_warnings():
+        if log is not None:
+            warnings.simplefilter("ignore", PartyFileWarning)
+        setup = prepare(spec)
+    if log is not None:
+        for notice in getattr(setup.train, "meta", {}).get("notices", ()):
+            log(f"warning: {notice}")
+    return setup
+
+
+def _tell_stall(outcome: RunOutcome, log) -> None:
+    """Tell ``log`` why the run's last rounds made no progress (``summary["stalled"]``)."""
+    stalled = outcome.summary.get("stalled")
+    if log is not None and stalled:
+        log(f"warning: {stalled['message']}")
+
+
 def execute(spec: RunSpec, out_dir: str | Path | None = None, progress: bool = False,
             overwrite: bool = False, log=None) -> RunOutcome:
     """Run ``spec`` and, when ``out_dir`` is given, write its files there.
@@ -399,11 +427,12 @@ def execute(spec: RunSpec, out_dir: str | Path | None = None, progress: bool = F
         return neural.execute(spec, out_dir, progress=progress, overwrite=overwrite, log=log)
     if out_dir is not None:  # (single runs have no --resume: only configs do)
         check_results_folder(out_dir, overwrite=overwrite, resumable=False)
-    setup = prepare(spec)
+    setup = _prepare_telling(spec, log)
     task = task_of(setup)
     if log is not None:
         log(describe_task(task))
     outcome = run_prepared(setup, spec, spec.algorithm, spec.hyper_for(spec.algorithm), progress)
+    _tell_stall(outcome, log)
     if out_dir is not None:
         outcome.out_dir = write_outputs(outcome, Path(out_dir), extra={"task": task})
     return outcome
@@ -444,7 +473,7 @@ def compare(
         return neural_runner.compare(spec, names, out_dir, progress=progress,
                                      overwrite=overwrite, log=log)
     out = check_results_folder(out_dir, overwrite=overwrite, resumable=False)
-    setup = prepare(spec)
+    setup = _prepare_telling(spec, log)
     check_applicable(setup, [make_algorithm(n, spec.hyper_for(n, only_accepted=True))
                              for n in names])
     if log is not None:
@@ -454,6 +483,7 @@ def compare(
         outcome = run_prepared(
             setup, spec, name, spec.hyper_for(name, only_accepted=True), progress
         )
+        _tell_stall(outcome, log)
         outcome.out_dir = write_outputs(outcome, out / name, plot=False)
         outcomes.append(outcome)
     write_comparison(outcomes, out)
@@ -580,7 +610,9 @@ def run_experiment(
             )
         if setup is None or setup_seed != job.seed:
             setup = None  # free the previous seed's data first
-            setup, setup_seed = prepare(job.spec), job.seed
+            # (the party files' notices once: every seed reads the same files)
+            told = say if not announced else (lambda message: None)
+            setup, setup_seed = _prepare_telling(job.spec, told), job.seed
             if not announced:  # the task is the same for every run
                 check_applicable(setup, [make_algorithm(e.algorithm, e.hyper)
                                          for e in config.algorithms])
@@ -614,6 +646,7 @@ def run_experiment(
                 seconds=config.experiment.checkpoint_seconds),
             label=job.label,
         )
+        _tell_stall(outcome, say)
         outcome.out_dir = write_outputs(outcome, run_dir, plot=False,
                                         extra={"overrides": config.overrides})
         started.unlink(missing_ok=True)
