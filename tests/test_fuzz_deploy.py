@@ -265,7 +265,11 @@ def _valid_payload(kind: str, d: dict) -> dict:
             "labels": {"shared_rows": np.array([0]), "peer_rows": np.array([0]),
                        "shared_counts": np.array([0, 1, 0])},
             "block": {"samples": np.arange(n_local), "features": np.arange(d["n_features"]),
-                      "n_samples": 30, "n_features": d["n_features"], "sealed": {}}}[kind]
+                      "n_samples": 30, "n_features": d["n_features"], "sealed": {}},
+            # scoring new rows after the alignment (refused by a party with a block, as here)
+            "score": {"asker": 0, "samples": np.arange(n_local),
+                      "weights": np.zeros((d["n_features"], 1))},
+            "scores": {"sealed": {}}}[kind]
 
 
 def _garble_payload(kind: str, payload: dict, rng) -> dict | None:
