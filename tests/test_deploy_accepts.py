@@ -13,15 +13,19 @@ starting anything (issue 43).
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from typer.testing import CliRunner
 
 from hyfl.data import load_party_spec
 from hyfl.deploy.codec import decode
 from hyfl.deploy.config import DeployConfig, run_config_for
 from hyfl.deploy.coordinator import Coordinator
 from hyfl.deploy.keys import server_cipher
+from hyfl.errors import HyflError
 from in_process import RecordingTransport
 from organisation_cut import breast_cancer_cut
 
@@ -126,3 +130,96 @@ def test_shared_columns_deploy_as_hyfl_run_builds_them(organisations):
     comparison = compare_with_protocol(results, np.stack(coordinator.weights), problem, blocks,
                                        party_cipher("none", None))
     assert comparison["rounds"] == 3 and comparison["max_abs_weight_difference"] <= 1e-12
+
+
+# ----------------------------------------------------------------------------- refusals
+
+def _cli(*args):
+    from hyfl.cli import app
+
+    started = time.perf_counter()
+    result = CliRunner().invoke(app, ["deploy", "local", *map(str, args)])
+    return result, time.perf_counter() - started
+
+
+def _clean(text: str) -> None:
+    assert "\x1b[" not in text and "Traceback" not in text, text
+
+
+def test_unlabeled_drop_deploys_when_it_drops_nothing(organisations):
+    """``unlabeled=drop`` is accepted: on these files (every patient labelled) it drops
+    nothing, which the pre-check confirms on the files themselves."""
+    from hyfl.deploy.local import _check_deployable, _party_file_nodes
+
+    spec = SPEC.format(organisations) + ";unlabeled=drop"
+    nodes, _ = _party_file_nodes(spec)
+    assert [n["data"].rsplit("/", 1)[1] for n in nodes] == ["clinic.csv", "hospital.csv",
+                                                           "lab.parquet"]
+    dataset, _ = load_party_spec(spec, psi=False)
+    _check_deployable(dataset)  # no refusal
+
+
+def test_what_a_deployment_cannot_run_is_refused_before_flower_starts(organisations,
+                                                                      tmp_path):
+    import pandas as pd
+
+    hospital = pd.read_csv(organisations / "hospital.csv", dtype={"patient": str})
+    clinic = pd.read_csv(organisations / "clinic.csv", dtype={"patient": str})
+
+    def folder(name, **frames):
+        path = tmp_path / name
+        path.mkdir()
+        for file, frame in frames.items():
+            frame.to_csv(path / f"{file}.csv", index=False)
+        (path / "lab.parquet").write_bytes((organisations / "lab.parquet").read_bytes())
+        return path
+
+    cases = {
+        # hyfl run takes a labels-only file as a label-only party; deployed, all train
+        "registry.csv": folder("label-only", hospital=hospital, clinic=clinic,
+                               registry=hospital[["patient", "outcome"]]),
+        # samples nobody labels: unlabeled=drop leaves them out in-process
+        "clinic.csv": folder("unlabelled", hospital=hospital, clinic=pd.concat(
+            [clinic, clinic.head(5).assign(patient=[f"NEW{i}" for i in range(5)])])),
+        # a cell the hospital and the lab both hold, with two values (hyfl run's check)
+        "lab": folder("disagree", clinic=clinic, hospital=hospital.assign(
+            radius_error=hospital["radius_error"] + 1.0)),
+    }
+    for name, path in cases.items():
+        spec = SPEC.format(path) + ";unlabeled=drop"
+        result, seconds = _cli("--data", spec, "--cipher", "none", "--out", tmp_path / f"o-{name}")
+        assert result.exit_code == 2, result.output
+        assert seconds < 5 and "SuperLink" not in result.output, result.output
+        assert name in result.output, result.output
+        _clean(result.output)
+    # No SuperLink started, no keys made: nothing to clean up.
+    assert not (tmp_path / "o-lab" / "flower").exists()
+
+
+def test_a_failed_deployment_quotes_its_error_without_ansi_codes_or_traceback(tmp_path):
+    """The run's own error (the coordinator's, in deploy.json) is the message; a log tail,
+    quoted only when there is no such error, loses its colour codes and traceback frames."""
+    import json
+
+    from hyfl.deploy.local import wait_for_results
+
+    log = tmp_path / "run.log"
+    log.write_text('Traceback (most recent call last):\n  File "x.py", line 3, in f\n'
+                   '    raise fail(...)\n    ^^^^^^^^^^\nhyfl.errors.HyflError: bad.\n'
+                   '\x1b[91mERROR \x1b[0m:     Exit Code: 201\n')
+
+    class Ended:
+        def poll(self):
+            return 1
+
+    with pytest.raises(HyflError) as no_results:
+        wait_for_results(Ended(), tmp_path, log, poll=0)
+    text = str(no_results.value)
+    _clean(text)
+    assert "ERROR : Exit Code: 201" in " ".join(text.split()) and 'File "' not in text
+    (tmp_path / "deploy.json").write_text(json.dumps(
+        {"status": "failed", "error": "party 1 (hospital.csv) gives different labels. Fix it."}))
+    with pytest.raises(HyflError) as failed:
+        wait_for_results(Ended(), tmp_path, log, poll=0)
+    assert str(failed.value) == ("the deployed run failed: party 1 (hospital.csv) gives "
+                                 f"different labels. Fix it. Details in {log}.")

@@ -118,9 +118,7 @@ PartitionOpt = Annotated[
     ),
 ]
 ParticipationOpt = Annotated[
-    str | None,
-    typer.Option("--participation", help="full | fraction p | cyclic:C | trace:FILE "
-                 "[default: 0.5; party files: full].", show_default=False),
+    str, typer.Option("--participation", help="full | fraction p | cyclic:C | trace:FILE.")
 ]
 Iic = Annotated[float | None, typer.Option(help="Inner iterations constant: H = ceil(IIC N / K).")]
 LocalSteps = Annotated[int | None, typer.Option(help="H (or Q for FedBCD): local steps.")]
@@ -285,7 +283,7 @@ def demo(
             dataclasses.replace(DEMO_SPEC, iterations=iterations))
     console.print(
         f"[bold]hyfl demo[/]: {spec.algorithm} on [cyan]{spec.data}[/] ({spec.loss} loss), "
-        f"partition {spec.partition_spec()}, participation {spec.participation_spec()}"
+        f"partition {spec.partition_spec()}, participation {spec.participation}"
     )
     try:
         # The demo may replace its own default folder (run it twice and it just works);
@@ -329,7 +327,7 @@ def run(
     class_weight: ClassWeight = None,
     standardize: Standardize = False,
     partition: PartitionOpt = None,
-    participation: ParticipationOpt = None,
+    participation: ParticipationOpt = "0.5",
     iic: Iic = None,
     local_steps: LocalSteps = None,
     step_rule: StepRule = None,
@@ -474,7 +472,7 @@ def compare(
     class_weight: ClassWeight = None,
     standardize: Standardize = False,
     partition: PartitionOpt = None,
-    participation: ParticipationOpt = None,
+    participation: ParticipationOpt = "0.5",
     iic: Iic = None,
     local_steps: LocalSteps = None,
     step_rule: StepRule = None,
@@ -527,7 +525,7 @@ def compare(
         _exit_if_trivial(outcomes)
         return
     rows = summary_rows(outcomes)
-    title = f"{data}, {spec.partition_spec()}, participation {spec.participation_spec()}"
+    title = f"{data}, {partition}, participation {participation}"
     encrypted = [r["algorithm"] for r in rows if r["engine"] == "protocol"]
     priced = dict.fromkeys(o.summary["costs"]["he_costs"] for o in outcomes)
     cost_title = (

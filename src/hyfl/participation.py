@@ -74,11 +74,8 @@ class RandomFraction:
 
     Notes
     -----
-    Draws ``rng.random(n_clients)`` once per round, so a seeded generator
-    reproduces the trace. A draw with no active client activates one client
-    drawn uniformly (one more draw from ``rng``): a round without a party
-    would cost a round trip and move nothing, and no deployment would run it.
-    Each client is then active with probability ``p + (1 - p)^n / n >= p``.
+    Draws ``rng.random(n_clients)`` exactly once per round, so a seeded
+    generator reproduces the trace. A round may have no active client.
     """
 
     n_clients: int
@@ -89,13 +86,9 @@ class RandomFraction:
         _check_fraction(self.p)
 
     def active(self, t: int, rng: np.random.Generator) -> np.ndarray:
-        """Bool mask of shape (n_clients,), each entry True with probability p, never all
-        False."""
+        """Bool mask of shape (n_clients,), each entry True with probability p."""
         _check_round(t)
-        mask = rng.random(self.n_clients) < self.p
-        if not mask.any():
-            mask[rng.integers(self.n_clients)] = True
-        return mask
+        return rng.random(self.n_clients) < self.p
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,14 @@ def _fail(err: HyflError) -> None:
     raise typer.Exit(code=2)
 
 
+def _named(names: list[str], k) -> str:
+    """Party ``k``'s name (its file's), or ``k`` itself if it has none."""
+    try:
+        return names[int(k)]
+    except (IndexError, TypeError, ValueError):
+        return str(k)
+
+
 def _warn(line: str) -> None:
     console.print(f"[bold yellow]{escape(line)}[/]")
 
@@ -147,7 +155,7 @@ def split(
 ):
     """Write one block file per party (its samples, features, block and labels): all a party's
     machine needs of the data."""
-    from hyfl.data import fallback_lambda, is_party_spec, lambda_for, load_data, load_party_spec
+    from hyfl.data import FALLBACK_LAMBDA, is_party_spec, lambda_for, load_data, load_party_spec
     from hyfl.data.dataset import parse_intercept
     from hyfl.deploy.blocks import prepare_data, write_blocks
 
@@ -157,12 +165,12 @@ def split(
                 raise fail("--partition", "was given, but party files bring their own",
                            "Leave --partition out with party files.")
             dataset, parts = load_party_spec(data)
-            lam = fallback_lambda(dataset.X.shape[0])
+            lam = FALLBACK_LAMBDA
         else:
             if partition is None:
                 raise fail("--partition", "is not set", "Pass a spec such as grid:2x2.")
             dataset, parts = load_data(data, data_dir), None
-            lam = lambda_for(data, dataset.X.shape[0])
+            lam = lambda_for(data)
         bias = parse_intercept(intercept or "off") or 0.0
         dataset, problem, parts, scale = prepare_data(
             dataset, loss, lam, partition=parts, spec=partition or "", seed=seed,
@@ -552,7 +560,11 @@ def flower_app(
 def local(
     parties: Annotated[int | None, typer.Option(help="Number of parties (default: one per "
                                                 "block file, or the partition's clients).")] = None,
-    data: Annotated[str, typer.Option(help="Dataset every party cuts its block from.")] =
+    data: Annotated[str, typer.Option(help="Dataset every party cuts its block from, or party "
+                                      "files: a party spec as hyfl run --data takes it "
+                                      "(parties:FOLDER or parties:a.csv,b.parquet, options "
+                                      ";id=COL ;label=COL and others; each party aligns "
+                                      "its own file over the network).")] =
     "breast_cancer",
     partition: Annotated[str | None, typer.Option(help="Partition spec (K*Q = parties), "
                                                   "e.g. grid:2x2 [default: grid:(N/2)x2 "
@@ -600,7 +612,7 @@ def local(
     None,
 ):
     """Start a SuperLink and one SuperNode per party on loopback, run a job, write results
-    (deploy.json, weights.npz, metrics.csv) and stop every process again.
+    (deploy.json, weights.npz, metrics.csv, model.npz) and stop every process again.
 
     Shows each round as it ends (with the relative loss of its w: the data are on this
     machine) and a summary. Exit code 0 when the run learned; 3 when it completed
@@ -608,7 +620,7 @@ def local(
     written all the same, and the message says what to change); 2 on errors.
     """
     from hyfl.data.dataset import parse_intercept
-    from hyfl.deploy.local import run_local
+    from hyfl.deploy.local import party_names, run_local
     from hyfl.deploy.report import RoundDisplay
 
     def interrupted(signum, frame):  # leave through the clean-up below, whatever the signal
@@ -617,8 +629,15 @@ def local(
     # Flower's processes run in sessions of their own (a Ctrl-C reaches only this
     # process), so this process must stop them: on SIGINT and SIGTERM alike.
     previous = {sig: signal.signal(sig, interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
+    names = party_names(data, party_data)  # party files: shown by their names, not numbers
     try:
         with RoundDisplay(console, iterations, show_loss=True) as display:
+            def show(record, loss):
+                if names:
+                    record = {**record, **{key: [_named(names, k) for k in record.get(key, [])]
+                                           for key in ("active", "absent")}}
+                display.show(record, loss)
+
             outcome = run_local(
                 out=out, parties=parties, data=data, partition=partition,
                 party_data=party_data, iterations=iterations, participation=participation,
@@ -629,7 +648,7 @@ def local(
                 overwrite=overwrite, reply_timeout=reply_timeout, compare=compare,
                 node_poll=node_poll if node_poll > 0 else None, worker=worker,
                 timeout=timeout,
-                log=lambda line: console.print(escape(line)), on_round=display.show,
+                log=lambda line: console.print(escape(line)), on_round=show,
             )
     except HyflError as err:
         _fail(err)
@@ -639,10 +658,11 @@ def local(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    written = "deploy.json, weights.npz, metrics.csv, parties/"
+    written = "deploy.json, weights.npz, metrics.csv, model.npz, parties/"
     _report(outcome.summary, outcome.judgement, outcome.warnings,
             [f"results in {outcome.out} ({written}"
              f"{', comparison.json' if outcome.comparison else ''})"])
+
 
 # ----------------------------------------------------------------------------- predict
 

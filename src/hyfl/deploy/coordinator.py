@@ -281,7 +281,7 @@ class Coordinator:
         self.hellos = hellos
         self.results["parties"] = {
             str(k): {"samples": int(len(h["samples"])), "features": int(len(h["features"])),
-                     "node": h.get("node")}
+                     "node": h.get("node"), **({"name": h["name"]} if h.get("name") else {})}
             for k, h in sorted(hellos.items())
         }
         self.results["lam"] = lam

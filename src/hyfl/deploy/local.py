@@ -141,6 +141,25 @@ def write_connection(flwr_home: str | os.PathLike, address: str, *, name: str = 
     return write_private_text(home / "config.toml", "\n".join(lines) + "\n")
 
 
+def quiet_flower_import():
+    """A context that imports Flower without protobuf's gencode-version UserWarnings (its
+    generated ``flwr/proto`` modules are one major version older than the installed runtime,
+    which works with them: nine lines of noise at every ``hyfl deploy local``). Only those
+    warnings, raised by ``google.protobuf.runtime_version``, are silenced; every other
+    warning shows."""
+    import contextlib
+    import warnings
+
+    @contextlib.contextmanager
+    def quiet():
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"Protobuf gencode version ",
+                                    category=UserWarning, module=r"google\.protobuf\.")
+            yield
+
+    return quiet()
+
+
 def write_control_credentials(flwr_home: str | os.PathLike, address: str, token: bytes) -> Path:
     """``token`` as the Control API access token of ``address`` in Flower's credential store
     of ``flwr_home`` (``credentials.yaml``), where ``flwr`` looks for an OIDC login's:
@@ -149,12 +168,14 @@ def write_control_credentials(flwr_home: str | os.PathLike, address: str, token:
     import base64
 
     import yaml
-    from flwr.cli.constant import (
-        ACCESS_TOKEN_STORE_KEY,
-        AUTHN_TYPE_STORE_KEY,
-        REFRESH_TOKEN_STORE_KEY,
-    )
-    from flwr.common.constant import AuthnType
+
+    with quiet_flower_import():
+        from flwr.cli.constant import (
+            ACCESS_TOKEN_STORE_KEY,
+            AUTHN_TYPE_STORE_KEY,
+            REFRESH_TOKEN_STORE_KEY,
+        )
+        from flwr.common.constant import AuthnType
 
     path = private_folder(flwr_home) / "credentials.yaml"
     stored = {}
@@ -419,7 +440,7 @@ class LocalDeployment:
             "--port", self.runtime_apis[party].rpartition(":")[2], "--node-config",
             str(node_file),
         ])
-        self.log(f"SuperNode of party {party} started, its Runtime API on "
+        self.log(f"SuperNode of {_party_label(party, config)} started, its Runtime API on "
                  f"{self.runtime_apis[party]} "
                  + ("(tasks only for its worker, which holds the party's secret)"
                     if self.worker else "(open to every user of this machine: its tasks and "
@@ -556,11 +577,11 @@ def wait_for_results(process: subprocess.Popen, out: Path, log_file: Path, *,
     results = read_results(out, missing_ok=True, fresh_after=fresh_after)
     if results is None or results.get("status") != "completed":
         error = results.get("error") if results else None
-        tail = _tail(log_file)
-        raise HyflError(
-            f"the deployed run failed: {error or f'no results were written to {out}'}. "
-            f"See {log_file} (last lines: {tail})"
-        )
+        if error:  # the coordinator's own message says what and how to fix it
+            raise HyflError(f"the deployed run failed: {str(error).rstrip('.')}. "
+                            f"Details in {log_file}.")
+        raise HyflError(f"the deployed run failed: no results were written to {out}. "
+                        f"See {log_file} (last lines: {_tail(log_file)})")
     return results
 
 
@@ -584,11 +605,55 @@ def read_results(out: str | os.PathLike, missing_ok: bool = False,
 
 
 def _tail(path: Path, lines: int = 8) -> str:
+    """The log's last ``lines`` lines of text, one line: without terminal colour codes or
+    a traceback's frames (``Traceback ...``, ``File "...", line``, the source lines it
+    quotes and its ``^^^`` markers), which the log keeps for who reads it there."""
+    import re
+
     try:
         text = path.read_text(errors="replace").strip().splitlines()
     except OSError:
         return "(no log)"
-    return " | ".join(line.strip() for line in text[-lines:])
+    ansi = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+    kept, in_frame = [], False
+    for raw in text:
+        line = ansi.sub("", raw).replace("\x1b", "").strip()
+        if line.startswith("Traceback (most recent call last)") or line.startswith('File "'):
+            in_frame = True  # a frame's next lines quote its source
+            continue
+        if in_frame and (raw.startswith("    ") or set(line) <= set("^~ ")):
+            continue
+        in_frame = False
+        if line:
+            kept.append(line)
+    return " | ".join(kept[-lines:]) or "(empty)"
+
+
+def _party_label(party: int, config: Mapping[str, Any]) -> str:
+    """``party 1 (hospital)`` for a party with its own party file, else ``party 1``."""
+    from hyfl.deploy.party_files import is_party_file
+
+    data = str(config.get("data", ""))
+    if data and is_party_file(data):
+        from hyfl.data.parties import party_name
+
+        return f"party {party} ({party_name(Path(data))})"
+    return f"party {party}"
+
+
+def party_names(data: str, party_data: str | os.PathLike | None = None) -> list[str] | None:
+    """The parties' names of ``hyfl deploy local --data PARTY-SPEC`` (``hospital``, ``lab``,
+    ... in party order, as ``hyfl run`` names them); None for other data."""
+    from hyfl.data import is_party_spec
+
+    if party_data is not None or not data or not is_party_spec(data):
+        return None
+    try:
+        from hyfl.data.party_spec import parse_party_spec
+
+        return [str(name) for name in parse_party_spec(data)[0]]
+    except HyflError:  # run_local reports it
+        return None
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -770,7 +835,8 @@ def _party_file_nodes(spec: str) -> tuple[list[dict], dict]:
     from hyfl.data.party_spec import parse_party_spec
 
     files, options = parse_party_spec(spec)
-    deployed = {"id_column", "label_column", "min_common", "psi", "name"}
+    # unlabeled: checked against the files by _check_deployable (drop must drop nothing)
+    deployed = {"id_column", "label_column", "min_common", "psi", "name", "unlabeled"}
     unsupported = sorted(set(options) - deployed)
     if unsupported:
         raise fail(f"party spec option{'s' if len(unsupported) > 1 else ''} "
@@ -791,6 +857,30 @@ def party_file_nodes(spec: str) -> tuple[list[dict], dict]:
     """Each party's node config data keys and the run config keys of a party spec (for a
     job other than ``deploy local``'s: ``hyfl deploy predict``)."""
     return _party_file_nodes(spec)
+
+
+def _check_deployable(dataset) -> None:
+    """Refuse, before anything starts, party files that ``hyfl run`` trains on but a
+    deployment cannot: a file without feature columns (a label-only party is no client
+    in-process; deployed, every party trains), and samples that ``unlabeled=drop`` leaves
+    out (deployed, the parties number the samples before any label is shared)."""
+    meta = dataset.meta
+    files = {str(name): Path(path).name for name, path in meta["parties"].items()}
+    bare = [name for name in files if name not in set(meta["clients"])]
+    if bare:
+        raise fail(", ".join(f"{files[n]} (party {n!r})" for n in bare),
+                   f"hold{'s' if len(bare) == 1 else ''} no feature "
+                   "columns (only ids and labels), which hyfl run takes as a label-only party "
+                   "but a deployment cannot: every deployed party trains on its own block",
+                   "Move those labels into a file with features that holds the same samples, "
+                   "or run the files in-process (hyfl run).")
+    dropped = int(meta.get("dropped_unlabeled", 0))
+    if dropped:
+        raise fail(f"the party files {', '.join(files.values())}", f"hold {dropped} samples "
+                   "that no file labels, which unlabeled=drop leaves out in-process; a "
+                   "deployment cannot (its parties number the samples before any label is "
+                   "shared)", "Delete those rows from the files (or label them), or run the "
+                   "files in-process (hyfl run).")
 
 
 def default_partition(parties: int) -> str:
@@ -1021,7 +1111,11 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
                        "cannot number party files' samples as the deployed alignment did",
                        "Leave --compare out with party files.")
         data_keys, run_data = _party_file_nodes(data)
-        dataset, parts = load_party_spec(data, psi=False)  # pooled here, for the objective
+        # Pooled here, for the objective -- and read as hyfl run reads them, so that what
+        # hyfl run refuses (cells two parties give different values, ...) is refused
+        # before anything starts.
+        dataset, parts = load_party_spec(data, psi=False)
+        _check_deployable(dataset)
         lam_default = FALLBACK_LAMBDA
         dataset, problem, parts, scale = prepare_data(
             dataset, loss, lam or lam_default, partition=parts, seed=seed,

@@ -617,7 +617,7 @@ def on_block(state: dict, payload: dict, node, log, config=None) -> Block:
     X = sp.csr_matrix(values[np.ix_(order, columns)])
     X.eliminate_zeros()
     samples, features = samples[order], features[columns]
-    from hyfl.data import fallback_lambda
+    from hyfl.data import FALLBACK_LAMBDA
 
     log(f"aligned: {n_rows} of {n_samples} samples, {n_columns} of {n_features} features")
     if state.get("dropped_cells"):
@@ -636,7 +636,7 @@ def on_block(state: dict, payload: dict, node, log, config=None) -> Block:
                                                           n_features, scale, intercept, log)
     return Block(party=party, samples=samples, features=features, X=X,
                  Y=_encode(labels[order], state["task"], len(state["classes"])),
-                 n_samples=n_samples, n_features=n_features, lam_default=fallback_lambda(n_samples),
+                 n_samples=n_samples, n_features=n_features, lam_default=FALLBACK_LAMBDA,
                  name=state["name"], intercept=intercept, scale=scale)
 
 
@@ -879,7 +879,8 @@ def align_parties(hellos: dict[int, dict], exchange, config, log, *, job=None,
     index, n_samples = number_samples(sizes, matches, rng)
     holders = np.bincount(np.concatenate(index), minlength=n_samples)
     shared = [int(np.count_nonzero(holders[g] > 1)) for g in index]
-    _check_overlap(columns, sizes, shared, config.min_common)
+    _check_overlap(columns, sizes, shared, config.min_common,
+                   [_named(hellos, k) for k in range(K)])
 
     # 2. Labels for the samples a peer holds too, in one order for both sides of a pair;
     # each side is told the other's rows too (positions in the lists it re-blinded), to
@@ -1024,13 +1025,15 @@ def _task_text(task: str, classes: list) -> str:
 
 
 def _check_overlap(columns: list[list[str]], sizes: list[int], shared: list[int],
-                   min_common: int) -> None:
+                   min_common: int, names: list[str] | None = None) -> None:
     """Parties with different columns must share at least ``min_common`` samples each."""
     if len(columns) < 2 or len({tuple(sorted(c)) for c in columns}) == 1:
         return
     low = [k for k, count in enumerate(shared) if count < min_common]
     if low:
-        counts = ", ".join(f"party {k} ({sizes[k]:,} ids, {shared[k]:,} shared)" for k in low)
+        names = names or [f"party {k}" for k in range(len(sizes))]
+        counts = ", ".join(f"{names[k]} with {sizes[k]:,} ids, {shared[k]:,} shared"
+                           for k in low)
         raise fail(counts, f"share{'s' if len(low) == 1 else ''} fewer than min-common="
                    f"{min_common} samples with the other parties, although the parties hold "
                    "different columns", "Check that every party uses the same id column "

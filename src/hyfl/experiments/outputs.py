@@ -169,7 +169,7 @@ def run_title(spec: RunSpec, encrypted: bool = False) -> str:
     """Plot title; names the cipher when (some) runs are really encrypted. A data file is
     named by its file name, not its whole path."""
     data = Path(spec.data).name if Path(spec.data).is_file() else spec.data
-    title = f"{data}, {spec.partition_spec()}, participation {spec.participation_spec()}"
+    title = f"{data}, {spec.partition_spec()}, participation {spec.participation}"
     return f"{title}, HyFDCA encrypted with {spec.cipher}" if encrypted else title
 
 
