@@ -52,16 +52,23 @@ def accuracy_reach(outcome) -> dict[str, float | None]:
     (``summary["optimum"]["train_accuracy"]``); None where either is unknown or the
     level is not reached.
     """
-    from hyfl.runtime.simulation import first_round_at_least, settled_round_below
-
-    keys = [f"{kind}_acc_{m:g}" for m in ACCURACY_MARGINS for kind in ("rounds_to", "settled")]
     central = (outcome.summary.get("optimum") or {}).get("train_accuracy")
     try:
         iterations = outcome.result.column("iteration")
         accuracy = outcome.result.column("train_accuracy")
     except (AttributeError, KeyError):
-        return dict.fromkeys(keys)
-    if central is None or not np.isfinite(central) or not np.isfinite(accuracy).any():
+        return accuracy_levels(np.zeros(0), np.zeros(0), None)
+    return accuracy_levels(iterations, accuracy, central)
+
+
+def accuracy_levels(iterations, accuracy, central: float | None) -> dict[str, float | None]:
+    """:func:`accuracy_reach` of a training accuracy curve and the central model's accuracy."""
+    from hyfl.runtime.simulation import first_round_at_least, settled_round_below
+
+    keys = [f"{kind}_acc_{m:g}" for m in ACCURACY_MARGINS for kind in ("rounds_to", "settled")]
+    accuracy = np.asarray(accuracy, dtype=float)
+    if (central is None or not np.isfinite(central) or accuracy.size == 0
+            or not np.isfinite(accuracy).any()):
         return dict.fromkeys(keys)
     reach: dict[str, float | None] = {}
     for m in ACCURACY_MARGINS:
@@ -169,7 +176,7 @@ def run_title(spec: RunSpec, encrypted: bool = False) -> str:
     """Plot title; names the cipher when (some) runs are really encrypted. A data file is
     named by its file name, not its whole path."""
     data = Path(spec.data).name if Path(spec.data).is_file() else spec.data
-    title = f"{data}, {spec.partition_spec()}, participation {spec.participation}"
+    title = f"{data}, {spec.partition_spec()}, participation {spec.participation_spec()}"
     return f"{title}, HyFDCA encrypted with {spec.cipher}" if encrypted else title
 
 

@@ -74,6 +74,7 @@ from hyfl.experiments.plots import (
     time_breakdown,
     window_row_count,
 )
+from hyfl.experiments.outputs import accuracy_levels
 from hyfl.experiments.results import LoadedRun, load_results, setting_info, trivial_verdicts
 from hyfl.runtime.simulation import first_round_below, settled_round_below
 
@@ -254,6 +255,14 @@ def win_sentence(comparisons: Sequence[Comparison], algorithm: str) -> str:
     )
 
 
+def _central_accuracy(run) -> float | None:
+    """The central model's training accuracy a run's ``run.json`` records (None if not)."""
+    summary = getattr(run, "config", {}).get("summary")
+    optimum = summary.get("optimum") if isinstance(summary, dict) else None
+    value = optimum.get("train_accuracy") if isinstance(optimum, dict) else None
+    return float(value) if isinstance(value, (int, float)) else None
+
+
 def setting_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One row per algorithm: the numbers of a setting's table.
 
@@ -262,7 +271,11 @@ def setting_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
     whole run when the runs are equally long), ``rounds_to_1e-1`` / ``1e-2`` /
     ``1e-3`` (first outer iteration with relative loss at or below it, None
     if never), ``settled_1e-1`` / ... (the outer iteration from which every
-    evaluation stays at or below it, None if the last is above), ``sim_time``,
+    evaluation stays at or below it, None if the last is above),
+    ``rounds_to_acc_0.01`` / ``settled_acc_0.01`` / ``..._0.001`` (the same for the
+    training accuracy against the central model's less 0.01 and 0.001:
+    :data:`~hyfl.experiments.outputs.ACCURACY_MARGINS`; of the seeds' mean curve
+    against the first seed's central accuracy when seeds are averaged), ``sim_time``,
     ``bytes`` (up + down), ``he_ops`` (encryptions + decryptions + additions),
     ``seconds_per_iteration``,
     ``final_relative_loss_equal_time`` and ``best_val_accuracy_equal_time``
@@ -296,6 +309,7 @@ def setting_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
                 f"settled_{tol:.0e}".replace("e-0", "e-"): settled_round_below(it, loss, tol)
                 for tol in TOLERANCES
             },
+            **accuracy_levels(it, run.column("train_accuracy"), _central_accuracy(run)),
             "sim_time": _get(final, "sim_time"),
             "bytes": _get(final, "bytes_up") + _get(final, "bytes_down"),
             "he_ops": _get(final, "encryptions")
@@ -728,7 +742,9 @@ def _document(
             "relative simulated time is T / max over algorithms of the total simulated time "
             "(eq. 14). Tables are not smoothed: final relative loss is the last evaluated value, "
             "'first at 1e-k' is the first outer iteration at or below it, 'settled at 1e-k' the "
-            "one from which every later evaluation stays at or below it. Plotted is the primal "
+            "one from which every later evaluation stays at or below it; 'acc-1pt' is the "
+            "central model's training accuracy less 0.01 (first and settled at or above it). "
+            "Plotted is the primal "
             "of the model the server reports (for HyFDCA's default rule the better certified of "
             "its last iterate and its running average). Equal simulated time cuts "
             "every run at the shortest run's total simulated time."
@@ -953,6 +969,8 @@ def _setting_table(
         "first at 1e-3",
         "settled at 1e-2",
         "settled at 1e-3",
+        "first at acc-1pt",
+        "settled at acc-1pt",
     ]
     if has_time:
         columns += ["simulated time", "time per iteration"]
@@ -980,6 +998,8 @@ def _setting_table(
             (_fmt(r["rounds_to_1e-3"]), False),
             (_fmt(r["settled_1e-2"]), False),
             (_fmt(r["settled_1e-3"]), False),
+            (_fmt(r["rounds_to_acc_0.01"]), False),
+            (_fmt(r["settled_acc_0.01"]), False),
         ]
         if has_time:
             cells += [
