@@ -295,3 +295,51 @@ def test_a_config_runs_summary_md_has_the_accuracy_levels(tmp_path):
     for column in ("rounds_to_acc_0.01", "settled_acc_0.01", "rounds_to_acc_0.001",
                    "settled_acc_0.001"):
         assert column in header
+
+
+def test_deploy_local_round_lines_name_the_model_the_metrics_report(tmp_path, monkeypatch):
+    """In-process ``hyfl deploy local`` (cipher none): each round line's reported model is
+    the one metrics.csv reports for that round (``model_round``), and the summary names it."""
+    import csv
+
+    import hyfl.deploy.local as local_module
+    from test_deploy_progress import InProcessDeployment
+
+    monkeypatch.setattr(local_module, "LocalDeployment", InProcessDeployment)
+    out = tmp_path / "out"
+    result = runner.invoke(cli.app, ["deploy", "local", "--cipher", "none", "--partition",
+                                     "grid:2x2", "--iterations", "5", "--out", str(out)])
+    assert result.exit_code in (0, 3), result.output
+    rows = list(csv.DictReader(open(out / "metrics.csv")))
+    lines = [line for line in result.output.splitlines() if line.startswith("round ")]
+    assert len(lines) == 5
+    for t, line in enumerate(lines, 1):
+        kept = int(float(rows[t]["model_round"]))
+        if kept == t:
+            assert "(this round's w, reported)" in line, line
+        else:
+            whose = "the start's (w = 0)" if kept == 0 else f"round {kept}'s"
+            assert (f"reported: {whose}, {float(rows[t]['relative_loss']):.3g}, no better w "
+                    "since") in line, line
+        assert f"rel. loss {float(rows[t]['round_relative_loss']):.3g} (" in line
+    text = " ".join(result.output.split())
+    kept = int(float(rows[-1]["model_round"]))
+    assert f"best w: {'the start' if kept == 0 else f'round {kept}'}'s" in text
+
+
+def test_report_setting_rows_give_the_accuracy_levels():
+    import pandas as pd
+
+    from hyfl.experiments.report import setting_rows
+    from hyfl.experiments.results import LoadedRun
+
+    metrics = pd.DataFrame({"iteration": [0.0, 5.0, 10.0, 15.0, 20.0],
+                            "relative_loss": [1.0, 0.5, 0.05, 0.02, 0.005],
+                            "train_accuracy": [0.6, 0.965, 0.95, 0.972, 0.98]})
+    run = LoadedRun("hyfdca", metrics, {"summary": {"optimum": {"train_accuracy": 0.975}}})
+    row = setting_rows({"hyfdca": run})[0]
+    # 1 point below 0.975: 0.965 first reached at 5, stays from 15 (10 dips below)
+    assert row["rounds_to_acc_0.01"] == 5.0 and row["settled_acc_0.01"] == 15.0
+    assert row["rounds_to_acc_0.001"] == 20.0 and row["settled_acc_0.001"] == 20.0
+    unknown = setting_rows({"x": LoadedRun("x", metrics, {})})[0]  # no central accuracy
+    assert unknown["rounds_to_acc_0.01"] is None
