@@ -169,13 +169,18 @@ def test_what_a_deployment_cannot_run_is_refused_before_flower_starts(organisati
     hospital = pd.read_csv(organisations / "hospital.csv", dtype={"patient": str})
     clinic = pd.read_csv(organisations / "clinic.csv", dtype={"patient": str})
 
-    def folder(name, **frames):
+    lab = pd.read_parquet(organisations / "lab.parquet")
+
+    def folder(name, lab=lab, **frames):
         path = tmp_path / name
         path.mkdir()
         for file, frame in frames.items():
             frame.to_csv(path / f"{file}.csv", index=False)
-        (path / "lab.parquet").write_bytes((organisations / "lab.parquet").read_bytes())
+        lab.to_parquet(path / "lab.parquet")
         return path
+
+    def numbers(frame, kind):
+        return frame.assign(outcome=(frame["outcome"] == "benign").astype(int).astype(kind))
 
     cases = {
         # hyfl run takes a labels-only file as a label-only party; deployed, all train
@@ -187,7 +192,12 @@ def test_what_a_deployment_cannot_run_is_refused_before_flower_starts(organisati
         # a cell the hospital and the lab both hold, with two values (hyfl run's check)
         "lab": folder("disagree", clinic=clinic, hospital=hospital.assign(
             radius_error=hospital["radius_error"] + 1.0)),
+        # labels 0/1 in the hospital's CSV, "0"/"1" text in the lab's Parquet: hyfl run
+        # reads the text as numbers, deployed parties report their kinds alone
+        "lab.parquet hold text": folder("mixed", lab=numbers(lab, str), clinic=clinic,
+                                        hospital=numbers(hospital, int)),
     }
+    load_party_spec(SPEC.format(tmp_path / "mixed"), psi=False)  # hyfl run takes these
     for name, path in cases.items():
         spec = SPEC.format(path) + ";unlabeled=drop"
         result, seconds = _cli("--data", spec, "--cipher", "none", "--out", tmp_path / f"o-{name}")

@@ -862,8 +862,9 @@ def party_file_nodes(spec: str) -> tuple[list[dict], dict]:
 def _check_deployable(dataset) -> None:
     """Refuse, before anything starts, party files that ``hyfl run`` trains on but a
     deployment cannot: a file without feature columns (a label-only party is no client
-    in-process; deployed, every party trains), and samples that ``unlabeled=drop`` leaves
-    out (deployed, the parties number the samples before any label is shared)."""
+    in-process; deployed, every party trains), text labels in one file and numbers in
+    another, and samples that ``unlabeled=drop`` leaves out (deployed, the parties number
+    the samples before any label is shared)."""
     meta = dataset.meta
     files = {str(name): Path(path).name for name, path in meta["parties"].items()}
     bare = [name for name in files if name not in set(meta["clients"])]
@@ -874,6 +875,24 @@ def _check_deployable(dataset) -> None:
                    "but a deployment cannot: every deployed party trains on its own block",
                    "Move those labels into a file with features that holds the same samples, "
                    "or run the files in-process (hyfl run).")
+    # hyfl run reads text labels that spell numbers as numbers when another file has number
+    # labels; deployed, each party reports its own kind before it sees the others'.
+    from hyfl.data.parties import read_party_file
+
+    kinds = {}
+    for name, path in meta["parties"].items():
+        table = read_party_file(Path(path), party=str(name), id_column=meta["id_column"],
+                                label_column=meta["label_column"])
+        if table.labels is not None:
+            kinds[files[str(name)]] = "text" if table.labels.dtype == object else "number"
+    if len(set(kinds.values())) > 1:
+        text = [f for f, kind in kinds.items() if kind == "text"]
+        numbers = [f for f, kind in kinds.items() if kind == "number"]
+        raise fail(f"the label columns of {', '.join(text)}", "hold text while those of "
+                   f"{', '.join(numbers)} hold numbers: hyfl run reads such text as numbers, a "
+                   "deployment cannot (each party reports its labels' kind alone)",
+                   f"Write the labels of {', '.join(text)} as numbers (or those of "
+                   f"{', '.join(numbers)} as the same class names).")
     dropped = int(meta.get("dropped_unlabeled", 0))
     if dropped:
         raise fail(f"the party files {', '.join(files.values())}", f"hold {dropped} samples "

@@ -815,7 +815,8 @@ def align_parties(hellos: dict[int, dict], exchange, config, log, *, job=None,
     for names in columns:
         for name in names:
             features.setdefault(name, len(features))
-    task, classes = (_job_labels({k: info[k]["labels"] for k in range(K)}, config.loss)
+    task, classes = (_job_labels({k: info[k]["labels"] for k in range(K)}, config.loss,
+                                 [_named(hellos, k) for k in range(K)])
                      if job is None else job)
     log(f"aligning the parties' files: {', '.join(f'{n:,}' for n in sizes)} ids "
         f"({_task_text(task, classes)})")
@@ -986,7 +987,8 @@ def _sum_checks(replies: dict[int, dict], K: int) -> np.ndarray | None:
     return sum_messages(checks)
 
 
-def _job_labels(labels: dict[int, dict], loss: str) -> tuple[str, list]:
+def _job_labels(labels: dict[int, dict], loss: str, names: list[str] | None = None
+                ) -> tuple[str, list]:
     """The task and its classes from what the parties report of their labels."""
     from hyfl.losses import get_loss
 
@@ -998,7 +1000,7 @@ def _job_labels(labels: dict[int, dict], loss: str) -> tuple[str, list]:
                    "it; default 'label').")
     if len({kinds[k] for k in labelled}) > 1:
         text = [k for k in labelled if kinds[k] == "text"]
-        raise fail(f"part{'ies' if len(text) > 1 else 'y'} {', '.join(map(str, text))}",
+        raise fail(", ".join(names[k] if names else f"party {k}" for k in text),
                    "label with text while others label with numbers",
                    "Use one kind of label in every file: all numbers or all the same class "
                    "names.")
