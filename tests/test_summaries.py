@@ -264,8 +264,9 @@ def test_the_run_summary_shows_the_rounds_to_each_level_at_80_columns(tmp_path, 
     assert max(len(line) for line in text.splitlines()) <= 80
     for label in ("rounds to 1e-2", "rounds to 1e-3", "rounds to acc-1pt", "rounds to acc-.1pt"):
         assert label in text, label
-    assert "(settled " in text and "acc-1pt, acc-.1pt: the central model's" in " ".join(
-        text.split())
+    flat = " ".join(text.split())
+    assert "(settled " in text and "acc-1pt, acc-.1pt: the central model's" in flat
+    assert "model reported: " in flat  # which model the table's numbers are of
 
 
 def test_the_compare_table_explains_its_levels(tmp_path, monkeypatch):

@@ -277,8 +277,12 @@ def print_summary(outcome) -> None:
     final = s["final"]
     # The solver's name (up to 49 characters) goes in the caption, which wraps: in a
     # column it would squeeze the row names at 80 columns.
+    from hyfl.runtime.progress import reported_model
+
+    # Which model the numbers are of: the engines report the best certified pair seen.
     table = Table(title=f"{outcome.spec.algorithm} against the centralized optimum",
-                  caption=f"centralized optimum: {outcome.optimum_method}; rounds to: the first "
+                  caption=f"model reported: {reported_model(final)}; "
+                  f"centralized optimum: {outcome.optimum_method}; rounds to: the first "
                   "evaluated round at the level (and the round from which it stays there); "
                   "acc-1pt, acc-.1pt: the central model's training accuracy minus 0.01, 0.001")
     table.add_column("", no_wrap=True)
