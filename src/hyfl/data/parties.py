@@ -35,6 +35,15 @@ File format
   (one column of the global matrix): the parties then hold the same feature
   for their own samples. Feature order in X: a declared feature list's order,
   else first appearance (files in party order, columns in file order).
+* **Likely mistakes**: a column held by one party whose name is a near miss of
+  another party's column (``mean raduis`` and ``mean radius``; the same name but
+  for case and separators; names that differ only in their numbers, ``x10`` and
+  ``x11``, never count) is read as its own feature but warned about
+  (:class:`~hyfl.errors.PartyFileWarning`, also in ``meta["notices"]``). A file
+  without the label column is an unlabelled party, which is fine, unless it has a
+  column whose name is a near miss of the label's (``Outcome``) or a text column
+  (``result`` holding ``benign``/``malignant``): that is the label misnamed, an
+  error naming the file and the column.
 
 Building the data set and the partition
 ---------------------------------------
