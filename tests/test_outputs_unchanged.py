@@ -14,6 +14,11 @@ samples that changed after its last sync), not by comparing values, which
 rounding made machine-dependent (``bytes_down`` 1,004,860 -> 1,004,248 and
 ``decryptions`` 42,899 -> 42,865; see
 ``tests/test_protocol.py::test_checkpoint_traffic_is_counted_as_the_protocol_sends_it``).
+
+And one since (issue "A real cross-organisation job"): a random-fraction round that drew no
+client activates one drawn uniformly (``hyfl.participation.RandomFraction``); both commands'
+traces had such an empty round (before round 10 and 15), so the rows from there on
+changed, and ``run.json`` records HyFDCA's new ``local_passes`` option.
 """
 
 from __future__ import annotations

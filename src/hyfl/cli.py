@@ -118,7 +118,9 @@ PartitionOpt = Annotated[
     ),
 ]
 ParticipationOpt = Annotated[
-    str, typer.Option("--participation", help="full | fraction p | cyclic:C | trace:FILE.")
+    str | None,
+    typer.Option("--participation", help="full | fraction p | cyclic:C | trace:FILE "
+                 "[default: 0.5; party files: full].", show_default=False),
 ]
 Iic = Annotated[float | None, typer.Option(help="Inner iterations constant: H = ceil(IIC N / K).")]
 LocalSteps = Annotated[int | None, typer.Option(help="H (or Q for FedBCD): local steps.")]
@@ -283,7 +285,7 @@ def demo(
             dataclasses.replace(DEMO_SPEC, iterations=iterations))
     console.print(
         f"[bold]hyfl demo[/]: {spec.algorithm} on [cyan]{spec.data}[/] ({spec.loss} loss), "
-        f"partition {spec.partition_spec()}, participation {spec.participation}"
+        f"partition {spec.partition_spec()}, participation {spec.participation_spec()}"
     )
     try:
         # The demo may replace its own default folder (run it twice and it just works);
@@ -327,7 +329,7 @@ def run(
     class_weight: ClassWeight = None,
     standardize: Standardize = False,
     partition: PartitionOpt = None,
-    participation: ParticipationOpt = "0.5",
+    participation: ParticipationOpt = None,
     iic: Iic = None,
     local_steps: LocalSteps = None,
     step_rule: StepRule = None,
@@ -472,7 +474,7 @@ def compare(
     class_weight: ClassWeight = None,
     standardize: Standardize = False,
     partition: PartitionOpt = None,
-    participation: ParticipationOpt = "0.5",
+    participation: ParticipationOpt = None,
     iic: Iic = None,
     local_steps: LocalSteps = None,
     step_rule: StepRule = None,
@@ -525,7 +527,7 @@ def compare(
         _exit_if_trivial(outcomes)
         return
     rows = summary_rows(outcomes)
-    title = f"{data}, {partition}, participation {participation}"
+    title = f"{data}, {spec.partition_spec()}, participation {spec.participation_spec()}"
     encrypted = [r["algorithm"] for r in rows if r["engine"] == "protocol"]
     priced = dict.fromkeys(o.summary["costs"]["he_costs"] for o in outcomes)
     cost_title = (

@@ -368,7 +368,9 @@ class HyFDCAClassifier(ClassifierMixin, _HyFDCAEstimator):
 
     Two classes are mapped to -1 (``classes_[0]``) and +1 (``classes_[1]``);
     more than two are trained one-vs-rest (one model per class, predicted by
-    the largest decision value). The model has no intercept. With
+    the largest decision value). The model fits an intercept by default
+    (``fit_intercept=True``: a constant column of value ``intercept_scaling``, 1
+    by default, as liblinear). With
     ``loss="logistic"`` it has ``predict_proba`` (the logistic model's
     probabilities; one-vs-rest ones normalized to sum to one, as scikit-learn's
     one-vs-rest logistic regression does).

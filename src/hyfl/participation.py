@@ -74,8 +74,11 @@ class RandomFraction:
 
     Notes
     -----
-    Draws ``rng.random(n_clients)`` exactly once per round, so a seeded
-    generator reproduces the trace. A round may have no active client.
+    Draws ``rng.random(n_clients)`` once per round, so a seeded generator
+    reproduces the trace. A draw with no active client activates one client
+    drawn uniformly (one more draw from ``rng``): a round without a party
+    would cost a round trip and move nothing, and no deployment would run it.
+    Each client is then active with probability ``p + (1 - p)^n / n >= p``.
     """
 
     n_clients: int
@@ -86,9 +89,13 @@ class RandomFraction:
         _check_fraction(self.p)
 
     def active(self, t: int, rng: np.random.Generator) -> np.ndarray:
-        """Bool mask of shape (n_clients,), each entry True with probability p."""
+        """Bool mask of shape (n_clients,), each entry True with probability p, never all
+        False."""
         _check_round(t)
-        return rng.random(self.n_clients) < self.p
+        mask = rng.random(self.n_clients) < self.p
+        if not mask.any():
+            mask[rng.integers(self.n_clients)] = True
+        return mask
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,7 @@ from hyfl.algorithms.hyfdca_local import (
     momentum_direction,
     next_sigma,
     sigma_ceiling,
+    local_passes,
     solve_subproblems,
     span_transforms,
 )
@@ -147,6 +148,10 @@ class HyFDCA:
         low-dimensional data; memory and time per round grow with it).
     momentum : float, default 0.95
         ``cocoa`` only: largest momentum coefficient (0 disables momentum).
+    local_passes : int, optional
+        ``cocoa`` only: passes each active client makes over its drawn samples
+        per round. Default: from the subproblem's condition, 1 to 4
+        (:func:`hyfl.algorithms.hyfdca_local.local_passes`).
     certify : bool, default True
         With the ``cocoa`` rule: keep a certified pair whose dual never falls,
         whatever the participation (:mod:`hyfl.algorithms.hyfdca_certify`); the
@@ -178,6 +183,7 @@ class HyFDCA:
     client_weight: str = "N_k/N"
     history: int | None = None
     momentum: float = DEFAULT_MOMENTUM
+    local_passes: int | None = None
     certify: bool = True
     refresh_inner_products: bool = False
     sip_scope: str = "all"
@@ -207,6 +213,12 @@ class HyFDCA:
         if self.history is not None:
             check_int("history", self.history, minimum=1,
                       fix="Pass how many recent rounds a client remembers, e.g. history=16.")
+        if self.local_passes is not None:
+            passes = check_int("local_passes", self.local_passes, minimum=1,
+                               fix="Pass passes per round from 1 to 64, e.g. local_passes=2.")
+            if passes > 64:
+                raise fail("local_passes", f"must be <= 64, got {passes}",
+                           "Pass passes per round from 1 to 64, e.g. local_passes=2.")
         try:
             momentum = float(self.momentum)
         except (TypeError, ValueError):
@@ -635,6 +647,9 @@ class HyFDCA:
             offset_weights=(None if groups is None else np.stack(
                 [offset_weights(transforms[a], towards_w[a]) for a in range(clients.size)])),
             ascending=ascending,
+            passes=local_passes(state.sq_norms[drawn_samples],
+                                np.concatenate(([0], np.cumsum(counts))), lam * N,
+                                self.local_passes),
         )
         del drawn_rows, ascending
         # With a full local pass every active client sends (and below receives) a

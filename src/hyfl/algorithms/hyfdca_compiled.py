@@ -243,7 +243,7 @@ def solve(step, draws, csr, span, c, coef, passes):
         Sx = np.zeros(f1 - f0)  # sum d x_own, on the own features
         S[:] = 0.0
         V[:] = 0.0
-        for _ in range(passes):
+        for _ in range(passes[a]):
             for j in range(lo, hi):
                 i = row_sample[j]
                 row = rows[j]

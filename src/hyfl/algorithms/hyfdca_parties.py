@@ -91,6 +91,7 @@ from hyfl.algorithms.hyfdca_local import (
     momentum_direction,
     next_sigma,
     sigma_ceiling,
+    local_passes,
     solve_subproblems,
     span_transforms,
 )
@@ -495,6 +496,8 @@ class Client:
             directions=self.memory.direction_vectors(),
             offset_weights=(None if message.get("towards_w") is None else offset_weights(
                 transforms[0], np.asarray(message["towards_w"], dtype=float))[None]),
+            passes=local_passes(self.sq_norms[order], np.array([0, order.size]),
+                                pub.lam * pub.n_samples, pub.hyfdca.local_passes),
         )
         scale = 1.0 / pub.n_holders[self.samples[order]]
         return encrypt_tagged(self.cipher, TaggedLayout(self._round_layout()),

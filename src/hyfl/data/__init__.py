@@ -8,7 +8,7 @@ from hyfl.data.parties import load_parties
 from hyfl.data.party_spec import is_party_spec, load_party_data, load_party_spec, parse_party_spec
 from hyfl.data.registry import (
     DATASETS,
-    FALLBACK_LAMBDA,
+    fallback_lambda,
     FILES,
     check_files,
     dataset_files,
@@ -22,7 +22,7 @@ from hyfl.data.sources import load_data, train_validation
 
 __all__ = [
     "DATASETS",
-    "FALLBACK_LAMBDA",
+    "fallback_lambda",
     "FILES",
     "DataFile",
     "Dataset",

@@ -76,7 +76,7 @@ from hyfl.errors import HyflError, check_choice, fail
 __all__ = [
     "DATASETS",
     "FILES",
-    "FALLBACK_LAMBDA",
+    "fallback_lambda",
     "DataFile",
     "DatasetSpec",
     "cache_dir",
@@ -591,14 +591,25 @@ def has_test_split(name: str) -> bool:
     return bool(_spec(name).test_files)
 
 
-FALLBACK_LAMBDA = 1e-4
-"""The regularization of data without a paper value (files, party files, in-memory data)."""
+def fallback_lambda(n_samples: int) -> float:
+    """The regularization of data without a paper value (files, party files, in-memory
+    data): ``1 / N``, scikit-learn's convention ``C = 1`` (``C sum_i loss_i + ||w||^2 / 2``
+    is ``N C`` times ``sum_i loss_i / N + lam/2 ||w||^2`` with ``lam = 1 / (C N)``).
+
+    A fixed value would make small data sets nearly unregularized (1e-4 on 400 rows is
+    ``lam N = 0.04``: a dual method then needs thousands of rounds, docs/convergence.md
+    section 5) and large ones over-regularized."""
+    n = int(n_samples)
+    if n < 1:
+        raise fail("the training data", f"has {n} samples", "Give data with at least one sample.")
+    return 1.0 / n
 
 
-def lambda_for(source: str | os.PathLike) -> float:
+def lambda_for(source: str | os.PathLike, n_samples: int) -> float:
     """The regularization a run of ``source`` uses when none is given: the paper's value
-    of a registered dataset (:func:`default_lambda`), else :data:`FALLBACK_LAMBDA`."""
-    return default_lambda(source) or FALLBACK_LAMBDA
+    of a registered dataset (:func:`default_lambda`), else :func:`fallback_lambda` of its
+    ``n_samples`` training samples."""
+    return default_lambda(source) or fallback_lambda(n_samples)
 
 
 def default_lambda(name: str | os.PathLike) -> float | None:

@@ -202,7 +202,7 @@ def load_block(node, config) -> Block:
                    f"Parties that cut their block from {source!r} need the partition spec, "
                    "e.g. partition=grid:2x2 (K*Q = parties).")
     dataset = load_data(source, node.data_dir or None)
-    lam_default = lambda_for(source)
+    lam_default = lambda_for(source, dataset.X.shape[0])
     dataset, problem, partition, scale = prepare_data(
         dataset, config.loss, config.lam or lam_default, spec=config.partition,
         seed=config.seed, intercept=config.intercept, standardize=config.standardize)

@@ -28,7 +28,7 @@ defaults)::
     dataset = "mnist"                 # a registered name (`hyfl datasets`), a file path,
                                       # or a party-file spec "parties:..." (passed through)
     loss = "hinge"                    # hinge | logistic | squared | smoothed_hinge; default hinge
-    lam = 1e-3                        # default: the dataset's (paper's lambdas), else 1e-4
+    lam = 1e-3                        # default: the dataset's (paper's lambdas), else 1/N
     # intercept = false               # a bias: true (a constant column of value 1), a
     #                                 # positive value for the column, or false; default true
     # class_weight = "balanced"       # weight each class's loss by N / (C n_c); default none
@@ -165,7 +165,7 @@ class ExperimentSection:
 @dataclass(frozen=True)
 class DataSection:
     dataset: str
-    lam: float
+    lam: float | None  # None: 1 / N of the loaded training data (data/registry.py)
     loss: str = "hinge"
     val: str | None = None
     val_fraction: float | None = None
@@ -835,7 +835,7 @@ class _Validator:
         )
 
     def data(self, table: Mapping) -> DataSection:
-        from hyfl.data import dataset_names, lambda_for
+        from hyfl.data import dataset_names, default_lambda
         from hyfl.data.dataset import parse_intercept
         from hyfl.losses import LOSSES
 
@@ -879,8 +879,8 @@ class _Validator:
             low_open=True,
             fix="Write a positive regularization, e.g. lam = 1e-4 (or leave it out).",
         )
-        if lam is None:
-            lam = lambda_for(dataset)
+        if lam is None:  # data without a paper value: 1 / N, resolved once loaded
+            lam = default_lambda(dataset)
         try:  # true, false, a positive number, or a flag's text ("off", "10")
             intercept = parse_intercept(table.get("intercept", True))
         except HyflError:

@@ -83,7 +83,7 @@ def prepare(spec: RunSpec) -> Setup:
     train, val, partition = load_split(spec)
     if spec.intercept is not None:
         train, val, partition = add_intercept(train, val, partition, spec.intercept)
-    lam = spec.lam if spec.lam is not None else (lambda_for(spec.data))
+    lam = spec.lam if spec.lam is not None else lambda_for(spec.data, train.X.shape[0])
     problem = make_problem(train, spec.loss, lam,
                            sample_weight=sample_weights(train, spec.class_weight))
     if partition is None:
@@ -94,7 +94,7 @@ def prepare(spec: RunSpec) -> Setup:
     if spec.standardize:  # before the optimum: the problem is the scaled one
         problem, val, scale = scale_features(problem, val, partition, spec)
     optimum = solve_centralized(problem)
-    participation = parse_participation(spec.participation, partition.n_clients)
+    participation = parse_participation(spec.participation_spec(), partition.n_clients)
     validation = Validation(val.X, val.y) if val is not None else None
     cipher = make_cipher(spec.cipher, key_bits=spec.key_bits)
     cost_model = spec.cost_model(cipher)

@@ -46,6 +46,7 @@ from hyfl.runtime.simulation import (
 )
 
 DEFAULT_PARTITION = "grid:3x3"
+DEFAULT_PARTICIPATION = "0.5"  # the paper's random half, for partitions of one dataset
 
 
 PARTY_PARTITION = "parties"  # the partition party files define
@@ -96,7 +97,7 @@ class RunSpec:
     loss: str = "hinge"
     lam: float | None = None
     partition: str | None = None
-    participation: str = "0.5"
+    participation: str | None = None
     hyper: dict[str, Any] = field(default_factory=dict)
     iterations: int = 2000
     eval_every: int = 1
@@ -175,6 +176,14 @@ class RunSpec:
         if self.uses_party_files():
             return PARTY_PARTITION
         return self.partition if self.partition is not None else DEFAULT_PARTITION
+
+    def participation_spec(self) -> str:
+        """The participation actually used: the given one, else every party every round
+        for party files (organisations, which take part in every round of their job) and
+        ``0.5`` (the paper's random half) for a partition of one dataset."""
+        if self.participation is not None:
+            return self.participation
+        return "full" if self.uses_party_files() else DEFAULT_PARTICIPATION
 
     def cost_model(self, cipher=None) -> CostModel:
         """Latency, per-operation HE costs and counted layout for a run with ``cipher``.

@@ -1015,7 +1015,7 @@ def _write_best(path: Path, result: TuneResult, spec) -> None:
     best = result.best_trial
     header = (
         f"# hyfl tune: {result.algorithm} on {spec.data} ({spec.partition_spec()}, participation "
-        f"{spec.participation}, {spec.iterations} iterations), best of {len(result.trials)} "
+        f"{spec.participation_spec()}, {spec.iterations} iterations), best of {len(result.trials)} "
         f"trials ({result.n_divergent} divergent), grey relational grade {best.grade:.4f}\n"
     )
     values = {

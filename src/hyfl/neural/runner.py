@@ -70,7 +70,7 @@ def prepare(spec) -> NeuralSetup:
         partition = parse_partition(spec.partition_spec(), train.X, seed=spec.seed,
                                     meta=train.meta, labels=train.y)
     data = make_view_data(train, val, partition)
-    participation = parse_participation(spec.participation, partition.n_clients)
+    participation = parse_participation(spec.participation_spec(), partition.n_clients)
     task = {
         "task": "multiclass" if data.n_classes > 2 else "binary",
         "classes": [plain_label(c) for c in data.classes],
