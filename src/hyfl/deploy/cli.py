@@ -155,7 +155,7 @@ def split(
 ):
     """Write one block file per party (its samples, features, block and labels): all a party's
     machine needs of the data."""
-    from hyfl.data import FALLBACK_LAMBDA, is_party_spec, lambda_for, load_data, load_party_spec
+    from hyfl.data import fallback_lambda, is_party_spec, lambda_for, load_data, load_party_spec
     from hyfl.data.dataset import parse_intercept
     from hyfl.deploy.blocks import prepare_data, write_blocks
 
@@ -165,12 +165,12 @@ def split(
                 raise fail("--partition", "was given, but party files bring their own",
                            "Leave --partition out with party files.")
             dataset, parts = load_party_spec(data)
-            lam = FALLBACK_LAMBDA
+            lam = fallback_lambda(dataset.X.shape[0])
         else:
             if partition is None:
                 raise fail("--partition", "is not set", "Pass a spec such as grid:2x2.")
             dataset, parts = load_data(data, data_dir), None
-            lam = lambda_for(data)
+            lam = lambda_for(data, dataset.X.shape[0])
         bias = parse_intercept(intercept or "off") or 0.0
         dataset, problem, parts, scale = prepare_data(
             dataset, loss, lam, partition=parts, spec=partition or "", seed=seed,

@@ -1078,7 +1078,7 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
         a run that did not learn is reported there, not raised, so that its
         results are written all the same.
     """
-    from hyfl.data import FALLBACK_LAMBDA, is_party_spec, lambda_for, load_data, load_party_spec
+    from hyfl.data import fallback_lambda, is_party_spec, lambda_for, load_data, load_party_spec
     from hyfl.deploy.blocks import prepare_data
     from hyfl.deploy.config import DeployConfig, run_config_for
     from hyfl.deploy.keys import party_cipher
@@ -1135,7 +1135,7 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
         # before anything starts.
         dataset, parts = load_party_spec(data, psi=False)
         _check_deployable(dataset)
-        lam_default = FALLBACK_LAMBDA
+        lam_default = fallback_lambda(dataset.X.shape[0])
         dataset, problem, parts, scale = prepare_data(
             dataset, loss, lam or lam_default, partition=parts, seed=seed,
             intercept=intercept or 0.0, standardize=standardize)
@@ -1148,7 +1148,7 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
                            "--party-data.")
             partition = default_partition(parties)
         dataset = load_data(data)
-        lam_default = lambda_for(data)
+        lam_default = lambda_for(data, dataset.X.shape[0])
         dataset, problem, parts, scale = prepare_data(
             dataset, loss, lam or lam_default, spec=partition, seed=seed,
             intercept=intercept or 0.0, standardize=standardize)

@@ -617,7 +617,7 @@ def on_block(state: dict, payload: dict, node, log, config=None) -> Block:
     X = sp.csr_matrix(values[np.ix_(order, columns)])
     X.eliminate_zeros()
     samples, features = samples[order], features[columns]
-    from hyfl.data import FALLBACK_LAMBDA
+    from hyfl.data import fallback_lambda
 
     log(f"aligned: {n_rows} of {n_samples} samples, {n_columns} of {n_features} features")
     if state.get("dropped_cells"):
@@ -636,7 +636,7 @@ def on_block(state: dict, payload: dict, node, log, config=None) -> Block:
                                                           n_features, scale, intercept, log)
     return Block(party=party, samples=samples, features=features, X=X,
                  Y=_encode(labels[order], state["task"], len(state["classes"])),
-                 n_samples=n_samples, n_features=n_features, lam_default=FALLBACK_LAMBDA,
+                 n_samples=n_samples, n_features=n_features, lam_default=fallback_lambda(n_samples),
                  name=state["name"], intercept=intercept, scale=scale)
 
 
