@@ -636,7 +636,8 @@ def on_block(state: dict, payload: dict, node, log, config=None) -> Block:
                                                           n_features, scale, intercept, log)
     return Block(party=party, samples=samples, features=features, X=X,
                  Y=_encode(labels[order], state["task"], len(state["classes"])),
-                 n_samples=n_samples, n_features=n_features, lam_default=fallback_lambda(n_samples),
+                 n_samples=n_samples, n_features=n_features,
+                 lam_default=fallback_lambda(n_samples),
                  name=state["name"], intercept=intercept, scale=scale)
 
 
