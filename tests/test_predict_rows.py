@@ -297,3 +297,35 @@ def test_a_party_refuses_to_score_rows_the_asker_does_not_hold(tmp_path):
                 _deployed_scores(tmp_path / f"forged-{party}", new, model, asker=0)
         finally:
             scoring.InProcessTransport._deliver = deliver
+
+
+@pytest.mark.slow
+def test_hyfl_deploy_predict_over_flower_equals_predict_on_the_pooled_rows(tmp_path):
+    """``--flower``: a SuperLink and one SuperNode process per party on loopback, the
+    ServerApp's scoring job (run config ``model``): the asker's rows as in this process and
+    as ``hyfl predict`` writes them (about 20 s)."""
+    from typer.testing import CliRunner
+
+    from hyfl.cli import app
+
+    files, *_ = organisation_files(tmp_path / "train")
+    model = _model(tmp_path, files, loss="logistic")
+    new = _unlabelled(tmp_path, files)
+    spec = f"parties:{','.join(map(str, new))};id=customer"
+    runner = CliRunner()
+    done = runner.invoke(app, ["deploy", "predict", str(model), "--data", spec, "--asker", "1",
+                               "--flower", "--timeout", "240", "--out", str(tmp_path / "d")])
+    assert done.exit_code == 0, done.output
+    assert "party 1 wrote" in " ".join(done.output.split())
+    import json
+
+    record = json.loads((tmp_path / "d" / "server" / "deploy.json").read_text())
+    assert record["status"] == "completed" and record["job"] == "predict"
+    assert record["rows"] == 70 and record["n_samples"] == 90
+    predict_data(model, spec, tmp_path / "p.csv")
+    deployed = pd.read_csv(tmp_path / "d" / "party-1" / "predictions.csv")
+    pooled = pd.read_csv(tmp_path / "p.csv").set_index("id").loc[deployed["id"]]
+    assert list(deployed["id"]) == list(pd.read_parquet(new[1])["customer"])
+    assert list(deployed["prediction"]) == list(pooled["prediction"])
+    for column in deployed.columns[2:]:
+        np.testing.assert_allclose(deployed[column], pooled[column], rtol=0, atol=1e-9)

@@ -425,6 +425,10 @@ def run_server(grid: Grid, run_config: dict) -> dict:
     quick_object_pulls("flwr.superlink.grid.http_grid")  # replies are read without a 1 s wait
     transport = FlowerTransport(grid, cipher, poll=config.poll,
                                 ttl=2 * config.reply_timeout + 60.0)
+    if config.model:  # scoring new rows (hyfl deploy predict), not training
+        from hyfl.deploy.scoring import run_scoring
+
+        return run_scoring(config, transport)
     return Coordinator(config, transport, cipher).run()
 
 

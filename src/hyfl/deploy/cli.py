@@ -688,6 +688,13 @@ def predict(
     reply_timeout: ReplyTimeout = 120.0,
     out: Annotated[Path, typer.Option(help="Folder of the parties' outputs: the asker writes "
                                       "OUT/party-K/predictions.csv.")] = Path("hyfl-predict"),
+    flower: Annotated[bool, typer.Option("--flower/--in-process", help="Run the parties over "
+                                         "Flower on loopback (a SuperLink, one SuperNode "
+                                         "process per party, as hyfl deploy local), or in "
+                                         "this process (each with only its own file and "
+                                         "state).")] = False,
+    timeout: Annotated[float | None, typer.Option(help="With --flower: give up after this "
+                                                  "many seconds.")] = None,
 ):
     """Score new rows with the parties' own files, without pooling them.
 
@@ -699,14 +706,15 @@ def predict(
     label's own value), the score and for a logistic model the class probabilities:
     the rows ``hyfl predict`` writes for the pooled files. The server sees no score, no
     part and no id. The parties run in this process, each with only its own file and
-    state, every message through the deployment's codec (docs/deployment.md, "Scoring
-    new rows").
+    state, every message through the deployment's codec, or with --flower as separate
+    processes over Flower on loopback (docs/deployment.md, "Scoring new rows").
     """
     from hyfl.deploy.scoring_local import predict_local
 
     try:
         done = predict_local(model, data, out, asker=asker, cipher=cipher, keys_dir=keys_dir,
                              reply_timeout=reply_timeout, insecure_test_keys=insecure_test_keys,
+                             flower=flower, timeout=timeout,
                              log=lambda line: console.print(escape(line)))
     except HyflError as err:
         _fail(err)

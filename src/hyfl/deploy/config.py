@@ -69,6 +69,10 @@ RUN_DEFAULTS: dict[str, Any] = {
     "connect-timeout": 300.0,
     "poll": 0.05,
     "min-common": 1,
+    # Scoring new rows (hyfl deploy predict): a model file on the server's machine; the
+    # job then aligns the parties' files and gives party `asker` its rows' scores.
+    "model": "",
+    "asker": 0,
 }
 
 #: One line per run config key: what it means (the generated app's comments and README).
@@ -97,6 +101,9 @@ RUN_HELP: dict[str, str] = {
     "poll": "seconds between the server's pulls for replies",
     "min-common": "parties with their own files: fewest samples two or more of them must "
                   "share when their columns differ (0: no check)",
+    "model": "a model.npz on the SuperLink's machine: the job scores the parties' rows "
+             "with it instead of training (hyfl deploy predict); empty: train",
+    "asker": "with model: the party that gets the scores of the rows it holds",
 }
 
 #: Node config keys a party understands.
@@ -204,6 +211,8 @@ class DeployConfig:
     connect_timeout: float = 300.0
     poll: float = 0.05
     min_common: int = 1
+    model: str = ""
+    asker: int = 0
 
     @classmethod
     def from_run_config(cls, config: Mapping[str, Any]) -> DeployConfig:
@@ -258,6 +267,10 @@ class DeployConfig:
                                            fix=f"Pass {key} in seconds, > 0.")
         participation = _text(config, "participation") or "full"
         min_common = check_int("run config min-common", config.get("min-common", 1), minimum=0)
+        asker = check_int("run config asker", config.get("asker", 0), minimum=0)
+        if asker >= parties:
+            raise fail("run config asker", f"is {asker}, not one of the parties 0..{parties - 1}",
+                       "Name the party that gets the scores (asker=K).")
         return cls(
             parties=parties, algorithm=algorithm, hyper=hyper, iterations=iterations,
             participation=participation, seed=seed, loss=loss, lam=lam,
@@ -269,7 +282,7 @@ class DeployConfig:
                                      "run config insecure-test-keys"),
             out=_text(config, "out"), reply_timeout=timeouts["reply-timeout"],
             connect_timeout=timeouts["connect-timeout"], poll=timeouts["poll"],
-            min_common=min_common,
+            min_common=min_common, model=_text(config, "model"), asker=asker,
         )
 
     def cipher_options(self) -> dict[str, Any]:

@@ -54,7 +54,8 @@ import numpy as np
 
 from hyfl.errors import fail
 
-__all__ = ["SCORE_FIELDS", "SCORE_KINDS", "on_score", "on_scores", "score_deployed"]
+__all__ = ["SCORE_FIELDS", "SCORE_KINDS", "on_score", "on_scores", "run_scoring",
+           "score_deployed"]
 
 #: The scoring messages after the alignment's ``labels`` (instead of ``block``).
 SCORE_KINDS = ("score", "scores")
@@ -372,3 +373,32 @@ def output_names(model):
     from hyfl.predict import output_names as names
 
     return names(model)
+
+
+def run_scoring(config, transport) -> dict:
+    """The ServerApp's scoring job (run config ``model``): :func:`score_deployed` with the
+    model file ``config.model`` for the party ``config.asker``; ``deploy.json`` in
+    ``config.out`` records it (``status``, ``error``, the alignment, the asker's rows)."""
+    from hyfl._private_files import private_folder, write_private_json
+    from hyfl.errors import clause
+    from hyfl.model_file import load_model
+
+    def write(record: dict) -> None:
+        if config.out:
+            folder = private_folder(config.out)
+            write_private_json(folder / "deploy.json", record, indent=1)
+
+    base = {"engine": "flower", "job": "predict", "rounds": [], "model": config.model}
+    write({**base, "status": "running", "error": None})
+    try:
+        record = score_deployed(load_model(config.model), config, transport,
+                                asker=config.asker)
+    except Exception as err:
+        write({**base, "status": "failed", "error": clause(err)})
+        raise
+    write({**base, "status": "completed", "error": None,
+           **{key: value for key, value in record.items() if key != "alignment"},
+           "alignment": {key: value for key, value in record["alignment"].items()
+                         if key != "classes"} | {"classes": [str(c) for c in
+                                                             record["alignment"]["classes"]]}})
+    return record

@@ -41,10 +41,14 @@ class InProcessTransport:
 
 def predict_local(model_path, data: str, out, *, asker: int = 0, cipher: str = "none",
                   keys_dir=None, reply_timeout: float = 120.0, insecure_test_keys: bool = False,
-                  log=None) -> dict:
-    """``hyfl deploy predict``: every party of the spec ``data`` with its own file, run in
-    this process (:class:`InProcessTransport`: each party sees only its node config and
-    state, every message goes through the real codec), scoring the rows of ``asker``.
+                  flower: bool = False, timeout: float | None = None, log=None) -> dict:
+    """``hyfl deploy predict``: every party of the spec ``data`` with its own file, scoring
+    the rows of ``asker``: in this process (:class:`InProcessTransport`: each party sees
+    only its node config and state, every message goes through the real codec), or with
+    ``flower`` over Flower on loopback as ``hyfl deploy local`` runs a job (a SuperLink,
+    one SuperNode process per party, the ServerApp with run config ``model``;
+    ``OUT/server/deploy.json`` records the job, ``OUT/flower`` holds Flower's files and
+    logs).
 
     With a ``cipher`` other than none, ``keys_dir`` holds the key pair of ``hyfl deploy
     keys`` (``private-key.json``, ``public-key.json``): the parties' shared secret then
@@ -73,7 +77,7 @@ def predict_local(model_path, data: str, out, *, asker: int = 0, cipher: str = "
             if not path.is_file():
                 raise fail(f"key file {path}", "does not exist", "Pass --keys with the folder "
                            "hyfl deploy keys wrote.")
-    out = Path(out)
+    out = Path(out).resolve()
     run = run_config_for(parties=len(nodes), loss=model.loss, cipher=cipher,
                          public_key=str(public or ""), reply_timeout=reply_timeout,
                          insecure_test_keys=insecure_test_keys, **run_extra)
@@ -81,9 +85,26 @@ def predict_local(model_path, data: str, out, *, asker: int = 0, cipher: str = "
               {"cipher": cipher, "key": str(private), "insecure-test-keys": insecure_test_keys})
     nodes = [{**node, **policy, "party": k, "out": str(out / f"party-{k}")}
              for k, node in enumerate(nodes)]
+    if flower:
+        return _over_flower(Path(model_path).resolve(), nodes, run, out, asker, timeout, log)
     config = DeployConfig.from_run_config(run)
     server = server_cipher(cipher, public, **config.cipher_options(),
                            insecure_test_keys=insecure_test_keys)
     record = score_deployed(model, config, InProcessTransport(nodes, run, server), asker=asker,
                             log=log)
+    return {**record, "predictions": str(out / f"party-{asker}" / "predictions.csv")}
+
+
+def _over_flower(model_path: Path, nodes: list[dict], run: dict, out: Path, asker: int,
+                 timeout: float | None, log) -> dict:
+    """The scoring job over Flower on loopback: :class:`hyfl.deploy.local.LocalDeployment`
+    (SuperLink, SuperNodes, their workers), the ServerApp's :func:`hyfl.deploy.scoring.
+    run_scoring`; returns its record (``deploy.json``) with ``predictions``."""
+    from hyfl._private_files import private_folder
+    from hyfl.deploy.local import LocalDeployment
+
+    private_folder(out)
+    run = {**run, "model": str(model_path), "asker": asker, "out": str(out / "server")}
+    with LocalDeployment(nodes, out / "flower", log=log or (lambda line: None)) as local:
+        record = local.run(run, timeout=timeout)
     return {**record, "predictions": str(out / f"party-{asker}" / "predictions.csv")}
