@@ -135,6 +135,29 @@ def test_shared_columns_deploy_as_hyfl_run_builds_them(organisations):
     assert comparison["rounds"] == 3 and comparison["max_abs_weight_difference"] <= 1e-12
 
 
+def test_deployed_scoring_counts_a_shared_cell_once(organisations, tmp_path):
+    """``hyfl deploy predict`` on the same files: the lab leaves the hospital's cells out of
+    its part of the margins too, so the deployed decisions are ``hyfl predict``'s."""
+    import pandas as pd
+
+    from hyfl.deploy.scoring_local import predict_local
+    from hyfl.model_file import model_from_problem, save_model
+    from hyfl.predict import predict_data
+    from hyfl.problem import make_problem, solve_centralized
+
+    spec = SPEC.format(organisations)
+    dataset, _ = load_party_spec(spec, psi=False)
+    problem = make_problem(dataset, "hinge", 0.05)
+    save_model(tmp_path / "model.npz", model_from_problem(
+        problem, solve_centralized(problem, cache=False).w, data_meta=dataset.meta))
+    deployed = predict_local(tmp_path / "model.npz", spec, tmp_path / "scores", asker=1)
+    predict_data(tmp_path / "model.npz", spec, tmp_path / "run.csv")
+    both = pd.read_csv(deployed["predictions"]).merge(pd.read_csv(tmp_path / "run.csv"),
+                                                      on="id", suffixes=("", "_run"))
+    assert len(both) == 341  # the hospital's rows
+    np.testing.assert_allclose(both["decision"], both["decision_run"], rtol=0, atol=1e-9)
+
+
 # ----------------------------------------------------------------------------- refusals
 
 def _cli(*args):
