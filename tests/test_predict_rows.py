@@ -329,3 +329,31 @@ def test_hyfl_deploy_predict_over_flower_equals_predict_on_the_pooled_rows(tmp_p
     assert list(deployed["prediction"]) == list(pooled["prediction"])
     for column in deployed.columns[2:]:
         np.testing.assert_allclose(deployed[column], pooled[column], rtol=0, atol=1e-9)
+
+
+def test_deploy_predict_adds_the_intercept_and_reads_columns_by_name(tmp_path):
+    """A model with an intercept and its features in another order than the files' columns
+    (as ``hyfl run`` writes one for these files): deployed scores are still predict's."""
+    import dataclasses
+
+    files, *_ = organisation_files(tmp_path / "train")
+    path = _model(tmp_path, files)
+    model = load_model(path)
+    order = [6, 7, 8, 0, 1, 2, 3, 4, 5]
+    names = [model.provenance["feature_names"][m] for m in order]
+    save_model(path, dataclasses.replace(
+        model, weights=model.weights[order], intercept=np.array([0.25]),
+        provenance={**model.provenance, "feature_names": names}))
+    new = _unlabelled(tmp_path, files)
+    predict_data(path, f"parties:{','.join(map(str, new))};id=customer", tmp_path / "p.csv")
+    pooled = pd.read_csv(tmp_path / "p.csv").set_index("id")
+    written, *_ = _deployed_scores(tmp_path / "d", new, path, asker=2)
+    expected = pooled.loc[written["id"]]
+    np.testing.assert_allclose(written["decision"], expected["decision"], rtol=0, atol=1e-9)
+    assert list(written["prediction"]) == list(expected["prediction"])
+    # (and the intercept is in both: the pooled scores moved by it)
+    predict_data(_model(tmp_path / "plain", files), f"parties:{','.join(map(str, new))};"
+                 "id=customer", tmp_path / "q.csv")
+    plain = pd.read_csv(tmp_path / "q.csv").set_index("id").loc[written["id"]]
+    np.testing.assert_allclose(written["decision"].to_numpy() - plain["decision"].to_numpy(), 0.25,
+                               atol=1e-9)
