@@ -6,7 +6,9 @@ starting anything (issue 43).
   process, the real messages without the network -- into exactly ``hyfl run``'s
   standardized problem and partition: the same cells, each owned by the first party in
   order that holds it; and the deployed iterates are those of the in-process engine on
-  that partition.
+  that partition. With ``unlabeled=drop`` the parties read copies of their files
+  without the samples no file labels: again hyfl run's data. Deployed scoring counts a
+  shared cell once too.
 * What a deployment cannot run is refused in seconds, before Flower starts, naming the
   files and the fix, with no ANSI codes or traceback text.
 * One real ``hyfl deploy local`` on those files (slow, ~30 s): it trains, names the
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -64,6 +67,18 @@ def _file_ids(path) -> list[str]:
 
 
 def test_shared_columns_deploy_as_hyfl_run_builds_them(organisations):
+    spec = SPEC.format(organisations)
+    files = [organisations / name for name in ("clinic.csv", "hospital.csv", "lab.parquet")]
+    dataset, lines = _deploys_as_hyfl_run(spec, files)
+    assert dataset.meta["shared_cells"]
+    assert any("share 114 samples and the columns" in line and "hospital.csv" in line
+               for line in lines)
+
+
+def _deploys_as_hyfl_run(spec, files):
+    """Deploy ``files`` in this process and check the blocks and iterates against ``hyfl run
+    --data spec --standardize``'s problem and partition; return hyfl run's dataset and the
+    coordinator's log."""
     from hyfl.deploy.blocks import prepare_data
     from hyfl.deploy.keys import party_cipher
     from hyfl.deploy.local import compare_with_protocol
@@ -71,17 +86,11 @@ def test_shared_columns_deploy_as_hyfl_run_builds_them(organisations):
     from hyfl.partition import Partition
     from hyfl.problem import Problem
 
-    spec = SPEC.format(organisations)
     dataset, partition = load_party_spec(spec, psi=False)
-    files = [organisations / f"{name}{'.parquet' if name == 'lab' else '.csv'}"
-             for name in dataset.meta["clients"]]  # hyfl run's party order: clinic, hospital, lab
-    assert dataset.meta["shared_cells"]
     _, run_problem, run_partition, _ = prepare_data(dataset, "hinge", 0.05, partition=partition,
                                                     standardize=True)
     coordinator, transport, lines = _deploy(files, iterations=3, standardize=True)
     results = coordinator.run()  # no refusal: the shared cells are the hospital's
-    assert any("share 114 samples and the columns" in line and "hospital.csv" in line
-               for line in lines)
 
     # Each party's block, from its state, in the deployment's numbering of the samples.
     N, M = results["n_samples"], results["n_features"]
@@ -133,6 +142,7 @@ def test_shared_columns_deploy_as_hyfl_run_builds_them(organisations):
     comparison = compare_with_protocol(results, np.stack(coordinator.weights), problem, blocks,
                                        party_cipher("none", None))
     assert comparison["rounds"] == 3 and comparison["max_abs_weight_difference"] <= 1e-12
+    return dataset, lines
 
 
 def test_deployed_scoring_counts_a_shared_cell_once(organisations, tmp_path):
@@ -172,17 +182,46 @@ def _clean(text: str) -> None:
     assert "\x1b[" not in text and "Traceback" not in text, text
 
 
-def test_unlabeled_drop_deploys_when_it_drops_nothing(organisations):
-    """``unlabeled=drop`` is accepted: on these files (every patient labelled) it drops
-    nothing, which the pre-check confirms on the files themselves."""
-    from hyfl.deploy.local import _check_deployable, _party_file_nodes
+def test_unlabeled_drop_deploys_the_samples_hyfl_run_keeps(organisations, tmp_path):
+    """``unlabeled=drop``: hyfl deploy local hands the parties copies of their files without
+    the samples no file labels (on these files with every patient labelled: the files
+    themselves), and the deployment is hyfl run's with the option."""
+    import pandas as pd
+
+    from hyfl.deploy.local import _check_deployable, _labelled_copies, _party_file_nodes
 
     spec = SPEC.format(organisations) + ";unlabeled=drop"
     nodes, _ = _party_file_nodes(spec)
-    assert [n["data"].rsplit("/", 1)[1] for n in nodes] == ["clinic.csv", "hospital.csv",
-                                                           "lab.parquet"]
     dataset, _ = load_party_spec(spec, psi=False)
     _check_deployable(dataset)  # no refusal
+    _labelled_copies(dataset, nodes, tmp_path / "none", print)
+    assert [n["data"].rsplit("/", 1)[1] for n in nodes] == ["clinic.csv", "hospital.csv",
+                                                           "lab.parquet"]
+    assert not (tmp_path / "none").exists()
+
+    # Five new clinic patients nobody labels, ids that look like numbers ("007" stays text).
+    folder = tmp_path / "orgs"
+    folder.mkdir()
+    clinic = pd.read_csv(organisations / "clinic.csv", dtype={"patient": str})
+    extra = clinic.head(5).assign(patient=[f"00{i}" for i in range(5)])
+    pd.concat([extra.iloc[:2], clinic, extra.iloc[2:]]).to_csv(folder / "clinic.csv",
+                                                               index=False)
+    for name in ("hospital.csv", "lab.parquet"):
+        (folder / name).write_bytes((organisations / name).read_bytes())
+    spec = SPEC.format(folder) + ";unlabeled=drop"
+    nodes, _ = _party_file_nodes(spec)
+    dataset, _ = load_party_spec(spec, psi=False)
+    assert dataset.meta["dropped_unlabeled"] == 5
+    _check_deployable(dataset)
+    lines: list[str] = []
+    _labelled_copies(dataset, nodes, tmp_path / "copies", lines.append)
+    assert "5 samples no file labels" in lines[0]
+    copies = [Path(n["data"]) for n in nodes]
+    assert [c.name for c in copies] == ["clinic.csv", "hospital.csv", "lab.parquet"]
+    assert all(c.parent == tmp_path / "copies" and c.stat().st_mode & 0o077 == 0
+               for c in copies)
+    assert pd.read_csv(copies[0], dtype=str).equals(clinic.astype(str))  # the rows, as spelt
+    _deploys_as_hyfl_run(spec, copies)
 
 
 def test_what_a_deployment_cannot_run_is_refused_before_flower_starts(organisations,
@@ -209,9 +248,6 @@ def test_what_a_deployment_cannot_run_is_refused_before_flower_starts(organisati
         # hyfl run takes a labels-only file as a label-only party; deployed, all train
         "registry.csv": folder("label-only", hospital=hospital, clinic=clinic,
                                registry=hospital[["patient", "outcome"]]),
-        # samples nobody labels: unlabeled=drop leaves them out in-process
-        "clinic.csv": folder("unlabelled", hospital=hospital, clinic=pd.concat(
-            [clinic, clinic.head(5).assign(patient=[f"NEW{i}" for i in range(5)])])),
         # a cell the hospital and the lab both hold, with two values (hyfl run's check)
         "lab": folder("disagree", clinic=clinic, hospital=hospital.assign(
             radius_error=hospital["radius_error"] + 1.0)),

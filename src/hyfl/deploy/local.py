@@ -862,9 +862,8 @@ def party_file_nodes(spec: str) -> tuple[list[dict], dict]:
 def _check_deployable(dataset) -> None:
     """Refuse, before anything starts, party files that ``hyfl run`` trains on but a
     deployment cannot: a file without feature columns (a label-only party is no client
-    in-process; deployed, every party trains), text labels in one file and numbers in
-    another, and samples that ``unlabeled=drop`` leaves out (deployed, the parties number
-    the samples before any label is shared)."""
+    in-process; deployed, every party trains), and text labels in one file and numbers in
+    another. (``unlabeled=drop``: :func:`_labelled_copies`.)"""
     meta = dataset.meta
     files = {str(name): Path(path).name for name, path in meta["parties"].items()}
     bare = [name for name in files if name not in set(meta["clients"])]
@@ -893,13 +892,47 @@ def _check_deployable(dataset) -> None:
                    "deployment cannot (each party reports its labels' kind alone)",
                    f"Write the labels of {', '.join(text)} as numbers (or those of "
                    f"{', '.join(numbers)} as the same class names).")
+
+
+def _labelled_copies(dataset, nodes: list[dict], folder: Path, log) -> None:
+    """``unlabeled=drop`` for a local deployment: each party's file without the samples no
+    file labels, as a copy in ``folder`` (the deploying user's, 0700) that its node config
+    then names -- the rows ``hyfl run`` leaves out, so the deployed data are its data.
+    (Deployed parties number the samples before any label is shared, so across machines
+    each party removes those rows from its own file.) Nothing is copied when no sample is
+    dropped."""
+    import pandas as pd
+
+    from hyfl.data.parties import read_party_file
+
+    meta = dataset.meta
     dropped = int(meta.get("dropped_unlabeled", 0))
-    if dropped:
-        raise fail(f"the party files {', '.join(files.values())}", f"hold {dropped} samples "
-                   "that no file labels, which unlabeled=drop leaves out in-process; a "
-                   "deployment cannot (its parties number the samples before any label is "
-                   "shared)", "Delete those rows from the files (or label them), or run the "
-                   "files in-process (hyfl run).")
+    if not dropped:
+        return
+    kept = set(meta["sample_ids"])
+    private_folder(folder)
+    for node, (name, path) in zip(nodes, meta["parties"].items()):
+        path = Path(path)
+        table = read_party_file(path, party=str(name), id_column=meta["id_column"],
+                                label_column=meta["label_column"])
+        keep = np.array([i in kept for i in table.ids], dtype=bool)
+        parquet = path.name.lower().endswith((".parquet", ".pq"))
+        frame = (pd.read_parquet(path) if parquet else
+                 pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8-sig"))
+        if len(frame) != keep.size:  # pragma: no cover - the readers count rows alike
+            raise fail(f"party file {path.name}", "reads with another number of rows here",
+                       "Delete the unlabelled rows from the files yourself.")
+        if parquet:
+            copy = folder / f"{name}.parquet"
+            with private_write(copy, "wb") as f:
+                frame[keep].to_parquet(f, index=False)
+        else:  # the cells as the file spells them (read as text), uncompressed
+            copy = folder / f"{name}.csv"
+            with private_write(copy, "w", newline="") as f:
+                frame[keep].to_csv(f, index=False)
+        node["data"] = str(copy)
+    log(f"unlabeled=drop: {dropped} samples no file labels left out of copies of the files "
+        f"in {folder}, which the parties read")
 
 
 def default_partition(parties: int) -> str:
@@ -911,7 +944,7 @@ def default_partition(parties: int) -> str:
 
 #: What ``hyfl deploy local`` writes into its ``out`` folder (besides ``keys/``).
 LOCAL_OUTPUTS = ("deploy.json", "weights.npz", LATEST_WEIGHTS, "metrics.csv", "comparison.json",
-                 "parties", "flower", "model.npz")
+                 "parties", "flower", "model.npz", "party-files")
 
 
 def _prepare_out(out: Path, overwrite: bool) -> None:
@@ -1135,6 +1168,7 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
         # before anything starts.
         dataset, parts = load_party_spec(data, psi=False)
         _check_deployable(dataset)
+        _labelled_copies(dataset, data_keys, out / "party-files", log)
         lam_default = fallback_lambda(dataset.X.shape[0])
         dataset, problem, parts, scale = prepare_data(
             dataset, loss, lam or lam_default, partition=parts, seed=seed,
