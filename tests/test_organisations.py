@@ -102,3 +102,61 @@ def test_local_passes_are_validated():
     for bad in (0, 65, 1.5, True):
         with pytest.raises(HyflError, match="local_passes"):
             HyFDCA(local_passes=bad).validated()
+
+
+def _deployed_problem(transport, n_samples, n_features, lam):
+    """The pooled problem of a deployment's blocks, in its own numbering (for P only)."""
+    import scipy.sparse as sp
+
+    from hyfl.deploy.codec import decode
+    from hyfl.losses import get_loss
+    from hyfl.problem import Problem
+
+    rows, cols, values, Y = [], [], [], np.zeros((n_samples, 1))
+    for state in transport.states.values():
+        block = decode(*state, None)["block"]
+        X = sp.csr_matrix((block["data"], block["indices"], block["indptr"]),
+                          shape=tuple(block["shape"])).tocoo()
+        rows.append(np.asarray(block["samples"])[X.row])
+        cols.append(np.asarray(block["features"])[X.col])
+        values.append(X.data)
+        Y[np.asarray(block["samples"])] = block["Y"]
+    X = sp.csr_matrix((np.concatenate(values), (np.concatenate(rows), np.concatenate(cols))),
+                      shape=(n_samples, n_features))
+    return Problem(X=X, Y=Y, loss=get_loss("hinge"), lam=lam)
+
+
+@pytest.mark.parametrize("name", sorted(CUTS))
+def test_deployed_the_defaults_settle_at_1e_3_within_300_rounds(name, tmp_path):
+    """The deployment's own code (alignment of the files, secure standardization, the
+    parties' rounds, the real message codec; no network, cipher none) with
+    ``hyfl deploy local``'s defaults and hyfl run's intercept: the same convergence."""
+    from hyfl.deploy.config import DeployConfig, run_config_for
+    from hyfl.deploy.coordinator import Coordinator
+    from hyfl.deploy.keys import server_cipher
+    from hyfl.deploy.local import deployment_metrics
+    from hyfl.problem import solve_centralized
+    from hyfl.runtime.simulation import evaluate
+    from in_process import RecordingTransport
+
+    files, _ = CUTS[name](tmp_path)
+    run = run_config_for(parties=3, iterations=ROUNDS, cipher="none", standardize=True,
+                         intercept=1.0)
+    nodes = [{"party": k, "cipher": "none", "data": str(path), "id-column": "patient",
+              "label-column": "outcome"} for k, path in enumerate(files)]
+    server = server_cipher("none", None)
+    transport = RecordingTransport(nodes, run, server)
+    coordinator = Coordinator(DeployConfig.from_run_config(run), transport, server,
+                              log=lambda line: None)
+    results = coordinator.run()
+    N, M = results["n_samples"], results["n_features"]
+    assert results["lam"] == pytest.approx(1.0 / N)  # the parties' default: 1/N
+    problem = _deployed_problem(transport, N, M, results["lam"])
+    optimum = solve_centralized(problem, cache=False)
+    rows = deployment_metrics(results, np.stack(coordinator.weights), problem, optimum)
+    relative = np.array([r["relative_loss"] for r in rows])
+    above = np.nonzero(relative > 1e-3)[0]
+    assert above.size and above[-1] + 1 <= ROUNDS, relative[-5:]
+    final = evaluate(problem, coordinator.weights[int(rows[-1]["model_round"])], None, optimum,
+                     None, None)
+    assert 0 <= final["relative_loss"] <= 1e-3
