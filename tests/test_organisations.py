@@ -77,8 +77,8 @@ def test_more_local_passes_solve_the_subproblem_better():
     import scipy.sparse as sp
 
     from hyfl.algorithms.hyfdca import HyFDCA
-    from hyfl.partition import parse_partition
     from hyfl.participation import Full
+    from hyfl.partition import parse_partition
     from hyfl.problem import make_problem
     from hyfl.runtime.simulation import simulate
     from synthetic_data import synthetic

@@ -87,11 +87,11 @@ from hyfl.algorithms.hyfdca_local import (
     line_search,
     line_search_curvature,
     line_search_points,
+    local_passes,
     momentum_coefficient,
     momentum_direction,
     next_sigma,
     sigma_ceiling,
-    local_passes,
     solve_subproblems,
     span_transforms,
 )

@@ -8,12 +8,12 @@ from hyfl.data.parties import load_parties
 from hyfl.data.party_spec import is_party_spec, load_party_data, load_party_spec, parse_party_spec
 from hyfl.data.registry import (
     DATASETS,
-    fallback_lambda,
     FILES,
     check_files,
     dataset_files,
     dataset_names,
     default_lambda,
+    fallback_lambda,
     has_test_split,
     lambda_for,
     load_dataset,

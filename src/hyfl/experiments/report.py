@@ -62,6 +62,7 @@ from typing import Any
 import numpy as np
 
 from hyfl.errors import check_choice, fail
+from hyfl.experiments.outputs import accuracy_levels
 from hyfl.experiments.plots import (
     carries_time,
     display_name,
@@ -74,7 +75,6 @@ from hyfl.experiments.plots import (
     time_breakdown,
     window_row_count,
 )
-from hyfl.experiments.outputs import accuracy_levels
 from hyfl.experiments.results import LoadedRun, load_results, setting_info, trivial_verdicts
 from hyfl.runtime.simulation import first_round_below, settled_round_below
 
