@@ -43,8 +43,8 @@ def test_the_defaults_settle_at_1e_3_within_300_rounds(organisations):
 
 def test_the_defaults_are_the_ones_for_organisations(organisations):
     """lam = 1/N (scikit-learn's C = 1), every party every round, more than one local pass
-    (standardized features at lam = 1/N: the subproblem's condition is about the number of
-    features)."""
+    (standardized features at lam = 1/N: the subproblem's condition is at least the
+    number of features)."""
     from hyfl.algorithms.hyfdca_local import local_passes
     from hyfl.experiments.runner import prepare
 

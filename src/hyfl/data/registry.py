@@ -598,7 +598,7 @@ def fallback_lambda(n_samples: int) -> float:
 
     A fixed value would make small data sets nearly unregularized (1e-4 on 400 rows is
     ``lam N = 0.04``: a dual method then needs thousands of rounds, docs/convergence.md
-    section 5) and large ones over-regularized."""
+    section 7) and large ones over-regularized."""
     n = int(n_samples)
     if n < 1:
         raise fail("the training data", f"has {n} samples", "Give data with at least one sample.")
