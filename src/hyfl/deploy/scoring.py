@@ -17,8 +17,10 @@ messages:
     cell_masks`, keyed by the pair's channel key and the run's identity, one mask per
     sample and output): the masks cancel only in the sum of all parties' parts. A
     party other than the asker seals its masked part for the asker
-    (:func:`hyfl.privacy.alignment.seal`, bound to the run, the pair and the
-    requested samples) and sends it; the asker keeps its own.
+    (:func:`hyfl.privacy.alignment.seal`, bound to the run, the pair, the
+    requested samples and, row by row, the pair's pairing of ``labels``: both sides'
+    blinded ids, the doubly blinded id and each side's own number of its row) and
+    sends it; the asker keeps its own.
 ``scores`` (to the asker)
     The peers' sealed parts, relayed. The asker opens each with its pair's key,
     adds them to its own, adds the intercept and writes one row per sample it
@@ -27,18 +29,29 @@ messages:
     config's ``out`` folder).
 
 What each learns: the server what it learns in the alignment, and sealed
-blobs (no score, no part, no id); a party other than the asker that the asker
+blobs (no score, no part, no id) -- with a key only: with cipher none nothing of
+the alignment is authenticated, and a server that substitutes its own channel
+keys opens every part (docs/privacy.md); a party other than the asker that the asker
 holds some of its samples (it knows so from ``labels`` already) and its own
 part; the asker the margins of its rows and nothing of a peer's part (each is
 masked with keys the asker does not hold). The server chooses the weights (it
 holds the model): a server that shares the asker's view could ask for unit
 weights and read a peer's column, as a model owner could in any vertical
-inference; the parties do not check the weights against the training's.
+inference; the parties do not check the weights against the training's. A
+lower-numbered asker that claims a peer's column in its own file makes the peer
+leave that column out of its part on their shared rows (the first holder's cells
+count) and is sent its weight: the difference to an honest run's margins is the
+peer's column (tests/test_review_scoring.py, open).
 
 The party checks the ``score`` message against the alignment: the asker's
 samples must be exactly its own rows' numbers; another party's rows among the
 requested samples must be exactly the ones it shares with the asker (the
-server cannot make a party score rows the asker does not hold). The scores
+server cannot make a party score rows the asker does not hold); a peer's rows
+numbered otherwise than the asker's rows of the same samples (scoring has no
+``block`` or ``setup``, where training checks the numbering) make its part not
+open at the asker; the weights' outputs must be the task's (1, or one per class, as
+``align`` fixed them). One ``score`` per alignment (two weightings under the same
+masks would show the asker each peer's difference). The scores
 equal ``hyfl predict`` on the pooled rows to the fixed point's resolution
 (``2**-40``); tests/test_predict_rows.py.
 """
@@ -105,6 +118,10 @@ def on_score(state: dict, payload: dict, party: int, out: str) -> dict:
                    f"{weights.shape}, not this party's {values.shape[1]} columns by the "
                    "model's outputs (finite)", _FORGED)
     n_outputs = weights.shape[1]
+    expected = 1 if state["task"] in ("regression", "binary") else len(state["classes"])
+    if n_outputs != expected:  # (the task and classes checked at align)
+        raise fail("the server's 'score' message field weights", f"has {n_outputs} outputs, "
+                   f"the {state['task']} task of the alignment {expected}", _FORGED)
     part = np.zeros((requested.size, n_outputs))
     by_sample = np.argsort(own)
     at = np.searchsorted(own[by_sample], requested)
@@ -124,7 +141,7 @@ def on_score(state: dict, payload: dict, party: int, out: str) -> dict:
         state["scoring"].update(masked=masked, intercept=intercept, labels=labels)
         return {}
     sealed = seal(_pair_key(state, party, asker), masked.view("<f8"),
-                  _seal_context(state, party, asker, requested, n_outputs))
+                  _seal_context(state, party, asker, requested, n_outputs, party))
     return {"sealed": {str(asker): sealed}}
 
 
@@ -150,7 +167,8 @@ def on_scores(state: dict, payload: dict, party: int, out: str, loss: str) -> di
             continue
         what = f"the part of the scores party {j} sealed for party {party}"
         opened = unseal(_pair_key(state, party, j), np.asarray(sealed[str(j)], dtype=np.uint8),
-                        _seal_context(state, j, party, requested, n_outputs), what)
+                        _seal_context(state, j, party, requested, n_outputs, party),
+                        what)
         if opened.size != total.size:
             raise fail(what, f"has {opened.size} values for {total.size}", _SAME_VERSION)
         total = total + opened.view(np.uint64).reshape(total.shape)  # modulo 2**64
@@ -222,14 +240,23 @@ def _decode(total: np.ndarray) -> np.ndarray:
 
 
 def _seal_context(state: dict, sender: int, receiver: int, requested: np.ndarray,
-                  n_outputs: int) -> bytes:
-    """A sealed part's associated data: the run, the pair (in its direction), the requested
-    samples and the number of outputs (a part moved to another run, pair or request does
-    not open)."""
+                  n_outputs: int, party: int) -> bytes:
+    """A sealed part's associated data, as ``party`` (the sender or the receiver) computes
+    it: the run, the pair (in its direction), the requested samples, the number of outputs
+    and the pair's row-by-row pairing of the labels' seals
+    (:func:`hyfl.deploy.party_files._labels_context`: both sides' blinded ids of every row
+    they share, the doubly blinded id and each side's own number of its row). A part moved
+    to another run, pair or request does not open, nor one of a peer whose rows the server
+    numbered otherwise than the asker's rows of the same samples (scoring has no ``block``
+    or ``setup``, where training checks the numbering: tests/test_review_scoring.py)."""
+    from hyfl.deploy.party_files import _labels_context
+
+    peer = receiver if party == sender else sender
     h = hashlib.sha256(_SEAL_INFO)
     h.update(bytes(state["run"]))
     h.update(np.array([sender, receiver, n_outputs], dtype="<i8").tobytes())
     h.update(np.ascontiguousarray(requested, dtype="<i8").tobytes())
+    h.update(_labels_context(state, party, peer, sender=party == sender))
     return h.digest()
 
 
