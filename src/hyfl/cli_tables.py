@@ -348,8 +348,9 @@ def print_summary(outcome) -> None:
         shared = ", ".join(f"{party} {n}" for party, n in s["shared_ids"].items())
         console.print(f"sample IDs shared with another party: {shared}")
     if outcome.out_dir is not None:
+        model = ", model.npz" if getattr(outcome, "model", None) is not None else ""
         console.print(
-            f"wrote {outcome.out_dir}/metrics.csv, metrics.parquet, run.json and loss.png"
+            f"wrote {outcome.out_dir}/metrics.csv, metrics.parquet, run.json{model} and loss.png"
         )
 
 

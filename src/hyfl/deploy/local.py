@@ -504,8 +504,16 @@ class LocalDeployment:
         """Submit a job, wait for it, return its results (``deploy.json`` in ``out``)."""
         out = Path(str(run_config["out"]))
         process = self.submit(run_config)
-        return wait_for_results(process, out, self.logs / "run.log", timeout=timeout,
-                                on_progress=on_progress)
+        try:
+            return wait_for_results(process, out, self.logs / "run.log", timeout=timeout,
+                                    on_progress=on_progress)
+        except HyflError as error:
+            # A party's reason stays out of its reply (it may quote its files), but on one
+            # machine its log is the user's own: name the log and quote the reason.
+            told = with_party_reasons(str(error), self.logs)
+            if told == str(error):
+                raise
+            raise HyflError(told) from None
 
     def _spawn(self, name: str, command: list[str]) -> subprocess.Popen:
         # A party's log quotes the errors of its messages: owner only.
@@ -602,6 +610,26 @@ def read_results(out: str | os.PathLike, missing_ok: bool = False,
         raise fail(f"results {path}", "do not exist", "Run the job first.") from None
     except (ValueError, RecursionError):
         return None if missing_ok else {}
+
+
+def with_party_reasons(message: str, logs: Path) -> str:
+    """``message`` (a failed run's) with, for each party it says failed (``party K
+    failed on``), that party's log and the last reason the party's worker logged there
+    (``hyfl worker: message failed: ...``, which its reply leaves out)."""
+    import re
+
+    notes = []
+    for k in sorted({int(k) for k in re.findall(r"party (\d+) failed on", message)}):
+        path = logs / f"party-{k}.log"
+        try:
+            lines = path.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        reasons = [line.split("message failed:", 1)[1].strip() for line in lines
+                   if "hyfl worker: message failed:" in line]
+        notes.append(f"Party {k}'s log {path} says: {reasons[-1]}" if reasons
+                     else f"Party {k}'s log: {path}.")
+    return " ".join([message.rstrip(), *notes])
 
 
 def _tail(path: Path, lines: int = 8) -> str:

@@ -1,0 +1,112 @@
+"""A new user's three organisations (their own files): regressions for what they tripped on.
+
+Each test is cheap: small files, few iterations, no Flower processes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hyfl.errors import HyflError
+
+
+def test_a_failed_local_deployment_quotes_the_failing_party_s_log(tmp_path, monkeypatch):
+    """``hyfl deploy local`` on raw-unit files (no --standardize) fails at a party's
+    'setup': the party's reply leaves the reason out, so the error used to say only "the
+    reason is in the party's own log" and point at run.log, where it is not. On one
+    machine every log is the user's: the error names party-K.log and quotes its reason."""
+    from hyfl.deploy import local
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "party-1.log").write_text(
+        "INFO: Received successfully\n"
+        "hyfl worker: message failed: HyflError: value 149846.76 at position 51 exceeds the "
+        "fixed-point bound 65536 (81 of 12288 value(s) do). Data in raw units overflow it: "
+        "pass --standardize (hyfl run, hyfl deploy) to divide every feature by its "
+        "deviation first\n"
+        "INFO: SuperNode terminated gracefully.\n")
+    failure = ("the deployed run failed: party 1 failed on 'setup': <class "
+               "'hyfl.errors.HyflError'>:<'the party could not handle the server's 'setup' "
+               "message; the reason is in the party's own log'>. Details in run.log.")
+
+    def failed(*args, **kwargs):
+        raise HyflError(failure)
+
+    monkeypatch.setattr(local, "wait_for_results", failed)
+    deployment = object.__new__(local.LocalDeployment)
+    deployment.logs = logs
+    monkeypatch.setattr(local.LocalDeployment, "submit", lambda self, config: None)
+    with pytest.raises(HyflError) as caught:
+        deployment.run({"out": str(tmp_path / "out")})
+    message = str(caught.value)
+    assert message.startswith(failure)
+    assert str(logs / "party-1.log") in message
+    assert "fixed-point bound 65536" in message and "--standardize" in message
+
+    # A failure that names no party (or a party without a log) is left as it was.
+    assert local.with_party_reasons("the deployed run failed: timeout.", logs) == (
+        "the deployed run failed: timeout.")
+    assert local.with_party_reasons("party 2 failed on 'setup': x.", logs) == (
+        "party 2 failed on 'setup': x.")
+
+
+@pytest.fixture(scope="module")
+def organisations(tmp_path_factory):
+    """Three organisations' own files, in raw units (the diabetes data made binary):
+    string ids that partly overlap, the label ('outcome', text) at two parties, a
+    pharmacy without labels, 'bmi' and 'bp' held by two parties each, shuffled rows, one
+    Parquet file; and new unlabelled rows of the same layout in ``new/``."""
+    import numpy as np
+    from sklearn.datasets import load_diabetes
+
+    folder = tmp_path_factory.mktemp("orgs")
+    frame = load_diabetes(scaled=False, as_frame=True).frame
+    X = frame.drop(columns="target")
+    y = np.where(frame["target"] > frame["target"].median(), "high", "low")
+    ids = np.array([f"P-{i:05d}" for i in range(len(X))])
+
+    def cut(rows, columns, labelled, seed):
+        table = X.iloc[rows][columns].copy()
+        table.insert(0, "record_id", ids[rows])
+        if labelled:
+            table["outcome"] = y[rows]
+        return table.sample(frac=1, random_state=seed).reset_index(drop=True)
+
+    layout = {"hospital": (["age", "sex", "bmi", "bp"], True, np.arange(0, 60)),
+              "lab": (["s1", "s2", "s3", "bmi"], True, np.arange(20, 90)),
+              "pharmacy": (["s4", "s5", "s6", "bp"], False, np.arange(10, 80))}
+    (folder / "new").mkdir()
+    for seed, (name, (columns, labelled, rows)) in enumerate(layout.items()):
+        for table, path in [(cut(rows, columns, labelled, seed), folder / name),
+                            (cut(np.arange(90, 110), columns, False, seed),
+                             folder / "new" / name)]:
+            if name == "lab":
+                table.to_parquet(path.with_suffix(".parquet"), index=False)
+            else:
+                table.to_csv(path.with_suffix(".csv"), index=False)
+    return folder
+
+
+def spec(folder, **files):
+    names = {"hospital": "hospital.csv", "lab": "lab.parquet", "pharmacy": "pharmacy.csv",
+             **files}
+    return ("parties:" + ",".join(f"{k}={folder / v}" for k, v in names.items())
+            + ";id=record_id;label=outcome")
+
+
+def test_hyfl_run_says_it_wrote_the_model(organisations, tmp_path):
+    """The README's next step is ``hyfl predict OUT/model.npz``: the line that lists what
+    ``hyfl run`` wrote names model.npz too (it left it out)."""
+    from typer.testing import CliRunner
+
+    from hyfl.cli import app
+
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["run", "--data", spec(organisations), "--standardize",
+                                      "--iterations", "5", "--out", str(out)],
+                                env={"COLUMNS": "250"})
+    assert result.exit_code in (0, 3), result.output
+    assert (out / "model.npz").exists()
+    wrote = [line for line in result.output.splitlines() if line.startswith("wrote ")]
+    assert wrote and "model.npz" in wrote[0], result.output
