@@ -38,6 +38,9 @@ What still works is kept as the documented exposures (docs/privacy.md), not fixe
   task of as many classes as a peer has columns reads them all in one run.
 * **cipher none** (``hyfl deploy predict``'s default): nothing of the alignment is
   authenticated; the server substitutes its own channel keys and reads every peer's part.
+* **the range refusal** (the server alone): a party refuses a part beyond the masked
+  sum's range, so scaled weights make a refusal a one-bit test of a peer's largest
+  ``|x_i . w|`` per run.
 * **a hostile asker claiming a peer's column** (a lower-numbered asker): the peer leaves
   the column out of its part on the rows they share, and the asker, sent the column's
   weight as its own, reads the peer's raw values by differencing with an honest run.
@@ -483,3 +486,32 @@ def test_a_multiclass_task_of_phantom_classes_is_the_documented_exposure(tmp_pat
     record, _ = _score(tmp_path, job, keys, forge=_identity_on_the_telco(task))
     assert isinstance(record, dict), record
     assert _telcos_columns_read(tmp_path, job)
+
+
+def test_the_range_refusal_is_a_one_bit_oracle_on_a_peers_parts(tmp_path, job, keys):
+    """Documented exposure (the server alone). A party refuses ``score`` when one of its
+    parts leaves the masked sum's range (``|part| < 2**22``), a test of its own data
+    against the server's weights, and the server sees whether a party refused. Scaling the
+    telco's weights just below and just above ``2**22 / m``, with ``m`` the largest
+    ``|x_i . w|`` of the telco over the rows it shares with the bank, finishes one run and
+    stops the other: one bit per run, so about 40 runs find ``m`` to ``2**-40`` (with unit
+    weights: the largest value of a column over those rows). A run takes every party and
+    leaves a refusal in the telco's log."""
+    from hyfl.deploy import scoring
+
+    bank = pd.read_csv(job["files"][0])["customer"]
+    m = float(np.max(np.abs(_parts(job, bank)[1])))
+    limit = 2.0 ** (62 - scoring.FRACTION_BITS)
+    outcomes = {}
+    for name, factor in (("below", 0.999), ("above", 1.001)):
+        def forge(k, kind, payload, factor=factor):
+            if kind == "score" and k == 1:
+                payload = {**payload, "weights": np.asarray(payload["weights"])
+                           * (factor * limit / m)}
+            return payload
+
+        record, _ = _score(tmp_path / name, job, keys, forge=forge)
+        outcomes[name] = record
+    assert isinstance(outcomes["below"], dict), outcomes["below"]
+    assert isinstance(outcomes["above"], str) and "party 1's part of the scores" in \
+        outcomes["above"], outcomes["above"]
