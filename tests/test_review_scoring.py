@@ -515,3 +515,36 @@ def test_the_range_refusal_is_a_one_bit_oracle_on_a_peers_parts(tmp_path, job, k
     assert isinstance(outcomes["below"], dict), outcomes["below"]
     assert isinstance(outcomes["above"], str) and "party 1's part of the scores" in \
         outcomes["above"], outcomes["above"]
+
+
+@pytest.mark.parametrize("where", ["asker", "peer", "beyond"])
+def test_ids_the_asker_does_not_hold_are_refused(tmp_path, job, keys, where):
+    """Asking for a sample the asker does not hold: in the asker's own request (a
+    telco-only customer in place of one of the bank's), in a peer's (the telco's own
+    customer 60-89 in place of one of the bank's private ones), or a number beyond the
+    alignment's. The asker's samples must be exactly its rows' numbers, a peer's rows among
+    them exactly those it shares with the asker, every number below the alignment's count:
+    the party refuses before it computes anything (with cipher none too:
+    tests/test_predict_rows.py::test_a_party_refuses_to_score_rows_the_asker_does_not_hold)."""
+    held: dict = {}
+
+    def forge(k, kind, payload):
+        if kind == "labels":
+            held[k] = np.asarray(payload["samples"])
+            held["n"] = int(payload["n_samples"])
+        if kind == "score" and k == (0 if where == "asker" else 1):
+            samples = np.asarray(payload["samples"]).copy()
+            private = np.setdiff1d(samples, np.union1d(held[1], held[2]))  # the bank's own
+            telco_only = np.setdiff1d(held[1], held[0])
+            samples[np.flatnonzero(samples == private[0])[0]] = \
+                held["n"] if where == "beyond" else telco_only[0]
+            payload = {**payload, "samples": samples}
+        return payload
+
+    record, transport = _score(tmp_path, job, keys, forge=forge)
+    assert isinstance(record, str), record
+    expected = {"asker": "not this party's own rows",
+                "peer": "other rows than the ones it shares with party 0",
+                "beyond": "beyond the alignment's"}[where]
+    assert expected in record, record
+    assert transport.reply(0 if where == "asker" else 1, "score") is None
