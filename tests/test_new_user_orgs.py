@@ -110,3 +110,22 @@ def test_hyfl_run_says_it_wrote_the_model(organisations, tmp_path):
     assert (out / "model.npz").exists()
     wrote = [line for line in result.output.splitlines() if line.startswith("wrote ")]
     assert wrote and "model.npz" in wrote[0], result.output
+
+
+def test_the_options_table_gives_the_party_files_defaults(organisations):
+    """docs/usage.md's table of hyfl run's flags said --participation defaults to 0.5 and
+    --lam to "the dataset's own"; with party files a run takes every party every round
+    and lam = 1/N (as hyfl run --help and the README say)."""
+    from pathlib import Path
+
+    from hyfl.experiments.runner import RunSpec, prepare
+
+    usage = (Path(__file__).parents[1] / "docs" / "usage.md").read_text()
+    rows = {line.split("|")[1].strip(): line for line in usage.splitlines()
+            if line.startswith("| `--")}
+    assert "party files: `full`" in rows["`--participation`"]
+    assert "party files" in rows["`--lam`"] and "1/N" in rows["`--lam`"]
+    run = RunSpec(data=spec(organisations), standardize=True)
+    assert run.participation_spec() == "full"
+    problem = prepare(run).problem
+    assert problem.lam == pytest.approx(1.0 / problem.n_samples)
