@@ -129,3 +129,28 @@ def test_the_options_table_gives_the_party_files_defaults(organisations):
     assert run.participation_spec() == "full"
     problem = prepare(run).problem
     assert problem.lam == pytest.approx(1.0 / problem.n_samples)
+
+
+def test_the_readme_deploys_the_model_hyfl_run_trains():
+    """The README's deployment of the organisations' files gave --standardize but not
+    --intercept 1, so it trained another model than its hyfl run (which fits an intercept)
+    without a word; it now asks for the intercept and says what a deployment's defaults
+    are. The flags it names exist, with the defaults it gives (intercept off, 5 rounds)."""
+    import re
+    from pathlib import Path
+
+    import typer
+
+    from hyfl.cli import app
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    commands = re.sub(r"\\\n\s*", " ", readme)
+    deploy = [line for line in commands.splitlines()
+              if line.startswith('hyfl deploy local --data "parties:')]
+    assert deploy and all("--standardize" in c and "--intercept 1" in c for c in deploy)
+    assert "fits an intercept only when given `--intercept 1`" in readme
+    local = typer.main.get_command(app).commands["deploy"].commands["local"]
+    params = {p.name: p for p in local.params}
+    assert params["iterations"].default == 5
+    assert params["intercept"].default in (None, "off")
+    assert "standardize" in params
