@@ -258,10 +258,18 @@ def test_hyfl_deploy_predict_writes_the_askers_rows_as_hyfl_predict_does(tmp_pat
     assert list(deployed["prediction"]) == list(pooled["prediction"])
     for column in deployed.columns[2:]:
         np.testing.assert_allclose(deployed[column], pooled[column], rtol=0, atol=1e-9)
-    # Without a key folder a keyed cipher is refused, naming the fix.
+    # Without a key folder (the default) the key pair is made in OUT/keys, as hyfl deploy
+    # local does: the alignment is authenticated by default.
+    done = runner.invoke(app, ["deploy", "predict", str(model), "--data", spec,
+                               "--out", str(tmp_path / "e")])
+    assert done.exit_code == 0, done.output
+    assert (tmp_path / "e" / "keys" / "private-key.json").is_file()
+    again = pd.read_csv(tmp_path / "e" / "party-0" / "predictions.csv")
+    assert set(again["id"]) <= set(pooled.index) | set(pd.read_csv(tmp_path / "p.csv")["id"])
+    # With cipher none it runs, and says that nothing authenticates the alignment.
     done = runner.invoke(app, ["deploy", "predict", str(model), "--data", spec, "--cipher",
-                               "ckks", "--out", str(tmp_path / "e")])
-    assert done.exit_code == 2 and "--keys" in done.output
+                               "none", "--out", str(tmp_path / "f")])
+    assert done.exit_code == 0 and "not authenticated" in done.output
 
 
 def test_a_party_refuses_to_score_rows_the_asker_does_not_hold(tmp_path):

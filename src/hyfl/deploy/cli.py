@@ -679,11 +679,12 @@ def predict(
                                        "scores of the rows it holds.")] = 0,
     cipher: Annotated[str, typer.Option(click_type=click.Choice(list(CIPHER_NAMES)),
                                         metavar="CIPHER", help="The parties' cipher policy; "
-                                        "with a key (--keys) the alignment is authenticated "
-                                        "by the parties' shared secret.")] = "none",
+                                        "its key authenticates the alignment by the parties' "
+                                        "shared secret. none: unauthenticated, an active "
+                                        "server could read the parts (trials only).")] = "ckks",
     keys_dir: Annotated[Path | None, typer.Option("--keys", help="Key folder of hyfl deploy "
-                                                  "keys (with --cipher other than none).")] =
-    None,
+                                                  "keys (default: OUT/keys, made when "
+                                                  "absent, as hyfl deploy local).")] = None,
     insecure_test_keys: InsecureKeys = False,
     reply_timeout: ReplyTimeout = 120.0,
     out: Annotated[Path, typer.Option(help="Folder of the parties' outputs: the asker writes "

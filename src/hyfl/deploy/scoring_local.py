@@ -39,7 +39,7 @@ class InProcessTransport:
             set()
 
 
-def predict_local(model_path, data: str, out, *, asker: int = 0, cipher: str = "none",
+def predict_local(model_path, data: str, out, *, asker: int = 0, cipher: str = "ckks",
                   keys_dir=None, reply_timeout: float = 120.0, insecure_test_keys: bool = False,
                   flower: bool = False, timeout: float | None = None, log=None) -> dict:
     """``hyfl deploy predict``: every party of the spec ``data`` with its own file, scoring
@@ -50,9 +50,12 @@ def predict_local(model_path, data: str, out, *, asker: int = 0, cipher: str = "
     ``OUT/server/deploy.json`` records the job, ``OUT/flower`` holds Flower's files and
     logs).
 
-    With a ``cipher`` other than none, ``keys_dir`` holds the key pair of ``hyfl deploy
-    keys`` (``private-key.json``, ``public-key.json``): the parties' shared secret then
-    tags every relayed hello and re-blinding (the authenticated alignment). The asker
+    With a ``cipher`` other than none (default ckks, as ``hyfl deploy local``),
+    ``keys_dir`` holds the key pair of ``hyfl deploy keys`` (``private-key.json``,
+    ``public-key.json``; default ``OUT/keys``, generated when absent): the parties'
+    shared secret then tags every relayed hello and re-blinding (the authenticated
+    alignment). With cipher none nothing authenticates the alignment, so an active
+    server can read every party's part (docs/privacy.md): only for tests and trials. The asker
     writes ``OUT/party-<asker>/predictions.csv``; returns :func:`score_deployed`'s record
     with ``predictions`` (that path).
     """
@@ -68,16 +71,24 @@ def predict_local(model_path, data: str, out, *, asker: int = 0, cipher: str = "
                    "not run", "Score it with hyfl predict.")
     nodes, run_extra = party_file_nodes(data)
     private = public = None
-    if cipher != "none":
-        if keys_dir is None:
-            raise fail(f"--cipher {cipher}", "needs the parties' key pair", "Pass --keys DIR "
-                       "(from hyfl deploy keys), or --cipher none.")
+    out = Path(out).resolve()
+    if cipher == "none":
+        (log or (lambda line: None))(
+            "warning: --cipher none: the alignment is not authenticated, so an active server "
+            "could read every party's part of the scores (tests and trials only)")
+    elif keys_dir is None:  # as hyfl deploy local: OUT/keys, generated once, then reused
+        from hyfl._private_files import private_folder
+        from hyfl.deploy.local import _local_keys
+
+        private_folder(out)
+        private, public, _ = _local_keys(out, None, 2048, insecure_test_keys,
+                                         log or (lambda line: None), cipher=cipher)
+    else:
         private, public = Path(keys_dir) / "private-key.json", Path(keys_dir) / "public-key.json"
         for path in (private, public):
             if not path.is_file():
                 raise fail(f"key file {path}", "does not exist", "Pass --keys with the folder "
                            "hyfl deploy keys wrote.")
-    out = Path(out).resolve()
     run = run_config_for(parties=len(nodes), loss=model.loss, cipher=cipher,
                          public_key=str(public or ""), reply_timeout=reply_timeout,
                          insecure_test_keys=insecure_test_keys, **run_extra)
