@@ -154,3 +154,14 @@ def test_the_readme_deploys_the_model_hyfl_run_trains():
     assert params["iterations"].default == 5
     assert params["intercept"].default in (None, "off")
     assert "standardize" in params
+
+
+def test_a_local_deployment_says_whether_it_fits_an_intercept_and_scales():
+    """hyfl run fits an intercept by default and a deployment does not: the deployment's
+    start line said neither, so a user comparing the two saw different models unexplained."""
+    from hyfl.deploy.local import start_line
+
+    plain = start_line(3, 30, "ckks", "cocoa", None, False)
+    assert plain == ("3 parties on loopback; running 30 rounds (cipher ckks, step rule cocoa, "
+                     "no intercept, not standardized)")
+    assert "intercept 1, standardized)" in start_line(3, 30, "ckks", "cocoa", 1.0, True)

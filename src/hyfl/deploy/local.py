@@ -612,6 +612,16 @@ def read_results(out: str | os.PathLike, missing_ok: bool = False,
         return None if missing_ok else {}
 
 
+def start_line(parties: int, iterations: int, cipher: str, step_rule: str,
+               intercept: float | None, standardize: bool) -> str:
+    """What a local deployment runs, said as it starts: with the intercept and the scaling,
+    whose defaults (none) are not ``hyfl run``'s."""
+    bias = f"intercept {intercept:g}" if intercept else "no intercept"
+    scaled = "standardized" if standardize else "not standardized"
+    return (f"{parties} parties on loopback; running {iterations} rounds (cipher {cipher}, "
+            f"step rule {step_rule}, {bias}, {scaled})")
+
+
 def with_party_reasons(message: str, logs: Path) -> str:
     """``message`` (a failed run's) with, for each party it says failed (``party K
     failed on``), that party's log and the last reason the party's worker logged there
@@ -1270,8 +1280,8 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
 
     with LocalDeployment(nodes, out / "flower", log=log, node_poll=node_poll,
                          worker=worker) as deployment:
-        log(f"{K} parties on loopback; running {iterations} rounds (cipher {cipher}, "
-            f"step rule {config.algorithm.step_rule})")
+        log(start_line(K, iterations, cipher, config.algorithm.step_rule, intercept,
+                       standardize))
         results = deployment.run(run_config, timeout=timeout, on_progress=progress)
     weights = _read_weights(out / "weights.npz")["w"]
     rows = deployment_metrics(results, weights, problem, optimum, labels)
