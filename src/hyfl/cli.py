@@ -806,6 +806,8 @@ def predict(
                      f"precision {ranking['average_precision']:.4f}")
         if done.same_data:
             line += " (the training data)"
+    for notice in getattr(done, "notices", ()):
+        console.print(f"[bold yellow]warning:[/] {escape(notice)}")
     console.print(escape(line))
 
 

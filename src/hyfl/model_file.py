@@ -383,6 +383,17 @@ def check_model_fields(culprit: str, header: dict, arrays: dict[str, np.ndarray]
                      "output per class, at least two; regression: one output, no classes)")
     if task == "binary" and classes.tolist() != [-1.0, 1.0]:
         raise refuse("classes", f"{classes.tolist()}, not [-1, 1] as a binary model's are")
+    provenance = header["provenance"]
+    columns = provenance.get("feature_names")  # party files' columns, matched by name
+    if columns is not None and not (isinstance(columns, list)
+                                    and all(isinstance(c, str) for c in columns)
+                                    and len(set(columns)) == len(columns)
+                                    == header["n_features"]):
+        raise refuse("provenance field 'feature_names'", f"= {short_repr(columns)}, not "
+                     f"{header['n_features']} distinct column names (one per weight row)")
+    if not isinstance(provenance.get("weight_column", ""), str):
+        raise refuse("provenance field 'weight_column'",
+                     f"= {short_repr(provenance['weight_column'])}, not a column name")
     names = header.get("label_names", [])
     if names and not (isinstance(names, list) and all(isinstance(n, str) for n in names)
                       and len(set(names)) == len(names) == labels.size

@@ -43,6 +43,7 @@ class Prediction:
     same_data: bool
     ranking: dict | None = None
     n_labelled: int | None = None  # rows with a known label (party files), None: all
+    notices: tuple[str, ...] = ()  # what read, but looks mistaken (labels the model lacks)
 
 
 def load_any_model(path: str | os.PathLike) -> Model | NeuralModel:
@@ -95,7 +96,8 @@ def predict_data(model_path: str | os.PathLike, data: str | os.PathLike,
                             ids=dataset.meta["sample_ids"] if parties else None)
     labelled = int(np.count_nonzero(~np.isnan(y))) if parties else None
     return Prediction(out=out, n_samples=dataset.n_samples, accuracy=accuracy, same_data=same,
-                      ranking=ranking, n_labelled=labelled)
+                      ranking=ranking, n_labelled=labelled,
+                      notices=tuple(dataset.meta.get("notices", ())))
 
 
 def read_data_for(model: Model, data: str | os.PathLike,
@@ -143,7 +145,7 @@ def read_party_rows(model: Model, data: str | os.PathLike):
     from hyfl.data import parse_party_spec
     from hyfl.data.dataset import Dataset
     from hyfl.data.loaders import clean_csr
-    from hyfl.data.parties import read_party_file
+    from hyfl.data.parties import check_files_agree, read_party_file
 
     files, options = parse_party_spec(data)
     id_column = options.get("id_column", "id")
@@ -158,6 +160,7 @@ def read_party_rows(model: Model, data: str | os.PathLike):
             table.values = table.values[:, keep]
         if options.get("scope") == "party":
             table.features = [f"{table.party}.{column}" for column in table.features]
+    check_files_agree(tables)  # as training refuses them: conflicting cells, labels, IDs
     trained = model.provenance.get("feature_names")
     columns = list(dict.fromkeys(c for t in tables for c in t.features))
     if trained is None:  # a model of other data: the files' own order, checked by width
@@ -196,7 +199,26 @@ def read_party_rows(model: Model, data: str | os.PathLike):
     return Dataset(X=clean_csr(X), y=y, name="parties", task=model.task,
                    meta={"format": "parties", "source": "party files",
                          "feature_names": tuple(trained), "sample_ids": tuple(index),
-                         "id_column": id_column, "truth": truth})
+                         "id_column": id_column, "truth": truth,
+                         "notices": _unknown_label_notices(model, truth, y, label_column)})
+
+
+def _unknown_label_notices(model: Model, truth: np.ndarray, y: np.ndarray,
+                           label_column: str) -> tuple[str, ...]:
+    """A notice for labels the model does not know (``0``/``1`` for a model of ``benign``/
+    ``malignant``): their rows count as unlabelled, which no figure would show."""
+    unknown = [i for i, t in enumerate(truth) if t is not None and np.isnan(y[i])]
+    if not unknown:
+        return ()
+    found = list(dict.fromkeys(label_text(truth[i]) for i in unknown))
+    shown = ", ".join(map(repr, found[:5])) + (" ..." if len(found) > 5 else "")
+    if model.task == "regression":
+        return (f"{len(unknown)} row{'s' if len(unknown) > 1 else ''} of column "
+                f"{label_column!r} hold text ({shown}), not a number: they are not compared",)
+    classes = ", ".join(repr(label_text(v)) for v in model.original_labels(model.classes))
+    return (f"{len(unknown)} of {int(np.count_nonzero([t is not None for t in truth]))} "
+            f"labels in column {label_column!r} ({shown}) are none of the model's classes "
+            f"({classes}): those rows are scored but left out of the accuracy",)
 
 
 def _encoded_truth(model: Model, truth: np.ndarray) -> np.ndarray:
@@ -228,7 +250,11 @@ def column_mismatch(model: Model, trained, columns, data):
     def named(names, among):
         shown = []
         for name in names[:8]:
-            close = difflib.get_close_matches(name, among, n=2, cutoff=0.5)
+            folded = {}  # close in any case: 'S' is close to 's'
+            for other in among:
+                folded.setdefault(other.casefold(), other)
+            close = [folded[c] for c in difflib.get_close_matches(name.casefold(), folded,
+                                                                  n=2, cutoff=0.5)]
             shown.append(f"{name!r}" + (f" (close: {', '.join(map(repr, close))})" if close
                                         else ""))
         more = f" and {len(names) - 8} more" if len(names) > 8 else ""
@@ -239,8 +265,9 @@ def column_mismatch(model: Model, trained, columns, data):
         parts.append(f"lack the model's feature column{'s' if len(missing) > 1 else ''} "
                      f"{named(missing, extra)}")
     if extra:
+        # close to a missing column, or (none missing) to one another file holds
         parts.append(f"have column{'s' if len(extra) > 1 else ''} the model was not trained "
-                     f"on: {named(extra, missing)}")
+                     f"on: {named(extra, missing or trained)}")
     weight = model.provenance.get("weight_column")
     fix = ("Bring the training columns (rename the close matches, drop the unexpected "
            "columns, or name the id and label columns with ;id= and ;label=).")

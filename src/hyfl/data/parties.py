@@ -119,7 +119,8 @@ from hyfl.data.loaders import check_values, clean_csr, map_labels
 from hyfl.errors import HyflError, PartyFileWarning, check_choice, check_int, fail
 from hyfl.partition import Partition, from_blocks
 
-__all__ = ["PARTY_SUFFIXES", "load_parties", "party_name", "party_suffix", "read_party_file"]
+__all__ = ["PARTY_SUFFIXES", "check_files_agree", "load_parties", "party_name", "party_suffix",
+           "read_party_file"]
 
 #: File name endings read as party files.
 PARTY_SUFFIXES = (".csv", ".csv.gz", ".csv.bz2", ".csv.xz", ".csv.zip", ".parquet", ".pq")
@@ -532,6 +533,17 @@ def _is_text(column) -> bool:
     return bool((parsed.isna() & column.notna()).any())
 
 
+def _mostly_text(column) -> bool:
+    """Whether most of a column's values are not numbers (labels, not a typo in numbers)."""
+    import pandas as pd
+
+    if not _is_text(column):
+        return False
+    given = column.notna()
+    parsed = pd.to_numeric(column[given].astype(object), errors="coerce")
+    return bool(parsed.isna().sum() * 2 > int(given.sum()))
+
+
 def _check_label_near_miss(frame, features: list[str], label_column: str, id_column: str,
                            culprit: str) -> None:
     """Raise if a file without the label column has a column that must be it misnamed.
@@ -545,7 +557,10 @@ def _check_label_near_miss(frame, features: list[str], label_column: str, id_col
     ``label_column``.
     """
     close = [c for c in features if _near_miss(c, label_column)]
-    text = [c for c in features if c not in close and _is_text(frame[c])]
+    # Text that is no label: numbers with a stray word (the feature's error names the
+    # cell) or a copy of the ID column (``Patient`` beside ``patient``).
+    text = [c for c in features if c not in close and _mostly_text(frame[c])
+            and not _near_miss(c, id_column)]
     if not close and not text:
         return
     shown = []
@@ -615,6 +630,90 @@ def read_party_file(path: str | os.PathLike, *, party: str, id_column: str = "id
     """
     return _read_table(party, Path(path), id_column=id_column, label_column=label_column,
                        declared_columns=None, unlabeled="drop")
+
+
+#: An ID that is a whole number as text: its sign and digits without leading zeros.
+_WHOLE_ID = re.compile(r"\s*(-?)\+?0*(\d+)(?:\.0*)?\s*")
+
+
+def _number_key(text: str) -> str | None:
+    """The whole number an ID spells (``007``, ``7.0`` and ``7`` alike), None if none."""
+    match = _WHOLE_ID.fullmatch(text)
+    if match is None:
+        return None
+    sign, digits = match.groups()
+    return ("" if digits == "0" else sign) + digits
+
+
+def _check_id_spelling(tj: _Table, tk: _Table) -> None:
+    """Refuse two files whose IDs are one number spelt two ways (``007``, ``7``)."""
+    in_j, in_k = set(tj.ids), set(tk.ids)
+    spelt: dict[str, str] = {}
+    for key in tj.ids:
+        if key not in in_k and (number := _number_key(key)) is not None:
+            spelt.setdefault(number, key)
+    pairs = [(spelt[n], key) for key in tk.ids if key not in in_j
+             and (n := _number_key(key)) is not None and n in spelt]
+    if pairs:
+        a, b = pairs[0]
+        raise fail(
+            tk.culprit,
+            f"has ID {b!r} where {tj.culprit} has {a!r} ({len(pairs)} such ID"
+            f"{'s' if len(pairs) > 1 else ''}): IDs are matched as text, so each would be "
+            "two samples, each without the other file's features (read as zeros)",
+            "Spell the IDs alike in every file (all with or all without leading zeros, whole "
+            "numbers without '.0'), e.g. by saving the ID column as text in both.",
+        )
+
+
+def _label_key(value: Any) -> Any:
+    """A label compared across files: text that is a number as that number."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return float(value)
+
+
+def check_files_agree(tables: Sequence[_Table]) -> None:
+    """Refuse party files, read one by one (:func:`read_party_file`), that disagree.
+
+    What :func:`load_parties` refuses between files, for readers that combine the
+    files themselves (``hyfl predict``): a cell two files hold with other values,
+    a sample two files label differently; and IDs that are one whole number spelt
+    two ways (``007`` in one file, ``7`` in another), which would silently make two
+    samples of one.
+    """
+    for k, tk in enumerate(tables):
+        position = {key: row for row, key in enumerate(tk.ids)}
+        for tj in tables[:k]:
+            _check_id_spelling(tj, tk)
+            pairs = [(row, position[key]) for row, key in enumerate(tj.ids) if key in position]
+            if not pairs:
+                continue
+            sj, sk = (np.array(v, dtype=np.int64) for v in zip(*pairs))
+            ids = [tj.ids[row] for row in sj]
+            column = {name: c for c, name in enumerate(tk.features)}
+            shared = [(c, column[name]) for c, name in enumerate(tj.features) if name in column]
+            if shared:
+                fj, fk = (np.array(v, dtype=np.int64) for v in zip(*shared))
+                names = [tj.features[c] for c in fj]
+                _check_overlap(tj, tk, sj, sk, fj, fk, ids, names)
+            if tj.labels is None or tk.labels is None:
+                continue
+            for rj, rk in zip(sj.tolist(), sk.tolist()):
+                if not (tj.label_known[rj] and tk.label_known[rk]):
+                    continue
+                a, b = tj.labels[rj], tk.labels[rk]
+                if _label_key(a) != _label_key(b):
+                    raise fail(
+                        f"sample ID {tj.ids[rj]!r}",
+                        f"has label {_show(a)} in {tj.culprit} at {tj.where(rj)} but label "
+                        f"{_show(b)} in {tk.culprit} at {tk.where(rk)}",
+                        "Parties that both label a sample must give the same label: correct "
+                        "one of them, or drop the label column from one file.",
+                    )
 
 
 # --------------------------------------------------------------------------- alignment
