@@ -165,3 +165,22 @@ def test_a_local_deployment_says_whether_it_fits_an_intercept_and_scales():
     assert plain == ("3 parties on loopback; running 30 rounds (cipher ckks, step rule cocoa, "
                      "no intercept, not standardized)")
     assert "intercept 1, standardized)" in start_line(3, 30, "ckks", "cocoa", 1.0, True)
+
+
+def test_a_folder_s_parties_are_in_name_order_as_the_readme_says(organisations, tmp_path):
+    """hyfl deploy predict --data parties:FOLDER gives the scores to party 0, the folder's
+    first file by name (the README's clinic, not its hospital): the README says so."""
+    import shutil
+    from pathlib import Path
+
+    from hyfl.data import parse_party_spec
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    assert "`--asker K` (default 0: the first file, and a folder's files are" in readme
+    folder = tmp_path / "orgs"
+    folder.mkdir()
+    for name in ("lab.parquet", "hospital.csv", "pharmacy.csv"):
+        shutil.copy(organisations / name, folder / name)
+    files, _ = parse_party_spec(f"parties:{folder};id=record_id")
+    names = [Path(f).name for f in (files.values() if hasattr(files, "values") else files)]
+    assert names == ["hospital.csv", "lab.parquet", "pharmacy.csv"]
