@@ -4,8 +4,9 @@ it reads), each a few rows.
 * Files that disagree are refused as training refuses them: a cell two files hold
   with other values, a sample two files label differently. Scoring used to take the
   first file's silently (and called a changed file "the training data").
-* IDs that are one whole number spelt two ways (``007``, ``7``) are refused: matched
-  as text they would make two half-empty samples of each.
+* IDs that are one sample spelt two ways (``007`` / ``7`` / ``7.0``; ``c0`` / ``C0``;
+  composed or decomposed Unicode) are refused: matched as text they would make two
+  half-empty samples of each.
 * Labels that are none of the model's classes are scored but named in a warning.
 * A model file whose ``feature_names`` or ``weight_column`` are forged is refused
   naming the field (a number there was a traceback).
@@ -100,6 +101,23 @@ def test_ids_that_are_one_number_spelt_two_ways_are_refused(tmp_path, spelling):
     b["id"] = [f"x{i:03d}" for i in range(1, N + 1)]  # other IDs, not a number: scored
     assert predict_data(path, _write(tmp_path / "new", a, b), tmp_path / "p.csv"
                         ).n_samples == 2 * N
+
+
+@pytest.mark.parametrize("trained, spelt", [
+    ("c{}", "C{}"),  # c0 in one file, C0 in the other
+    ("\u00e7{}", "c\u0327{}"),  # ç composed (NFC) in one, c + combining cedilla in the other
+])
+def test_ids_of_one_text_in_other_case_or_unicode_form_are_refused(tmp_path, trained, spelt):
+    a, b = _frames([trained.format(i) for i in range(N)])
+    spec = _write(tmp_path / "train", a, b)
+    dataset, _ = load_party_spec(spec, psi=False)
+    problem = make_problem(dataset, "hinge", 0.05)
+    path = save_model(tmp_path / "m.npz", model_from_problem(
+        problem, solve_centralized(problem, cache=False).w, data_meta=dataset.meta))
+    b["id"] = [spelt.format(i) for i in range(N)]
+    with pytest.raises(HyflError, match="IDs are matched as text") as caught:
+        predict_data(path, _write(tmp_path / "new", a, b), tmp_path / "p.csv")
+    assert repr(spelt.format(0)) in str(caught.value)
 
 
 def test_labels_the_model_lacks_are_named_in_a_warning(tmp_path, model):

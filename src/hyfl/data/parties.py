@@ -104,6 +104,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import unicodedata
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -636,24 +637,27 @@ def read_party_file(path: str | os.PathLike, *, party: str, id_column: str = "id
 _WHOLE_ID = re.compile(r"\s*(-?)\+?0*(\d+)(?:\.0*)?\s*")
 
 
-def _number_key(text: str) -> str | None:
-    """The whole number an ID spells (``007``, ``7.0`` and ``7`` alike), None if none."""
+def _id_key(text: str) -> str:
+    """An ID as spellings of one sample compare: the whole number it spells (``007``,
+    ``7.0`` and ``7`` alike), else its text in one Unicode form (NFKC) and case."""
     match = _WHOLE_ID.fullmatch(text)
     if match is None:
-        return None
+        return unicodedata.normalize("NFKC", text).casefold()
     sign, digits = match.groups()
     return ("" if digits == "0" else sign) + digits
 
 
 def _check_id_spelling(tj: _Table, tk: _Table) -> None:
-    """Refuse two files whose IDs are one number spelt two ways (``007``, ``7``)."""
+    """Refuse two files whose IDs are one sample spelt two ways: one number (``007``,
+    ``7``), one text in other case or Unicode form (``p001``, ``P001``; ``é`` composed or
+    not)."""
     in_j, in_k = set(tj.ids), set(tk.ids)
     spelt: dict[str, str] = {}
     for key in tj.ids:
-        if key not in in_k and (number := _number_key(key)) is not None:
-            spelt.setdefault(number, key)
+        if key not in in_k:
+            spelt.setdefault(_id_key(key), key)
     pairs = [(spelt[n], key) for key in tk.ids if key not in in_j
-             and (n := _number_key(key)) is not None and n in spelt]
+             and (n := _id_key(key)) in spelt]
     if pairs:
         a, b = pairs[0]
         raise fail(
@@ -662,7 +666,8 @@ def _check_id_spelling(tj: _Table, tk: _Table) -> None:
             f"{'s' if len(pairs) > 1 else ''}): IDs are matched as text, so each would be "
             "two samples, each without the other file's features (read as zeros)",
             "Spell the IDs alike in every file (all with or all without leading zeros, whole "
-            "numbers without '.0'), e.g. by saving the ID column as text in both.",
+            "numbers without '.0', letters in one case), e.g. by saving the ID column as "
+            "text in both.",
         )
 
 
@@ -681,9 +686,9 @@ def check_files_agree(tables: Sequence[_Table]) -> None:
 
     What :func:`load_parties` refuses between files, for readers that combine the
     files themselves (``hyfl predict``): a cell two files hold with other values,
-    a sample two files label differently; and IDs that are one whole number spelt
-    two ways (``007`` in one file, ``7`` in another), which would silently make two
-    samples of one.
+    a sample two files label differently; and IDs that are one sample spelt two
+    ways (``007`` in one file, ``7`` in another; ``p001`` and ``P001``), which would
+    silently make two half-empty samples of one.
     """
     for k, tk in enumerate(tables):
         position = {key: row for row, key in enumerate(tk.ids)}
