@@ -14,6 +14,8 @@ it reads), each a few rows.
   ID column is a feature with text, not "labels".
 * A column named like a shared feature gets that feature as its close match.
 * IDs that a spreadsheet would run as formulas are neutralised in predictions.csv.
+* ``--out`` that is one of the party files (it was overwritten with the predictions)
+  or lies in their folder (the next run would read it as a party) is refused.
 """
 
 from __future__ import annotations
@@ -189,3 +191,17 @@ def test_ids_a_spreadsheet_would_run_are_neutralised(tmp_path, model):
     predict_data(model, _write(tmp_path / "new", *_frames(ids)), tmp_path / "p.csv")
     written = pd.read_csv(tmp_path / "p.csv", dtype={"id": str})["id"].tolist()
     assert written[:5] == ["'" + i for i in hostile[:4]] + ["-7"]  # a number stays
+
+
+def test_out_that_is_a_party_file_or_in_their_folder_is_refused(tmp_path, model):
+    a, b = _frames()
+    spec = _write(tmp_path / "new", a, b)
+    before = (tmp_path / "new" / "b.csv").read_bytes()
+    with pytest.raises(HyflError, match="is one of the party files to score"):
+        predict_data(model, spec, tmp_path / "new" / "b.csv")  # was overwritten
+    assert (tmp_path / "new" / "b.csv").read_bytes() == before
+    folder = f"parties:{tmp_path / 'new'};label=y"
+    with pytest.raises(HyflError, match="is in the folder of party files"):
+        predict_data(model, folder, tmp_path / "new" / "predictions.csv")
+    assert sorted(p.name for p in (tmp_path / "new").iterdir()) == ["a.csv", "b.csv"]
+    assert predict_data(model, folder, tmp_path / "predictions.csv").n_samples == N

@@ -21,15 +21,15 @@ import numpy as np
 
 from hyfl._io import csv_text
 from hyfl._private_files import private_write
-from hyfl.errors import fail
+from hyfl.errors import HyflError, fail
 from hyfl.model_container import read_kind
 from hyfl.model_file import Model, data_checksum, load_model
 from hyfl.neural.model_file import NEURAL_MODEL_KIND, NeuralModel, load_neural_model
 
-__all__ = ["Prediction", "agreement", "label_text", "linear_outputs", "load_any_model",
-           "neural_outputs", "original_labels_of", "predict_data", "predict_file",
-           "column_mismatch", "predict_neural_data", "read_data_for", "read_party_rows",
-           "write_predictions"]
+__all__ = ["Prediction", "agreement", "check_out", "column_mismatch", "label_text",
+           "linear_outputs", "load_any_model", "neural_outputs", "original_labels_of",
+           "predict_data", "predict_file", "predict_neural_data", "read_data_for",
+           "read_party_rows", "write_predictions"]
 
 
 @dataclass
@@ -83,6 +83,7 @@ def predict_data(model_path: str | os.PathLike, data: str | os.PathLike,
     decision values against them (both None for regression or data without
     original labels). The data are read by :func:`read_data_for`.
     """
+    check_out(data, out)
     model = load_model(model_path)
     dataset = read_data_for(model, data, data_dir)
     predicted, columns, values, decisions = linear_outputs(model, dataset)
@@ -98,6 +99,34 @@ def predict_data(model_path: str | os.PathLike, data: str | os.PathLike,
     return Prediction(out=out, n_samples=dataset.n_samples, accuracy=accuracy, same_data=same,
                       ranking=ranking, n_labelled=labelled,
                       notices=tuple(dataset.meta.get("notices", ())))
+
+
+def check_out(data: str | os.PathLike, out: str | os.PathLike) -> None:
+    """Refuse an ``out`` that is one of the party files to score (it would be overwritten
+    by the predictions) or lies in the folder of party files scored (every later run over
+    the folder would read it as one more party's file)."""
+    from hyfl.data import is_party_spec, parse_party_spec
+    from hyfl.data.parties import party_suffix
+
+    if not is_party_spec(data):
+        return
+    target = Path(out).expanduser().resolve()
+    text = os.fspath(data).strip()
+    head = text.removeprefix("parties:").split(";")[0].strip()
+    try:
+        files, _ = parse_party_spec(data)
+    except HyflError:
+        return  # the data's own error comes when they are read
+    if target in {Path(p).expanduser().resolve() for p in files.values()}:
+        raise fail(f"--out {str(out)!r}", "is one of the party files to score: the "
+                   "predictions would overwrite it", "Write the predictions to another file "
+                   "(--out predictions.csv outside the data).")
+    folder = Path(head).expanduser()
+    if folder.is_dir() and target.parent == folder.resolve() and party_suffix(target.name):
+        raise fail(f"--out {str(out)!r}", f"is in the folder of party files {str(folder)!r}: "
+                   "every later run over that folder would read the predictions as one more "
+                   "party's file", "Write the predictions outside the folder (e.g. --out "
+                   "predictions.csv in the working folder).")
 
 
 def read_data_for(model: Model, data: str | os.PathLike,
@@ -363,6 +392,7 @@ def predict_neural_data(model_path, data, out, *, data_dir=None) -> Prediction:
     """
     from hyfl.data import load_data
 
+    check_out(data, out)
     model = load_neural_model(model_path)
     dataset = load_data(data, data_dir=data_dir)
     expected = int(model.header["input_features"])
