@@ -775,7 +775,7 @@ def test_cli_keys_split_and_local_errors(tmp_path):
 
 def test_local_keeps_keys_and_results(tmp_path):
     """``hyfl deploy local`` never deletes results nor replaces a key pair."""
-    from hyfl.deploy.local import _local_keys, _prepare_out
+    from hyfl.deploy.local import _prepare_out, local_keys
 
     out = tmp_path / "o"
     (out / "keys").mkdir(parents=True)
@@ -790,12 +790,12 @@ def test_local_keeps_keys_and_results(tmp_path):
     assert not (out / "deploy.json").exists() and (out / "notes.txt").exists()
     lines: list[str] = []
     with pytest.raises(HyflError, match="does not exist"):  # an empty keys/ is not replaced
-        _local_keys(out, None, 1024, True, lines.append)
+        local_keys(out, None, 1024, True, lines.append)
     private, public = generate_keys(out / "keys", UNIT_KEY_BITS, **TEST_KEYS)
     before = private.read_bytes()
     with pytest.raises(HyflError, match="fewer than the 2048"):
-        _local_keys(out, None, 2048, False, lines.append)
-    assert _local_keys(out, None, 2048, True, lines.append)[:2] == (private, public)
+        local_keys(out, None, 2048, False, lines.append)
+    assert local_keys(out, None, 2048, True, lines.append)[:2] == (private, public)
     assert private.read_bytes() == before
     assert any("reusing the key pair" in line and "--overwrite" in line for line in lines)
     assert any(line.startswith("WARNING: insecure test keys") for line in lines)

@@ -1008,7 +1008,7 @@ def _prepare_out(out: Path, overwrite: bool) -> None:
     out.chmod(0o700)
 
 
-def _local_keys(out: Path, keys_dir, key_bits: int, insecure_test_keys: bool,
+def local_keys(out: Path, keys_dir, key_bits: int, insecure_test_keys: bool,
                 log: Callable[[str], None], cipher: str = "paillier"
                 ) -> tuple[Path, Path, list[str]]:
     """The key pair of a local run: ``keys_dir`` or ``OUT/keys``, reused and checked if it
@@ -1236,7 +1236,7 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
     private = public = None
     warnings: list[str] = []
     if cipher != "none":
-        private, public, warnings = _local_keys(out, keys_dir, key_bits, insecure_test_keys, log,
+        private, public, warnings = local_keys(out, keys_dir, key_bits, insecure_test_keys, log,
                                                 cipher)
     run_config = run_config_for(
         parties=K, iterations=iterations, participation=participation, seed=seed, loss=loss,

@@ -355,7 +355,7 @@ def on_labels(state: dict, payload: dict, party: int) -> dict:
         chunk = np.split(positions, np.cumsum(counts)[:-1])[j]
         values = np.full(chunk.size, _UNKNOWN) if own is None else own[order[chunk]]
         sealed[str(j)] = seal(_pair_key(state, party, j), values,
-                              _labels_context(state, party, j, sender=True))
+                              labels_context(state, party, j, sender=True))
     reply: dict[str, Any] = {"sealed": sealed}
     if payload.get("moments_features") is not None:
         reply["moments"], check = _masked_moments(state, payload, party)
@@ -484,7 +484,7 @@ def check_numbering(record: dict | None, samples: list, party: int, n_samples: i
                    f"{held.size}", _FORGED)
 
 
-def _labels_context(state: dict, party: int, peer: int, sender: bool) -> bytes:
+def labels_context(state: dict, party: int, peer: int, sender: bool) -> bytes:
     """The associated data of the labels sealed between this party and ``peer``, as this
     party computes it (:func:`~hyfl.privacy.alignment.label_context`): its own blinded
     ids of the shared rows, the peer's (from the checked ``align`` message) and the
@@ -592,7 +592,7 @@ def on_block(state: dict, payload: dict, node, log, config=None) -> Block:
         # Opened only with the run, the pair, the classes and the blinded ids of these
         # rows in this order: labels put on other rows, or in another order, stop here.
         theirs = unseal(_pair_key(state, party, j), sealed[str(j)],
-                        _labels_context(state, party, j, sender=False), what)
+                        labels_context(state, party, j, sender=False), what)
         if theirs.shape != chunk.shape:
             raise fail(f"the labels party {j} sent", f"are {theirs.size} for {chunk.size} "
                        "shared samples", "Both sides must run the same hyfl version.")

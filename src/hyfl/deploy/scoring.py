@@ -244,19 +244,19 @@ def _seal_context(state: dict, sender: int, receiver: int, requested: np.ndarray
     """A sealed part's associated data, as ``party`` (the sender or the receiver) computes
     it: the run, the pair (in its direction), the requested samples, the number of outputs
     and the pair's row-by-row pairing of the labels' seals
-    (:func:`hyfl.deploy.party_files._labels_context`: both sides' blinded ids of every row
+    (:func:`hyfl.deploy.party_files.labels_context`: both sides' blinded ids of every row
     they share, the doubly blinded id and each side's own number of its row). A part moved
     to another run, pair or request does not open, nor one of a peer whose rows the server
     numbered otherwise than the asker's rows of the same samples (scoring has no ``block``
     or ``setup``, where training checks the numbering: tests/test_review_scoring.py)."""
-    from hyfl.deploy.party_files import _labels_context
+    from hyfl.deploy.party_files import labels_context
 
     peer = receiver if party == sender else sender
     h = hashlib.sha256(_SEAL_INFO)
     h.update(bytes(state["run"]))
     h.update(np.array([sender, receiver, n_outputs], dtype="<i8").tobytes())
     h.update(np.ascontiguousarray(requested, dtype="<i8").tobytes())
-    h.update(_labels_context(state, party, peer, sender=party == sender))
+    h.update(labels_context(state, party, peer, sender=party == sender))
     return h.digest()
 
 

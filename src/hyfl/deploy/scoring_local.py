@@ -78,10 +78,10 @@ def predict_local(model_path, data: str, out, *, asker: int = 0, cipher: str = "
             "could read every party's part of the scores (tests and trials only)")
     elif keys_dir is None:  # as hyfl deploy local: OUT/keys, generated once, then reused
         from hyfl._private_files import private_folder
-        from hyfl.deploy.local import _local_keys
+        from hyfl.deploy.local import local_keys
 
         private_folder(out)
-        private, public, _ = _local_keys(out, None, 2048, insecure_test_keys,
+        private, public, _ = local_keys(out, None, 2048, insecure_test_keys,
                                          log or (lambda line: None), cipher=cipher)
     else:
         private, public = Path(keys_dir) / "private-key.json", Path(keys_dir) / "public-key.json"
