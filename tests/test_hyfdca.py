@@ -153,7 +153,8 @@ def test_safe_reaches_the_central_optimum_on_a_hybrid_grid(loss):
                                                                              step_rule="safe"), 1500
     )
     assert final["relative_loss"] <= 1e-3
-    assert 0 <= final["gap"] <= 1e-2 * final["primal"]
+    # P - D >= 0 (weak duality), up to the rounding of two sums at the optimum (-4e-17 seen)
+    assert -1e-12 <= final["gap"] <= 1e-2 * final["primal"]
 
 
 @pytest.mark.parametrize("loss", ["hinge", "logistic", "squared"])

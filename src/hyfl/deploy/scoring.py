@@ -65,6 +65,7 @@ from typing import Any
 
 import numpy as np
 
+from hyfl._private_files import private_folder
 from hyfl.errors import fail
 
 __all__ = ["SCORE_FIELDS", "SCORE_KINDS", "on_score", "on_scores", "run_scoring",
@@ -183,7 +184,7 @@ def on_scores(state: dict, payload: dict, party: int, out: str, loss: str) -> di
     predicted = labels_of_scores(decisions, task, names)
     columns, values = score_columns(decisions, names, loss == "logistic" and task != "regression")
     path = Path(out) / "predictions.csv"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_folder(path.parent)  # the asker's scores are its own: mode 0700
     write_predictions(path, predicted, columns, values, regression=task == "regression", ids=ids)
     state["scoring"] = {"asker": party, "written": str(path)}
     return {"rows": len(ids)}
