@@ -111,7 +111,7 @@ def main() -> None:
                 rows.append(row)
                 print(row, flush=True)
     table = pd.DataFrame(rows)
-    print(table.to_markdown(index=False))
+    print(table.to_string(index=False))
     if args.out is not None:
         table.to_csv(args.out, index=False)
 

@@ -64,9 +64,10 @@ def test_local_passes_follow_the_subproblem_condition():
 
     sq = np.array([1.0, 3.0, 40.0, 40.0, 500.0])  # clients: [1, 3], [40, 40], [500], []
     segments = np.array([0, 2, 4, 5, 5])
-    # kappa = mean ||x||^2 / (lam N): 2, 40, 500 -> ceil(kappa / 8) within [1, 4]
-    np.testing.assert_array_equal(local_passes(sq, segments, 1.0), [1, 4, MAX_LOCAL_PASSES, 1])
-    np.testing.assert_array_equal(local_passes(sq, segments, 10.0), [1, 1, 4, 1])
+    # kappa = mean ||x||^2 / (lam N): 2, 40, 500 -> ceil(kappa / 8) within [1, 16]
+    np.testing.assert_array_equal(local_passes(sq, segments, 1.0), [1, 5, MAX_LOCAL_PASSES, 1])
+    assert MAX_LOCAL_PASSES == 16
+    np.testing.assert_array_equal(local_passes(sq, segments, 10.0), [1, 1, 7, 1])
     np.testing.assert_array_equal(local_passes(sq, segments, 1.0, setting=2), [2, 2, 2, 2])
 
 

@@ -150,7 +150,7 @@ class HyFDCA:
         ``cocoa`` only: largest momentum coefficient (0 disables momentum).
     local_passes : int, optional
         ``cocoa`` only: passes each active client makes over its drawn samples
-        per round. Default: from the subproblem's condition, 1 to 4
+        per round. Default: from the subproblem's condition, 1 to 16
         (:func:`hyfl.algorithms.hyfdca_local.local_passes`).
     certify : bool, default True
         With the ``cocoa`` rule: keep a certified pair whose dual never falls,
