@@ -56,6 +56,20 @@ def organisation_files(folder, seed=0):
     return files, ids, X, y
 
 
+def unlabelled_copies(files, folder, label="income"):
+    """The organisations' ``files`` without their ``label`` column (new rows to score),
+    written under ``folder`` with the same names and formats. Returns their paths."""
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for path in files:
+        frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+        frame = frame.drop(columns=[c for c in (label,) if c in frame])
+        new = folder / path.name
+        frame.to_parquet(new) if new.suffix == ".parquet" else frame.to_csv(new, index=False)
+        out.append(new)
+    return out
+
+
 def horizontal_organisation_files(folder):
     """Two organisations with the same three columns for different customers (each
     column held by both: only the sum of their statistics is theirs to reveal)."""

@@ -22,7 +22,7 @@ from hyfl.errors import HyflError
 from hyfl.model_file import load_model, model_from_problem, save_model
 from hyfl.predict import predict_data
 from hyfl.problem import make_problem, solve_centralized
-from synthetic_data import organisation_files
+from synthetic_data import organisation_files, unlabelled_copies
 
 
 def _model(tmp_path, files, loss="hinge"):
@@ -38,15 +38,7 @@ def _model(tmp_path, files, loss="hinge"):
 
 def _unlabelled(tmp_path, files):
     """The same organisations' files without their label column (new rows to score)."""
-    out = []
-    for path in files:
-        frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
-        frame = frame.drop(columns=[c for c in ("income",) if c in frame])
-        new = tmp_path / "new" / path.name
-        new.parent.mkdir(exist_ok=True)
-        frame.to_parquet(new) if new.suffix == ".parquet" else frame.to_csv(new, index=False)
-        out.append(new)
-    return out
+    return unlabelled_copies(files, tmp_path / "new")
 
 
 def _pooled_scores(model_path, ids, X):

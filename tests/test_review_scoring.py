@@ -58,7 +58,7 @@ from hyfl.errors import HyflError
 from hyfl.model_file import load_model, model_from_problem, save_model
 from hyfl.problem import make_problem, solve_centralized
 from in_process import AlteringTransport
-from synthetic_data import organisation_files
+from synthetic_data import organisation_files, unlabelled_copies
 
 
 @pytest.fixture(scope="module")
@@ -77,15 +77,7 @@ def job(tmp_path_factory):
     model_path = folder / "model.npz"
     save_model(model_path, model_from_problem(problem, solve_centralized(problem, cache=False).w,
                                               data_meta=dataset.meta))
-    new = []
-    for path in files:
-        frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
-        frame = frame.drop(columns=[c for c in ("income",) if c in frame])
-        target = folder / "new" / path.name
-        target.parent.mkdir(exist_ok=True)
-        frame.to_parquet(target) if target.suffix == ".parquet" else \
-            frame.to_csv(target, index=False)
-        new.append(target)
+    new = unlabelled_copies(files, folder / "new")
     return {"files": new, "model": model_path, "ids": ids, "X": X}
 
 
