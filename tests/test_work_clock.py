@@ -12,7 +12,7 @@ from pathlib import Path
 import numba
 import numpy as np
 
-from hyfl.runtime.work_clock import compiling_seconds, work_clock
+from hyfl.work_clock import compiling_seconds, work_clock
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -55,7 +55,7 @@ from hyfl.algorithms.local_sgd import busiest_share
 from hyfl.errors import check_int, check_positive, check_range, fail
 from hyfl.partition import StackedBlocks
 from hyfl.problem import Problem
-from hyfl.runtime.work_clock import work_clock
+from hyfl.work_clock import work_clock
 
 DEFAULT_BETA = 0.05
 """The paper's ``beta`` (1/20) of the PCG tolerance ``beta sqrt(lam / L) ||g||``."""

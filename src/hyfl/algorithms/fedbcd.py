@@ -130,7 +130,7 @@ from hyfl.errors import check_choice, check_int, check_positive, fail
 from hyfl.losses import Loss
 from hyfl.partition import StackedBlocks
 from hyfl.problem import Problem
-from hyfl.runtime.work_clock import work_clock
+from hyfl.work_clock import work_clock
 
 VARIANT_MODES = ("parallel", "sequential", "sgd")
 """Values of :attr:`FedBCD.variant`."""

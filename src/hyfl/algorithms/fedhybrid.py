@@ -136,7 +136,7 @@ from hyfl.errors import HyflError, check_choice, check_int, check_positive, fail
 from hyfl.losses import Loss
 from hyfl.partition import StackedBlocks
 from hyfl.problem import Problem
-from hyfl.runtime.work_clock import work_clock
+from hyfl.work_clock import work_clock
 
 STEP_RULES = ("scaled", "raw")
 """How ``a`` and ``b`` become the per-client step sizes ``a_i, b_i``."""

@@ -91,7 +91,7 @@ from hyfl.algorithms.step_rules.safe import dual_gain, next_beta, step_verdict
 from hyfl.errors import check_choice, check_int, check_positive, fail
 from hyfl.partition import StackedBlocks
 from hyfl.problem import Problem
-from hyfl.runtime.work_clock import work_clock
+from hyfl.work_clock import work_clock
 
 MAX_AUTO_HISTORY = 32
 """Most rounds of inner products a client remembers for the ``cocoa`` rule's model by default

@@ -93,7 +93,7 @@ from hyfl.algorithms.hyfdca import local_steps_from_iic
 from hyfl.errors import check_choice, check_int, check_positive, check_range, fail
 from hyfl.partition import StackedBlocks
 from hyfl.problem import Problem
-from hyfl.runtime.work_clock import work_clock
+from hyfl.work_clock import work_clock
 
 HYFEM_VARIANTS = ("prox", "avg")
 """HyFEM's local problems: with the proximal matching term, or without it."""

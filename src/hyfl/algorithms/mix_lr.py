@@ -49,7 +49,7 @@ from hyfl.algorithms.local_sgd import busiest_share
 from hyfl.errors import check_int, check_positive, fail
 from hyfl.partition import StackedBlocks
 from hyfl.problem import Problem
-from hyfl.runtime.work_clock import work_clock
+from hyfl.work_clock import work_clock
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from hyfl.runtime.simulation import (
     keep_best,
     random_streams,
 )
-from hyfl.runtime.work_clock import work_clock
+from hyfl.work_clock import work_clock
 
 __all__ = ["Wire", "run_protocol", "METRIC_COLUMNS"]
 

@@ -45,7 +45,7 @@ from hyfl.runtime.checkpoint import (
     RunProgress,
     run_fingerprint,
 )
-from hyfl.runtime.work_clock import work_clock
+from hyfl.work_clock import work_clock
 
 __all__ = [
     "METRIC_COLUMNS",
