@@ -1100,6 +1100,171 @@ def _read_weights(path: Path, **more: tuple[str, int]) -> dict[str, np.ndarray]:
                     "Run the deployment again.", expect={"w": ("f", None), **more})
 
 
+@dataclass(frozen=True)
+class _PooledData:
+    """What :func:`run_local` knows of the data, pooled (everything is on this machine):
+    the problem for the partition's size, each round's objective and the comparison, and
+    what the node configs, the job and the model file say about the data."""
+
+    problem: Any
+    parts: Any
+    scale: np.ndarray | None
+    data_keys: list[dict[str, str]]  # each party's data entries of its node config
+    run_data: dict[str, str]  # the job's data entries of the run config
+    dataset_meta: dict
+    data_name: str
+    partition: str | None
+    intercept: float | None
+    standardize: bool
+
+
+def _pool_blocks(party_data, partition: str | None, loss: str, lam: float,
+                 intercept: float | None, standardize: bool) -> _PooledData:
+    """Block files of ``hyfl deploy split`` (``--party-data``): prepared when they were
+    split, so ``intercept``/``standardize`` must agree with them or be left out (the
+    blocks give the split; ``partition`` is only recorded in the model file)."""
+    files = sorted(Path(party_data).glob("party-*.npz"), key=lambda p: int(p.stem.split("-")[1]))
+    if not files:
+        raise fail(f"--party-data {party_data}", "holds no party-K.npz files",
+                   "Write them with `hyfl deploy split`.")
+    from hyfl.deploy.blocks import read_block
+
+    blocks = [read_block(f) for f in files]
+    prepared = blocks[0].intercept or None, any(b.scale is not None and not np.all(
+        b.scale == 1.0) for b in blocks)
+    if intercept is not None and intercept != prepared[0] or standardize and not prepared[1]:
+        raise fail("--intercept/--standardize", "differ from how the block files in "
+                   f"{party_data} were prepared (intercept {prepared[0] or 'off'}, "
+                   f"{'standardized' if prepared[1] else 'not standardized'})",
+                   "Leave them out (block files bring their own), or split the data "
+                   "again with the options.")
+    intercept, standardize = prepared
+    problem, parts = assemble(files, loss, lam or blocks[0].lam_default)
+    scale = None
+    if standardize:  # each file keeps the scales of its features
+        scale = np.ones(problem.n_features)
+        for b in blocks:
+            if b.scale is not None:
+                scale[b.features] = b.scale
+    return _PooledData(problem, parts, scale, [{"data": str(f.resolve())} for f in files], {},
+                       {"intercept_scaling": intercept} if intercept else {}, str(party_data),
+                       partition, intercept, standardize)
+
+
+def _pool_party_files(data: str, out: Path, *, partition: str | None, compare: bool, loss: str,
+                      lam: float, seed: int, intercept: float | None, standardize: bool,
+                      log: Callable[[str], None]) -> _PooledData:
+    """Party files (``--data parties:...``): each party names its own file, and the
+    alignment runs deployed; pooled here for the objective, read as ``hyfl run`` reads
+    them, so that what ``hyfl run`` refuses (cells two parties give different values,
+    ...) is refused before anything starts."""
+    from hyfl.data import fallback_lambda, load_party_spec
+    from hyfl.deploy.blocks import prepare_data
+
+    if partition is not None:
+        raise fail("--partition", f"is set, but {data!r} are party files, whose split is "
+                   "their own", "Leave --partition out with party files.")
+    if compare:
+        raise fail("--compare", "needs a dataset or block files: the in-process engine "
+                   "cannot number party files' samples as the deployed alignment did",
+                   "Leave --compare out with party files.")
+    data_keys, run_data = _party_file_nodes(data)
+    dataset, parts = load_party_spec(data, psi=False)
+    _check_deployable(dataset)
+    _labelled_copies(dataset, data_keys, out / "party-files", log)
+    dataset, problem, parts, scale = prepare_data(
+        dataset, loss, lam or fallback_lambda(dataset.X.shape[0]), partition=parts, seed=seed,
+        intercept=intercept or 0.0, standardize=standardize)
+    return _PooledData(problem, parts, scale, data_keys, run_data, dataset.meta, str(data),
+                       None, intercept, standardize)
+
+
+def _pool_dataset(data: str, *, parties: int | None, partition: str | None, loss: str,
+                  lam: float, seed: int, intercept: float | None,
+                  standardize: bool) -> _PooledData:
+    """A dataset (a name or a file) split by ``partition`` (default: ``parties``
+    parties, :func:`default_partition`); each party names the dataset in its own node
+    config, and the job gives the partition."""
+    from hyfl.data import lambda_for, load_data
+    from hyfl.deploy.blocks import prepare_data
+
+    if partition is None:
+        if parties is None:
+            raise fail("--partition", "is not set",
+                       "Pass --parties N, a partition spec (grid:KxQ: K*Q parties) or "
+                       "--party-data.")
+        partition = default_partition(parties)
+    dataset = load_data(data)
+    dataset, problem, parts, scale = prepare_data(
+        dataset, loss, lam or lambda_for(data, dataset.X.shape[0]), spec=partition, seed=seed,
+        intercept=intercept or 0.0, standardize=standardize)
+    named = str(Path(data).resolve()) if Path(data).is_file() else str(data)
+    return _PooledData(problem, parts, scale, [{"data": named} for _ in range(parts.n_clients)],
+                       {"partition": partition}, dataset.meta, str(data), partition, intercept,
+                       standardize)
+
+
+def _node_configs(n_parties: int, data_keys: list[dict[str, str]], out: Path, cipher: str,
+                  private, insecure_test_keys: bool) -> list[dict]:
+    """Each party's node config: its data, its output folder and its own policy (the
+    cipher of this run, with the key of this run). The local deployer runs the server
+    itself: it admits the per-sample rules."""
+    policy = ({"cipher": "none"} if private is None else
+              {"key": str(private), "cipher": cipher, "insecure-test-keys": insecure_test_keys,
+               "unchecked-rules": True})
+    return [{"party": k, **policy, **data_keys[k], "out": str(out / "parties")}
+            for k in range(n_parties)]
+
+
+def _round_reporter(problem, optimum, labels, out: Path,
+                    on_round: Callable[[dict, float | None], None] | None
+                    ) -> Callable[[dict], None]:
+    """The deployment's ``on_progress``: evaluates each round's ``w`` (if still the
+    latest) and calls ``on_round`` with the record and the model reported so far (as
+    :func:`deployment_metrics` reports it: the best ``w`` seen, the zero model of the
+    start included)."""
+    from hyfl.runtime.simulation import evaluate
+
+    if on_round is None:
+        return lambda record: None
+    start = evaluate(problem, np.zeros_like(optimum.w), None, optimum, None, labels)
+    kept = {"round": 0, "primal": float(start["primal"]),
+            "relative_loss": float(start["relative_loss"])}
+
+    def progress(record: dict) -> None:
+        t = int(record["iteration"])
+        w = _latest_weights(out, t)
+        loss_t = None
+        if w is not None:
+            values = evaluate(problem, w, None, optimum, None, labels)
+            loss_t = float(values["relative_loss"])
+            if float(values["primal"]) <= kept["primal"]:
+                kept.update(round=t, primal=float(values["primal"]), relative_loss=loss_t)
+        on_round({**record, "reported": {"round": kept["round"],
+                                         "relative_loss": kept["relative_loss"]}}, loss_t)
+
+    return progress
+
+
+def _judge_run(results: dict, rows: list[dict], problem, labels, iterations: int):
+    """Whether the run learned (:func:`hyfl.deploy.report.judge_progress`): below the
+    zero model, and above always predicting one class
+    (:func:`hyfl.runtime.trivial.judge_trivial`)."""
+    from hyfl.deploy.report import Judgement, judge_progress
+
+    judgement = judge_progress(results, [row["round_relative_loss"] for row in rows])
+    if judgement.progressed:
+        from hyfl.experiments.runner import majority_rate_of
+        from hyfl.runtime.trivial import judge_trivial
+
+        trivial = judge_trivial(rows, majority_rate=majority_rate_of(problem, labels))
+        if trivial is not None:
+            judgement = Judgement(False, f"no better than a trivial model: {trivial.reason}",
+                                  f"Run more rounds (--iterations {max(2 * iterations, 10)}), "
+                                  "or try --participation full.")
+    return judgement
+
+
 def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str = "",
               partition: str | None = None, party_data: str | os.PathLike | None = None,
               iterations: int = 5, participation: str = "full", seed: int = 0,
@@ -1149,86 +1314,27 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
         a run that did not learn is reported there, not raised, so that its
         results are written all the same.
     """
-    from hyfl.data import fallback_lambda, is_party_spec, lambda_for, load_data, load_party_spec
-    from hyfl.deploy.blocks import prepare_data
+    from hyfl.data import is_party_spec
     from hyfl.deploy.config import DeployConfig, run_config_for
     from hyfl.deploy.keys import party_cipher
-    from hyfl.deploy.report import Judgement, judge_progress, summarize
+    from hyfl.deploy.report import summarize
+    from hyfl.model_file import MODEL_FILE, model_from_problem, save_model
     from hyfl.problem import solve_centralized
-    from hyfl.runtime.simulation import evaluate
 
     log = log or (lambda line: None)
     out = Path(out).resolve()
     _prepare_out(out, overwrite)
-    # The pooled data (everything is on this machine): for the partition's size,
-    # the objective of each round's weights and the comparison.
     if party_data is not None:
-        files = sorted(Path(party_data).glob("party-*.npz"),
-                       key=lambda p: int(p.stem.split("-")[1]))
-        if not files:
-            raise fail(f"--party-data {party_data}", "holds no party-K.npz files",
-                       "Write them with `hyfl deploy split`.")
-        from hyfl.deploy.blocks import read_block
-
-        blocks = [read_block(f) for f in files]
-        prepared = blocks[0].intercept or None, any(b.scale is not None and not np.all(
-            b.scale == 1.0) for b in blocks)
-        if intercept is not None and intercept != prepared[0] or standardize and not prepared[1]:
-            raise fail("--intercept/--standardize", "differ from how the block files in "
-                       f"{party_data} were prepared (intercept {prepared[0] or 'off'}, "
-                       f"{'standardized' if prepared[1] else 'not standardized'})",
-                       "Leave them out (block files bring their own), or split the data "
-                       "again with the options.")
-        intercept, standardize = prepared
-        lam_default = blocks[0].lam_default
-        problem, parts = assemble(files, loss, lam or lam_default)
-        scale = None
-        if standardize:  # each file keeps the scales of its features
-            scale = np.ones(problem.n_features)
-            for b in blocks:
-                if b.scale is not None:
-                    scale[b.features] = b.scale
-        data_keys = [{"data": str(f.resolve())} for f in files]
-        run_data = {}
-        dataset_meta = {"intercept_scaling": intercept} if intercept else {}
-        data_name = str(party_data)
-    elif is_party_spec(data):  # each party names its own file; the alignment runs deployed
-        if partition is not None:
-            raise fail("--partition", f"is set, but {data!r} are party files, whose split is "
-                       "their own", "Leave --partition out with party files.")
-        if compare:
-            raise fail("--compare", "needs a dataset or block files: the in-process engine "
-                       "cannot number party files' samples as the deployed alignment did",
-                       "Leave --compare out with party files.")
-        data_keys, run_data = _party_file_nodes(data)
-        # Pooled here, for the objective -- and read as hyfl run reads them, so that what
-        # hyfl run refuses (cells two parties give different values, ...) is refused
-        # before anything starts.
-        dataset, parts = load_party_spec(data, psi=False)
-        _check_deployable(dataset)
-        _labelled_copies(dataset, data_keys, out / "party-files", log)
-        lam_default = fallback_lambda(dataset.X.shape[0])
-        dataset, problem, parts, scale = prepare_data(
-            dataset, loss, lam or lam_default, partition=parts, seed=seed,
-            intercept=intercept or 0.0, standardize=standardize)
-        dataset_meta, data_name = dataset.meta, str(data)
+        pooled = _pool_blocks(party_data, partition, loss, lam, intercept, standardize)
+    elif is_party_spec(data):
+        pooled = _pool_party_files(data, out, partition=partition, compare=compare, loss=loss,
+                                   lam=lam, seed=seed, intercept=intercept,
+                                   standardize=standardize, log=log)
     else:
-        if partition is None:
-            if parties is None:
-                raise fail("--partition", "is not set",
-                           "Pass --parties N, a partition spec (grid:KxQ: K*Q parties) or "
-                           "--party-data.")
-            partition = default_partition(parties)
-        dataset = load_data(data)
-        lam_default = lambda_for(data, dataset.X.shape[0])
-        dataset, problem, parts, scale = prepare_data(
-            dataset, loss, lam or lam_default, spec=partition, seed=seed,
-            intercept=intercept or 0.0, standardize=standardize)
-        # Each party names the dataset in its own node config; the job gives the partition.
-        named = str(Path(data).resolve()) if Path(data).is_file() else str(data)
-        data_keys = [{"data": named} for _ in range(parts.n_clients)]
-        run_data = {"partition": partition}
-        dataset_meta, data_name = dataset.meta, str(data)
+        pooled = _pool_dataset(data, parties=parties, partition=partition, loss=loss, lam=lam,
+                               seed=seed, intercept=intercept, standardize=standardize)
+    problem, parts, intercept, standardize = (pooled.problem, pooled.parts, pooled.intercept,
+                                              pooled.standardize)
     K = parts.n_clients if parties is None else parties
     if K != parts.n_clients:
         raise fail("--parties", f"is {K}, but the data have {parts.n_clients} parties",
@@ -1243,41 +1349,14 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
         lam=float(lam), hyper=hyper, cipher=cipher, reply_timeout=reply_timeout, out=str(out),
         intercept=float(intercept or 0.0), standardize=bool(standardize),
         public_key=str(public) if public else "", insecure_test_keys=insecure_test_keys,
-        **run_data,
+        **pooled.run_data,
     )
     config = DeployConfig.from_run_config(run_config)  # fail before starting anything
-    # Each party's own policy: the cipher of this run, with the key of this run.
-    # The local deployer runs the server itself: it admits the per-sample rules.
-    policy = ({"cipher": "none"} if private is None else
-              {"key": str(private), "cipher": cipher, "insecure-test-keys": insecure_test_keys,
-               "unchecked-rules": True})
-    nodes = [{"party": k, **policy, **data_keys[k], "out": str(out / "parties")}
-             for k in range(K)]
+    nodes = _node_configs(K, pooled.data_keys, out, cipher, private, insecure_test_keys)
     # The optimum first: each round's relative loss is shown as the round ends.
     optimum = solve_centralized(problem)
     labels = problem.Y[:, 0] if problem.Y.shape[1] == 1 else None
-
-    # The model reported so far (as deployment_metrics reports it): the best w seen, the
-    # zero model of the start included; each round's line says which it is.
-    start = evaluate(problem, np.zeros_like(optimum.w), None,
-                     optimum, None, labels) if on_round is not None else None
-    kept = {"round": 0, "primal": None if start is None else float(start["primal"]),
-            "relative_loss": None if start is None else float(start["relative_loss"])}
-
-    def progress(record: dict) -> None:
-        if on_round is None:
-            return
-        t = int(record["iteration"])
-        w = _latest_weights(out, t)
-        loss_t = None
-        if w is not None:
-            values = evaluate(problem, w, None, optimum, None, labels)
-            loss_t = float(values["relative_loss"])
-            if float(values["primal"]) <= kept["primal"]:
-                kept.update(round=t, primal=float(values["primal"]), relative_loss=loss_t)
-        on_round({**record, "reported": {"round": kept["round"],
-                                         "relative_loss": kept["relative_loss"]}}, loss_t)
-
+    progress = _round_reporter(problem, optimum, labels, out, on_round)
     with LocalDeployment(nodes, out / "flower", log=log, node_poll=node_poll,
                          worker=worker) as deployment:
         log(start_line(K, iterations, cipher, config.algorithm.step_rule, intercept,
@@ -1286,13 +1365,11 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
     weights = _read_weights(out / "weights.npz")["w"]
     rows = deployment_metrics(results, weights, problem, optimum, labels)
     write_metrics(rows, out / "metrics.csv")
-    from hyfl.model_file import MODEL_FILE, model_from_problem, save_model
-
     # The best weights seen (the engines return them too): never worse than the zero model.
     save_model(out / MODEL_FILE, model_from_problem(
-        problem, weights[int(rows[-1]["model_round"])], data_meta=dataset_meta,
-        partition=partition or "party files", algorithm="hyfdca", data=data_name,
-        feature_scale=scale))
+        problem, weights[int(rows[-1]["model_round"])], data_meta=pooled.dataset_meta,
+        partition=pooled.partition or "party files", algorithm="hyfdca",
+        data=pooled.data_name, feature_scale=pooled.scale))
     comparison = None
     if compare:
         own = party_cipher(cipher, private, insecure_test_keys=insecure_test_keys,
@@ -1300,20 +1377,10 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
         comparison = compare_with_protocol(results, weights, problem, parts, own, optimum)
         write_private_json(out / "comparison.json", comparison, indent=1)
     reported = [row["relative_loss"] for row in rows]
-    judgement = judge_progress(results, [row["round_relative_loss"] for row in rows])
-    if judgement.progressed:  # below the zero model; and above always predicting one class?
-        from hyfl.experiments.runner import majority_rate_of
-        from hyfl.runtime.trivial import judge_trivial
-
-        trivial = judge_trivial(rows, majority_rate=majority_rate_of(problem, labels))
-        if trivial is not None:
-            judgement = Judgement(False, f"no better than a trivial model: {trivial.reason}",
-                                  f"Run more rounds (--iterations {max(2 * iterations, 10)}), "
-                                  "or try --participation full.")
     return LocalRun(out=out, results=results, metrics=rows, comparison=comparison,
                     summary=summarize(results, reported, comparison,
                                       round_relative_loss=[row["round_relative_loss"]
                                                            for row in rows],
                                       model_round=int(rows[-1]["model_round"])),
-                    judgement=judgement,
+                    judgement=_judge_run(results, rows, problem, labels, iterations),
                     warnings=warnings)
