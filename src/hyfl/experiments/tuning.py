@@ -57,7 +57,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -735,9 +735,69 @@ def tune(
         configuration, an algorithm that does not apply to the problem, or
         every trial divergent (the files are still written).
     """
-    from hyfl.experiments.runner import prepare, run_prepared
+    from hyfl.experiments.runner import prepare
     from hyfl.partition import stack
 
+    budget, max_trials, seed = _check_tune_arguments(algorithm, seconds, max_trials, seed)
+    raw_bounds = bounds_for(algorithm, bounds)
+
+    setup = prepare(spec)
+    resolved = resolve_bounds(raw_bounds, setup)
+    base = _fixed_hyperparameters(spec, algorithm, resolved)
+    _preflight(algorithm, base, resolved, setup, stack)
+
+    out = Path(out_dir) if out_dir is not None else None
+    trials, stopped_by, elapsed = _search(
+        setup, spec, algorithm, base, resolved, rng=np.random.default_rng(seed),
+        budget=budget, max_trials=max_trials, progress=progress, out=out)
+
+    graded, used = _graded(trials)
+    finished = tuple(Trial(**t) for t in graded)
+    candidates = [t for t in finished if not t.divergent]
+    record = {
+        "algorithm": algorithm,
+        "spec": {**asdict(spec), "algorithm": algorithm},
+        "bounds": {k: list(v) for k, v in raw_bounds.items()},
+        "bounds_resolved": {k: list(v) for k, v in resolved.items()},
+        "fixed_hyperparameters": base,
+        "seconds": budget,
+        "max_trials": max_trials,
+        "seed": seed,
+        "elapsed": elapsed,
+        "stopped_by": stopped_by,
+        "n_trials": len(finished),
+        "n_divergent": len(finished) - len(candidates),
+        "metrics": list(METRICS),
+        "metrics_used": list(used),
+        "larger_is_better": dict(zip(METRICS, LARGER_IS_BETTER)),
+        "zeta": 0.5,
+        "loss": _loss_kind(trials),
+    }
+    if not candidates:
+        _fail_all_divergent(algorithm, finished, out, graded, resolved, record)
+    best_trial = max(candidates, key=lambda t: t.grade)  # first of equal grades
+    result = TuneResult(
+        algorithm=algorithm,
+        trials=finished,
+        best=dict(best_trial.hyper),
+        best_index=best_trial.index,
+        bounds=resolved,
+        metrics_used=used,
+        seconds=budget,
+        elapsed=elapsed,
+        seed=seed,
+        stopped_by=stopped_by,
+        out_dir=out,
+    )
+    if out is not None:
+        _write_tuning(out, result, best_trial, spec, graded, record)
+    return result
+
+
+def _check_tune_arguments(algorithm: str, seconds, max_trials, seed) -> tuple[float, int | None,
+                                                                              int]:
+    """:func:`tune`'s checked budget, ``max_trials`` and ``seed``: a known convex
+    algorithm, a positive budget (infinite only with ``max_trials``)."""
     check_choice("algorithm", algorithm, algorithm_names())
     from hyfl.algorithms import is_neural
 
@@ -763,24 +823,32 @@ def tune(
             "is infinite and max_trials is not given",
             "Give a finite budget or a number of trials.",
         )
-    seed = check_int("seed", seed, minimum=0)
-    raw_bounds = bounds_for(algorithm, bounds)
+    return budget, max_trials, check_int("seed", seed, minimum=0)
 
-    setup = prepare(spec)
-    resolved = resolve_bounds(raw_bounds, setup)
+
+def _fixed_hyperparameters(spec, algorithm: str, resolved: Mapping[str, Any]) -> dict[str, Any]:
+    """The spec's hyperparameters that every trial keeps: those not searched (tuning
+    one of an exclusive pair, e.g. ``iic``, drops the other, ``local_steps``)."""
     base = spec.hyper_for(algorithm, only_accepted=True)
     for name in resolved:
         base.pop(name, None)
         if name in _EXCLUSIVE:
             base.pop(_EXCLUSIVE[name], None)
-    _preflight(algorithm, base, resolved, setup, stack)
+    return base
 
-    rng = np.random.default_rng(seed)
+
+def _search(setup, spec, algorithm: str, base: dict[str, Any], resolved: dict, *, rng,
+            budget: float, max_trials: int | None, progress: bool,
+            out: Path | None) -> tuple[list[dict[str, Any]], str, float]:
+    """Run trials until the budget is spent or ``max_trials`` are done (the first trial
+    always runs, a running one finishes; Ctrl-C stops after the first). Returns the
+    trials, why the search stopped and its wall seconds."""
+    from hyfl.experiments.runner import run_prepared
+
     console = _console() if progress else None
     trials: list[dict[str, Any]] = []
     started = time.monotonic()
     stopped_by = "max_trials"
-    out = Path(out_dir) if out_dir is not None else None
     while max_trials is None or len(trials) < max_trials:
         if trials and time.monotonic() - started >= budget:
             stopped_by = "time"
@@ -799,72 +867,42 @@ def tune(
             console.print(_progress_line(trial, len(trials), time.monotonic() - started, budget))
         if out is not None:  # keep what is done on disk during long searches
             _write_trials(out, _graded(trials)[0], resolved)
-    elapsed = time.monotonic() - started
+    return trials, stopped_by, time.monotonic() - started
 
-    graded, used = _graded(trials)
-    finished = tuple(Trial(**t) for t in graded)
-    candidates = [t for t in finished if not t.divergent]
-    record = {
-        "algorithm": algorithm,
-        "spec": {**asdict(spec), "algorithm": algorithm},
-        "bounds": {k: list(v) for k, v in raw_bounds.items()},
-        "bounds_resolved": {k: list(v) for k, v in resolved.items()},
-        "fixed_hyperparameters": base,
-        "seconds": budget,
-        "max_trials": max_trials,
-        "seed": seed,
-        "elapsed": elapsed,
-        "stopped_by": stopped_by,
-        "n_trials": len(finished),
-        "n_divergent": len(finished) - len(candidates),
-        "metrics": list(METRICS),
-        "metrics_used": list(used),
-        "larger_is_better": dict(zip(METRICS, LARGER_IS_BETTER)),
-        "zeta": 0.5,
-        "loss": _loss_kind(trials),
-    }
-    if not candidates:
-        if out is not None:
-            _write_trials(out, graded, resolved)
-            _write_json(out / "tuning.json", {**record, "best": None})
-        errors = sorted({t.error for t in finished if t.error})
-        detail = f" (errors: {'; '.join(errors[:3])})" if errors else ""
-        raise fail(
-            f"tuning {algorithm}",
-            f"found no usable hyperparameters: all {len(finished)} trial(s) diverged{detail}",
-            "Narrow the bounds (e.g. smaller step sizes in [tune.bounds."
-            f"{algorithm}]) or give the search more time.",
-        )
-    best_trial = max(candidates, key=lambda t: t.grade)  # first of equal grades
-    result = TuneResult(
-        algorithm=algorithm,
-        trials=finished,
-        best=dict(best_trial.hyper),
-        best_index=best_trial.index,
-        bounds=resolved,
-        metrics_used=used,
-        seconds=budget,
-        elapsed=elapsed,
-        seed=seed,
-        stopped_by=stopped_by,
-        out_dir=out,
-    )
+
+def _fail_all_divergent(algorithm: str, finished, out: Path | None, graded, resolved,
+                        record: dict) -> NoReturn:
+    """Every trial diverged: write the trials and the record (no best), then raise."""
     if out is not None:
         _write_trials(out, graded, resolved)
-        _write_json(
-            out / "tuning.json",
-            {
-                **record,
-                "best": {
-                    "trial": best_trial.index,
-                    "grade": best_trial.grade,
-                    "hyperparameters": best_trial.hyper,
-                    "metrics": best_trial.metrics,
-                },
+        _write_json(out / "tuning.json", {**record, "best": None})
+    errors = sorted({t.error for t in finished if t.error})
+    detail = f" (errors: {'; '.join(errors[:3])})" if errors else ""
+    raise fail(
+        f"tuning {algorithm}",
+        f"found no usable hyperparameters: all {len(finished)} trial(s) diverged{detail}",
+        "Narrow the bounds (e.g. smaller step sizes in [tune.bounds."
+        f"{algorithm}]) or give the search more time.",
+    )
+
+
+def _write_tuning(out: Path, result: TuneResult, best_trial: Trial, spec, graded,
+                  record: dict) -> None:
+    """``trials.csv``, ``tuning.json`` (the record and the best trial) and ``best.toml``."""
+    _write_trials(out, graded, result.bounds)
+    _write_json(
+        out / "tuning.json",
+        {
+            **record,
+            "best": {
+                "trial": best_trial.index,
+                "grade": best_trial.grade,
+                "hyperparameters": best_trial.hyper,
+                "metrics": best_trial.metrics,
             },
-        )
-        _write_best(out / "best.toml", result, spec)
-    return result
+        },
+    )
+    _write_best(out / "best.toml", result, spec)
 
 
 def _preflight(algorithm, base, resolved, setup, stack) -> None:
