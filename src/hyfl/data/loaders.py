@@ -289,56 +289,9 @@ def _first_bad_line(path: Path, max_features: int = MAX_FEATURES) -> tuple[int, 
 _LIBSVM_COST = 8
 
 
-def load_libsvm(
-    path: str | os.PathLike,
-    n_features: int | None = None,
-    name: str | None = None,
-    *,
-    zero_based: bool | str = "auto",
-    classes: tuple | None = None,
-    task: str | None = None,
-    max_features: int | None = None,
-) -> Dataset:
-    """Load a LIBSVM/SVMlight file (plain, ``.gz`` or ``.bz2``).
-
-    Parameters
-    ----------
-    path : str or path-like
-        The file. Compression is chosen by suffix, as in sklearn.
-    n_features : int, optional
-        Width of ``X``. Files only reveal their largest feature index, so pass
-        the training width when loading a test file. A file using more
-        features raises.
-    name : str, optional
-        Dataset name; defaults to the file name without compression suffix.
-    zero_based : bool or "auto", default "auto"
-        Whether feature indices start at 0. ``"auto"`` follows sklearn: a file
-        that never uses index 0 is 1-based (standard LIBSVM). Pass the
-        training file's ``meta["zero_based"]`` for its test file.
-    classes : tuple, optional
-        Original labels of the training file (its ``meta["classes"]``), so
-        this file's labels are mapped the same way.
-    task : {"binary", "multiclass", "regression"}, optional
-        Force the task instead of inferring it from the labels.
-    max_features : int, optional
-        Largest feature index accepted; a larger one is refused before any
-        wide array is allocated. Default: ``$HYFL_MAX_FEATURES`` if set, else
-        ``MAX_FEATURES`` (2**24).
-
-    Returns
-    -------
-    Dataset
-        ``X`` csr float64, shape (n_samples, n_features). Labels: two distinct
-        values -> binary {-1, +1} (smaller -> -1); more than two integers ->
-        multiclass ``0..C-1``; non-integers -> regression.
-        ``meta["classes"]`` keeps the original class values.
-
-    Raises
-    ------
-    HyflError
-        Missing, malformed, undecodable, empty or non-finite files, values
-        beyond ``MAX_ABS_VALUE``, or feature indices beyond ``max_features``.
-    """
+def _max_features(max_features: int | None) -> int:
+    """The largest feature index :func:`load_libsvm` accepts: ``max_features``, else
+    ``$HYFL_MAX_FEATURES``, else :data:`MAX_FEATURES`."""
     if max_features is None:
         max_features = os.environ.get(MAX_FEATURES_ENV, MAX_FEATURES)
         try:
@@ -350,9 +303,13 @@ def load_libsvm(
                 "Set it to a whole number of features, e.g. 50000000, or unset it.",
             ) from None
     check_int("max_features", max_features)
-    path = Path(path)
-    source = f"LIBSVM file {path}"
-    _check_file(path, "LIBSVM file")
+    return max_features
+
+
+def _parse_libsvm(path: Path, source: str, max_features: int) -> tuple[sp.csr_matrix, np.ndarray]:
+    """sklearn's parse of a LIBSVM file with raw indices (zero-based; the base is decided
+    by :func:`_apply_index_base`), its errors said with the bad line, and a file with no
+    samples or a feature index beyond ``max_features`` refused."""
     try:
         # Always parse raw indices (zero_based=True) and decide the base here, so
         # the decision can be recorded and reused for the matching test file.
@@ -418,7 +375,14 @@ def load_libsvm(
             "Fix the index if it is a typo; for genuinely wider data pass a larger "
             "max_features (or set the environment variable HYFL_MAX_FEATURES).",
         )
+    return X_raw, y
 
+
+def _apply_index_base(X_raw: sp.csr_matrix, zero_based: bool | str,
+                      source: str) -> tuple[sp.csr_matrix, bool]:
+    """Raw indices to column numbers: ``zero_based="auto"`` reads a file that never uses
+    index 0 as 1-based (standard LIBSVM, sklearn's rule); a 1-based file is shifted by
+    one. Returns the matrix and the base decided."""
     has_index_zero = X_raw.nnz > 0 and int(X_raw.indices.min()) == 0
     if zero_based == "auto":
         zero_based = has_index_zero or X_raw.nnz == 0
@@ -433,6 +397,65 @@ def load_libsvm(
             (X_raw.data, X_raw.indices - 1, X_raw.indptr),
             shape=(X_raw.shape[0], max(X_raw.shape[1] - 1, 0)),
         )
+    return X_raw, zero_based
+
+
+def load_libsvm(
+    path: str | os.PathLike,
+    n_features: int | None = None,
+    name: str | None = None,
+    *,
+    zero_based: bool | str = "auto",
+    classes: tuple | None = None,
+    task: str | None = None,
+    max_features: int | None = None,
+) -> Dataset:
+    """Load a LIBSVM/SVMlight file (plain, ``.gz`` or ``.bz2``).
+
+    Parameters
+    ----------
+    path : str or path-like
+        The file. Compression is chosen by suffix, as in sklearn.
+    n_features : int, optional
+        Width of ``X``. Files only reveal their largest feature index, so pass
+        the training width when loading a test file. A file using more
+        features raises.
+    name : str, optional
+        Dataset name; defaults to the file name without compression suffix.
+    zero_based : bool or "auto", default "auto"
+        Whether feature indices start at 0. ``"auto"`` follows sklearn: a file
+        that never uses index 0 is 1-based (standard LIBSVM). Pass the
+        training file's ``meta["zero_based"]`` for its test file.
+    classes : tuple, optional
+        Original labels of the training file (its ``meta["classes"]``), so
+        this file's labels are mapped the same way.
+    task : {"binary", "multiclass", "regression"}, optional
+        Force the task instead of inferring it from the labels.
+    max_features : int, optional
+        Largest feature index accepted; a larger one is refused before any
+        wide array is allocated. Default: ``$HYFL_MAX_FEATURES`` if set, else
+        ``MAX_FEATURES`` (2**24).
+
+    Returns
+    -------
+    Dataset
+        ``X`` csr float64, shape (n_samples, n_features). Labels: two distinct
+        values -> binary {-1, +1} (smaller -> -1); more than two integers ->
+        multiclass ``0..C-1``; non-integers -> regression.
+        ``meta["classes"]`` keeps the original class values.
+
+    Raises
+    ------
+    HyflError
+        Missing, malformed, undecodable, empty or non-finite files, values
+        beyond ``MAX_ABS_VALUE``, or feature indices beyond ``max_features``.
+    """
+    max_features = _max_features(max_features)
+    path = Path(path)
+    source = f"LIBSVM file {path}"
+    _check_file(path, "LIBSVM file")
+    X_raw, y = _parse_libsvm(path, source, max_features)
+    X_raw, zero_based = _apply_index_base(X_raw, zero_based, source)
     file_features = int(X_raw.indices.max()) + 1 if X_raw.nnz else 0
 
     check_values(y, source, lambda r: f"in sample {r + 1} (1-based, counting data lines)", "label")
