@@ -587,6 +587,9 @@ def _document(
     focus: str | None,
     window: float | None,
 ) -> list:
+    """The report's blocks, in order: title, summary, comparisons, the figures across
+    settings, one section per setting and how to read it (figures are written to
+    ``figures`` as they are placed)."""
     infos = {name: setting_info(runs) for name, runs in settings.items()}
     comparisons = compare_settings(settings)
     hero = focus_algorithm(settings, focus)
@@ -599,73 +602,118 @@ def _document(
             f"{', '.join(display_name(a) for a in algorithms)}."
         )
     )
+    blocks += _summary_blocks(settings)
+    if comparisons:
+        blocks.append(_Heading(2, "Comparisons"))
+        blocks += _comparison_blocks(comparisons, hero, algorithms)
+    else:
+        blocks.append(_Para("No comparisons: every setting has a single algorithm (or no values)."))
+    blocks += _across_settings_blocks(settings, infos, figures, window)
+    slugs = _unique_slugs(settings)
+    for setting, runs in settings.items():
+        blocks += _setting_blocks(setting, runs, infos[setting], slugs[setting], comparisons,
+                                  figures, window)
+    blocks.append(_Heading(2, "How to read this report"))
+    blocks.append(
+        _Para(
+            "Curves follow the paper (section 7.4): a trailing moving average of width omega "
+            "(50 / 150 / 300 outer iterations for MNIST / News20 / Covtype and their stand-ins "
+            "reuters / ijcnn1, at most 2% of the run; 1% of the outer iterations against time and "
+            "for other datasets; omega < 2 is not smoothed), each smoothed value placed at the "
+            "start of its window. Relative outer iteration is t / (t_max - omega) (eq. 15): t the "
+            "outer iteration, t_max the last outer iteration of the longest run, omega the "
+            "window; "
+            "relative simulated time is T / max over algorithms of the total simulated time "
+            "(eq. 14). Tables are not smoothed: final relative loss is the last evaluated value, "
+            "'first at 1e-k' is the first outer iteration at or below it, 'settled at 1e-k' the "
+            "one from which every later evaluation stays at or below it; 'acc-1pt' is the "
+            "central model's training accuracy less 0.01 (the first round at or above it, then "
+            "the one from which it stays there). "
+            "Plotted is the primal "
+            "of the model the server reports (for HyFDCA's default rule the better certified of "
+            "its last iterate and its running average). Equal simulated time cuts "
+            "every run at the shortest run's total simulated time."
+        )
+    )
+    return blocks
 
-    # ---- summary: facts first; who is best comes after, in a table
-    blocks.append(_Heading(2, "Summary"))
-    blocks.append(_Para(_headline(settings), strong=True))
+
+def _summary_blocks(settings: Mapping[str, Mapping[str, LoadedRun]]) -> list:
+    """The summary: facts first (the headline, the majority-class and trivial-model
+    sentences); who is best comes after, in the comparisons' tables."""
+    blocks: list = [_Heading(2, "Summary"), _Para(_headline(settings), strong=True)]
     majority = _majority_sentence(settings)
     if majority:
         blocks.append(_Para(majority))
     trivial = _trivial_sentence(settings)
     if trivial:
         blocks.append(_Para(trivial, strong=True))
-    if comparisons:
-        blocks.append(_Heading(2, "Comparisons"))
-        pairs = pairwise_counts(comparisons, hero)
-        (pl, ml), (pa, ma) = pairs["final_relative_loss"], pairs["best_val_accuracy"]
-        blocks.append(
-            _Para(
-                "A comparison is one setting x one budget (equal outer iterations; equal simulated "
-                "time when the runs carry one) x one metric. The best algorithm has the lowest "
-                "final relative loss or the highest best validation accuracy within the budget; "
-                "ties count for every tied algorithm. "
-                f"Counted in pairs as the paper does (its 69 of 72 are pairs against each other "
-                f"algorithm), {display_name(hero)} is at least as good as the other algorithm in "
-                f"{pl + pa} of {ml + ma} pairs ({pl} of {ml} on final relative loss, {pa} of {ma} "
-                "on best validation accuracy)."
-            )
-        )
-        counts = {a: win_counts(comparisons, a) for a in algorithms}
+    return blocks
 
-        def share(a: str, metric: str) -> tuple[str, bool]:
-            best, total = counts[a][metric]
-            return f"{best} of {total}", False
 
-        blocks.append(
-            _Table(
-                [
-                    "algorithm",
-                    "comparisons with the lowest final relative loss",
-                    "comparisons with the highest best validation accuracy",
-                ],
-                [
-                    [
-                        (display_name(a), False),
-                        share(a, "final_relative_loss"),
-                        share(a, "best_val_accuracy"),
-                    ]
-                    for a in algorithms
-                ],
-            )
+def _comparison_blocks(comparisons, hero: str, algorithms: list[str]) -> list:
+    """What a comparison is and the paper's pair count for ``hero``, then two tables: each
+    algorithm's share of the comparisons it wins, and each comparison's winners."""
+    blocks: list = []
+    pairs = pairwise_counts(comparisons, hero)
+    (pl, ml), (pa, ma) = pairs["final_relative_loss"], pairs["best_val_accuracy"]
+    blocks.append(
+        _Para(
+            "A comparison is one setting x one budget (equal outer iterations; equal simulated "
+            "time when the runs carry one) x one metric. The best algorithm has the lowest "
+            "final relative loss or the highest best validation accuracy within the budget; "
+            "ties count for every tied algorithm. "
+            f"Counted in pairs as the paper does (its 69 of 72 are pairs against each other "
+            f"algorithm), {display_name(hero)} is at least as good as the other algorithm in "
+            f"{pl + pa} of {ml + ma} pairs ({pl} of {ml} on final relative loss, {pa} of {ma} "
+            "on best validation accuracy)."
         )
-        blocks.append(
-            _Table(
-                [
-                    "setting",
-                    "budget",
-                    "lowest final relative loss",
-                    "highest best validation accuracy",
-                ],
-                _winner_rows(comparisons, hero),
-                f"Bold: {display_name(hero)} is among the best.",
-            )
-        )
-    else:
-        blocks.append(_Para("No comparisons: every setting has a single algorithm (or no values)."))
+    )
+    counts = {a: win_counts(comparisons, a) for a in algorithms}
 
-    # ---- figures across settings
+    def share(a: str, metric: str) -> tuple[str, bool]:
+        best, total = counts[a][metric]
+        return f"{best} of {total}", False
+
+    blocks.append(
+        _Table(
+            [
+                "algorithm",
+                "comparisons with the lowest final relative loss",
+                "comparisons with the highest best validation accuracy",
+            ],
+            [
+                [
+                    (display_name(a), False),
+                    share(a, "final_relative_loss"),
+                    share(a, "best_val_accuracy"),
+                ]
+                for a in algorithms
+            ],
+        )
+    )
+    blocks.append(
+        _Table(
+            [
+                "setting",
+                "budget",
+                "lowest final relative loss",
+                "highest best validation accuracy",
+            ],
+            _winner_rows(comparisons, hero),
+            f"Bold: {display_name(hero)} is among the best.",
+        )
+    )
+    return blocks
+
+
+def _across_settings_blocks(settings: Mapping[str, Mapping[str, LoadedRun]], infos: dict,
+                            figures: Path, window: float | None) -> list:
+    """The figures across settings: one settings grid per group (against outer
+    iterations, and against simulated time when the runs carry one), and the time per
+    outer iteration of each setting when the runs carry costs."""
+    blocks: list = []
     grids = _grid_groups(settings, infos)
-    slugs = _unique_slugs(settings)
     for g, (label, grid) in enumerate(grids):
         blocks.append(_Heading(2, f"Settings grid: {label}" if label else "Settings grid"))
         for x, what in (
@@ -694,63 +742,42 @@ def _document(
         blocks.append(
             _Image(name, "Mean time per outer iteration by component and setting", COST_CAPTION)
         )
+    return blocks
 
-    # ---- per setting
-    for setting, runs in settings.items():
-        info = infos[setting]
-        slug = slugs[setting]
-        blocks.append(_Heading(2, f"Setting: {setting}"))
-        blocks.append(_Para(_describe(info) + _budget_note(runs)))
-        blocks.append(_setting_table(runs, comparisons, setting))
-        mine = [c for c in comparisons if c.setting == setting]
-        if mine:
-            blocks.append(
-                _Para(
-                    "Best: "
-                    + "; ".join(
-                        f"{METRICS[c.metric]} at {BUDGETS[c.budget]}: "
-                        f"{', '.join(display_name(w) for w in c.winners)}"
-                        for c in mine
-                    )
-                    + "."
-                )
-            )
-        name = f"setting-{slug}-curves.png"
-        plot_setting_figure(runs, figures / name, title=setting, window=window)
+
+def _setting_blocks(setting: str, runs: Mapping[str, LoadedRun], info, slug: str, comparisons,
+                    figures: Path, window: float | None) -> list:
+    """One setting's section: its description and table, its winners, its curves and,
+    when the runs carry costs, its time per outer iteration."""
+    blocks: list = []
+    blocks.append(_Heading(2, f"Setting: {setting}"))
+    blocks.append(_Para(_describe(info) + _budget_note(runs)))
+    blocks.append(_setting_table(runs, comparisons, setting))
+    mine = [c for c in comparisons if c.setting == setting]
+    if mine:
         blocks.append(
-            _Image(name, f"Relative loss and validation accuracy, {setting}", CURVES_CAPTION)
-        )
-        blocks.append(_Para(_window_note(runs, info, window)))
-        if _any_costs({setting: runs}):
-            name = f"setting-{slug}-costs.png"
-            plot_cost_breakdown(runs, figures / name, title=f"{setting}: time per outer iteration")
-            blocks.append(
-                _Image(name, f"Mean time per outer iteration by component, {setting}", COST_CAPTION)
+            _Para(
+                "Best: "
+                + "; ".join(
+                    f"{METRICS[c.metric]} at {BUDGETS[c.budget]}: "
+                    f"{', '.join(display_name(w) for w in c.winners)}"
+                    for c in mine
+                )
+                + "."
             )
-
-    # ---- method
-    blocks.append(_Heading(2, "How to read this report"))
-    blocks.append(
-        _Para(
-            "Curves follow the paper (section 7.4): a trailing moving average of width omega "
-            "(50 / 150 / 300 outer iterations for MNIST / News20 / Covtype and their stand-ins "
-            "reuters / ijcnn1, at most 2% of the run; 1% of the outer iterations against time and "
-            "for other datasets; omega < 2 is not smoothed), each smoothed value placed at the "
-            "start of its window. Relative outer iteration is t / (t_max - omega) (eq. 15): t the "
-            "outer iteration, t_max the last outer iteration of the longest run, omega the "
-            "window; "
-            "relative simulated time is T / max over algorithms of the total simulated time "
-            "(eq. 14). Tables are not smoothed: final relative loss is the last evaluated value, "
-            "'first at 1e-k' is the first outer iteration at or below it, 'settled at 1e-k' the "
-            "one from which every later evaluation stays at or below it; 'acc-1pt' is the "
-            "central model's training accuracy less 0.01 (the first round at or above it, then "
-            "the one from which it stays there). "
-            "Plotted is the primal "
-            "of the model the server reports (for HyFDCA's default rule the better certified of "
-            "its last iterate and its running average). Equal simulated time cuts "
-            "every run at the shortest run's total simulated time."
         )
+    name = f"setting-{slug}-curves.png"
+    plot_setting_figure(runs, figures / name, title=setting, window=window)
+    blocks.append(
+        _Image(name, f"Relative loss and validation accuracy, {setting}", CURVES_CAPTION)
     )
+    blocks.append(_Para(_window_note(runs, info, window)))
+    if _any_costs({setting: runs}):
+        name = f"setting-{slug}-costs.png"
+        plot_cost_breakdown(runs, figures / name, title=f"{setting}: time per outer iteration")
+        blocks.append(
+            _Image(name, f"Mean time per outer iteration by component, {setting}", COST_CAPTION)
+        )
     return blocks
 
 
