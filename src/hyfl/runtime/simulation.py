@@ -312,30 +312,56 @@ def simulate(
                                   participation)
         state = checkpoints.start(state, run)
 
-    def result() -> RunResult:
-        weights, duals = evaluator.model(algorithm, state, run)
-        return RunResult(
-            metrics=run.metrics,
-            weights=np.array(weights, copy=True),
-            duals=None if duals is None else np.array(duals, copy=True),
-            round_times=np.array(run.round_times, dtype=float),
-            config={
-                "algorithm": algorithm.config(),
-                "seed": seed,
-                **budget.end_record(run.t, run.stopped_by, run.stop_reason),
-                "resumed_from": list(run.resumed_from),
-                "optimum_primal": optimum.primal if optimum else None,
-                "engine": "simulation",
-                "cipher": cipher.describe(),
-                "costs": metering.meter.model.describe(),
-            },
-        )
+    def result(state) -> RunResult:
+        return _run_result(algorithm, state, run, evaluator, budget, seed=seed, optimum=optimum,
+                           cipher=cipher, metering=metering)
 
     done = False
     if run.t == 0:
         evaluator.record(0, algorithm, state, run)
     else:
         done = checkpoints.resumed(run, budget)
+    state = _run_rounds(algorithm, state, run, budget, participation,
+                        (participation_rng, algorithm_rng), metering, evaluator, checkpoints,
+                        progress=progress, done=done, result=result)
+    if checkpoints is not None:
+        checkpoints.finish(state, run)
+    return result(state)
+
+
+def _run_result(algorithm: Algorithm, state, run: RunProgress, evaluator: Evaluator,
+                budget: Budget, *, seed: int, optimum: Optimum | None, cipher,
+                metering: _Metering) -> RunResult:
+    """What :func:`simulate` returns for ``state``: the evaluator's model (the best
+    certified one), the metrics so far and the run's configuration and end record."""
+    weights, duals = evaluator.model(algorithm, state, run)
+    return RunResult(
+        metrics=run.metrics,
+        weights=np.array(weights, copy=True),
+        duals=None if duals is None else np.array(duals, copy=True),
+        round_times=np.array(run.round_times, dtype=float),
+        config={
+            "algorithm": algorithm.config(),
+            "seed": seed,
+            **budget.end_record(run.t, run.stopped_by, run.stop_reason),
+            "resumed_from": list(run.resumed_from),
+            "optimum_primal": optimum.primal if optimum else None,
+            "engine": "simulation",
+            "cipher": cipher.describe(),
+            "costs": metering.meter.model.describe(),
+        },
+    )
+
+
+def _run_rounds(algorithm: Algorithm, state, run: RunProgress, budget: Budget, participation,
+                rngs: tuple[np.random.Generator, np.random.Generator], metering: _Metering,
+                evaluator: Evaluator, checkpoints: Checkpoints | None, *, progress: bool,
+                done: bool, result: Callable[[Any], RunResult]):
+    """:func:`simulate`'s loop, from round ``run.t + 1`` until the budget says stop: draw
+    the active clients, run the algorithm's round, meter it, evaluate when due (a
+    diverging round raises with ``err.result = result(state)``) and checkpoint.
+    Returns the last state."""
+    participation_rng, algorithm_rng = rngs
     with budget.progress_bar(progress and not done, algorithm.name) as advance:
         t = run.t
         advance(t, None, run.totals["sim_time"])
@@ -355,7 +381,7 @@ def simulate(
                     row = evaluator.record(t, algorithm, state, run)
                 except HyflError as err:
                     run.stopped_by = "diverged"
-                    err.result = result()
+                    err.result = result(state)
                     raise
                 advance(t, row, run.totals["sim_time"])
             elif progress:
@@ -364,9 +390,7 @@ def simulate(
             done = run.stopped_by is not None
             if checkpoints is not None and not done:
                 checkpoints.maybe_save(state, run)
-    if checkpoints is not None:
-        checkpoints.finish(state, run)
-    return result()
+    return state
 
 
 class Evaluator:
