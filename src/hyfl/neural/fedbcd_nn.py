@@ -102,6 +102,7 @@ from typing import Any
 import numpy as np
 
 from hyfl.errors import check_choice, check_int, check_positive, check_range, fail
+from hyfl.fedbcd_steps import check_local_steps, resolved_local_steps
 from hyfl.neural import require_jax
 from hyfl.neural.base import FLOAT_BYTES, ID_BYTES, batch_ids, validation_auc
 from hyfl.neural.nets import flatten_named, make_cnn, make_mlp
@@ -207,9 +208,6 @@ class FedBCDNN:
         check_choice("variant", self.variant, VARIANTS)
         check_choice("bottom", self.bottom, BOTTOMS)
         check_choice("lr_decay", self.lr_decay, LR_DECAYS)
-        # imported here: hyfl.algorithms' registry imports this module
-        from hyfl.algorithms.fedbcd import check_local_steps
-
         check_local_steps(self.variant, self.local_steps)
         for name in ("batch_size", "bottom_hidden", "embedding", "channels"):
             check_int(name, getattr(self, name), minimum=1)
@@ -233,8 +231,6 @@ class FedBCDNN:
     @property
     def steps(self) -> int:
         """``Q`` resolved from ``local_steps`` and the variant (as the linear FedBCD's)."""
-        from hyfl.algorithms.fedbcd import resolved_local_steps
-
         return resolved_local_steps(self.variant, self.local_steps)
 
     def config(self, state: FedBCDNNState | None = None) -> dict[str, Any]:
