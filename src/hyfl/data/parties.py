@@ -1166,6 +1166,80 @@ def load_parties(
         column) or between them (naming the sample ID, the feature and both
         files).
     """
+    min_common = _check_options(id_column, label_column, unlabeled, scope, min_common, task)
+    tables = _read_tables(_normalise_files(files), columns, scope, id_column=id_column,
+                          label_column=label_column, unlabeled=unlabeled,
+                          weight_column=weight_column)
+    feature_names = _global_features(tables, features, id_column, label_column)
+    notices = _column_notices(tables) if scope == "shared" else []
+    for notice in notices:
+        warnings.warn(notice, PartyFileWarning, stacklevel=2)
+    rows, n_aligned, psi_bytes = _align(tables, psi)
+    shared_ids = _check_common_ids(tables, rows, n_aligned, min_common, id_column)
+    sample_ids = np.empty(n_aligned, dtype=object)
+    for t, g in zip(reversed(tables), reversed(rows)):
+        sample_ids[g] = t.ids  # earlier parties overwrite: the first holder's spelling
+    values, keep, source_table, source_row = _aligned_labels(tables, rows, n_aligned)
+    clients = _feature_holders(tables)
+    if unlabeled == "error":
+        _check_all_labelled(keep, tables, rows, sample_ids, label_column)
+    kept_rows, global_rows = _kept_rows(tables, rows, keep, clients, sample_ids, label_column)
+    kept_ids = sample_ids[keep]
+    n_samples, M = int(keep.sum()), len(feature_names)
+    blocks, owned_masks, overlap = _client_blocks(
+        tables, clients, kept_rows, global_rows, feature_names, kept_ids)
+    X, owner = _party_matrix(blocks, owned_masks, n_samples, M)
+    if overlap:
+        partition = Partition(
+            n_samples=n_samples,
+            n_features=M,
+            samples=tuple(np.sort(b[0]) for b in blocks),
+            features=tuple(np.sort(b[1]) for b in blocks),
+            entry_owner=owner,
+            name="parties",
+        )
+    else:
+        partition = from_blocks([(b[0], b[1]) for b in blocks], n_samples, M, name="parties")
+    partition.validate(X)
+
+    y, task, found_classes = _encode_labels(
+        values[keep], tables, source_table[keep], source_row[keep], task, classes
+    )
+    dataset = Dataset(
+        X=X,
+        y=y,
+        name=name,
+        task=task,
+        sample_weight=_gather_weights(tables, rows, n_aligned, keep, sample_ids, weight_column),
+        meta={
+            "source": "party files",
+            "format": "parties",
+            "parties": {t.party: str(t.path) for t in tables},
+            "clients": tuple(tables[k].party for k in clients),
+            "label_parties": tuple(t.party for t in tables if t.labels is not None),
+            "id_column": id_column,
+            "label_column": label_column,
+            "weight_column": weight_column,
+            "feature_names": tuple(feature_names),
+            "sample_ids": tuple(str(i) for i in kept_ids),
+            "classes": tuple(found_classes),
+            "psi": bool(psi),
+            "psi_bytes": psi_bytes,
+            "dropped_unlabeled": int(n_aligned - n_samples),
+            "shared_cells": bool(overlap),
+            "shared_ids": shared_ids,
+            "notices": tuple(notices),
+        },
+    )
+    return dataset, partition
+
+
+# The steps of load_parties, in its order.
+
+
+def _check_options(id_column, label_column, unlabeled: str, scope: str, min_common: int,
+                   task: str | None) -> int:
+    """Check load_parties' options that need no file; return ``min_common`` as an int."""
     check_choice("unlabeled", unlabeled, _UNLABELED)
     check_choice("scope", scope, _SCOPES)
     min_common = check_int("min_common", min_common, minimum=0)
@@ -1179,7 +1253,13 @@ def load_parties(
             f"is the ID column {id_column!r}",
             "Name the label column, e.g. label_column='label'.",
         )
-    items = _normalise_files(files)
+    return min_common
+
+
+def _read_tables(items: list[tuple[str, Path]], columns: Mapping[str, Sequence[str]] | None,
+                 scope: str, **options) -> list[_Table]:
+    """Read every party's file (``options``: :func:`_read_table`'s, but the declared
+    columns); with ``scope="party"``, name each feature ``<party>.<column>``."""
     parties = [party for party, _ in items]
     if columns is not None:
         unknown = [p for p in columns if p not in parties]
@@ -1193,35 +1273,28 @@ def load_parties(
         _read_table(
             party,
             path,
-            id_column=id_column,
-            label_column=label_column,
             declared_columns=None if columns is None else columns.get(party),
-            unlabeled=unlabeled,
-            weight_column=weight_column,
+            **options,
         )
         for party, path in items
     ]
     if scope == "party":
         for table in tables:
             table.features = [f"{table.party}.{column}" for column in table.features]
-    feature_names = _global_features(tables, features, id_column, label_column)
-    notices = _column_notices(tables) if scope == "shared" else []
-    for notice in notices:
-        warnings.warn(notice, PartyFileWarning, stacklevel=2)
-    rows, n_aligned, psi_bytes = _align(tables, psi)
-    shared_ids = _check_common_ids(tables, rows, n_aligned, min_common, id_column)
+    return tables
 
-    sample_ids = np.empty(n_aligned, dtype=object)
-    for t, g in zip(reversed(tables), reversed(rows)):
-        sample_ids[g] = t.ids  # earlier parties overwrite: the first holder's spelling
+
+def _aligned_labels(tables: list[_Table], rows: list[np.ndarray], n_aligned: int):
+    """``(values, known, source table, source row)`` of each aligned sample's label."""
     _unify_label_kinds(tables)
     if any(t.labels is not None for t in tables):
-        values, known, source_table, source_row = _gather_labels(tables, rows, n_aligned)
-    else:
-        values = np.full(n_aligned, np.nan)
-        known = np.zeros(n_aligned, dtype=bool)
-        source_table = source_row = np.full(n_aligned, -1, dtype=np.int64)
+        return _gather_labels(tables, rows, n_aligned)
+    source = np.full(n_aligned, -1, dtype=np.int64)
+    return np.full(n_aligned, np.nan), np.zeros(n_aligned, dtype=bool), source, source
 
+
+def _feature_holders(tables: list[_Table]) -> list[int]:
+    """The tables with feature columns (the clients, in party order); at least one."""
     clients = [k for k, t in enumerate(tables) if t.features]
     if not clients:
         raise fail(
@@ -1229,28 +1302,39 @@ def load_parties(
             "have no feature columns at all (only IDs and labels)",
             "At least one party must hold features.",
         )
-    if not known.all():
-        missing = np.flatnonzero(~known)
-        if unlabeled == "error":
-            held = []
-            for i in missing[:_MAX_NAMED]:
-                holders = ", ".join(t.party for t, g in zip(tables, rows) if i in g)
-                held.append(f"{sample_ids[i]!r} (in {holders})")
-            more = f" and {missing.size - _MAX_NAMED} more" if missing.size > _MAX_NAMED else ""
-            without = [t for t in tables if t.labels is None]
-            unlabelled = (
-                f" ({', '.join(t.culprit for t in without[:_MAX_NAMED])} "
-                f"{'has' if len(without) == 1 else 'have'} no {label_column!r} column)"
-                if without and len(without) < len(tables) else "")
-            raise fail(
-                f"sample{'s' if missing.size > 1 else ''} {', '.join(held)}{more}",
-                f"{'have' if missing.size > 1 else 'has'} no label: no party that holds "
-                f"{'them' if missing.size > 1 else 'it'} has a {label_column!r} column with "
-                f"a value for it{unlabelled}",
-                "Add a label column with these labels to one of those files, delete these "
-                "rows, or pass unlabeled='drop' (spec option unlabeled=drop) to leave them out.",
-            )
-    keep = known
+    return clients
+
+
+def _check_all_labelled(known: np.ndarray, tables: list[_Table], rows: list[np.ndarray],
+                        sample_ids: np.ndarray, label_column: str | None) -> None:
+    """Raise, naming the first samples and their files, unless every sample has a label."""
+    if known.all():
+        return
+    missing = np.flatnonzero(~known)
+    held = []
+    for i in missing[:_MAX_NAMED]:
+        holders = ", ".join(t.party for t, g in zip(tables, rows) if i in g)
+        held.append(f"{sample_ids[i]!r} (in {holders})")
+    more = f" and {missing.size - _MAX_NAMED} more" if missing.size > _MAX_NAMED else ""
+    without = [t for t in tables if t.labels is None]
+    unlabelled = (
+        f" ({', '.join(t.culprit for t in without[:_MAX_NAMED])} "
+        f"{'has' if len(without) == 1 else 'have'} no {label_column!r} column)"
+        if without and len(without) < len(tables) else "")
+    raise fail(
+        f"sample{'s' if missing.size > 1 else ''} {', '.join(held)}{more}",
+        f"{'have' if missing.size > 1 else 'has'} no label: no party that holds "
+        f"{'them' if missing.size > 1 else 'it'} has a {label_column!r} column with "
+        f"a value for it{unlabelled}",
+        "Add a label column with these labels to one of those files, delete these "
+        "rows, or pass unlabeled='drop' (spec option unlabeled=drop) to leave them out.",
+    )
+
+
+def _kept_rows(tables: list[_Table], rows: list[np.ndarray], keep: np.ndarray,
+               clients: list[int], sample_ids: np.ndarray, label_column: str | None):
+    """Per table, the file rows kept (labelled) and their rows of X; every kept sample
+    must be held by a client and every client must keep a sample."""
     new_index = np.cumsum(keep) - 1
     n_samples = int(keep.sum())
     if n_samples == 0:
@@ -1282,10 +1366,14 @@ def load_parties(
             "their features",
             "Add these samples to a party file with features, or delete them.",
         )
+    return kept_rows, global_rows
 
+
+def _client_blocks(tables: list[_Table], clients: list[int], kept_rows, global_rows,
+                   feature_names: list[str], kept_ids: np.ndarray):
+    """Each client's block ``(rows of X, columns of X, values)``, which of its cells it
+    owns (not an earlier client's), and whether any cell is held twice (checked equal)."""
     feature_index = {f: m for m, f in enumerate(feature_names)}
-    M = len(feature_names)
-    kept_ids = sample_ids[keep]
     blocks = []
     owned_masks = []
     overlap = False
@@ -1318,7 +1406,11 @@ def load_parties(
             own[np.ix_(sk, fk)] = False
         blocks.append((t_rows, t_cols, t_values))
         owned_masks.append(own)
+    return blocks, owned_masks, overlap
 
+
+def _party_matrix(blocks, owned_masks, n_samples: int, M: int):
+    """X (CSR) from the clients' owned non-zero cells, and each entry's owning client."""
     entry_rows, entry_cols, entry_values, entry_owner = [], [], [], []
     for client, ((t_rows, t_cols, t_values), own) in enumerate(zip(blocks, owned_masks)):
         r, c = np.nonzero(own & (t_values != 0))
@@ -1338,52 +1430,7 @@ def load_parties(
     owner = np.concatenate(entry_owner)[order]
     if X.nnz != owner.size:  # pragma: no cover - guards the CSR order assumption
         raise RuntimeError("party data: CSR construction changed the entry order")
-
-    client_names = [tables[k].party for k in clients]
-    partition_name = "parties"
-    if overlap:
-        partition = Partition(
-            n_samples=n_samples,
-            n_features=M,
-            samples=tuple(np.sort(b[0]) for b in blocks),
-            features=tuple(np.sort(b[1]) for b in blocks),
-            entry_owner=owner,
-            name=partition_name,
-        )
-    else:
-        partition = from_blocks([(b[0], b[1]) for b in blocks], n_samples, M, name=partition_name)
-    partition.validate(X)
-
-    y, task, found_classes = _encode_labels(
-        values[keep], tables, source_table[keep], source_row[keep], task, classes
-    )
-    dataset = Dataset(
-        X=X,
-        y=y,
-        name=name,
-        task=task,
-        sample_weight=_gather_weights(tables, rows, n_aligned, keep, sample_ids, weight_column),
-        meta={
-            "source": "party files",
-            "format": "parties",
-            "parties": {t.party: str(t.path) for t in tables},
-            "clients": tuple(client_names),
-            "label_parties": tuple(t.party for t in tables if t.labels is not None),
-            "id_column": id_column,
-            "label_column": label_column,
-            "weight_column": weight_column,
-            "feature_names": tuple(feature_names),
-            "sample_ids": tuple(str(i) for i in kept_ids),
-            "classes": tuple(found_classes),
-            "psi": bool(psi),
-            "psi_bytes": psi_bytes,
-            "dropped_unlabeled": int(n_aligned - n_samples),
-            "shared_cells": bool(overlap),
-            "shared_ids": shared_ids,
-            "notices": tuple(notices),
-        },
-    )
-    return dataset, partition
+    return X, owner
 
 
 # --------------------------------------------------------------------------- specs
