@@ -211,7 +211,7 @@ def layer_violations(sources: dict[str, str], markdown: str) -> list[str]:
         if mine is not None and theirs is not None and theirs > mine:
             problems.append(f"src/hyfl/{path}:{line} (layer {layers[mine][0]!r}) imports "
                             f"{target} (layer {layers[theirs][0]!r}, below it)")
-    return problems
+    return list(dict.fromkeys(problems))  # one line per import, however many names
 
 
 # --- long functions -------------------------------------------------------------------
@@ -320,7 +320,7 @@ def test_the_layer_check_reports_a_planted_violation():
     }
     assert layer_violations(sources, TOY_TABLE) == []
     planted = {**sources, "data/table.py": "from hyfl.errors import fail\n\n\n"
-               "def show():\n    from hyfl.cli import main\n"}
+               "def show():\n    from hyfl.cli import main, other\n"}
     assert layer_violations(planted, TOY_TABLE) == [
         "src/hyfl/data/table.py:5 (layer 'data') imports hyfl.cli (layer 'top', below it)"
     ]
