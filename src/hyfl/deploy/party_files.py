@@ -775,30 +775,12 @@ HELLO_FIELDS = {"n_ids": "int", "columns": "list", "column_keys": "matrix", "lab
                 "blinded": "matrix", "channel": "ids", "nonce": "ids", "tag": "ids?"}
 
 
-def align_parties(hellos: dict[int, dict], exchange, config, log, *, job=None,
-                  final=None) -> tuple[dict[int, dict], dict]:
-    """The server's side: run the alignment; return the parties' block hellos and a record.
-
-    ``job`` (task, classes), if given, is the task instead of the one the parties'
-    labels make (a model's, when scoring: :mod:`hyfl.deploy.scoring`); ``final``, if
-    given, replaces the ``block`` message: ``final(aligned) -> replies``, with
-    ``aligned`` the numbering (``index``: each party's global samples by position,
-    ``features``: its columns' global features, ``n_samples``, ``feature_names``).
-
-    Parameters
-    ----------
-    hellos : dict
-        Party -> its ``hello`` reply (each with an ``align`` field).
-    exchange : callable
-        ``exchange({party: (kind, payload)}) -> {party: reply}`` (the coordinator's,
-        replies checked against ``REPLY_FIELDS``).
-    config : DeployConfig
-    log : callable
-    """
+def _checked_hellos(hellos: dict[int, dict]) -> tuple[dict[int, dict], list[int]]:
+    """Each party's ``align`` field of its hello, checked (its fields, and shapes that
+    match the number of ids it announces); and those numbers."""
     from hyfl.deploy.codec import check_fields
-    from hyfl.privacy.alignment import POINT_BYTES, join, number_samples
+    from hyfl.privacy.alignment import POINT_BYTES
 
-    tic = time.perf_counter()
     K = len(hellos)
     info = {k: check_fields(hellos[k]["align"], HELLO_FIELDS, f"party {k}'s hello field align")
             for k in range(K)}
@@ -811,19 +793,18 @@ def align_parties(hellos: dict[int, dict], exchange, config, log, *, job=None,
                 np.shape(info[k]["nonce"]) != (16,):
             raise fail(f"party {k}'s hello", "has column keys or a nonce of the wrong shape",
                        _SAME_VERSION)
-    columns = [[str(c) for c in info[k]["columns"]] for k in range(K)]
-    features: dict[str, int] = {}  # column name -> global feature, by first appearance
-    for names in columns:
-        for name in names:
-            features.setdefault(name, len(features))
-    task, classes = (_job_labels({k: info[k]["labels"] for k in range(K)}, config.loss,
-                                 [_named(hellos, k) for k in range(K)])
-                     if job is None else job)
-    log(f"aligning the parties' files: {', '.join(f'{n:,}' for n in sizes)} ids "
-        f"({_task_text(task, classes)})")
+    return info, sizes
 
-    # 1. Each party blinds its peers' lists again.
-    # Every party's hello goes to its peers as it was sent, with its tag (they check it).
+
+def _reblind(exchange, info: dict[int, dict], sizes: list[int], columns: list[list[str]],
+             task, classes) -> tuple[dict[tuple[int, int], np.ndarray], np.ndarray, bool]:
+    """Step 1: each party blinds its peers' lists again. Every party's hello goes to its
+    peers as it was sent, with its tag (they check it). Returns ``double``, (owner,
+    blinder) -> the owner's ids blinded by both in the owner's order; the blinders' tags,
+    ``[blinder, owner]``; and whether every party tags."""
+    from hyfl.privacy.alignment import POINT_BYTES
+
+    K = len(sizes)
     channels = np.stack([np.asarray(info[k]["channel"], dtype=np.uint8) for k in range(K)])
     tagged = all(info[k].get("tag") is not None for k in range(K))
     shared_fields = {
@@ -865,8 +846,18 @@ def align_parties(hellos: dict[int, dict], exchange, config, log, *, job=None,
             if j != k:
                 double[(j, k)] = reblinded[start:start + sizes[j]]
                 start += sizes[j]
+    return double, double_tags, tagged
+
+
+def _match_pairs(double: dict[tuple[int, int], np.ndarray], columns: list[list[str]],
+                 hellos: dict[int, dict], log) -> dict[tuple[int, int], tuple]:
+    """The samples each pair of parties shares (``(j, k)`` with ``j < k`` -> their rows,
+    in both parties' orders), by joining the doubly blinded ids; logs the columns a pair
+    holds both (those cells are the first holder's, as ``hyfl run`` does)."""
+    from hyfl.privacy.alignment import join
+
     matches = {}
-    for k in range(K):
+    for k in range(len(hellos)):
         for j in range(k):
             rows_j, rows_k = join(double[(j, k)], double[(k, j)], (f"party {j}", f"party {k}"))
             if rows_j.size:
@@ -877,24 +868,27 @@ def align_parties(hellos: dict[int, dict], exchange, config, log, *, job=None,
                         f"samples and the columns {', '.join(both[:5])}"
                         f"{' ...' if len(both) > 5 else ''}: those cells are "
                         f"{_named(hellos, j)}'s, {_named(hellos, k)} leaves them out")
-    rng = np.random.default_rng(secrets.randbits(128))  # fresh: no file order shows through
-    index, n_samples = number_samples(sizes, matches, rng)
-    holders = np.bincount(np.concatenate(index), minlength=n_samples)
-    shared = [int(np.count_nonzero(holders[g] > 1)) for g in index]
-    _check_overlap(columns, sizes, shared, config.min_common,
-                   [_named(hellos, k) for k in range(K)])
+    return matches
 
-    # 2. Labels for the samples a peer holds too, in one order for both sides of a pair;
-    # each side is told the other's rows too (positions in the lists it re-blinded), to
-    # bind the labels to the blinded ids of their rows.
+
+def _exchange_labels(exchange, matches: dict, double: dict, double_tags: np.ndarray,
+                     tagged: bool, index: list[np.ndarray], n_samples: int,
+                     numbered: dict[int, np.ndarray], n_features: int, standardize: bool,
+                     rng: np.random.Generator) -> tuple[dict[int, dict], Any, Any]:
+    """Step 2: labels for the samples a peer holds too, in one order for both sides of a
+    pair; each side is told the other's rows too (positions in the lists it re-blinded),
+    to bind the labels to the blinded ids of their rows. Returns the labels each party
+    sealed for each peer (recipient -> sender -> bytes) and, with ``standardize``, the
+    secure sum of the features' moments and its check."""
+    from hyfl.privacy.alignment import POINT_BYTES
+
+    K = len(index)
     rows = {k: [np.empty(0, dtype=np.int64)] * K for k in range(K)}
     for (j, k), (rows_j, rows_k) in matches.items():
         order = rng.permutation(rows_j.size)
         rows[j][k], rows[k][j] = rows_j[order], rows_k[order]
-    numbered = {k: np.array([features[name] for name in columns[k]], dtype=np.int64)
-                for k in range(K)}
-    scaling = {k: ({"moments_features": numbered[k], "n_features": len(features)}
-                   if config.standardize else {}) for k in range(K)}
+    scaling = {k: ({"moments_features": numbered[k], "n_features": n_features}
+                   if standardize else {}) for k in range(K)}
     replies = exchange({k: ("labels", {"shared_rows": np.concatenate(rows[k]),
                                        "peer_rows": np.concatenate([rows[j][k]
                                                                     for j in range(K)]),
@@ -909,8 +903,8 @@ def align_parties(hellos: dict[int, dict], exchange, config, log, *, job=None,
                                        "samples": index[k], "n_samples": n_samples,
                                        **scaling[k]})
                         for k in range(K)})
-    moments = _sum_moments(replies, K, len(features)) if config.standardize else None
-    check = _sum_checks(replies, K) if config.standardize else None
+    moments = _sum_moments(replies, K, n_features) if standardize else None
+    check = _sum_checks(replies, K) if standardize else None
     sealed = {}
     for j in range(K):
         for key, value in replies[j]["sealed"].items():
@@ -919,6 +913,61 @@ def align_parties(hellos: dict[int, dict], exchange, config, log, *, job=None,
                 raise fail(f"party {j}'s reply to 'labels'", f"seals labels for {key!r}, not "
                            "a peer", _SAME_VERSION)
             sealed.setdefault(int(key), {})[str(j)] = value
+    return sealed, moments, check
+
+
+def align_parties(hellos: dict[int, dict], exchange, config, log, *, job=None,
+                  final=None) -> tuple[dict[int, dict], dict]:
+    """The server's side: run the alignment; return the parties' block hellos and a record.
+
+    ``job`` (task, classes), if given, is the task instead of the one the parties'
+    labels make (a model's, when scoring: :mod:`hyfl.deploy.scoring`); ``final``, if
+    given, replaces the ``block`` message: ``final(aligned) -> replies``, with
+    ``aligned`` the numbering (``index``: each party's global samples by position,
+    ``features``: its columns' global features, ``n_samples``, ``feature_names``).
+
+    Parameters
+    ----------
+    hellos : dict
+        Party -> its ``hello`` reply (each with an ``align`` field).
+    exchange : callable
+        ``exchange({party: (kind, payload)}) -> {party: reply}`` (the coordinator's,
+        replies checked against ``REPLY_FIELDS``).
+    config : DeployConfig
+    log : callable
+    """
+    from hyfl.privacy.alignment import number_samples
+
+    tic = time.perf_counter()
+    K = len(hellos)
+    info, sizes = _checked_hellos(hellos)
+    columns = [[str(c) for c in info[k]["columns"]] for k in range(K)]
+    features: dict[str, int] = {}  # column name -> global feature, by first appearance
+    for names in columns:
+        for name in names:
+            features.setdefault(name, len(features))
+    task, classes = (_job_labels({k: info[k]["labels"] for k in range(K)}, config.loss,
+                                 [_named(hellos, k) for k in range(K)])
+                     if job is None else job)
+    log(f"aligning the parties' files: {', '.join(f'{n:,}' for n in sizes)} ids "
+        f"({_task_text(task, classes)})")
+
+    # 1. Each party blinds its peers' lists again; the pairs' shared samples.
+    double, double_tags, tagged = _reblind(exchange, info, sizes, columns, task, classes)
+    matches = _match_pairs(double, columns, hellos, log)
+    rng = np.random.default_rng(secrets.randbits(128))  # fresh: no file order shows through
+    index, n_samples = number_samples(sizes, matches, rng)
+    holders = np.bincount(np.concatenate(index), minlength=n_samples)
+    shared = [int(np.count_nonzero(holders[g] > 1)) for g in index]
+    _check_overlap(columns, sizes, shared, config.min_common,
+                   [_named(hellos, k) for k in range(K)])
+
+    # 2. Labels for the samples a peer holds too.
+    numbered = {k: np.array([features[name] for name in columns[k]], dtype=np.int64)
+                for k in range(K)}
+    sealed, moments, check = _exchange_labels(exchange, matches, double, double_tags, tagged,
+                                              index, n_samples, numbered, len(features),
+                                              config.standardize, rng)
 
     if final is not None:  # scoring (hyfl.deploy.scoring): no block, the job's own message
         replies = final({"index": index, "features": numbered, "n_samples": n_samples,
