@@ -127,14 +127,6 @@ def check_range(
     return v
 
 
-def check_fraction(name: str, value: float, *, fix: str = "") -> float:
-    """Return ``value`` if it lies in (0, 1], else raise."""
-    v = check_positive(name, value, fix=fix or "Pass a fraction in (0, 1].")
-    if v > 1:
-        raise fail(name, f"must be in (0, 1], got {value!r}", fix or "Pass a fraction in (0, 1].")
-    return v
-
-
 def check_choice(name: str, value: str, choices: Iterable[str]) -> str:
     """Return ``value`` if it is one of ``choices``, else raise listing them."""
     choices = list(choices)
