@@ -354,6 +354,8 @@ def test_counts(cipher):
     c.encrypt(random_chunks(c, 1))
     assert snap.encryptions == start.encryptions + 7  # snapshot is a copy
     assert OpCounts(5, 4, 3) - OpCounts(1, 1, 1) == OpCounts(4, 3, 2)
+    c.counts.restore(snap)  # the operations since the snapshot are not counted
+    assert c.counts == snap and c.counts is not snap
 
 
 # --------------------------------------------------------------------------- real Paillier

@@ -50,9 +50,12 @@ class OpCounts:
             self.additions - other.additions,
         )
 
-    def _restore(self, saved: OpCounts) -> None:
+    def restore(self, snapshot: OpCounts) -> None:
+        """Set the counts back to ``snapshot`` (a :meth:`snapshot`): operations done
+        since then are not counted (e.g. a check or monitoring that is not part of the
+        protocol)."""
         for f in fields(self):
-            setattr(self, f.name, getattr(saved, f.name))
+            setattr(self, f.name, getattr(snapshot, f.name))
 
 
 # --------------------------------------------------------------------------- base

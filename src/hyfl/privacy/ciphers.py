@@ -753,7 +753,7 @@ def calibrate(cipher: Cipher, n_values: int = 200, seed: int = 0) -> dict:
             ops["decrypt"] = None
         ops["add"] = _seconds_per_op(lambda: cipher.add(cts, cts), n)
     finally:
-        cipher.counts._restore(saved)
+        cipher.counts.restore(saved)
         if pooled is not None:
             key._pool = pooled
     result = {"cipher": cipher.name, "key_bits": cipher.key_bits, "slots": cipher.slots}
