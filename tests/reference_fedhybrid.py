@@ -127,7 +127,7 @@ class ReferenceFedHybrid:
         b = np.broadcast_to(np.asarray(cfg.b, dtype=float), (n,))
         self.a, self.b = [], []
         for k, c in enumerate(self.clients):
-            if cfg.step_rule == "raw":
+            if cfg.step_sizes == "raw":
                 self.a.append(a[k])
                 self.b.append(b[k])
             elif c.newton:

@@ -71,7 +71,7 @@ CASES = {
         RandomFraction,
         FedHybrid(
             newton_clients="half",
-            step_rule="raw",
+            step_sizes="raw",
             a=(0.5, 1.0, 0.3, 0.2),
             b=(0.02, 0.05, 0.01, 0.02),
             mu=0.05,
@@ -275,7 +275,7 @@ def test_refuses_partitions_that_are_not_horizontal(make_partition):
 
 def test_hyperparameters_are_validated():
     bad = [
-        ({"step_rule": "fast"}, "step_rule"),
+        ({"step_sizes": "fast"}, "step_sizes"),
         ({"newton_solver": "lu"}, "newton_solver"),
         ({"mu": -1.0}, "mu"),
         ({"mu": "big"}, "mu"),
@@ -307,7 +307,7 @@ def test_divergence_is_reported_with_the_culprits():
     problem = make_problem(synthetic(), "squared", 0.05)
     with pytest.raises(HyflError, match="diverged") as err:
         simulate(
-            FedHybrid(step_rule="raw", a=5.0, b=5.0, mu=1.0),
+            FedHybrid(step_sizes="raw", a=5.0, b=5.0, mu=1.0),
             problem,
             horizontal(120, 8, 3),
             Full(3),

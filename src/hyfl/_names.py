@@ -8,6 +8,10 @@ command can list them in its help without importing NumPy-heavy code (``hyfl
 STEP_RULES = ("cocoa", "safe", "theory", "paper")
 """Registry of HyFDCA step rules (drives validation and CLI choices); ``cocoa`` is the default."""
 
+HYPERPARAMETER_FLAGS = ("iic", "local_steps", "step_rule", "a", "b", "mu", "eta0", "batch_size")
+"""The hyperparameters ``hyfl run`` and ``hyfl compare`` have a flag of their own for
+(``--step-rule`` ...); every hyperparameter, these too, is also ``--param KEY=VALUE``."""
+
 CIPHER_NAMES = ("none", "paillier", "packed", "ckks")
 """The keys of :data:`hyfl.privacy.ciphers.CIPHERS`, in order."""
 

@@ -127,16 +127,21 @@ LocalSteps = Annotated[int | None, typer.Option(help="H (or Q for FedBCD): local
 StepRule = Annotated[
     str | None,
     typer.Option(click_type=_choice(STEP_RULES), metavar="RULE",
-                 help=f"HyFDCA step rule: {', '.join(STEP_RULES)} (default {STEP_RULES[0]})."),
+                 help=f"HyFDCA's step rule: {', '.join(STEP_RULES)} (default {STEP_RULES[0]}). "
+                 "FedHybrid's step sizes are --param step_sizes=scaled|raw."),
 ]
-RateA = Annotated[float | None, typer.Option("--a", help="FedAvg/HyFEM rate a/(b + sqrt t).")]
-RateB = Annotated[float | None, typer.Option("--b", help="FedAvg/HyFEM rate a/(b + sqrt t).")]
-Mu = Annotated[float | None, typer.Option(help="Proximal weight (HyFEM, FedPBCD, FedHybrid).")]
+RateA = Annotated[float | None, typer.Option(
+    "--a", help="FedAvg/HyFEM rate a/(b + sqrt t); FedHybrid's primal step (multiplier).")]
+RateB = Annotated[float | None, typer.Option(
+    "--b", help="FedAvg/HyFEM rate a/(b + sqrt t); FedHybrid's dual step (multiplier).")]
+Mu = Annotated[float | None, typer.Option(
+    help="Proximal weight (HyFEM, FedPBCD, neural); FedHybrid's penalty.")]
 Eta0 = Annotated[float | None, typer.Option(help="FedBCD rate eta0 / sqrt(t + 1).")]
 BatchSize = Annotated[int | None, typer.Option(help="FedBCD mini-batch size S.")]
 Param = Annotated[
     list[str] | None,
-    typer.Option(help="Any hyperparameter as KEY=VALUE, or ALGORITHM.KEY=VALUE; repeatable."),
+    typer.Option(help="Any hyperparameter (`hyfl algorithms`) as KEY=VALUE, or "
+                 "ALGORITHM.KEY=VALUE; a list as [1,2]; repeatable."),
 ]
 Iterations = Annotated[
     int, typer.Option(help="Outer iterations (neural algorithms: 20 unless given).")
@@ -250,25 +255,6 @@ def _fail(err: HyflError) -> None:
 
 def _say(message: str) -> None:
     console.print(escape(message), soft_wrap=True)
-
-
-def _parse_params(params: list[str] | None) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for item in params or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise fail(f"--param {item!r}", "is not KEY=VALUE", "Write e.g. --param mu=0.1.")
-        out[key.strip()] = _number_or_text(value.strip())
-    return out
-
-
-def _number_or_text(value: str) -> object:
-    for convert in (int, float):
-        try:
-            return convert(value)
-        except ValueError:
-            pass
-    return {"true": True, "false": False}.get(value.lower(), value)
 
 
 @app.command(epilog=TRIVIAL_EPILOG)
@@ -502,8 +488,9 @@ def compare(
 ):
     """Run several algorithms on one partition and participation trace; write a summary and plot.
 
-    Shared flags apply to every algorithm that has the hyperparameter; use
-    --param ALGORITHM.KEY=VALUE for one algorithm only (e.g. --param fedavg.iic=0.25).
+    Shared flags apply to every algorithm that has the hyperparameter, and only to those
+    (one that none of them has is an error); use --param ALGORITHM.KEY=VALUE for one
+    algorithm only (e.g. --param fedavg.iic=0.25).
     Writes DIR/summary.csv, summary.md, compare.png (against outer iterations and
     simulated time) and costs.png (time per outer iteration by component).
     """
@@ -714,8 +701,9 @@ def algorithms():
     from hyfl.algorithms import ALGORITHMS
     from hyfl.cli_tables import algorithm_options
 
-    table = Table(caption="options: --param NAME=VALUE (hyfl run, compare), defaults shown; "
-                  "auto: chosen from the data or the other options when left unset")
+    table = Table(caption="options: --param NAME=VALUE (hyfl run, compare; a list as [1,2]), "
+                  "defaults shown; auto: chosen from the data or the other options when "
+                  "left unset")
     table.add_column("name", no_wrap=True)  # short registry names: never `algorit…`
     table.add_column("what, and options (defaults)", overflow="fold")
     for name, entry in ALGORITHMS.items():
@@ -812,17 +800,10 @@ def predict(
 
 
 def _hyper(iic, local_steps, step_rule, a, b, mu, eta0, batch_size, param) -> dict:
-    named = {
-        "iic": iic,
-        "local_steps": local_steps,
-        "step_rule": step_rule,
-        "a": a,
-        "b": b,
-        "mu": mu,
-        "eta0": eta0,
-        "batch_size": batch_size,
-    }
-    return {**{k: v for k, v in named.items() if v is not None}, **_parse_params(param)}
+    from hyfl.experiments.spec import hyper_from_options
+
+    return hyper_from_options(dict(iic=iic, local_steps=local_steps, step_rule=step_rule, a=a,
+                                   b=b, mu=mu, eta0=eta0, batch_size=batch_size), param)
 
 
 def _unwrap_help(typer_app: typer.Typer) -> None:

@@ -138,7 +138,8 @@ def make_algorithm(name: str, hyper: dict[str, Any] | None = None):
         raise fail(
             f"hyperparameter {unknown[0]!r}",
             f"does not apply to {name}",
-            f"{name} accepts: {', '.join(sorted(accepted))}.",
+            option_elsewhere(unknown[0], [name])
+            + f"{name} accepts: {', '.join(sorted(accepted))}.",
         )
     return entry.cls(**{**entry.preset, **given, "name": name}).validated()
 
@@ -147,3 +148,79 @@ def accepted_hyperparameters(name: str) -> set[str]:
     """Names of the hyperparameters algorithm ``name`` accepts (presets may be overridden)."""
     entry = ALGORITHMS[name]
     return {f.name for f in dataclasses.fields(entry.cls) if f.name != "name"}
+
+
+def option_takers(option: str) -> list[str]:
+    """The registered algorithms that take hyperparameter ``option``, in registry order."""
+    return [name for name in ALGORITHMS if option in accepted_hyperparameters(name)]
+
+
+def option_elsewhere(option: str, chosen: list[str]) -> str:
+    """The start of an error's fix for ``option``, which none of ``chosen`` takes: the
+    option's new name if one of them renamed it, and which algorithms take it."""
+    hints = []
+    for name in chosen:
+        new = getattr(ALGORITHMS[name].cls, "renamed_options", {}).get(option)
+        if new is not None:
+            hints.append(f"{name}'s {option} is now called {new}: write {new}=VALUE.")
+    takers = option_takers(option)
+    if takers:
+        hints.append(f"{option} is an option of {', '.join(takers)}.")
+    else:
+        hints.append(f"No algorithm takes {option}: `hyfl algorithms` lists their options.")
+    return " ".join(hints) + " "
+
+
+def hyperparameters_by_algorithm(
+    names: list[str], hyper: dict[str, Any]
+) -> dict[str, dict[str, Any]]:
+    """Each of ``names``' hyperparameters from one set of options, as ``hyfl compare`` runs them.
+
+    An option ``key`` goes to every algorithm of ``names`` that takes it, and only to
+    those; ``name.key`` to algorithm ``name`` alone, over the shared value.
+
+    Raises
+    ------
+    HyflError
+        An option that none of ``names`` takes (naming the algorithms chosen and those
+        that take it), a ``name.key`` for an algorithm not among ``names``, or a ``key``
+        that ``name`` does not take.
+    """
+    for name in names:
+        check_choice("algorithm", name, ALGORITHMS)
+    chosen = list(dict.fromkeys(names))
+    out: dict[str, dict[str, Any]] = {name: {} for name in chosen}
+    specific: list[tuple[str, str, Any]] = []
+    for key, value in hyper.items():
+        if "." in key:
+            name, _, option = key.partition(".")
+            if name not in out:
+                raise fail(
+                    f"option {key!r}",
+                    f"is for {name}, which is not among the algorithms chosen "
+                    f"({', '.join(chosen)})",
+                    f"Add {name} to --algorithms, or write the option for one of them.",
+                )
+            specific.append((name, option, value))
+            continue
+        takers = [name for name in chosen if key in accepted_hyperparameters(name)]
+        if not takers:
+            add = "Add one of them to --algorithms, or leave it out." if option_takers(key) else ""
+            raise fail(
+                f"option {key!r}",
+                f"is taken by none of the algorithms chosen ({', '.join(chosen)})",
+                (option_elsewhere(key, chosen) + add).strip(),
+            )
+        for name in takers:
+            out[name][key] = value
+    for name, option, value in specific:
+        accepted = accepted_hyperparameters(name)
+        if option not in accepted:
+            raise fail(
+                f"option {name}.{option}",
+                f"does not apply to {name}",
+                option_elsewhere(option, [name])
+                + f"{name} accepts: {', '.join(sorted(accepted))}.",
+            )
+        out[name][option] = value
+    return out

@@ -47,9 +47,9 @@ first ``K`` clients by index are Newton-type, the rest gradient-type; build
 the partition with another seed to choose other clients) or an explicit list
 of client indices.
 
-**Step sizes.** ``step_rule="raw"`` takes ``a`` and ``b`` literally as the
+**Step sizes.** ``step_sizes="raw"`` takes ``a`` and ``b`` literally as the
 paper's ``a_i, b_i`` (one scalar for every client, or one value per client),
-for reproducing tuned experiments. ``step_rule="scaled"`` (default) derives
+for reproducing tuned experiments. ``step_sizes="scaled"`` (default) derives
 them per client in the shape of the paper's condition (4.2), from the local
 smoothness ``L_i = sup l'' ||X_i||_2^2 / N + N_i lam / N``::
 
@@ -138,7 +138,10 @@ from hyfl.partition import StackedBlocks
 from hyfl.problem import Problem
 from hyfl.work_clock import work_clock
 
-STEP_RULES = ("scaled", "raw")
+STEP_SIZES = ("scaled", "raw")
+"""What ``a`` and ``b`` are: multipliers of the per-client steps, or the steps themselves.
+(The option was called ``step_rule`` until it was renamed, since HyFDCA's ``step_rule``
+names its step rules: ``cocoa``, ``safe``, ...)"""
 """How ``a`` and ``b`` become the per-client step sizes ``a_i, b_i``."""
 
 NEWTON_SOLVERS = ("auto", "dense", "cg")
@@ -244,15 +247,16 @@ class FedHybrid:
         (FedH-N), the first ``n // 2``, the first ``K`` by index (FedH-K), or
         the listed client indices.
     a : float or sequence of float, default 1.0
-        Primal step: the paper's ``a_i`` under ``step_rule="raw"``, a
+        Primal step: the paper's ``a_i`` under ``step_sizes="raw"``, a
         multiplier of the per-client step under ``"scaled"``. A sequence
         gives one value per client.
     b : float or sequence of float, default 1.0
         Dual step, likewise.
     mu : float or "auto", default "auto"
         Penalty of the augmented Lagrangian; ``"auto"`` is ``0.1 * mean_i L_i``.
-    step_rule : {"scaled", "raw"}, default "scaled"
-        See the module docstring.
+    step_sizes : {"scaled", "raw"}, default "scaled"
+        ``raw``: ``a`` and ``b`` are the steps; ``scaled``: multipliers of per-client
+        steps from the local smoothness (the module docstring). Formerly ``step_rule``.
     newton_solver : {"auto", "dense", "cg"}, default "auto"
         ``auto``: Cholesky when ``M <= 3000``, conjugate gradients otherwise.
     cg_tolerance : float, default 1e-10
@@ -264,12 +268,13 @@ class FedHybrid:
     a: float | tuple[float, ...] = 1.0
     b: float | tuple[float, ...] = 1.0
     mu: float | str = "auto"
-    step_rule: str = "scaled"
+    step_sizes: str = "scaled"
     newton_solver: str = "auto"
     cg_tolerance: float = 1e-10
     name: str = "fedhybrid"
 
     divergence_hint = "Reduce a or b, or raise mu"
+    renamed_options = {"step_rule": "step_sizes"}  # old key -> its name now (errors say so)
 
     def __post_init__(self) -> None:
         # Frozen and hashable: lists and arrays given by callers become tuples.
@@ -281,7 +286,7 @@ class FedHybrid:
     # -- configuration -----------------------------------------------------
     def validated(self) -> FedHybrid:
         """Return self after checking every hyperparameter (raises HyflError)."""
-        check_choice("step_rule", self.step_rule, STEP_RULES)
+        check_choice("step_sizes", self.step_sizes, STEP_SIZES)
         check_choice("newton_solver", self.newton_solver, NEWTON_SOLVERS)
         check_positive("cg_tolerance", self.cg_tolerance, fix="Pass a tolerance such as 1e-10.")
         if self.mu != "auto":
@@ -353,7 +358,7 @@ class FedHybrid:
         mu = _AUTO_MU_FACTOR * float(np.mean(smoothness)) if self.mu == "auto" else float(self.mu)
         a = _per_client("a", self.a, n)
         b = _per_client("b", self.b, n)
-        if self.step_rule == "scaled":
+        if self.step_sizes == "scaled":
             a, b = scaled_step_sizes(a, b, mu, smoothness, newton)
         dense = self.newton_solver == "dense" or (
             self.newton_solver == "auto" and M <= DENSE_MAX_FEATURES

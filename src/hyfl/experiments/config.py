@@ -105,7 +105,7 @@ try:  # Python 3.11+
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-from hyfl._names import CLASS_WEIGHTS, INTERCEPT_SCALING
+from hyfl._names import CLASS_WEIGHTS, HYPERPARAMETER_FLAGS, INTERCEPT_SCALING
 from hyfl.errors import HyflError, fail
 
 DEFAULT_CHECKPOINT_SECONDS = 60.0
@@ -420,7 +420,7 @@ FLAG_KEYS = {
     "seed": ("experiment", "seeds"),
     "iterations": ("experiment", "budget"),
 }
-HYPER_FLAGS = ("iic", "local_steps", "step_rule", "a", "b", "mu", "eta0", "batch_size", "param")
+HYPER_FLAGS = (*HYPERPARAMETER_FLAGS, "param")
 
 
 def load_config_with_flags(path: str | os.PathLike, flags: Mapping[str, Any],
@@ -1070,7 +1070,12 @@ class _Validator:
                             he_layout=he_layout)
 
     def algorithms(self, table: Any) -> tuple[AlgorithmConfig, ...]:
-        from hyfl.algorithms import accepted_hyperparameters, algorithm_names, make_algorithm
+        from hyfl.algorithms import (
+            accepted_hyperparameters,
+            algorithm_names,
+            make_algorithm,
+            option_elsewhere,
+        )
 
         names = algorithm_names()
         example = "Add e.g. [algorithms.hyfdca] with its hyperparameters (or none)."
@@ -1107,7 +1112,8 @@ class _Validator:
                         s,
                         key,
                         f"is not a hyperparameter of {name}",
-                        f"{name} accepts: {', '.join(sorted(accepted))}.",
+                        option_elsewhere(key, [name])
+                        + f"{name} accepts: {', '.join(sorted(accepted))}.",
                     )
             kinds = hyperparameter_kinds(name)
             for key, value in hyper.items():

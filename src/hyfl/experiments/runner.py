@@ -451,6 +451,10 @@ def compare(
     validation accuracy against outer iterations and simulated time) and
     ``costs.png`` (mean time per outer iteration by component). ``log`` (a
     callable taking a string) hears the task (:func:`describe_task`) first.
+
+    A hyperparameter of ``spec.hyper`` goes to the algorithms that take it, and only
+    to those; one that none of ``names`` takes is refused before anything runs
+    (:meth:`RunSpec.hyper_by_algorithm`).
     """
     from hyfl.experiments.plots import plot_cost_breakdown, plot_runs
 
@@ -458,6 +462,7 @@ def compare(
         raise fail("--algorithms", "is empty", "Give a comma-separated list, e.g. hyfdca,fedavg.")
     for name in names:
         check_choice("algorithm", name, algorithm_names())
+    hyper = spec.hyper_by_algorithm(names)  # refuses an option none of them takes
     from hyfl.algorithms import is_neural
 
     neural = [is_neural(name) for name in names]
@@ -474,15 +479,12 @@ def compare(
                                      overwrite=overwrite, log=log)
     out = check_results_folder(out_dir, overwrite=overwrite, resumable=False)
     setup = _prepare_telling(spec, log)
-    check_applicable(setup, [make_algorithm(n, spec.hyper_for(n, only_accepted=True))
-                             for n in names])
+    check_applicable(setup, [make_algorithm(n, hyper[n]) for n in names])
     if log is not None:
         log(describe_task(task_of(setup)))
     outcomes = []
     for name in names:
-        outcome = run_prepared(
-            setup, spec, name, spec.hyper_for(name, only_accepted=True), progress
-        )
+        outcome = run_prepared(setup, spec, name, hyper[name], progress)
         _tell_stall(outcome, log)
         outcome.out_dir = write_outputs(outcome, out / name, plot=False)
         outcomes.append(outcome)

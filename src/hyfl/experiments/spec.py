@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from hyfl._names import CLASS_WEIGHTS
+from hyfl._names import CLASS_WEIGHTS, HYPERPARAMETER_FLAGS
 from hyfl.algorithms import algorithm_names
 from hyfl.algorithms.hyfdca import HyFDCA
 from hyfl.costs import (
@@ -235,6 +235,51 @@ class RunSpec:
             k.split(".", 1)[1]: v for k, v in self.hyper.items() if k.startswith(f"{name}.")
         }
         return {**shared, **specific}
+
+    def hyper_by_algorithm(self, names: list[str]) -> dict[str, dict[str, Any]]:
+        """Each compared algorithm's hyperparameters: an option goes to the algorithms of
+        ``names`` that take it, one that none of them takes is refused
+        (:func:`hyfl.algorithms.hyperparameters_by_algorithm`)."""
+        from hyfl.algorithms import hyperparameters_by_algorithm
+
+        return hyperparameters_by_algorithm(names, self.hyper)
+
+
+def hyper_from_options(options: Mapping[str, Any], params: list[str] | None) -> dict[str, Any]:
+    """The hyperparameters of a command's options: the flags of
+    :data:`~hyfl._names.HYPERPARAMETER_FLAGS` given (not None), then every ``--param
+    KEY=VALUE`` (:func:`parse_params`) over them."""
+    named = {k: options[k] for k in HYPERPARAMETER_FLAGS if options.get(k) is not None}
+    return {**named, **parse_params(params)}
+
+
+def parse_params(items: list[str] | None) -> dict[str, Any]:
+    """``["mu=0.1", "fedavg.a=0.5"]`` -> ``{"mu": 0.1, "fedavg.a": 0.5}``
+    (values: :func:`parse_param_value`)."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise fail(f"--param {item!r}", "is not KEY=VALUE", "Write e.g. --param mu=0.1.")
+        out[key.strip()] = parse_param_value(value.strip())
+    return out
+
+
+def parse_param_value(text: str) -> Any:
+    """A ``--param`` value: an int, a float, ``true``/``false``, a list (``[1,2]``,
+    ``1,2`` or ``[]``: the TOML arrays of a config, e.g. FedHybrid's per-client ``a``)
+    or else the text itself."""
+    if text.startswith("[") and text.endswith("]"):
+        inner = text[1:-1].strip()
+        return [parse_param_value(v.strip()) for v in inner.split(",")] if inner else []
+    if "," in text:
+        return [parse_param_value(v.strip()) for v in text.split(",")]
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
 
 
 def _check_latency(latency: float) -> float:
