@@ -394,11 +394,11 @@ def test_server_never_holds_or_receives_a_dual_or_inner_product_in_plaintext(pro
                 # cocoa's span sums of a group's move: R numbers per output
                 assert leaf.shape == (problem.n_outputs, hyfdca.history_depth(m))
             elif isinstance(leaf, np.ndarray) and leaf.dtype.kind == "f":
-                assert kind in ("primal_part", "direction")  # primal images (cocoa: direction)
+                assert kind in ("round", "duals", "image", "direction")  # primal images
                 assert leaf.shape[0] == len(_features(grid(n, m, 3, 3), client))
             elif isinstance(leaf, (float, np.floating)):
                 raise AssertionError(f"plaintext scalar {leaf} from client {client} ({kind})")
-        if kind in ("inner_products", "dual_steps", "setup", "proposals", "direction"):
+        if kind in ("steps", "setup", "proposals", "direction", "weights"):
             assert any(isinstance(leaf, EncryptedVector) for leaf in _walk(payload))
     if step_rule != "safe":  # the groups' span sums were among what the server received
         assert any(kind == "direction" and "span_sums" in payload
@@ -413,10 +413,9 @@ against small scaled private values)."""
 
 
 def _received(wire):
-    """What the server received, as (label, payload) pairs for :func:`audit` (the allowed
-    primal parts of the cocoa rule's replies, sent bare, left out)."""
-    return [(f"client {k}, {kind}", payload) for k, kind, payload in wire.received
-            if not (kind in ALLOWED_RECEIVED and isinstance(payload, np.ndarray))]
+    """What the server received, as (label, payload) pairs for :func:`audit` (which skips
+    the fields of :data:`ALLOWED_RECEIVED`)."""
+    return [(f"client {k}, {kind}", payload) for k, kind, payload in wire.received]
 
 
 LEAKS = {
@@ -492,19 +491,19 @@ def test_each_client_receives_only_its_own_duals_and_weights(problem, step_rule)
         client = clients[k]
         for leaf in _walk(payload):
             # totals: summed scalars; certify: the two conjugate sums a judge decides on
-            if isinstance(leaf, EncryptedVector) and kind not in ("totals", "certify"):
+            if isinstance(leaf, EncryptedVector) and kind not in ("step", "verdict", "certify"):
                 # Chunks hold only samples of one holder group, so these are its own samples.
                 assert any(np.isin(leaf.chunks, layout.chunks_of(client.samples)).all()
                            and (layout.chunk_holders[leaf.chunks] == k).any(axis=1).all()
                            for layout in layouts), (k, kind)
             elif isinstance(leaf, np.ndarray) and leaf.dtype.kind == "f" and leaf.ndim == 2 \
-                    and kind in ("weights", "commit"):
+                    and kind in ("weights", "commit", "changes"):
                 assert leaf.shape == (client.features.size, server.w.shape[1])
             elif isinstance(leaf, np.ndarray) and leaf.dtype.kind == "f":
                 # cocoa: public scalars per output (step, momentum, ||dw||^2) and the Gram
                 # matrices of the client's own model moves -- functions of w alone.
                 # certify: the squared norms of the certified and the checkpoint's w.
-                assert kind in ("commit", "momentum", "totals", "inner_products",
+                assert kind in ("changes", "direction", "step", "proposals", "round",
                                 "certify"), kind
                 assert leaf.shape[0] == (2 if kind == "certify" else server.w.shape[1])
             elif isinstance(leaf, np.ndarray) and leaf.dtype.kind in "iu":

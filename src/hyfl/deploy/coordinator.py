@@ -81,6 +81,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from hyfl._private_files import private_folder, private_write, write_private_json
+from hyfl.algorithms.hyfdca_round import PHASES, Exchange, Post, one_round, play_round
 from hyfl.deploy.codec import check_fields
 from hyfl.deploy.config import DeployConfig, structure_blocks
 from hyfl.errors import HyflError, clause, fail
@@ -111,25 +112,13 @@ REPLY_FIELDS: dict[str, dict[str, str]] = {
     "labels": {"sealed": "dict", "moments": "matrix?", "moments_check": "ids?"},
     "block": _HELLO_BLOCK,
     "setup": {"norms": "vector"},
-    "round": {"inner_products": "vector?", "primal_part": "matrix?", "proposals": "vector?",
-              "checkpoint_part": "matrix?"},
-    "weights": {"inner_products": "vector?", "proposals": "vector?"},
-    "steps": {"steps": "vector"},
-    "duals": {"primal_part": "matrix", "totals": "vector?", "changes": "vector?"},
-    "verdict": {"accepted": "bool"},
-    "commit": {"inner_products": "vector?"},
-    "proposals": {"proposals": "vector"},
-    "image": {"primal_part": "matrix"},
-    "direction": {"primal_part": "matrix", "totals": "vector", "span_sums": "matrix?"},
-    "step": {"step": "floats", "coherence": "floats", "evaluation": "floats?",
-             "conjugate_change": "vector?"},
-    "certify": {"accepted": "bool"},
-    "changes": {"changes": "vector"},
+    # The round's messages: their replies are part of the round script.
+    **{name: dict(phase.replies) for name, phase in PHASES.items()},
     "ping": {"party": "int?"},
     "finish": {"written": "bool"},
 }
 #: Which optional fields a reply must hold depends on the round (a returning party, the
-#: step rule, horizontal data): they are checked where they are read (Coordinator._field).
+#: step rule, horizontal data): they are checked where they are read (hyfdca_round.reply_field).
 
 
 class PartyMissing(Exception):
@@ -434,175 +423,54 @@ class Coordinator:
                  f"{record['round_seconds']:.1f} s")
 
     def _attempt(self, t: int, active: np.ndarray) -> dict:
-        """One try at round ``t`` with the ``active`` parties (raises PartyMissing)."""
+        """One try at round ``t`` with the ``active`` parties (raises PartyMissing): the
+        round script (:mod:`hyfl.algorithms.hyfdca_round`) over the transport."""
         from hyfl.runtime.protocol import Wire
 
         wire = Wire(int(self.cipher.ciphertext_bytes))
         tally = _Tally(self.transport)
         before = self.cipher.counts.snapshot()
-        configure = self.server.configure(active, self.was_active)
-        if self.public.hyfdca.rule.subproblem:
-            accepted = self._cocoa_round(t, active, configure, wire, tally)
-        else:
-            accepted = self._per_sample_round(t, configure, wire, tally)
+
+        def exchange(step: Exchange) -> dict[int, dict]:
+            phase = PHASES[step.phase]
+            messages = {}
+            for k, payload in step.messages.items():
+                payload = dict(wire.down(k, step.phase, payload))
+                if phase.delivers:
+                    payload["deliveries"] = self.mail[k]
+                messages[k] = (step.phase, payload)
+            if phase.stands:
+                replies = self._exchange_committed(messages, tally)
+            else:
+                replies = self._exchange(messages, tally)
+            if phase.delivers:
+                for k in replies:  # applied by the party (even if this round is abandoned)
+                    self.mail[k] = {}
+            return {k: wire.up(k, step.phase, reply) for k, reply in replies.items()}
+
+        def post(step: Post) -> None:
+            for k, payload in step.messages.items():
+                payload = wire.down(k, step.phase, payload)
+                self.mail[k][step.phase] = payload["round"] if step.phase == "closed" else payload
+
+        accepted, exchanges = play_round(one_round(self.server, active, self.was_active),
+                                         exchange, post)
         tally.add_ops(_ops(self.cipher.counts - before))
         bytes_up, bytes_down = wire.bytes()
-        return {"accepted": accepted, **tally.record(), "bytes_up": bytes_up,
-                "bytes_down": bytes_down, **{k: float(v) for k, v in wire.counts.items()}}
+        return {"accepted": accepted, "exchanges": exchanges, **tally.record(),
+                "bytes_up": bytes_up, "bytes_down": bytes_down,
+                **{k: float(v) for k, v in wire.counts.items()}}
 
-    def _open_round(self, configure: dict[int, dict], wire, tally: _Tally) -> dict[int, Any]:
-        """The round's instructions (with the deliveries) and the returning parties' refresh.
-
-        Returns what each configured party sends once it has the round's
-        weights: its encrypted inner products (``None`` on horizontal data),
-        or with the cocoa rule on horizontal data its proposals -- there the
-        subproblem's model needs no sums and rides along with the instructions
-        (or, when a party returns, with the refreshed weights).
-        """
-        server = self.server
-        cocoa = self.public.hyfdca.rule.subproblem
-        returning = [k for k, message in configure.items() if message["stale"] is not None]
-        # The cocoa rule refreshes every party's weights when one returns (Server.refresh):
-        # the others wait for them before they compute their inner products.
-        wait = cocoa and bool(returning)
-        ride = cocoa and self.public.horizontal
-
-        def models() -> dict:  # the horizontal cocoa model, once the weights are final
-            return server.cocoa_inner_products(dict.fromkeys(configure)) if ride else {}
-
-        early = {} if returning else models()
-        messages = {}
-        for k, message in configure.items():
-            payload = {"deliveries": self.mail[k], "configure": wire.down(k, "configure", message)}
-            if wait and k not in returning:
-                payload["wait"] = True
-            if k in early:
-                payload["model"] = wire.down(k, "inner_products", early[k])
-            messages[k] = ("round", payload)
-        replies = self._exchange(messages, tally)
-        for k in replies:
-            self.mail[k] = {}  # the party has applied them (even if this round is abandoned)
-        answered = dict.fromkeys(configure, "round")
-        if returning:
-            refresh = {k: wire.up(k, "primal_part", {
-                "primal_part": self._field(k, "round", replies[k], "primal_part"),
-                # the certificate: its image of the open checkpoint, if it was asked
-                **({"checkpoint_part": replies[k]["checkpoint_part"]}
-                   if replies[k].get("checkpoint_part") is not None else {})})
-                for k in returning}
-            weights = server.refresh(refresh)
-            late = models()  # after the refresh: the model records the refreshed w
-            messages = {}
-            for k, w_local in weights.items():
-                payload = {"w": wire.down(k, "weights", w_local)}
-                if k in late:
-                    payload["model"] = wire.down(k, "inner_products", late[k])
-                messages[k] = ("weights", payload)
-                answered[k] = "weights"
-            replies.update(self._exchange(messages, tally))
-        name = "proposals" if ride else "inner_products"
-        empty = not ride and self.public.horizontal  # no inner products to send
-        return {k: self._field(k, kind, replies[k], name, optional=empty)
-                for k, kind in answered.items()}
-
-    def _per_sample_round(self, t: int, configure: dict[int, dict], wire, tally: _Tally) -> bool:
-        """A round of the safe, theory or paper rule (see the module docstring)."""
-        server, hy = self.server, self.public.hyfdca
-        answers = self._open_round(configure, wire, tally)
-        sums = server.sum_inner_products({k: wire.up(k, "inner_products", vec)
-                                          for k, vec in answers.items()})
-
-        replies = self._exchange(
-            {k: ("steps", {"z": wire.down(k, "inner_products", sums[k])}) for k in configure},
-            tally)
-        steps = {k: wire.up(k, "dual_steps", replies[k]["steps"]) for k in configure}
-        duals = server.aggregate_duals(steps)
-
-        replies = self._exchange(
-            {k: ("duals", {"duals": wire.down(k, "duals", duals[k])}) for k in configure}, tally)
-        check = server.aggregate_primal({k: wire.up(k, "primal_part", replies[k])
-                                         for k in configure})
-        accepted = True
-        if check is not None:
-            judge, message = check
-            message = wire.down(judge, "totals", message)
-            reply = self._exchange({judge: ("verdict", message)}, tally)[judge]
-            accepted = bool(wire.up(judge, "verdict", bool(reply["accepted"])))
-
-        # Committed: from here on the round stands, whatever happens to the messages.
-        for k, w_local in server.commit(accepted).items():
-            self.mail[k]["commit"] = {"round": t, "accepted": accepted,
-                                      "w": wire.down(k, "weights", w_local)}
-        if hy.refresh_inner_products:
-            self._refresh_inner_products(list(configure), wire, tally)
-        return accepted
-
-    def _cocoa_round(self, t: int, active: np.ndarray, configure: dict[int, dict], wire,
-                     tally: _Tally) -> bool:
-        """A round of the cocoa rule, message by message as
-        :func:`hyfl.runtime.protocol._cocoa_round` (see the module docstring)."""
-        server = self.server
-        if not configure:  # nobody takes part
-            server.cocoa_idle()
-            return False
-        answers = self._open_round(configure, wire, tally)
-        if self.public.horizontal:  # the model rode along: these are the proposals
-            proposals = {k: wire.up(k, "proposals", vec) for k, vec in answers.items()}
-        else:
-            models = server.cocoa_inner_products({k: wire.up(k, "inner_products", vec)
-                                                  for k, vec in answers.items()})
-            replies = self._exchange(
-                {k: ("proposals", wire.down(k, "inner_products", models[k])) for k in configure},
-                tally)
-            proposals = {k: wire.up(k, "proposals", replies[k]["proposals"]) for k in configure}
-        sums = server.cocoa_aggregate(proposals, active & ~self.was_active)
-
-        replies = self._exchange(
-            {k: ("image", wire.down(k, "proposal", sums[k])) for k in configure}, tally)
-        mu = server.cocoa_momentum({k: wire.up(k, "primal_part", replies[k]["primal_part"])
-                                    for k in configure})
-
-        replies = self._exchange(
-            {k: ("direction", {"mu": wire.down(k, "momentum", mu)}) for k in configure}, tally)
-        judge, check = server.cocoa_totals({k: wire.up(k, "direction", replies[k])
-                                            for k in configure})
-        reply = self._exchange({judge: ("step", wire.down(judge, "totals", check))}, tally)[judge]
-        verdict = wire.up(judge, "step", reply)
-
-        # Unlike the per-sample rules' commit, this one is answered (the dual changes the
-        # server stores), so the round stands only once every participant has answered.
-        replies = self._exchange(
-            {k: ("changes", wire.down(k, "commit", {"step": verdict["step"], "w": w_local,
-                                                    "leave": server.leave}))
-             for k, w_local in server.cocoa_commit(verdict).items()}, tally)
-        server.cocoa_store({k: wire.up(k, "dual_changes", replies[k]["changes"])
-                            for k in configure})
-        # The certificate (hyfl.algorithms.hyfdca_certify): a judge decides on each
-        # checkpoint whose images are all in.
-        while (request := server.cocoa_certify_request()) is not None:
-            judge, message = request
-            reply = self._exchange({judge: ("certify", wire.down(judge, "certify", message))},
-                                   tally)[judge]
-            server.cocoa_certify_verdict(bool(wire.up(judge, "certified", reply["accepted"])))
-        for k in configure:
-            self.mail[k]["closed"] = t
-        return bool(np.any(np.asarray(verdict["step"]) > 0))
-
-    def _refresh_inner_products(self, parties: list[int], wire, tally: _Tally) -> None:
-        """The optional second SecureInnerProduct (and the commit, delivered at once)."""
-        messages = {k: ("commit", {"deliveries": self.mail[k], "inner_products": True})
-                    for k in parties}
+    def _exchange_committed(self, messages: dict[int, tuple[str, dict]],
+                            tally: _Tally) -> dict[int, dict]:
+        """An exchange after the round's commit: a party that does not answer is absent
+        from the next round on, but the round stands (its stored parts stay older)."""
         replies, missing = self._send(messages)
         tally.count(messages, replies)
         self._count_deliveries(replies)
-        for k in sorted(replies):
-            self.mail[k] = {}
-            reply = tally.strip(replies[k])
-            vec = self._field(k, "commit", reply, "inner_products",
-                              optional=self.public.horizontal)
-            self.server.store_inner_products(k, wire.up(k, "inner_products", vec))
-        for k in missing:  # the round stands; the party's stored inner products stay older
+        for k in missing:
             self.absent[k] = {"since": len(self.results["rounds"]) + 1, "ping": None}
+        return {k: tally.strip(replies[k]) for k in sorted(replies)}
 
     def _check_absent(self) -> None:
         """Ping absent parties in the background; those that answered take part again,
@@ -679,15 +547,6 @@ class Coordinator:
                 raise fail(where, f"field {name!r} has shape {value.shape}, not {expected}",
                            "Run every party with the same hyfl version; the reply may be "
                            "garbled.")
-
-    def _field(self, k: int, kind: str, reply: dict, name: str, optional: bool = False) -> Any:
-        """A field the round needs from party ``k``'s (checked) reply: present, and set
-        unless ``optional``."""
-        if reply.get(name) is None and not (optional and name in reply):
-            raise fail(f"party {k}'s reply to {kind!r}", f"has no field {name!r}",
-                       "Run every party with the same hyfl version and job; the reply may be "
-                       "garbled.")
-        return reply[name]
 
     def _count_deliveries(self, replies: dict[int, dict]) -> None:
         """Decrypting the delivered row norms is set-up work (as in run_protocol)."""

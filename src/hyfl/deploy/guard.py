@@ -53,20 +53,19 @@ import hmac
 
 import numpy as np
 
+from hyfl.algorithms.hyfdca_round import PHASES
 from hyfl.errors import fail
 
 __all__ = ["AFTER", "CERTIFY_MAX", "FORGED_FIX", "ONCE_PER_ATTEMPT", "Guard", "announcement_tag",
            "check_announcements", "check_coef", "coef_bounds"]
 
-#: Kinds a party answers at most once per attempt of a round.
-ONCE_PER_ATTEMPT = ("weights", "proposals", "image", "direction", "step", "changes",
-                    "steps", "duals", "verdict", "commit")
+#: Kinds a party answers at most once per attempt of a round (the round script's).
+ONCE_PER_ATTEMPT = tuple(name for name, phase in PHASES.items() if phase.per_attempt == 1)
 #: Checkpoint decisions per attempt: one, and after an accepted one the next checkpoint
 #: may be decided at once (hyfl.algorithms.hyfdca_parties.Server.cocoa_certify_request).
-CERTIFY_MAX = 2
+CERTIFY_MAX = PHASES["certify"].per_attempt
 #: The kind a party must have answered in the same attempt before each of these.
-AFTER = {"image": "proposals", "direction": "image", "step": "direction",
-         "changes": "direction", "certify": "changes", "duals": "steps", "verdict": "duals"}
+AFTER = {name: phase.after for name, phase in PHASES.items() if phase.after}
 
 FORGED_FIX = ("The server does not follow hyfl's protocol (a bug, or a forged message); the "
            "party answers no more messages of this run.")

@@ -70,6 +70,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from hyfl._private_files import private_folder, private_write
+from hyfl.algorithms.hyfdca_round import COCOA, PER_SAMPLE, PHASES, POSTS, answer, deliver
 from hyfl.deploy.codec import check_fields, decode, encode
 from hyfl.deploy.config import DeployConfig, NodeSettings, structure_blocks
 from hyfl.deploy.guard import (
@@ -96,18 +97,18 @@ from hyfl.privacy.tags import cipher_secret, run_identity
 __all__ = ["KINDS", "QUERY_KINDS", "Party", "handle_message", "open_party", "own_cipher",
            "server_text"]
 
+#: The round's message kinds, from the round script (hyfl.algorithms.hyfdca_round).
+ROUND_KINDS = tuple(PHASES)
 #: Message kinds a party handles (Flower message types ``train.<kind>`` or ``query.<kind>``).
-KINDS = ("hello", "align", "labels", "block", "setup", "round", "weights", "steps", "duals",
-         "verdict", "commit",
-         "proposals", "image", "direction", "step", "changes", "certify", "ping", "finish",
+KINDS = ("hello", "align", "labels", "block", "setup", *ROUND_KINDS, "ping", "finish",
          *SCORE_KINDS)
 #: Kinds sent as ``query.*`` (they change no model state); the rest are ``train.*``.
-QUERY_KINDS = ("hello", "ping", "verdict", "step", "certify", "finish")
+QUERY_KINDS = ("hello", "ping", *(name for name, p in PHASES.items() if p.query), "finish")
 #: Kinds of one step rule only: the per-sample rules', the cocoa rule's.
-PER_SAMPLE_KINDS = ("steps", "duals", "verdict", "commit")
-COCOA_KINDS = ("proposals", "image", "direction", "step", "changes", "certify")
+PER_SAMPLE_KINDS = tuple(name for name, p in PHASES.items() if p.rule == PER_SAMPLE)
+COCOA_KINDS = tuple(name for name, p in PHASES.items() if p.rule == COCOA)
 #: Kinds that belong to the round the party is in (a ``round`` message opened it).
-_IN_ROUND = ("weights", "steps", "duals", "verdict", *COCOA_KINDS)
+_IN_ROUND = tuple(name for name in ROUND_KINDS if name not in ("round", "commit"))
 
 #: The fields of each message kind a party reads (types of :func:`~hyfl.deploy.codec.check_fields`).
 MESSAGE_FIELDS: dict[str, dict[str, str]] = {
@@ -126,21 +127,8 @@ MESSAGE_FIELDS: dict[str, dict[str, str]] = {
               "samples": "ids", "sample_counts": "ids", "features": "ids",
               "feature_counts": "ids", "nonces": "matrix?", "tags": "matrix?",
               "lam_defaults": "floats?"},
-    "round": {"deliveries": "dict?", "configure": "dict", "wait": "bool?", "model": "dict?"},
-    "weights": {"w": "matrix", "model": "dict?"},
-    "steps": {"z": "vector?"},
-    "duals": {"duals": "vector"},
-    "verdict": {"totals": "vector", "dw_sq": "number", "active": "ids"},
-    "commit": {"deliveries": "dict?", "inner_products": "bool?"},
-    "proposals": {"z": "vector?", "z_made": "ids?", "grams": "matrix", "coef": "number",
-                  "towards_w": "matrix?", "span_sums": "bool?", "exact": "bool?"},
-    "image": {"proposal": "vector", "previous": "vector?", "previous_contexts": "ids?"},
-    "direction": {"mu": "floats"},
-    "step": {"totals": "vector", "dw_sq": "floats", "coherence": "floats", "updated": "int",
-             "active": "ids"},
-    "changes": {"step": "floats", "w": "matrix", "leave": "bool?"},
-    "certify": {"certified": "vector", "checkpoint": "vector", "w_sq": "floats",
-                "certified_made": "ids?", "checkpoint_made": "ids?"},
+    # The round's messages (their fields are part of the round script).
+    **{name: dict(phase.sends) for name, phase in PHASES.items()},
     "ping": {},
     "finish": {"deliveries": "dict?"},
     # Scoring new rows after the alignment (hyfl.deploy.scoring), instead of block.
@@ -153,7 +141,7 @@ _CONFIGURE_FIELDS = {"t": "int", "updated_local": "ids", "reports_local": "mask"
                      "checkpoint_duals": "vector?", "stale_contexts": "ids?",
                      "checkpoint_contexts": "ids?"}
 _DELIVERY_FIELDS = {"norms": "vector?", "commit": "dict?", "closed": "int?"}
-_COMMIT_FIELDS = {"round": "int", "accepted": "bool", "w": "matrix"}
+_COMMIT_FIELDS = dict(POSTS["commit"].sends)
 
 
 def handle_message(kind: str, message: tuple[dict, str], state: tuple[dict, str] | None,
@@ -511,53 +499,57 @@ class Party:
         self.state["snapshot"] = _copied(_client_state(client))
         # The attempt the party counted (its tags name it; every party of an attempt was in
         # all the attempts of the round before it, so they count alike).
-        refresh = client.configure({**configure, "attempt": self._guard.state["attempts"]})
-        if refresh is not None:  # returning: the weights come first
+        payload = {**payload, "configure": {**configure,
+                                            "attempt": self._guard.state["attempts"]}}
+        if configure.get("stale") is not None or payload.get("wait"):
+            # returning, or waiting for a returning party's refresh: the weights follow
             self._guard.expect_weights()
-            return dict(refresh)
-        if payload.get("wait"):
-            self._guard.expect_weights()
-            return {}
-        return self._with_weights(client, payload.get("model"), "round")
+            return answer(client, "round", payload)
+        return self._with_model(client, payload, "round")
 
     def _weights(self, client, payload: dict) -> dict:
-        client.receive_weights(self._checked_weights(client, payload["w"], "weights", "w"))
+        self._checked_weights(client, payload["w"], "weights", "w")
         if payload.get("model") is not None and not self._cocoa:
             raise fail(self._from_server("weights"), "has a cocoa model, but the step rule is "
                        f"{self.config.algorithm.step_rule!r}",
                        "Both sides must run the same hyfl version and job.")
-        return self._with_weights(client, payload.get("model"), "weights")
+        return self._with_model(client, payload, "weights")
 
-    def _with_weights(self, client, model: dict | None, kind: str) -> dict:
-        """The party has this round's weights: its encrypted inner products, or, if the
-        cocoa subproblem's model came along (horizontal data: the server has nothing
-        to sum first), its proposals at once."""
+    def _with_model(self, client, payload: dict, kind: str) -> dict:
+        """Answer ``kind`` once the party has this round's weights: its encrypted inner
+        products, or, if the cocoa subproblem's model came along (horizontal data: the
+        server has nothing to sum first), its proposals at once."""
+        model = payload.get("model")
         if model is None:
-            return {"inner_products": client.inner_products()}
+            return answer(client, kind, payload)
         check_fields(model, MESSAGE_FIELDS["proposals"], self._from_server(kind) + " field model")
+        self._check_model(client, model, kind)
         self._guard.admit("proposals")
-        reply = self._proposals(client, model, kind)
+        reply = answer(client, kind, payload)
         self._guard.answered("proposals")
         return reply
 
     def _steps(self, client, payload: dict) -> dict:
-        return {"steps": client.dual_steps(payload["z"])}
+        return answer(client, "steps", payload)
 
     def _duals(self, client, payload: dict) -> dict:
-        return dict(client.new_duals(payload["duals"]))
+        return answer(client, "duals", payload)
 
     def _verdict(self, client, payload: dict) -> dict:
         self._check_range(np.array([payload["dw_sq"]]), 0.0, np.inf, "verdict", "dw_sq")
-        return {"accepted": bool(client.verdict(payload))}
+        return answer(client, "verdict", payload)
 
     def _commit(self, client, payload: dict) -> dict:
-        if payload.get("inner_products"):  # the optional second SecureInnerProduct
-            return {"inner_products": client.inner_products(True)}
-        return {}
+        return answer(client, "commit", payload)  # the optional second SecureInnerProduct
 
     # -- the cocoa rule's round (hyfl.runtime.protocol._cocoa_round) ------------------------
-    def _proposals(self, client, payload: dict, kind: str = "proposals") -> dict:
+    def _proposals(self, client, payload: dict) -> dict:
         """The round's inner products and directions' Gram matrix -> encrypted proposals."""
+        self._check_model(client, payload, "proposals")
+        return answer(client, "proposals", payload)
+
+    def _check_model(self, client, payload: dict, kind: str) -> None:
+        """The subproblem's model as an honest server sends it (shapes, the scaling)."""
         depth = client.memory.slots.size
         self._check_shape(payload["grams"], (self._outputs, depth * (depth + 1) // 2),
                           kind, "grams")
@@ -565,18 +557,17 @@ class Party:
             self._check_shape(payload["towards_w"], (self._outputs, depth), kind, "towards_w")
         check_coef(payload["coef"], self.config.parties, client.public.n_samples,
                    client.public.lam, kind, self.node.party)
-        return {"proposals": client.cocoa_proposals(payload)}
 
     def _image(self, client, payload: dict) -> dict:
         """The proposals' sums (a returning party: also its samples' last steps) -> the
         primal image."""
-        return {"primal_part": client.cocoa_image(payload)}
+        return answer(client, "image", payload)
 
     def _direction(self, client, payload: dict) -> dict:
         """The momentum coefficient -> the direction's primal image, encrypted sums."""
         self._check_shape(payload["mu"], (self._outputs,), "direction", "mu")
         self._check_range(payload["mu"], 0.0, self.config.algorithm.momentum, "direction", "mu")
-        return dict(client.cocoa_direction(payload["mu"]))
+        return answer(client, "direction", payload)
 
     def _step(self, client, payload: dict) -> dict:
         """(One party, for all) the summed line-search sums -> the step and coherence."""
@@ -586,7 +577,7 @@ class Party:
         if not 1 <= payload["updated"] <= client.public.n_samples:
             raise fail(self._from_server("step"), f"field updated is {payload['updated']}, "
                        f"not a number of samples in 1..{client.public.n_samples}", FORGED_FIX)
-        return dict(client.cocoa_step(payload))
+        return answer(client, "step", payload)
 
     def _changes(self, client, payload: dict) -> dict:
         """The step and the new weights -> the encrypted changes of the reported duals.
@@ -596,14 +587,14 @@ class Party:
         """
         self._check_shape(payload["step"], (self._outputs,), "changes", "step")
         self._check_range(payload["step"], 0.0, float(client.round["limit"]), "changes", "step")
-        w = self._checked_weights(client, payload["w"], "changes", "w")
-        return {"changes": client.cocoa_commit(payload["step"], w, bool(payload.get("leave")))}
+        self._checked_weights(client, payload["w"], "changes", "w")
+        return answer(client, "changes", payload)
 
     def _certify(self, client, payload: dict) -> dict:
         """(One party, for all) decide on a checkpoint (hyfl.algorithms.hyfdca_certify)."""
         self._check_shape(payload["w_sq"], (2,), "certify", "w_sq")
         self._check_range(payload["w_sq"], 0.0, np.inf, "certify", "w_sq")
-        return dict(client.certify_verdict(payload))
+        return answer(client, "certify", payload)
 
     def _finish(self, client, payload: dict) -> dict:
         """End of the run: close any abandoned round, write the party's state if asked."""
@@ -679,7 +670,7 @@ class Party:
             self._checked_weights(client, commit["w"], "delivery", "deliveries.commit.w")
         # Only the round still open may be committed; a repeated commit is ignored.
         if commit is not None and int(commit["round"]) == self.state.get("open"):
-            client.commit(bool(commit["accepted"]), commit["w"])
+            deliver(client, "commit", commit)
             self._guard.closed(self.state["open"])
             self.state["open"], self.state["snapshot"] = 0, None
         # The cocoa rule: the round every participant answered stands (its commit applied).

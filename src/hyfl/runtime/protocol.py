@@ -28,6 +28,7 @@ import numpy as np
 from hyfl.algorithms.hyfdca import HyFDCA
 from hyfl.algorithms.hyfdca_local import RunningAverage
 from hyfl.algorithms.hyfdca_parties import build_parties
+from hyfl.algorithms.hyfdca_round import Exchange, Post, answer, deliver, one_round, play_round
 from hyfl.costs import COST_COLUMNS, FLOAT_BYTES, ID_BYTES, TIME_COMPONENTS, CostModel
 from hyfl.errors import fail
 from hyfl.partition import Partition, stack
@@ -404,103 +405,24 @@ class _Clock:
 
 
 def _one_round(server, clients, active, was_active, wire: Wire, clock: _Clock) -> bool:
-    """One outer iteration, message by message. Returns the verdict."""
-    if server.public.hyfdca.rule.subproblem:
-        return _cocoa_round(server, clients, active, was_active, wire, clock)
-    configure = _configure_and_refresh(server, clients, active, was_active, wire, clock)
-    parts = _inner_product_parts(clients, configure, wire, clock)
-    sums = clock.run("server", server.sum_inner_products, parts)
+    """One outer iteration: the round script (:mod:`hyfl.algorithms.hyfdca_round`) over
+    direct calls, every message through ``wire``. Returns the verdict."""
 
-    steps = {}
-    for k in configure:
-        z = wire.down(k, "inner_products", sums[k]) if sums[k] is not None else None
-        steps[k] = wire.up(k, "dual_steps", clock.run(k, clients[k].dual_steps, z))
-    duals = clock.run("server", server.aggregate_duals, steps)
+    def exchange(step: Exchange) -> dict[int, dict]:
+        replies = {}
+        for k, payload in step.messages.items():
+            message = wire.down(k, step.phase, payload)
+            reply = clock.run(k, answer, clients[k], step.phase, message)
+            replies[k] = wire.up(k, step.phase, reply)
+        return replies
 
-    replies = {}
-    for k in configure:
-        vec = wire.down(k, "duals", duals[k])
-        replies[k] = wire.up(k, "primal_part", clock.run(k, clients[k].new_duals, vec))
-    check = clock.run("server", server.aggregate_primal, replies)
-    accepted = True
-    if check is not None:
-        judge, message = check
-        accepted = bool(wire.up(judge, "verdict", clock.run(
-            judge, clients[judge].verdict, wire.down(judge, "totals", message))))
-    for k, w_local in clock.run("server", server.commit, accepted).items():
-        clock.run(k, clients[k].commit, accepted, wire.down(k, "weights", w_local))
-    if server.public.hyfdca.refresh_inner_products:
-        for k in configure:
-            vec = clock.run(k, clients[k].inner_products, True)
-            clock.run("server", server.store_inner_products, k, wire.up(k, "inner_products", vec))
+    def post(step: Post) -> None:
+        for k, payload in step.messages.items():
+            clock.run(k, deliver, clients[k], step.phase, wire.down(k, step.phase, payload))
+
+    accepted, _ = play_round(one_round(server, active, was_active), exchange, post,
+                             lambda fn, *args: clock.run("server", fn, *args))
     return accepted
-
-
-def _cocoa_round(server, clients, active, was_active, wire: Wire, clock: _Clock) -> bool:
-    """One outer iteration of the ``cocoa`` rule (see :meth:`HyFDCA.round_trips`)."""
-    configure = _configure_and_refresh(server, clients, active, was_active, wire, clock)
-    if not configure:  # nobody takes part
-        clock.run("server", server.cocoa_idle)
-        return False
-    parts = _inner_product_parts(clients, configure, wire, clock)
-    models = clock.run("server", server.cocoa_inner_products, parts)
-    proposals = {}
-    for k in configure:
-        message = wire.down(k, "inner_products", models[k])
-        proposals[k] = wire.up(k, "proposals", clock.run(k, clients[k].cocoa_proposals, message))
-    newcomers = active & ~was_active
-    sums = clock.run("server", server.cocoa_aggregate, proposals, newcomers)
-    images = {}
-    for k in configure:
-        message = wire.down(k, "proposal", sums[k])
-        images[k] = wire.up(k, "primal_part", clock.run(k, clients[k].cocoa_image, message))
-    mu = clock.run("server", server.cocoa_momentum, images)
-    replies = {}
-    for k in configure:
-        wire.down(k, "momentum", mu)
-        replies[k] = wire.up(k, "direction", clock.run(k, clients[k].cocoa_direction, mu))
-    judge, check = clock.run("server", server.cocoa_totals, replies)
-    check = wire.down(judge, "totals", check)
-    verdict = wire.up(judge, "step", clock.run(judge, clients[judge].cocoa_step, check))
-    step = verdict["step"]
-    changes = {}
-    for k, w_local in clock.run("server", server.cocoa_commit, verdict).items():
-        message = wire.down(k, "commit", {"step": step, "weights": w_local,
-                                          "leave": server.leave})
-        changes[k] = wire.up(k, "dual_changes", clock.run(
-            k, clients[k].cocoa_commit, message["step"], message["weights"], message["leave"]))
-    clock.run("server", server.cocoa_store, changes)
-    # The certificate (hyfl.algorithms.hyfdca_certify): a judge decides on each checkpoint
-    # whose images are all in.
-    while (request := clock.run("server", server.cocoa_certify_request)) is not None:
-        judge, message = request
-        reply = wire.up(judge, "certified", clock.run(judge, clients[judge].certify_verdict,
-                                                      wire.down(judge, "certify", message)))
-        clock.run("server", server.cocoa_certify_verdict, reply["accepted"])
-    return bool(np.any(np.asarray(step) > 0))
-
-
-def _inner_product_parts(clients, configure, wire: Wire, clock: _Clock) -> dict:
-    """SecureInnerProduct, clients' half: each configured client's encrypted parts."""
-    parts = {}
-    for k in configure:
-        vec = clock.run(k, clients[k].inner_products)
-        parts[k] = wire.up(k, "inner_products", vec) if vec is not None else None
-    return parts
-
-
-def _configure_and_refresh(server, clients, active, was_active, wire: Wire, clock: _Clock):
-    """Round instructions; returning clients refresh their duals and primal parts."""
-    configure = clock.run("server", server.configure, active, was_active)
-    refresh = {}
-    for k, message in configure.items():
-        reply = clock.run(k, clients[k].configure, wire.down(k, "configure", message))
-        if reply is not None:
-            refresh[k] = wire.up(k, "primal_part", reply)
-    weights = clock.run("server", server.refresh, refresh) if refresh else {}
-    for k, w_local in weights.items():
-        clock.run(k, clients[k].receive_weights, wire.down(k, "weights", w_local))
-    return configure
 
 
 def _round_stats(hyfdca: HyFDCA, server, active, newcomers, t, accepted) -> dict[str, float]:
