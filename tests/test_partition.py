@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import sys
 
 import numpy as np
 import pytest
@@ -468,23 +468,49 @@ def test_empty_rows_are_kept():
     assert np.array_equal(np.diff(stacked.X.indptr), [1, 0, 0, 0, 0, 1])
 
 
-@pytest.mark.slow
-def test_stack_time_at_mnist_scale():
-    """Record (not assert) the time of stack() on an MNIST-sized problem."""
-    rng = np.random.default_rng(0)
-    N, M = 60_000, 785
-    # ~150 distinct random columns per row, built without a dense matrix.
-    columns = np.sort(rng.integers(0, M, size=(N, 150)), axis=1)
+def _python_calls(fn):
+    """``fn()`` and the number of calls it made from Python (of Python and C functions)."""
+    calls = 0
+
+    def count(frame, event, arg):
+        nonlocal calls
+        if event in ("call", "c_call"):
+            calls += 1
+
+    sys.setprofile(count)
+    try:
+        result = fn()
+    finally:
+        sys.setprofile(None)
+    return result, calls
+
+
+def _random_rows(N: int, M: int = 785, per_row: int = 20, seed: int = 0) -> sp.csr_matrix:
+    """An N x M CSR matrix with up to ``per_row`` distinct random columns per row, built
+    without a dense matrix."""
+    rng = np.random.default_rng(seed)
+    columns = np.sort(rng.integers(0, M, size=(N, per_row)), axis=1)
     keep = np.ones(columns.shape, dtype=bool)
     keep[:, 1:] = columns[:, 1:] != columns[:, :-1]
     indptr = np.concatenate([[0], np.cumsum(keep.sum(axis=1))])
-    X = sp.csr_matrix((rng.random(indptr[-1]) + 0.1, columns[keep], indptr), shape=(N, M))
-    partition = quadrant(N, 5000, bias_feature=784)
-    start = time.perf_counter()
-    stacked = stack(partition, X)
-    seconds = time.perf_counter() - start
-    print(f"\nstack(quadrant:5000) on {N}x{M} with {X.nnz} non-zeros: {seconds:.2f} s")
-    assert stacked.X.nnz == X.nnz and stacked.X.shape == (4 * N, M)
+    return sp.csr_matrix((rng.random(indptr[-1]) + 0.1, columns[keep], indptr), shape=(N, M))
+
+
+def test_stack_is_vectorized_its_python_calls_do_not_grow_with_the_data():
+    """stack() works on whole arrays: 16 times the samples and non-zeros make no more
+    Python calls (a loop over samples, rows or entries would make thousands more); only
+    the number of clients may add calls. Its time at MNIST scale is measured by
+    benchmarks/bench_hyfdca.py, not here."""
+    calls = {}
+    for N in (500, 8000):
+        X, partition = _random_rows(N), quadrant(N, 20, bias_feature=784)
+        stacked, calls[N] = _python_calls(lambda: stack(partition, X))
+        assert stacked.X.nnz == X.nnz and stacked.X.shape == (4 * N, X.shape[1])
+    assert calls[8000] <= 1.02 * calls[500], calls
+    # The counter does see a loop: four times the clients, about four times the calls.
+    partition = quadrant(8000, 80, bias_feature=784)
+    _, more_clients = _python_calls(lambda: stack(partition, X))
+    assert more_clients > 2 * calls[8000]
 
 
 # ---------------------------------------------------------------------------
