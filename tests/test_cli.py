@@ -69,7 +69,11 @@ def test_run_writes_metrics_and_run_record(tmp_path):
 
 
 def test_local_steps_and_other_partitions(tmp_path):
-    for partition, participation in [("horizontal:4", "full"), ("vertical:3", "cyclic:3")]:
+    """--local-steps 5 updates 5 samples per active client each round, on a horizontal
+    and a vertical split with the participation asked for (all 4 clients; one of 3)."""
+    for partition, participation, clients, active in [("horizontal:4", "full", 4, 4),
+                                                      ("vertical:3", "cyclic:3", 3, 1)]:
+        out = tmp_path / partition.replace(":", "")
         result = runner.invoke(
             app,
             [
@@ -87,11 +91,22 @@ def test_local_steps_and_other_partitions(tmp_path):
                 "--iterations",
                 "20",
                 "--out",
-                str(tmp_path / partition.replace(":", "")),
+                str(out),
                 "--no-progress",
             ],
         )
         assert result.exit_code == 0, result.output
+        record = json.loads((out / "run.json").read_text())
+        assert (record["spec"]["partition"], record["spec"]["participation"]) == (
+            partition, participation)
+        assert record["summary"]["n_clients"] == clients
+        assert record["algorithm"]["local_steps"] == record["summary"]["local_steps"] == 5
+        rows = list(csv.DictReader(open(out / "metrics.csv")))
+        assert [int(float(r["iteration"])) for r in rows] == list(range(21))
+        assert {float(r["active_clients"]) for r in rows[1:]} == {active}
+        assert {float(r["updated_samples"]) for r in rows[1:]} == {5.0 * active}
+        assert float(rows[-1]["relative_loss"]) < float(rows[0]["relative_loss"])
+        assert f"wrote{out / 'metrics.csv'}," in "".join(result.output.split())
 
 
 def test_demo_runs_without_arguments(tmp_path):
@@ -176,8 +191,11 @@ def test_algorithms_refuse_where_they_do_not_apply(tmp_path):
     result = runner.invoke(app, ["run", "--algorithm", "fedbcd-p", "--data", "synthetic",
                                  "--partition", "grid:2x2", "--iterations", "3",
                                  "--out", str(tmp_path / "x"), "--no-progress"])
-    assert result.exit_code == 2 and "vertical" in result.output
+    assert result.exit_code == 2
+    assert "FedBCD needs a vertical partition" in " ".join(result.output.split())
     result = runner.invoke(app, ["run", "--algorithm", "hyfdca", "--mu", "1.0",
                                  "--iterations", "3", "--out", str(tmp_path / "y"),
                                  "--no-progress"])
-    assert result.exit_code == 2 and "mu" in result.output
+    assert result.exit_code == 2
+    assert "'mu' does not apply to hyfdca" in " ".join(result.output.split())
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()  # refused first
