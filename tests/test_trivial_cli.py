@@ -5,6 +5,7 @@ The cheap, deterministic trigger: FedAvg with a huge learning rate (``a = 1000``
 rounds on breast_cancer ends with a primal far above the zero model's (about 15 against 1).
 """
 
+import csv
 import dataclasses
 import json
 
@@ -59,10 +60,15 @@ def test_compare_warns_about_the_trivial_algorithm_only(tmp_path):
 
 
 def test_compare_without_trivial_runs_exits_0(tmp_path):
+    out = tmp_path / "cmp"
     result = runner.invoke(app, ["compare", "--algorithms", "hyfdca,fedavg", *QUICK,
-                                 "--intercept", "off", "--out", str(tmp_path / "cmp")])
+                                 "--intercept", "off", "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert "no better than trivial" not in result.output
+    assert _record(out / "hyfdca") is None and _record(out / "fedavg") is None
+    rows = list(csv.DictReader(open(out / "summary.csv")))
+    assert [row["algorithm"] for row in rows] == ["hyfdca", "fedavg"]
+    assert (out / "compare.png").exists() and (out / "summary.md").exists()
 
 
 def test_demo_exits_with_the_trivial_code_when_its_model_is_trivial(tmp_path, monkeypatch):
