@@ -1142,8 +1142,3 @@ class _Validator:
             except HyflError as single:
                 return self.wrap(section, key, single)
         return self.wrap(section, "", err)
-
-
-def config_with(config: ExperimentConfig, **experiment: Any) -> ExperimentConfig:
-    """A copy with some ``[experiment]`` fields replaced (e.g. ``seeds=(1,)``)."""
-    return replace(config, experiment=replace(config.experiment, **experiment))
