@@ -379,8 +379,11 @@ class ReferenceCocoa:
         return T.T @ m
 
     def round(self, active_mask, rng):
-        p = self.problem
-        lam, N, loss, C = p.lam, p.n_samples, p.loss, p.n_outputs
+        """One round of Algorithm 1 with the ``cocoa`` rule, step by step: the
+        newcomers and the refreshed weights, the drawn samples, the shared inner
+        products, the margin offsets, the local subproblems, the direction (with
+        momentum), the absent members' image, the line search and the step."""
+        C = self.problem.n_outputs
         self.t += 1
         t = self.t
         active = [k for k in range(len(self.clients)) if active_mask[k]]
@@ -400,6 +403,24 @@ class ReferenceCocoa:
         for k in active:  # every active client gets the refreshed weights
             self.clients[k].w = self.w[self.clients[k].features].copy()
 
+        drawn = self._draw(active, rng)
+        z, exact = self._share_inner_products(active, t)
+        offset = self._margin_offsets(active, t)
+        proposals = self._local_proposals(active, drawn, z, offset)
+        U = sorted(proposals)
+        average = {i: np.sum(proposals[i], axis=0) / len(self.holders[i]) for i in U}
+        direction = self._direction(U, average, self._image(U, active, average))
+        dw = self._image(U, active, direction)
+        estimates, spanned = self._absent_images(active, U, direction, dw)
+        curvature = self._curvature(active, U, direction, dw, spanned)
+        limit = 1.0 if exact else self.trust  # the certificate's trust bounds the step
+        step = self._line_search(active, U, direction, z, offset, curvature, limit)
+        self._take_step(active, U, direction, step, limit, estimates, dw, exact)
+        return step
+
+    def _draw(self, active, rng):
+        """Each active client's drawn samples (global ids), through the engine's
+        ``draw_local_samples``."""
         sizes = np.array([len(self.clients[k].samples) for k in active], dtype=np.int64)
         positions = draw_local_samples(rng, sizes, self.counts[active])
         drawn, offset = {}, 0
@@ -407,7 +428,14 @@ class ReferenceCocoa:
             n = self.counts[k]
             drawn[k] = [int(self.clients[k].samples[q]) for q in positions[offset: offset + n]]
             offset += n
+        return drawn
 
+    def _share_inner_products(self, active, t):
+        """The active clients' inner products of their samples with the weights they
+        received; each sample's margin ``z`` summed over its holders, the histories
+        of inner products and models, and whether the round is exact (no
+        certificate, or every holder of every sample present)."""
+        C, N = self.problem.n_outputs, self.problem.n_samples
         sip = sorted({int(i) for k in active for i in self.clients[k].samples})
         exact = not self.cfg.certified or (
             self.cert_current and all(k in active for i in sip for k in self.holders[i]))
@@ -429,8 +457,12 @@ class ReferenceCocoa:
             self.history[k] = h[: self.depth]
         for k in self.history:  # rounds older than the window are forgotten
             self.history[k] = [(r, v) for r, v in self.history[k] if r > t - self.window]
+        return z, exact
 
-        # Margin offsets: x_i^T Q Q^T (w - w~) with Q = D T, per active client and sample.
+    def _margin_offsets(self, active, t):
+        """Margin offsets: x_i^T Q Q^T (w - w~) with Q = D T, per active client and
+        sample."""
+        C = self.problem.n_outputs
         offset = {}
         for k in active:
             for c in range(C):
@@ -442,8 +474,13 @@ class ReferenceCocoa:
                 for i in self.clients[k].samples:
                     offset.setdefault((k, int(i)), np.zeros(C))[c] = (
                         self.phi(k, int(i), c, pairs, T) @ towards)
+        return offset
 
-        # Local subproblems, sample by sample.
+    def _local_proposals(self, active, drawn, z, offset):
+        """Local subproblems, sample by sample: sample -> the active holders'
+        proposed dual changes."""
+        p = self.problem
+        lam, N, loss, C = p.lam, p.n_samples, p.loss, p.n_outputs
         coef = self.sigma / (lam * N)
         proposals = {}  # sample -> list of proposals
         for k in active:
@@ -472,19 +509,24 @@ class ReferenceCocoa:
                     S_own += d * r_own
             for i in drawn[k]:
                 proposals.setdefault(i, []).append(delta[i])
-        U = sorted(proposals)
-        average = {i: np.sum(proposals[i], axis=0) / len(self.holders[i]) for i in U}
+        return proposals
 
-        def image(change):  # w change when the active holders re-send their parts
-            dw = np.zeros_like(self.w)
-            for i in U:
-                for k in self.holders[i]:
-                    if k in active:
-                        cl = self.clients[k]
-                        dw[cl.features] += np.outer(cl.X[cl.position[i]], change[i])
-            return dw / (lam * N)
+    def _image(self, U, active, change):
+        """The change of w when the active holders re-send their parts."""
+        lam, N = self.problem.lam, self.problem.n_samples
+        dw = np.zeros_like(self.w)
+        for i in U:
+            for k in self.holders[i]:
+                if k in active:
+                    cl = self.clients[k]
+                    dw[cl.features] += np.outer(cl.X[cl.position[i]], change[i])
+        return dw / (lam * N)
 
-        dw_prop = image(average)
+    def _direction(self, U, average, dw_prop):
+        """The averaged proposals plus momentum along the previous step (its
+        coefficient from the images, at most ``cfg.momentum``), clipped to the dual
+        bounds."""
+        p, loss = self.problem, self.problem.loss
         norm = np.sum(self.previous_dw ** 2, axis=0)
         mu = np.where(norm > 0, -np.sum(dw_prop * self.previous_dw, axis=0)
                       / np.where(norm > 0, norm, 1.0), 0.0)
@@ -495,8 +537,13 @@ class ReferenceCocoa:
             direction[i] = np.clip(self.alpha[i] + average[i] + mu * self.previous_step[i],
                                    lo, hi) - self.alpha[i]
             direction[i][np.abs(direction[i]) < 1e-9] = 0.0  # rounding, not a step
-        dw = image(direction)
-        # The absent members' image, per group, least-norm in the span of the directions.
+        return direction
+
+    def _absent_images(self, active, U, direction, dw):
+        """The absent members' image, per group, least-norm in the span of the
+        directions: added to ``dw`` in place; returns each absent member's estimate
+        and the samples whose absent image is exact."""
+        lam, N, C = self.problem.lam, self.problem.n_samples, self.problem.n_outputs
         estimates, spanned = {}, set()  # spanned: samples whose absent image is exact
         if self.group_of is not None:
             for key in sorted({self.group_of[k] for k in active}):
@@ -528,8 +575,12 @@ class ReferenceCocoa:
                     start += n_j
                 if spans:
                     spanned.update(moved)
+        return estimates, spanned
 
-        # Line search on the estimated dual change phi(t), per output.
+    def _curvature(self, active, U, direction, dw, spanned):
+        """The line search's curvature per output (updates the remembered
+        coherence)."""
+        lam, N, C = self.problem.lam, self.problem.n_samples, self.problem.n_outputs
         full = sum(self.sq_norm[i] * direction[i] ** 2 for i in U)
         act = np.zeros(C)
         for i in U:
@@ -549,6 +600,13 @@ class ReferenceCocoa:
         seen = np.where(act > 0, dw_sq * per_sample / np.where(act > 0, act, 1.0), 0.0)
         self.coherence = np.maximum(seen, 0.9 * self.coherence)
         curvature = 0.5 * lam * (dw_sq + self.coherence * np.maximum(full - act, 0) / per_sample)
+        return curvature
+
+    def _line_search(self, active, U, direction, z, offset, curvature, limit):
+        """Line search on the estimated dual change phi(t), per output, up to
+        ``limit``."""
+        p = self.problem
+        N, loss, C = p.n_samples, p.loss, p.n_outputs
 
         def phi_t(s):
             conj = sum(loss.conjugate(self.alpha[i], p.Y[i])
@@ -557,7 +615,6 @@ class ReferenceCocoa:
                          * direction[i] for i in U)
             return (conj - s * margin) / N - s * s * curvature
 
-        limit = 1.0 if exact else self.trust  # the certificate's trust bounds the step
         if loss.quadratic_conjugate:  # phi is the quadratic through phi(0)=0, phi(1/2), phi(1)
             f_half, f_one = phi_t(0.5), phi_t(1.0)
             b = 2.0 * (f_one - 2.0 * f_half)
@@ -569,7 +626,12 @@ class ReferenceCocoa:
             values = np.array([phi_t(s) for s in grid])
             best = np.argmax(values, axis=0)
             step = np.where(values[best, np.arange(C)] > 0, grid[best], 0.0)
+        return step
 
+    def _take_step(self, active, U, direction, step, limit, estimates, dw, exact):
+        """Apply the step: duals, the clients' parts, the absent members' estimates,
+        w, sigma, the running averages and the certificate."""
+        t = self.t
         if not exact and self.cert_current:
             self.cert_alpha = self.alpha.copy()
             self.cert_current = False
@@ -599,4 +661,3 @@ class ReferenceCocoa:
         self.prev_active = set(active)
         if self.cfg.certified:
             self.end_round(active, exact)
-        return step
