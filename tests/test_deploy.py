@@ -599,7 +599,7 @@ def test_in_process_deployment_reproduces_run_protocol(tmp_path, problem, keys, 
                                  transport.duals, problem.X, problem.Y)
         assert private.size > 1000 and len(transport.received) > 20
         received = [(f"party {k}, {kind}", reply) for k, kind, reply in transport.received]
-        rounds = {"image", "direction", "step", "changes"} if "cocoa" in setting else {
+        rounds = {"image", "direction", "step"} if "cocoa" in setting else {
             "steps", "duals"}
         assert rounds <= {kind for _, kind, _ in transport.received}  # all audited
         assert audit(received, private, skip=PLAINTEXT_REPLIES) == []
@@ -941,7 +941,7 @@ def test_loopback_deployment_reproduces_run_protocol(tmp_path, breast_cancer_blo
     received = read_received(tmp_path / "received", server_cipher(
         "paillier", out / "keys" / "public-key.json", **config.cipher_options(), **TEST_KEYS))
     assert {"hello", "setup", "round", "weights", "proposals", "image", "direction", "step",
-            "changes", "finish"} <= {kind for _, kind, _ in received}
+            "finish"} <= {kind for _, kind, _ in received}
     private = private_values(spy.secrets, duals, problem.X, problem.Y)
     assert private.size > 1000
     findings = audit([(f"party {p}, {kind}", payload) for p, kind, payload in received],

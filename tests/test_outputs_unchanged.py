@@ -19,6 +19,12 @@ And one since (issue "A real cross-organisation job"): a random-fraction round t
 client activates one drawn uniformly (``hyfl.participation.RandomFraction``); both commands'
 traces had such an empty round (before round 10 and 15), so the rows from there on
 changed, and ``run.json`` records HyFDCA's new ``local_passes`` option.
+
+And one since (issue "HyFDCA's round written once"): the cocoa rule's line-search sums go
+to every active client, which takes the step itself, instead of to one judge and then
+the step to all (``hyfl.algorithms.hyfdca_round``): a round is one round trip fewer
+(``round_trips``), and every active client receives and decrypts the summed sums
+(``bytes_down``, ``floats_down``, ``ids_down``, ``decryptions``); the iterates are the same.
 """
 
 from __future__ import annotations

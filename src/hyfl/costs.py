@@ -541,8 +541,8 @@ def count_he_operations(traffic: dict, layout, value_slots: int | None = None) -
         The new duals sent back; decrypted.
     ``totals`` (n_senders, n_values)
         A few encrypted scalars per client summed by the server and
-        decrypted by one client (the safe rule's acceptance test, the
-        ``cocoa`` rule's line search).
+        decrypted by ``totals_readers`` clients (default one: the safe rule's
+        acceptance test; the ``cocoa`` rule's line search: every active client).
     ``proposals_up`` (clients, samples) or ``proposals_up_all`` (mask, samples)
         ``cocoa``: the drawn samples' proposed dual changes; encrypted and summed
         per sample by the server (not into the stored duals). ``proposals_up_all``:
@@ -674,8 +674,9 @@ def count_he_operations(traffic: dict, layout, value_slots: int | None = None) -
         up += senders * per_sender
         enc += senders * per_sender
         add += max(senders - 1, 0) * per_sender
-        down += per_sender
-        dec += per_sender
+        readers = int(traffic.get("totals_readers", 1))
+        down += readers * per_sender
+        dec += readers * per_sender
     return {
         "encryptions": enc,
         "decryptions": dec,

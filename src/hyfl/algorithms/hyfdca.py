@@ -752,12 +752,14 @@ class HyFDCA:
         traffic["totals"] = (int(clients.size),
                              C * (line_search_points(loss, limit).size + 3)
                              + evaluation_size(C) + 1)
-        io.floats_down += 2 * C  # ||dw||^2 and the remembered coherence to the judging client
-        io.ids_down += int(clients.size)  # the active clients, whose tags the judge checks
+        # The summed sums go to every active client, which finds the step and takes it.
+        traffic["totals_readers"] = int(clients.size)
+        io.floats_down += clients.size * 2 * C  # ||dw||^2 and the remembered coherence
+        io.ids_down += int(clients.size) ** 2  # the active clients, whose tags each checks
         io.floats_up += 2 * C + evaluation_size(C)  # the judge's step, coherence, certificate
 
-        # 8. Commit: every active client learns t and its new weights; for each
-        # updated sample one active holder sends the encrypted change of its dual.
+        # 8. Commit: every active client has taken the step; for each updated sample one
+        # active holder sends the encrypted change of its dual, and the new weights follow.
         if not exact:  # the certified pair stays where the round starts
             materialize_certificate(state, active)
         change = direction * step[None, :]
@@ -769,7 +771,7 @@ class HyFDCA:
             local.absent_estimate[k] += part * step[None, :]
         moved = np.any(change != 0.0, axis=1)
         state.updated_at[samples[moved]] = t
-        io.floats_down += n_features[active].sum() + clients.size * C
+        io.floats_down += n_features[active].sum()
         traffic["dual_commit"] = samples[moved]
         local.previous_step[local.previous_samples] = 0.0
         local.previous_step[samples] = change

@@ -571,11 +571,14 @@ class Client:
         return reply
 
     def cocoa_step(self, message: dict) -> dict:
-        """(One client, for all) decrypt the summed sums and take the line search's step.
+        """Decrypt the summed sums and find the line search's step (every active client
+        finds the same one: :meth:`cocoa_commit` takes it).
 
         ``message`` has the summed ``totals``, the server's ``dw_sq``, the remembered
-        ``coherence`` and the number of ``updated`` samples; the reply the step and
-        the coherence to remember (see :func:`line_search_curvature`).
+        ``coherence``, the number of ``updated`` samples and the ``active`` clients;
+        the result the step, the coherence to remember (see
+        :func:`line_search_curvature`) and the round's certificate sums. The judge
+        (the first active client) also encrypts the conjugate sum's change.
         """
         pub = self.public
         C = pub.n_outputs
@@ -593,7 +596,8 @@ class Client:
         step = line_search(self.loss, gains, margin, quadratic, pub.n_samples, limit)
         reply = {"step": step, "coherence": coherence,
                  "evaluation": opened[C * (points + 3):]}  # sums over all clients only
-        if pub.hyfdca.certified:  # the conjugate sum's change, for the server's running sum
+        judge = int(np.asarray(message["active"])[0]) == self.k
+        if pub.hyfdca.certified and judge:  # the conjugate sum's change, for the server's sum
             change = np.array([-np.sum(_gain_at(self.loss, gains, step, limit))])
             values = np.append(change, self._totals_tag(change, self.k, "conjugate"))
             reply["conjugate_change"] = encrypt_samples(
@@ -731,9 +735,9 @@ class Client:
                                     f"the {name} conjugate sums",
                                     "the judges' changes it names")[0])
 
-    def cocoa_commit(self, step: np.ndarray, w_local: np.ndarray,
-                     leave: bool = False) -> EncryptedVector:
-        """Take the step; send the encrypted changes of the samples this client reports.
+    def cocoa_commit(self, step: np.ndarray, leave: bool = False) -> EncryptedVector:
+        """Take the step; send the encrypted changes of the samples this client reports
+        (the new weights follow with the round's commit, :meth:`receive_weights`).
 
         ``leave``: the exploration leaves the certified pair: keep the copy as certified.
         """
@@ -750,7 +754,6 @@ class Client:
                          self.alpha[updated[reports]])
         self.previous_step = np.zeros_like(self.previous_step)
         self.previous_step[updated] = change
-        self.w = np.array(w_local, dtype=float)
         # The new state of every chunk holding a sample it reports that moved (a zero step
         # changes nothing), with a tag per chunk: the server stores it as it is.
         send = reports & np.any(change != 0.0, axis=1)
@@ -1130,9 +1133,14 @@ class Server:
         dw = self._image(images)
         return momentum_coefficient(dw, self.previous_dw, self.public.hyfdca.momentum)
 
-    def cocoa_totals(self, replies: dict[int, dict]):
+    def cocoa_totals(self, replies: dict[int, dict]) -> dict[int, dict]:
         """The direction's primal image (with the absent holders' part estimated where the
-        split has sample groups); the summed line-search sums for one client."""
+        split has sample groups); the summed line-search sums for every active client,
+        each of which finds the same step and takes it.
+
+        ``leave``: the exploration leaves the certified state this round (it is kept
+        first, :meth:`_keep_certified`), and so does each client's copy.
+        """
         self.direction_dw = self._image({k: r["primal_part"] for k, r in replies.items()})
         self.direction_parts = {k: r["primal_part"] for k, r in replies.items()}
         self.direction_estimates = {}
@@ -1142,15 +1150,24 @@ class Server:
         acc = totals[0].ciphertexts
         for vec in totals[1:]:
             acc = self.cipher.add(acc, vec.ciphertexts)
-        judge = int(self.active[0])
         self.start_w_sq = float(np.sum(self.w * self.w))  # the round start's, for its certificate
         dw_sq = np.sum(self.direction_dw * self.direction_dw, axis=0)
-        return judge, {"totals": EncryptedVector(totals[0].chunks, acc), "dw_sq": dw_sq,
-                       "coherence": self.coherence, "updated": int(self.updated.size),
-                       "active": self.active.astype(np.int64)}
+        self.leave = False
+        if self.cert is not None and not self.exact and self.cert.current:
+            self._keep_certified()  # the round's step leaves the certified state
+            self.leave = True
+        message = {"totals": EncryptedVector(totals[0].chunks, acc), "dw_sq": dw_sq,
+                   "coherence": self.coherence, "updated": int(self.updated.size),
+                   "active": self.active.astype(np.int64), "leave": self.leave}
+        return {int(k): message for k in self.active}
+
+    @property
+    def judge(self) -> int:
+        """The client whose reply carries the round's step (all find the same one)."""
+        return int(self.active[0])
 
     def cocoa_commit(self, verdict: dict) -> dict[int, np.ndarray]:
-        """Apply the judge's step to ``w``; every active client gets its weights (and the step)."""
+        """Apply the judge's step to ``w``; every active client gets its weights."""
         step = np.asarray(verdict["step"], dtype=float)
         self.coherence = np.asarray(verdict["coherence"], dtype=float)
         # The round start's certificate, where it is exact: every holder of every active
@@ -1160,12 +1177,8 @@ class Server:
         self.evaluation = (round_certificate(np.asarray(verdict["evaluation"], dtype=float),
                                              self.start_w_sq, pub.lam)
                            if self.evaluable and covered else {})
-        self.leave = False
         if self.cert is not None:
             self.stepped = bool(np.any(step > 0))
-            if not self.exact and self.cert.current:  # keep the certified state
-                self._keep_certified()
-                self.leave = True
             self.cert.explored_conj = self.cipher.add(self.cert.explored_conj,
                                             verdict["conjugate_change"].ciphertexts)
             self.cert.explored_made.append((self.t, self.attempt, int(self.active[0])))

@@ -30,20 +30,21 @@ The ``cocoa`` rule's round (:func:`cocoa_round`), message by message:
    party its stale duals) -> encrypted partial inner products, or from a
    returning party its primal part. When a party returns, every party waits
    for the refreshed weights (``wait``), which follow in
-   2. ``weights`` -> the inner products.
+   ``weights`` -> the inner products.
    On horizontal data there is nothing to sum: the subproblem's *model* rides
    along with ``round`` (or ``weights``), answered with the proposals.
-3. ``proposals`` (vertical and hybrid data): the summed inner products, the
+2. ``proposals`` (vertical and hybrid data): the summed inner products, the
    Gram matrix of the party's history directions, the subproblem's scaling ->
    encrypted proposals.
-4. ``image``: the summed proposals (returning parties also the last steps of
+3. ``image``: the summed proposals (returning parties also the last steps of
    their samples) -> the proposal's primal image.
-5. ``direction``: the momentum coefficient -> the direction's primal image and
+4. ``direction``: the momentum coefficient -> the direction's primal image and
    encrypted line-search sums.
-6. ``step`` (the judge, the first active party): the summed sums -> the step.
-7. ``changes``: the step and the new weights -> the encrypted dual changes.
-   The round stands once every participant answered; ``closed`` is posted.
-8. ``certify`` (the judge, when a checkpoint can be decided; at most twice).
+5. ``step``: the summed line-search sums to every participant, each of which
+   finds the same step and takes it -> the encrypted dual changes (the judge,
+   the first active party, adds the step). The round stands once every
+   participant answered; the ``commit`` (the new weights) is posted.
+6. ``certify`` (the judge, when a checkpoint can be decided; at most twice).
 
 The per-sample rules' round (:func:`per_sample_round`): ``round`` and
 ``weights`` as above, ``steps`` (summed inner products -> encrypted dual
@@ -149,27 +150,27 @@ _PHASES = (
     Phase("direction", COCOA, "active", {"mu": "floats"},
           {"primal_part": "matrix", "totals": "vector", "span_sums": "matrix?"},
           "cocoa_direction", after="image"),
-    Phase("step", COCOA, "judge",
+    # Every active party finds the same step from the same sums and takes it at once; the
+    # judge's reply also carries the step (docs/privacy.md, "One step message").
+    Phase("step", COCOA, "active",
           {"totals": "vector", "dw_sq": "floats", "coherence": "floats", "updated": "int",
-           "active": "ids"},
-          {"step": "floats", "coherence": "floats", "evaluation": "floats?",
-           "conjugate_change": "vector?"},
-          "cocoa_step", after="direction", query=True),
-    Phase("changes", COCOA, "active", {"step": "floats", "w": "matrix", "leave": "bool?"},
-          {"changes": "vector"}, "cocoa_commit", after="direction"),
+           "active": "ids", "leave": "bool?"},
+          {"changes": "vector", "step": "floats?", "coherence": "floats?",
+           "evaluation": "floats?", "conjugate_change": "vector?"},
+          "cocoa_step", after="direction"),
     Phase("certify", COCOA, "judge",
           {"certified": "vector", "checkpoint": "vector", "w_sq": "floats",
            "certified_made": "ids?", "checkpoint_made": "ids?"},
-          {"accepted": "bool"}, "certify_verdict", after="changes", per_attempt=2, query=True),
+          {"accepted": "bool"}, "certify_verdict", after="step", per_attempt=2, query=True),
 )
 #: Every message kind of a round, by name.
 PHASES: dict[str, Phase] = {phase.name: phase for phase in _PHASES}
 
-#: What the server posts for a party's next message (deliveries), and their fields.
+#: What the server posts for a party's next message (deliveries), and their fields: the
+#: round's commit (its verdict and the party's new weights), which also closes the round.
 POSTS: dict[str, Phase] = {phase.name: phase for phase in (
-    Phase("commit", PER_SAMPLE, "active", {"round": "int", "accepted": "bool", "w": "matrix"},
+    Phase("commit", BOTH, "active", {"round": "int", "accepted": "bool", "w": "matrix"},
           {}, "commit", post=True),
-    Phase("closed", COCOA, "active", {"round": "int"}, {}, "", post=True),
 )}
 
 
@@ -297,23 +298,26 @@ def cocoa_round(server, active: np.ndarray, was_active: np.ndarray) -> Script:
     mu = server.cocoa_momentum({k: reply_field(replies, k, "image", "primal_part")
                                 for k in configure})
     replies = yield Exchange("direction", {k: {"mu": mu} for k in configure})
-    judge, check = server.cocoa_totals(replies)
-    verdict = (yield Exchange("step", {judge: check}))[judge]
-    # Unlike the per-sample rules' commit, this one is answered (the dual changes the
-    # server stores), so the round stands only once every participant has answered.
+    # Every party finds the step and takes it; the round stands once all have answered
+    # with their dual changes (the server stores them).
+    replies = yield Exchange("step", server.cocoa_totals(replies))
+    judge = server.judge
+    verdict = {name: reply_field(replies, judge, "step", name)
+               for name in ("step", "coherence", "evaluation")}
+    if server.public.hyfdca.certified:
+        verdict["conjugate_change"] = reply_field(replies, judge, "step", "conjugate_change")
     commits = server.cocoa_commit(verdict)
-    replies = yield Exchange("changes", {
-        k: {"step": verdict["step"], "w": w_local, "leave": server.leave}
-        for k, w_local in commits.items()})
-    server.cocoa_store({k: reply_field(replies, k, "changes", "changes") for k in configure})
+    server.cocoa_store({k: reply_field(replies, k, "step", "changes") for k in configure})
     # The certificate (hyfl.algorithms.hyfdca_certify): a judge decides on each checkpoint
     # whose images are all in.
     while (request := server.cocoa_certify_request()) is not None:
         judge, message = request
         replies = yield Exchange("certify", {judge: message})
         server.cocoa_certify_verdict(bool(reply_field(replies, judge, "certify", "accepted")))
-    yield Post("closed", {k: {"round": server.t} for k in configure})
-    return bool(np.any(np.asarray(verdict["step"]) > 0))
+    stepped = bool(np.any(np.asarray(verdict["step"]) > 0))
+    yield Post("commit", {k: {"round": server.t, "accepted": stepped, "w": w_local}
+                          for k, w_local in commits.items()})
+    return stepped
 
 
 def play_round(script: Script, exchange: Callable[[Exchange], dict[int, dict]],
@@ -371,6 +375,14 @@ def _weights(client, payload: dict) -> dict:
     return _with_weights(client, payload.get("model"))
 
 
+def _step(client, payload: dict) -> dict:
+    """Find the round's step, take it; the dual changes (the judge: and the step)."""
+    verdict = client.cocoa_step(payload)
+    changes = client.cocoa_commit(verdict["step"], bool(payload.get("leave")))
+    judge = int(np.asarray(payload["active"])[0]) == client.k
+    return {"changes": changes, **(verdict if judge else {})}
+
+
 def _commit_exchange(client, payload: dict) -> dict:
     return {"inner_products": client.inner_products(True)} if payload.get("inner_products") else {}
 
@@ -385,14 +397,14 @@ _ANSWERS: dict[str, Callable[[Any, dict], dict]] = {
     "proposals": lambda client, p: {"proposals": client.cocoa_proposals(p)},
     "image": lambda client, p: {"primal_part": client.cocoa_image(p)},
     "direction": lambda client, p: dict(client.cocoa_direction(p["mu"])),
-    "step": lambda client, p: dict(client.cocoa_step(p)),
-    "changes": lambda client, p: {"changes": client.cocoa_commit(p["step"], p["w"],
-                                                                 bool(p.get("leave")))},
+    "step": _step,
     "certify": lambda client, p: dict(client.certify_verdict(p)),
 }
 
 
 def deliver(client, phase: str, payload: dict) -> None:
-    """Apply a post (:data:`POSTS`) to ``client``."""
-    if phase == "commit":
+    """Apply a post (:data:`POSTS`) to ``client``: the round's commit."""
+    if client.public.hyfdca.rule.subproblem:  # the step is taken: the new weights
+        client.receive_weights(payload["w"])
+    else:
         client.commit(bool(payload["accepted"]), payload["w"])

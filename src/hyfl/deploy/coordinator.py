@@ -8,42 +8,15 @@ the parties through a :class:`Transport` (Flower's Grid in
 :mod:`hyfl.deploy.app`), which addresses parties by index and returns their
 replies, or reports the ones that did not come back in time.
 
-One outer iteration ``t`` of the per-sample rules (``safe``, ``theory``, ``paper``):
-
-1. ``round``: the round's participants (the participation schedule's, minus
-   parties known to be absent) get their draws, ``beta``, returning parties
-   their stale duals, plus any *deliveries* (set-up row norms, the commit of
-   their last round). Replies: encrypted partial inner products, or, from a
-   returning party, its primal part (then ``weights`` -> inner products).
-2. ``steps``: encrypted ``x_i^T w`` -> encrypted scaled dual steps.
-3. ``duals``: encrypted new duals -> primal parts (and encrypted gain terms).
-4. ``verdict`` (safe rule): the summed gain terms to one party -> accept or not.
-5. The commit (verdict and new weights) is queued as a delivery for the next
-   message to each participant; with ``refresh_inner_products`` a ``commit``
-   message carries it at once and brings back the second SecureInnerProduct.
-
-One outer iteration of the ``cocoa`` rule (HyFDCA's default), the messages of
-:func:`hyfl.runtime.protocol._cocoa_round`:
-
-1. ``round`` as above (order of the drawn samples instead of ``beta``). When
-   a party returns, every participant gets the refreshed weights
-   (``weights``) and the others wait for them (``wait``) before they send
-   their inner products.
-2. ``proposals``: the summed inner products of the party's samples, the Gram
-   matrix of its history directions and the subproblem's scaling ->
-   encrypted proposals. On horizontal data there is nothing to sum: this
-   *model* rides along with ``round`` (or ``weights``), which is then
-   answered with the proposals, one round trip fewer.
-3. ``image``: the summed proposals (returning parties also their samples'
-   last steps) -> the proposal's primal image.
-4. ``direction``: the momentum coefficient -> the direction's primal image
-   and encrypted line-search sums.
-5. ``step``: the summed line-search sums to one party -> the step (and the
-   coherence to remember).
-6. ``changes``: the step and the new weights -> the encrypted dual changes,
-   which the server stores. This commit has a reply, so the round stands only
-   once every participant answered; a ``closed`` delivery then tells each
-   party on its next message that it may drop the round's snapshot.
+A round is the round script of :mod:`hyfl.algorithms.hyfdca_round` (its message
+order is written there once), played over the transport: each exchange sends
+one message per addressed party and waits for all their replies. Posted
+messages -- the set-up's row norms, a round's commit (its verdict and each
+party's new weights) -- wait in the party's *mail* and travel as
+``deliveries`` with its next ``round`` (or ``commit``, ``finish``) message.
+With the cocoa rule a round stands once every participant has answered its
+``step`` message (with its dual changes); the commit delivered with the next
+message tells the party it may drop the round's snapshot.
 
 Absence. A participant that has not replied within ``reply_timeout`` (or whose
 node the SuperLink reports unavailable) makes the whole round *void*: the
@@ -451,7 +424,7 @@ class Coordinator:
         def post(step: Post) -> None:
             for k, payload in step.messages.items():
                 payload = wire.down(k, step.phase, payload)
-                self.mail[k][step.phase] = payload["round"] if step.phase == "closed" else payload
+                self.mail[k][step.phase] = payload
 
         accepted, exchanges = play_round(one_round(self.server, active, self.was_active),
                                          exchange, post)

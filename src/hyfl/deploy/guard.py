@@ -135,7 +135,7 @@ class Guard:
         self.state["weights_due"] = True
 
     def closed(self, t: int) -> None:
-        """Round ``t`` stands with this party in it (its commit or ``closed`` delivery)."""
+        """Round ``t`` stands with this party in it (its commit was delivered)."""
         self.state["closed"] = max(int(t), self.state["closed"])
 
     def admit(self, kind: str) -> None:

@@ -140,7 +140,7 @@ _CONFIGURE_FIELDS = {"t": "int", "updated_local": "ids", "reports_local": "mask"
                      "drawn_by_local": "mask?", "limit": "number?", "certificate": "ids?",
                      "checkpoint_duals": "vector?", "stale_contexts": "ids?",
                      "checkpoint_contexts": "ids?"}
-_DELIVERY_FIELDS = {"norms": "vector?", "commit": "dict?", "closed": "int?"}
+_DELIVERY_FIELDS = {"norms": "vector?", "commit": "dict?"}
 _COMMIT_FIELDS = dict(POSTS["commit"].sends)
 
 
@@ -570,7 +570,12 @@ class Party:
         return answer(client, "direction", payload)
 
     def _step(self, client, payload: dict) -> dict:
-        """(One party, for all) the summed line-search sums -> the step and coherence."""
+        """The summed line-search sums -> the step, taken at once: the encrypted changes of
+        the reported duals (the judge also returns the step and the coherence).
+
+        The round stays open (its snapshot kept) until the server's commit arrives: if
+        another party misses this message, the server restarts the round.
+        """
         for name in ("dw_sq", "coherence"):
             self._check_shape(payload[name], (self._outputs,), "step", name)
             self._check_range(payload[name], 0.0, np.inf, "step", name)
@@ -578,17 +583,6 @@ class Party:
             raise fail(self._from_server("step"), f"field updated is {payload['updated']}, "
                        f"not a number of samples in 1..{client.public.n_samples}", FORGED_FIX)
         return answer(client, "step", payload)
-
-    def _changes(self, client, payload: dict) -> dict:
-        """The step and the new weights -> the encrypted changes of the reported duals.
-
-        The round stays open (its snapshot kept) until the server closes it: if
-        another party misses this message, the server restarts the round.
-        """
-        self._check_shape(payload["step"], (self._outputs,), "changes", "step")
-        self._check_range(payload["step"], 0.0, float(client.round["limit"]), "changes", "step")
-        self._checked_weights(client, payload["w"], "changes", "w")
-        return answer(client, "changes", payload)
 
     def _certify(self, client, payload: dict) -> dict:
         """(One party, for all) decide on a checkpoint (hyfl.algorithms.hyfdca_certify)."""
@@ -653,15 +647,10 @@ class Party:
                        "be garbled.")
 
     def _deliver(self, client, deliveries: dict) -> None:
-        """Apply what the server piggybacked: the row norms, the last round's commit
-        (per-sample rules) or closure (cocoa)."""
+        """Apply what the server piggybacked: the row norms, the last round's commit (its
+        verdict and the new weights), which closes the round."""
         where = self._from_server("delivery") + " field deliveries"
         check_fields(deliveries, _DELIVERY_FIELDS, where)
-        wrong = "closed" if not self._cocoa else "commit"
-        if deliveries.get(wrong) is not None:
-            raise fail(where, f"holds a {wrong!r}, which the step rule "
-                       f"{self.config.algorithm.step_rule!r} does not deliver",
-                       "Both sides must run the same hyfl version and job.")
         if deliveries.get("norms") is not None:
             client.learn_norms(deliveries["norms"])
         commit = deliveries.get("commit")
@@ -670,11 +659,10 @@ class Party:
             self._checked_weights(client, commit["w"], "delivery", "deliveries.commit.w")
         # Only the round still open may be committed; a repeated commit is ignored.
         if commit is not None and int(commit["round"]) == self.state.get("open"):
+            if self._cocoa and "step" not in self._guard.state["done"]:
+                raise fail(where, f"commits round {commit['round']} before the party took "
+                           "its step", FORGED_FIX)
             deliver(client, "commit", commit)
-            self._guard.closed(self.state["open"])
-            self.state["open"], self.state["snapshot"] = 0, None
-        # The cocoa rule: the round every participant answered stands (its commit applied).
-        if deliveries.get("closed") is not None and deliveries["closed"] == self.state.get("open"):
             self._guard.closed(self.state["open"])
             self.state["open"], self.state["snapshot"] = 0, None
 
