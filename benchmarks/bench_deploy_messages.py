@@ -233,6 +233,7 @@ def deploy(cipher: str, args, src: str, out: Path) -> dict:
             "max_weight_difference": comparison["max_abs_weight_difference"],
             "round_trip": mean("round_trip_mean"), "overhead": mean("overhead_mean"),
             "until_handler": mean("until_handler_mean"), "messages": mean("messages"),
+            "exchanges": mean("exchanges"),  # sequential exchanges a round (since e9162bb)
             "exit_code": done.returncode, "load": os.getloadavg()[0], "cpu_by_role": by_role}
 
 
