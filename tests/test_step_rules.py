@@ -141,8 +141,9 @@ def test_the_cocoa_rule_takes_no_per_sample_steps_and_checks_its_hyperparameters
     ("safe", True, False, 5.5),  # + the refresh of returning clients
     ("paper", False, True, 2.0),  # section 3.1: full participation, horizontal
     ("theory", True, False, 4.5),  # the paper's 4.5 with partial participation
-    ("cocoa", False, False, 6.0),
-    ("cocoa", True, True, 6.5),
+    # SIP, proposals, image, direction, step (each party takes it): hyfdca_round's script
+    ("cocoa", False, False, 5.0),
+    ("cocoa", True, True, 5.5),
 ])
 def test_round_trips_per_rule(name, refreshed, horizontal, trips):
     assert step_rule(name).round_trips(refreshed=refreshed, horizontal=horizontal,

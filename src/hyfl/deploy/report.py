@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from hyfl._format import format_bytes, format_seconds
+from hyfl.algorithms.step_rules import RULES, StepRule
 
 __all__ = [
     "NO_PROGRESS_EXIT",
@@ -120,17 +121,7 @@ def judge_progress(results: Mapping[str, Any],
         return Judgement(False, f"no party took part in any of the {T} rounds", advice)
     accepted = [r for r in taken if r.get("accepted")]
     if not accepted:
-        if rule == "safe":
-            advice = ("The safe rule rejects rounds while its beta grows (it doubles after each "
-                      "rejection, up to the number of draws per round): run more rounds "
-                      f"({more}), let each party draw fewer samples per round (--param "
-                      "local_steps=5), or use HyFDCA's default rule (leave step_rule out, or "
-                      "--param step_rule=cocoa).")
-        elif rule == "cocoa":  # its line search found no step that raises the dual
-            advice = (f"Run more rounds ({more}); with --participation {participation} try "
-                      "full participation, or more local steps (--param local_steps=N).")
-        else:
-            advice = f"Run more rounds ({more}) or use HyFDCA's default rule (step_rule=cocoa)."
+        advice = _rule(rule).advice("rejected", more=more, participation=participation)
         return Judgement(False, f"no round was accepted (all {len(taken)} rounds with parties "
                          f"were rejected by the {rule} rule's test)", advice)
     if relative_loss is None or len(relative_loss) < 2:
@@ -150,22 +141,8 @@ def judge_progress(results: Mapping[str, Any],
     }.get(shape, "the objective did not fall")
     reason += (f": relative loss {start:.3g} at the start, {end:.3g} after {T} "
                f"round{'s' if T > 1 else ''} ({len(accepted)} accepted)")
-    advice = {
-        "paper": "The paper rule (Algorithm 5 as printed) diverges on some data "
-                 "(docs/convergence.md): use HyFDCA's default rule (leave step_rule out, or "
-                 "--param step_rule=cocoa).",
-        "safe": "The safe rule keeps the dual objective rising, but the objective of w can "
-                f"rise for the first rounds while its beta adapts: run more rounds ({more}), or "
-                "use HyFDCA's default rule (leave step_rule out, or --param step_rule=cocoa).",
-        "cocoa": ("The cocoa rule explores ahead of the duals it certifies and can overshoot "
-                  f"before it settles (docs/convergence.md): run more rounds ({more})."
-                  if shape != "rising" else
-                  "The cocoa rule restarts from the duals it certified whenever their dual "
-                  f"objective falls: run more rounds ({more}); if the objective keeps rising, "
-                  "try --participation full or the safe rule (--param step_rule=safe)."),
-    }.get(rule, f"The {rule} rule takes small steps: run more rounds ({more}), or let each "
-                "party take more steps per round (--param local_steps=N, up to one pass over "
-                "its samples).")
+    advice = _rule(rule).advice("rising" if shape == "rising" else "not falling", more=more,
+                                    participation=participation)
     hyper = config.get("hyper", {})
     if isinstance(hyper, Mapping) and str(hyper.get("gamma", 1)) not in ("1", "1.0"):
         advice += " gamma below 1 shrinks every step (--param gamma=1)."
@@ -173,6 +150,11 @@ def judge_progress(results: Mapping[str, Any],
         advice += (f" With --participation {participation} only some parties work in each "
                    "round; --participation full learns faster per round.")
     return Judgement(False, reason, advice)
+
+
+def _rule(name: str) -> StepRule:
+    """The rule of that name; an unknown one (another version's) gets the general advice."""
+    return RULES.get(name) or StepRule(name)
 
 
 def _step_rule(config: Mapping[str, Any]) -> str:

@@ -38,11 +38,28 @@ class StepRule:
         The round's aggregated step is applied only after a client judges its
         dual gain (the ``safe`` rule, :mod:`hyfl.algorithms.step_rules.safe`), which
         adapts the steps' curvature ``beta`` from the verdicts.
+    advice_rejected, advice_rising, advice_not_falling : str
+        What a user should try when no round was accepted, when the objective
+        rises, and when it overshoots or does not fall (deployment reports,
+        :mod:`hyfl.deploy.report`); ``{more}`` is a larger ``--iterations`` and
+        ``{participation}`` the run's participation.
     """
 
     name: str
     subproblem: bool = False
     tests_round: bool = False
+    advice_rejected: str = ("Run more rounds ({more}) or use HyFDCA's default rule "
+                            "(step_rule=cocoa).")
+    advice_rising: str = ("The {name} rule takes small steps: run more rounds ({more}), or let "
+                          "each party take more steps per round (--param local_steps=N, up to "
+                          "one pass over its samples).")
+    advice_not_falling: str = advice_rising
+
+    def advice(self, situation: str, **values: str) -> str:
+        """The advice for ``situation`` ("rejected", "rising" or "not falling")."""
+        template = {"rejected": self.advice_rejected, "rising": self.advice_rising,
+                    "not falling": self.advice_not_falling}[situation]
+        return template.format(name=self.name, **values)
 
     def dual_steps(
         self,

@@ -42,4 +42,15 @@ class CocoaRule(StepRule):
                        "own step by line search", "Leave gamma at 1 with step_rule='cocoa'")
 
 
-RULE = CocoaRule("cocoa", subproblem=True)
+RULE = CocoaRule(
+    "cocoa", subproblem=True,
+    # its line search found no step that raises the dual
+    advice_rejected=("Run more rounds ({more}); with --participation {participation} try full "
+                     "participation, or more local steps (--param local_steps=N)."),
+    advice_rising=("The cocoa rule restarts from the duals it certified whenever their dual "
+                   "objective falls: run more rounds ({more}); if the objective keeps rising, "
+                   "try --participation full or the safe rule (--param step_rule=safe)."),
+    advice_not_falling=("The cocoa rule explores ahead of the duals it certifies and can "
+                        "overshoot before it settles (docs/convergence.md): run more rounds "
+                        "({more})."),
+)

@@ -27,4 +27,7 @@ class PaperRule(StepRule):
         return loss.dual_step(alpha, z, np.full_like(alpha, 1.0 / (lam * N)), y)
 
 
-RULE = PaperRule("paper")
+_DIVERGES = ("The paper rule (Algorithm 5 as printed) diverges on some data "
+             "(docs/convergence.md): use HyFDCA's default rule (leave step_rule out, or "
+             "--param step_rule=cocoa).")
+RULE = PaperRule("paper", advice_rising=_DIVERGES, advice_not_falling=_DIVERGES)

@@ -34,7 +34,18 @@ class SafeRule(StepRule):
         return loss.dual_step(alpha, z, np.broadcast_to(q, alpha.shape).copy(), y, weight)
 
 
-RULE = SafeRule("safe", tests_round=True)
+_RISING = ("The safe rule keeps the dual objective rising, but the objective of w can rise for "
+           "the first rounds while its beta adapts: run more rounds ({more}), or use HyFDCA's "
+           "default rule (leave step_rule out, or --param step_rule=cocoa).")
+RULE = SafeRule(
+    "safe", tests_round=True,
+    advice_rejected=("The safe rule rejects rounds while its beta grows (it doubles after each "
+                     "rejection, up to the number of draws per round): run more rounds "
+                     "({more}), let each party draw fewer samples per round (--param "
+                     "local_steps=5), or use HyFDCA's default rule (leave step_rule out, or "
+                     "--param step_rule=cocoa)."),
+    advice_rising=_RISING, advice_not_falling=_RISING,
+)
 
 
 def dual_gain(
