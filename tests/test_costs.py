@@ -191,3 +191,35 @@ def test_an_unreadable_cache_is_left_alone(tmp_path):
     assert path.read_text() == "not json"
     with pytest.raises(HyflError, match="left as it is"):
         save_calibration({"paillier": {"encrypt": 1.0, "decrypt": 1.0, "add": 1.0}}, path)
+
+
+def test_the_round_is_counted_phase_by_phase_with_its_rule_named():
+    """HE operations come from the traffic each phase of HyFDCA's round recorded, one
+    counting function per phase (hyfl.costs.PHASE_COUNTS), the rule named by the record."""
+    from hyfl.algorithms import hyfdca_round
+    from hyfl.algorithms.hyfdca import HyFDCA
+    from hyfl.costs import PHASE_COUNTS, RoundTraffic, count_he_operations
+
+    assert set(PHASE_COUNTS) <= set(hyfdca_round.PHASES)
+    assert {hyfdca_round.COCOA, hyfdca_round.PER_SAMPLE} == {"cocoa", "per-sample"}
+    problem = make_problem(synthetic(n=120, m=10, seed=4), "logistic", 0.05)
+    blocks = stack(grid(120, 10, 2, 2), problem.X)
+    layout = counting_layout(blocks, 1, 1)
+    active = np.array([True, True, False, True])
+    for rule, expected in (("cocoa", hyfdca_round.COCOA), ("safe", hyfdca_round.PER_SAMPLE)):
+        algorithm = HyFDCA(local_steps=5, step_rule=rule)
+        state = algorithm.setup(problem, blocks)
+        rng = np.random.default_rng(0)
+        for _ in range(3):
+            state = algorithm.round(state, active, rng)
+            active = ~active | (np.arange(4) == 0)  # returning clients: the refresh too
+            traffic = state.traffic
+            assert isinstance(traffic, RoundTraffic) and traffic.rule == expected
+            for phase in traffic.phases:  # only phases of this rule's round
+                assert hyfdca_round.PHASES[phase].rule in (expected, "both"), phase
+            counts = count_he_operations(traffic, layout)
+            assert counts["encryptions"] > 0 and counts["decryptions"] > 0
+    with pytest.raises(HyflError, match="no count for phase"):
+        count_he_operations(RoundTraffic("cocoa", {"hello": {}}), layout)
+    with pytest.raises(HyflError, match="rule"):
+        count_he_operations(RoundTraffic("newton"), layout)

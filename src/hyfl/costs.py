@@ -53,8 +53,10 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -512,196 +514,288 @@ def counting_layout(blocks, slots: int, n_outputs: int = 1):
     return SlotLayout.build(blocks, 1, -(-n_outputs // slots))
 
 
-def count_he_operations(traffic: dict, layout, value_slots: int | None = None) -> dict[str, int]:
+COCOA, PER_SAMPLE = "cocoa", "per-sample"
+"""The step rules' rounds a :class:`RoundTraffic` names (as
+:data:`hyfl.algorithms.hyfdca_round.COCOA` and ``PER_SAMPLE``)."""
+
+
+@dataclass
+class RoundTraffic:
+    """What one HyFDCA round sent encrypted, phase by phase (read by :func:`count_he_operations`).
+
+    Attributes
+    ----------
+    rule : {"cocoa", "per-sample"}
+        Whose round it is: the ``cocoa`` rule's stored duals are states with tags
+        (each stored chunk sent down travels with its tag chunk and who made it);
+        the per-sample rules' are plain sums.
+    phases : dict
+        Phase name (of :data:`hyfl.algorithms.hyfdca_round.PHASES`) -> the
+        encrypted messages of that phase, message name -> what travels (the
+        counting function of the phase, :data:`PHASE_COUNTS`, lists its messages).
+    draws : (clients, samples) or None
+        The round's draws, which define its compact layout
+        (``layout.round_layout``); ``None``: there is none (nobody drew, or the
+        ``cocoa`` rule's full local pass), the fixed layout is used.
+    """
+
+    rule: str
+    phases: dict = field(default_factory=dict)
+    draws: tuple | None = None
+
+    def add(self, phase: str, messages: dict) -> None:
+        """Record ``messages`` (name -> what travels) as sent in ``phase``."""
+        self.phases.setdefault(phase, {}).update(messages)
+
+    def message(self, phase: str, name: str, default=None):
+        """What travelled as ``name`` in ``phase`` (``default`` if it did not)."""
+        return self.phases.get(phase, {}).get(name, default)
+
+
+@dataclass
+class _Count:
+    """The running counts of :func:`count_he_operations` and the layouts of the round."""
+
+    layout: Any  # where the stored values are (SlotLayout)
+    compact: Any  # the round's compact layout (``layout`` without draws)
+    states: bool  # the stored duals are states with tags (the cocoa rule)
+    value_slots: int  # values per ciphertext of the messages that are not per sample
+    duals: Any = None  # where the new duals (per-sample) or the summed proposals travel down
+    steps_compact: bool = False  # the per-sample steps travel compact (compact_steps)
+    encryptions: int = 0
+    decryptions: int = 0
+    additions: int = 0
+    ciphertexts_up: int = 0
+    ciphertexts_down: int = 0
+    ids_down: int = 0
+
+    def up(self, n: int, added: int = 0) -> None:
+        """``n`` ciphertexts encrypted and sent up, ``added`` additions by the server."""
+        self.ciphertexts_up += n
+        self.encryptions += n
+        self.additions += added
+
+    def down(self, n: int) -> None:
+        """``n`` ciphertexts sent down and decrypted."""
+        self.ciphertexts_down += n
+        self.decryptions += n
+
+    def stored(self, n: int) -> int:
+        """Ciphertexts of ``n`` stored chunks sent down: with the cocoa rule each state
+        travels with its tag chunk and who made it (round, attempt, reporter: 3 ids)."""
+        if not self.states:
+            return n
+        self.ids_down += 3 * n
+        return 2 * n
+
+    def per_value(self, values: int) -> int:
+        """Ciphertexts of ``values`` values that are not per sample."""
+        return -(-int(values) // self.value_slots)
+
+    def result(self) -> dict[str, int]:
+        return {"encryptions": self.encryptions, "decryptions": self.decryptions,
+                "additions": self.additions, "ciphertexts_up": self.ciphertexts_up,
+                "ciphertexts_down": self.ciphertexts_down, "ids_down": self.ids_down}
+
+
+def count_he_operations(traffic: RoundTraffic, layout,
+                        value_slots: int | None = None) -> dict[str, int]:
     """Ciphertexts and HE operations of one HyFDCA round from its encrypted traffic.
 
     ``layout`` places the samples' values (see :func:`counting_layout`);
-    ``value_slots`` is the values per ciphertext for the ``totals`` message
-    (default ``layout.slots``).
+    ``value_slots`` is the values per ciphertext of the messages that are not
+    per sample (the line-search and gain totals, the certificate's sums;
+    default ``layout.slots``).
 
-    ``traffic`` maps message names to what travels (see
-    :meth:`hyfl.algorithms.hyfdca.HyFDCA.round`):
-
-    ``refresh_down`` (clients, samples)
-        Changed duals sent to returning clients; they decrypt them.
-    ``sip_up_all`` (bool mask over clients) or ``sip_up`` (clients, samples)
-        Encrypted partial inner products (all samples of the active clients,
-        or only the needed ones); the server stores them.
-    ``sip_again_all`` (bool mask over clients)
-        The optional second SecureInnerProduct (stored, not summed).
-    ``sip_sum`` (samples)
-        Samples whose inner product the server sums over all holders.
-    ``sip_down`` (clients, samples) or ``sip_down_all`` (bool mask over clients)
-        Summed inner products sent back (all samples of the flagged clients with
-        ``sip_down_all``, the ``cocoa`` rule); decrypted by the clients.
-    ``dual_up`` (clients, samples)
-        Encrypted dual steps of the drawn samples; the server adds every
-        received ciphertext into the stored encrypted duals.
-    ``dual_down`` (clients, samples) or ``dual_down_all`` (bool mask over clients)
-        The new duals sent back; decrypted.
-    ``totals`` (n_senders, n_values)
-        A few encrypted scalars per client summed by the server and
-        decrypted by ``totals_readers`` clients (default one: the safe rule's
-        acceptance test; the ``cocoa`` rule's line search: every active client).
-    ``proposals_up`` (clients, samples) or ``proposals_up_all`` (mask, samples)
-        ``cocoa``: the drawn samples' proposed dual changes; encrypted and summed
-        per sample by the server (not into the stored duals). ``proposals_up_all``:
-        the flagged clients send every sample they hold (a full local pass);
-        ``samples`` are the distinct samples. The proposals and their sums
-        (``dual_down``) carry one tag chunk per sender or receiver and holder
-        group (:class:`~hyfl.privacy.layout.TaggedLayout`).
-    ``momentum_down`` (clients, samples)
-        ``cocoa``: the previous dual steps sent to returning clients; decrypted.
-    ``dual_commit`` (samples)
-        ``cocoa``: the new dual states of the chunks whose samples moved, encrypted
-        by one active holder per sample (with a tag chunk each); they replace the
-        stored ones.
-    ``stored_states`` (bool)
-        ``cocoa``: the stored duals are states with tags, so the stored chunks sent
-        down (``refresh_down``, ``momentum_down``, ``checkpoint_down``) travel with
-        their tag chunks and 3 ids each (who made the state). Counted in the
-        returned ``ids_down``.
-    ``checkpoint_down`` (clients, samples)
-        ``cocoa`` with the certificate: the checkpoint's duals sent to the clients
-        whose image of it is missing; decrypted.
-    ``conjugate_up`` (int)
-        Judges' conjugate-sum changes (a value and its tag), added into the server's sum.
-    ``certify_down`` (int)
-        Conjugate sums (a value and its tag each) a judge decrypts to decide on a
-        checkpoint.
-
-    Layouts (see :mod:`hyfl.privacy.layout`): what the server stores stays in
-    ``layout``; values summed within the round travel in the round's compact
-    layout (``layout.round_layout`` of its draws): the inner products
-    of ``sip_up`` (with ``sip_sum``, ``sip_down``), the cocoa rule's
-    ``proposals_up`` and ``dual_down``, and the per-sample rules' dual steps
-    when :func:`~hyfl.privacy.layout.compact_steps` chooses it -- then the
-    server sums the steps instead of adding them into the stored duals, and
-    one active holder per updated sample sends its dual's change in
+    Each phase of ``traffic`` (:class:`RoundTraffic`) is counted by its
+    function in :data:`PHASE_COUNTS`, whose docstring lists the messages it
+    reads; a phase without one is refused. Layouts (see
+    :mod:`hyfl.privacy.layout`): what the server stores stays in ``layout``;
+    values summed within the round travel in the round's compact layout
+    (``layout.round_layout`` of its draws): the inner products of ``sip_up``
+    (with ``sip_sum``, ``sip_down``), the cocoa rule's proposals and their sums
+    (with a tag chunk per sender or receiver and holder group,
+    :class:`~hyfl.privacy.layout.TaggedLayout`), and the per-sample rules'
+    dual steps when :func:`~hyfl.privacy.layout.compact_steps` chooses it --
+    then the server sums the steps instead of adding them into the stored
+    duals, and one active holder per updated sample sends its dual's change in
     ``layout``, added into the stored duals.
     """
-    enc = dec = add = up = down = context_ids = 0
-    # The cocoa rule's stored duals are states: each chunk travels with its tag chunk,
-    # and down with who made it (round, attempt, reporter).
-    states = bool(traffic.get("stored_states"))
+    if traffic.rule not in (COCOA, PER_SAMPLE):
+        raise fail("count_he_operations", f"a round of rule {traffic.rule!r}",
+                   f"Name the rule {COCOA!r} or {PER_SAMPLE!r}.")
+    unknown = sorted(set(traffic.phases) - set(PHASE_COUNTS))
+    if unknown:
+        raise fail("count_he_operations", f"has no count for phase(s) {unknown}",
+                   "Add the phase's counting function to hyfl.costs.PHASE_COUNTS.")
+    draws = traffic.draws
+    count = _Count(layout, layout if draws is None else layout.round_layout(*draws),
+                   traffic.rule == COCOA, int(value_slots or layout.slots))
+    if count.states:  # the summed proposals, with a tag chunk per holder group
+        count.duals = TaggedLayout(count.compact)
+    else:
+        dual_up = traffic.message("steps", "dual_up")
+        count.steps_compact = dual_up is not None and bool(compact_steps(
+            layout, dual_up, traffic.message("duals", "dual_down")))
+        count.duals = count.compact if count.steps_compact else layout
+    for phase, messages in traffic.phases.items():
+        PHASE_COUNTS[phase](count, messages, traffic)
+    return count.result()
 
-    def stored(n: int) -> int:
-        nonlocal context_ids
-        if not states:
-            return n
-        context_ids += 3 * n
-        return 2 * n
 
-    draws = _round_draws(traffic)
-    updated = None if draws is None else np.unique(np.asarray(draws[1], dtype=np.int64))
-    compact = layout if draws is None else layout.round_layout(*draws)
-    n = stored(_chunks(layout, traffic, "refresh_down"))
-    down += n
-    dec += n
-    # Inner products of the drawn samples only are summed, never stored: compact.
-    sip = compact if "sip_up" in traffic else layout
-    if states:  # cocoa: a tag chunk per holder group, and who made each holder's part
+# -- one counting function per phase (hyfl.algorithms.hyfdca_round.PHASES) --------------
+def _count_round(count: _Count, messages: dict, traffic: RoundTraffic) -> None:
+    """``round``: ``refresh_down`` (clients, samples), the changed duals sent to returning
+    clients, and ``checkpoint_down`` (clients, samples), the certificate's checkpoint
+    duals sent to the clients whose image of it is missing: stored chunks, decrypted.
+    SecureInnerProduct: ``sip_up`` (clients, samples; the drawn samples' parts, summed
+    and never stored: compact) or ``sip_up_all`` (bool mask over clients: every sample
+    of the flagged clients, stored), encrypted; ``sip_sum`` (samples) the server sums
+    over all holders; ``sip_down`` (clients, samples) or ``sip_down_all`` (mask), the
+    sums sent back, decrypted. With the cocoa rule the parts carry a tag chunk per
+    holder group, and the sums who made each holder's part (2 ids)."""
+    layout = count.layout
+    count.down(count.stored(_chunks(layout, messages, "refresh_down"))
+               + count.stored(_chunks(layout, messages, "checkpoint_down")))
+    sip = count.compact if "sip_up" in messages else layout
+    if count.states:
         sip = TaggedLayout(layout)
-        if "sip_down_all" in traffic:
-            context_ids += 2 * _flagged_holders(sip, traffic["sip_down_all"])
-    # sip_again_all: the optional second SecureInnerProduct
-    n = _chunks(sip, traffic, "sip_up") + _chunks(layout, traffic, "sip_again")
-    up += n
-    enc += n
-    if "sip_sum" in traffic:
-        chunks = sip.chunks_of(traffic["sip_sum"])
-        add += int(np.sum(sip.holders_per_chunk(chunks) - 1))
-    n = _chunks(sip, traffic, "sip_down")
-    down += n
-    dec += n
-    duals = layout  # where the new duals (or the step sums) travel down
-    if "dual_up" in traffic:
-        clients, samples = traffic["dual_up"]
-        if compact_steps(layout, traffic["dual_up"], traffic["dual_down"]):
-            duals = compact
-            n = compact.count_chunks(clients, samples)
-            changes = int(layout.chunks_of(updated).size)
-            up += n + changes
-            enc += n + changes
-            # The steps are summed (first kept, others added); the changes are
-            # added into the stored duals.
-            add += n - int(compact.chunks_of(updated).size) + changes
-        else:
-            n = layout.count_chunks(clients, samples)
-            up += n
-            enc += n
-            add += n  # each received ciphertext is added into the stored duals
-    cocoa = "proposals_up" in traffic or "proposals_up_all" in traffic
-    if cocoa:  # the summed proposals, with a tag chunk per holder group
-        duals = TaggedLayout(compact)
-    n = _chunks(duals, traffic, "dual_down")
-    down += n
-    dec += n
-    if "proposals_up" in traffic:
-        clients, samples = traffic["proposals_up"]
+        if "sip_down_all" in messages:
+            count.ids_down += 2 * _flagged_holders(sip, messages["sip_down_all"])
+    count.up(_chunks(sip, messages, "sip_up"))
+    if "sip_sum" in messages:
+        chunks = sip.chunks_of(messages["sip_sum"])
+        count.additions += int(np.sum(sip.holders_per_chunk(chunks) - 1))
+    count.down(_chunks(sip, messages, "sip_down"))
+
+
+def _count_steps(count: _Count, messages: dict, traffic: RoundTraffic) -> None:
+    """``steps`` (per-sample rules): ``dual_up`` (clients, samples), the drawn samples'
+    encrypted dual steps. In the fixed layout the server adds every received
+    ciphertext into the stored duals; in the compact one it sums them (the first kept,
+    the others added) and one active holder per updated sample encrypts its dual's
+    change in the fixed layout, added into the stored duals."""
+    if "dual_up" not in messages:
+        return
+    clients, samples = messages["dual_up"]
+    layout, compact = count.layout, count.compact
+    if count.steps_compact:
+        updated = np.unique(np.asarray(traffic.draws[1], dtype=np.int64))
+        n = compact.count_chunks(clients, samples)
+        changes = int(layout.chunks_of(updated).size)
+        count.up(n + changes, n - int(compact.chunks_of(updated).size) + changes)
+    else:
+        n = layout.count_chunks(clients, samples)
+        count.up(n, n)
+
+
+def _count_duals(count: _Count, messages: dict, traffic: RoundTraffic) -> None:
+    """``duals`` (per-sample rules): ``dual_down`` (clients, samples), the new duals (or
+    the steps' sums) sent to the active holders, decrypted; ``totals``."""
+    count.down(_chunks(count.duals, messages, "dual_down"))
+    _count_totals(count, messages)
+
+
+def _count_totals(count: _Count, messages: dict) -> None:
+    """``totals`` (n_senders, n_values): a few encrypted scalars (with their tag) per
+    sender, summed by the server; ``summed_totals`` (n_readers, n_values): their sums,
+    each reader decrypts them (the safe rule's judge; the cocoa rule's every active
+    client)."""
+    if "totals" in messages:
+        senders, values = messages["totals"]
+        n = count.per_value(values)
+        count.up(senders * n, max(senders - 1, 0) * n)
+    if "summed_totals" in messages:
+        readers, values = messages["summed_totals"]
+        count.down(readers * count.per_value(values))
+
+
+def _count_verdict(count: _Count, messages: dict, traffic: RoundTraffic) -> None:
+    """``verdict`` (the safe rule): ``summed_totals`` to the judge."""
+    _count_totals(count, messages)
+
+
+def _count_commit(count: _Count, messages: dict, traffic: RoundTraffic) -> None:
+    """``commit`` (per-sample rules): ``sip_again_all`` (mask over clients), the optional
+    second SecureInnerProduct: every sample of the flagged clients, stored."""
+    count.up(_chunks(count.layout, messages, "sip_again"))
+
+
+def _count_proposals(count: _Count, messages: dict, traffic: RoundTraffic) -> None:
+    """``proposals`` (cocoa): ``proposals_up`` (clients, samples), the drawn samples'
+    proposed dual changes, or ``proposals_up_all`` (mask, samples), every sample of the
+    flagged clients (a full local pass; ``samples`` the distinct ones): encrypted
+    with a tag chunk per holder group, summed per chunk by the server (the first
+    kept, the others added), not into the stored duals."""
+    duals = count.duals
+    if "proposals_up" in messages:
+        clients, samples = messages["proposals_up"]
         n = duals.count_chunks(clients, samples)
-        up += n
-        enc += n
-        # The server sums each chunk's proposals: the first is kept, the others added.
-        add += n - (int(duals.chunks_of(samples).size) if len(samples) else 0)
-    if "proposals_up_all" in traffic:  # every flagged client sends all of its samples
-        clients, samples = traffic["proposals_up_all"]
+        count.up(n, n - (int(duals.chunks_of(samples).size) if len(samples) else 0))
+    if "proposals_up_all" in messages:
+        clients, samples = messages["proposals_up_all"]
         n = _flagged_chunks(duals, clients)
-        up += n
-        enc += n
-        add += n - (int(duals.chunks_of(samples).size) if len(samples) else 0)
-    n = stored(_chunks(layout, traffic, "momentum_down")) + stored(
-        _chunks(layout, traffic, "checkpoint_down"))
-    down += n
-    dec += n
-    # The judge's conjugate change and the sums a judge decides on: a value and its tag.
-    per_sum = -(-2 // int(value_slots or layout.slots))
-    n = int(traffic.get("conjugate_up", 0)) * per_sum
-    up += n
-    enc += n
-    add += n
-    n = int(traffic.get("certify_down", 0)) * per_sum
-    down += n
-    dec += n
-    if "dual_commit" in traffic:
-        n = int(layout.chunks_of(traffic["dual_commit"]).size) if len(traffic["dual_commit"]) else 0
-        up += 2 * n if states else n
-        enc += 2 * n if states else n
-        add += 0 if states else n  # a state replaces what was stored, a change is added
-    if "totals" in traffic:
-        senders, values = traffic["totals"]
-        per_sender = -(-values // int(value_slots or layout.slots))
-        up += senders * per_sender
-        enc += senders * per_sender
-        add += max(senders - 1, 0) * per_sender
-        readers = int(traffic.get("totals_readers", 1))
-        down += readers * per_sender
-        dec += readers * per_sender
-    return {
-        "encryptions": enc,
-        "decryptions": dec,
-        "additions": add,
-        "ciphertexts_up": up,
-        "ciphertexts_down": down,
-        "ids_down": context_ids,
-    }
+        count.up(n, n - (int(duals.chunks_of(samples).size) if len(samples) else 0))
 
 
-def _round_draws(traffic: dict) -> tuple | None:
-    """The round's draws, (client, sample) pairs (they define its compact layout)."""
-    for key in ("dual_up", "proposals_up"):
-        if key in traffic:
-            return traffic[key]
-    return None
+def _count_image(count: _Count, messages: dict, traffic: RoundTraffic) -> None:
+    """``image`` (cocoa): ``dual_down`` (clients, samples) or ``dual_down_all`` (mask),
+    the summed proposals sent to the active holders; ``momentum_down`` (clients,
+    samples), the previous dual steps (stored states) sent to returning clients; all
+    decrypted."""
+    count.down(_chunks(count.duals, messages, "dual_down")
+               + count.stored(_chunks(count.layout, messages, "momentum_down")))
 
 
-def _chunks(layout, traffic: dict, key: str) -> int:
+def _count_direction(count: _Count, messages: dict, traffic: RoundTraffic) -> None:
+    """``direction`` (cocoa): the line search's ``totals`` from every active client."""
+    _count_totals(count, messages)
+
+
+def _count_step(count: _Count, messages: dict, traffic: RoundTraffic) -> None:
+    """``step`` (cocoa): ``summed_totals`` to every active client; ``dual_commit``
+    (samples), the new dual states of the chunks whose samples moved, encrypted by one
+    active holder per sample with a tag chunk each, replacing the stored ones (a plain
+    change would be added); ``conjugate_up`` (int), the judges' conjugate-sum changes
+    (a value and its tag), added into the server's sum."""
+    _count_totals(count, messages)
+    if "dual_commit" in messages:
+        commit = messages["dual_commit"]
+        n = int(count.layout.chunks_of(commit).size) if len(commit) else 0
+        count.up(2 * n if count.states else n, 0 if count.states else n)
+    n = int(messages.get("conjugate_up", 0)) * count.per_value(2)
+    count.up(n, n)
+
+
+def _count_certify(count: _Count, messages: dict, traffic: RoundTraffic) -> None:
+    """``certify`` (cocoa): ``certify_down`` (int), the conjugate sums (a value and its
+    tag each) a judge decrypts to decide on a checkpoint."""
+    count.down(int(messages.get("certify_down", 0)) * count.per_value(2))
+
+
+#: Phase name (of :data:`hyfl.algorithms.hyfdca_round.PHASES`) -> its counting function.
+PHASE_COUNTS: dict[str, Callable[[_Count, dict, RoundTraffic], None]] = {
+    "round": _count_round,
+    "weights": lambda count, messages, traffic: None,  # plaintext weights only
+    "steps": _count_steps,
+    "duals": _count_duals,
+    "verdict": _count_verdict,
+    "commit": _count_commit,
+    "proposals": _count_proposals,
+    "image": _count_image,
+    "direction": _count_direction,
+    "step": _count_step,
+    "certify": _count_certify,
+}
+
+
+def _chunks(layout, messages: dict, key: str) -> int:
     """Ciphertext chunks of a message: the (clients, samples) pairs recorded under
     ``key``, plus every sample of the clients flagged under ``key + "_all"`` (a chunk
     covers one holder group, each of whose samples the client holds)."""
-    n = layout.count_chunks(*traffic[key]) if key in traffic else 0
-    if f"{key}_all" in traffic:
-        n += _flagged_chunks(layout, traffic[f"{key}_all"])
+    n = layout.count_chunks(*messages[key]) if key in messages else 0
+    if f"{key}_all" in messages:
+        n += _flagged_chunks(layout, messages[f"{key}_all"])
     return n
 
 

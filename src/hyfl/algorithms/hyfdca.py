@@ -43,6 +43,7 @@ own module of :mod:`hyfl.algorithms.step_rules`, resolved once
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -86,8 +87,10 @@ from hyfl.algorithms.hyfdca_local import (
     solve_subproblems,
     span_transforms,
 )
+from hyfl.algorithms.hyfdca_round import COCOA, PER_SAMPLE, PHASES
 from hyfl.algorithms.step_rules import StepRule, step_rule
 from hyfl.algorithms.step_rules.safe import dual_gain, next_beta, step_verdict
+from hyfl.costs import RoundTraffic
 from hyfl.errors import check_choice, check_int, check_positive, fail
 from hyfl.partition import StackedBlocks
 from hyfl.problem import Problem
@@ -368,20 +371,19 @@ class HyFDCA:
     def round(self, state: HyFDCAState, active: np.ndarray, rng: np.random.Generator):
         """One outer iteration of Algorithm 1 for the clients flagged in ``active``.
 
-        Besides the new state, records in ``state.traffic`` which (client,
-        sample) values travel encrypted in each message (for
-        :mod:`hyfl.costs`), and in ``state.stats`` the round trips, plaintext
-        floats and ids each way, the busiest client's share of the work and
-        the server's compute time.
+        Besides the new state, records in ``state.traffic`` (a
+        :class:`~hyfl.costs.RoundTraffic`) which (client, sample) values travel
+        encrypted in each message of each phase (for :mod:`hyfl.costs`), and in
+        ``state.stats`` the round trips, plaintext floats and ids each way, the
+        busiest client's share of the work and the server's compute time. Each
+        phase reports what it sent (:class:`Sent`); :class:`RoundIO` adds them up.
         """
         t = state.t + 1
         active = np.asarray(active, dtype=bool)
         self.check_participation(active, t)
         newcomers = active & ~state.was_active
-        io = RoundIO()
         rule = self.rule
-        if rule.subproblem:  # see hyfl.costs.count_he_operations
-            io.traffic["stored_states"] = True
+        io = RoundIO(RoundTraffic(COCOA if rule.subproblem else PER_SAMPLE))
         n_features = state.feature_counts * state.w.shape[1]  # floats of a client's weights
 
         # 1. Newcomers receive the duals of their samples that changed while
@@ -396,13 +398,13 @@ class HyFDCA:
         state.snapshots.record(state.w, active & ~receivers)
         log_last_round(state)
         if state.local is not None and state.local.certificate is not None:
-            certificate_configure(state, active, io)
+            io.add("round", certificate_configure(state, active))
         refreshed = None
         if newcomers.any() and state.t > 0:
             stale = _stale_rows(state, newcomers)
-            io.traffic["refresh_down"] = _stale_copies(state.blocks, stale)
-            io.floats_up += n_features[newcomers].sum()
-            io.floats_down += n_features[receivers].sum()
+            io.add("round", Sent(floats_up=n_features[newcomers].sum(),
+                                 encrypted={"refresh_down": _stale_copies(state.blocks, stale)}))
+            io.add("weights", Sent(floats_down=n_features[receivers].sum()))
             refreshed = server_refresh_newcomers(state, newcomers, stale)
         if refreshed:
             state.w += primal_aggregation_rows(state, refreshed[0], refreshed[1])
@@ -428,191 +430,234 @@ class HyFDCA:
         state.last_active[active] = t
         return replace(state, t=t, was_active=active.copy(), stats=stats, traffic=io.traffic)
 
+    # -- the per-sample rules' round, phase by phase (hyfl.algorithms.hyfdca_round.PHASES) --
     def _per_sample_round(self, state, active, rng, io, t):
-        """Steps 2-7 with one dual step per drawn sample (rules safe, theory, paper)."""
-        blocks = state.blocks
-        gamma_t = 1.0 / t if self.gamma == "1/t" else float(self.gamma)
-        n_features = state.feature_counts * state.w.shape[1]
-        traffic = io.traffic
+        """Steps 2-7 with one dual step per drawn sample (rules safe, theory, paper).
 
-        # 2. The server draws H samples of every active client and announces them.
-        clients = np.flatnonzero(active)
-        sizes = np.diff(blocks.client_rowptr)[clients]
-        positions = draw_local_samples(rng, sizes, state.counts[clients])
-        drawn_rows = np.repeat(blocks.client_rowptr[clients], state.counts[clients]) + positions
-        drawn_samples = blocks.row_sample[drawn_rows]
-        samples = hyfdca_kernels.distinct(drawn_samples)
-        drawn_slot = np.searchsorted(samples, drawn_samples)
-        client_of_drawn = np.repeat(clients, state.counts[clients])
-
-        # 3. SecureInnerProduct: active clients' parts with their current weights,
-        # absent holders' parts as last sent (with the weights of their last round).
-        # The holders' rows are read in place (compiled kernels: SciPy's X[rows]
-        # alone cost more than the rest of a one-step round), and their squared
-        # norms come along for the safe rule's test.
-        holder_rows, holder_slot, holder_clients = hyfdca_kernels.holder_rows(blocks, samples)
-        fresh = active[holder_clients]
-        active_rows = holder_rows[fresh]
-        parts, holder_sq = state.snapshots.row_inner_products(blocks.X, holder_rows, holder_clients)
-        tic = work_clock()
-        z = server_sum_over_holders(parts, holder_slot, samples.size)
-        io.server_seconds += work_clock() - tic
-        updated_pairs = (holder_clients[fresh], samples[holder_slot[fresh]])
-        # The round's instructions name each client's draws and its updated samples.
-        io.ids_down += drawn_rows.size + updated_pairs[0].size
-        if not state.horizontal:  # with whole samples on one client, z is computed locally
-            if self.sip_scope == "all":
-                traffic["sip_up_all"] = active.copy()
-            else:  # "drawn", or "paper" (its count; the parts are as with "all")
-                traffic["sip_up"] = updated_pairs
-            traffic["sip_sum"] = samples
-            traffic["sip_down"] = updated_pairs
-
-        # 4. LocalDualMethod on every active client (all drawn rows at once).
-        delta = self.client_dual_steps(
-            state, drawn_samples, z[drawn_slot], client_of_drawn, gamma_t
-        )
-        traffic["dual_up"] = (client_of_drawn, drawn_samples)
-
-        # 5. Dual aggregation: alpha_i += gamma_t / |B_i| * sum of the steps for i,
-        # sent to the active holders of each updated sample.
-        tic = work_clock()
-        step = server_aggregate_duals(delta, drawn_slot, samples, blocks.n_holders, gamma_t)
-        io.server_seconds += work_clock() - tic
-        traffic["dual_down"] = updated_pairs
-        update_rows = active_rows  # active holders of the updated samples
-        row_step = step[holder_slot[fresh]]
-        # Absent holders do not re-send. Their rows would add exact zeros to
-        # sums that start at +0.0, which changes no bit, so they are left out.
-        dw = primal_aggregation_rows(state, active_rows, row_step)
-        io.floats_up += n_features[active].sum()
-        io.floats_down += n_features[active].sum()
-
-        accepted = True
+        Each phase is one function that updates the round's :class:`SampleRound` and
+        returns what it sent (:class:`Sent`); ``io`` adds them up, by phase name.
+        """
+        r = SampleRound(t=t, active=active, clients=np.flatnonzero(active),
+                        gamma_t=1.0 / t if self.gamma == "1/t" else float(self.gamma))
+        io.add("round", self._sample_open(state, r, rng))
+        io.add("steps", self._sample_steps(state, r))
+        io.add("duals", self._sample_duals(state, r))
         if self.rule.tests_round:
-            tic = work_clock()
-            fresh_sq = np.bincount(
-                holder_slot[fresh], weights=holder_sq[fresh], minlength=samples.size
-            )
-            gain, scale = _dual_gain_estimate(state, samples, step, z, dw, fresh_sq)
-            # beta >= number of draws makes every step provably safe when nobody
-            # is stale (Cauchy-Schwarz over the updated samples): accept there.
-            accepted = step_verdict(gain, scale, state.beta, drawn_rows.size)
-            beta = next_beta(accepted, state.beta, state.beta_min, drawn_rows.size)
-            state = replace(state, beta=beta)
-            io.server_seconds += work_clock() - tic
-            # Encrypted totals and their tag (hyfl.privacy.tags) from every active
-            # client, decrypted by one of them; the server sends it ||dw||^2 (its
-            # verdict is a control bit) and the active clients, whose tags it
-            # checks, and every active client beta with the round's instructions.
-            traffic["totals"] = (int(clients.size), 3 + 1)  # 3 gain terms, 1 tag
-            io.floats_down += 1 + clients.size
-            io.ids_down += int(clients.size)
-
-        # 6. Apply: server duals, clients' copies, and the aggregated primal weights.
-        if accepted:
-            state.alpha[samples] += step
-            state.alpha_local[update_rows] += row_step
-            state.w += dw
-            state.updated_at[samples] = t
-
-        # 7. Optional second SecureInnerProduct: active clients re-send their
-        # parts with the weights they just received.
-        if self.refresh_inner_products:
-            state.snapshots.record(state.w, active)
-            traffic["sip_again_all"] = active.copy()
-
+            io.add("verdict", self._sample_verdict(state, r))
+            state = replace(state, beta=r.beta)
+        io.add("commit", self._sample_commit(state, r))
         stats = {
-            "updated_samples": float(samples.size),
-            "accepted": float(accepted),
+            "updated_samples": float(r.samples.size),
+            "accepted": float(r.accepted),
             "client_share_max": _busiest_share(
-                blocks, np.concatenate([drawn_rows, active_rows]), clients.size
+                state.blocks, np.concatenate([r.drawn_rows, r.active_rows]), r.clients.size
             ),
         }
         if self.rule.tests_round:
             stats["beta"] = state.beta
         return state, stats
 
+    def _sample_open(self, state, r: SampleRound, rng) -> Sent:
+        """``round``: the server draws H samples of every active client and announces
+        them; SecureInnerProduct: active clients' parts with their current weights,
+        absent holders' parts as last sent (with the weights of their last round)."""
+        blocks, active, clients = state.blocks, r.active, r.clients
+        sent = Sent()
+        sizes = np.diff(blocks.client_rowptr)[clients]
+        positions = draw_local_samples(rng, sizes, state.counts[clients])
+        r.drawn_rows = np.repeat(blocks.client_rowptr[clients], state.counts[clients]) + positions
+        r.drawn_samples = blocks.row_sample[r.drawn_rows]
+        r.samples = hyfdca_kernels.distinct(r.drawn_samples)
+        r.drawn_slot = np.searchsorted(r.samples, r.drawn_samples)
+        r.client_of_drawn = np.repeat(clients, state.counts[clients])
+        sent.draws = (r.client_of_drawn, r.drawn_samples)
+        # The holders' rows are read in place (compiled kernels: SciPy's X[rows]
+        # alone cost more than the rest of a one-step round), and their squared
+        # norms come along for the safe rule's test.
+        holder_rows, r.holder_slot, holder_clients = hyfdca_kernels.holder_rows(blocks, r.samples)
+        r.fresh = active[holder_clients]
+        r.active_rows = holder_rows[r.fresh]
+        parts, r.holder_sq = state.snapshots.row_inner_products(blocks.X, holder_rows,
+                                                                holder_clients)
+        with sent.timing():
+            r.z = server_sum_over_holders(parts, r.holder_slot, r.samples.size)
+        r.updated_pairs = (holder_clients[r.fresh], r.samples[r.holder_slot[r.fresh]])
+        # The round's instructions name each client's draws and its updated samples.
+        sent.ids_down += r.drawn_rows.size + r.updated_pairs[0].size
+        if not state.horizontal:  # with whole samples on one client, z is computed locally
+            if self.sip_scope == "all":
+                sent.encrypted["sip_up_all"] = active.copy()
+            else:  # "drawn", or "paper" (its count; the parts are as with "all")
+                sent.encrypted["sip_up"] = r.updated_pairs
+            sent.encrypted["sip_sum"] = r.samples
+            sent.encrypted["sip_down"] = r.updated_pairs
+        return sent
+
+    def _sample_steps(self, state, r: SampleRound) -> Sent:
+        """``steps``: LocalDualMethod on every active client (all drawn rows at once)."""
+        r.delta = self.client_dual_steps(state, r.drawn_samples, r.z[r.drawn_slot],
+                                         r.client_of_drawn, r.gamma_t)
+        return Sent(encrypted={"dual_up": (r.client_of_drawn, r.drawn_samples)})
+
+    def _sample_duals(self, state, r: SampleRound) -> Sent:
+        """``duals``: dual aggregation, alpha_i += gamma_t / |B_i| * sum of the steps for i,
+        sent to the active holders of each updated sample, who send back their primal
+        part (and, for the safe rule's test, their encrypted gain terms)."""
+        sent = Sent()
+        with sent.timing():
+            r.step = server_aggregate_duals(r.delta, r.drawn_slot, r.samples,
+                                            state.blocks.n_holders, r.gamma_t)
+        sent.encrypted["dual_down"] = r.updated_pairs
+        r.row_step = r.step[r.holder_slot[r.fresh]]
+        # Absent holders do not re-send. Their rows would add exact zeros to
+        # sums that start at +0.0, which changes no bit, so they are left out.
+        r.dw = primal_aggregation_rows(state, r.active_rows, r.row_step)
+        n_features = state.feature_counts * state.w.shape[1]
+        sent.floats_up += n_features[r.active].sum()
+        sent.floats_down += n_features[r.active].sum()
+        if self.rule.tests_round:  # 3 gain terms and their tag (hyfl.privacy.tags)
+            sent.encrypted["totals"] = (int(r.clients.size), 3 + 1)
+        return sent
+
+    def _sample_verdict(self, state, r: SampleRound) -> Sent:
+        """``verdict`` (the safe rule): the summed totals are decrypted by one active
+        client, with ||dw||^2 from the server (its verdict is a control bit); the server
+        sends it the active clients, whose tags it checks, and every active client beta
+        with the round's instructions."""
+        sent = Sent()
+        with sent.timing():
+            fresh_sq = np.bincount(r.holder_slot[r.fresh], weights=r.holder_sq[r.fresh],
+                                   minlength=r.samples.size)
+            gain, scale = _dual_gain_estimate(state, r.samples, r.step, r.z, r.dw, fresh_sq)
+            # beta >= number of draws makes every step provably safe when nobody
+            # is stale (Cauchy-Schwarz over the updated samples): accept there.
+            r.accepted = step_verdict(gain, scale, state.beta, r.drawn_rows.size)
+            r.beta = next_beta(r.accepted, state.beta, state.beta_min, r.drawn_rows.size)
+        sent.encrypted["summed_totals"] = (1, 3 + 1)
+        sent.floats_down += 1 + r.clients.size
+        sent.ids_down += int(r.clients.size)
+        return sent
+
+    def _sample_commit(self, state, r: SampleRound) -> Sent:
+        """The commit: server duals, clients' copies and the aggregated primal weights
+        (if accepted); with ``refresh_inner_products`` the ``commit`` exchange, a second
+        SecureInnerProduct with the weights the active clients just received."""
+        if r.accepted:
+            state.alpha[r.samples] += r.step
+            state.alpha_local[r.active_rows] += r.row_step
+            state.w += r.dw
+            state.updated_at[r.samples] = r.t
+        if not self.refresh_inner_products:
+            return Sent()
+        state.snapshots.record(state.w, r.active)
+        return Sent(encrypted={"sip_again_all": r.active.copy()})
+
+    # -- the cocoa rule's round, phase by phase (hyfl.algorithms.hyfdca_round.PHASES) ------
     def _cocoa_round(self, state, active, rng, io, t):
-        """Steps 2-6 with the ``cocoa`` rule (see :mod:`hyfl.algorithms.hyfdca_local`)."""
-        blocks, problem, local = state.blocks, state.problem, state.local
-        loss, lam, N = problem.loss, problem.lam, problem.n_samples
-        C = state.w.shape[1]
-        n_features = state.feature_counts * C
-        traffic = io.traffic
-        newcomers = active & ~state.was_active
-        clients = np.flatnonzero(active)
-        rowptr = blocks.client_rowptr
-        sizes = np.diff(rowptr)[clients]
+        """Steps 2-6 with the ``cocoa`` rule (see :mod:`hyfl.algorithms.hyfdca_local`).
+
+        Each phase is one function that updates the round's :class:`CocoaRound` and
+        returns what it sent (:class:`Sent`); ``io`` adds them up, by phase name.
+        """
+        local = state.local
         if local.average_alpha is not None:
             local.average_alpha.advance(t)
+        clients = np.flatnonzero(active)
         if clients.size == 0:  # nobody takes part: only the history and the average move on
-            local.history.record(t, state.w, clients, clients, np.empty((0, C)))
-            record_composites(state, t)
-            local.average_w *= 1.0 - average_weight(t)
-            local.average_w += average_weight(t) * state.w
-            return state, {"updated_samples": 0.0, "accepted": 0.0, "step": 0.0,
-                           "sigma": float(local.sigma), "momentum": 0.0,
-                           "client_share_max": 0.0}
+            return state, _cocoa_idle(state, t)
+        r = CocoaRound(t=t, active=active, clients=clients)
+        io.add("round", self._cocoa_open(state, r, rng))
+        io.add("proposals", self._cocoa_proposals(state, r))
+        io.add("image", self._cocoa_image(state, r))
+        io.add("direction", self._cocoa_direction(state, r))
+        io.add("step", self._cocoa_step(state, r))
+        io.add("certify", _cocoa_certify(state, r))
+        stats = {
+            "updated_samples": float(r.samples.size),
+            "accepted": float(np.any(r.step > 0)),
+            "step": float(np.mean(r.step)),
+            "sigma": float(local.sigma),
+            "momentum": float(np.mean(r.mu)),
+            "client_share_max": r.busiest_share,
+            "certifications": float(r.certifications),
+        }
+        return state, stats
 
-        # 2. Draws: by default one pass over each active client's samples, in a
-        # random order the server announces.
-        counts = state.counts[clients]
-        positions = draw_local_samples(rng, sizes, counts)
-        drawn_rows = np.repeat(rowptr[clients], counts) + positions
-        ascending = ascending_draws(positions, counts, sizes)  # for the solver's reads
+    def _cocoa_open(self, state, r: CocoaRound, rng) -> Sent:
+        """``round``: the draws, by default one pass over each active client's samples in
+        a random order the server announces, and SecureInnerProduct for every sample of
+        the active clients (the clients remember these inner products to model their
+        data)."""
+        blocks, active, clients = state.blocks, r.active, r.clients
+        sent = Sent()
+        rowptr = blocks.client_rowptr
+        r.sizes = np.diff(rowptr)[clients]
+        r.counts = state.counts[clients]
+        positions = draw_local_samples(rng, r.sizes, r.counts)
+        r.drawn_rows = np.repeat(rowptr[clients], r.counts) + positions
+        r.ascending = ascending_draws(positions, r.counts, r.sizes)  # for the solver's reads
         del positions
-        drawn_samples = blocks.row_sample[drawn_rows]
-        io.ids_down += drawn_rows.size
-
-        # 3. SecureInnerProduct for every sample of the active clients: the
-        # clients remember these inner products to model their data.
-        own_rows = concat_ranges(rowptr[clients], sizes)
-        sip_samples = hyfdca_kernels.distinct(blocks.row_sample[own_rows])
-        busiest_share = _busiest_share(blocks, own_rows, clients.size)
+        r.drawn_samples = blocks.row_sample[r.drawn_rows]
+        sent.ids_down += r.drawn_rows.size
+        # With a full local pass every active client sends (and later receives) a value
+        # for each of its samples: the record names the clients, not the 6.3 million
+        # (client, sample) pairs on Covtype, which would stay allocated until the next
+        # round (the counts are the same, see hyfl.costs); the round has no draws then.
+        r.full_pass = bool(np.array_equal(r.counts, r.sizes))
+        if not r.full_pass:
+            sent.draws = (np.repeat(clients, r.counts), r.drawn_samples)
+        own_rows = concat_ranges(rowptr[clients], r.sizes)
+        r.sip_samples = hyfdca_kernels.distinct(blocks.row_sample[own_rows])
+        r.busiest_share = _busiest_share(blocks, own_rows, clients.size)
         del own_rows
         # The holders' rows are read in place (compiled kernels, as in the per-sample
         # rules): no gathered copy of the active clients' data.
-        holder_rows, holder_slot, holder_clients = hyfdca_kernels.holder_rows(blocks, sip_samples)
+        holder_rows, holder_slot, holder_clients = hyfdca_kernels.holder_rows(blocks,
+                                                                              r.sip_samples)
         parts, holder_sq = state.snapshots.row_inner_products(blocks.X, holder_rows,
                                                               holder_clients)
-        # The active holders' squared norms per sample, for the line search (step 7).
+        # The active holders' squared norms per sample, for the line search (step).
         fresh = active[holder_clients]
-        fresh_sq_sip = np.bincount(holder_slot[fresh], weights=holder_sq[fresh],
-                                   minlength=sip_samples.size)
+        r.fresh_sq_sip = np.bincount(holder_slot[fresh], weights=holder_sq[fresh],
+                                     minlength=r.sip_samples.size)
         # With every holder of these samples active and a consistent state the line
-        # search below is exact (hyfl.algorithms.hyfdca_certify).
-        certificate = local.certificate
-        exact = certificate is None or bool(certificate.current and fresh.all())
+        # search is exact (hyfl.algorithms.hyfdca_certify).
+        certificate = state.local.certificate
+        r.exact = certificate is None or bool(certificate.current and fresh.all())
         del holder_rows, holder_clients, holder_sq, fresh
-        tic = work_clock()
-        z = server_sum_over_holders(parts, holder_slot, sip_samples.size)
-        io.server_seconds += work_clock() - tic
-        del parts, holder_slot
+        with sent.timing():
+            r.z = server_sum_over_holders(parts, holder_slot, r.sip_samples.size)
         if not state.horizontal:
-            traffic["sip_up_all"] = active.copy()
-            traffic["sip_sum"] = sip_samples
-            traffic["sip_down_all"] = active.copy()  # every sample of every active client
-        tic = work_clock()
-        local.history.record(t, state.w, clients, sip_samples, z)
-        # The server sends each active client the Gram matrix of its directions: of the
-        # composite weights its margins were taken with, where the split has sample
-        # groups (hyfl.algorithms.hyfdca_groups), and R numbers per output that move its
-        # margins from them to w.
-        pairs, grams = local.history.directions(clients)
-        groups = local.groups
-        if groups is not None:
-            composites = record_composites(state, t)
-            grams = local.group_history.grams(clients, pairs, t)
-            towards_w = local.group_history.towards_w(clients, pairs, state.w, composites)
-        io.server_seconds += work_clock() - tic
-        R = pairs.shape[1]
+            sent.encrypted.update(sip_up_all=active.copy(), sip_sum=r.sip_samples,
+                                  # every sample of every active client
+                                  sip_down_all=active.copy())
+        return sent
+
+    def _cocoa_proposals(self, state, r: CocoaRound) -> Sent:
+        """``proposals``: the subproblem's model -- the Gram matrix of each active client's
+        directions (of the composite weights its margins were taken with, where the split
+        has sample groups, :mod:`hyfl.algorithms.hyfdca_groups`, and R numbers per output
+        that move its margins from them to w) and the subproblem's scaling -- and
+        LocalDualMethod: every active client solves its subproblem with its block of the
+        history directions (it received those weights)."""
+        blocks, problem, local, clients = state.blocks, state.problem, state.local, r.clients
+        C = state.w.shape[1]
+        sent = Sent()
+        towards_w = None
+        with sent.timing():
+            local.history.record(r.t, state.w, clients, r.sip_samples, r.z)
+            pairs, grams = local.history.directions(clients)
+            groups = local.groups
+            if groups is not None:
+                composites = record_composites(state, r.t)
+                grams = local.group_history.grams(clients, pairs, r.t)
+                towards_w = local.group_history.towards_w(clients, pairs, state.w, composites)
+        r.pairs, R = pairs, pairs.shape[1]
         transforms = span_transforms(grams)
         # Each client gets its Gram matrices (upper triangles) and the subproblem's scaling.
-        io.floats_down += clients.size * (C * R * (R + 1) / 2 + 1)
-        offsets = None  # offsets(a, rows): margin offsets (n, C) of active client a's rows
+        sent.floats_down += clients.size * (C * R * (R + 1) / 2 + 1)
         if groups is not None:
-            io.floats_down += clients.size * C * R
+            sent.floats_down += clients.size * C * R
 
             def offsets(a, rows):  # margin offsets of the rows a client reports
                 # (by ascending sample, as reporter_offsets lists them: the ring is read
@@ -620,25 +665,25 @@ class HyFDCA:
                 return ring_margin_offsets(local.history.z, blocks.row_sample[rows], pairs[a],
                                            transforms[a], towards_w[a])
 
-        # 4. LocalDualMethod: every active client solves its subproblem, with its
-        # block of the history directions (it received those weights).
+            r.offsets = offsets
         own_features = [blocks.client_features[k] for k in clients]
         directions = np.concatenate([local.history.direction_vectors(pairs[a], f)
                                      for a, f in enumerate(own_features)])
+        segments = np.concatenate(([0], np.cumsum(r.counts)))
         proposals = solve_subproblems(
-            loss,
-            segments=np.concatenate(([0], np.cumsum(counts))),
-            row_sample=drawn_samples,
-            alpha=state.alpha,  # active clients hold fresh copies (step 1)
+            problem.loss,
+            segments=segments,
+            row_sample=r.drawn_samples,
+            alpha=state.alpha,  # active clients hold fresh copies (the refresh)
             z_ring=local.history.z,
             pairs=pairs,
             transforms=transforms,
             Y=problem.Y,
             W=problem.W,
             sq_norms=state.sq_norms,
-            coef=local.sigma / (lam * N),
+            coef=local.sigma / (problem.lam * problem.n_samples),
             X=blocks.X,
-            rows=drawn_rows,
+            rows=r.drawn_rows,
             feature_ptr=np.concatenate(([0], np.cumsum([f.size for f in own_features]))),
             features=np.concatenate(own_features),
             directions=directions,
@@ -646,133 +691,143 @@ class HyFDCA:
             # client's directions, which the solver reads anyway (hyfdca_groups).
             offset_weights=(None if groups is None else np.stack(
                 [offset_weights(transforms[a], towards_w[a]) for a in range(clients.size)])),
-            ascending=ascending,
-            passes=local_passes(state.sq_norms[drawn_samples],
-                                np.concatenate(([0], np.cumsum(counts))), lam * N,
-                                self.local_passes),
+            ascending=r.ascending,
+            passes=local_passes(state.sq_norms[r.drawn_samples], segments,
+                                problem.lam * problem.n_samples, self.local_passes),
         )
-        del drawn_rows, ascending
-        # With a full local pass every active client sends (and below receives) a
-        # value for each of its samples: the record names the clients, not the 6.3
-        # million (client, sample) pairs on Covtype, which would stay allocated
-        # until the next round (the counts are the same, see hyfl.costs).
-        full_pass = bool(np.array_equal(counts, sizes))
-        if not full_pass:
-            traffic["proposals_up"] = (np.repeat(clients, counts), drawn_samples)
-
-        # 5. Aggregation as in Algorithm 1: the server adds each sample's
-        # proposals scaled by 1/|B_i| (the clients scale before encrypting), so
-        # a sample whose holders are partly absent -- whose inner product is
-        # partly stale -- moves less. It sends the result to the sample's
-        # active holders, who send back its primal image.
-        tic = work_clock()
-        samples = hyfdca_kernels.distinct(drawn_samples)
-        slot = hyfdca_kernels.positions_in(samples, drawn_samples)
-        proposal = server_aggregate_duals(proposals, slot, samples, blocks.n_holders, 1.0)
-        io.server_seconds += work_clock() - tic
-        del proposals, slot, drawn_samples  # (kept in the traffic record without a full pass)
-        rows, rows_slot, rows_client = hyfdca_kernels.holder_rows(blocks, samples)
-        rows_fresh = active[rows_client]
-        updated_rows, updated_slot = rows[rows_fresh], rows_slot[rows_fresh]
-        updated_clients = rows_client[rows_fresh]
-        del rows, rows_slot, rows_client, rows_fresh
-        if full_pass:  # the active holders of every sample of the active clients: all their rows
-            traffic["proposals_up_all"] = (active.copy(), samples)
-            traffic["dual_down_all"] = active.copy()
+        r.drawn_rows = r.ascending = None
+        # Aggregation as in Algorithm 1: the server adds each sample's proposals scaled
+        # by 1/|B_i| (the clients scale before encrypting), so a sample whose holders
+        # are partly absent -- whose inner product is partly stale -- moves less.
+        with sent.timing():
+            r.samples = hyfdca_kernels.distinct(r.drawn_samples)
+            slot = hyfdca_kernels.positions_in(r.samples, r.drawn_samples)
+            r.proposal = server_aggregate_duals(proposals, slot, r.samples, blocks.n_holders,
+                                                1.0)
+        if r.full_pass:  # every active client sends a value for each of its samples
+            sent.encrypted["proposals_up_all"] = (r.active.copy(), r.samples)
         else:
-            traffic["dual_down"] = (updated_clients, samples[updated_slot])
-        io.ids_down += updated_rows.size  # which of its samples each holder updates
+            sent.encrypted["proposals_up"] = (np.repeat(clients, r.counts), r.drawn_samples)
+        r.drawn_samples = None  # (kept in the traffic record without a full pass)
+        return sent
 
-        def image(change):  # the server's w change when the active holders re-send
-            return primal_aggregation_rows(state, updated_rows, change, updated_slot)
-
-        dw_proposal = image(proposal)
-        io.floats_up += n_features[active].sum()
-
-        # 6. Momentum: the previous step, with the coefficient that makes the
-        # direction conjugate to it, then back into the dual domain. Newcomers
-        # receive the previous steps of their samples (the others made them).
-        tic = work_clock()
-        mu = momentum_coefficient(dw_proposal, local.previous_dw, self.momentum)
-        io.server_seconds += work_clock() - tic
-        io.floats_down += clients.size * C
-        previous = local.previous_step[samples]
+    def _cocoa_image(self, state, r: CocoaRound) -> Sent:
+        """``image``: the server sends each sample's summed proposal to its active holders,
+        who send back its primal image, and newcomers the previous steps of their samples
+        (the others made them); the momentum coefficient of the proposal's image."""
+        blocks, local, active = state.blocks, state.local, r.active
+        sent = Sent()
+        rows, rows_slot, rows_client = hyfdca_kernels.holder_rows(blocks, r.samples)
+        rows_fresh = active[rows_client]
+        r.updated_rows, r.updated_slot = rows[rows_fresh], rows_slot[rows_fresh]
+        r.updated_clients = rows_client[rows_fresh]
+        del rows, rows_slot, rows_client, rows_fresh
+        if r.full_pass:  # the active holders of every sample of the active clients: all rows
+            sent.encrypted["dual_down_all"] = active.copy()
+        else:
+            sent.encrypted["dual_down"] = (r.updated_clients, r.samples[r.updated_slot])
+        sent.ids_down += r.updated_rows.size  # which of its samples each holder updates
+        dw_proposal = _image_of(state, r, r.proposal)
+        sent.floats_up += (state.feature_counts * state.w.shape[1])[active].sum()
+        r.previous = local.previous_step[r.samples]
+        newcomers = active & ~state.was_active
         if newcomers.any() and state.t > 0:
-            moved_before = np.any(previous != 0.0, axis=1)[updated_slot]
-            got = newcomers[updated_clients] & moved_before
-            traffic["momentum_down"] = (updated_clients[got], samples[updated_slot[got]])
-        y, y_weight = problem.Y[samples], problem.weights_of(samples)
-        alpha_before = state.alpha[samples]
-        direction = momentum_direction(loss, alpha_before, proposal, previous, mu, y, y_weight)
-        dw = image(direction)
-        io.floats_up += n_features[active].sum()
-        # The absent holders' part of the image, estimated in the span of each group's
-        # directions from R sums per output that one active member sends.
-        estimates: dict[int, np.ndarray] = {}
-        exact_samples = np.zeros(samples.size, dtype=bool)
-        if groups is not None:
-            tic = work_clock()
-            dw_absent, estimates, exact_samples, senders = estimate_absent_images(
-                state, active, clients, pairs, samples, direction, updated_rows, updated_slot)
-            dw += dw_absent
-            io.floats_up += senders * C * R
-            io.server_seconds += work_clock() - tic
+            moved_before = np.any(r.previous != 0.0, axis=1)[r.updated_slot]
+            got = newcomers[r.updated_clients] & moved_before
+            sent.encrypted["momentum_down"] = (r.updated_clients[got],
+                                               r.samples[r.updated_slot[got]])
+        # Momentum: the previous step, with the coefficient that makes the direction
+        # conjugate to it.
+        with sent.timing():
+            r.mu = momentum_coefficient(dw_proposal, local.previous_dw, self.momentum)
+        return sent
 
-        # 7. Line search: the clients' encrypted sums (conjugate terms, margin
-        # term, squared norms) are decrypted by one of them, with the server's
-        # ||dw||^2; the verdict is the step t.
-        tic = work_clock()
-        weight = direction * direction
-        # The judge's margins: each sample's as its first active holder reports it.
-        at_sip = hyfdca_kernels.positions_in(sip_samples, samples)  # updated among the SIP's
-        line_margins = z[at_sip]
-        if offsets is not None:
-            line_margins = line_margins + reporter_offsets(blocks, active, clients, samples,
-                                                           offsets, C)
-        full = np.sum(state.sq_norms[samples][:, None] * weight, axis=0)
-        # Where a group's estimate is exact its absent part of ||A d||^2 is known too.
-        fresh_sq = np.where(exact_samples, state.sq_norms[samples], fresh_sq_sip[at_sip])
-        active_part = np.sum(fresh_sq[:, None] * weight, axis=0)
-        quadratic, local.coherence = line_search_curvature(
-            np.sum(dw * dw, axis=0), full, active_part, samples.size, local.coherence, lam, N
-        )
+    def _cocoa_direction(self, state, r: CocoaRound) -> Sent:
+        """``direction``: the momentum coefficient to every active client; the direction
+        back in the dual domain, its primal image (the absent holders' part estimated in
+        the span of each group's directions from R sums per output that one active member
+        sends) and the clients' encrypted line-search sums."""
+        problem, local, active, clients = state.problem, state.local, r.active, r.clients
+        C = state.w.shape[1]
+        sent = Sent(floats_down=clients.size * C)  # the momentum coefficient
+        samples = r.samples
+        r.y, r.y_weight = problem.Y[samples], problem.weights_of(samples)
+        r.alpha_before = state.alpha[samples]
+        r.direction = momentum_direction(problem.loss, r.alpha_before, r.proposal, r.previous,
+                                         r.mu, r.y, r.y_weight)
+        r.dw = _image_of(state, r, r.direction)
+        sent.floats_up += (state.feature_counts * C)[active].sum()
+        r.exact_samples = np.zeros(samples.size, dtype=bool)
+        if local.groups is not None:
+            with sent.timing():
+                dw_absent, r.estimates, r.exact_samples, senders = estimate_absent_images(
+                    state, active, clients, r.pairs, samples, r.direction, r.updated_rows,
+                    r.updated_slot)
+                r.dw += dw_absent
+            sent.floats_up += senders * C * r.pairs.shape[1]
         # An exact round searches [0, 1]; otherwise the certificate's trust bounds the step.
-        limit = 1.0 if exact else certificate.trust
-        step = line_search(
-            loss,
-            conjugate_gains(loss, alpha_before, direction, y, limit, y_weight),
-            np.sum(line_margins * direction, axis=0),
-            quadratic,
-            N,
-            limit,
-        )
-        io.server_seconds += work_clock() - tic
-        # ... with the terms of the round's certificate (objective, dual, accuracy: 2C + 1)
-        # and their tag (hyfl.privacy.tags), one more value.
-        traffic["totals"] = (int(clients.size),
-                             C * (line_search_points(loss, limit).size + 3)
-                             + evaluation_size(C) + 1)
-        # The summed sums go to every active client, which finds the step and takes it.
-        traffic["totals_readers"] = int(clients.size)
-        io.floats_down += clients.size * 2 * C  # ||dw||^2 and the remembered coherence
-        io.ids_down += int(clients.size) ** 2  # the active clients, whose tags each checks
-        io.floats_up += 2 * C + evaluation_size(C)  # the judge's step, coherence, certificate
+        r.limit = 1.0 if r.exact else local.certificate.trust
+        # The line search's sums (conjugate terms, margin term, squared norms) with the
+        # terms of the round's certificate (objective, dual, accuracy: 2C + 1) and their
+        # tag (hyfl.privacy.tags), one more value.
+        sent.encrypted["totals"] = (int(clients.size), _line_search_values(problem.loss,
+                                                                           r.limit, C))
+        return sent
 
-        # 8. Commit: every active client has taken the step; for each updated sample one
-        # active holder sends the encrypted change of its dual, and the new weights follow.
-        if not exact:  # the certified pair stays where the round starts
+    def _cocoa_step(self, state, r: CocoaRound) -> Sent:
+        """``step``: the summed line-search sums go to every active client, which finds the
+        step (with the server's ||dw||^2) and takes it; for each updated sample one active
+        holder sends the encrypted new state of its dual (the judge also the step and,
+        with the certificate, the conjugate sum's change), and the new weights follow."""
+        blocks, problem, local, active, clients = (state.blocks, state.problem, state.local,
+                                                   r.active, r.clients)
+        loss, lam, N, C = problem.loss, problem.lam, problem.n_samples, state.w.shape[1]
+        samples, direction, limit = r.samples, r.direction, r.limit
+        sent = Sent()
+        with sent.timing():
+            weight = direction * direction
+            # The judge's margins: each sample's as its first active holder reports it.
+            at_sip = hyfdca_kernels.positions_in(r.sip_samples, samples)  # updated among SIP's
+            line_margins = r.z[at_sip]
+            if r.offsets is not None:
+                line_margins = line_margins + reporter_offsets(blocks, active, clients, samples,
+                                                               r.offsets, C)
+            full = np.sum(state.sq_norms[samples][:, None] * weight, axis=0)
+            # Where a group's estimate is exact its absent part of ||A d||^2 is known too.
+            fresh_sq = np.where(r.exact_samples, state.sq_norms[samples], r.fresh_sq_sip[at_sip])
+            active_part = np.sum(fresh_sq[:, None] * weight, axis=0)
+            quadratic, local.coherence = line_search_curvature(
+                np.sum(r.dw * r.dw, axis=0), full, active_part, samples.size, local.coherence,
+                lam, N
+            )
+            r.step = step = line_search(
+                loss,
+                conjugate_gains(loss, r.alpha_before, direction, r.y, limit, r.y_weight),
+                np.sum(line_margins * direction, axis=0),
+                quadratic,
+                N,
+                limit,
+            )
+        sent.encrypted["summed_totals"] = (int(clients.size), _line_search_values(loss, limit, C))
+        sent.floats_down += clients.size * 2 * C  # ||dw||^2 and the remembered coherence
+        sent.ids_down += int(clients.size) ** 2  # the active clients, whose tags each checks
+        sent.floats_up += 2 * C + evaluation_size(C)  # the judge's step, coherence, certificate
+        # Every active client has taken the step; the new weights follow (the commit).
+        if not r.exact:  # the certified pair stays where the round starts
             materialize_certificate(state, active)
         change = direction * step[None, :]
         state.alpha[samples] += change
-        hyfdca_kernels.add_rows(state.alpha_local, updated_rows, change, updated_slot)
-        applied_dw = dw * step[None, :]
+        hyfdca_kernels.add_rows(state.alpha_local, r.updated_rows, change, r.updated_slot)
+        applied_dw = r.dw * step[None, :]
         state.w += applied_dw
-        for k, part in estimates.items():
+        for k, part in r.estimates.items():
             local.absent_estimate[k] += part * step[None, :]
         moved = np.any(change != 0.0, axis=1)
-        state.updated_at[samples[moved]] = t
-        io.floats_down += n_features[active].sum()
-        traffic["dual_commit"] = samples[moved]
+        state.updated_at[samples[moved]] = r.t
+        sent.floats_down += (state.feature_counts * C)[active].sum()
+        sent.encrypted["dual_commit"] = samples[moved]
+        if local.certificate is not None:  # the judge's conjugate change (a value, its tag)
+            sent.encrypted["conjugate_up"] = 1
         local.previous_step[local.previous_samples] = 0.0
         local.previous_step[samples] = change
         local.previous_samples = samples
@@ -780,34 +835,12 @@ class HyFDCA:
         # sigma follows the step relative to what the line search could take.
         local.sigma = next_sigma(local.sigma, step / limit, local.sigma_ceiling)
         if local.average_alpha is not None:
-            local.average_alpha.update(samples[moved], alpha_before[moved],
+            local.average_alpha.update(samples[moved], r.alpha_before[moved],
                                        state.alpha[samples[moved]])
-        rho = average_weight(t)
+        rho = average_weight(r.t)
         local.average_w *= 1.0 - rho
         local.average_w += rho * state.w
-        certifications = 0
-        if certificate is not None:
-            # The judge also sends the conjugate sum's change at the step taken; a round
-            # whose step is positive may have moved any of its samples (the server
-            # cannot tell a zero change inside a packed ciphertext).
-            traffic["conjugate_up"] = 1
-            certificate.explored_changes += 1
-            certifications, made = certify_round(state, active, samples if np.any(step > 0)
-                                                 else samples[:0], exact, t)
-            traffic["certify_down"] = 2 * certifications
-            io.floats_down += 2 * certifications  # the two squared norms of w
-            io.ids_down += 3 * made  # who made each change the two sums hold
-
-        stats = {
-            "updated_samples": float(samples.size),
-            "accepted": float(np.any(step > 0)),
-            "step": float(np.mean(step)),
-            "sigma": float(local.sigma),
-            "momentum": float(np.mean(mu)),
-            "client_share_max": busiest_share,
-            "certifications": float(certifications),
-        }
-        return state, stats
+        return sent
 
     # -- client half: the local dual method ----------------------------------
     def client_dual_steps(
@@ -930,14 +963,163 @@ class WeightSnapshots:
 
 
 @dataclass
-class RoundIO:
-    """What one round sends, counted as it happens (see :meth:`HyFDCA.round`)."""
+class Sent:
+    """What one phase of a round sent: plaintext floats and ids, the server's compute time
+    (:meth:`timing`), the encrypted messages (name -> what travels, as
+    :data:`hyfl.costs.PHASE_COUNTS` reads them) and, from the phase that announces
+    them, the round's draws (they define its compact layout)."""
 
-    traffic: dict = field(default_factory=dict)
     floats_up: float = 0.0
     floats_down: float = 0.0
     ids_down: float = 0.0
     server_seconds: float = 0.0
+    encrypted: dict = field(default_factory=dict)
+    draws: tuple | None = None
+
+    @contextmanager
+    def timing(self):
+        """Count the time of the block as the server's compute."""
+        tic = work_clock()
+        try:
+            yield
+        finally:
+            self.server_seconds += work_clock() - tic
+
+
+@dataclass
+class RoundIO:
+    """What one round sends, added up phase by phase (see :meth:`HyFDCA.round`)."""
+
+    traffic: RoundTraffic
+    floats_up: float = 0.0
+    floats_down: float = 0.0
+    ids_down: float = 0.0
+    server_seconds: float = 0.0
+
+    def add(self, phase: str, sent: Sent) -> None:
+        """Meter what ``phase`` (a name of :data:`hyfl.algorithms.hyfdca_round.PHASES`) sent."""
+        if phase not in PHASES:
+            raise ValueError(f"{phase!r} is not a phase of HyFDCA's round")
+        self.floats_up += sent.floats_up
+        self.floats_down += sent.floats_down
+        self.ids_down += sent.ids_down
+        self.server_seconds += sent.server_seconds
+        if sent.encrypted:
+            self.traffic.add(phase, sent.encrypted)
+        if sent.draws is not None:
+            self.traffic.draws = sent.draws
+
+
+@dataclass
+class SampleRound:
+    """What the phases of one round of a per-sample rule share (``HyFDCA._sample_*``)."""
+
+    t: int
+    active: np.ndarray
+    clients: np.ndarray
+    gamma_t: float
+    # round: the draws and SecureInnerProduct
+    drawn_rows: np.ndarray | None = None
+    drawn_samples: np.ndarray | None = None
+    samples: np.ndarray | None = None  # the distinct drawn samples (the updated ones)
+    drawn_slot: np.ndarray | None = None  # each draw's position in samples
+    client_of_drawn: np.ndarray | None = None
+    holder_slot: np.ndarray | None = None  # each holder row's position in samples
+    holder_sq: np.ndarray | None = None  # its squared norm
+    fresh: np.ndarray | None = None  # the holder row's client is active
+    active_rows: np.ndarray | None = None  # the active holders' rows
+    updated_pairs: tuple | None = None  # (client, sample) of each active holder row
+    z: np.ndarray | None = None  # the summed inner products
+    # steps, duals, verdict
+    delta: np.ndarray | None = None  # the drawn samples' dual steps
+    step: np.ndarray | None = None  # the aggregated step of each updated sample
+    row_step: np.ndarray | None = None  # ... of each active holder row
+    dw: np.ndarray | None = None  # its primal image
+    accepted: bool = True
+    beta: float | None = None
+
+
+@dataclass
+class CocoaRound:
+    """What the phases of one ``cocoa`` round share (``HyFDCA._cocoa_*``)."""
+
+    t: int
+    active: np.ndarray
+    clients: np.ndarray
+    # round: the draws and SecureInnerProduct
+    counts: np.ndarray | None = None  # draws of each active client
+    sizes: np.ndarray | None = None  # its samples
+    full_pass: bool = False  # every active client draws all of its samples
+    drawn_rows: np.ndarray | None = None
+    drawn_samples: np.ndarray | None = None
+    ascending: np.ndarray | None = None  # the draws in ascending order (the solver's reads)
+    busiest_share: float = 0.0
+    sip_samples: np.ndarray | None = None  # every sample of the active clients
+    z: np.ndarray | None = None  # their summed inner products
+    fresh_sq_sip: np.ndarray | None = None  # their active holders' squared norms
+    exact: bool = True  # the line search is exact (hyfl.algorithms.hyfdca_certify)
+    # proposals: the model and the local solve
+    pairs: np.ndarray | None = None  # each active client's history directions
+    offsets: Any = None  # offsets(a, rows): margin offsets (n, C) of active client a's rows
+    samples: np.ndarray | None = None  # the distinct drawn samples (the updated ones)
+    proposal: np.ndarray | None = None  # their aggregated proposal
+    # image
+    updated_rows: np.ndarray | None = None  # the active holders' rows of samples
+    updated_slot: np.ndarray | None = None  # their positions in samples
+    updated_clients: np.ndarray | None = None
+    previous: np.ndarray | None = None  # the samples' previous steps
+    mu: np.ndarray | None = None  # the momentum coefficient
+    # direction
+    y: np.ndarray | None = None
+    y_weight: np.ndarray | None = None
+    alpha_before: np.ndarray | None = None
+    direction: np.ndarray | None = None
+    dw: np.ndarray | None = None  # its primal image
+    estimates: dict = field(default_factory=dict)  # absent clients' estimated images
+    exact_samples: np.ndarray | None = None  # samples whose group estimate is exact
+    limit: float = 1.0  # the line search's interval
+    # step, certify
+    step: np.ndarray | None = None
+    certifications: int = 0
+
+
+def _image_of(state: HyFDCAState, r: CocoaRound, change: np.ndarray) -> np.ndarray:
+    """The server's w change when the active holders re-send their image of ``change``."""
+    return primal_aggregation_rows(state, r.updated_rows, change, r.updated_slot)
+
+
+def _line_search_values(loss, limit: float, n_outputs: int) -> int:
+    """Values of each client's encrypted line-search sums: the sums at the search's points,
+    3 more per output, the certificate's terms (objective, dual, accuracy) and a tag."""
+    return n_outputs * (line_search_points(loss, limit).size + 3) + evaluation_size(n_outputs) + 1
+
+
+def _cocoa_idle(state: HyFDCAState, t: int) -> dict[str, float]:
+    """A ``cocoa`` round nobody takes part in: only the history and the average move on."""
+    local, C = state.local, state.w.shape[1]
+    clients = np.empty(0, dtype=np.int64)
+    local.history.record(t, state.w, clients, clients, np.empty((0, C)))
+    record_composites(state, t)
+    local.average_w *= 1.0 - average_weight(t)
+    local.average_w += average_weight(t) * state.w
+    return {"updated_samples": 0.0, "accepted": 0.0, "step": 0.0,
+            "sigma": float(local.sigma), "momentum": 0.0, "client_share_max": 0.0}
+
+
+def _cocoa_certify(state: HyFDCAState, r: CocoaRound) -> Sent:
+    """``certify``: the certificate's bookkeeping (:func:`certify_round`); a judge decides
+    on each checkpoint whose images are all in, from two conjugate sums and the two
+    squared norms of w, with who made each change the sums hold (3 ids)."""
+    certificate = state.local.certificate
+    if certificate is None:
+        return Sent()
+    # A round whose step is positive may have moved any of its samples (the server
+    # cannot tell a zero change inside a packed ciphertext).
+    certificate.explored_changes += 1
+    moved = r.samples if np.any(r.step > 0) else r.samples[:0]
+    r.certifications, made = certify_round(state, r.active, moved, r.exact, r.t)
+    return Sent(floats_down=2 * r.certifications, ids_down=3 * made,
+                encrypted={"certify_down": 2 * r.certifications})
 
 
 @dataclass
@@ -992,7 +1174,7 @@ class HyFDCAState:
     horizontal: bool = False
     local: LocalState | None = None
     stats: dict = field(default_factory=dict)
-    traffic: dict = field(default_factory=dict)
+    traffic: RoundTraffic | None = None  # the last round's encrypted messages
 
 
 # ---------------------------------------------------------------------------
@@ -1090,17 +1272,23 @@ def _candidates_last_round(state: HyFDCAState) -> np.ndarray:
     """Samples whose duals round ``state.t`` may have changed, shape (n,), repeats allowed.
 
     The server knows which duals it may have updated last round: those it
-    committed (``dual_commit``, the cocoa rule) or aggregated the drawn steps
-    of (``dual_up``, the per-sample rules; applied only if accepted), named by
-    the round's traffic record. Which of them did change, ``updated_at``
+    committed (``dual_commit`` of its ``step`` phase, the cocoa rule) or
+    aggregated the drawn steps of (``dual_up`` of its ``steps`` phase, the
+    per-sample rules; applied only if accepted), named by the round's traffic
+    record (:class:`~hyfl.costs.RoundTraffic`). Which of them did change, ``updated_at``
     tells when the log is read. A round whose record names neither (nobody
     took part) falls back to a pass over all N samples.
     """
     traffic = state.traffic
-    if "dual_commit" in traffic:
-        return np.asarray(traffic["dual_commit"])
-    if "dual_up" in traffic:
-        return np.asarray(traffic["dual_up"][1])
+    if isinstance(traffic, RoundTraffic):
+        if traffic.rule == COCOA:
+            committed = traffic.message("step", "dual_commit")
+            if committed is not None:
+                return np.asarray(committed)
+        else:
+            steps = traffic.message("steps", "dual_up")
+            if steps is not None:
+                return np.asarray(steps[1])
     return np.flatnonzero(state.updated_at == state.t)
 
 
@@ -1311,8 +1499,9 @@ def materialize_certificate(state: HyFDCAState, active: np.ndarray) -> None:
     cert.cursor[active] = cert.events
 
 
-def certificate_configure(state: HyFDCAState, active: np.ndarray, io: RoundIO) -> None:
-    """What the round's instructions carry for the certificate, and the clients' answers.
+def certificate_configure(state: HyFDCAState, active: np.ndarray) -> Sent:
+    """What the round's instructions carry for the certificate, and the clients' answers
+    (what the ``round`` phase sends for it).
 
     Every active client gets the line search's limit and the certificate's notices it
     missed; an active client whose image of the open checkpoint is missing gets the
@@ -1320,14 +1509,14 @@ def certificate_configure(state: HyFDCAState, active: np.ndarray, io: RoundIO) -
     """
     cert, blocks = state.local.certificate, state.blocks
     clients = np.flatnonzero(active)
-    io.floats_down += clients.size  # the limit
-    io.ids_down += float(np.sum(cert.events - cert.cursor[clients]))
+    sent = Sent(floats_down=clients.size,  # the limit
+                ids_down=float(np.sum(cert.events - cert.cursor[clients])))
     cert.cursor[clients] = cert.events
     if cert.checkpoint is None:
-        return
+        return sent
     asked = clients[cert.pending[clients]]
     if asked.size == 0:
-        return
+        return sent
     rowptr = blocks.client_rowptr
     rows = concat_ranges(rowptr[asked], rowptr[asked + 1] - rowptr[asked])
     samples = blocks.row_sample[rows]
@@ -1337,9 +1526,10 @@ def certificate_configure(state: HyFDCAState, active: np.ndarray, io: RoundIO) -
     # made equal up to rounding, and how it rounds depends on the machine's BLAS kernel.)
     owners = blocks.clients_of(rows)
     differ = cert.checkpoint_updated_at[samples] > state.last_active[owners]
-    io.traffic["checkpoint_down"] = (owners[differ], samples[differ])
-    io.floats_up += float(np.sum(state.feature_counts[asked])) * state.w.shape[1]
+    sent.encrypted["checkpoint_down"] = (owners[differ], samples[differ])
+    sent.floats_up += float(np.sum(state.feature_counts[asked])) * state.w.shape[1]
     cert.pending[asked] = False
+    return sent
 
 
 def certify_round(state: HyFDCAState, active: np.ndarray, moved: np.ndarray, exact: bool,
