@@ -68,7 +68,8 @@ def test_no_rows_or_no_zero_row_skip_what_cannot_be_judged():
 def test_majority_rate_and_advice():
     assert majority_rate([0, 1, 1, 1]) == 0.75
     assert majority_rate([]) is None
-    assert "--step-rule" in advice({"step_rule", "iic"})
+    assert "--step-rule (e.g. safe)" in advice({"step_rule", "iic"})
+    assert "--step-rule (e.g. cocoa)" in advice({"step_rule"}, "safe")  # not the one it ran
     assert "--a, --b" in advice({"a", "b", "mu"})
     assert "--eta0" in advice({"eta0"})
     assert advice(()).startswith("Try more rounds (--iterations)")

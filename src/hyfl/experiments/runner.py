@@ -313,7 +313,8 @@ def trivial_advice(outcome: RunOutcome) -> str:
         names = accepted_hyperparameters(outcome.spec.algorithm)
     except KeyError:  # an algorithm of a results folder this version does not know
         names = ()
-    return advice(names)
+    rule = outcome.spec.hyper.get("step_rule") if isinstance(outcome.spec.hyper, dict) else None
+    return advice(names, None if rule is None else str(rule))
 
 
 def cost_summary(result: RunResult) -> dict[str, Any]:

@@ -168,12 +168,14 @@ def majority_rate(labels: Any) -> float | None:
     return float(counts.max() / y.size)
 
 
-def advice(hyperparameters: Iterable[str] = ()) -> str:
-    """What to try after a trivial run, given the algorithm's hyperparameter names."""
+def advice(hyperparameters: Iterable[str] = (), step_rule: str | None = None) -> str:
+    """What to try after a trivial run, given the algorithm's hyperparameter names (and
+    the ``step_rule`` it ran, if it has one: the advice names another)."""
     names = set(hyperparameters)
     tries = ["more rounds (--iterations)", "a higher --participation"]
     if "step_rule" in names:
-        tries.append("another --step-rule (e.g. safe)")
+        other = "cocoa" if step_rule == "safe" else "safe"
+        tries.append(f"another --step-rule (e.g. {other})")
     if {"a", "b"} <= names:
         tries.append("another learning rate (--a, --b)")
     elif "eta0" in names:
