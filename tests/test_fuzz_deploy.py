@@ -254,7 +254,6 @@ def _valid_payload(kind: str, d: dict) -> dict:
             "image": {"proposal": vec, "previous": None}, "direction": {"mu": one},
             "step": {"totals": vec, "dw_sq": one, "coherence": one, "updated": 2,
                      "active": np.array([0])},
-            "changes": {"step": one, "w": np.zeros((d["n_features"], 1))},
             "certify": {"certified": vec, "checkpoint": vec, "w_sq": np.zeros(2)},
             # the alignment of party files (refused by a party with a block, as here)
             "align": {"peers": np.zeros((2, 32), np.uint8), "peer_counts": np.array([0, 1, 1]),
@@ -362,9 +361,12 @@ def test_party_refuses_cocoa_messages_that_do_not_fit(deployment, cocoa_deployme
     d = cocoa_deployment
     inside = d["open_state"]
 
-    def send(kind, payload, state=inside, d=d):
-        state = _admitted(state, kind)
+    def send(kind, payload, state=inside, d=d, admit=True):
+        state = _admitted(state, kind) if admit else state
         return lambda: handle_message(kind, encode(payload), state, d["nodes"][0], d["run"])
+
+    def commit(w):
+        return {"deliveries": {"commit": {"round": 1, "accepted": True, "w": w}}}
 
     vec = EncryptedVector(np.array([0]), np.array([0.5], dtype=object))
     one = np.zeros(1)
@@ -381,11 +383,13 @@ def test_party_refuses_cocoa_messages_that_do_not_fit(deployment, cocoa_deployme
         (send("round", safe_round), "has no field 'order_local'"),
         (send("round", {**safe_round, "wait": True}, d=deployment, state=deployment["state"]),
          "cocoa fields"),
-        (send("round", {**good, "deliveries": {"commit": {"round": 1, "accepted": True,
-                                                          "w": np.zeros((2, 1))}}}),
-         "does not deliver"),
+        # The commit of the open round (its new weights) before the party took its step.
+        (send("round", {**good, **commit(np.zeros((2, 1)))}, admit=False),
+         "commits round 1 before the party took its step"),
+        # No rule delivers 'closed' any more (the cocoa rule's commit closes its round).
+        (send("round", {**good, "deliveries": {"closed": 1}}), "unknown field 'closed'"),
         (send("round", {**safe_round, "deliveries": {"closed": 1}}, d=deployment,
-              state=deployment["state"]), "does not deliver"),
+              state=deployment["state"]), "unknown field 'closed'"),
         # Shapes and values of the cocoa fields.
         (send("proposals", {"z": vec, "grams": np.zeros((1, 3)), "coef": 1.0}),
          "field grams has shape (1, 3), not (1, 28)"),
@@ -401,8 +405,18 @@ def test_party_refuses_cocoa_messages_that_do_not_fit(deployment, cocoa_deployme
         (send("step", {"totals": None, "dw_sq": one, "coherence": one, "updated": 2,
                        "active": np.array([0])}),
          "field 'totals'"),
-        (send("changes", {"step": np.zeros(2), "w": np.zeros((2, 1))}), "field step has shape"),
-        (send("changes", {"step": one, "w": np.zeros((99, 1))}), "'changes' message"),
+        # The step is the party's own now (from the summed sums); what the server sends
+        # beside the sums is bounded, and the new weights come with the commit.
+        (send("step", {"totals": vec, "dw_sq": one, "coherence": -np.ones(1), "updated": 2,
+                       "active": np.array([0])}), "field coherence holds"),
+        (send("step", {"totals": vec, "dw_sq": one, "coherence": one, "updated": 0,
+                       "active": np.array([0])}), "field updated is 0"),
+        (send("step", {"totals": vec, "dw_sq": one, "coherence": one, "updated": 31,
+                       "active": np.array([0])}), "field updated is 31"),
+        (send("step", {"totals": vec, "dw_sq": one, "coherence": one, "updated": 2,
+                       "active": np.array([0]), "step": one}), "unknown field 'step'"),
+        (send("changes", {"step": one, "w": np.zeros((2, 1))}), "kind 'changes' is not known"),
+        (send("round", {**good, **commit(np.zeros((99, 1)))}), "deliveries.commit.w"),
         (send("image", {"proposal": vec, "previous": 3}), "field 'previous'"),
     ]
     for call, needle in cases:
@@ -455,7 +469,7 @@ def test_coordinator_random_garbled_replies(deployment, cocoa_deployment):
     kinds = [*((deployment, kind) for kind in ("hello", "setup", "round", "steps", "duals",
                                                "verdict", "finish")),
              *((cocoa_deployment, kind) for kind in ("round", "proposals", "image", "direction",
-                                                     "step", "changes"))]
+                                                     "step"))]
     for _ in range(N_RANDOM // 2):
         d, kind = kinds[rng.integers(len(kinds))]
         fields = REPLY_FIELDS[kind]
@@ -519,12 +533,23 @@ def test_coordinator_hand_written_garbled_cocoa_replies(cocoa_deployment):
         ("direction", lambda r: {"primal_part": r["primal_part"]}, "has no field 'totals'"),
         ("step", lambda r: {**r, "step": np.ones(3)}, "field 'step' has shape (3,)"),
         ("step", lambda r: {**r, "coherence": np.array([np.nan])}, "field 'coherence'"),
-        ("step", lambda r: {"step": r["step"]}, "has no field 'coherence'"),
-        ("changes", lambda r: {**r, "changes": far}, "chunk ids outside"),
-        ("changes", lambda r: {}, "has no field 'changes'"),
+        ("step", lambda r: {"changes": r["changes"], "step": r["step"]},
+         "has no field 'coherence'"),
+        # The dual changes come with the step (every active party's reply).
+        ("step", lambda r: {**r, "changes": far}, "chunk ids outside"),
+        ("step", lambda r: {k: v for k, v in r.items() if k != "changes"},
+         "has no field 'changes'"),
     ]
     for kind, garble, needle in cases:
         raises_hyfl(_coordinate(d, kind, garble), needle)
+    # A party other than the judge: its step reply must carry its changes too.
+    for garble, needle in [(lambda r: {**r, "changes": far}, "chunk ids outside"),
+                           (lambda r: {k: v for k, v in r.items() if k != "changes"},
+                            "party 1's reply to 'step' has no field 'changes'")]:
+        config = DeployConfig.from_run_config(d["run"])
+        transport = GarblingTransport(d["nodes"], d["run"], "step", garble, party=1)
+        raises_hyfl(Coordinator(config, transport, make_cipher("none").public(),
+                                log=lambda line: None).run, needle)
 
 
 def _bundled(buffer, layout, spec='{"t":"dict","v":{}}'):

@@ -90,10 +90,22 @@ def _find(run, kind, party=None, t=None) -> Record:
     raise LookupError(f"no {kind!r} message (party {party}, round {t}) in the run")
 
 
+def _find_each(run, kind, t) -> dict[int, Record]:
+    """The first record of ``kind`` in round ``t`` to each party that got one."""
+    found = {}
+    for party in sorted({r.party for r in run.records}):
+        if _has(run, kind, party, t):
+            found[party] = _find(run, kind, party, t)
+    return found
+
+
 def _took_part(run, record: Record) -> bool:
-    """A round message to a party that took part in the round before it, to the end."""
+    """A round message to a party that took part in the round before it, to the end: it
+    answered that round's ``step`` and this message delivers that round's commit."""
     t = int(record.payload["configure"]["t"])
-    return t >= 2 and _has(run, "changes", record.party, t - 1)
+    commit = (record.payload.get("deliveries") or {}).get("commit")
+    return (t >= 2 and _has(run, "step", record.party, t - 1) and commit is not None
+            and int(commit["round"]) == t - 1)
 
 
 def _has(run, kind, party, t) -> bool:
@@ -116,7 +128,12 @@ def test_the_recorded_run_is_genuine_and_replays_exactly(run):
     """The harness: a message replayed at the state it met gives the same reply."""
     kinds = {r.kind for r in run.records}
     assert {"hello", "setup", "round", "proposals", "image", "direction", "step",
-            "changes"} <= kinds
+            "certify", "finish"} <= kinds
+    assert "changes" not in kinds  # the step message is answered with the dual changes
+    # Every active party gets the step; the round's commit comes with its next message.
+    assert len(_find_each(run, "step", 2)) >= 2
+    assert any((r.payload.get("deliveries") or {}).get("commit") is not None
+               for r in run.records if r.kind == "round")
     record = _find(run, "step", t=2)
     _, state = _send(run, record)
     replayed, recorded = decode(*state, run.cipher), decode(*record.after, run.cipher)
@@ -124,13 +141,18 @@ def test_the_recorded_run_is_genuine_and_replays_exactly(run):
     assert replayed["guard"] == recorded["guard"]
 
 
-@pytest.mark.parametrize("kind", ["step", "image", "direction", "proposals", "changes"])
+@pytest.mark.parametrize("kind", ["step", "image", "direction", "proposals"])
 def test_a_second_query_in_one_attempt_is_refused(run, kind):
     """The oracles of point 2 need the same question asked many times: each kind is
-    answered once per attempt of a round (the judge's step: one coherence, one step)."""
-    record = _find(run, kind, t=2)
-    with pytest.raises(HyflError, match=f"{FORGED}|sent '{kind}' twice"):
-        _send(run, record, state=record.after)
+    answered once per attempt of a round, by every party it goes to (the step: each
+    active party decrypts the summed sums once, takes one step, sends one set of dual
+    changes; the judge returns one coherence, one step)."""
+    records = _find_each(run, kind, 2)
+    if kind == "step":
+        assert len(records) >= 2, "the step goes to every active party"
+    for record in records.values():
+        with pytest.raises(HyflError, match=f"{FORGED}|sent '{kind}' twice"):
+            _send(run, record, state=record.after)
 
 
 def test_the_judges_step_takes_no_numbers_out_of_range(run):
@@ -144,17 +166,104 @@ def test_the_judges_step_takes_no_numbers_out_of_range(run):
             _send(run, record, {**genuine, field: value})
 
 
-def test_direction_and_changes_take_no_numbers_out_of_range(run):
+def test_direction_and_step_take_no_numbers_out_of_range(run):
+    """The server's numbers a party computes with are held to what an honest server
+    sends. The step itself no longer travels (the server's chosen step was refused in
+    the old ``changes`` message): every active party finds it from the summed sums, so
+    the server's way to choose it is now those sums, or the numbers beside them. At
+    every party: a chosen or altered ``totals`` fails the tag check, another round's
+    genuine sum too, and ``dw_sq``, ``coherence``, ``updated`` out of range are refused."""
+    from hyfl.privacy.layout import EncryptedVector
+
     record = _find(run, "direction", t=2)
     mu = record.payload["mu"]
     for forged in (mu + 1.0, mu - 1.0, np.full_like(mu, np.inf)):
         with pytest.raises(HyflError, match="field mu holds|field 'mu' is array"):
             _send(run, record, {"mu": forged})
-    record = _find(run, "changes", t=2)
-    genuine = record.payload
-    for forged in (genuine["step"] - 2.0, genuine["step"] + 2.0):
-        with pytest.raises(HyflError, match="field step holds"):
-            _send(run, record, {**genuine, "step": forged})
+    steps = _find_each(run, "step", 2)
+    assert len(steps) >= 2 and any(int(r.payload["active"][0]) != k for k, r in steps.items())
+    for k, record in steps.items():
+        genuine = record.payload
+        totals = genuine["totals"]
+        _send(run, record)  # the genuine message verifies
+        C = genuine["dw_sq"].size
+        n = int(decode(*record.before, run.cipher)["public"]["n_samples"])
+        for field, value, problem in [("dw_sq", -np.ones(C), "field dw_sq holds"),
+                                      ("dw_sq", np.full(C, np.inf),
+                                       "field dw_sq holds|field 'dw_sq' is"),
+                                      ("coherence", -np.ones(C), "field coherence holds"),
+                                      ("coherence", np.full(C, np.nan), "field 'coherence' is"),
+                                      ("updated", 0, "field updated is 0"),
+                                      ("updated", n + 1, f"field updated is {n + 1}")]:
+            with pytest.raises(HyflError, match=problem):
+                _send(run, record, {**genuine, field: value})
+        # A step of the server's choosing: a chosen sum, a genuine one plus anything (the
+        # first line-search point's gain), another round's genuine sum.
+        chosen = run.cipher.encrypt(np.full((totals.ciphertexts.size, 1), 0.25))
+        added = totals.ciphertexts.copy()
+        added[:1] = run.cipher.add(added[:1], run.cipher.encrypt(np.array([[1e-3]])))
+        later = _find(run, "step", party=k, t=3).payload["totals"] if _has(
+            run, "step", k, 3) else None
+        for forged in (chosen, added, None if later is None else later.ciphertexts):
+            if forged is None:
+                continue
+            with pytest.raises(HyflError, match="their tag does not verify"):
+                _send(run, record, {**genuine,
+                                    "totals": EncryptedVector(totals.chunks, forged)})
+
+
+def test_a_commit_before_the_step_is_refused(run):
+    """The round's commit (the party's new weights) comes with its next message and closes
+    the round. Delivered for the open round before the party answered ``step`` -- the
+    weights of a step it has not taken, a round it would close without its dual changes
+    -- it is refused before anything is answered; after the step it is applied."""
+    record = next(r for r in run.records if r.kind == "round" and _took_part(run, r))
+    party, t = record.party, int(record.payload["configure"]["t"])
+    commit = record.payload["deliveries"]["commit"]
+    assert int(commit["round"]) == t - 1
+    reply, state = _send(run, record)  # genuine: after its step in round t - 1
+    assert decode(*state, run.cipher)["guard"]["closed"] == t - 1
+    for before in ("round", "proposals", "image", "direction"):
+        early = _find(run, before, party=party, t=t - 1)
+        with pytest.raises(HyflError, match=f"commits round {t - 1} before the party took "
+                                            "its step"):
+            _send(run, record, state=early.after)
+    # Nor can the commit ride along with the step itself (the step carries no deliveries).
+    step = _find(run, "step", party=party, t=t - 1)
+    with pytest.raises(HyflError, match="unknown field 'deliveries'"):
+        _send(run, step, {**step.payload, "deliveries": {"commit": commit}})
+
+
+def test_a_step_to_a_party_outside_its_active_list_is_refused(run):
+    """The summed totals are checked against the contributions of the parties the message
+    names as active: a step that names a list without the party it goes to (or with it
+    twice) is refused before anything is decrypted, at every party; a list with a party
+    that sent nothing fails the tag check; a step to a party that is not in the round at
+    all is refused by its guard."""
+    steps = _find_each(run, "step", 2)
+    assert len(steps) >= 2
+    for k, record in steps.items():
+        genuine = record.payload
+        active = genuine["active"]
+        assert k in active.tolist()
+        for forged in (active[active != k], np.concatenate([active, [k]]),
+                       np.array([j for j in range(PARTIES) if j not in active.tolist()])):
+            if forged.size == 0:
+                continue
+            with pytest.raises(HyflError, match="do not include"):
+                _send(run, record, {**genuine, "active": forged})
+        for j in range(PARTIES):  # the sum claimed to hold a party that sent nothing
+            if j not in active.tolist():
+                with pytest.raises(HyflError, match="their tag does not verify"):
+                    _send(run, record, {**genuine, "active": np.append(active, j)})
+    outside = [j for j in range(PARTIES) if j not in steps]
+    assert outside, "every party took part in round 2"
+    for j in outside:  # a party not in round 2, sent its step: the guard refuses it
+        sent = steps[min(steps)]
+        at = next(i for i, r in enumerate(run.records) if r is sent)
+        state = next(r for r in reversed(run.records[:at]) if r.party == j).after
+        with pytest.raises(HyflError, match=f"{FORGED}|outside a round"):
+            handle_message("step", sent.message, state, run.nodes[j], run.run_config)
 
 
 def test_rounds_never_go_back_and_restart_a_bounded_number_of_times(run):
@@ -204,10 +313,17 @@ def test_kinds_out_of_the_protocols_order_are_refused(run):
                   and r.payload["configure"]["stale"] is None and _took_part(run, r))
     party, t = opened.party, int(opened.payload["configure"]["t"])
     for kind, before in [("image", "proposals"), ("direction", "image"),
-                         ("changes", "direction")]:
+                         ("step", "direction")]:
         record = _find(run, kind, party=party, t=t)
         with pytest.raises(HyflError, match=f"sent '{kind}' before '{before}'"):
             _send(run, record, state=opened.after)
+    # The checkpoint decision comes after the judge's step (the table's ``after``).
+    certify = _find(run, "certify")
+    judge = certify.party
+    direction = next(r for r in reversed(run.records[:run.records.index(certify)])
+                     if r.kind == "direction" and r.party == judge)
+    with pytest.raises(HyflError, match="sent 'certify' before 'step'"):
+        _send(run, certify, state=direction.after)
     weights = {"w": decode(*opened.after, run.cipher)["client"]["w"]}
     with pytest.raises(HyflError, match="'weights' in a round that did not announce them"):
         _send(run, opened, weights, state=opened.after, kind="weights")
@@ -607,6 +723,8 @@ def _at(run, kind: str, party: int, t: int, attempt: int) -> Record | None:
 
 
 def _judged(run) -> list[Record]:
+    """Every ``step`` message: each active party decrypts the summed totals it carries
+    (all of one attempt carry the same sum)."""
     return [r for r in run.records if r.kind == "step"]
 
 
@@ -703,8 +821,9 @@ def test_a_chosen_combination_of_genuine_sums_is_refused(run, other_run):
     pairs = [(ones[key(r, other_run)], r) for r in _judged(other_run) if key(r, other_run) in ones]
     assert pairs, "no round judged with the same active parties in both runs"
     first, second = pairs[0]
-    within = next((r for r in _judged(other_run) if r is not second
-                   and key(r, other_run)[2] == key(second, other_run)[2]), None)
+    # Another round's sum (every active party of an attempt is sent the same one).
+    within = next((r for r in _judged(other_run) if key(r, other_run)[0] != key(
+        second, other_run)[0] and key(r, other_run)[2] == key(second, other_run)[2]), None)
     cipher = run.cipher
     assert within is not None, "no second round of run 2 judged with the same active parties"
     combinations = {"across runs": [(2, second.payload["totals"]),

@@ -497,14 +497,13 @@ def test_each_client_receives_only_its_own_duals_and_weights(problem, step_rule)
                            and (layout.chunk_holders[leaf.chunks] == k).any(axis=1).all()
                            for layout in layouts), (k, kind)
             elif isinstance(leaf, np.ndarray) and leaf.dtype.kind == "f" and leaf.ndim == 2 \
-                    and kind in ("weights", "commit", "changes"):
+                    and kind in ("weights", "commit"):
                 assert leaf.shape == (client.features.size, server.w.shape[1])
             elif isinstance(leaf, np.ndarray) and leaf.dtype.kind == "f":
-                # cocoa: public scalars per output (step, momentum, ||dw||^2) and the Gram
+                # cocoa: public scalars per output (momentum, ||dw||^2, coherence) and the Gram
                 # matrices of the client's own model moves -- functions of w alone.
                 # certify: the squared norms of the certified and the checkpoint's w.
-                assert kind in ("changes", "direction", "step", "proposals", "round",
-                                "certify"), kind
+                assert kind in ("direction", "step", "proposals", "round", "certify"), kind
                 assert leaf.shape[0] == (2 if kind == "certify" else server.w.shape[1])
             elif isinstance(leaf, np.ndarray) and leaf.dtype.kind in "iu":
                 assert leaf.size == 0 or (leaf.min() >= 0 and leaf.max() < client.samples.size)
