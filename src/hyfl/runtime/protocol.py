@@ -21,6 +21,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,7 @@ from hyfl.algorithms.hyfdca_round import Exchange, Post, answer, deliver, one_ro
 from hyfl.costs import COST_COLUMNS, FLOAT_BYTES, ID_BYTES, TIME_COMPONENTS, CostModel
 from hyfl.errors import fail
 from hyfl.partition import Partition, stack
+from hyfl.privacy.cipher_base import OpCounts
 from hyfl.privacy.layout import EncryptedVector, decrypt_samples
 from hyfl.privacy.tags import run_identity
 from hyfl.problem import Optimum, Problem
@@ -212,15 +214,94 @@ def run_protocol(
     -------
     RunResult
         Metrics as from the stacked engine plus ``he_seconds_measured`` (the
-        real cryptography time); ``config["setup"]`` has the set-up costs.
+        real cryptography time) and, of the last round, ``exchanges`` (the
+        sequential exchanges it took, :func:`~hyfl.algorithms.hyfdca_round.play_round`)
+        and the wire's counts; ``config["setup"]`` has the set-up costs.
     """
+    _check_algorithm(hyfdca)
+    budget = Budget(iterations, eval_every, stop_sim_time, stop_when)
+    run, participation_rng = _set_up(hyfdca, problem, partition, cipher, seed, cost_model,
+                                     wire, compact, monitor_duals)
+    run.budget = budget
+    run.watch = _Watch(optimum, validation, train_labels, on_evaluate, on_round)
+    run.evaluate(0)
+    stopped_by, reason = _loop(run, participation, participation_rng, progress)
+    return _result(run, seed, optimum, stopped_by, reason)
+
+
+@dataclass
+class _Watch:
+    """What a protocol run is watched with: the evaluation's references and the callbacks
+    (see :func:`run_protocol`)."""
+
+    optimum: Optimum | None
+    validation: Validation | None
+    train_labels: np.ndarray | None
+    on_evaluate: Callable[[dict[str, float]], None] | None
+    on_round: Callable[[Any, list], None] | None
+
+
+@dataclass
+class _Run:
+    """One protocol run: its parties, ciphers and wire, and what the rounds add up to
+    (the steps of :func:`run_protocol` share it)."""
+
+    hyfdca: HyFDCA
+    problem: Problem
+    cipher: Any  # the clients' (the monitor decrypts with it)
+    private: _Timed
+    public_cipher: _Timed
+    server: Any
+    clients: list
+    wire: Wire
+    model: CostModel
+    monitor_duals: bool
+    setup: dict[str, float]
+    budget: Budget | None = None
+    watch: _Watch | None = None
+    metrics: list[dict[str, float]] = field(default_factory=list)
+    round_times: list[float] = field(default_factory=list)
+    totals: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
+        (*COST_COLUMNS, *TIME_COMPONENTS, "he_seconds_measured"), 0.0))
+    trips: float = 0.0
+    last_stats: dict[str, float] = field(default_factory=dict)
+    # The cocoa rule's second candidate model: the running average of the iterates.
+    # The server averages w itself; the duals' average is kept by the monitor from
+    # the clients' own records of what they reported (monitoring, not protocol).
+    average_duals: RunningAverage | None = None
+    chosen: dict = field(default_factory=dict)  # the weights and duals the result reports
+    best: dict | None = None  # see hyfl.runtime.simulation.keep_best
+
+    @property
+    def counters(self) -> tuple[OpCounts, OpCounts]:
+        """The clients' and the server's operation counts."""
+        return self.cipher.counts, self.public_cipher.counts
+
+    def evaluate(self, t: int) -> dict[str, float]:
+        """The evaluation record of round ``t`` (:func:`_record`); its monitoring is no
+        part of the protocol, so its operations are not counted."""
+        snapshots = [counter.snapshot() for counter in self.counters]
+        row = _record(self, t)
+        for counter, snapshot in zip(self.counters, snapshots):
+            counter.restore(snapshot)
+        return row
+
+
+def _check_algorithm(hyfdca) -> None:
+    """Only HyFDCA has an encrypted protocol."""
     if not isinstance(hyfdca, HyFDCA):
         raise fail(
             "algorithm",
             f"{getattr(hyfdca, 'name', hyfdca)!r} has no encrypted protocol",
             "Real encryption applies to hyfdca only; run other algorithms with --cipher none",
         )
-    budget = Budget(iterations, eval_every, stop_sim_time, stop_when)
+
+
+def _set_up(hyfdca: HyFDCA, problem: Problem, partition: Partition, cipher, seed: int,
+            cost_model: CostModel | None, wire: Wire | None, compact: bool,
+            monitor_duals: bool) -> tuple[_Run, np.random.Generator]:
+    """Check the run, build the parties and run the set-up (encrypted zeros and the full
+    row norms, not part of any round). Returns the run and the participation stream."""
     if hyfdca.sip_scope == "paper":
         raise fail(
             "sip_scope",
@@ -236,146 +317,153 @@ def run_protocol(
     # their set-up announcements: it keys the tags (hyfl.privacy.tags). The nonces are
     # fresh, not from the seed: two runs of one seed are two runs. They are no part of
     # the rounds' messages (a deployment sends them with hello), so no cost counts them.
-    run = run_identity([secrets.token_bytes(16) for _ in range(blocks.n_clients)])
+    identity = run_identity([secrets.token_bytes(16) for _ in range(blocks.n_clients)])
     server, clients = build_parties(hyfdca, problem, blocks, private, public_cipher, algorithm_rng,
-                                    compact=compact, run=run)
+                                    compact=compact, run=identity)
     model = (cost_model or CostModel()).validated()
     wire = wire or Wire(int(cipher.ciphertext_bytes))
     wire.ciphertext_bytes = int(cipher.ciphertext_bytes)
 
-    # Set-up: encrypted zeros and the full row norms (not part of any round).
     counters = (cipher.counts, public_cipher.counts)
     before = [c.snapshot() for c in counters]
     wire.reset()
     norms = server.setup([wire.up(c.k, "setup", c.setup_messages()) for c in clients])
     for client, vec in zip(clients, norms):
         client.learn_norms(wire.down(client.k, "norms", vec))
-    setup_ops = _ops_since(counters, before)
-    setup = {**setup_ops, "bytes_up": wire.bytes()[0], "bytes_down": wire.bytes()[1]}
+    setup = {**_ops_since(counters, before), "bytes_up": wire.bytes()[0],
+             "bytes_down": wire.bytes()[1]}
+    run = _Run(hyfdca, problem, cipher, private, public_cipher, server, clients, wire, model,
+               monitor_duals, {k: float(v) for k, v in setup.items()})
+    if hyfdca.rule.subproblem and monitor_duals:
+        run.average_duals = RunningAverage(np.zeros((problem.n_samples, server.w.shape[1])))
+    run.chosen = {"weights": server.w, "duals": None}
+    return run, participation_rng
 
-    was_active = np.zeros(blocks.n_clients, dtype=bool)
-    metrics: list[dict[str, float]] = []
-    round_times: list[float] = []
-    totals = dict.fromkeys((*COST_COLUMNS, *TIME_COMPONENTS, "he_seconds_measured"), 0.0)
-    trips = 0.0
-    last_stats: dict[str, float] = {}
 
-    # The cocoa rule's second candidate model: the running average of the iterates.
-    # The server averages w itself; the duals' average is kept by the monitor from
-    # the clients' own records of what they reported (monitoring, not protocol).
-    average_duals = (
-        RunningAverage(np.zeros((problem.n_samples, server.w.shape[1])))
-        if hyfdca.rule.subproblem and monitor_duals else None
-    )
-    chosen = {"weights": server.w, "duals": None}
-    kept = {"best": None}  # see hyfl.runtime.simulation.keep_best
-
-    def record(t: int) -> dict[str, float]:
-        row = {"iteration": float(t)}
-        # Monitoring only: a client decrypts the server's duals to report the gap.
-        duals = _monitor_duals(server, cipher, problem) if monitor_duals else None
+def _record(run: _Run, t: int) -> dict[str, float]:
+    """Evaluate round ``t``'s candidate models (the last iterate, the average, the
+    certified pair) as the stacked engine does, and append the metrics row."""
+    problem, server, cipher, watch = run.problem, run.server, run.cipher, run.watch
+    row = {"iteration": float(t)}
+    # Monitoring only: a client decrypts the server's duals to report the gap.
+    duals = _monitor_duals(server, cipher, problem) if run.monitor_duals else None
+    candidates = [("last", server.w, duals)]
+    cert = getattr(server, "cert", None)
+    if cert is not None:  # every weight with the certified duals (as HyFDCA.models)
+        if not cert.current and run.monitor_duals:
+            duals = _monitor_duals(server, cipher, problem, cert.stored.alpha)
         candidates = [("last", server.w, duals)]
-        cert = getattr(server, "cert", None)
-        if cert is not None:  # every weight with the certified duals (as HyFDCA.models)
-            if not cert.current and monitor_duals:
-                duals = _monitor_duals(server, cipher, problem, cert.stored.alpha)
-            candidates = [("last", server.w, duals)]
-            if t > 0:
-                candidates += [("average", server.average_w, duals),
-                               ("certified", server.w if cert.current else cert.w, duals)]
-        elif average_duals is not None and t > 0:
-            candidates.append(("average", server.average_w, average_duals.value(duals)))
-        index, _, w, alpha, primal, dual = best_certified(problem, hyfdca, t, candidates)
-        if alpha is not None:  # the best weights and duals so far, as the stacked engine
-            kept["best"] = keep_best(kept["best"], t, index, w, alpha, primal, dual)
-            index, w, alpha, primal, dual = (kept["best"][k] for k in
-                                             ("index", "w", "alpha", "primal", "dual"))
-            row["model_round"] = float(kept["best"]["round"])
-        chosen.update(weights=w, duals=alpha)
-        row.update(evaluate(problem, w, alpha, optimum, validation, train_labels,
-                            primal=primal, dual=dual))
-        row["model"] = float(index)  # which candidate: 0 the last iterate, 1 the average
-        row["round_trips"] = trips
-        row["round_seconds"] = float(np.sum(round_times))
-        row.update(totals)
         if t > 0:
-            row.update(last_stats)
-        metrics.append(row)
-        if on_evaluate is not None:
-            on_evaluate(row)
-        return row
+            candidates += [("average", server.average_w, duals),
+                           ("certified", server.w if cert.current else cert.w, duals)]
+    elif run.average_duals is not None and t > 0:
+        candidates.append(("average", server.average_w, run.average_duals.value(duals)))
+    index, _, w, alpha, primal, dual = best_certified(problem, run.hyfdca, t, candidates)
+    if alpha is not None:  # the best weights and duals so far, as the stacked engine
+        run.best = keep_best(run.best, t, index, w, alpha, primal, dual)
+        index, w, alpha, primal, dual = (run.best[k] for k in
+                                         ("index", "w", "alpha", "primal", "dual"))
+        row["model_round"] = float(run.best["round"])
+    run.chosen.update(weights=w, duals=alpha)
+    row.update(evaluate(problem, w, alpha, watch.optimum, watch.validation, watch.train_labels,
+                        primal=primal, dual=dual))
+    row["model"] = float(index)  # which candidate: 0 the last iterate, 1 the average
+    row["round_trips"] = run.trips
+    row["round_seconds"] = float(np.sum(run.round_times))
+    row.update(run.totals)
+    if t > 0:
+        row.update(run.last_stats)
+    run.metrics.append(row)
+    if watch.on_evaluate is not None:
+        watch.on_evaluate(row)
+    return row
 
-    counts_before = [c.snapshot() for c in counters]
-    record(0)
-    _restore(counters, counts_before)
+
+def _loop(run: _Run, participation, participation_rng, progress: bool
+          ) -> tuple[str, str | None]:
+    """The rounds, until the budget says stop; returns ``(stopped_by, reason)``."""
+    budget, hyfdca = run.budget, run.hyfdca
+    was_active = np.zeros(len(run.clients), dtype=bool)
     stopped_by, reason = "iterations", None
-    label = f"{hyfdca.name} ({cipher.name})"
+    label = f"{hyfdca.name} ({run.cipher.name})"
     with budget.progress_bar(progress, label) as advance:
         for t in range(1, budget.iterations + 1):
             active = np.asarray(participation.active(t, participation_rng), dtype=bool)
             hyfdca.check_participation(active, t)
-            wire.reset()
-            before = [c.snapshot() for c in counters]
-            clock = _Clock(private, public_cipher)
-            start = work_clock()
-            accepted = _one_round(server, clients, active, was_active, wire, clock)
-            round_times.append(work_clock() - start)
-            if average_duals is not None:
-                average_duals.advance(t)
-                for k in np.flatnonzero(active):
-                    average_duals.update(*clients[k].reported)
-            newcomers = active & ~was_active
+            _meter_round(run, t, active, was_active)
             was_active = active.copy()
-            ops = _ops_since(counters, before)
-            stats = _round_stats(hyfdca, server, active, newcomers, t, accepted)
-            trips += stats["round_trips"]
-            bytes_up, bytes_down = wire.bytes()
-            latency = stats["round_trips"] * model.latency
-            he = model.he
-            encryption = (ops["encryptions"] * he.encrypt + ops["decryptions"] * he.decrypt
-                          + ops["additions"] * he.add)
-            client_time = max(clock.client.values(), default=0.0)
-            parts = {
-                "bytes_up": bytes_up, "bytes_down": bytes_down, **ops,
-                "time_client": client_time, "time_server": clock.server,
-                "time_latency": latency, "time_encryption": encryption,
-                "sim_time": client_time + clock.server + latency + encryption,
-                "he_seconds_measured": clock.crypto,
-            }
-            for key, value in parts.items():
-                totals[key] += float(value)
-            last_stats = {k: v for k, v in stats.items() if k != "round_trips"}
-            last_stats.update({k: float(v) for k, v in wire.counts.items()})
-            if on_round is not None:
-                on_round(server, clients)
-            crossed = budget.crossed(totals["sim_time"])
+            if run.watch.on_round is not None:
+                run.watch.on_round(run.server, run.clients)
+            crossed = budget.crossed(run.totals["sim_time"])
             row = None
             if budget.evaluates(t, crossed):
-                counts_before = [c.snapshot() for c in counters]
-                row = record(t)
-                _restore(counters, counts_before)
-                advance(t, row, totals["sim_time"])
+                row = run.evaluate(t)
+                advance(t, row, run.totals["sim_time"])
             elif progress:
-                advance(t, None, totals["sim_time"])
+                advance(t, None, run.totals["sim_time"])
             stopped_by, reason = budget.stopped_by(t, crossed, row)
             if stopped_by is not None:
                 break
+    return stopped_by, reason
 
+
+def _meter_round(run: _Run, t: int, active: np.ndarray, was_active: np.ndarray) -> None:
+    """Play round ``t`` and add what it cost to the run's totals; its statistics (with
+    the exchanges it took and the wire's counts) become ``run.last_stats``."""
+    wire, model, server = run.wire, run.model, run.server
+    wire.reset()
+    before = [c.snapshot() for c in run.counters]
+    clock = _Clock(run.private, run.public_cipher)
+    start = work_clock()
+    accepted, exchanges = _one_round(server, run.clients, active, was_active, wire, clock)
+    run.round_times.append(work_clock() - start)
+    if run.average_duals is not None:
+        run.average_duals.advance(t)
+        for k in np.flatnonzero(active):
+            run.average_duals.update(*run.clients[k].reported)
+    newcomers = active & ~was_active
+    ops = _ops_since(run.counters, before)
+    stats = _round_stats(run.hyfdca, server, active, newcomers, t, accepted)
+    stats["exchanges"] = float(exchanges)
+    run.trips += stats["round_trips"]
+    bytes_up, bytes_down = wire.bytes()
+    latency = stats["round_trips"] * model.latency
+    he = model.he
+    encryption = (ops["encryptions"] * he.encrypt + ops["decryptions"] * he.decrypt
+                  + ops["additions"] * he.add)
+    client_time = max(clock.client.values(), default=0.0)
+    parts = {
+        "bytes_up": bytes_up, "bytes_down": bytes_down, **ops,
+        "time_client": client_time, "time_server": clock.server,
+        "time_latency": latency, "time_encryption": encryption,
+        "sim_time": client_time + clock.server + latency + encryption,
+        "he_seconds_measured": clock.crypto,
+    }
+    for key, value in parts.items():
+        run.totals[key] += float(value)
+    run.last_stats = {k: v for k, v in stats.items() if k != "round_trips"}
+    run.last_stats.update({k: float(v) for k, v in wire.counts.items()})
+
+
+def _result(run: _Run, seed: int, optimum: Optimum | None, stopped_by: str,
+            reason: str | None) -> RunResult:
+    """The run's result: its metrics, the chosen weights and duals, and its record."""
+    chosen = run.chosen
     return RunResult(
-        metrics=metrics,
+        metrics=run.metrics,
         weights=np.array(chosen["weights"], copy=True),
         duals=None if chosen["duals"] is None else np.array(chosen["duals"], copy=True),
-        round_times=np.array(round_times, dtype=float),
+        round_times=np.array(run.round_times, dtype=float),
         config={
-            "algorithm": hyfdca.config(),
+            "algorithm": run.hyfdca.config(),
             "engine": "protocol",
-            "cipher": cipher.describe(),
+            "cipher": run.cipher.describe(),
             "seed": seed,
-            **budget.end_record(len(round_times), stopped_by, reason),
+            **run.budget.end_record(len(run.round_times), stopped_by, reason),
             "resumed_from": [],
             "optimum_primal": optimum.primal if optimum else None,
-            "costs": model.describe(),
-            "setup": {k: float(v) for k, v in setup.items()},
+            "costs": run.model.describe(),
+            "setup": run.setup,
         },
     )
 
@@ -404,9 +492,11 @@ class _Clock:
         return out
 
 
-def _one_round(server, clients, active, was_active, wire: Wire, clock: _Clock) -> bool:
+def _one_round(server, clients, active, was_active, wire: Wire, clock: _Clock
+               ) -> tuple[bool, int]:
     """One outer iteration: the round script (:mod:`hyfl.algorithms.hyfdca_round`) over
-    direct calls, every message through ``wire``. Returns the verdict."""
+    direct calls, every message through ``wire``. Returns the verdict and the number of
+    exchanges the round took."""
 
     def exchange(step: Exchange) -> dict[int, dict]:
         replies = {}
@@ -420,9 +510,8 @@ def _one_round(server, clients, active, was_active, wire: Wire, clock: _Clock) -
         for k, payload in step.messages.items():
             clock.run(k, deliver, clients[k], step.phase, wire.down(k, step.phase, payload))
 
-    accepted, _ = play_round(one_round(server, active, was_active), exchange, post,
-                             lambda fn, *args: clock.run("server", fn, *args))
-    return accepted
+    return play_round(one_round(server, active, was_active), exchange, post,
+                      lambda fn, *args: clock.run("server", fn, *args))
 
 
 def _round_stats(hyfdca: HyFDCA, server, active, newcomers, t, accepted) -> dict[str, float]:
@@ -453,14 +542,6 @@ def _ops_since(counters, before) -> dict[str, int]:
         out["decryptions"] += diff.decryptions
         out["additions"] += diff.additions
     return out
-
-
-def _restore(counters, snapshots) -> None:
-    """Undo the operations of monitoring (they are not part of the protocol)."""
-    for counter, old in zip(counters, snapshots):
-        counter.encryptions, counter.decryptions, counter.additions = (
-            old.encryptions, old.decryptions, old.additions
-        )
 
 
 def _monitor_duals(server, cipher, problem: Problem, ciphertexts=None) -> np.ndarray:
