@@ -46,7 +46,7 @@ def run(tmp_path_factory):
     return _record(tmp_path_factory.mktemp("review-step"))
 
 
-def _record(tmp):
+def _record(tmp, drop=None):
     private, public = generate_keys(tmp / "keys", 256, insecure_test_keys=True)
     problem = make_problem(synthetic(n=60, m=6), "hinge", 0.05)
     files = write_blocks(problem, grid(problem.n_samples, problem.n_features, 1, PARTIES),
@@ -59,11 +59,36 @@ def _record(tmp):
     cipher = server_cipher("paillier", public,
                            **DeployConfig.from_run_config(config).cipher_options(),
                            insecure_test_keys=True)
-    transport = AlteringTransport(nodes, config, cipher)
+    transport = (AlteringTransport if drop is None else _Dropping)(nodes, config, cipher)
+    transport.drop = drop
     Coordinator(DeployConfig.from_run_config(config), transport, cipher,
                 log=lambda line: None).run()
     assert len(transport.replies) == len(transport.records)
     return transport
+
+
+class _Dropping(AlteringTransport):
+    """Loses one reply: ``drop = (kind, round, party)``; the party handled the message
+    (and took its step), but the server never hears back, so it restarts the round
+    without that party (an honest restart)."""
+
+    def exchange(self, messages, timeout):
+        replies, missing = super().exchange(messages, timeout)
+        if self.drop is not None:
+            kind, t, party = self.drop
+            if party in messages and messages[party][0] == kind and int(
+                    decode(*self.records[-1].after, self.cipher)["guard"]["t"]) == t:
+                del replies[party]
+                missing = {party}
+                self.drop = None
+        return replies, missing
+
+
+@pytest.fixture(scope="module")
+def restarted(tmp_path_factory):
+    """The same job, but party 2's reply to round 4's ``step`` is lost: round 4 is
+    restarted (attempt 2) without it."""
+    return _record(tmp_path_factory.mktemp("review-step-restart"), drop=("step", 4, 2))
 
 
 # -- the recorded run ------------------------------------------------------------------
@@ -128,22 +153,6 @@ def _summed(run, t: int, parties) -> EncryptedVector:
     for vec in vectors[1:]:
         acc = run.cipher.add(acc, vec.ciphertexts)
     return EncryptedVector(vectors[0].chunks, acc)
-
-
-def _private_ciphers(run) -> dict:
-    from hyfl.deploy.keys import party_cipher
-
-    options = DeployConfig.from_run_config(run.run_config).cipher_options()
-    return party_cipher("paillier", run.nodes[0]["key"], insecure_test_keys=True, **options)
-
-
-def _opened(run, vector: EncryptedVector, n: int) -> np.ndarray:
-    """The plaintext of a totals-like vector of ``n`` values (the test holds the key)."""
-    from hyfl.algorithms.hyfdca_parties import _totals_layout
-    from hyfl.privacy.layout import decrypt_samples
-
-    cipher = _private_ciphers(run)
-    return decrypt_samples(cipher, _totals_layout(cipher, n), vector, np.array([0])).ravel()
 
 
 def _step_fields(reply: dict) -> set:
@@ -316,7 +325,7 @@ def test_a_step_of_another_round_is_refused(run):
 def test_dw_sq_coherence_and_updated_out_of_range_or_shape_are_refused(run):
     """At every party (judge or not, since every one now takes the step it computes)."""
     t = _full_round(run)
-    for k, record in _steps(run, t).items():
+    for record in _steps(run, t).values():
         genuine = record.payload
         C = genuine["dw_sq"].size
         n = int(_state(run, record.before)["public"]["n_samples"])
@@ -500,3 +509,155 @@ def test_a_commit_rides_only_on_the_next_rounds_messages(run):
     with pytest.raises(HyflError, match="step rule is 'cocoa'|unknown field|not"):
         _send(run, record, {"deliveries": {"commit": commit}}, state=record.before,
               kind="commit")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "review: a round that stood can be opened again: the round message of round t "
+    "itself, carrying round t's commit in its deliveries, first closes t (guard "
+    "'closed' = t) and then opens t as attempt 2, where stale duals pass the guard "
+    "(its rule only refuses them in round closed + 1): the party that just took part "
+    "in t to the end replaces its duals with the states the server chooses among its "
+    "genuine older ones (here its own of round t - 1) and returns their primal part. "
+    "Fix: Guard.open_round refuses t <= state['closed'] (an honest server never opens "
+    "a round again once its commit was posted)"))
+def test_a_round_that_stood_is_not_opened_again_with_stale_duals(run):
+    for record in (r for r in run.records if r.kind == "round"):
+        commit = (record.payload.get("deliveries") or {}).get("commit")
+        if commit is None:
+            continue
+        k, t = record.party, int(commit["round"])
+        try:
+            states = _reply(run, "step", k, t - 1)["changes"]
+        except LookupError:
+            continue
+        if states.chunks.size and _state(run, record.before).get("open") == t:
+            break
+    else:
+        raise LookupError("no commit to a party that reported states the round before")
+    # The genuine next round refuses stale duals (the guard's rule) ...
+    data = states.chunks.size // 2  # a tag chunk per data chunk
+    contexts = np.tile([t - 1, 1, k], data).astype(np.int64)
+    payload = record.payload
+    payload["configure"] = {**payload["configure"], "stale": states,
+                            "stale_contexts": contexts}
+    with pytest.raises(HyflError, match="was sent stale duals"):
+        _send(run, record, payload)
+    # ... and round t again, after its commit, must be refused too.
+    again = _find(run, "round", k, t).payload
+    again["deliveries"] = {"commit": commit}
+    again["configure"] = {**again["configure"], "stale": states, "stale_contexts": contexts}
+    with pytest.raises(HyflError, match=f"round {t}"):
+        _send(run, record, again)
+
+
+def test_the_coherence_shows_only_the_documented_observed_part(run):
+    """The documented exposure of a smaller active list, at its largest: a party sent its
+    own totals under ``active = [itself]``, with ``coherence`` 0 and ``dw_sq`` of the
+    server's choosing, returns as the coherence ``dw_sq (lam N)^2 / (updated *
+    observed)``: the observed part of ``||A d||^2`` of its own sum, and nothing else --
+    the same value whatever ``dw_sq`` (one number per output, per party and attempt)."""
+    t = _full_round(run)
+    for k, record in _steps(run, t).items():
+        payload = record.payload
+        state = _state(run, record.before)
+        lam, n = float(state["public"]["lam"]), int(state["public"]["n_samples"])
+        own = _summed(run, t, [k])
+        C = payload["dw_sq"].size
+        # The party's observed part, from its state (what its own totals carry).
+        import scipy.sparse as sp
+
+        block, client = state["block"], state["client"]
+        X = sp.csr_matrix((block["data"], block["indices"], block["indptr"]),
+                          shape=tuple(block["shape"]))
+        updated = client["round"]["updated_local"]
+        own_sq = np.asarray(X.multiply(X).sum(axis=1)).ravel()[updated]
+        assert not client["round"].get("exact")
+        observed = np.sum(own_sq[:, None] * client["direction"] ** 2, axis=0)
+        assert np.all(observed > 0)
+        seen = []
+        for dw_sq in (1.0, 1e-3, 37.0):
+            reply, _ = _send(run, record, {**payload, "totals": own, "active": np.array([k]),
+                                           "coherence": np.zeros(C),
+                                           "dw_sq": np.full(C, dw_sq)})
+            scale = (lam * n) ** 2 / payload["updated"]
+            expected = np.where(observed > 0, dw_sq * scale / np.where(observed > 0, observed,
+                                                                       1.0), 0.0)
+            np.testing.assert_allclose(reply["coherence"], expected, rtol=1e-6)
+            seen.append(np.where(observed > 0, reply["coherence"] / dw_sq, 0.0))
+        np.testing.assert_allclose(seen[0], seen[1], rtol=1e-6)
+
+
+def test_another_partys_weights_of_the_same_shape_are_the_servers_word(run):
+    """The commit's ``w`` is the server's product: a party cannot tell its own weights
+    from another party's of the same shape (here every party holds two features), and
+    takes them -- as with the ``weights`` message, whose chosen ``w`` the table already
+    lists (it reaches the server only encrypted, as ``Enc(X_k w)``). It closes the
+    round all the same; nothing is answered from it in plaintext in this message."""
+    record = _committing(run)
+    payload = record.payload
+    commit = payload["deliveries"]["commit"]
+    k, t = record.party, int(commit["round"])
+    other = next(r for r in run.records if r.kind == "round" and r.party != k
+                 and (r.payload.get("deliveries") or {}).get("commit") is not None)
+    foreign = other.payload["deliveries"]["commit"]["w"]
+    assert foreign.shape == commit["w"].shape
+    reply, state = _send(run, record, {**payload, "deliveries": {
+        **payload["deliveries"], "commit": {**commit, "w": foreign}}})
+    genuine, _ = _send(run, record)
+    assert _state(run, state)["guard"]["closed"] == t
+    assert np.array_equal(_state(run, state)["client"]["w"], foreign)
+    assert set(reply) == set(genuine)
+
+
+# -- a restarted round ---------------------------------------------------------------------
+
+def _attempt_of(run, record: Record) -> int:
+    return int(_guard(run, record)["attempts"])
+
+
+def test_a_restarted_round_undoes_every_step_and_refuses_the_first_attempts_sum(restarted):
+    """Party 2 took its step in round 4 but its reply was lost: the round is restarted
+    without it. Every party of the second attempt starts it from its snapshot (its first
+    attempt's step undone); the first attempt's ``step`` -- its sum, or the whole message
+    -- replayed in the second attempt fails the tag (the context names the attempt), at
+    every party; party 2, at its next round message, undoes its step too."""
+    run = restarted
+    first = {r.party: r for r in run.records if r.kind == "step"
+             and int(_guard(run, r)["t"]) == 4 and _attempt_of(run, r) == 1}
+    second = {r.party: r for r in run.records if r.kind == "step"
+              and int(_guard(run, r)["t"]) == 4 and _attempt_of(run, r) == 2}
+    assert sorted(first) == [0, 1, 2] and sorted(second) == [0, 1]
+    for k, record in second.items():
+        opened = next(r for r in run.records if r.kind == "round" and r.party == k
+                      and int(_guard(run, r)["t"]) == 4 and _attempt_of(run, r) == 2)
+        before = _state(run, opened.before)
+        assert before["open"] == 4 and "step" in before["guard"]["done"]
+        # Its duals after the second round message are those after the first one (the
+        # same refresh, if any, applied to the same snapshot): the step left no trace.
+        once = next(r for r in run.records if r.kind == "round" and r.party == k
+                    and int(_guard(run, r)["t"]) == 4 and _attempt_of(run, r) == 1)
+        for name in ("alpha", "previous_step", "w"):
+            assert np.array_equal(_state(run, opened.after)["client"][name],
+                                  _state(run, once.after)["client"][name]), (k, name)
+        assert not np.array_equal(before["client"]["alpha"],
+                                  _state(run, once.after)["client"]["alpha"])
+        old = first[k].payload
+        with pytest.raises(HyflError, match="their tag does not verify"):
+            handle_message("step", first[k].message, record.before, run.nodes[k],
+                           run.run_config)
+        with pytest.raises(HyflError, match="their tag does not verify"):
+            _send(run, record, {**record.payload, "totals": old["totals"]})
+        # ... nor the second attempt's sum under the first attempt's list.
+        with pytest.raises(HyflError, match="their tag does not verify"):
+            _send(run, record, {**record.payload, "active": old["active"]})
+    # Party 2: its round 4 was abandoned: the next round message undoes its step.
+    later = next(r for r in run.records if r.kind == "round" and r.party == 2
+                 and int(_guard(run, r)["t"]) > 4)
+    left = _state(run, later.before)
+    assert left["open"] == 4 and "step" in left["guard"]["done"]
+    assert not np.array_equal(left["client"]["alpha"], left["snapshot"]["alpha"])
+    after = _state(run, later.after)
+    # The new round's snapshot is taken right after the undo, before anything is applied.
+    for name in ("alpha", "previous_step", "w"):
+        assert np.array_equal(after["snapshot"][name], left["snapshot"][name]), name
+    assert after["guard"]["closed"] < 4
