@@ -661,3 +661,46 @@ def test_a_restarted_round_undoes_every_step_and_refuses_the_first_attempts_sum(
     for name in ("alpha", "previous_step", "w"):
         assert np.array_equal(after["snapshot"][name], left["snapshot"][name]), name
     assert after["guard"]["closed"] < 4
+
+
+def test_a_commit_before_the_step_is_refused_whatever_carries_it(run):
+    """The open round's commit before the party took its step -- with the round's own
+    messages refused for carrying deliveries at all, the carriers are the next round's
+    message and ``finish`` -- is refused naming the delivery, at every stage of the round
+    before ``step``; after its step, ``finish`` applies it."""
+    record = _committing(run)
+    k, commit = record.party, record.payload["deliveries"]["commit"]
+    t = int(commit["round"])
+    finish = next(r for r in run.records if r.kind == "finish" and r.party == k)
+    for before in ("round", "proposals", "image", "direction"):
+        try:
+            early = _find(run, before, k, t)
+        except LookupError:
+            continue
+        with pytest.raises(HyflError, match=f"commits round {t} before the party took"):
+            _send(run, record, state=early.after)
+        with pytest.raises(HyflError, match=f"commits round {t} before the party took"):
+            _send(run, finish, {"deliveries": {"commit": commit}}, state=early.after)
+    _, state = _send(run, finish, {"deliveries": {"commit": commit}}, state=record.before)
+    assert _state(run, state)["guard"]["closed"] == t
+
+
+def test_totals_of_another_layout_are_refused_before_decryption(run):
+    """The summed totals with a value missing, one more, or their chunks reordered or
+    repeated are refused before anything is decrypted (the decryption budget)."""
+    t = _full_round(run)
+    for record in _steps(run, t).values():
+        payload = record.payload
+        vec = payload["totals"]
+        spare = vec.ciphertexts[:1]
+        for chunks, ciphertexts in [
+            (vec.chunks[:-1], vec.ciphertexts[:-1]),
+            (np.append(vec.chunks, vec.chunks.max() + 1),
+             np.concatenate([vec.ciphertexts, spare])),
+            (np.append(vec.chunks[:-1], vec.chunks[0]),
+             np.concatenate([vec.ciphertexts[:-1], spare])),
+            (vec.chunks[::-1], vec.ciphertexts[::-1]),
+        ]:
+            forged = {**payload, "totals": EncryptedVector(chunks, ciphertexts)}
+            with pytest.raises(HyflError, match="'step' message.*not exactly those of the"):
+                _send(run, record, forged)
