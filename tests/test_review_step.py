@@ -346,11 +346,12 @@ def test_dw_sq_coherence_and_updated_out_of_range_or_shape_are_refused(run):
 
 @pytest.mark.xfail(strict=True, reason=(
     "review: the server still chooses the step each party takes: 'dw_sq' and "
-    "'coherence' (only checked non-negative) set the line search's curvature, so a "
-    "party sent the genuine sum with a larger dw_sq takes a shorter step (and one with "
-    "dw_sq = 0 a longer one); docs/privacy.md 'One step message' says it 'can no longer "
-    "choose the step a party takes'. Per party and attempt, so different parties take "
-    "different steps"))
+    "'coherence' (only checked non-negative, with 'updated' in 1..N) set the line "
+    "search's curvature, so a party sent the genuine, verified sum with dw_sq scaled by "
+    "1e3 takes step 0.013, by 1e6 step 1.3e-5, instead of 1.0 (the quadratic is "
+    "0.5 lam (dw_sq + coherence * unobserved / per_sample)); docs/privacy.md 'One step "
+    "message' says it 'can no longer choose the step a party takes'. It is chosen per "
+    "party and attempt, so different parties take different steps"))
 def test_the_server_cannot_choose_the_step_a_party_takes(run):
     t = _full_round(run)
     steps = _steps(run, t)
