@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from hyfl._names import STEP_RULES
+
 PRIMAL_RTOL = 1e-9
 """A final primal within this relative distance of the zero model's counts as not below it
 (float noise of a model that has not moved)."""
@@ -174,7 +176,7 @@ def advice(hyperparameters: Iterable[str] = (), step_rule: str | None = None) ->
     names = set(hyperparameters)
     tries = ["more rounds (--iterations)", "a higher --participation"]
     if "step_rule" in names:
-        other = "cocoa" if step_rule == "safe" else "safe"
+        other = next(name for name in STEP_RULES if name != step_rule)  # the default first
         tries.append(f"another --step-rule (e.g. {other})")
     if {"a", "b"} <= names:
         tries.append("another learning rate (--a, --b)")
