@@ -176,7 +176,8 @@ def advice(hyperparameters: Iterable[str] = (), step_rule: str | None = None) ->
     names = set(hyperparameters)
     tries = ["more rounds (--iterations)", "a higher --participation"]
     if "step_rule" in names:
-        other = next(name for name in STEP_RULES if name != step_rule)  # the default first
+        ran = step_rule or STEP_RULES[0]  # not given: the default, listed first
+        other = next(name for name in STEP_RULES if name != ran)
         tries.append(f"another --step-rule (e.g. {other})")
     if {"a", "b"} <= names:
         tries.append("another learning rate (--a, --b)")
