@@ -705,3 +705,39 @@ def test_totals_of_another_layout_are_refused_before_decryption(run):
             forged = {**payload, "totals": EncryptedVector(chunks, ciphertexts)}
             with pytest.raises(HyflError, match="'step' message.*not exactly those of the"):
                 _send(run, record, forged)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "review: one round's conjugate change can be counted twice in a checkpoint decision: "
+    "every party of an attempt is sent the step, and naming a second party first in its "
+    "'active' list makes it a judge too, so the server holds two genuine encryptions of "
+    "the same change, tagged ('conjugate', t, attempt, j1) and (..., j2); 'certify' "
+    "accepts a sum holding both with both listed in checkpoint_made (or "
+    "certified_made), though docs/privacy.md's certify row says a change 'counted twice "
+    "fails'. The verdict is then one bit of a sum the protocol never forms (integer "
+    "multiples, up to the round's number of parties, of each round's change). Fix: "
+    "Client._conjugate_sum refuses a made list naming one (round, attempt) twice"))
+def test_a_rounds_conjugate_change_is_not_counted_twice_through_a_second_judge(run):
+    t = _full_round(run)
+    steps = _steps(run, t)
+    judge = int(steps[0].payload["active"][0])
+    other = next(k for k in steps if k != judge)
+    active = steps[other].payload["active"]
+    reply, _ = _send(run, steps[other], {**steps[other].payload,
+                                         "active": np.concatenate([[other],
+                                                                   active[active != other]])})
+    second = reply["conjugate_change"]  # the same change as the judge's, of another judge
+    decisions = [r for r in run.records if r.kind == "certify" and int(_guard(run, r)["t"]) > t]
+    record = next(r for r in decisions
+                  if [t, 1, judge] in r.payload["checkpoint_made"].reshape(-1, 3).tolist())
+    payload = record.payload
+    _send(run, record)  # genuine
+    made = payload["checkpoint_made"].reshape(-1, 3)
+    vec = payload["checkpoint"]
+    forged = {**payload,
+              "checkpoint": EncryptedVector(vec.chunks,
+                                            run.cipher.add(vec.ciphertexts, second.ciphertexts)),
+              "checkpoint_made": np.concatenate([made, [[t, 1, other]]]).reshape(-1)
+              .astype(np.int64)}
+    with pytest.raises(HyflError, match="checkpoint|counted twice|tag does not verify"):
+        _send(run, record, forged)
