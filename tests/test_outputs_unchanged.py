@@ -25,6 +25,10 @@ to every active client, which takes the step itself, instead of to one judge and
 the step to all (``hyfl.algorithms.hyfdca_round``): a round is one round trip fewer
 (``round_trips``), and every active client receives and decrypts the summed sums
 (``bytes_down``, ``floats_down``, ``ids_down``, ``decryptions``); the iterates are the same.
+And after a round in which every client took part, the clients send the next round's
+inner products with their step (``hyfl.algorithms.hyfdca_parties.Server.sends_ahead``):
+those rounds' ``round_trips``, ``bytes_up``, ``bytes_down``, ``encryptions`` and
+``floats_down`` move (the ``run`` command's trace has such rounds).
 """
 
 from __future__ import annotations

@@ -757,8 +757,12 @@ def _count_step(count: _Count, messages: dict, traffic: RoundTraffic) -> None:
     (samples), the new dual states of the chunks whose samples moved, encrypted by one
     active holder per sample with a tag chunk each, replacing the stored ones (a plain
     change would be added); ``conjugate_up`` (int), the judges' conjugate-sum changes
-    (a value and its tag), added into the server's sum."""
+    (a value and its tag), added into the server's sum; ``sip_ahead_all`` (mask), the
+    next round's inner products sent with the step."""
     _count_totals(count, messages)
+    # ``sip_ahead_all`` (mask): the next round's inner products of every sample of the
+    # flagged clients, sent with the step (stored, with a tag chunk per holder group).
+    count.up(_chunks(TaggedLayout(count.layout), messages, "sip_ahead"))
     if "dual_commit" in messages:
         commit = messages["dual_commit"]
         n = int(count.layout.chunks_of(commit).size) if len(commit) else 0

@@ -417,7 +417,8 @@ class HyFDCA:
         else:
             state, stats = self._per_sample_round(state, active, rng, io, t)
         stats["round_trips"] = self.round_trips(
-            refreshed=bool(newcomers.any() and state.t > 0), horizontal=state.horizontal
+            refreshed=bool(newcomers.any() and state.t > 0), horizontal=state.horizontal,
+            ahead=bool(stats.pop("ahead", False)),
         ) + stats.pop("certifications", 0.0)  # a judge's exchange each (hyfdca_certify)
         stats.update(
             active_clients=float(np.count_nonzero(active)),
@@ -580,6 +581,7 @@ class HyFDCA:
             "momentum": float(np.mean(r.mu)),
             "client_share_max": r.busiest_share,
             "certifications": float(r.certifications),
+            "ahead": r.ahead,
         }
         return state, stats
 
@@ -627,10 +629,15 @@ class HyFDCA:
         del holder_rows, holder_clients, holder_sq, fresh
         with sent.timing():
             r.z = server_sum_over_holders(parts, holder_slot, r.sip_samples.size)
+        # The inner products came with the last round's step when every client took part
+        # in it and its explored w stands (then nobody returns and the model rides along).
+        r.ahead, state.local.ahead = state.local.ahead, False
         if not state.horizontal:
-            sent.encrypted.update(sip_up_all=active.copy(), sip_sum=r.sip_samples,
+            sent.encrypted.update(sip_sum=r.sip_samples,
                                   # every sample of every active client
                                   sip_down_all=active.copy())
+            if not r.ahead:
+                sent.encrypted["sip_up_all"] = active.copy()
         return sent
 
     def _cocoa_proposals(self, state, r: CocoaRound) -> Sent:
@@ -828,6 +835,12 @@ class HyFDCA:
         sent.encrypted["dual_commit"] = samples[moved]
         if local.certificate is not None:  # the judge's conjugate change (a value, its tag)
             sent.encrypted["conjugate_up"] = 1
+        # Every client takes part: each gets its features' move per unit step and sends
+        # the next round's inner products with the step (hyfdca_parties.Server.sends_ahead).
+        local.ahead = not state.horizontal and clients.size == blocks.n_clients
+        if local.ahead:
+            sent.floats_down += (state.feature_counts * C)[active].sum()
+            sent.encrypted["sip_ahead_all"] = active.copy()
         local.previous_step[local.previous_samples] = 0.0
         local.previous_step[samples] = change
         local.previous_samples = samples
@@ -895,10 +908,10 @@ class HyFDCA:
                 "Use sip_scope='all' with partial participation",
             )
 
-    def round_trips(self, *, refreshed: bool, horizontal: bool) -> float:
+    def round_trips(self, *, refreshed: bool, horizontal: bool, ahead: bool = False) -> float:
         """Round trips of one outer iteration (:meth:`StepRule.round_trips`; every engine
         counts with this method)."""
-        return self.rule.round_trips(refreshed=refreshed, horizontal=horizontal,
+        return self.rule.round_trips(refreshed=refreshed, horizontal=horizontal, ahead=ahead,
                                      refresh_inner_products=self.refresh_inner_products)
 
 
@@ -1081,6 +1094,7 @@ class CocoaRound:
     # step, certify
     step: np.ndarray | None = None
     certifications: int = 0
+    ahead: bool = False  # its inner products came with the last round's step
 
 
 def _image_of(state: HyFDCAState, r: CocoaRound, change: np.ndarray) -> np.ndarray:
@@ -1136,6 +1150,7 @@ class LocalState:
     previous_samples: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     coherence: np.ndarray = field(default_factory=lambda: np.zeros(1))  # see line_search_curvature
     certificate: Certificate | None = None  # see hyfl.algorithms.hyfdca_certify
+    ahead: bool = False  # the last round's step brought this round's inner products
     # The model of the absent holders (hyfl.algorithms.hyfdca_groups; None: not a grid-like
     # partition): the sample groups, their composite weights' history, and per client the
     # estimate of its missing image that w holds until it returns, (|M_k|, C).
@@ -1599,6 +1614,7 @@ def _certify_checkpoint(state: HyFDCAState, t: int) -> None:
         return
     # Restart the exploration from the certified pair: the server restores its block
     # images and ciphertexts, every client its copy.
+    local.ahead = False  # the next round's inner products were made with the explored w
     state.alpha[:] = cert.alpha
     state.w[:] = cert.w
     cert.explored_changes = cert.certified_changes

@@ -341,20 +341,32 @@ class Client:
         return np.asarray(self.X.T @ self.alpha)
 
     # -- 2. SecureInnerProduct -----------------------------------------------------
-    def inner_products(self, every: bool = False) -> EncryptedVector | None:
-        """Encrypted ``x_{k,i}^T w_k`` for all samples (or the round's updated ones)."""
+    def inner_products(self, every: bool = False, w: np.ndarray | None = None,
+                       made: tuple[int, int] | None = None) -> EncryptedVector | None:
+        """Encrypted ``x_{k,i}^T w_k`` for all samples (or the round's updated ones).
+
+        ``w`` and ``made`` (round, attempt): other weights than the client's, for
+        the inner products of another round (:meth:`inner_products_ahead`).
+        """
         if self.public.horizontal:
             return None
         local = self.round["updated_local"]
         layout = self._sip_layout()
         if every or self.public.hyfdca.sip_scope == "all":  # stored by the server
             local, layout = np.arange(self.samples.size), self.public.layout
-        values = np.asarray(self.X[local] @ self.w)
+        values = np.asarray(self.X[local] @ (self.w if w is None else w))
         if self.public.hyfdca.rule.subproblem:  # a tag per holder group (see proposals)
+            context = self._round_context("ip") if made is None else ("ip", *made)
             return encrypt_tagged(self.cipher, TaggedLayout(layout), self.samples[local],
-                                  values, self._tag_key, "ip", self._round_context("ip"),
-                                  self.k)
+                                  values, self._tag_key, "ip", context, self.k)
         return encrypt_samples(self.cipher, layout, self.samples[local], values)
+
+    def inner_products_ahead(self, step: np.ndarray, dw: np.ndarray) -> EncryptedVector:
+        """(cocoa) The next round's inner products, sent with this round's step: with the
+        weights after it, ``w_k + step dw_k`` (``dw_k`` the server's move of this
+        client's features per unit step), made for the next round's first attempt."""
+        w_next = self.w + np.asarray(dw, dtype=float) * np.asarray(step)[None, :]
+        return self.inner_products(w=w_next, made=(int(self.round["t"]) + 1, 1))
 
     # -- 3. LocalDualMethod ----------------------------------------------------------
     def dual_steps(self, z: EncryptedVector | None) -> EncryptedVector:
@@ -850,6 +862,10 @@ class Server:
         self.cert = _ServerCertificate.start(K) if public.hyfdca.certified else None
         self.limit = 1.0  # the round's longest step (the certificate's trust, or 1)
         self.attempt = 1  # the attempt at the round (a deployment may restart one)
+        # The next round's inner products, sent ahead with this round's step (cocoa, every
+        # client active): {"t": the round they are for, "parts": party -> EncryptedVector}.
+        self.ahead: dict | None = None
+        self.used_ahead = False  # this round's came ahead (one exchange fewer)
 
     # -- set-up ----------------------------------------------------------------
     def setup(self, messages: list[dict]) -> list[EncryptedVector]:
@@ -1159,7 +1175,37 @@ class Server:
         message = {"totals": EncryptedVector(totals[0].chunks, acc), "dw_sq": dw_sq,
                    "coherence": self.coherence, "updated": int(self.updated.size),
                    "active": self.active.astype(np.int64), "leave": self.leave}
-        return {int(k): message for k in self.active}
+        if not self.sends_ahead:
+            return {int(k): message for k in self.active}
+        # Every client takes part: nobody can return next round, so each sends the next
+        # round's inner products with its step, from its features' move per unit step.
+        return {int(k): {**message, "dw": self.direction_dw[self.client_features[k]]}
+                for k in self.active}
+
+    @property
+    def sends_ahead(self) -> bool:
+        """Whether this round's step brings the next round's inner products (cocoa, not
+        horizontal, every client active: then no absent holder's estimate moves ``w``,
+        which moves by ``step dw``)."""
+        pub = self.public
+        return bool(pub.hyfdca.rule.subproblem and not pub.horizontal
+                    and self.active.size == self.K)
+
+    def keep_ahead(self, parts: dict[int, EncryptedVector]) -> None:
+        """Keep the next round's inner products sent with this round's step."""
+        self.ahead = {"t": self.t + 1, "parts": dict(parts)}
+
+    def take_ahead(self, configure: dict[int, dict]) -> dict[int, EncryptedVector] | None:
+        """The inner products sent ahead for this round, if they hold: made for this
+        round's first attempt with the weights it starts from (no certificate reset
+        since, no returning client), one from each of its clients."""
+        ahead, self.ahead, self.used_ahead = self.ahead, None, False
+        if (ahead is None or ahead["t"] != self.t or self.attempt != 1
+                or not set(configure) <= set(ahead["parts"])
+                or any(message["stale"] is not None for message in configure.values())):
+            return None
+        self.used_ahead = True
+        return {k: ahead["parts"][k] for k in configure}
 
     @property
     def judge(self) -> int:
@@ -1355,6 +1401,7 @@ class Server:
                 cert.current = True
         else:
             cert.events.append(EVENTS["reject"])
+            self.ahead = None  # made with the explored w, which is dropped
             self.stored = cert.stored.copy()
             cert.explored_conj = cert.enc_conj.copy()
             cert.explored_made = list(cert.conj_made)

@@ -32,7 +32,8 @@ The ``cocoa`` rule's round (:func:`cocoa_round`), message by message:
    for the refreshed weights (``wait``), which follow in
    ``weights`` -> the inner products.
    On horizontal data there is nothing to sum: the subproblem's *model* rides
-   along with ``round`` (or ``weights``), answered with the proposals.
+   along with ``round`` (or ``weights``), answered with the proposals; so it
+   does when the inner products came ahead with the last round's ``step``.
 2. ``proposals`` (vertical and hybrid data): the summed inner products, the
    Gram matrix of the party's history directions, the subproblem's scaling ->
    encrypted proposals.
@@ -43,7 +44,10 @@ The ``cocoa`` rule's round (:func:`cocoa_round`), message by message:
 5. ``step``: the summed line-search sums to every participant, each of which
    finds the same step and takes it -> the encrypted dual changes (the judge,
    the first active party, adds the step). The round stands once every
-   participant answered; the ``commit`` (the new weights) is posted.
+   participant answered; the ``commit`` (the new weights) is posted. When
+   every party takes part, each also gets its features' move per unit step
+   (``dw``) and sends the next round's inner products with the weights after
+   the step: the next round needs no ``proposals`` message (four exchanges).
 6. ``certify`` (the judge, when a checkpoint can be decided; at most twice).
 
 The per-sample rules' round (:func:`per_sample_round`): ``round`` and
@@ -154,9 +158,10 @@ _PHASES = (
     # judge's reply also carries the step (docs/privacy.md, "One step message").
     Phase("step", COCOA, "active",
           {"totals": "vector", "dw_sq": "floats", "coherence": "floats", "updated": "int",
-           "active": "ids", "leave": "bool?"},
+           "active": "ids", "leave": "bool?", "dw": "matrix?"},
           {"changes": "vector", "step": "floats?", "coherence": "floats?",
-           "evaluation": "floats?", "conjugate_change": "vector?"},
+           "evaluation": "floats?", "conjugate_change": "vector?",
+           "inner_products": "vector?"},
           "cocoa_step", after="direction"),
     Phase("certify", COCOA, "judge",
           {"certified": "vector", "checkpoint": "vector", "w_sq": "floats",
@@ -213,19 +218,28 @@ def one_round(server, active: np.ndarray, was_active: np.ndarray) -> Script:
     return (yield from per_sample_round(server, active, was_active))
 
 
-def _open(server, configure: dict[int, dict]) -> Generator[Exchange, Any, dict[int, dict]]:
+def _open(server, configure: dict[int, dict]) -> Generator[Exchange, Any, tuple[dict, str]]:
     """``round`` (and ``weights``): instructions, the returning parties' refresh, and what
-    each party sends once it has the round's weights (inner products, or on horizontal
-    data with the cocoa rule its proposals)."""
+    each party sends once it has the round's weights: its inner products, or, when the
+    subproblem's model rides along, its proposals. Returns those and their name.
+
+    The model rides along on horizontal data (it needs no sums), and with the cocoa
+    rule when the inner products came ahead with the last round's step
+    (:meth:`~hyfl.algorithms.hyfdca_parties.Server.take_ahead`).
+    """
     cocoa = server.public.hyfdca.rule.subproblem
     returning = [k for k, message in configure.items() if message["stale"] is not None]
     # The cocoa rule refreshes every party's weights when one returns (Server.refresh):
     # the others wait for them before they compute their inner products.
     wait = cocoa and bool(returning)
-    ride = cocoa and server.public.horizontal  # the model needs no sums: it rides along
+    ahead = server.take_ahead(configure) if cocoa else None
+    ride = cocoa and (server.public.horizontal or ahead is not None)
 
     def models() -> dict:
-        return server.cocoa_inner_products(dict.fromkeys(configure)) if ride else {}
+        if not ride:
+            return {}
+        return server.cocoa_inner_products(ahead if ahead is not None
+                                           else dict.fromkeys(configure))
 
     early = {} if returning else models()
     messages = {}
@@ -251,13 +265,14 @@ def _open(server, configure: dict[int, dict]) -> Generator[Exchange, Any, dict[i
         replies.update((yield Exchange("weights", messages)))
     name = "proposals" if ride else "inner_products"
     empty = not ride and server.public.horizontal  # no inner products to send
-    return {k: reply_field(replies, k, "round", name, optional=empty) for k in configure}
+    return {k: reply_field(replies, k, "round", name, optional=empty)
+            for k in configure}, name
 
 
 def per_sample_round(server, active: np.ndarray, was_active: np.ndarray) -> Script:
     """A round of the safe, theory or paper rule."""
     configure = server.configure(active, was_active)
-    answers = yield from _open(server, configure)
+    answers, _ = yield from _open(server, configure)
     sums = server.sum_inner_products(answers)
     replies = yield Exchange("steps", {k: {"z": sums[k]} for k in configure})
     duals = server.aggregate_duals({k: reply_field(replies, k, "steps", "steps")
@@ -286,8 +301,8 @@ def cocoa_round(server, active: np.ndarray, was_active: np.ndarray) -> Script:
     if not configure:  # nobody takes part
         server.cocoa_idle()
         return False
-    answers = yield from _open(server, configure)
-    if server.public.horizontal:  # the model rode along: these are the proposals
+    answers, name = yield from _open(server, configure)
+    if name == "proposals":  # the model rode along
         proposals = answers
     else:
         models = server.cocoa_inner_products(answers)
@@ -300,6 +315,7 @@ def cocoa_round(server, active: np.ndarray, was_active: np.ndarray) -> Script:
     replies = yield Exchange("direction", {k: {"mu": mu} for k in configure})
     # Every party finds the step and takes it; the round stands once all have answered
     # with their dual changes (the server stores them).
+    ahead = server.sends_ahead
     replies = yield Exchange("step", server.cocoa_totals(replies))
     judge = server.judge
     verdict = {name: reply_field(replies, judge, "step", name)
@@ -308,6 +324,9 @@ def cocoa_round(server, active: np.ndarray, was_active: np.ndarray) -> Script:
         verdict["conjugate_change"] = reply_field(replies, judge, "step", "conjugate_change")
     commits = server.cocoa_commit(verdict)
     server.cocoa_store({k: reply_field(replies, k, "step", "changes") for k in configure})
+    if ahead:  # the next round's inner products came with the step
+        server.keep_ahead({k: reply_field(replies, k, "step", "inner_products")
+                           for k in configure})
     # The certificate (hyfl.algorithms.hyfdca_certify): a judge decides on each checkpoint
     # whose images are all in.
     while (request := server.cocoa_certify_request()) is not None:
@@ -380,7 +399,10 @@ def _step(client, payload: dict) -> dict:
     verdict = client.cocoa_step(payload)
     changes = client.cocoa_commit(verdict["step"], bool(payload.get("leave")))
     judge = int(np.asarray(payload["active"])[0]) == client.k
-    return {"changes": changes, **(verdict if judge else {})}
+    reply = {"changes": changes, **(verdict if judge else {})}
+    if payload.get("dw") is not None:  # every party is active: the next round's sums
+        reply["inner_products"] = client.inner_products_ahead(verdict["step"], payload["dw"])
+    return reply
 
 
 def _commit_exchange(client, payload: dict) -> dict:

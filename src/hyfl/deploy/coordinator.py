@@ -375,7 +375,8 @@ class Coordinator:
             "absent": np.flatnonzero(scheduled & ~active).tolist(),
             "attempts": attempts,
             "round_trips": hy.round_trips(refreshed=bool(newcomers.any() and t > 1),
-                                          horizontal=self.public.horizontal)
+                                          horizontal=self.public.horizontal,
+                                          ahead=self.server.used_ahead)
             + float(getattr(self.server, "decisions", 0)),  # the certificate's judges
             "updated_samples": int(self.server.updated.size),
             "beta": float(self.server.beta) if hy.rule.tests_round else None,

@@ -582,6 +582,8 @@ class Party:
         if not 1 <= payload["updated"] <= client.public.n_samples:
             raise fail(self._from_server("step"), f"field updated is {payload['updated']}, "
                        f"not a number of samples in 1..{client.public.n_samples}", FORGED_FIX)
+        if payload.get("dw") is not None:  # the move of its weights: the next round's sums
+            self._checked_weights(client, payload["dw"], "step", "dw")
         return answer(client, "step", payload)
 
     def _certify(self, client, payload: dict) -> dict:

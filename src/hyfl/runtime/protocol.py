@@ -517,7 +517,8 @@ def _one_round(server, clients, active, was_active, wire: Wire, clock: _Clock
 def _round_stats(hyfdca: HyFDCA, server, active, newcomers, t, accepted) -> dict[str, float]:
     stats = {
         "round_trips": hyfdca.round_trips(
-            refreshed=bool(newcomers.any() and t > 1), horizontal=server.public.horizontal
+            refreshed=bool(newcomers.any() and t > 1), horizontal=server.public.horizontal,
+            ahead=server.used_ahead,
         ) + float(getattr(server, "decisions", 0)),
         "active_clients": float(np.count_nonzero(active)),
         "updated_samples": float(server.updated.size),

@@ -107,7 +107,7 @@ class StepRule:
         return None
 
     def round_trips(self, *, refreshed: bool, horizontal: bool,
-                    refresh_inner_products: bool) -> float:
+                    refresh_inner_products: bool, ahead: bool = False) -> float:
         """Round trips of one outer iteration, counted from the messages sent.
 
         With partial participation this is the paper's 4.5: refreshing returning

@@ -19,14 +19,17 @@ from hyfl.errors import fail
 
 
 class CocoaRule(StepRule):
-    def round_trips(self, *, refreshed, horizontal, refresh_inner_products) -> float:
+    def round_trips(self, *, refreshed, horizontal, refresh_inner_products,
+                    ahead: bool = False) -> float:
         """Proposals up and their average down (1), the average's primal image up and the
         momentum coefficient down (1), the direction's primal image and the encrypted
         line-search sums up (1), the summed sums down to every client, which takes the
         step, and the encrypted dual changes up (1): 4 (the new weights travel with the
         next round's message), plus the refresh (1.5) and SecureInnerProduct (1) as with
-        the other rules (:mod:`hyfl.algorithms.hyfdca_round`)."""
-        return 4.0 + (1.5 if refreshed else 0.0) + (0.0 if horizontal else 1.0)
+        the other rules (:mod:`hyfl.algorithms.hyfdca_round`). When the last round's step
+        brought this round's inner products (``ahead``) the model rides with the
+        instructions: no SecureInnerProduct exchange."""
+        return 4.0 + (1.5 if refreshed else 0.0) + (0.0 if horizontal or ahead else 1.0)
 
     def check(self, hyfdca) -> None:
         if hyfdca.sip_scope != "all":
