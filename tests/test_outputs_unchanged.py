@@ -28,7 +28,9 @@ the step to all (``hyfl.algorithms.hyfdca_round``): a round is one round trip fe
 And after a round in which every client took part, the clients send the next round's
 inner products with their step (``hyfl.algorithms.hyfdca_parties.Server.sends_ahead``):
 those rounds' ``round_trips``, ``bytes_up``, ``bytes_down``, ``encryptions`` and
-``floats_down`` move (the ``run`` command's trace has such rounds).
+``floats_down`` move (the ``run`` command's trace has such rounds). Each party is told the
+round's participants and the commit names the judge's step (an active server's review):
+``bytes_down``, ``floats_down`` and ``ids_down``.
 """
 
 from __future__ import annotations

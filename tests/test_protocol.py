@@ -502,8 +502,10 @@ def test_each_client_receives_only_its_own_duals_and_weights(problem, step_rule)
             elif isinstance(leaf, np.ndarray) and leaf.dtype.kind == "f":
                 # cocoa: public scalars per output (momentum, ||dw||^2, coherence) and the Gram
                 # matrices of the client's own model moves -- functions of w alone.
-                # certify: the squared norms of the certified and the checkpoint's w.
-                assert kind in ("direction", "step", "proposals", "round", "certify"), kind
+                # certify: the squared norms of the certified and the checkpoint's w;
+                # commit: the judge's step (each party checks it took the same).
+                assert kind in ("direction", "step", "proposals", "round", "certify",
+                                "commit"), kind
                 assert leaf.shape[0] == (2 if kind == "certify" else server.w.shape[1])
             elif isinstance(leaf, np.ndarray) and leaf.dtype.kind in "iu":
                 assert leaf.size == 0 or (leaf.min() >= 0 and leaf.max() < client.samples.size)

@@ -485,6 +485,7 @@ class HyFDCA:
         r.updated_pairs = (holder_clients[r.fresh], r.samples[r.holder_slot[r.fresh]])
         # The round's instructions name each client's draws and its updated samples.
         sent.ids_down += r.drawn_rows.size + r.updated_pairs[0].size
+        sent.ids_down += clients.size ** 2  # each is told the round's participants
         if not state.horizontal:  # with whole samples on one client, z is computed locally
             if self.sip_scope == "all":
                 sent.encrypted["sip_up_all"] = active.copy()
@@ -601,6 +602,7 @@ class HyFDCA:
         del positions
         r.drawn_samples = blocks.row_sample[r.drawn_rows]
         sent.ids_down += r.drawn_rows.size
+        sent.ids_down += clients.size ** 2  # each is told the round's participants
         # With a full local pass every active client sends (and later receives) a value
         # for each of its samples: the record names the clients, not the 6.3 million
         # (client, sample) pairs on Covtype, which would stay allocated until the next
@@ -831,7 +833,8 @@ class HyFDCA:
             local.absent_estimate[k] += part * step[None, :]
         moved = np.any(change != 0.0, axis=1)
         state.updated_at[samples[moved]] = r.t
-        sent.floats_down += (state.feature_counts * C)[active].sum()
+        sent.floats_down += (state.feature_counts * C)[active].sum()  # the commit: new weights
+        sent.floats_down += clients.size * C  # and the judge's step, each checks it
         sent.encrypted["dual_commit"] = samples[moved]
         if local.certificate is not None:  # the judge's conjugate change (a value, its tag)
             sent.encrypted["conjugate_up"] = 1

@@ -217,6 +217,14 @@ class Client:
             raise fail("the round's instructions", f"set the longest step (field "
                        f"configure.limit) to {float(limit)!r}, outside the certificate's trust "
                        f"[{TRUST_FLOOR:g}, 1]", "The server does not follow hyfl's protocol.")
+        active = message.get("active")
+        if active is not None:  # the round's participants, as the server tells every one
+            active = np.asarray(active, dtype=np.int64)
+            if (np.count_nonzero(active == self.k) != 1 or active.size
+                    != np.unique(active).size or np.any(np.diff(active) < 0)):
+                raise fail("the round's instructions", f"name the active clients "
+                           f"{active.tolist()}, not an ascending list holding this client "
+                           f"({self.k}) once", "The server does not follow hyfl's protocol.")
         self.round = dict(message)
         hy, t = self.public.hyfdca, message["t"]
         self.round["gamma_t"] = 1.0 / t if hy.gamma == "1/t" else float(hy.gamma)
@@ -628,7 +636,13 @@ class Client:
         return (kind, int(self.round["t"]), int(self.round.get("attempt", 1)))
 
     def _tag_context(self, kind: str, sender: int) -> tuple:
-        return (*self._round_context(kind), int(sender))
+        context = (*self._round_context(kind), int(sender))
+        if kind == "totals" and self.round.get("active") is not None:
+            # The participants this client was told: a sum verifies only where every
+            # contribution was made for the same list (no party can be given the sums of
+            # fewer parties than the others).
+            context += (",".join(map(str, np.asarray(self.round["active"]).tolist())),)
+        return context
 
     def _inner_product_parts(self, layout: TaggedLayout, made) -> dict[int, list]:
         """The parts each holder group's inner products must hold: every holder's last
@@ -697,6 +711,11 @@ class Client:
         if key is None:  # no private key: nothing is hidden, nothing to check
             return decrypt_samples(self.cipher, layout, vector, np.array([0])).ravel()[:n]
         active = np.asarray(active, dtype=np.int64)
+        told = self.round.get("active")
+        if told is not None and not np.array_equal(active, told):
+            raise fail("the summed totals", f"name the active clients {active.tolist()}, not "
+                       f"the {np.asarray(told).tolist()} of the round's instructions",
+                       "The server does not follow hyfl's protocol.")
         if self.k not in active or np.unique(active).size != active.size:
             raise fail("the summed totals", f"name the active clients {active.tolist()}, which "
                        f"do not include the judge (client {self.k}) once",
@@ -742,6 +761,10 @@ class Client:
                       & (made[:, 2] >= 0)):
             raise fail(f"the {name} conjugate sum", "names changes no judge can have made by "
                        f"round {t}", "The server does not follow hyfl's protocol.")
+        if np.unique(made[:, :2], axis=0).shape[0] != made.shape[0]:
+            raise fail(f"the {name} conjugate sum", "names two changes of one attempt of a "
+                       "round (one judge makes a round's change)",
+                       "The server does not follow hyfl's protocol.")
         return float(self._open_sum(vector, 1, "conjugate",
                                     [("conjugate", *row) for row in made.tolist()],
                                     f"the {name} conjugate sums",
@@ -766,6 +789,7 @@ class Client:
                          self.alpha[updated[reports]])
         self.previous_step = np.zeros_like(self.previous_step)
         self.previous_step[updated] = change
+        self.round["taken_step"] = np.array(step, dtype=float)  # the commit names it too
         # The new state of every chunk holding a sample it reports that moved (a zero step
         # changes nothing), with a tag per chunk: the server stores it as it is.
         send = reports & np.any(change != 0.0, axis=1)
@@ -773,6 +797,17 @@ class Client:
         return encrypt_tagged(self.cipher, TaggedLayout(self.public.layout, per_chunk=True),
                               self.samples[local], self.alpha[local], self._tag_key, "duals",
                               self._round_context("state"), self.k)
+
+    def confirm_step(self, step: np.ndarray | None) -> None:
+        """(cocoa) The round's commit names the judge's step: it must be the one this client
+        found and took (every party finds the same from the same sums and curvature;
+        different ones mean the server sent them different messages)."""
+        taken = self.round.get("taken_step")
+        if step is None or taken is None or not np.array_equal(np.asarray(step, float), taken):
+            raise fail("the round's commit", f"names the step {np.asarray(step).tolist()!r}, "
+                       f"not the step {None if taken is None else taken.tolist()!r} this party "
+                       "found and took", "The server does not follow hyfl's protocol (it sent "
+                       "the parties different sums or curvature); the party answers no more.")
 
     def _in_domain(self, values: np.ndarray, local: np.ndarray, what: str) -> None:
         """Refuse decrypted duals of local samples ``local`` outside the dual domain.
@@ -940,6 +975,7 @@ class Server:
                 "t": t,
                 "n_draws": self.n_draws,
                 "stale": None,
+                "active": self.active.astype(np.int64),  # the round's participants
             }
             # Which holders drew each updated sample: places it compactly, and names
             # whose proposals the client's sums hold (their tags are checked).

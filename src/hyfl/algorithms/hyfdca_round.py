@@ -174,7 +174,8 @@ PHASES: dict[str, Phase] = {phase.name: phase for phase in _PHASES}
 #: What the server posts for a party's next message (deliveries), and their fields: the
 #: round's commit (its verdict and the party's new weights), which also closes the round.
 POSTS: dict[str, Phase] = {phase.name: phase for phase in (
-    Phase("commit", BOTH, "active", {"round": "int", "accepted": "bool", "w": "matrix"},
+    Phase("commit", BOTH, "active", {"round": "int", "accepted": "bool", "w": "matrix",
+                                     "step": "floats?"},
           {}, "commit", post=True),
 )}
 
@@ -334,8 +335,8 @@ def cocoa_round(server, active: np.ndarray, was_active: np.ndarray) -> Script:
         replies = yield Exchange("certify", {judge: message})
         server.cocoa_certify_verdict(bool(reply_field(replies, judge, "certify", "accepted")))
     stepped = bool(np.any(np.asarray(verdict["step"]) > 0))
-    yield Post("commit", {k: {"round": server.t, "accepted": stepped, "w": w_local}
-                          for k, w_local in commits.items()})
+    yield Post("commit", {k: {"round": server.t, "accepted": stepped, "w": w_local,
+                              "step": verdict["step"]} for k, w_local in commits.items()})
     return stepped
 
 
@@ -427,6 +428,7 @@ _ANSWERS: dict[str, Callable[[Any, dict], dict]] = {
 def deliver(client, phase: str, payload: dict) -> None:
     """Apply a post (:data:`POSTS`) to ``client``: the round's commit."""
     if client.public.hyfdca.rule.subproblem:  # the step is taken: the new weights
+        client.confirm_step(payload.get("step"))
         client.receive_weights(payload["w"])
     else:
         client.commit(bool(payload["accepted"]), payload["w"])

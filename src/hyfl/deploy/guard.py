@@ -120,6 +120,9 @@ class Guard:
             raise self._refuse(f"was sent round {t} of a run of {rounds} rounds")
         if t < last:
             raise self._refuse(f"was sent round {t} after round {last} (rounds never go back)")
+        if t <= self.state["closed"]:
+            raise self._refuse(f"was sent round {t} again after it stood (its commit was "
+                               "delivered)")
         attempts = self.state["attempts"] + 1 if t == last else 1
         if attempts > max(n_parties, 1):
             raise self._refuse(f"was sent round {t} for the {attempts}th time; an honest server "

@@ -139,7 +139,7 @@ _CONFIGURE_FIELDS = {"t": "int", "updated_local": "ids", "reports_local": "mask"
                      "order_local": "ids?", "beta": "number?", "compact_steps": "bool?",
                      "drawn_by_local": "mask?", "limit": "number?", "certificate": "ids?",
                      "checkpoint_duals": "vector?", "stale_contexts": "ids?",
-                     "checkpoint_contexts": "ids?"}
+                     "checkpoint_contexts": "ids?", "active": "ids?"}
 _DELIVERY_FIELDS = {"norms": "vector?", "commit": "dict?"}
 _COMMIT_FIELDS = dict(POSTS["commit"].sends)
 
