@@ -31,6 +31,8 @@ from synthetic_data import synthetic
 PARTIES = 3
 ROUNDS = 8
 FORGED = "does not follow hyfl's protocol"
+#: A list of participants other than the one the round's instructions told the party.
+NOT_TOLD = r"name the active clients \[.*\], not the \[.*\] of the round's instructions"
 
 
 @pytest.fixture(scope="module")
@@ -236,10 +238,12 @@ def test_a_commit_before_the_step_is_refused(run):
 
 def test_a_step_to_a_party_outside_its_active_list_is_refused(run):
     """The summed totals are checked against the contributions of the parties the message
-    names as active: a step that names a list without the party it goes to (or with it
-    twice) is refused before anything is decrypted, at every party; a list with a party
-    that sent nothing fails the tag check; a step to a party that is not in the round at
-    all is refused by its guard."""
+    names as active, which must be the round's participants the round's instructions told
+    the party (``configure.active``): a step that names a list without the party it goes
+    to, with it twice, or with a party that sent nothing is refused before anything is
+    decrypted, at every party; instructions telling a list without the party are refused
+    when they come; a step to a party that is not in the round at all is refused by its
+    guard."""
     steps = _find_each(run, "step", 2)
     assert len(steps) >= 2
     for k, record in steps.items():
@@ -250,12 +254,18 @@ def test_a_step_to_a_party_outside_its_active_list_is_refused(run):
                        np.array([j for j in range(PARTIES) if j not in active.tolist()])):
             if forged.size == 0:
                 continue
-            with pytest.raises(HyflError, match="do not include"):
+            with pytest.raises(HyflError, match=NOT_TOLD):
                 _send(run, record, {**genuine, "active": forged})
         for j in range(PARTIES):  # the sum claimed to hold a party that sent nothing
             if j not in active.tolist():
-                with pytest.raises(HyflError, match="their tag does not verify"):
+                with pytest.raises(HyflError, match=NOT_TOLD):
                     _send(run, record, {**genuine, "active": np.append(active, j)})
+        opened = _find(run, "round", party=k, t=2)
+        configure = opened.payload["configure"]
+        assert np.array_equal(configure["active"], active)  # the list it was told
+        with pytest.raises(HyflError, match="not an ascending list holding this client"):
+            _send(run, opened, {**opened.payload, "configure": {
+                **configure, "active": active[active != k]}})
     outside = [j for j in range(PARTIES) if j not in steps]
     assert outside, "every party took part in round 2"
     for j in outside:  # a party not in round 2, sent its step: the guard refuses it
@@ -429,7 +439,8 @@ def test_a_party_decrypts_only_the_chunks_it_reads(run):
 def test_the_judge_decrypts_only_the_active_parties_totals(run):
     """The issue's reproducer: a chosen value added into the judge's summed totals (the
     'own' slot, read back through the coherence) -- or a sum of fewer parties' totals --
-    is refused before anything computed from it leaves (hyfl.privacy.tags)."""
+    is refused before anything computed from it leaves (hyfl.privacy.tags; a list other
+    than the one the round's instructions told the judge, before its tag is checked)."""
     from hyfl.privacy.layout import EncryptedVector
 
     record = _find(run, "step", t=2)
@@ -448,9 +459,9 @@ def test_the_judge_decrypts_only_the_active_parties_totals(run):
     judge = record.party
     if active.size > 1:  # the same sum claimed to be of fewer parties
         fewer = active[active == judge]
-        with pytest.raises(HyflError, match="their tag does not verify"):
+        with pytest.raises(HyflError, match=NOT_TOLD):
             _send(run, record, {**genuine, "active": fewer})
-    with pytest.raises(HyflError, match="do not include the judge"):
+    with pytest.raises(HyflError, match=NOT_TOLD):
         _send(run, record, {**genuine, "active": active[active != judge]})
 
 
@@ -491,7 +502,8 @@ def test_the_image_is_only_of_the_drawers_summed_proposals(run):
 def test_the_safe_rules_verdict_is_only_of_the_active_parties_gain_terms(monkeypatch):
     """The per-sample safe rule's judge decrypts the summed gain terms and answers a bit:
     a server that adds a value of its choosing (a comparison oracle at a threshold it
-    picks) or drops a party's terms is refused before the verdict is computed."""
+    picks) or drops a party's terms is refused before the verdict is computed (the
+    dropped party by the list the round's instructions told the judge)."""
     from hyfl.algorithms.hyfdca import HyFDCA
     from hyfl.algorithms.hyfdca_parties import Server
     from hyfl.participation import RandomFraction
@@ -523,9 +535,10 @@ def test_the_safe_rules_verdict_is_only_of_the_active_parties_gain_terms(monkeyp
     def drop_party(server, message):
         message["active"] = message["active"][:1]
 
-    for change in (add_value, drop_party):
+    for change, refusal in ((add_value, "their tag does not verify"),
+                            (drop_party, NOT_TOLD)):
         monkeypatch.setattr(Server, "aggregate_primal", forge(change))
-        with pytest.raises(HyflError, match="their tag does not verify"):
+        with pytest.raises(HyflError, match=refusal):
             run_protocol(hyfdca, problem, partition, RandomFraction(4, 0.75), 2, cipher, seed=0)
 
 
@@ -657,7 +670,9 @@ def test_the_inner_products_are_the_holders_parts(run):
 def test_the_checkpoint_decision_is_of_the_judges_changes(run):
     """The certificate's judge compares two conjugate sums the server kept: with a chosen
     value added (a comparison oracle at a threshold the server sets through ``w_sq``),
-    or a change left out of the list of who made them, it is refused."""
+    or a change left out of the list of who made them, it is refused; a list naming
+    a change twice is refused before the tag is checked (one judge makes a round's
+    change)."""
     from hyfl.privacy.layout import EncryptedVector
 
     record = _find(run, "certify")
@@ -674,7 +689,8 @@ def test_the_checkpoint_decision_is_of_the_judges_changes(run):
             with pytest.raises(HyflError, match="tag does not verify"):
                 _send(run, record, {**genuine, f"{name}_made": made[1:].reshape(-1)})
             twice = np.concatenate([made, made[:1]])
-            with pytest.raises(HyflError, match="tag does not verify"):
+            with pytest.raises(HyflError, match="names two changes of one attempt of a "
+                                                "round"):
                 _send(run, record, {**genuine, f"{name}_made": twice.reshape(-1)})
     assert genuine["checkpoint_made"].size  # the run's checkpoint holds judges' changes
 
@@ -765,18 +781,22 @@ def test_a_judged_sum_of_another_run_is_refused(run, other_run):
     """The issue's reproducer: the judge of run 2 was sent run 1's summed totals of the
     same round and attempt (every context alike: same parties, same kind, round, attempt,
     senders) and returned the step computed from them. The tags are keyed with the run's
-    identity now: another run's sum does not verify, nothing is returned."""
+    identity now: another run's sum does not verify, nothing is returned (and one under
+    another list of parties than run 2's instructions told is refused for that first)."""
     tried = 0
     for judged in _judged(run):
         t, attempt = _round_of(run, judged), _attempt(run, judged)
         there = _at(other_run, "direction", judged.party, t, attempt)
         if there is None:
             continue
-        with pytest.raises(HyflError, match="their tag does not verify"):
+        told = decode(*there.after, other_run.cipher)["client"]["round"]["active"]
+        same = np.array_equal(judged.payload["active"], told)
+        with pytest.raises(HyflError, match="their tag does not verify" if same else NOT_TOLD):
             handle_message("step", judged.message, there.after, other_run.nodes[judged.party],
                            other_run.run_config)
-        tried += 1
-    assert tried, "no round in which the same party judged in one run and was active in both"
+        tried += same
+    assert tried, ("no round in which the same party judged in one run and was active in "
+                   "both, told the same participants")
 
 
 def test_inner_products_of_another_run_are_refused(run, other_run):

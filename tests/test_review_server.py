@@ -183,7 +183,8 @@ def test_a_shift_by_the_secret_prime_is_caught_by_the_domain_and_the_range(run):
 def test_ciphertexts_swapped_within_a_sum_or_a_party_named_twice_are_refused(run):
     """Attacks that fail (evidence): two values of a genuine sum swapped (each tag
     coefficient is of its position), and the judge's active list naming a party twice
-    (its totals counted twice)."""
+    (its totals counted twice): the step's list is not the one the round's instructions
+    told the party, and instructions naming a party twice are refused when they come."""
     record = _find(run, "image", t=2)
     genuine = record.payload
     vec = genuine["proposal"]
@@ -196,8 +197,16 @@ def test_ciphertexts_swapped_within_a_sum_or_a_party_named_twice_are_refused(run
     record = _find(run, "step", t=2)
     genuine = record.payload
     twice = np.append(genuine["active"], record.party)
-    with pytest.raises(HyflError, match="do not include the judge"):
+    with pytest.raises(HyflError, match=r"name the active clients \[.*\], not the "
+                                        r"\[.*\] of the round's instructions"):
         _send(run, record, {**genuine, "active": twice})
+    opened = _find(run, "round", party=record.party, t=2)
+    configure = opened.payload["configure"]
+    for forged in (np.sort(np.append(configure["active"], record.party)),
+                   np.append(configure["active"], record.party)):
+        with pytest.raises(HyflError, match="not an ascending list holding this client"):
+            _send(run, opened, {**opened.payload,
+                                "configure": {**configure, "active": forged}})
 
 
 @pytest.mark.parametrize("field", ["grams", "towards_w"])
