@@ -35,6 +35,8 @@ from synthetic_data import synthetic
 PARTIES = 3
 ROUNDS = 6
 FORGED = "does not follow hyfl's protocol"
+#: A step whose list of participants is not the one the round's instructions told.
+NOT_TOLD = r"name the active clients \[.*\], not the \[.*\] of the round's instructions"
 #: What every reply carries beside its fields (the party's own bookkeeping).
 BOOKKEEPING = {"seconds", "ops", "delivery_ops"}
 
@@ -159,14 +161,43 @@ def _step_fields(reply: dict) -> set:
     return set(reply) - BOOKKEEPING
 
 
+def _told(run, k: int, t: int, active) -> tuple:
+    """Party ``k``'s round ``t`` (first attempt) replayed from its round message with the
+    instructions' ``active`` forged to ``active`` -- what a server naming another set of
+    participants must now tell the party when the round opens -- through its
+    ``direction``: the state it then meets the ``step`` at, and the totals it sent there
+    (tagged for the list it was told)."""
+    opened = _find(run, "round", k, t)
+    payload = opened.payload
+    payload["configure"] = {**payload["configure"],
+                            "active": np.asarray(active, dtype=np.int64)}
+    _, state = _send(run, opened, payload)
+    totals = None
+    for r in run.records[_at(run, opened) + 1:_index(run, "step", k, t)]:
+        if r.party == k:
+            reply, state = _send(run, r, state=state)
+            if r.kind == "direction":
+                totals = reply["totals"]
+    assert totals is not None
+    return state, totals
+
+
+def _added(run, vectors) -> EncryptedVector:
+    acc = vectors[0].ciphertexts
+    for vec in vectors[1:]:
+        acc = run.cipher.add(acc, vec.ciphertexts)
+    return EncryptedVector(vectors[0].chunks, acc)
+
+
 # -- who answers what ---------------------------------------------------------------------
 
 def test_only_the_named_judge_says_the_step_and_every_judge_says_the_same(run):
-    """A non-judge's answer to ``step`` is its encrypted dual states only. A server that
-    names each party first in its own ``active`` list (the tag check does not depend on
-    the order) makes every party a judge in one attempt -- and reads the same step,
-    coherence and certificate sums from each, to the last bit: nothing a single judge
-    did not already tell it."""
+    """A non-judge's answer to ``step`` is its encrypted dual states only (and, in a
+    round every party takes part in, its inner products for the next round). A server
+    that names each party first in its own ``active`` list, to make every party a judge
+    in one attempt, is refused: the list is not the ascending one the round's
+    instructions told the party, and instructions telling a list in another order are
+    refused when they come. The judge is the first of the list every party was told."""
     t = _full_round(run)
     steps = _steps(run, t)
     judge = int(steps[0].payload["active"][0])
@@ -175,16 +206,22 @@ def test_only_the_named_judge_says_the_step_and_every_judge_says_the_same(run):
                                      "conjugate_change"}
     for k in steps:
         if k != judge:
-            assert _step_fields(_reply(run, "step", k, t)) == {"changes"}
+            fields = _step_fields(_reply(run, "step", k, t))
+            assert "changes" in fields and fields <= {"changes", "inner_products"}
     for k, record in steps.items():
         payload = record.payload
         active = payload["active"]
         reordered = np.concatenate([[k], active[active != k]])
-        reply, _ = _send(run, record, {**payload, "active": reordered})
-        for name in ("step", "coherence", "evaluation"):
-            assert np.array_equal(reply[name], genuine[name]), (k, name)
-        # The conjugate change is encrypted (its tag names this party as the judge).
-        assert isinstance(reply["conjugate_change"], EncryptedVector)
+        if k == judge:
+            continue
+        with pytest.raises(HyflError, match=NOT_TOLD):
+            _send(run, record, {**payload, "active": reordered})
+        opened = _find(run, "round", k, t)
+        configure = opened.payload["configure"]
+        assert np.array_equal(configure["active"], active)
+        with pytest.raises(HyflError, match="not an ascending list holding this client"):
+            _send(run, opened, {**opened.payload,
+                                "configure": {**configure, "active": reordered}})
 
 
 # -- different sums to different parties --------------------------------------------------
@@ -212,44 +249,69 @@ def test_a_sum_omitting_a_contribution_is_refused_under_the_full_active_list(run
             _send(run, record, {**payload, "totals": _summed(run, t, twice)})
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: the 'One step message' protection 'sending different parties different "
-    "genuine sums (say one without a party's contribution) is refused by the tag' does "
-    "not hold: the tag names the active parties the *message* names, so a server that "
-    "sends the other parties the full sum under the full list and the judge the sum of "
-    "a subset under that subset's list gets every one answered; they take different "
-    "steps (the judge 0.958, the others 1.0 here: the duals no longer agree with one "
-    "another nor with the w the server computes) and the judge returns the step, "
-    "coherence and certificate sums of the subset"))
 def test_two_parties_cannot_be_given_different_genuine_sums(run):
+    """Closes the review finding (was a strict xfail) that the tag named the parties the
+    *step message* names: the judge sent a subset's sum under the subset's list took
+    another step than its peers. Now the list must be the one the round's instructions
+    told the party, and the totals' tags are made and checked for that told list:
+
+    * the subset's sum under the subset's list, at a party told the full list: refused;
+    * the judge told the subset, but its peer not: the peer's contribution (made for
+      the full list) does not verify in the subset's sum;
+    * both told the subset: both answer, with the same step of the same sum (a round of
+      fewer parties than scheduled, which the server may run), and the party left out,
+      told the full list, can take no step of that sum, under either list.
+
+    So every party that takes a step of a sum was told exactly the parties whose
+    contributions it holds, and so were they: parties told the same list get the same
+    sums, and each sum is of a set of parties the server told, all alike."""
     t = _full_round(run)
     steps = _steps(run, t)
     everyone = sorted(steps)
     judge = int(steps[everyone[0]].payload["active"][0])
     others = [k for k in everyone if k != judge]
-    genuine = _reply(run, "step", judge, t)["step"]
     for k in others:  # the genuine sum, the full list: answered with the dual states
         assert "changes" in _send(run, steps[k])[0]
     subset = [judge, others[0]]  # the judge's sum leaves out the last party's totals
-    try:
-        reply, after = _send(run, steps[judge], {**steps[judge].payload,
-                                                 "totals": _summed(run, t, subset),
-                                                 "active": np.array(subset)})
-    except HyflError:
-        return
-    assert np.array_equal(reply["step"], genuine), (
-        f"the judge took step {reply['step']} of a subset's sum, the others {genuine}")
-    raise AssertionError("the judge answered a step of another sum than its peers'")
+    with pytest.raises(HyflError, match=NOT_TOLD):
+        _send(run, steps[judge], {**steps[judge].payload, "totals": _summed(run, t, subset),
+                                  "active": np.array(subset)})
+    # The judge told the subset, its peer not: the peer's totals are not for that list.
+    state, own = _told(run, judge, t, subset)
+    peer = _reply(run, "direction", others[0], t)["totals"]
+    with pytest.raises(HyflError, match="their tag does not verify"):
+        _send(run, steps[judge], {**steps[judge].payload, "totals": _added(run, [own, peer]),
+                                  "active": np.array(subset)}, state=state)
+    # Both told the subset: the same sum verifies at both, and both take the same step.
+    told = {k: _told(run, k, t, subset) for k in subset}
+    summed = _added(run, [told[k][1] for k in subset])
+    taken, replies = {}, {}
+    for k in subset:
+        replies[k], after = _send(run, steps[k], {**steps[k].payload, "totals": summed,
+                                                  "active": np.array(subset)},
+                                  state=told[k][0])
+        assert "changes" in replies[k]
+        taken[k] = _state(run, after)["client"]["round"]["taken_step"]
+    assert np.array_equal(taken[judge], taken[others[0]])
+    assert np.array_equal(replies[judge]["step"], taken[judge])  # what the server is told
+    # The party left out, told the full list, takes no step of the subset's sum.
+    left = others[-1]
+    for active in (np.array(subset), np.array(everyone)):
+        with pytest.raises(HyflError, match=f"{NOT_TOLD}|their tag does not verify"):
+            _send(run, steps[left], {**steps[left].payload, "totals": summed,
+                                     "active": active})
 
 
 def test_a_smaller_active_list_reveals_only_the_named_parties_sums(run):
     """The documented exposure ("the server may still name a smaller set of parties
-    (with the judge) ... down to the judge's own"): each party, sent its own totals under
-    ``active = [itself]``, answers as the judge of a one-party round. What comes back is
-    the line search of the named parties' sums and nothing else: the certificate's sums
-    are additive over the named parties (the full round's are the sum of every party's
-    own), the party's own are of the samples it reports, and a list naming a party whose
-    contribution is not in the sum is refused."""
+    (with the judge) ... down to the judge's own"), now only through the round's
+    instructions: a party sent its own totals under ``active = [itself]`` while told the
+    full list refuses; told ``[itself]`` when the round opens, it answers as the judge
+    of a one-party round. What comes back is the line search of the named parties' sums
+    and nothing else: the certificate's sums are additive over the named parties (the
+    full round's are the sum of every party's own), the party's own are of the samples it
+    reports, and a list naming a party whose contribution is not in the sum is refused
+    (told, or not told)."""
     t = _full_round(run)
     steps = _steps(run, t)
     everyone = sorted(steps)
@@ -257,35 +319,72 @@ def test_a_smaller_active_list_reveals_only_the_named_parties_sums(run):
     genuine = _reply(run, "step", judge, t)
     own = {}
     for k, record in steps.items():
-        reply, _ = _send(run, record, {**record.payload, "totals": _summed(run, t, [k]),
-                                       "active": np.array([k])})
-        assert _step_fields(reply) == {"changes", "step", "coherence", "evaluation",
-                                       "conjugate_change"}
-        own[k] = reply["evaluation"]
-        # Its own sum named with another party's: refused (that party sent nothing in it).
-        other = next(j for j in everyone if j != k)
-        with pytest.raises(HyflError, match="their tag does not verify"):
+        with pytest.raises(HyflError, match=NOT_TOLD):
             _send(run, record, {**record.payload, "totals": _summed(run, t, [k]),
-                                "active": np.array([k, other])})
+                                "active": np.array([k])})
+        state, totals = _told(run, k, t, [k])
+        reply, after = _send(run, record, {**record.payload, "totals": totals,
+                                           "active": np.array([k])}, state=state)
+        assert _step_fields(reply) - {"inner_products"} == {
+            "changes", "step", "coherence", "evaluation", "conjugate_change"}
+        own[k] = reply["evaluation"]
+        # What remains (docs/privacy.md can say so): every party of the round, each told a
+        # list of its own, judges in the same attempt -- disjoint groups, each of the same
+        # list and the same sums -- and the server closes each with its group's step; the
+        # full round's step (the real judge's) is refused there.
+        delivering = _commit_of(run, k, t)
+        commit = delivering.payload["deliveries"]["commit"]
+        _send(run, delivering, {**delivering.payload, "deliveries": {
+            **delivering.payload["deliveries"], "commit": {**commit, "step": reply["step"]}}},
+            state=after)
+        if not np.array_equal(reply["step"], commit["step"]):
+            with pytest.raises(HyflError, match="the round's commit names the step"):
+                _send(run, delivering, state=after)
+        # Its own sum named with another party's: refused (that party sent nothing in it),
+        # whether the party was told that pair or only itself.
+        other = next(j for j in everyone if j != k)
+        pair = sorted([k, other])
+        with pytest.raises(HyflError, match=NOT_TOLD):
+            _send(run, record, {**record.payload, "totals": totals,
+                                "active": np.array(pair)}, state=state)
+        state, totals = _told(run, k, t, pair)
+        with pytest.raises(HyflError, match="their tag does not verify"):
+            _send(run, record, {**record.payload, "totals": totals,
+                                "active": np.array(pair)}, state=state)
     np.testing.assert_allclose(sum(own.values()), genuine["evaluation"], atol=1e-6)
 
 
 def test_a_step_naming_a_list_without_the_party_or_unknown_parties_is_refused(run):
     """A step whose ``active`` list leaves out the party it goes to, names it twice, or
-    names a party the job does not have, is refused before anything is decrypted; a
-    party outside the round is refused its step by the guard."""
+    names a party the job does not have, is refused before anything is decrypted (it is
+    not the list the round's instructions told); instructions telling a list without
+    the party, with it twice or out of order are refused when they come, and a told list
+    naming a party the job does not have gives a sum no party can make verify; a party
+    outside the round is refused its step by the guard."""
     t = _full_round(run)
     for k, record in _steps(run, t).items():
         payload = record.payload
         active = payload["active"]
-        for forged, problem in [(active[active != k], "do not include"),
-                                (np.concatenate([active, [k]]), "do not include"),
-                                (np.concatenate([active, [PARTIES + 5]]),
-                                 "their tag does not verify"),
+        for forged, problem in [(active[active != k], NOT_TOLD),
+                                (np.concatenate([active, [k]]), NOT_TOLD),
+                                (np.concatenate([active, [PARTIES + 5]]), NOT_TOLD),
                                 (np.concatenate([active, [2 ** 62]]),
-                                 "their tag does not verify|could not handle")]:
+                                 f"{NOT_TOLD}|could not handle")]:
             with pytest.raises(HyflError, match=problem):
                 _send(run, record, {**payload, "active": forged})
+        opened = _find(run, "round", k, t)
+        configure = opened.payload["configure"]
+        for forged in (active[active != k], np.sort(np.concatenate([active, [k]])),
+                       active[::-1]):
+            with pytest.raises(HyflError, match="not an ascending list holding this client"):
+                _send(run, opened, {**opened.payload,
+                                    "configure": {**configure, "active": forged}})
+        unknown = np.concatenate([active, [PARTIES + 5]])
+        state, totals = _told(run, k, t, unknown)
+        with pytest.raises(HyflError, match="their tag does not verify"):
+            _send(run, record, {**payload, "totals": _added(run, [
+                totals, *(_reply(run, "direction", j, t)["totals"] for j in active
+                          if j != k)]), "active": unknown}, state=state)
     # A party absent from a round: its state there has no open round.
     t_partial = next(s for s in range(1, ROUNDS + 1) if 0 < len(_steps(run, s)) < PARTIES)
     steps = _steps(run, t_partial)
@@ -300,7 +399,8 @@ def test_a_step_naming_a_list_without_the_party_or_unknown_parties_is_refused(ru
 def test_a_step_of_another_round_is_refused(run):
     """Round t's genuine ``step`` replayed in round t' (after the party's ``direction``
     of t'): the tag's context names the round, so it is refused at every party, judge
-    or not, and so is t's sum under t''s other fields."""
+    or not (for its list first, where t' has other participants), and so is t's sum
+    under t''s other fields."""
     tried = 0
     for t in range(1, ROUNDS):
         for k, record in _steps(run, t).items():
@@ -310,7 +410,9 @@ def test_a_step_of_another_round_is_refused(run):
                     there = _find(run, "step", k, later)
                 except LookupError:
                     continue
-                with pytest.raises(HyflError, match="their tag does not verify"):
+                same = np.array_equal(record.payload["active"], there.payload["active"])
+                with pytest.raises(HyflError,
+                                   match="their tag does not verify" if same else NOT_TOLD):
                     handle_message("step", record.message, direction.after,
                                    run.nodes[k], run.run_config)
                 with pytest.raises(HyflError, match="their tag does not verify"):
@@ -351,7 +453,10 @@ def test_dw_sq_coherence_and_updated_out_of_range_or_shape_are_refused(run):
     "1e3 takes step 0.013, by 1e6 step 1.3e-5, instead of 1.0 (the quadratic is "
     "0.5 lam (dw_sq + coherence * unobserved / per_sample)); docs/privacy.md 'One step "
     "message' says it 'can no longer choose the step a party takes'. It is chosen per "
-    "party and attempt, so different parties take different steps"))
+    "attempt: sent to different parties differently, the parties' steps differ and the "
+    "commit (carrying the judge's step) is refused "
+    "(test_different_curvature_to_different_parties_is_refused_at_the_commit), but the "
+    "same scaled dw_sq to every party is taken by all"))
 def test_the_server_cannot_choose_the_step_a_party_takes(run):
     t = _full_round(run)
     steps = _steps(run, t)
@@ -364,6 +469,67 @@ def test_the_server_cannot_choose_the_step_a_party_takes(run):
         reply, _ = _send(run, record, {**payload, "dw_sq": payload["dw_sq"] * scale})
         taken.append(reply["step"])
     assert all(np.array_equal(step, genuine) for step in taken), (genuine, taken)
+
+
+def _commit_of(run, k: int, t: int) -> Record:
+    """The message to party ``k`` that delivers round ``t``'s commit (its next round
+    message, or ``finish``)."""
+    return next(r for r in run.records if r.party == k
+                and int(((r.payload.get("deliveries") or {}).get("commit") or {})
+                        .get("round", -1)) == t)
+
+
+def test_different_curvature_to_different_parties_is_refused_at_the_commit(run):
+    """The ``dw_sq`` attack (test_the_server_cannot_choose_the_step_a_party_takes) sent
+    to some parties and not others: each takes the step of the curvature it was sent,
+    and the round's commit now carries the judge's step, which each party checks
+    against the step it took. A party sent a scaled ``dw_sq`` (the judge's sum, verified)
+    took another step than the judge and refuses the commit, naming both; the run ends
+    (the duals would disagree with one another and with ``w``). The genuine commit is
+    taken. A server that scales every party's ``dw_sq`` alike still chooses the step all
+    of them take (that test's strict xfail): the check is of agreement, not of value."""
+    t = _full_round(run)
+    steps = _steps(run, t)
+    judge = int(steps[0].payload["active"][0])
+    genuine = _reply(run, "step", judge, t)["step"]
+    tried = 0
+    for k, record in steps.items():
+        if k == judge:
+            continue
+        delivering = _commit_of(run, k, t)
+        commit = delivering.payload["deliveries"]["commit"]
+        assert np.array_equal(commit["step"], genuine)  # the judge's, to every party
+        _send(run, delivering)  # genuine
+        for scale in (1e3, 1e6):  # (a smaller curvature leaves the step at the limit)
+            _, after = _send(run, record, {**record.payload,
+                                           "dw_sq": record.payload["dw_sq"] * scale})
+            taken = _state(run, after)["client"]["round"]["taken_step"]
+            assert not np.array_equal(taken, genuine), scale
+            with pytest.raises(HyflError, match=r"the round's commit names the step .*, not "
+                                                r"the step .* this party found and took"):
+                _send(run, delivering, state=after)
+            tried += 1
+    assert tried
+
+
+def test_a_commit_naming_another_step_than_the_party_took_is_refused(run):
+    """The commit's ``step`` (the judge's) must be, to the last bit, the step the party
+    found and took: another value, one bit off, another shape, or none is refused before
+    the round is closed or anything is answered (the server sent the parties different
+    sums or curvature, or forged the commit)."""
+    record = _committing(run)
+    payload = record.payload
+    commit = payload["deliveries"]["commit"]
+    step = np.asarray(commit["step"], dtype=float)
+    _, state = _send(run, record)  # genuine
+    assert _state(run, state)["guard"]["closed"] == int(commit["round"])
+    for forged in (step * 0.5, np.nextafter(step, np.inf), np.zeros_like(step),
+                   np.append(step, step[:1]), None):
+        fields = ({key: v for key, v in commit.items() if key != "step"} if forged is None
+                  else {**commit, "step": forged})
+        with pytest.raises(HyflError, match="the round's commit names the step"):
+            _send(run, record, {**payload, "deliveries": {**payload["deliveries"],
+                                                          "commit": fields}})
 
 
 # -- leave: the certified copy ------------------------------------------------------------
@@ -512,16 +678,13 @@ def test_a_commit_rides_only_on_the_next_rounds_messages(run):
               kind="commit")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: a round that stood can be opened again: the round message of round t "
-    "itself, carrying round t's commit in its deliveries, first closes t (guard "
-    "'closed' = t) and then opens t as attempt 2, where stale duals pass the guard "
-    "(its rule only refuses them in round closed + 1): the party that just took part "
-    "in t to the end replaces its duals with the states the server chooses among its "
-    "genuine older ones (here its own of round t - 1) and returns their primal part. "
-    "Fix: Guard.open_round refuses t <= state['closed'] (an honest server never opens "
-    "a round again once its commit was posted)"))
 def test_a_round_that_stood_is_not_opened_again_with_stale_duals(run):
+    """Closes the review finding (was a strict xfail): the round message of round t
+    itself, carrying round t's commit in its deliveries, first closed t and then opened t
+    as attempt 2, where stale duals passed the guard (its rule only refuses them in round
+    closed + 1), so the party replaced its duals with older genuine states the server
+    chose and returned their primal part. Guard.open_round now refuses a round whose
+    commit was delivered."""
     for record in (r for r in run.records if r.kind == "round"):
         commit = (record.payload.get("deliveries") or {}).get("commit")
         if commit is None:
@@ -547,13 +710,18 @@ def test_a_round_that_stood_is_not_opened_again_with_stale_duals(run):
     again = _find(run, "round", k, t).payload
     again["deliveries"] = {"commit": commit}
     again["configure"] = {**again["configure"], "stale": states, "stale_contexts": contexts}
-    with pytest.raises(HyflError, match=f"round {t}"):
+    with pytest.raises(HyflError, match=f"was sent round {t} again after it stood"):
+        _send(run, record, again)
+    # ... with or without stale duals.
+    again["configure"] = _find(run, "round", k, t).payload["configure"]
+    with pytest.raises(HyflError, match=f"was sent round {t} again after it stood"):
         _send(run, record, again)
 
 
 def test_the_coherence_shows_only_the_documented_observed_part(run):
-    """The documented exposure of a smaller active list, at its largest: a party sent its
-    own totals under ``active = [itself]``, with ``coherence`` 0 and ``dw_sq`` of the
+    """The documented exposure of a smaller active list, at its largest: a party told
+    ``active = [itself]`` by the round's instructions and sent its own totals under that
+    list, with ``coherence`` 0 and ``dw_sq`` of the
     server's choosing, returns as the coherence ``dw_sq (lam N)^2 / (updated *
     observed)``: the observed part of ``||A d||^2`` of its own sum, and nothing else --
     the same value whatever ``dw_sq`` (one number per output, per party and attempt)."""
@@ -562,7 +730,7 @@ def test_the_coherence_shows_only_the_documented_observed_part(run):
         payload = record.payload
         state = _state(run, record.before)
         lam, n = float(state["public"]["lam"]), int(state["public"]["n_samples"])
-        own = _summed(run, t, [k])
+        told, own = _told(run, k, t, [k])
         C = payload["dw_sq"].size
         # The party's observed part, from its state (what its own totals carry).
         import scipy.sparse as sp
@@ -579,7 +747,7 @@ def test_the_coherence_shows_only_the_documented_observed_part(run):
         for dw_sq in (1.0, 1e-3, 37.0):
             reply, _ = _send(run, record, {**payload, "totals": own, "active": np.array([k]),
                                            "coherence": np.zeros(C),
-                                           "dw_sq": np.full(C, dw_sq)})
+                                           "dw_sq": np.full(C, dw_sq)}, state=told)
             scale = (lam * n) ** 2 / payload["updated"]
             expected = np.where(observed > 0, dw_sq * scale / np.where(observed > 0, observed,
                                                                        1.0), 0.0)
@@ -619,9 +787,11 @@ def _attempt_of(run, record: Record) -> int:
 def test_a_restarted_round_undoes_every_step_and_refuses_the_first_attempts_sum(restarted):
     """Party 2 took its step in round 4 but its reply was lost: the round is restarted
     without it. Every party of the second attempt starts it from its snapshot (its first
-    attempt's step undone); the first attempt's ``step`` -- its sum, or the whole message
-    -- replayed in the second attempt fails the tag (the context names the attempt), at
-    every party; party 2, at its next round message, undoes its step too."""
+    attempt's step undone); the first attempt's sum replayed in the second attempt fails
+    the tag (the context names the attempt), at every party, and its whole ``step``
+    message is refused for naming the first attempt's participants, not those the second
+    attempt's instructions told; party 2, at its next round message, undoes its step
+    too."""
     run = restarted
     first = {r.party: r for r in run.records if r.kind == "step"
              and int(_guard(run, r)["t"]) == 4 and _attempt_of(run, r) == 1}
@@ -643,13 +813,14 @@ def test_a_restarted_round_undoes_every_step_and_refuses_the_first_attempts_sum(
         assert not np.array_equal(before["client"]["alpha"],
                                   _state(run, once.after)["client"]["alpha"])
         old = first[k].payload
-        with pytest.raises(HyflError, match="their tag does not verify"):
+        with pytest.raises(HyflError, match=NOT_TOLD):  # its list: the first attempt's
             handle_message("step", first[k].message, record.before, run.nodes[k],
                            run.run_config)
         with pytest.raises(HyflError, match="their tag does not verify"):
             _send(run, record, {**record.payload, "totals": old["totals"]})
-        # ... nor the second attempt's sum under the first attempt's list.
-        with pytest.raises(HyflError, match="their tag does not verify"):
+        # ... nor the second attempt's sum under the first attempt's list (not the list
+        # the second attempt's instructions told).
+        with pytest.raises(HyflError, match=NOT_TOLD):
             _send(run, record, {**record.payload, "active": old["active"]})
     # Party 2: its round 4 was abandoned: the next round message undoes its step.
     later = next(r for r in run.records if r.kind == "round" and r.party == 2
@@ -707,26 +878,27 @@ def test_totals_of_another_layout_are_refused_before_decryption(run):
                 _send(run, record, forged)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: one round's conjugate change can be counted twice in a checkpoint decision: "
-    "every party of an attempt is sent the step, and naming a second party first in its "
-    "'active' list makes it a judge too, so the server holds two genuine encryptions of "
-    "the same change, tagged ('conjugate', t, attempt, j1) and (..., j2); 'certify' "
-    "accepts a sum holding both with both listed in checkpoint_made (or "
-    "certified_made), though docs/privacy.md's certify row says a change 'counted twice "
-    "fails'. The verdict is then one bit of a sum the protocol never forms (integer "
-    "multiples, up to the round's number of parties, of each round's change). Fix: "
-    "Client._conjugate_sum refuses a made list naming one (round, attempt) twice"))
 def test_a_rounds_conjugate_change_is_not_counted_twice_through_a_second_judge(run):
+    """Closes the review finding (was a strict xfail, commit 231ad9a): naming a second
+    party first in its ``active`` list made it a judge too, so the server held two
+    genuine conjugate changes of one round, tagged ('conjugate', t, attempt, j1) and
+    (..., j2), and ``certify`` accepted a sum holding both. Now the reordered list is
+    refused (it is not the ascending list the round's instructions told); a second judge
+    the server still makes by telling it a list of its own (here ``[itself]``) makes a
+    change of its own sum, and a conjugate sum naming two changes of one attempt of a
+    round is refused before its tag is checked."""
     t = _full_round(run)
     steps = _steps(run, t)
     judge = int(steps[0].payload["active"][0])
     other = next(k for k in steps if k != judge)
     active = steps[other].payload["active"]
-    reply, _ = _send(run, steps[other], {**steps[other].payload,
-                                         "active": np.concatenate([[other],
-                                                                   active[active != other]])})
-    second = reply["conjugate_change"]  # the same change as the judge's, of another judge
+    with pytest.raises(HyflError, match=NOT_TOLD):
+        _send(run, steps[other], {**steps[other].payload,
+                                  "active": np.concatenate([[other], active[active != other]])})
+    state, own = _told(run, other, t, [other])
+    reply, _ = _send(run, steps[other], {**steps[other].payload, "totals": own,
+                                         "active": np.array([other])}, state=state)
+    second = reply["conjugate_change"]  # a change of round t, attempt 1, another judge's
     decisions = [r for r in run.records if r.kind == "certify" and int(_guard(run, r)["t"]) > t]
     record = next(r for r in decisions
                   if [t, 1, judge] in r.payload["checkpoint_made"].reshape(-1, 3).tolist())
@@ -739,5 +911,6 @@ def test_a_rounds_conjugate_change_is_not_counted_twice_through_a_second_judge(r
                                             run.cipher.add(vec.ciphertexts, second.ciphertexts)),
               "checkpoint_made": np.concatenate([made, [[t, 1, other]]]).reshape(-1)
               .astype(np.int64)}
-    with pytest.raises(HyflError, match="checkpoint|counted twice|tag does not verify"):
+    with pytest.raises(HyflError, match="the checkpoint conjugate sum names two changes of "
+                                        "one attempt of a round"):
         _send(run, record, forged)
