@@ -142,3 +142,32 @@ def refusal_of(coordinator) -> str | None:
     except HyflError as error:
         return str(error)
     return None
+
+
+def paillier_parties(tmp, parties: int, rounds: int, sample_blocks: int = 1,
+                     participation: str = "0.67", seed: int = 1) -> dict:
+    """Everything of a small encrypted deployment but its run: 256-bit test keys, a
+    synthetic problem's blocks on a ``sample_blocks x (parties / sample_blocks)`` grid,
+    the parties' node configs, the run config and the server's public cipher
+    (``{"public", "nodes", "cipher", "config"}``)."""
+    from hyfl.deploy.blocks import write_blocks
+    from hyfl.deploy.config import DeployConfig, run_config_for
+    from hyfl.deploy.keys import generate_keys, server_cipher
+    from hyfl.partition import grid
+    from hyfl.problem import make_problem
+    from synthetic_data import synthetic
+
+    private, public = generate_keys(tmp / "keys", 256, insecure_test_keys=True)
+    problem = make_problem(synthetic(n=60, m=6), "hinge", 0.05)
+    partition = grid(problem.n_samples, problem.n_features, sample_blocks,
+                     parties // sample_blocks)
+    files = write_blocks(problem, partition, tmp / "blocks", lam_default=problem.lam)
+    nodes = [{"party": k, "key": str(private), "cipher": "paillier",
+              "insecure-test-keys": True, "data": str(f)} for k, f in enumerate(files)]
+    config = run_config_for(parties=parties, iterations=rounds, cipher="paillier",
+                            public_key=str(public), seed=seed, insecure_test_keys=True,
+                            participation=participation)
+    cipher = server_cipher("paillier", public,
+                           **DeployConfig.from_run_config(config).cipher_options(),
+                           insecure_test_keys=True)
+    return {"public": public, "nodes": nodes, "cipher": cipher, "config": config}

@@ -15,17 +15,15 @@ import stat
 import numpy as np
 import pytest
 
-from hyfl.deploy.blocks import write_blocks
 from hyfl.deploy.codec import decode, encode
 from hyfl.deploy.config import DeployConfig, run_config_for
 from hyfl.deploy.coordinator import Coordinator
 from hyfl.deploy.guard import CERTIFY_MAX
-from hyfl.deploy.keys import generate_keys, server_cipher
 from hyfl.deploy.party import handle_message
 from hyfl.errors import HyflError
 from hyfl.partition import grid
 from hyfl.problem import make_problem
-from in_process import Record, RecordingTransport
+from in_process import Record, RecordingTransport, paillier_parties
 from synthetic_data import synthetic
 
 PARTIES = 3
@@ -40,20 +38,7 @@ def setting(tmp_path_factory):
     """Two parties' worth of everything but a run: keys, data files, node configs, the
     server's public cipher (shared by both recorded runs, so that their ciphertexts can
     be combined as a server holding both would)."""
-    tmp = tmp_path_factory.mktemp("hostile")
-    private, public = generate_keys(tmp / "keys", 256, insecure_test_keys=True)
-    problem = make_problem(synthetic(n=60, m=6), "hinge", 0.05)
-    partition = grid(problem.n_samples, problem.n_features, 1, PARTIES)
-    files = write_blocks(problem, partition, tmp / "blocks", lam_default=problem.lam)
-    nodes = [{"party": k, "key": str(private), "cipher": "paillier",
-              "insecure-test-keys": True, "data": str(f)} for k, f in enumerate(files)]
-    config = run_config_for(parties=PARTIES, iterations=ROUNDS, cipher="paillier",
-                            public_key=str(public), seed=1, insecure_test_keys=True,
-                            participation="0.67")
-    cipher = server_cipher("paillier", public,
-                           **DeployConfig.from_run_config(config).cipher_options(),
-                           insecure_test_keys=True)
-    return {"public": public, "nodes": nodes, "cipher": cipher}
+    return paillier_parties(tmp_path_factory.mktemp("hostile"), PARTIES, ROUNDS)
 
 
 def _record_run(setting, seed: int) -> RecordingTransport:

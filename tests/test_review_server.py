@@ -16,6 +16,7 @@ from hyfl.deploy.codec import decode
 from hyfl.errors import HyflError
 from hyfl.privacy.layout import EncryptedVector
 from hyfl.privacy.tags import TAG_PRIME
+from in_process import paillier_parties
 from test_hostile_server import PARTIES, ROUNDS, _find, _record_run, _send, _with_stale
 
 
@@ -27,27 +28,8 @@ def setting(tmp_path_factory):
 
 
 def _setting(tmp_path_factory, parties: int, sample_blocks: int) -> dict:
-    from hyfl.deploy.blocks import write_blocks
-    from hyfl.deploy.config import DeployConfig, run_config_for
-    from hyfl.deploy.keys import generate_keys, server_cipher
-    from hyfl.partition import grid
-    from hyfl.problem import make_problem
-    from synthetic_data import synthetic
-    tmp = tmp_path_factory.mktemp("review")
-    private, public = generate_keys(tmp / "keys", 256, insecure_test_keys=True)
-    problem = make_problem(synthetic(n=60, m=6), "hinge", 0.05)
-    partition = grid(problem.n_samples, problem.n_features, sample_blocks,
-                     parties // sample_blocks)
-    files = write_blocks(problem, partition, tmp / "blocks", lam_default=problem.lam)
-    nodes = [{"party": k, "key": str(private), "cipher": "paillier",
-              "insecure-test-keys": True, "data": str(f)} for k, f in enumerate(files)]
-    config = run_config_for(parties=parties, iterations=ROUNDS, cipher="paillier",
-                            public_key=str(public), seed=1, insecure_test_keys=True,
-                            participation="0.67")
-    cipher = server_cipher("paillier", public,
-                           **DeployConfig.from_run_config(config).cipher_options(),
-                           insecure_test_keys=True)
-    return {"public": public, "nodes": nodes, "cipher": cipher, "config": config}
+    return paillier_parties(tmp_path_factory.mktemp("review"), parties, ROUNDS,
+                            sample_blocks)
 
 
 @pytest.fixture(scope="module")

@@ -19,18 +19,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hyfl.deploy.blocks import write_blocks
 from hyfl.deploy.codec import decode, encode
-from hyfl.deploy.config import DeployConfig, run_config_for
+from hyfl.deploy.config import DeployConfig
 from hyfl.deploy.coordinator import Coordinator
-from hyfl.deploy.keys import generate_keys, server_cipher
 from hyfl.deploy.party import handle_message
 from hyfl.errors import HyflError
-from hyfl.partition import grid
 from hyfl.privacy.layout import EncryptedVector
-from hyfl.problem import make_problem
-from in_process import AlteringTransport, Record
-from synthetic_data import synthetic
+from in_process import AlteringTransport, Record, paillier_parties
 
 PARTIES = 3
 ROUNDS = 6
@@ -49,18 +44,8 @@ def run(tmp_path_factory):
 
 
 def _record(tmp, drop=None):
-    private, public = generate_keys(tmp / "keys", 256, insecure_test_keys=True)
-    problem = make_problem(synthetic(n=60, m=6), "hinge", 0.05)
-    files = write_blocks(problem, grid(problem.n_samples, problem.n_features, 1, PARTIES),
-                         tmp / "blocks", lam_default=problem.lam)
-    nodes = [{"party": k, "key": str(private), "cipher": "paillier",
-              "insecure-test-keys": True, "data": str(f)} for k, f in enumerate(files)]
-    config = run_config_for(parties=PARTIES, iterations=ROUNDS, cipher="paillier",
-                            public_key=str(public), seed=1, insecure_test_keys=True,
-                            participation="0.67")
-    cipher = server_cipher("paillier", public,
-                           **DeployConfig.from_run_config(config).cipher_options(),
-                           insecure_test_keys=True)
+    setting = paillier_parties(tmp, PARTIES, ROUNDS)
+    nodes, config, cipher = setting["nodes"], setting["config"], setting["cipher"]
     transport = (AlteringTransport if drop is None else _Dropping)(nodes, config, cipher)
     transport.drop = drop
     Coordinator(DeployConfig.from_run_config(config), transport, cipher,
