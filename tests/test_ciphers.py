@@ -638,3 +638,23 @@ def test_slot_counts_without_a_key_are_the_ciphers_own(name, key_bits):
     cipher = make_cipher(name, key_bits=key_bits) if key_bits else make_cipher(name)
     assert cipher_slots(name, key_bits=key_bits) == cipher.slots
     assert layout_slots(name, key_bits=key_bits) == cipher.slots
+
+
+@pytest.mark.parametrize("name", ["paillier", "packed", "ckks"])
+def test_a_copied_state_shares_its_ciphertexts_which_operations_never_change(name, ciphers):
+    # The coordinator snapshots the server (copy.deepcopy) at every round's start: the
+    # ciphertexts are shared, which is sound because no operation changes one in place.
+    import copy
+
+    cipher = ciphers[name] if name in ciphers else make_cipher(name)
+    chunks = np.zeros((2, cipher.slots))
+    chunks[:, 0] = [1.5, 2.0]
+    a = cipher.encrypt(chunks)
+    state = {"stored": a, "nested": [a[:1]]}
+    snapshot = copy.deepcopy(state)
+    assert snapshot["stored"] is not a and all(x is y for x, y in zip(snapshot["stored"], a))
+    before = [(ct.addends, ct.tag) for ct in a]
+    total = cipher.add(a, a)
+    assert all(t is not x for t, x in zip(total, a))  # new ciphertexts
+    assert [(ct.addends, ct.tag) for ct in a] == before  # the operands unchanged
+    np.testing.assert_allclose(cipher.decrypt(snapshot["stored"])[:, 0], [1.5, 2.0], atol=1e-6)
