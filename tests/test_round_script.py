@@ -12,6 +12,7 @@ import pytest
 
 import hyfl.runtime.protocol as protocol
 from hyfl.algorithms.hyfdca import HyFDCA
+from hyfl.algorithms.hyfdca_parties import Client
 from hyfl.algorithms.hyfdca_round import PHASES, POSTS, Exchange, Post, play_round
 from hyfl.data import load_data
 from hyfl.deploy import coordinator, guard, party
@@ -132,7 +133,8 @@ def test_the_deployment_reads_the_phase_table():
     assert guard.AFTER == {n: p.after for n, p in PHASES.items() if p.after}
     assert set(guard.ONCE_PER_ATTEMPT) == {n for n, p in PHASES.items() if p.per_attempt == 1}
     assert guard.CERTIFY_MAX == PHASES["certify"].per_attempt
-    # every phase has its party handler, and every post its delivery
-    for name in PHASES:
+    # every phase has its party handler and names a client method that exists
+    for name, phase in PHASES.items():
         assert callable(getattr(party.Party, f"_{name}"))
+        assert callable(getattr(Client, phase.client)), (name, phase.client)
     assert set(POSTS) == {"commit"}
