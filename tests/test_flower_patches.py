@@ -210,3 +210,76 @@ def test_the_control_api_admits_only_the_owners_token(monkeypatch):
     plugin = cli.load_control_authn_plugin()
     assert plugin.validate_tokens_in_metadata([(ACCESS_TOKEN_KEY, "t" * 64)])[0]
     assert plugin.validate_tokens_in_metadata([]) == (False, None)
+
+
+#: Requests whose responses must not change when the middleware is lean: the health
+#: route, Fleet requests (malformed, unsigned, of another type), a malformed Control request, a
+#: Runtime request without a task token, and an unknown path.
+_REQUESTS = [("GET", "/health", b"", {}),
+             ("POST", "/v1/fleet/pull-messages", b"\x01\x02",
+              {"content-type": "application/protobuf"}),
+             ("POST", "/v1/fleet/pull-messages", b"", {"content-type": "application/protobuf"}),
+             ("POST", "/v1/fleet/pull-messages", b"", {"content-type": "text/plain"}),
+             ("POST", "/v1/control/list-runs", b"\x01\x02",
+              {"content-type": "application/protobuf"}),
+             ("POST", "/v1/runtime/get-nodes", b"", {"content-type": "application/protobuf"}),
+             ("POST", "/v1/fleet/nonexistent", b"", {})]
+
+
+def _responses(app) -> list:
+    from starlette.testclient import TestClient
+
+    client = TestClient(app)
+    answers = []
+    for method, path, body, headers in _REQUESTS:
+        reply = client.request(method, path, content=body, headers=headers)
+        answers.append((reply.status_code, reply.content, sorted(reply.headers.items())))
+    return answers
+
+
+def _layers(app) -> list:
+    """The app's middleware, outermost first: each layer's class and, for a lean layer,
+    the class it runs only where it acts."""
+    return [(item.cls, getattr(item.kwargs.get("middleware"), "cls", None))
+            for item in app.user_middleware]
+
+
+def test_the_superlinks_middleware_runs_only_where_it_acts(monkeypatch):
+    """``create_app`` reads ``_get_middleware`` as a global; once patched, every Flower
+    layer but the error translator runs only where it acts, and the SuperLink answers
+    every request exactly as before (status, body, headers); another version changes
+    nothing."""
+    from starlette.middleware.base import BaseHTTPMiddleware
+
+    main = importlib.import_module("flwr.superlink.main")
+    assert _reads_global(main, "_get_middleware")
+    monkeypatch.setattr(main, "_get_middleware", main._get_middleware)
+    before_app = main.create_app()
+    known = set(patches._middleware_tests())
+    assert {cls for cls, _ in _layers(before_app)} <= known | {BaseHTTPMiddleware}
+    monkeypatch.setattr(flwr, "__version__", "9.9.9")
+    assert not patches.lean_http_middleware("superlink")
+    assert _layers(main.create_app()) == _layers(before_app)
+    monkeypatch.setattr(flwr, "__version__", patches.PATCHED_VERSION)
+    assert patches.lean_http_middleware("superlink")
+    lean_app = main.create_app()
+    assert [inner or cls for cls, inner in _layers(lean_app)] == [cls for cls, _ in
+                                                                  _layers(before_app)]
+    assert [cls for cls, _ in _layers(lean_app)].count(BaseHTTPMiddleware) == 1
+    assert _responses(lean_app) == _responses(before_app)
+
+
+def test_the_supernodes_middleware_runs_only_where_it_acts(monkeypatch):
+    """The SuperNode's Runtime API app is built at import; its middleware list is made
+    lean before the first request, with the same answers; once the app serves, the
+    patch refuses (Starlette has built the stack)."""
+    supernode_main = importlib.import_module("flwr.supernode.main")
+    fresh = supernode_main.create_app()
+    before = _responses(supernode_main.create_app())
+    monkeypatch.setattr(supernode_main, "app", fresh)
+    layers = _layers(fresh)
+    assert patches.lean_http_middleware("supernode")
+    assert [inner or cls for cls, inner in _layers(fresh)] == [cls for cls, _ in layers]
+    assert sum(inner is not None for _, inner in _layers(fresh)) == 2  # tracing, protobuf
+    assert _responses(fresh) == before
+    assert not patches.lean_http_middleware("supernode")  # serving: too late

@@ -74,6 +74,13 @@ test instead of silently turning a speed-up off.
     token lets its holder act as the run's server. Another version or no
     ``memfd_create``: no change, False (and :mod:`hyfl.deploy.superexec` refuses to
     start).
+:func:`lean_http_middleware`
+    Touches ``flwr.superlink.main._get_middleware`` (the SuperLink) or
+    ``flwr.supernode.main.app.user_middleware`` (a SuperNode's Runtime API): each
+    of Flower's ``BaseHTTPMiddleware`` layers runs only on the requests it acts on
+    (:class:`_OnlyWhere`). Why: the SuperLink wrapped every request in nine of
+    them, most for the Control API only; a Fleet request needs three. Another
+    version: no change, False.
 """
 
 from __future__ import annotations
@@ -88,8 +95,8 @@ from hyfl.deploy.backoff import Backoff
 
 __all__ = ["OBJECT_PULL_BACKOFF", "ON_MESSAGE", "PATCHED_VERSION", "TASK_PATIENCE", "CappedTime",
            "DyingSubprocess", "cap_supernode_polls", "die_with_supernode",
-           "forget_secret_once_loaded", "owner_token_authn", "quick_object_pulls",
-           "require_control_token",
+           "forget_secret_once_loaded", "lean_http_middleware", "owner_token_authn",
+           "quick_object_pulls", "require_control_token",
            "shorten_task_patience"]
 
 
@@ -400,3 +407,115 @@ def tokens_off_command_lines() -> bool:
     private_launch._hyfl = True  # type: ignore[attr-defined]
     executor.launch = private_launch
     return True
+
+
+class _OnlyWhere:
+    """An ASGI middleware that runs ``middleware`` (a Starlette ``Middleware``) around
+    ``app`` only for HTTP requests where ``applies(scope)`` holds, and otherwise calls
+    ``app`` directly.
+
+    Why: each of Flower's ``BaseHTTPMiddleware`` layers costs a task, two memory
+    streams and a re-wrapped body on every request, also on a request it then
+    passes straight on (``call_next``); ``applies`` is the layer's own test of
+    whether it does anything for the request, written here from its source
+    (Flower 1.41.0), so skipping it changes no response."""
+
+    def __init__(self, app, middleware, applies):
+        self.app, self.applies = app, applies
+        self.wrapped = middleware.cls(app, *middleware.args, **middleware.kwargs)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and self.applies(scope):
+            await self.wrapped(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+
+def _middleware_tests() -> dict:
+    """Each Flower middleware class whose work depends on the request: when it acts."""
+    import importlib
+    import os
+
+    control = importlib.import_module("flwr.superlink.routers.control.middlewares")
+    fleet = importlib.import_module("flwr.superlink.routers.fleet.middlewares")
+    node_auth = importlib.import_module("flwr.superlink.routers.fleet.node_auth")
+    translation = importlib.import_module("flwr.supercore.protobuf.translation")
+    tracing = importlib.import_module("flwr.supercore.routers.runtime.tracing")
+
+    def is_control(scope) -> bool:
+        return scope["path"].startswith("/v1/control/")
+
+    def is_fleet(scope) -> bool:
+        return scope["path"].startswith("/v1/fleet/")
+
+    def fleet_logged(scope) -> bool:
+        app = scope.get("app")
+        return is_fleet(scope) and (
+            app is None or getattr(app.state, "fleet_event_log_plugin", None) is not None)
+
+    def is_protobuf(scope) -> bool:
+        return (scope["method"], scope["path"]) in translation.PROTOBUF_REQUEST_TYPES
+
+    def tracing_on(scope) -> bool:  # read per request, as the middleware does
+        return os.getenv("FLWR_TRACING_ENABLED") == "1"
+
+    return {control.ControlSensitiveResponseMiddleware: is_control,
+            control.ControlEventLogMiddleware: is_control,
+            control.ControlLicenseMiddleware: is_control,
+            control.ControlAuthenticationMiddleware: is_control,
+            fleet.FleetEventLogMiddleware: fleet_logged,
+            node_auth.NodeAuthMiddleware: is_fleet,
+            translation.ProtobufTranslationMiddleware: is_protobuf,
+            tracing.RuntimeTracingMiddleware: tracing_on}
+
+
+def _lean(middleware: list, tests: dict) -> list:
+    """``middleware`` (Starlette ``Middleware`` items) with each layer of ``tests`` run only
+    where it acts; any other layer (the error translator, an extension's) as it is."""
+    from starlette.middleware import Middleware
+
+    return [Middleware(_OnlyWhere, middleware=item, applies=tests[item.cls])
+            if item.cls in tests else item for item in middleware]
+
+
+def lean_http_middleware(server: str) -> bool:
+    """Run each of Flower's HTTP middleware layers only on the requests it acts on, in the
+    SuperLink (``server="superlink"``) or a SuperNode's Runtime API (``"supernode"``);
+    False (no change) if Flower is not 1.41.0 or builds its middleware elsewhere.
+
+    Touches ``flwr.superlink.main._get_middleware`` (read by ``create_app`` when the
+    SuperLink starts) or ``flwr.supernode.main.app.user_middleware`` (the app is
+    built at import; Starlette builds its middleware stack at the first request).
+    Why: the SuperLink wraps every request in nine ``BaseHTTPMiddleware`` layers,
+    four of them for the Control API only and two active only with tracing or
+    event logs configured; a Fleet request needs three of them, a ServerApp's two.
+    The SuperLink spent 84% of its time in that stack (docs/deployment.md)."""
+    import importlib
+
+    import flwr
+
+    if flwr.__version__ != PATCHED_VERSION:
+        return False
+    try:
+        tests = _middleware_tests()
+    except (ImportError, AttributeError):
+        return False
+    if server == "superlink":
+        main = importlib.import_module("flwr.superlink.main")
+        original = getattr(main, "_get_middleware", None)
+        if not callable(original):
+            return False
+        if not getattr(original, "_hyfl", False):
+            def lean():
+                return _lean(original(), tests)
+
+            lean._hyfl = True  # type: ignore[attr-defined]
+            main._get_middleware = lean
+        return True
+    if server == "supernode":
+        app = getattr(importlib.import_module("flwr.supernode.main"), "app", None)
+        if app is None or getattr(app, "middleware_stack", None) is not None:
+            return False  # not a Starlette app, or already serving
+        app.user_middleware[:] = _lean(app.user_middleware, tests)
+        return True
+    raise ValueError(f"server must be 'superlink' or 'supernode', not {server!r}")

@@ -62,6 +62,7 @@ from hyfl.deploy.flower_patches import (
     cap_supernode_polls,
     die_with_supernode,
     forget_secret_once_loaded,
+    lean_http_middleware,
     quick_object_pulls,
     shorten_task_patience,
 )
@@ -242,7 +243,7 @@ def main() -> None:
     die_with_supernode()
     # A worker replies within milliseconds: look for its reply as often.
     patched = cap_supernode_polls(limit, REPLY_POLL if worker else None) and quick_object_pulls(
-        "flwr.supernode.start_client_internal")
+        "flwr.supernode.start_client_internal") and lean_http_middleware("supernode")
     if not patched:
         print(f"hyfl: Flower is not {PATCHED_VERSION}; starting the SuperNode unmodified",
               file=sys.stderr)
