@@ -283,3 +283,81 @@ def test_the_supernodes_middleware_runs_only_where_it_acts(monkeypatch):
     assert sum(inner is not None for _, inner in _layers(fresh)) == 2  # tracing, protobuf
     assert _responses(fresh) == before
     assert not patches.lean_http_middleware("supernode")  # serving: too late
+
+
+def test_an_empty_pull_held_by_the_superlink_is_followed_by_another_at_once(monkeypatch):
+    """A pull that came back empty after :data:`HELD_PULL` s was held by the SuperLink
+    (:func:`hold_pulls`): the SuperNode asks again after a millisecond, not after its
+    backed-off idle wait; a quick empty pull (a SuperLink that does not hold) backs off."""
+    internal = importlib.import_module("flwr.supernode.start_client_internal")
+    monkeypatch.setattr(internal, "time", internal.time)
+    monkeypatch.setattr(patches, "HELD_PULL", 0.05)
+    answers = iter([None, None])
+
+    def pull(*args, **kwargs):
+        if pull.slow:
+            time.sleep(0.06)
+        return next(answers)
+
+    pull.slow = False
+    monkeypatch.setattr(internal, "_pull_and_store_message", pull)
+    assert patches.cap_supernode_polls(0.2)
+    capped = internal.time
+    capped.idle.wait = 0.2  # long idle
+    assert internal._pull_and_store_message() is None
+    assert capped.idle.wait == 0.2  # answered at once: still backed off
+    pull.slow = True
+    assert internal._pull_and_store_message() is None
+    assert capped.idle.wait == capped.idle.start  # held: ask again at once
+
+
+def test_held_pulls_answer_when_a_message_is_stored(monkeypatch):
+    """The routers look both handlers up per request (module attributes; the runtime
+    router's handlers are the ``runtime_handlers`` module); once patched, an empty fleet
+    pull waits until the ServerApp's next push (then looks again and answers with it)
+    or until the hold ends; with every slot taken it answers at once; another version
+    changes nothing."""
+    import threading
+
+    fleet = importlib.import_module("flwr.superlink.servicer.fleet.fleet_handlers")
+    runtime = importlib.import_module("flwr.superlink.servicer.runtime.runtime_handlers")
+    fleet_router = importlib.import_module("flwr.superlink.routers.fleet.router")
+    main = importlib.import_module("flwr.superlink.main")
+    assert fleet_router.fleet_handlers is fleet and _reads_global(fleet_router, "fleet_handlers")
+    assert main._RUNTIME_HANDLERS is runtime
+    assert fleet.pull_messages.__module__ == fleet.__name__
+    assert runtime.push_messages.__module__ == runtime.__name__
+    stored: list = []
+
+    class Response:
+        def __init__(self, messages):
+            self.messages_list = messages
+
+    monkeypatch.setattr(fleet, "pull_messages", lambda request, state, store:
+                        Response(list(stored)))
+    monkeypatch.setattr(runtime, "push_messages", lambda request, state, task:
+                        stored.append(request) or "pushed")
+    before = fleet.pull_messages, runtime.push_messages
+    monkeypatch.setattr(flwr, "__version__", "9.9.9")
+    assert not patches.hold_pulls(5.0)
+    assert (fleet.pull_messages, runtime.push_messages) == before
+    monkeypatch.setattr(flwr, "__version__", patches.PATCHED_VERSION)
+    assert patches.hold_pulls(5.0)
+    assert patches.hold_pulls(5.0)  # once only: not wrapped twice
+
+    started = time.monotonic()
+    threading.Timer(0.2, lambda: runtime.push_messages("message", None, None)).start()
+    assert fleet.pull_messages(None, None, None).messages_list == ["message"]
+    assert 0.15 < time.monotonic() - started < 3.0  # woken by the push, not the hold's end
+    assert fleet.pull_messages(None, None, None).messages_list == ["message"]  # at once
+
+    stored.clear()
+    arrivals = patches._Arrivals(1)
+    started = time.monotonic()
+    assert arrivals.hold(lambda: Response([]), lambda r: not r.messages_list, 0.3
+                         ).messages_list == []
+    assert 0.25 < time.monotonic() - started < 3.0  # the hold's end
+    assert arrivals.slots.acquire(blocking=False)  # the one slot taken:
+    started = time.monotonic()
+    arrivals.hold(lambda: Response([]), lambda r: not r.messages_list, 5.0)
+    assert time.monotonic() - started < 1.0  # answered at once

@@ -81,6 +81,14 @@ test instead of silently turning a speed-up off.
     (:class:`_OnlyWhere`). Why: the SuperLink wrapped every request in nine of
     them, most for the Control API only; a Fleet request needs three. Another
     version: no change, False.
+:func:`hold_pulls`
+    Touches ``flwr.superlink.servicer.fleet.fleet_handlers.pull_messages`` and
+    ``flwr.superlink.servicer.runtime.runtime_handlers.push_messages``: a SuperNode's
+    pull that finds no message is answered when the ServerApp pushes one, or after
+    :data:`PULL_HOLD` s (a long poll); the SuperNode then asks again at once
+    (:func:`cap_supernode_polls` sees that the pull was held). Why: each message
+    waited for an idle SuperNode's next poll, and the polls were most of the
+    SuperLink's requests. Another version: no change, False.
 """
 
 from __future__ import annotations
@@ -95,7 +103,7 @@ from hyfl.deploy.backoff import Backoff
 
 __all__ = ["OBJECT_PULL_BACKOFF", "ON_MESSAGE", "PATCHED_VERSION", "TASK_PATIENCE", "CappedTime",
            "DyingSubprocess", "cap_supernode_polls", "die_with_supernode",
-           "forget_secret_once_loaded", "lean_http_middleware", "owner_token_authn",
+           "forget_secret_once_loaded", "hold_pulls", "lean_http_middleware", "owner_token_authn",
            "quick_object_pulls", "require_control_token",
            "shorten_task_patience"]
 
@@ -123,6 +131,10 @@ class CappedTime:
         _time.sleep(self.idle.next() if seconds >= 1.0 else min(seconds, self.reply_limit))
 
 
+#: Seconds after which an empty pull counts as held by the SuperLink (:func:`hold_pulls`).
+HELD_PULL = 0.5
+
+
 #: Called (in the SuperNode's process) each time the SuperNode has stored a message with
 #: its objects: :func:`hyfl.deploy.supernode.supervise_worker` wakes the worker through it.
 ON_MESSAGE: list = []
@@ -139,11 +151,14 @@ def cap_supernode_polls(limit: float, reply_limit: float | None = None) -> bool:
     pull = internal._pull_and_store_message
 
     def pull_and_reset(*args, **kwargs):  # a message came: poll quickly for the next one
+        asked = _time.monotonic()
         run_id = pull(*args, **kwargs)
         if run_id is not None:
             capped.idle.reset()
             for hook in ON_MESSAGE:
                 hook()
+        elif _time.monotonic() - asked >= HELD_PULL:  # the SuperLink held it (hold_pulls):
+            capped.idle.reset()  # it waits for us, so ask again at once
         return run_id
 
     internal.time, internal._pull_and_store_message = capped, pull_and_reset
@@ -519,3 +534,86 @@ def lean_http_middleware(server: str) -> bool:
         app.user_middleware[:] = _lean(app.user_middleware, tests)
         return True
     raise ValueError(f"server must be 'superlink' or 'supernode', not {server!r}")
+
+
+#: Seconds the SuperLink holds an empty pull for messages (:func:`hold_pulls`).
+PULL_HOLD = 2.0
+#: At most this many pulls are held at once (the rest answer at once, as in Flower): each
+#: holds one of the 40 threads of Starlette's pool, which every request needs.
+HELD_PULLS_AT_ONCE = 16
+
+
+class _Arrivals:
+    """Messages stored in the SuperLink: pulls waiting for one (:func:`hold_pulls`)."""
+
+    def __init__(self, slots: int):
+        import threading
+
+        self.stored = threading.Condition()
+        self.slots = threading.BoundedSemaphore(slots)
+
+    def notify(self) -> None:
+        with self.stored:
+            self.stored.notify_all()
+
+    def hold(self, pull, empty, hold: float):
+        """``pull()`` again each time a message is stored, until it is not ``empty`` or
+        ``hold`` seconds have passed; at once when every slot is taken."""
+        response = pull()
+        if not empty(response) or not self.slots.acquire(blocking=False):
+            return response
+        try:
+            deadline = _time.monotonic() + hold
+            while empty(response) and (left := deadline - _time.monotonic()) > 0:
+                with self.stored:
+                    # (a store between the pull and this wait is caught by the timeout)
+                    self.stored.wait(min(left, 0.25))
+                response = pull()
+            return response
+        finally:
+            self.slots.release()
+
+
+def hold_pulls(hold: float = PULL_HOLD) -> bool:
+    """Make the SuperLink answer a SuperNode's pull that finds no message only when one
+    comes or after ``hold`` seconds (a long poll); False (no change) if Flower is not
+    1.41.0 or its handlers are elsewhere.
+
+    Touches ``flwr.superlink.servicer.fleet.fleet_handlers.pull_messages`` and
+    ``flwr.superlink.servicer.runtime.runtime_handlers.push_messages`` (the routers
+    look them up as module attributes per request): the ServerApp's push wakes the
+    held pulls, which look again. Why: an idle SuperNode asks every 0.2 s, so each
+    message waited for the next poll, and each round cost hundreds of requests
+    through the whole HTTP stack. The pull answers within ``hold`` s, far inside the
+    SuperNode client's 30 s timeout, and the SuperNode's loop pulls only when it has
+    no reply to push; at most :data:`HELD_PULLS_AT_ONCE` pulls are held, so the
+    server never runs out of threads. (The ServerApp's pulls of replies are not held:
+    some of them, a ping's, must never wait.)"""
+    import importlib
+
+    import flwr
+
+    if flwr.__version__ != PATCHED_VERSION:
+        return False
+    fleet = importlib.import_module("flwr.superlink.servicer.fleet.fleet_handlers")
+    runtime = importlib.import_module("flwr.superlink.servicer.runtime.runtime_handlers")
+    pull, push = getattr(fleet, "pull_messages", None), getattr(runtime, "push_messages", None)
+    if not (callable(pull) and callable(push)):
+        return False
+    if getattr(pull, "_hyfl", False):
+        return True
+    arrivals = _Arrivals(HELD_PULLS_AT_ONCE)
+
+    def pull_messages(*args, **kwargs):
+        return arrivals.hold(lambda: pull(*args, **kwargs),
+                             lambda response: not response.messages_list, hold)
+
+    def push_messages(*args, **kwargs):
+        try:
+            return push(*args, **kwargs)
+        finally:
+            arrivals.notify()
+
+    pull_messages._hyfl = push_messages._hyfl = True  # type: ignore[attr-defined]
+    fleet.pull_messages, runtime.push_messages = pull_messages, push_messages
+    return True

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from hyfl.deploy.flower_patches import (
     PATCHED_VERSION,
+    hold_pulls,
     lean_http_middleware,
     require_control_token,
     superexec_through_hyfl,
@@ -117,7 +118,9 @@ def main() -> None:
     if not (require_control_token(read_token(path)) and superexec_through_hyfl()):
         sys.exit(f"hyfl: the SuperLink's owner-only Control API needs Flower {PATCHED_VERSION}; "
                  f"install flwr=={PATCHED_VERSION}")
-    lean_http_middleware("superlink")  # a speed-up: without it the SuperLink is Flower's
+    # Speed-ups: without them the SuperLink is Flower's.
+    lean_http_middleware("superlink")
+    hold_pulls()
     from flwr.superlink.cli.flower_superlink import flower_superlink
 
     sys.argv = ["flower-superlink", *own_superexec(argv)]
