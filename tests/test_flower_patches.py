@@ -337,10 +337,18 @@ def test_held_pulls_answer_when_a_message_is_stored(monkeypatch):
                         Response(list(stored)))
     monkeypatch.setattr(runtime, "push_messages", lambda request, state, task:
                         stored.append(request) or "pushed")
-    before = fleet.pull_messages, runtime.push_messages
+    replies: list = []
+    monkeypatch.setattr(runtime, "pull_messages", lambda request, state, task:
+                        Response(list(replies)))
+    monkeypatch.setattr(fleet, "push_messages", lambda request, state:
+                        replies.append(request) or "pushed")
+    monkeypatch.setattr(main, "_get_middleware", main._get_middleware)
+    before = (fleet.pull_messages, runtime.push_messages, runtime.pull_messages,
+              fleet.push_messages, main._get_middleware)
     monkeypatch.setattr(flwr, "__version__", "9.9.9")
     assert not patches.hold_pulls(5.0)
-    assert (fleet.pull_messages, runtime.push_messages) == before
+    assert (fleet.pull_messages, runtime.push_messages, runtime.pull_messages,
+            fleet.push_messages, main._get_middleware) == before
     monkeypatch.setattr(flwr, "__version__", patches.PATCHED_VERSION)
     assert patches.hold_pulls(5.0)
     assert patches.hold_pulls(5.0)  # once only: not wrapped twice
@@ -350,6 +358,19 @@ def test_held_pulls_answer_when_a_message_is_stored(monkeypatch):
     assert fleet.pull_messages(None, None, None).messages_list == ["message"]
     assert 0.15 < time.monotonic() - started < 3.0  # woken by the push, not the hold's end
     assert fleet.pull_messages(None, None, None).messages_list == ["message"]  # at once
+
+    # The ServerApp's pull of replies: at once unless the request asked to be held.
+    started = time.monotonic()
+    assert runtime.pull_messages(None, None, None).messages_list == []
+    assert time.monotonic() - started < 1.0
+    threading.Timer(0.2, lambda: fleet.push_messages("reply", None)).start()
+    token = patches._HOLD_ASKED.set(True)
+    try:
+        assert runtime.pull_messages(None, None, None).messages_list == ["reply"]
+    finally:
+        patches._HOLD_ASKED.reset(token)
+    assert 0.15 < time.monotonic() - started < 3.0  # woken by the SuperNode's push
+    assert _layers(main.create_app())[0] == (patches._NoteHoldHeader, None)
 
     stored.clear()
     arrivals = patches._Arrivals(1)
@@ -361,3 +382,45 @@ def test_held_pulls_answer_when_a_message_is_stored(monkeypatch):
     started = time.monotonic()
     arrivals.hold(lambda: Response([]), lambda r: not r.messages_list, 5.0)
     assert time.monotonic() - started < 1.0  # answered at once
+
+
+def test_the_serverapp_asks_for_held_pulls_only_while_it_waits_for_replies(monkeypatch):
+    """The grid's ``httpx.Client`` gets a request hook (once): a pull of replies made
+    inside ``held_replies`` carries the header, any other request does not; the
+    SuperLink's outermost layer notes the header for the handler's thread."""
+    import httpx
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    seen = []
+
+    def record(request):
+        seen.append((request.url.path, request.headers.get(patches.HOLD_HEADER)))
+        return httpx.Response(200)
+
+    grid = types.SimpleNamespace(_runtime_client=types.SimpleNamespace(
+        _client=httpx.Client(transport=httpx.MockTransport(record))))
+    assert patches.ask_for_held_reply_pulls(grid)
+    assert patches.ask_for_held_reply_pulls(grid)  # (not hooked twice)
+    client = grid._runtime_client._client
+    assert len(client.event_hooks["request"]) == 1
+    client.post("http://link/v1/runtime/pull-messages")
+    with patches.held_replies():
+        client.post("http://link/v1/runtime/pull-messages")
+        client.post("http://link/v1/runtime/pull-object")
+    client.post("http://link/v1/runtime/pull-messages")
+    assert seen == [("/v1/runtime/pull-messages", None), ("/v1/runtime/pull-messages", "1"),
+                    ("/v1/runtime/pull-object", None), ("/v1/runtime/pull-messages", None)]
+    assert not patches.ask_for_held_reply_pulls(types.SimpleNamespace())  # another grid
+    monkeypatch.setattr(flwr, "__version__", "9.9.9")
+    assert not patches.ask_for_held_reply_pulls(grid)
+
+    def endpoint(request):  # a sync endpoint: it runs in Starlette's thread pool
+        return PlainTextResponse(str(patches._HOLD_ASKED.get()))
+
+    app = patches._NoteHoldHeader(Starlette(routes=[Route("/x", endpoint, methods=["POST"])]))
+    test = TestClient(app)
+    assert test.post("/x").text == "False"
+    assert test.post("/x", headers={patches.HOLD_HEADER: "1"}).text == "True"

@@ -41,6 +41,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from hyfl._io import read_npz
 from hyfl.deploy.codec import bundle, decode, encode, encoded_bytes, unbundle
+from hyfl.deploy.flower_patches import HELD_PULL, held_replies
 from hyfl.deploy.party import KINDS, QUERY_KINDS, handle_message, server_text
 from hyfl.errors import HyflError, fail
 
@@ -332,7 +333,10 @@ class FlowerTransport:
         deadline = pushed + timeout
         wait = Backoff(self.poll_seconds)
         while pending:
-            for reply in self.grid.pull_messages(list(pending)):
+            asked = time.monotonic()
+            with held_replies():  # a SuperLink of hyfl's answers when a reply comes
+                pulled = list(self.grid.pull_messages(list(pending)))
+            for reply in pulled:
                 k = pending.pop(reply.metadata.reply_to_message_id, None)
                 if k is None:
                     continue
@@ -349,7 +353,8 @@ class FlowerTransport:
                 replies[k] = payload
             if not pending or time.monotonic() > deadline:
                 break
-            time.sleep(wait.next())
+            if time.monotonic() - asked < HELD_PULL:  # not held: poll
+                time.sleep(wait.next())
         missing.update(pending.values())
         return replies, missing
 
@@ -420,9 +425,10 @@ def run_server(grid: Grid, run_config: dict) -> dict:
     except Exception as err:
         write_failure(run_config.get("out", ""), err)
         raise
-    from hyfl.deploy.flower_patches import quick_object_pulls
+    from hyfl.deploy.flower_patches import ask_for_held_reply_pulls, quick_object_pulls
 
     quick_object_pulls("flwr.superlink.grid.http_grid")  # replies are read without a 1 s wait
+    ask_for_held_reply_pulls(grid)  # and as they come
     transport = FlowerTransport(grid, cipher, poll=config.poll,
                                 ttl=2 * config.reply_timeout + 60.0)
     if config.model:  # scoring new rows (hyfl deploy predict), not training

@@ -93,6 +93,8 @@ test instead of silently turning a speed-up off.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import shutil
 import signal
 import subprocess as _subprocess
@@ -101,11 +103,11 @@ from pathlib import Path
 
 from hyfl.deploy.backoff import Backoff
 
-__all__ = ["OBJECT_PULL_BACKOFF", "ON_MESSAGE", "PATCHED_VERSION", "TASK_PATIENCE", "CappedTime",
-           "DyingSubprocess", "cap_supernode_polls", "die_with_supernode",
-           "forget_secret_once_loaded", "hold_pulls", "lean_http_middleware", "owner_token_authn",
-           "quick_object_pulls", "require_control_token",
-           "shorten_task_patience"]
+__all__ = ["CappedTime", "DyingSubprocess", "OBJECT_PULL_BACKOFF", "ON_MESSAGE",
+           "PATCHED_VERSION", "TASK_PATIENCE", "ask_for_held_reply_pulls", "cap_supernode_polls",
+           "die_with_supernode", "forget_secret_once_loaded", "held_replies", "hold_pulls",
+           "lean_http_middleware", "owner_token_authn", "quick_object_pulls",
+           "require_control_token", "shorten_task_patience"]
 
 
 PATCHED_VERSION = "1.41.0"
@@ -574,21 +576,51 @@ class _Arrivals:
             self.slots.release()
 
 
-def hold_pulls(hold: float = PULL_HOLD) -> bool:
-    """Make the SuperLink answer a SuperNode's pull that finds no message only when one
-    comes or after ``hold`` seconds (a long poll); False (no change) if Flower is not
-    1.41.0 or its handlers are elsewhere.
+#: The HTTP header with which the ServerApp asks the SuperLink to hold its pull of
+#: replies (:func:`ask_for_held_reply_pulls`); only pulls made in :func:`held_replies`.
+HOLD_HEADER = "x-hyfl-hold"
+#: Set (in the SuperLink) while a request that carries :data:`HOLD_HEADER` is served.
+_HOLD_ASKED = contextvars.ContextVar("hyfl_hold_asked", default=False)
+#: Set (in the ServerApp) inside :func:`held_replies`.
+_ASKING = contextvars.ContextVar("hyfl_asking_hold", default=False)
 
-    Touches ``flwr.superlink.servicer.fleet.fleet_handlers.pull_messages`` and
-    ``flwr.superlink.servicer.runtime.runtime_handlers.push_messages`` (the routers
-    look them up as module attributes per request): the ServerApp's push wakes the
-    held pulls, which look again. Why: an idle SuperNode asks every 0.2 s, so each
-    message waited for the next poll, and each round cost hundreds of requests
-    through the whole HTTP stack. The pull answers within ``hold`` s, far inside the
-    SuperNode client's 30 s timeout, and the SuperNode's loop pulls only when it has
-    no reply to push; at most :data:`HELD_PULLS_AT_ONCE` pulls are held, so the
-    server never runs out of threads. (The ServerApp's pulls of replies are not held:
-    some of them, a ping's, must never wait.)"""
+
+class _NoteHoldHeader:
+    """An ASGI middleware noting (in :data:`_HOLD_ASKED`) that a request asks to be held;
+    the context reaches the handler's thread (Starlette's thread pool copies it)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        asked = scope["type"] == "http" and any(
+            name == HOLD_HEADER.encode() for name, _ in scope.get("headers", ()))
+        token = _HOLD_ASKED.set(asked)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            _HOLD_ASKED.reset(token)
+
+
+def hold_pulls(hold: float = PULL_HOLD) -> bool:
+    """Make the SuperLink answer a pull that finds nothing only when something comes or
+    after ``hold`` seconds (a long poll): a SuperNode's pull of messages always, the
+    ServerApp's pull of replies when it asks (:data:`HOLD_HEADER`); False (no change)
+    if Flower is not 1.41.0 or its handlers are elsewhere.
+
+    Touches ``pull_messages`` and ``push_messages`` of
+    ``flwr.superlink.servicer.fleet.fleet_handlers`` and of
+    ``flwr.superlink.servicer.runtime.runtime_handlers`` (the routers look them up
+    as module attributes per request), and ``flwr.superlink.main._get_middleware``
+    (an outermost layer notes the header): every push wakes the held pulls, which
+    look again. Why: Flower's pollers ask again and again (an idle SuperNode every
+    0.2 s, the ServerApp every 50 ms while it waits for replies), so each message
+    waited for the next poll, and the polls were most of the SuperLink's requests.
+    A pull is answered within ``hold`` s, far inside the clients' 30 s timeout; a
+    SuperNode's loop pulls only when it has no reply to push; the ServerApp asks for
+    holds only while it waits for the replies of an exchange (a ping's pull must
+    never wait); at most :data:`HELD_PULLS_AT_ONCE` pulls are held, so the server
+    never runs out of threads."""
     import importlib
 
     import flwr
@@ -597,23 +629,86 @@ def hold_pulls(hold: float = PULL_HOLD) -> bool:
         return False
     fleet = importlib.import_module("flwr.superlink.servicer.fleet.fleet_handlers")
     runtime = importlib.import_module("flwr.superlink.servicer.runtime.runtime_handlers")
-    pull, push = getattr(fleet, "pull_messages", None), getattr(runtime, "push_messages", None)
-    if not (callable(pull) and callable(push)):
+    main = importlib.import_module("flwr.superlink.main")
+    names = ("pull_messages", "push_messages")
+    targets = [getattr(m, n, None) for m in (fleet, runtime) for n in names]
+    middleware = getattr(main, "_get_middleware", None)
+    if not all(callable(t) for t in (*targets, middleware)):
         return False
-    if getattr(pull, "_hyfl", False):
+    if getattr(fleet.pull_messages, "_hyfl", False):
         return True
+    from starlette.middleware import Middleware
+
     arrivals = _Arrivals(HELD_PULLS_AT_ONCE)
 
-    def pull_messages(*args, **kwargs):
-        return arrivals.hold(lambda: pull(*args, **kwargs),
-                             lambda response: not response.messages_list, hold)
+    def held(pull, always: bool):
+        def pull_messages(*args, **kwargs):
+            if not (always or _HOLD_ASKED.get()):
+                return pull(*args, **kwargs)
+            return arrivals.hold(lambda: pull(*args, **kwargs),
+                                 lambda response: not response.messages_list, hold)
+        return pull_messages
 
-    def push_messages(*args, **kwargs):
-        try:
-            return push(*args, **kwargs)
-        finally:
-            arrivals.notify()
+    def waking(push):
+        def push_messages(*args, **kwargs):
+            try:
+                return push(*args, **kwargs)
+            finally:
+                arrivals.notify()
+        return push_messages
 
-    pull_messages._hyfl = push_messages._hyfl = True  # type: ignore[attr-defined]
-    fleet.pull_messages, runtime.push_messages = pull_messages, push_messages
+    def noting_holds():
+        return [Middleware(_NoteHoldHeader), *middleware()]
+
+    patched = [(fleet, "pull_messages", held(fleet.pull_messages, True)),
+               (runtime, "pull_messages", held(runtime.pull_messages, False)),
+               (fleet, "push_messages", waking(fleet.push_messages)),
+               (runtime, "push_messages", waking(runtime.push_messages)),
+               (main, "_get_middleware", noting_holds)]
+    for module, name, value in patched:
+        value._hyfl = True  # type: ignore[attr-defined]
+        setattr(module, name, value)
     return True
+
+
+def ask_for_held_reply_pulls(grid) -> bool:
+    """Let the ServerApp's pulls of replies made inside :func:`held_replies` ask the
+    SuperLink to hold them (:data:`HOLD_HEADER`, :func:`hold_pulls`); False (no change)
+    if Flower is not 1.41.0 or ``grid`` is not its HTTP grid.
+
+    Touches ``grid._runtime_client._client`` (the grid's ``httpx.Client``): a request
+    hook adds the header to ``/v1/runtime/pull-messages`` requests while
+    :data:`_ASKING` is set. A SuperLink without :func:`hold_pulls` ignores the header
+    and answers at once, as before."""
+    import flwr
+    import httpx
+
+    if flwr.__version__ != PATCHED_VERSION:
+        return False
+    try:
+        client = grid._runtime_client._client
+    except Exception:  # noqa: BLE001 (another grid: an in-memory one, a test's)
+        return False
+    if not isinstance(client, httpx.Client):
+        return False
+    hooks = client.event_hooks
+    if any(getattr(hook, "_hyfl", False) for hook in hooks.get("request", ())):
+        return True
+
+    def ask(request):
+        if _ASKING.get() and request.url.path.endswith("/v1/runtime/pull-messages"):
+            request.headers[HOLD_HEADER] = "1"
+
+    ask._hyfl = True  # type: ignore[attr-defined]
+    client.event_hooks = {**hooks, "request": [*hooks.get("request", ()), ask]}
+    return True
+
+
+@contextlib.contextmanager
+def held_replies():
+    """Inside: the ServerApp's pulls of replies may be held (:func:`ask_for_held_reply_pulls`)."""
+    token = _ASKING.set(True)
+    try:
+        yield
+    finally:
+        _ASKING.reset(token)
