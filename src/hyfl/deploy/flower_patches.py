@@ -459,11 +459,16 @@ def _middleware_tests() -> dict:
     translation = importlib.import_module("flwr.supercore.protobuf.translation")
     tracing = importlib.import_module("flwr.supercore.routers.runtime.tracing")
 
+    from starlette.datastructures import URL
+
+    def path(scope) -> str:  # as Flower's middlewares read it (request.url.path)
+        return URL(scope=scope).path
+
     def is_control(scope) -> bool:
-        return scope["path"].startswith("/v1/control/")
+        return path(scope).startswith("/v1/control/")
 
     def is_fleet(scope) -> bool:
-        return scope["path"].startswith("/v1/fleet/")
+        return path(scope).startswith("/v1/fleet/")
 
     def fleet_logged(scope) -> bool:
         app = scope.get("app")
@@ -471,7 +476,7 @@ def _middleware_tests() -> dict:
             app is None or getattr(app.state, "fleet_event_log_plugin", None) is not None)
 
     def is_protobuf(scope) -> bool:
-        return (scope["method"], scope["path"]) in translation.PROTOBUF_REQUEST_TYPES
+        return (scope["method"], path(scope)) in translation.PROTOBUF_REQUEST_TYPES
 
     def tracing_on(scope) -> bool:  # read per request, as the middleware does
         return os.getenv("FLWR_TRACING_ENABLED") == "1"
@@ -522,11 +527,11 @@ def lean_http_middleware(server: str) -> bool:
         original = getattr(main, "_get_middleware", None)
         if not callable(original):
             return False
-        if not getattr(original, "_hyfl", False):
+        if not getattr(original, "_hyfl_lean", False):
             def lean():
                 return _lean(original(), tests)
 
-            lean._hyfl = True  # type: ignore[attr-defined]
+            lean._hyfl_lean = True  # type: ignore[attr-defined]
             main._get_middleware = lean
         return True
     if server == "supernode":
@@ -553,14 +558,17 @@ class _Arrivals:
 
         self.stored = threading.Condition()
         self.slots = threading.BoundedSemaphore(slots)
+        self.generation = 0  # pushes so far: a pull waits only while no push came since
 
     def notify(self) -> None:
         with self.stored:
+            self.generation += 1
             self.stored.notify_all()
 
     def hold(self, pull, empty, hold: float):
         """``pull()`` again each time a message is stored, until it is not ``empty`` or
         ``hold`` seconds have passed; at once when every slot is taken."""
+        seen = self.generation
         response = pull()
         if not empty(response) or not self.slots.acquire(blocking=False):
             return response
@@ -568,8 +576,11 @@ class _Arrivals:
             deadline = _time.monotonic() + hold
             while empty(response) and (left := deadline - _time.monotonic()) > 0:
                 with self.stored:
-                    # (a store between the pull and this wait is caught by the timeout)
-                    self.stored.wait(min(left, 0.25))
+                    # A push between the pull and here has moved the generation on:
+                    # look again at once instead of waiting (no lost wake-up).
+                    if self.generation == seen:
+                        self.stored.wait(min(left, 0.25))
+                    seen = self.generation
                 response = pull()
             return response
         finally:
@@ -594,7 +605,8 @@ class _NoteHoldHeader:
 
     async def __call__(self, scope, receive, send):
         asked = scope["type"] == "http" and any(
-            name == HOLD_HEADER.encode() for name, _ in scope.get("headers", ()))
+            name == HOLD_HEADER.encode() and value == b"1"
+            for name, value in scope.get("headers", ()))
         token = _HOLD_ASKED.set(asked)
         try:
             await self.app(scope, receive, send)
