@@ -82,13 +82,16 @@ test instead of silently turning a speed-up off.
     them, most for the Control API only; a Fleet request needs three. Another
     version: no change, False.
 :func:`hold_pulls`
-    Touches ``flwr.superlink.servicer.fleet.fleet_handlers.pull_messages`` and
-    ``flwr.superlink.servicer.runtime.runtime_handlers.push_messages``: a SuperNode's
-    pull that finds no message is answered when the ServerApp pushes one, or after
-    :data:`PULL_HOLD` s (a long poll); the SuperNode then asks again at once
-    (:func:`cap_supernode_polls` sees that the pull was held). Why: each message
-    waited for an idle SuperNode's next poll, and the polls were most of the
-    SuperLink's requests. Another version: no change, False.
+    Touches ``pull_messages`` and ``push_messages`` of
+    ``flwr.superlink.servicer.fleet.fleet_handlers`` and of ``...runtime.runtime_handlers``,
+    and ``flwr.superlink.main._get_middleware``: a SuperNode's pull that finds no
+    message is answered when the ServerApp pushes one, or after :data:`PULL_HOLD` s
+    (a long poll), and the SuperNode then asks again at once (:func:`cap_supernode_polls`
+    sees that the pull was held); the ServerApp's pulls of an exchange's replies are
+    held the same way when they carry :data:`HOLD_HEADER` (:func:`ask_for_held_reply_pulls`
+    touches the grid's ``httpx.Client`` in the ServerApp). Why: each message waited
+    for an idle poller's next poll, and the polls were most of the SuperLink's
+    requests. Another version: no change, False.
 """
 
 from __future__ import annotations
