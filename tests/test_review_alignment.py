@@ -341,12 +341,18 @@ def test_the_serverapps_task_token_is_on_no_command_line(tmp_path):
                     serverapp = line
             time.sleep(0.5)
         assert serverapp is not None, "no ServerApp started"
+        # This deployment's processes only (another test's per-message ClientApps, which
+        # do pass --token, may run beside it): those addressing its ports.
+        ours = [local.address, *local.runtime_apis.values()]
         lines = []
         for entry in Path("/proc").iterdir():
             try:
-                lines.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+                line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
             except OSError:
                 continue
+            if any(address in line for address in ours):
+                lines.append(line)
+        assert lines, "none of the deployment's processes found"
     assert "--token-file /dev/fd/" in serverapp, serverapp
     leaked = [line for line in lines if re.search(r"--token[ =][0-9a-f]{32,}", line)]
     assert not leaked, f"a task token on a command line: {leaked}"
