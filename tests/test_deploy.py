@@ -1107,7 +1107,8 @@ def test_loopback_worker_that_hangs_and_is_killed_rejoins(tmp_path, breast_cance
     nodes = [node_for(k, "paillier", private, data=str(f), out=str(tmp_path / "parties"))
              for k, f in enumerate(files)]
     work, out = tmp_path / "flower", tmp_path / "out"
-    with LocalDeployment(nodes, work) as local:
+    # The worker in a process of its own (the default runs it in the SuperNode's process).
+    with LocalDeployment(nodes, work, separate_worker=True) as local:
         # Party 2 hangs in round 2; its new worker must start (imports, solver compile)
         # while the others go on. It rejoined in round 4 or 5 in the runs measured (rounds
         # of 5-6 s on a loaded 2-core machine), but one CI run's six rounds ended before it
@@ -1160,7 +1161,7 @@ from hyfl.deploy.config import run_config_for
 from hyfl.deploy.local import LocalDeployment
 
 work, data, out = sys.argv[1:4]
-local = LocalDeployment([{"party": 0, "data": data}], work).start()
+local = LocalDeployment([{"party": 0, "data": data}], work, separate_worker=True).start()
 # Two parties expected, one started: the ServerApp waits for the second one.
 local.submit(run_config_for(parties=2, iterations=1, cipher="none", out=out,
                             connect_timeout=600.0))
@@ -1313,3 +1314,65 @@ def test_a_restored_worker_refuses_data_that_changed_and_forgets_finished_runs(
     for run_id in range(2, 3 + worker_module.MAX_RUNS):
         sessions.handle(run_id, "hello", encode(_announcement(keys)), None, node, run)
     assert list(sessions.parties) == list(range(3, 3 + worker_module.MAX_RUNS))
+
+
+def test_a_worker_in_the_supernodes_process_writes_a_state_only_when_it_drops_a_party(
+        tmp_path, problem, keys):
+    """With ``spill`` (the worker in the SuperNode's process, whose memory ends with its
+    state folder) no state is encoded after a message; a party dropped for newer runs
+    hands its state to ``spill`` then, and a worker restores it from there as from a
+    state saved after each message."""
+    from hyfl.deploy import worker as worker_module
+
+    private, public = keys
+    partition = _hybrid3(problem.n_samples, problem.n_features)
+    files = write_blocks(problem, partition, tmp_path / "blocks", lam_default=problem.lam)
+    run = run_config_for(parties=3, cipher="paillier", public_key=str(public),
+                         insecure_test_keys=True)
+    node = node_for(0, "paillier", private, data=str(files[0]))
+    spilled: dict = {}
+    sessions = Sessions()
+    for run_id in range(1, 2 + worker_module.MAX_RUNS):
+        reply, state = sessions.handle(run_id, "hello", encode(_announcement(keys)), None,
+                                       node, run, spill=lambda s, r=run_id: spilled.update({r: s}))
+        assert decode(*reply)["party"] == 0 and state is None  # nothing encoded per message
+    assert list(spilled) == [1]  # only the dropped run, at the moment it was dropped
+    # The dropped run's state is the one a per-message save would have written.
+    _, saved = Sessions().handle(1, "hello", encode(_announcement(keys)), None, node, run)
+    assert decode(*spilled[1]).keys() == decode(*saved).keys()
+    restored = Sessions()
+    restored.handle(1, "ping", encode({}), spilled[1], node, run)
+    assert restored.opened == 1 and list(restored.parties) == [1]
+
+
+def test_the_in_process_runtime_authenticates_tasks_as_the_router_does():
+    """:class:`hyfl.deploy.worker.InProcessRuntime` on a real SuperNode ``NodeState``: a
+    call without a token, or with one no task has, gets Flower's authentication error;
+    with no task waiting AcquireTask hands out nothing; unknown calls do not exist."""
+    from flwr.proto.runtime_pb2 import AcquireTaskRequest, PullTaskInputRequest
+    from flwr.supercore.constant import TaskType
+    from flwr.supercore.error import FlowerError
+    from flwr.supercore.object_store.object_store_factory import ObjectStoreFactory
+    from flwr.supernode.nodestate import NodeStateFactory
+
+    from hyfl.deploy.worker import InProcessRuntime, _TaskToken
+
+    state = NodeStateFactory(objectstore_factory=ObjectStoreFactory()).state()
+    token = _TaskToken()
+    client = InProcessRuntime(state, token)
+    for value in ("", "a-guessed-task-token"):
+        token.token = value
+        with pytest.raises(FlowerError, match="authentication failed"):
+            client.PullTaskInput(PullTaskInputRequest())
+    request = AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP])
+    assert not InProcessRuntime(state).AcquireTask(request).HasField("task")
+    with pytest.raises(AttributeError):
+        client.GetNodes  # noqa: B018 (a ServerApp's call: not offered)
+    # Each call is one of the HTTP client's, answered by the handler its router calls.
+    from flwr.supercore.runtime import RuntimeHttpClient
+    from flwr.supercore.servicer.runtime import runtime_handlers as core
+    from flwr.supernode.servicer.runtime import runtime_handlers as supernode
+
+    for name, (where, handler) in InProcessRuntime.CALLS.items():
+        assert hasattr(RuntimeHttpClient, name), name
+        assert callable(getattr(supernode if where == "supernode" else core, handler)), name

@@ -144,11 +144,14 @@ def test_the_secret_file_goes_once_flower_has_read_it(tmp_path):
 
 
 @pytest.mark.skipif(not LINUX, reason="needs Linux /proc")
-def test_a_partys_runtime_api_hands_its_tasks_only_to_its_worker(tmp_path, monkeypatch):
+@pytest.mark.parametrize("separate_worker", [False, True], ids=["in-process", "process"])
+def test_a_partys_runtime_api_hands_its_tasks_only_to_its_worker(tmp_path, monkeypatch,
+                                                                 separate_worker):
     """The attack, on a deployment as ``hyfl deploy local`` starts it: another local user's
     client calls the party's Runtime API. Without the party's secret (or with a wrong
     one) ``AcquireTask`` is refused (401), and so is a task call with a guessed token;
-    the party's worker, holding the secret, polls the same API without an error. The
+    a worker in its own process, holding the secret, polls the same API without an
+    error (one in the SuperNode's process calls Flower's handlers directly). The
     secret's file is gone once Flower has read it; every port is on 127.0.0.1."""
     from flwr.proto.runtime_pb2 import AcquireTaskRequest, PullTaskInputRequest
     from flwr.supercore.constant import TaskType
@@ -160,19 +163,25 @@ def test_a_partys_runtime_api_hands_its_tasks_only_to_its_worker(tmp_path, monke
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(private))
     lines: list[str] = []
     work = tmp_path / "flower"
-    with LocalDeployment([{"party": 0}], work, log=lines.append) as local:
+    with LocalDeployment([{"party": 0}], work, log=lines.append,
+                         separate_worker=separate_worker) as local:
         assert any("Control API (flwr run: jobs run as you): owner only" in line for line in lines)
-        worker = _wait_for(lambda: local.worker_pid(0), 60, "party 0's worker")
-        supernode = int(Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        argv = Path(f"/proc/{worker}/cmdline").read_bytes().split(b"\0")
-        assert argv[argv.index(b"--parent-pid") + 1] == str(supernode).encode()
-        assert b"--superexec-auth-secret-fd" in argv  # from a pipe, not a file
-        assert b"--superexec-auth-secret-file" not in argv
+        if separate_worker:
+            worker = _wait_for(lambda: local.worker_pid(0), 60, "party 0's worker")
+            supernode = int(Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1]
+                            .split()[1])
+            argv = Path(f"/proc/{worker}/cmdline").read_bytes().split(b"\0")
+            assert argv[argv.index(b"--parent-pid") + 1] == str(supernode).encode()
+            assert b"--superexec-auth-secret-fd" in argv  # from a pipe, not a file
+            assert b"--superexec-auth-secret-file" not in argv
         # The SuperNodes' runtime folder is the deployment's own (removed when it stops).
         private = work / "runtime"
         assert stat.S_IMODE(private.stat().st_mode) == 0o700
         # The secret's folder was made here, and removed once Flower had read the file;
         # what stays is the worker's folder for the party's states (mode 0700, its own).
+        # (The state folder is made after the secret's: once it is there, so was that.)
+        _wait_for(lambda: any(p.name.startswith("hyfl-party-state-") for p in private.iterdir()),
+                  30, "the party-state folder")
         _wait_for(lambda: not any(p.name.startswith("hyfl-supernode-")
                                   for p in private.iterdir()), 30, "the secret's folder to go")
         (states,) = private.iterdir()
@@ -191,9 +200,10 @@ def test_a_partys_runtime_api_hands_its_tasks_only_to_its_worker(tmp_path, monke
         guesser.close()
 
         # The worker polls with the secret: it keeps running (a refused poll would end
-        # it, and its SuperNode would start another) and logs no error.
+        # it, and its SuperNode would start another) and logs no error. In the
+        # SuperNode's process it needs no secret and there is no worker process.
         time.sleep(3.0)
-        assert local.worker_pid(0) == worker
+        assert local.worker_pid(0) == (worker if separate_worker else None)
         log = (work / "logs" / "party-0.log").read_text()
         assert "exited with code" not in log and "Authentication failed" not in log
 
@@ -215,7 +225,8 @@ def _children(pid: int) -> list[int]:
 
 
 @pytest.mark.skipif(not LINUX, reason="needs Linux /proc")
-def test_a_partys_secret_signs_the_calls_its_runtime_api_serves(tmp_path):
+@pytest.mark.parametrize("mode", ["--hyfl-worker", "--hyfl-worker-process"])
+def test_a_partys_secret_signs_the_calls_its_runtime_api_serves(tmp_path, mode):
     """The same SuperNode with a secret file of the user's own (no SuperLink needed: the
     Runtime API starts first): a call signed with it is served, an unsigned one is
     refused; the worker runs with it; the user's file stays, and the secret is on no
@@ -231,14 +242,15 @@ def test_a_partys_secret_signs_the_calls_its_runtime_api_serves(tmp_path):
     secret = secret_file.read_bytes()
     port = _free_port()
     node = subprocess.Popen(
-        [sys.executable, "-m", "hyfl.deploy.supernode", "--hyfl-worker", "--insecure",
+        [sys.executable, "-m", "hyfl.deploy.supernode", mode, "--insecure",
          "--superlink", f"127.0.0.1:{_free_port()}", "--host", "127.0.0.1", "--port", str(port),
          "--superexec-auth-secret-file", str(secret_file)],
         env=flower_env(tmp_path / "flwr_home"), stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         _wait_for(lambda: _healthy(f"127.0.0.1:{port}"), 60, "the SuperNode's Runtime API")
-        worker = _wait_for(lambda: _children(node.pid), 30, "the worker")[0]
+        separate = mode == "--hyfl-worker-process"
+        worker = _wait_for(lambda: _children(node.pid), 30, "the worker")[0] if separate else None
         request = AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP])
         party = _runtime_client(f"127.0.0.1:{port}", secret=secret)
         assert not party.AcquireTask(request).HasField("task")  # served: no task waits
@@ -247,8 +259,9 @@ def test_a_partys_secret_signs_the_calls_its_runtime_api_serves(tmp_path):
         assert _status(lambda: stranger.AcquireTask(request)) == 401
         stranger.close()
         time.sleep(2.0)
-        assert _children(node.pid) == [worker]  # not restarted: its polls are served
-        for pid in (worker, node.pid):
+        # Not restarted (its polls are served); in the SuperNode's process: none at all.
+        assert _children(node.pid) == ([worker] if separate else [])
+        for pid in (worker, node.pid) if separate else (node.pid,):
             assert secret not in Path(f"/proc/{pid}/cmdline").read_bytes()
             assert secret not in Path(f"/proc/{pid}/environ").read_bytes()
         assert secret_file.read_bytes() == secret  # the user's own file is left alone
@@ -348,10 +361,15 @@ def test_hyfl_deploy_party_says_per_message_leaves_the_runtime_api_open(monkeypa
     monkeypatch.setattr("hyfl.deploy.cli._exec", lambda command, env: started.append(command))
     party = ["deploy", "party", "--party", "0", "--superlink", "link:8000", "--cipher", "none",
              "--insecure"]
-    for mode, warned in (("--worker", False), ("--per-message", True)):
+    for mode, warned in (("--worker", False), ("--per-message", True),
+                         ("--worker-process", False)):
         result = CliRunner().invoke(app, [*party, mode])
         output = " ".join(result.output.split())  # without rich's line breaks
         assert result.exit_code == 0, output
         assert ("every user of this machine can take" in output) == warned
-    worker, per_message = started
-    assert "--hyfl-worker" in worker and "--hyfl-worker" not in per_message
+    worker, per_message, separate = started
+    assert "--hyfl-worker" in worker and "--hyfl-worker-process" not in worker
+    assert not any(arg.startswith("--hyfl-worker") for arg in per_message)
+    assert "--hyfl-worker-process" in separate and "--hyfl-worker" not in separate
+    result = CliRunner().invoke(app, [*party, "--per-message", "--worker-process"])
+    assert result.exit_code != 0 and "were both given" in " ".join(result.output.split())

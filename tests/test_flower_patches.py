@@ -71,14 +71,15 @@ def test_the_supernodes_poll_sleeps_are_capped(monkeypatch):
     calls = []
     monkeypatch.setattr(internal, "time", internal.time)  # restored after the test
     monkeypatch.setattr(internal, "_pull_and_store_message", lambda *a, **k: 7)
-    monkeypatch.setattr(patches, "ON_MESSAGE", [lambda: calls.append("woken")])
+    monkeypatch.setattr(patches, "ON_MESSAGE", [calls.append])  # given the NodeState
     assert patches.cap_supernode_polls(0.05, 0.002)
     assert isinstance(internal.time, patches.CappedTime)
     started = time.perf_counter()
     internal.time.sleep(3)  # Flower's idle poll: backed off from a millisecond
     internal.time.sleep(0.5)  # its wait for the ClientApp's reply: capped
     assert time.perf_counter() - started < 0.5
-    assert internal._pull_and_store_message() == 7 and calls == ["woken"]
+    node_state = object()
+    assert internal._pull_and_store_message(state=node_state) == 7 and calls == [node_state]
     assert internal.time.monotonic() > 0  # the rest of the time module passes through
     assert not patches.cap_supernode_polls(0.05)  # applied once only
 

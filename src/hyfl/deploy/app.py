@@ -168,11 +168,11 @@ def save_state(context: Context, state: tuple[dict, str],
 
         # 0600 from its creation (a chmod afterwards left it readable meanwhile).
         arrays, spec = state
-        savez_private(path, durable=path.parent == _state_dir(context),
+        savez_private(path, durable=path.parent == state_dir(context),
                       __spec__=np.array(spec), **arrays)
 
 
-def _state_dir(context: Context) -> Path | None:
+def state_dir(context: Context) -> Path | None:
     """The node config's ``state-dir`` (None without one)."""
     folder = str(context.node_config.get("state-dir", "") or "")
     return Path(folder) if folder else None
@@ -181,7 +181,7 @@ def _state_dir(context: Context) -> Path | None:
 def _state_file(context: Context, folder: str | os.PathLike | None = None) -> Path | None:
     """Where the party keeps its state of this run: in the node config's ``state-dir``,
     else in ``folder`` (None without either)."""
-    where = _state_dir(context) or (Path(folder) if folder else None)
+    where = state_dir(context) or (Path(folder) if folder else None)
     if where is None:
         return None
     return where / f"run-{context.run_id}-party-{context.node_config.get('party')}.npz"

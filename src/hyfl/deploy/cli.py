@@ -282,6 +282,9 @@ def party(
     # --worker names the default; hidden, as the pair's second column cut the help's
     # descriptions below 26 characters at 80 columns.
     worker: Annotated[bool, typer.Option("--worker", hidden=True)] = False,
+    worker_process: Annotated[bool, typer.Option(
+        "--worker-process", help="Run the worker in a process of its own, restarted if it "
+        "dies, instead of in the SuperNode's process (slower).")] = False,
     node_key: Annotated[Path | None, typer.Option(
         help="This SuperNode's ECDSA key (ssh-keygen -t ecdsa -b 384) for a SuperLink with "
         "supernode auth; register its .pub with `flwr supernode register`.")] = None,
@@ -290,7 +293,8 @@ def party(
     auth_supernode_private_key: Annotated[Path | None, typer.Option(hidden=True)] = None,
 ):
     """Start one party: a Flower SuperNode with this party's node config, and the party's
-    long-lived worker that handles its messages (restarted if it dies)."""
+    long-lived worker that handles its messages (in the SuperNode's process; with
+    --worker-process in its own, restarted if it dies)."""
     from hyfl.deploy.config import NodeSettings
     from hyfl.deploy.keys import KEY_SCHEMES, party_cipher
     from hyfl.deploy.local import flower_command, flower_env
@@ -329,6 +333,9 @@ def party(
             node.append(f"state-dir={_quoted(state_dir.resolve())}")
         if worker and per_message:
             raise fail("--worker and --per-message", "were both given", "Give one of them.")
+        if worker_process and per_message:
+            raise fail("--worker-process and --per-message", "were both given",
+                       "Give one of them.")
         worker = not per_message
         if not worker:
             _warn("--per-message: every user of this machine can take this party's tasks and "
@@ -336,7 +343,8 @@ def party(
                   "secret); the worker (the default) closes it")
         if worker:
             env["HYFL_SUPERNODE_POLL"] = str(0.1 if poll is None else poll)
-            command = [sys.executable, "-m", "hyfl.deploy.supernode", "--hyfl-worker"]
+            command = [sys.executable, "-m", "hyfl.deploy.supernode",
+                       "--hyfl-worker-process" if worker_process else "--hyfl-worker"]
         elif poll is None:
             command = [flower_command("flower-supernode", env)]
         else:
@@ -608,6 +616,9 @@ def local(
     worker: Annotated[bool, typer.Option("--worker/--per-message", help="Each party's messages "
                                          "go to its long-lived worker (default), or to a new "
                                          "Flower ClientApp process each.")] = True,
+    worker_process: Annotated[bool, typer.Option(
+        "--worker-process", help="Run each party's worker in a process of its own, restarted "
+        "if it dies, instead of in its SuperNode's process (slower).")] = False,
     timeout: Annotated[float | None, typer.Option(help="Give up after this many seconds.")] =
     None,
 ):
@@ -647,7 +658,7 @@ def local(
                 key_bits=key_bits, keys_dir=keys_dir, insecure_test_keys=insecure_test_keys,
                 overwrite=overwrite, reply_timeout=reply_timeout, compare=compare,
                 node_poll=node_poll if node_poll > 0 else None, worker=worker,
-                timeout=timeout,
+                separate_worker=worker_process, timeout=timeout,
                 log=lambda line: console.print(escape(line)), on_round=show,
             )
     except HyflError as err:

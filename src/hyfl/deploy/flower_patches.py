@@ -140,8 +140,9 @@ class CappedTime:
 HELD_PULL = 0.5
 
 
-#: Called (in the SuperNode's process) each time the SuperNode has stored a message with
-#: its objects: :func:`hyfl.deploy.supernode.supervise_worker` wakes the worker through it.
+#: Called (in the SuperNode's process, with its ``NodeState``) each time the SuperNode has
+#: stored a message with its objects: :func:`hyfl.deploy.supernode.main` runs the party's
+#: task through it, or :func:`~hyfl.deploy.supernode.supervise_worker` wakes the worker.
 ON_MESSAGE: list = []
 
 
@@ -161,7 +162,7 @@ def cap_supernode_polls(limit: float, reply_limit: float | None = None) -> bool:
         if run_id is not None:
             capped.idle.reset()
             for hook in ON_MESSAGE:
-                hook()
+                hook(kwargs.get("state"))
         elif _time.monotonic() - asked >= HELD_PULL:  # the SuperLink held it (hold_pulls):
             capped.idle.reset()  # it waits for us, so ask again at once
         return run_id

@@ -362,6 +362,10 @@ class LocalDeployment:
         With ``node_poll`` set: each party's messages are handled by its
         long-lived worker (:mod:`hyfl.deploy.worker`), not by a new ClientApp
         process per message.
+    separate_worker : bool, default False
+        With ``worker``: the worker runs in a process of its own, which its
+        SuperNode restarts when it dies, instead of in the SuperNode's process
+        (about half the time a message: see :mod:`hyfl.deploy.supernode`).
 
     Use it as a context manager (``with LocalDeployment(...) as local:``):
     leaving the block stops every process, also on errors and Ctrl-C.
@@ -369,13 +373,15 @@ class LocalDeployment:
 
     def __init__(self, node_configs: Sequence[Mapping[str, Any]], workdir: str | os.PathLike,
                  *, log: Callable[[str], None] | None = None, superexec_poll: float = 0.1,
-                 node_poll: float | None = 0.1, worker: bool = True):
+                 node_poll: float | None = 0.1, worker: bool = True,
+                 separate_worker: bool = False):
         self.node_configs = [dict(c) for c in node_configs]
         self.workdir = Path(workdir)
         self.log = log or (lambda line: None)
         self.superexec_poll = superexec_poll
         self.node_poll = node_poll
         self.worker = worker and node_poll is not None
+        self.separate_worker = separate_worker and self.worker
         self.superlink: subprocess.Popen | None = None
         self.supernodes: dict[int, subprocess.Popen] = {}
         self.runtime_apis: dict[int, str] = {}  # party -> its SuperNode's Runtime API
@@ -433,7 +439,8 @@ class LocalDeployment:
         else:
             self.env["HYFL_SUPERNODE_POLL"] = str(self.node_poll)
             supernode = [sys.executable, "-m", "hyfl.deploy.supernode",
-                         *(["--hyfl-worker"] if self.worker else [])]
+                         *([] if not self.worker else ["--hyfl-worker-process"]
+                           if self.separate_worker else ["--hyfl-worker"])]
         self.runtime_apis[party] = f"127.0.0.1:{_free_port()}"
         self.supernodes[party] = self._spawn(f"party-{party}", [
             *supernode, "--insecure", "--superlink", self.address, "--host", "127.0.0.1",
@@ -447,7 +454,8 @@ class LocalDeployment:
                     "the party's saved state; use the worker to close it)"))
 
     def worker_pid(self, party: int) -> int | None:
-        """The process id of a party's worker (None if it has none right now)."""
+        """The process id of a party's worker (None if it has none right now, or it runs in
+        its SuperNode's process: ``separate_worker=False``)."""
         supernode = self.supernodes[party]
         for pid, (_, cmdline) in _descendants(supernode.pid).items():
             if "hyfl.deploy.worker" in cmdline:
@@ -1274,6 +1282,7 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
               insecure_test_keys: bool = False, overwrite: bool = False,
               reply_timeout: float = 120.0, compare: bool = False,
               node_poll: float | None = 0.1, worker: bool = True,
+              separate_worker: bool = False,
               timeout: float | None = None, log: Callable[[str], None] | None = None,
               on_round: Callable[[dict, float | None], None] | None = None) -> LocalRun:
     """``hyfl deploy local``: keys, SuperLink and SuperNodes on loopback, one job, results.
@@ -1358,7 +1367,7 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
     labels = problem.Y[:, 0] if problem.Y.shape[1] == 1 else None
     progress = _round_reporter(problem, optimum, labels, out, on_round)
     with LocalDeployment(nodes, out / "flower", log=log, node_poll=node_poll,
-                         worker=worker) as deployment:
+                         worker=worker, separate_worker=separate_worker) as deployment:
         log(start_line(K, iterations, cipher, config.algorithm.step_rule, intercept,
                        standardize))
         results = deployment.run(run_config, timeout=timeout, on_progress=progress)

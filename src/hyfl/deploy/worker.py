@@ -33,7 +33,15 @@ on gets no reply, so the server counts the party absent for that round, and
 its next message finds the state of the last message that was answered: the
 party rejoins as a returning party.
 
-Run as ``python -m hyfl.deploy.worker --runtime-api-address HOST:PORT
+By default the worker runs inside the SuperNode's own process
+(``python -m hyfl.deploy.supernode --hyfl-worker``): it then calls the handlers
+of the SuperNode's Runtime API directly (:class:`InProcessRuntime`, the same
+calls without HTTP) and, since its memory and its state folder end together,
+writes a party's state only when it drops the party for newer runs (or, with
+a node config ``state-dir``, after every message, as always).
+
+In a process of its own (``--hyfl-worker-process``), run as
+``python -m hyfl.deploy.worker --runtime-api-address HOST:PORT
 [--superexec-auth-secret-file FILE | --superexec-auth-secret-fd FD] [--parent-pid
 PID] [--state-folder DIR]``: with the secret of a SuperNode started with
 ``--superexec-auth-secret-file FILE``, which then gives its tasks to no one
@@ -81,8 +89,9 @@ class Sessions:
     def handle(self, run: Any, kind: str, message: tuple[dict, str],
                state: tuple[dict, str] | None | Callable[[], tuple[dict, str] | None],
                node_config: Mapping[str, Any], run_config: Mapping[str, Any],
-               timing: Mapping[str, float] | None = None
-               ) -> tuple[tuple[dict, str], tuple[dict, str]]:
+               timing: Mapping[str, float] | None = None,
+               spill: Callable[[tuple[dict, str]], None] | None = None
+               ) -> tuple[tuple[dict, str], tuple[dict, str] | None]:
         """Like :func:`~hyfl.deploy.party.handle_message`, with the party kept in memory.
 
         ``state`` is the saved state, or a function returning it: it is called only
@@ -90,6 +99,13 @@ class Sessions:
         memory (decoding a saved state costs as much as saving it: 0.2 s a message
         for ijcnn1's 40-67 MB states with ckks).
         Returns the encoded reply and the state to save (without the data block).
+
+        With ``spill`` the state is not encoded after each message (None is
+        returned for it): the party stays in memory, and only when it is dropped for
+        newer runs is ``spill`` called with its state. For a worker in the
+        SuperNode's own process (:func:`hyfl.deploy.supernode.run_in_process`),
+        whose memory and state folder end together: encoding and writing an
+        ijcnn1 party's state cost 20-40 ms of every message.
         """
         from hyfl.deploy.party import open_party
 
@@ -103,11 +119,13 @@ class Sessions:
         # An error leaves the party undefined: it is not kept (the next message starts
         # from the state saved after the last good one).
         reply = party.receive(kind, message, timing)
-        saved = party.saved_state(with_block=False)
+        saved = party.saved_state(with_block=False) if spill is None else None
         if kind != "finish":
-            self.parties[run] = (party, configs)
+            self.parties[run] = (party, configs, spill)
             while len(self.parties) > MAX_RUNS:
-                self.parties.popitem(last=False)
+                dropped, _, dropped_spill = self.parties.popitem(last=False)[1]
+                if dropped_spill is not None:
+                    dropped_spill(dropped.saved_state(with_block=False))
         return reply, saved
 
 
@@ -187,14 +205,16 @@ class Worker:
     def __init__(self, runtime_api_address: str, *, poll: float = DEFAULT_POLL,
                  root_certificates: bytes | None = None, wake: int | None = None,
                  log: Callable[[str], None] | None = None,
-                 superexec_auth_secret: bytes | None = None, state_folder: str | None = None):
+                 superexec_auth_secret: bytes | None = None, state_folder: str | None = None,
+                 save_each_message: bool = True):
         self.address, self.poll, self.wake = runtime_api_address, poll, wake
-        self.state_folder = state_folder
+        self.state_folder, self.save_each_message = state_folder, save_each_message
         self.root_certificates = root_certificates
         self.superexec_auth_secret = superexec_auth_secret or None
         self.log = log or (lambda line: None)
         self.sessions = Sessions()
         self.apps: dict[str, Any] = {}  # SHA-256 of a checked bundle -> hyfl's ClientApp
+        self.token: _TaskToken | None = None
 
     def _client(self, component: str, *extra):
         from flwr.supercore.interceptors import (
@@ -249,6 +269,32 @@ class Worker:
         finally:
             acquire.close()
             self.task_client.close()
+
+    def run_pending(self, state) -> int:
+        """Run every ClientApp task waiting in ``state``, the SuperNode's own ``NodeState``,
+        in this (the SuperNode's) process, through :class:`InProcessRuntime`; the number run.
+
+        What :func:`hyfl.deploy.supernode.main` calls each time the SuperNode has stored
+        a message, so that the reply is ready when the SuperNode looks for it.
+        """
+        from flwr.proto.runtime_pb2 import AcquireTaskRequest
+        from flwr.supercore.constant import TaskType
+
+        if self.token is None:
+            from hyfl.deploy.flower_patches import quick_object_pulls
+
+            quick_object_pulls("flwr.supernode.runtime.run_clientapp")
+            self.token = _TaskToken()
+        self.task_client = InProcessRuntime(state, self.token)
+        acquire = InProcessRuntime(state)
+        request = AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP])
+        done = 0
+        while True:
+            response = acquire.AcquireTask(request)
+            if not (response.HasField("task") and response.token):
+                return done
+            self.run_task(response.token)
+            done += 1
 
     def run_task(self, token: str) -> None:
         """One message: pull it, handle it in memory, push the reply and the context."""
@@ -340,6 +386,7 @@ class Worker:
             pack,
             refuse_run,
             save_state,
+            state_dir,
             unpack,
         )
 
@@ -347,19 +394,81 @@ class Worker:
         timing = {"until_handler": started - message.metadata.created_at}
         before = self.sessions.opened
         folder = self.state_folder
+        # A state-dir is kept to survive a restart of the SuperNode: written every time.
+        spill = (None if self.save_each_message or state_dir(context) is not None
+                 else lambda state: save_state(context, state, folder))
         try:
             check_not_refused(context)  # (also for a party in memory: cheap)
             reply, state = self.sessions.handle(
                 context.run_id, kind, unpack(message.content, "the server"),
                 lambda: load_state(context, folder), context.node_config, context.run_config,
-                timing)
+                timing, spill)
         except Exception:
             refuse_run(context)  # pushed with the error reply: the run gets no more answers
             raise
         if self.sessions.opened != before and kind != "hello":
             self.log(f"run {context.run_id}: party restored from its saved state at {kind!r}")
-        save_state(context, state, folder)
+        if state is not None:
+            save_state(context, state, folder)
         return Message(pack(*reply), reply_to=message)
+
+
+class InProcessRuntime:
+    """A SuperNode's Runtime API called from inside the SuperNode's own process.
+
+    The same calls as Flower's ``RuntimeHttpClient`` (``PullTaskInput``,
+    ``PullMessages``, ``PullObject``, ``PushMessages``, ...), answered by the very
+    handlers Flower's Runtime API router calls, on the SuperNode's own
+    ``NodeState``: the task is found by its token as the router finds it, and a
+    handler's ``FlowerError`` reaches the caller as the HTTP client's error would.
+    What goes away is the HTTP hop between two processes on one machine (about
+    ten requests a message, each message's bytes serialized and parsed twice).
+    ``AcquireTask`` needs no secret here: only code of the SuperNode's process
+    calls it; the HTTP Runtime API still refuses it without the secret.
+    """
+
+    #: Runtime API call -> (module of its handler, handler name), as Flower 1.41's router.
+    CALLS = {
+        "PullTaskInput": ("supernode", "pull_task_input"),
+        "PullMessages": ("supernode", "pull_messages"),
+        "PullObject": ("supernode", "pull_object"),
+        "ConfirmMessageReceived": ("supernode", "confirm_message_received"),
+        "PushMessages": ("supernode", "push_messages"),
+        "PushObject": ("supernode", "push_object"),
+        "PushTaskOutput": ("supernode", "push_task_output"),
+        "SendTaskHeartbeat": ("core", "send_task_heartbeat"),
+    }
+
+    def __init__(self, state, token: _TaskToken | None = None) -> None:
+        self.state, self.token = state, token
+
+    def AcquireTask(self, request):  # noqa: N802 (Flower's name)
+        from flwr.supernode.servicer.runtime import runtime_handlers
+
+        return runtime_handlers.acquire_task(request, self.state)
+
+    def __getattr__(self, name: str):
+        if name not in self.CALLS:
+            raise AttributeError(name)
+        from flwr.supercore.error import ApiErrorCode, FlowerError
+        from flwr.supercore.servicer.runtime import runtime_handlers as core
+        from flwr.supernode.servicer.runtime import runtime_handlers as supernode
+
+        where, handler = self.CALLS[name]
+        function = getattr(supernode if where == "supernode" else core, handler)
+
+        def call(request):
+            token = self.token.token if self.token is not None else ""
+            task = self.state.get_task_by_token(token) if token else None
+            if task is None:  # as the router's authenticate_task
+                raise FlowerError(ApiErrorCode.RUNTIME_AUTHENTICATION_FAILED,
+                                  "Runtime task-token authentication failed.")
+            return function(request, self.state, task)
+
+        return call
+
+    def close(self) -> None:
+        pass
 
 
 def _retry_invoker():
