@@ -29,7 +29,8 @@
   ``--superexec-auth-secret-file`` and (``--hyfl-worker-process``), through a
   pipe, to each worker; the SuperNode's HTTP Runtime API hands out tasks
   (``AcquireTask``, which returns a task's token, the key to its message and
-  ``context.state``) only to requests signed with it. ``--superexec-auth-secret-file FILE`` uses that file instead (it must be
+  ``context.state``) only to requests signed with it.
+  ``--superexec-auth-secret-file FILE`` uses that file instead (it must be
   readable by its owner only, and is left in place).
 * A SuperNode with nothing to do asks the SuperLink for new messages every
   3 s, and waits for its ClientApp's reply in steps of 0.5 s; both intervals
