@@ -1254,7 +1254,8 @@ def _round_reporter(problem, optimum, labels, out: Path,
     return progress
 
 
-def _judge_run(results: dict, rows: list[dict], problem, labels, iterations: int):
+def _judge_run(results: dict, rows: list[dict], problem, labels, iterations: int,
+               participation: str = "full"):
     """Whether the run learned (:func:`hyfl.deploy.report.judge_progress`): below the
     zero model, and above always predicting one class
     (:func:`hyfl.runtime.trivial.judge_trivial`)."""
@@ -1268,8 +1269,9 @@ def _judge_run(results: dict, rows: list[dict], problem, labels, iterations: int
         trivial = judge_trivial(rows, majority_rate=majority_rate_of(problem, labels))
         if trivial is not None:
             judgement = Judgement(False, f"no better than a trivial model: {trivial.reason}",
-                                  f"Run more rounds (--iterations {max(2 * iterations, 10)}), "
-                                  "or try --participation full.")
+                                  f"Run more rounds (--iterations {max(2 * iterations, 10)})"
+                                  + ("." if participation == "full"
+                                     else ", or try --participation full."))
     return judgement
 
 
@@ -1391,5 +1393,6 @@ def run_local(*, out: str | os.PathLike, parties: int | None = None, data: str =
                                       round_relative_loss=[row["round_relative_loss"]
                                                            for row in rows],
                                       model_round=int(rows[-1]["model_round"])),
-                    judgement=_judge_run(results, rows, problem, labels, iterations),
+                    judgement=_judge_run(results, rows, problem, labels, iterations,
+                                         participation),
                     warnings=warnings)
