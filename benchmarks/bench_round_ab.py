@@ -13,6 +13,9 @@ Usage (a tree per revision, e.g. with ``git worktree add /tmp/before REV``)::
     python benchmarks/bench_round_ab.py /tmp/before .
     python benchmarks/bench_round_ab.py /tmp/before . --data covtype --partition grid:12x12 \\
         --participation 0.9 --rounds 5 --repeats 2
+    # one tree on one thread against two (hyfl --threads, $HYFL_THREADS):
+    python benchmarks/bench_round_ab.py . . --threads-a 1 --threads-b 2 --data covtype \\
+        --participation 0.9 --rounds 5
 """
 
 from __future__ import annotations
@@ -62,7 +65,11 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads-a", type=int, default=None,
+                        help="$HYFL_THREADS of tree A's runs (default: unset, every core)")
+    parser.add_argument("--threads-b", type=int, default=None, help="the same for tree B")
     args = parser.parse_args(argv)
+    threads = {"A": args.threads_a, "B": args.threads_b}
     trees = {"A": args.before.resolve() / "src", "B": args.after.resolve() / "src"}
     for name, src in trees.items():
         if not (src / "hyfl").is_dir():
@@ -73,7 +80,9 @@ def main(argv=None) -> int:
             out = subprocess.run(
                 [sys.executable, "-c", RUN, str(src), args.data, args.partition,
                  str(args.participation), str(args.lam), str(args.warmup), str(args.rounds)],
-                capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(src)})
+                capture_output=True, text=True,
+                env={**os.environ, "PYTHONPATH": str(src),
+                     **({"HYFL_THREADS": str(threads[name])} if threads[name] else {})})
             if out.returncode:
                 print(out.stderr[-2000:], file=sys.stderr)
                 return 1
@@ -89,7 +98,8 @@ def main(argv=None) -> int:
     print("|---|---|---|---|---|")
     for name, runs in times.items():
         cpus = [c for c, _, _ in runs]
-        print(f"| {name} ({trees[name].parent.name}) | "
+        label = trees[name].parent.name + (f", {threads[name]} threads" if threads[name] else "")
+        print(f"| {name} ({label}) | "
               f"{', '.join(f'{c * 1e3:.0f}' for c in cpus)} | "
               f"{statistics.median(cpus) * 1e3:.0f} | "
               f"{statistics.median(w for _, w, _ in runs) * 1e3:.0f} | {runs[-1][2]} |")

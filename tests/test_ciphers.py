@@ -488,10 +488,10 @@ def test_a_ciphertext_outside_the_key_range_is_refused(ciphers, name):
 
 
 def test_packed_options_workers_and_pool(keypair):
-    from hyfl.privacy._workers import usable_cores
+    from hyfl._threads import thread_count
 
     cipher = make_cipher("packed", keypair=keypair)
-    assert cipher.workers == usable_cores() and cipher.pool_size > 0
+    assert cipher.workers == thread_count() and cipher.pool_size > 0
     serial = make_cipher("packed", keypair=keypair, workers=1, pool_size=0)
     assert (serial.workers, serial.pool_size) == (1, 0) and serial._key._pool is None
     assert serial.public().workers == 1 and serial.public().pool_size == 0

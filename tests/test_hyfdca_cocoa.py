@@ -126,6 +126,56 @@ def test_engine_equals_the_per_client_reference(case, monkeypatch):
         assert any(trust < 1.0 for trust in trusts)  # the exploration restarted
 
 
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_clients_solved_on_threads_give_the_same_bits(case, monkeypatch):
+    """The clients of a round split over 1, 2 or 3 threads (every round, however small:
+    the size threshold set to one row): the iterates, duals and averages are the same
+    bits, and the threads really ran (``client_chunks`` made several runs)."""
+    from hyfl._threads import limit_threads
+    from hyfl.algorithms import hyfdca_local
+
+    loss, data_options, make_partition, make_participation, hyfdca = CASES[case]
+    data = synthetic(n=90, m=8, **data_options)
+    problem = make_problem(data, loss, 0.02)
+    partition = make_partition(problem.n_samples, problem.n_features, problem.X)
+    participation = make_participation(partition.n_clients)
+    monkeypatch.setattr(hyfdca_local, "MIN_ROWS_PER_THREAD", 1)
+    chunked = []
+    real_chunks = hyfdca_local.client_chunks
+    monkeypatch.setattr(hyfdca_local, "client_chunks",
+                        lambda work, parts: chunked.append((parts, len(work)))
+                        or real_chunks(work, parts))
+    runs = []
+    for threads in (1, 2, 3):
+        chunked.clear()  # (the last run's, on three threads, are checked below)
+        state = hyfdca.setup(problem, stack(partition, problem.X))
+        rngs = random_streams(5)
+        with limit_threads(threads):
+            for t in range(1, 13):
+                state = hyfdca.round(state, participation.active(t, rngs[0]), rngs[1])
+        runs.append((state.w, state.alpha, [m for _, m, _ in hyfdca.models(state)]))
+    for w, alpha, models in runs[1:]:
+        assert np.array_equal(w, runs[0][0]) and np.array_equal(alpha, runs[0][1])
+        assert all(np.array_equal(a, b) for a, b in zip(models, runs[0][2]))
+    # On three threads, several runs whenever a round had several clients (one client a
+    # round in the cyclic vertical case: nothing to share).
+    assert all(parts > 1 for parts, clients in chunked if clients > 1)
+
+
+def test_client_chunks_split_consecutive_clients_by_their_work():
+    from hyfl.algorithms.hyfdca_local import client_chunks
+
+    work = np.array([5, 1, 1, 1, 1, 1, 5, 0])
+    bounds = client_chunks(work, 2)
+    assert bounds[0] == 0 and bounds[-1] == work.size and np.all(np.diff(bounds) > 0)
+    halves = [work[lo:hi].sum() for lo, hi in zip(bounds[:-1], bounds[1:])]
+    assert len(halves) == 2 and abs(halves[0] - halves[1]) <= 5
+    assert client_chunks(work, 1).tolist() == [0, work.size]
+    assert client_chunks(np.zeros(3), 2).tolist() == [0, 3]
+    assert client_chunks(work, 50)[-1] == work.size  # never more runs than clients
+    assert len(client_chunks(work, 50)) <= work.size + 1
+
+
 SPLITS = {
     "hybrid": (lambda n, m: grid(n, m, 3, 3, seed=0), 0.5),
     "horizontal": (lambda n, m: horizontal(n, m, 4), 0.5),

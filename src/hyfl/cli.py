@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -25,6 +26,7 @@ from hyfl._names import (
     STEP_RULES,
 )
 from hyfl._names import CIPHER_NAMES as CIPHERS
+from hyfl._threads import THREADS_VARIABLE
 from hyfl.cli_tables import (
     console,
     name_column,
@@ -67,8 +69,19 @@ def _main(
             help="Print hyfl's version and exit.",
         ),
     ] = False,
+    threads: Annotated[
+        int | None,
+        typer.Option(
+            "--threads",
+            min=1,
+            help="Threads for hyfl's own parallel work (a HyFDCA round's clients, the packed "
+            "cipher); default: every core. Results do not depend on it.",
+        ),
+    ] = None,
 ) -> None:
     """Hybrid federated learning of linear models (HyFDCA and baselines)."""
+    if threads is not None:  # for this process and every process it starts
+        os.environ[THREADS_VARIABLE] = str(threads)
 
 
 def _choice(names) -> click.Choice:

@@ -179,6 +179,7 @@ def solve_subproblems(
     passes: int | np.ndarray = 1,
     offset_weights: np.ndarray | None = None,
     ascending: np.ndarray | None = None,
+    threads: int | None = None,
 ) -> np.ndarray:
     """Every active client's local subproblem, solved by sequential dual coordinate ascent.
 
@@ -242,14 +243,20 @@ def solve_subproblems(
         Per client, its draws by ascending sample, as offsets from ``segments[a]``
         (:func:`ascending_draws`): the remembered inner products are then read in
         storage order. The results do not depend on it (default: the draw order).
+    threads : int, optional
+        Threads the clients are solved on, runs of consecutive clients each
+        (default :func:`hyfl._threads.thread_count`: ``hyfl --threads``,
+        ``$HYFL_THREADS`` or every core). The results are the same bits for any count.
 
     Returns
     -------
     ndarray, shape (n, C)
         Each drawn row's proposed dual change.
     """
+    from hyfl._threads import check_threads, thread_count
     from hyfl.algorithms import hyfdca_compiled as compiled
 
+    threads = thread_count() if threads is None else check_threads(threads)
     step = step_bundle(loss)
     segments = np.asarray(segments, dtype=np.int64)
     row_sample = np.ascontiguousarray(row_sample, dtype=np.int64)
@@ -293,8 +300,71 @@ def solve_subproblems(
                              if offset_weights is None
                              else np.ascontiguousarray(offset_weights[:, c], dtype=np.float64),
                              inverse)
-        out[:, c] = compiled.solve(step, draws, csr, span, c, float(coef), passes)
+        out[:, c] = _solve_clients(step, draws, csr, span, c, float(coef), passes, threads)
     return out
+
+
+#: Below this many drawn rows a round's clients are solved on one thread: handing them
+#: to others costs more than it saves (tens of microseconds a client).
+MIN_ROWS_PER_THREAD = 2048
+
+
+def client_chunks(work: np.ndarray, parts: int) -> np.ndarray:
+    """Boundaries ``b`` (``b[0] = 0``, ``b[-1] = A``) splitting clients ``0..A-1`` into at
+    most ``parts`` runs of consecutive clients with about equal ``work`` (A,) each."""
+    total = np.cumsum(work, dtype=np.float64)
+    if parts <= 1 or total.size <= 1 or total[-1] <= 0:
+        return np.array([0, total.size])
+    cuts = np.searchsorted(total, total[-1] * np.arange(1, parts) / parts, side="left") + 1
+    return np.unique(np.concatenate(([0], np.minimum(cuts, total.size), [total.size])))
+
+
+def _solve_clients(step, draws, csr, span, c: int, coef: float, passes: np.ndarray,
+                   threads: int) -> np.ndarray:
+    """:func:`hyfdca_compiled.solve` over every client, on up to ``threads`` threads.
+
+    The clients of a round are independent: each reads shared arrays and writes only
+    its own rows' changes, so runs of consecutive clients go to different threads (the
+    kernel releases the GIL), each with its own scratch, and the result is the same
+    bits for any thread count.
+    """
+    from hyfl.algorithms import hyfdca_compiled as compiled
+
+    segments = draws.segments
+    counts = np.diff(segments)
+    parts = min(threads, int(counts.sum()) // MIN_ROWS_PER_THREAD, counts.size)
+    bounds = client_chunks(counts * passes, parts)
+    if bounds.size <= 2:
+        return compiled.solve(step, draws, csr, span, c, coef, passes)
+
+    def chunk(lo: int, hi: int) -> np.ndarray:  # clients lo..hi-1
+        first, last = segments[lo], segments[hi]
+        part = compiled.Draws(segments[lo:hi + 1] - first, draws.row_sample[first:last],
+                              draws.rows[first:last], draws.alpha, draws.y, draws.weight,
+                              draws.sq_norms, draws.ascending[first:last])
+        # (feature_ptr keeps its absolute offsets into features and basis)
+        own = compiled.Span(span.ring, span.pairs[lo:hi], span.transforms[lo:hi],
+                            span.feature_ptr[lo:hi + 1], span.features, span.basis,
+                            span.basis_grams[lo:hi], span.offset_weights[lo:hi],
+                            np.full_like(span.inverse, -1))
+        return compiled.solve(step, part, csr, own, c, coef, passes[lo:hi])
+
+    pool = _solver_pool(bounds.size - 1)
+    futures = [pool.submit(chunk, int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    return np.concatenate([future.result() for future in futures])
+
+
+_POOL: list = []  # [ThreadPoolExecutor, its size]: made once, grown when more are asked
+
+
+def _solver_pool(size: int):
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not _POOL or _POOL[1] < size:
+        if _POOL:
+            _POOL[0].shutdown(wait=False)
+        _POOL[:] = [ThreadPoolExecutor(max_workers=size, thread_name_prefix="hyfl-solve"), size]
+    return _POOL[0]
 
 
 # ---------------------------------------------------------------------------

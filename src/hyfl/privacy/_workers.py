@@ -31,14 +31,6 @@ import gmpy2
 MIN_PER_THREAD = 4
 
 
-def usable_cores() -> int:
-    """Cores this process may run on (its CPU affinity; ``os.cpu_count()`` elsewhere)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
-
-
 def powmods(jobs: Sequence[tuple[list, object, object]], workers: int) -> list[list]:
     """``[powmod_base_list(bases, exponent, modulus) for each job]`` over ``workers`` threads.
 

@@ -59,8 +59,9 @@ import numpy as np
 from gmpy2 import mpz
 from phe import paillier as _phe
 
+from hyfl._threads import thread_count
 from hyfl.errors import check_choice, check_int, fail
-from hyfl.privacy._workers import ObfuscatorPool, powmods, usable_cores
+from hyfl.privacy._workers import ObfuscatorPool, powmods
 from hyfl.privacy.cipher_base import (  # noqa: F401  (the interface, re-exported)
     DEFAULT_BOUND,
     DEFAULT_GUARD_BITS,
@@ -621,7 +622,7 @@ def _make_packed(
 ) -> Cipher:
     fp = FixedPoint(DEFAULT_PRECISION_BITS if precision_bits is None else precision_bits, bound)
     key = _PaillierKey(*_keypair(key_bits, keypair),
-                       workers=usable_cores() if workers is None else workers, pool_size=pool_size)
+                       workers=thread_count() if workers is None else workers, pool_size=pool_size)
     return PackedPaillierCipher(key, fp, guard_bits)
 
 
