@@ -241,6 +241,50 @@ def test_history_gram_matrices_equal_the_directions_products():
             np.testing.assert_allclose(grams[a], np.einsum("mrc,msc->crs", D, D), atol=1e-9)
 
 
+def _numpy_direction_grams(history, pairs, t):
+    """The NumPy ``SpanHistory.direction_grams`` the compiled kernel replaced, kept as
+    the reference it must equal bit for bit (the golden traces depend on it)."""
+    W, C = history.size, history.w.shape[1]
+    position, chrono = history._chronology(t)
+    gram = history.move_gram[:, chrono][:, :, chrono]
+    box = np.zeros((C, W + 1, W + 1))
+    box[:, 1:, 1:] = gram.cumsum(axis=1).cumsum(axis=2)
+    with_w = np.einsum("mc,smc->cs", history.w, history.moves)[:, chrono]
+    line = np.zeros((C, W + 1))
+    line[:, 1:] = with_w.cumsum(axis=1)
+    p, b = pairs[..., 0], pairs[..., 1]
+    hi = np.where(p >= 0, position[np.maximum(p, 0)] + 1, 0)
+    lo = np.where(b >= 0, position[np.maximum(b, 0)] + 1, 0)
+    is_move = (b >= 0)[..., :, None] & (b >= 0)[..., None, :]
+    hi_i, lo_i, hi_j, lo_j = hi[..., :, None], lo[..., :, None], hi[..., None, :], lo[..., None, :]
+    moves = (box[:, hi_i, hi_j] - box[:, lo_i, hi_j] - box[:, hi_i, lo_j] + box[:, lo_i, lo_j])
+    w_with = line[:, hi] - line[:, lo]
+    grams = np.where(is_move[None], moves, 0.0)
+    first = (p >= 0) & (b < 0)
+    grams[:, :, 0, :] = np.where((b >= 0)[None], w_with, 0.0)
+    grams[:, :, :, 0] = grams[:, :, 0, :]
+    grams[:, :, 0, 0] = np.where(first[None, :, 0], np.sum(history.w * history.w, axis=0)[:, None],
+                                 0.0)
+    return np.moveaxis(grams, 0, 1)
+
+
+@pytest.mark.parametrize("depth", [1, 4, 23])
+def test_the_compiled_direction_grams_equal_the_numpy_ones_bit_for_bit(depth):
+    rng = np.random.default_rng(depth)
+    M, C, K = 9, 3, 5
+    history = SpanHistory.empty(K, None, M, C, depth)
+    checked = 0
+    for t in range(1, 40):
+        active = np.flatnonzero(rng.random(K) < 0.6)
+        history.record(t, rng.normal(size=(M, C)) * 10.0 ** rng.integers(-6, 3), active)
+        if not active.size:
+            continue
+        pairs, grams = history.directions(active)
+        assert np.array_equal(grams, _numpy_direction_grams(history, pairs, t))
+        checked += 1
+    assert checked > 20
+
+
 def test_running_average_equals_the_dense_recursion():
     rng = np.random.default_rng(1)
     x = np.zeros((6, 2))

@@ -517,3 +517,60 @@ def refresh_copies(rows, row_sample, alpha, alpha_local):
                 if alpha_local[r, c] != alpha[i, c]:
                     inexact[j] = True
     return moved, change, inexact
+
+
+# ---------------------------------------------------------------------------
+# The directions' Gram matrices (hyfl.algorithms.hyfdca_local.SpanHistory.direction_grams)
+# ---------------------------------------------------------------------------
+
+
+@njit
+def direction_grams(move_gram, chrono, position, with_w, norm_w, pairs):
+    # move_gram (C, W, W) the moves' products by slot; chrono (W,) the slots oldest first,
+    # position (W,) each slot's place in it; with_w (C, W) <w, move> in chrono order;
+    # norm_w (C,) ||w||^2; pairs (A, R, 2). Returns (A, C, R, R). The same additions in
+    # the same order as the NumPy it replaces (cumsums, then the four corners of a box),
+    # so the same bits: 40 small array calls became one.
+    C, W = move_gram.shape[0], move_gram.shape[1]
+    A, R = pairs.shape[0], pairs.shape[1]
+    box = np.zeros((C, W + 1, W + 1))  # box[c, a, b] = sum of gram[c, :a, :b]
+    line = np.zeros((C, W + 1))
+    column = np.empty(W)
+    for c in range(C):
+        column[:] = 0.0
+        for i in range(W):
+            run = 0.0
+            for j in range(W):
+                column[j] += move_gram[c, chrono[i], chrono[j]]
+                run += column[j]
+                box[c, i + 1, j + 1] = run
+        total = 0.0
+        for k in range(W):
+            total += with_w[c, k]
+            line[c, k + 1] = total
+    hi = np.zeros((A, R), dtype=np.int64)
+    lo = np.zeros((A, R), dtype=np.int64)
+    for a in range(A):
+        for r in range(R):
+            p, b = pairs[a, r, 0], pairs[a, r, 1]
+            hi[a, r] = position[p] + 1 if p >= 0 else 0
+            lo[a, r] = position[b] + 1 if b >= 0 else 0
+    grams = np.zeros((A, C, R, R))
+    for a in range(A):
+        for c in range(C):
+            for i in range(R):
+                if pairs[a, i, 1] < 0:
+                    continue
+                for j in range(R):
+                    if pairs[a, j, 1] >= 0:
+                        grams[a, c, i, j] = (box[c, hi[a, i], hi[a, j]] - box[c, lo[a, i], hi[a, j]]
+                                             - box[c, hi[a, i], lo[a, j]]
+                                             + box[c, lo[a, i], lo[a, j]])
+            # Row and column 0: the current w with each direction (a move: b >= 0).
+            for j in range(R):
+                value = line[c, hi[a, j]] - line[c, lo[a, j]] if pairs[a, j, 1] >= 0 else 0.0
+                grams[a, c, 0, j] = value
+                grams[a, c, j, 0] = value
+            first = pairs[a, 0, 0] >= 0 and pairs[a, 0, 1] < 0  # w itself
+            grams[a, c, 0, 0] = norm_w[c] if first else 0.0
+    return grams

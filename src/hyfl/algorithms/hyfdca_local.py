@@ -781,32 +781,24 @@ class SpanHistory:
         return np.swapaxes(out, -1, -2)
 
     def direction_grams(self, pairs: np.ndarray, t: int) -> np.ndarray:
-        """Gram matrices of the directions ``pairs`` (see :func:`direction_pairs`) at round t."""
-        W, C = self.size, self.w.shape[1]
+        """Gram matrices of the directions ``pairs`` ((..., R, 2), see
+        :func:`direction_pairs`) at round t: shape (..., C, R, R).
+
+        Direction ``j > 0`` sums the moves of the rounds after its older slot up to its
+        newer, so its products with another are sums over a box of the moves' Gram
+        matrix (cumulative sums in time order); direction 0 is the current ``w``.
+        """
+        from hyfl.algorithms import hyfdca_compiled as compiled
+
         position, chrono = self._chronology(t)
-        gram = self.move_gram[:, chrono][:, :, chrono]
-        box = np.zeros((C, W + 1, W + 1))  # box[a, b] = sum of gram[:a, :b]
-        box[:, 1:, 1:] = gram.cumsum(axis=1).cumsum(axis=2)
-        with_w = np.einsum("mc,smc->cs", self.w, self.moves)[:, chrono]
-        line = np.zeros((C, W + 1))
-        line[:, 1:] = with_w.cumsum(axis=1)
-        # Direction j > 0 sums the moves of the rounds after its older slot up to its newer.
-        p, b = pairs[..., 0], pairs[..., 1]
-        hi = np.where(p >= 0, position[np.maximum(p, 0)] + 1, 0)
-        lo = np.where(b >= 0, position[np.maximum(b, 0)] + 1, 0)
-        is_move = (b >= 0)[..., :, None] & (b >= 0)[..., None, :]
-        hi_i, lo_i = hi[..., :, None], lo[..., :, None]
-        hi_j, lo_j = hi[..., None, :], lo[..., None, :]
-        moves = (box[:, hi_i, hi_j] - box[:, lo_i, hi_j] - box[:, hi_i, lo_j]
-                 + box[:, lo_i, lo_j])  # (C, A, R, R)
-        w_with = line[:, hi] - line[:, lo]  # (C, A, R): <w, direction>
-        grams = np.where(is_move[None], moves, 0.0)
-        first = (p >= 0) & (b < 0)  # the current w itself (column 0)
-        grams[:, :, 0, :] = np.where((b >= 0)[None], w_with, 0.0)
-        grams[:, :, :, 0] = grams[:, :, 0, :]
+        with_w = np.ascontiguousarray(np.einsum("mc,smc->cs", self.w, self.moves)[:, chrono])
         norm_w = np.sum(self.w * self.w, axis=0)  # (C,)
-        grams[:, :, 0, 0] = np.where(first[None, :, 0], norm_w[:, None], 0.0)
-        return np.moveaxis(grams, 0, 1)
+        flat = np.ascontiguousarray(pairs, dtype=np.int64).reshape(-1, *pairs.shape[-2:])
+        grams = compiled.direction_grams(np.ascontiguousarray(self.move_gram),
+                                         np.ascontiguousarray(chrono, dtype=np.int64),
+                                         np.ascontiguousarray(position, dtype=np.int64),
+                                         with_w, norm_w, flat)
+        return grams.reshape(*pairs.shape[:-2], *grams.shape[1:])
 
 
 class ClientMemory:
