@@ -1283,6 +1283,16 @@ def test_reaper_kills_the_whole_tree_when_the_command_or_the_parent_dies(tmp_pat
     assert reaped(["x"])[-2:] == ["--", "x"]
 
 
+def _one_party_of_three(tmp_path, problem, keys):
+    """Block files of a hybrid split into three, a paillier run config, party 0's node."""
+    private, public = keys
+    partition = _hybrid3(problem.n_samples, problem.n_features)
+    files = write_blocks(problem, partition, tmp_path / "blocks", lam_default=problem.lam)
+    run = run_config_for(parties=3, cipher="paillier", public_key=str(public),
+                         insecure_test_keys=True)
+    return files, run, node_for(0, "paillier", private, data=str(files[0]))
+
+
 def test_a_restored_worker_refuses_data_that_changed_and_forgets_finished_runs(
         tmp_path, problem, keys):
     """The long-lived worker's party store (hyfl.deploy.worker.Sessions): a party restored
@@ -1290,12 +1300,7 @@ def test_a_restored_worker_refuses_data_that_changed_and_forgets_finished_runs(
     'finish'; at most MAX_RUNS runs stay in memory."""
     from hyfl.deploy import worker as worker_module
 
-    private, public = keys
-    partition = _hybrid3(problem.n_samples, problem.n_features)
-    files = write_blocks(problem, partition, tmp_path / "blocks", lam_default=problem.lam)
-    run = run_config_for(parties=3, cipher="paillier", public_key=str(public),
-                         insecure_test_keys=True)
-    node = node_for(0, "paillier", private, data=str(files[0]))
+    files, run, node = _one_party_of_three(tmp_path, problem, keys)
     sessions = Sessions()
     reply, state = sessions.handle(1, "hello", encode(_announcement(keys)), None, node, run)
     assert decode(*reply)["party"] == 0 and "block" not in decode(*state)
@@ -1324,12 +1329,7 @@ def test_a_worker_in_the_supernodes_process_writes_a_state_only_when_it_drops_a_
     state saved after each message."""
     from hyfl.deploy import worker as worker_module
 
-    private, public = keys
-    partition = _hybrid3(problem.n_samples, problem.n_features)
-    files = write_blocks(problem, partition, tmp_path / "blocks", lam_default=problem.lam)
-    run = run_config_for(parties=3, cipher="paillier", public_key=str(public),
-                         insecure_test_keys=True)
-    node = node_for(0, "paillier", private, data=str(files[0]))
+    files, run, node = _one_party_of_three(tmp_path, problem, keys)
     spilled: dict = {}
     sessions = Sessions()
     for run_id in range(1, 2 + worker_module.MAX_RUNS):
