@@ -284,7 +284,8 @@ def party(
     worker: Annotated[bool, typer.Option("--worker", hidden=True)] = False,
     worker_process: Annotated[bool, typer.Option(
         "--worker-process", help="Run the worker in a process of its own, restarted if it "
-        "dies, instead of in the SuperNode's process (slower).")] = False,
+        "dies, instead of in the SuperNode's process, where a crash (a native fault, out of "
+        "memory) ends the SuperNode too; slower.")] = False,
     node_key: Annotated[Path | None, typer.Option(
         help="This SuperNode's ECDSA key (ssh-keygen -t ecdsa -b 384) for a SuperLink with "
         "supernode auth; register its .pub with `flwr supernode register`.")] = None,
@@ -618,7 +619,8 @@ def local(
                                          "Flower ClientApp process each.")] = True,
     worker_process: Annotated[bool, typer.Option(
         "--worker-process", help="Run each party's worker in a process of its own, restarted "
-        "if it dies, instead of in its SuperNode's process (slower).")] = False,
+        "if it dies (a crash then spares the SuperNode), instead of in its SuperNode's "
+        "process (about half the time a message).")] = False,
     timeout: Annotated[float | None, typer.Option(help="Give up after this many seconds.")] =
     None,
 ):
@@ -649,6 +651,13 @@ def local(
                                            for key in ("active", "absent")}}
                 display.show(record, loss)
 
+            if worker_process and not worker:
+                raise fail("--worker-process and --per-message", "were both given",
+                           "Give one of them.")
+            if worker_process and node_poll <= 0:
+                raise fail("--worker-process and --node-poll 0", "were both given",
+                           "--node-poll 0 runs Flower's own ClientApp process per message: "
+                           "give one of them.")
             outcome = run_local(
                 out=out, parties=parties, data=data, partition=partition,
                 party_data=party_data, iterations=iterations, participation=participation,

@@ -381,7 +381,10 @@ class LocalDeployment:
         self.superexec_poll = superexec_poll
         self.node_poll = node_poll
         self.worker = worker and node_poll is not None
-        self.separate_worker = separate_worker and self.worker
+        if separate_worker and not self.worker:
+            raise fail("separate_worker", "needs the worker (worker=True and a node_poll)",
+                       "Drop --worker-process, or --per-message / --node-poll 0.")
+        self.separate_worker = separate_worker
         self.superlink: subprocess.Popen | None = None
         self.supernodes: dict[int, subprocess.Popen] = {}
         self.runtime_apis: dict[int, str] = {}  # party -> its SuperNode's Runtime API

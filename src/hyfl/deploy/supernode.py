@@ -19,7 +19,7 @@
   this process starts against the SuperNode's Runtime API
   (``--host``/``--port``) and restarts when it dies: a worker that crashes or
   hangs leaves the SuperNode registered, and the party rejoins seconds later.
-  The SuperNode then also gives up on a task whose worker stopped
+  In both modes the SuperNode gives up on a task whose worker stopped
   sending heartbeats after ``TASK_PATIENCE`` seconds instead of 60 (the
   message gets Flower's "ClientApp crashed" reply, which the server counts as
   an absence), so a restarted worker is back within seconds.
@@ -250,7 +250,8 @@ def supervise_worker(runtime_api_address: str, stop: threading.Event,
 
 def run_in_process(state_folder: str | os.PathLike | None) -> None:
     """Serve the party in this, the SuperNode's, process: each message the SuperNode stores
-    is handled at once, in its own thread, through Flower's Runtime API handlers
+    is handled at once, in the SuperNode's thread that stored it (task heartbeats come
+    from a thread of their own), through Flower's Runtime API handlers
     (:meth:`hyfl.deploy.worker.Worker.run_pending`), so its reply is stored before the
     SuperNode looks for it."""
     from hyfl.deploy.worker import Worker

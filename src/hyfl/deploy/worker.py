@@ -82,9 +82,10 @@ class Sessions:
     in-process transport use it alike.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, log: Callable[[str], None] | None = None) -> None:
         self.parties: OrderedDict[Any, tuple[Any, tuple]] = OrderedDict()
         self.opened = 0  # parties built from a state (or none): starts and restarts
+        self.log = log or (lambda line: None)
 
     def handle(self, run: Any, kind: str, message: tuple[dict, str],
                state: tuple[dict, str] | None | Callable[[], tuple[dict, str] | None],
@@ -123,9 +124,15 @@ class Sessions:
         if kind != "finish":
             self.parties[run] = (party, configs, spill)
             while len(self.parties) > MAX_RUNS:
-                dropped, _, dropped_spill = self.parties.popitem(last=False)[1]
+                dropped_run, (dropped, _, dropped_spill) = self.parties.popitem(last=False)
                 if dropped_spill is not None:
-                    dropped_spill(dropped.saved_state(with_block=False))
+                    try:
+                        dropped_spill(dropped.saved_state(with_block=False))
+                    except Exception as err:  # noqa: BLE001 (a full disk, say: the message
+                        # being answered is another run's, which must not fail for it)
+                        self.log(f"run {dropped_run}: could not keep the state of the party "
+                                 f"dropped for newer runs ({type(err).__name__}: {err}); "
+                                 "that run cannot go on here")
         return reply, saved
 
 
@@ -212,7 +219,7 @@ class Worker:
         self.root_certificates = root_certificates
         self.superexec_auth_secret = superexec_auth_secret or None
         self.log = log or (lambda line: None)
-        self.sessions = Sessions()
+        self.sessions = Sessions(self.log)
         self.apps: dict[str, Any] = {}  # SHA-256 of a checked bundle -> hyfl's ClientApp
         self.token: _TaskToken | None = None
 
