@@ -298,12 +298,14 @@ def test_two_parties_masked_sums_combined_and_masks_across_runs_show_nothing(tmp
         assert _run(coordinator) is None
         runs.append([transport.reply(k, "labels")["moments"] for k in range(3)])
     first = runs[0]
-    for a, b in ((0, 1), (0, 2), (1, 2)):
-        pair = decode(sum_messages([first[a], first[b]]))
-        assert np.all(np.abs(pair) > 1e3)  # uniform residues, not sums of |x| < 90
-    difference = decode(runs[0][0] - runs[1][0])
-    assert np.all(np.abs(difference) > 1e3)
-    assert all(np.all(np.abs(decode(m)) > 1e3) for m in first)  # each alone: residues
+    # Uniform residues decode to about +-8e6, so one cell in ~8,000 lands within 1e3 of
+    # zero by chance; the statistics themselves are sums of |x| < 90. At most one such
+    # cell among all the looks below (two would be chance of ~1e-5).
+    looks = [decode(sum_messages([first[a], first[b]])) for a, b in ((0, 1), (0, 2), (1, 2))]
+    looks.append(decode(runs[0][0] - runs[1][0]))  # one party's sums of two runs
+    looks.extend(decode(m) for m in first)  # each alone
+    near = sum(int(np.sum(np.abs(look) < 1e3)) for look in looks)
+    assert near <= 1, near
 
 
 # ---------------------------------------------------------------- a local user

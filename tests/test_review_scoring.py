@@ -391,7 +391,12 @@ def test_a_hostile_asker_opens_only_masked_peer_parts(tmp_path, job, keys):
         unmasked = opened.view(np.uint64).reshape(-1, 1) + cell_masks(key, salt, requested,
                                                                       moments=1).T
         read = scoring._decode(unmasked)[:, 0]
-        assert np.all(np.abs(read - parts[j]) > 1e3), j  # off by a uniform 64-bit mask
+        # Off by a uniform 64-bit mask: decoded, it spreads over about +-8e6, so a cell
+        # lands within 1e3 of the part with probability ~1e-4 (one of a hundred cells
+        # did, once, in CI); a read that held the parts would be within 1e-9 everywhere.
+        near = np.abs(read - parts[j]) < 1e3
+        assert near.mean() < 0.05, (j, near.sum(), near.size)
+        assert np.median(np.abs(read - parts[j])) > 1e5, j
 
 
 def test_a_hostile_asker_claiming_a_peers_column_reads_it_by_differencing(tmp_path, job,
