@@ -54,6 +54,11 @@ print((time.process_time() - cpu) / n, (time.perf_counter() - wall) / n,
 """
 
 
+def _ms(seconds: float) -> str:
+    """Milliseconds to three significant digits (a demo round is a few ms)."""
+    return f"{seconds * 1e3:.3g}"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("before", type=Path, help="source tree A (holds src/hyfl)")
@@ -88,7 +93,7 @@ def main(argv=None) -> int:
                 return 1
             cpu, wall, primal = out.stdout.split()[-3:]
             times[name].append((float(cpu), float(wall), primal))
-            print(f"{name} cpu {float(cpu) * 1e3:.0f} ms/round, wall {float(wall) * 1e3:.0f} ms,"
+            print(f"{name} cpu {_ms(float(cpu))} ms/round, wall {_ms(float(wall))} ms,"
                   f" primal {primal}", flush=True)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"\n{datetime.date.today()}, {platform.processor() or platform.machine()}, "
@@ -100,9 +105,9 @@ def main(argv=None) -> int:
         cpus = [c for c, _, _ in runs]
         label = trees[name].parent.name + (f", {threads[name]} threads" if threads[name] else "")
         print(f"| {name} ({label}) | "
-              f"{', '.join(f'{c * 1e3:.0f}' for c in cpus)} | "
-              f"{statistics.median(cpus) * 1e3:.0f} | "
-              f"{statistics.median(w for _, w, _ in runs) * 1e3:.0f} | {runs[-1][2]} |")
+              f"{', '.join(_ms(c) for c in cpus)} | "
+              f"{_ms(statistics.median(cpus))} | "
+              f"{_ms(statistics.median(w for _, w, _ in runs))} | {runs[-1][2]} |")
     return 0
 
 

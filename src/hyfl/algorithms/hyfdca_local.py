@@ -699,6 +699,7 @@ class SpanHistory:
                z: np.ndarray = None) -> None:
         """Round ``t``: the flagged clients got ``z`` (rows ``samples``) computed with ``w``."""
         slot = t % self.size
+        self._kept_chronology = None  # slot_round changes
         self.slots[self.slots == slot] = -1  # that slot's round is now too old
         move = w - self.w
         self.moves[slot] = move
@@ -726,9 +727,19 @@ class SpanHistory:
         return pairs, self.direction_grams(pairs, t)
 
     def _chronology(self, t: int) -> tuple[np.ndarray, np.ndarray]:
-        """Position of every slot in time (oldest first; unused slots first) and the order."""
+        """Position of every slot in time (oldest first; unused slots first) and the order.
+
+        Kept until the next :meth:`record` (a round asks for it about 15 times, once per
+        client and group; only ``record`` changes ``slot_round``). Read-only arrays.
+        """
+        kept = getattr(self, "_kept_chronology", None)
+        if kept is not None and kept[0] == t:
+            return kept[1], kept[2]
         position = np.where(self.slot_round >= 0, self.slot_round - (t - self.size + 1), 0)
-        return position, np.argsort(position)
+        order = np.argsort(position)
+        position.flags.writeable = order.flags.writeable = False
+        self._kept_chronology = (t, position, order)
+        return position, order
 
     def direction_vectors(self, pairs: np.ndarray, features: np.ndarray) -> np.ndarray:
         """One client's directions (see :func:`direction_pairs`) on the given features.
