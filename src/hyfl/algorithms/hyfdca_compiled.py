@@ -533,28 +533,38 @@ def direction_grams(move_gram, chrono, position, with_w, norm_w, pairs):
     # so the same bits: 40 small array calls became one.
     C, W = move_gram.shape[0], move_gram.shape[1]
     A, R = pairs.shape[0], pairs.shape[1]
-    box = np.zeros((C, W + 1, W + 1))  # box[c, a, b] = sum of gram[c, :a, :b]
-    line = np.zeros((C, W + 1))
-    column = np.empty(W)
-    for c in range(C):
-        column[:] = 0.0
-        for i in range(W):
-            run = 0.0
-            for j in range(W):
-                column[j] += move_gram[c, chrono[i], chrono[j]]
-                run += column[j]
-                box[c, i + 1, j + 1] = run
-        total = 0.0
-        for k in range(W):
-            total += with_w[c, k]
-            line[c, k + 1] = total
     hi = np.zeros((A, R), dtype=np.int64)
     lo = np.zeros((A, R), dtype=np.int64)
+    need = np.zeros(W + 1, dtype=np.bool_)  # the box rows the corners read
     for a in range(A):
         for r in range(R):
             p, b = pairs[a, r, 0], pairs[a, r, 1]
             hi[a, r] = position[p] + 1 if p >= 0 else 0
             lo[a, r] = position[b] + 1 if b >= 0 else 0
+            need[hi[a, r]] = True
+            need[lo[a, r]] = True
+    # box[c, a, b] = sum of gram[c, :a, :b], written only in the rows read below.
+    box = np.empty((C, W + 1, W + 1))
+    box[:, 0, :] = 0.0
+    line = np.zeros((C, W + 1))
+    column = np.empty(W)
+    for c in range(C):
+        column[:] = 0.0
+        for i in range(W):
+            for j in range(W):
+                column[j] += move_gram[c, chrono[i], chrono[j]]
+            # Only the rows read below are summed along (a serial chain of W additions
+            # each, the kernel's cost when every row was); their bits are unchanged.
+            if need[i + 1]:
+                box[c, i + 1, 0] = 0.0
+                run = 0.0
+                for j in range(W):
+                    run += column[j]
+                    box[c, i + 1, j + 1] = run
+        total = 0.0
+        for k in range(W):
+            total += with_w[c, k]
+            line[c, k + 1] = total
     grams = np.zeros((A, C, R, R))
     for a in range(A):
         for c in range(C):
