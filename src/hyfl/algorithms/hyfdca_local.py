@@ -675,6 +675,7 @@ class SpanHistory:
     def __init__(self, z, moves, move_gram, w, slots, slot_round):
         self.z, self.moves, self.move_gram, self.w = z, moves, move_gram, w
         self.slots, self.slot_round = slots, slot_round
+        self._kept_chronology = None  # (t, position, order) of _chronology until record
 
     @classmethod
     def empty(cls, n_clients: int, n_samples: int | None, n_features: int, n_outputs: int,
@@ -732,7 +733,7 @@ class SpanHistory:
         Kept until the next :meth:`record` (a round asks for it about 15 times, once per
         client and group; only ``record`` changes ``slot_round``). Read-only arrays.
         """
-        kept = getattr(self, "_kept_chronology", None)
+        kept = self._kept_chronology
         if kept is not None and kept[0] == t:
             return kept[1], kept[2]
         position = np.where(self.slot_round >= 0, self.slot_round - (t - self.size + 1), 0)
