@@ -22,7 +22,14 @@ reports
 The federated CPU time is that of the whole simulated federation in one
 process (every client and the server), so the ratio compares total work.
 liblinear solves to ``tol=1e-10`` (for the logistic loss, then polishes with
-L-BFGS), far below the levels measured here.
+L-BFGS), far below the levels measured here: it gives ``P*``. The baseline a user
+would run is liblinear at its defaults (``tol=1e-4``; :func:`liblinear_at_its_defaults`),
+timed in the same process: the ``default_ratio`` columns divide HyFDCA's CPU to settle at
+a level by that CPU (its own relative loss is ``liblinear_default_relative_loss``).
+
+``--model`` compares local models (HyFDCA's ``history``, ``history_window``, ...): every
+case is run with each in turn. ``--intercept`` fits one (a constant column), as
+``hyfl run`` does by default.
 
 Partitions: ``--grids`` entries ``KxQ`` mean ``grid:KxQ`` (a full spec such as
 ``nonzero:3x3`` is used as given); MNIST always uses ``--mnist-partitions``
@@ -50,6 +57,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import itertools
 import math
 import os
 import platform
@@ -143,6 +151,8 @@ class Case:
     partition: str
     participation: str
     loss: str
+    model: str = "default"
+    """HyFDCA's hyperparameters beyond the defaults, ``KEY=VALUE`` joined by ``,``."""
 
 
 @dataclass
@@ -160,6 +170,8 @@ class Outcome:
     status: str = "ok"
     central_cpu: float = math.nan
     central_method: str = ""
+    default_cpu: float = math.nan
+    default_relative_loss: float = math.nan
     setup_cpu: float = math.nan
     round_wall_ms: float = math.nan
     round_cpu_ms: float = math.nan
@@ -293,7 +305,7 @@ def run_case(case: Case, problem, partition, optimum, args, outcome: Outcome) ->
     from hyfl.errors import HyflError
     from hyfl.runtime.simulation import first_round_below, settled_round_below, simulate
 
-    algorithm = TimedAlgorithm(HyFDCA())
+    algorithm = TimedAlgorithm(HyFDCA(**model_options(case.model)).validated())
     participation = participation_of(case, partition, args)
     time_limit_reached = _time_limit_error()
     started = time.perf_counter()
@@ -377,6 +389,15 @@ def run_case(case: Case, problem, partition, optimum, args, outcome: Outcome) ->
 # --------------------------------------------------------------------------- cases
 
 
+def model_options(spec: str) -> dict:
+    """HyFDCA keyword arguments of a ``--model`` spec (``default`` or ``KEY=VALUE,...``)."""
+    from hyfl.experiments.spec import parse_params
+
+    if spec == "default":
+        return {}
+    return parse_params([item for item in spec.split(",") if item])
+
+
 def partitions_for(dataset: str, args) -> list[str]:
     """Partition specs for ``dataset``: ``--mnist-partitions`` for MNIST, else ``--grids``."""
     if dataset == "mnist":
@@ -415,6 +436,7 @@ def warm_up(losses: list[str], seed: int) -> float:
 def run_all(args) -> list[Outcome]:
     """Run every case; write the CSV after each one; return the outcomes."""
     from hyfl.data import load_dataset
+    from hyfl.data.dataset import with_intercept
     from hyfl.partition import parse_partition
     from hyfl.problem import make_problem, solve_centralized
 
@@ -425,21 +447,26 @@ def run_all(args) -> list[Outcome]:
     trajectories = CsvOut(args.trajectories, args.append, TRAJECTORY_COLUMNS)
     for dataset in args.datasets:
         data = load_dataset(dataset)
+        if args.intercept:
+            data = with_intercept(data)
         lam = float(data.meta["lam"])  # the paper's value (as `hyfl run` picks it)
         for loss in args.losses:
             problem = make_problem(data, loss, lam)
             cpu = time.process_time()
             optimum = solve_centralized(problem, cache=False)
             central_cpu = time.process_time() - cpu
+            default_cpu, default_loss = liblinear_at_its_defaults(problem)
+            default_relative = (default_loss - optimum.primal) / abs(optimum.primal)
             print(
                 f"[{dataset} {loss} lam={lam:g}] liblinear: {central_cpu:.2f} s CPU "
-                f"({optimum.method}), P* = {optimum.primal:.10g}",
+                f"({optimum.method}), P* = {optimum.primal:.10g}; at its default tolerance "
+                f"{default_cpu:.2f} s CPU, relative loss {default_relative:.2g}",
                 flush=True,
             )
             for spec in partitions_for(dataset, args):
                 partition = parse_partition(spec, problem.X, seed=args.seed, meta=data.meta)
-                for p in args.participation:
-                    case = Case(dataset, spec, p, loss)
+                for p, model in itertools.product(args.participation, args.models):
+                    case = Case(dataset, spec, p, loss, model)
                     outcome = Outcome(
                         case=case,
                         lam=lam,
@@ -450,9 +477,11 @@ def run_all(args) -> list[Outcome]:
                         rounds_requested=args.rounds,
                         central_cpu=central_cpu,
                         central_method=optimum.method,
+                        default_cpu=default_cpu,
+                        default_relative_loss=default_relative,
                     )
                     print(
-                        f"  {spec} ({partition.n_clients} clients) p={p}: "
+                        f"  {spec} ({partition.n_clients} clients) p={p} model {model}: "
                         f"{args.rounds} rounds ...",
                         flush=True,
                     )
@@ -484,6 +513,8 @@ CSV_COLUMNS = (
     "clients",
     "participation",
     "loss",
+    "model",
+    "intercept",
     "lam",
     "n_samples",
     "n_features",
@@ -508,11 +539,49 @@ CSV_COLUMNS = (
     "liblinear_cpu_s",
     "liblinear_method",
     *(f"cpu_ratio_{level:g}" for level in LEVELS),
+    "liblinear_default_cpu_s",
+    "liblinear_default_relative_loss",
+    *(f"default_ratio_{level:g}" for level in LEVELS),
     "notes",
     "date",
     "machine",
     "hyfl_commit",
 )
+
+
+def liblinear_at_its_defaults(problem) -> tuple[float, float]:
+    """CPU seconds of liblinear on the pooled problem as a user would run it (scikit-learn's
+    ``LinearSVC`` or ``LogisticRegression(solver="liblinear")`` with ``C = 1 / (lam N)``, no
+    intercept, every other setting its default, e.g. ``tol=1e-4``), and the primal objective
+    of its model. The baseline of the ``default_ratio`` columns."""
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.svm import LinearSVC
+
+    C = 1.0 / (problem.lam * problem.n_samples)
+    weights = []
+    cpu = 0.0
+    for c in range(problem.n_outputs):
+        y = problem.Y[:, c]
+        model = (LinearSVC(loss="hinge", C=C, fit_intercept=False)
+                 if problem.loss.name == "hinge"
+                 else LogisticRegression(solver="liblinear", C=C, fit_intercept=False))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            started = time.process_time()
+            model.fit(problem.X, y)
+            cpu += time.process_time() - started
+        weights.append(model.coef_.ravel())
+    return cpu, float(problem.primal(np.column_stack(weights)))
+
+
+def _default_ratio(outcome: Outcome, level: float) -> float:
+    cpu = outcome.settled_cpu.get(level)
+    if cpu is None or not outcome.default_cpu > 0:
+        return math.nan
+    return cpu / outcome.default_cpu
 
 
 def _ratio(outcome: Outcome, level: float) -> float:
@@ -531,6 +600,8 @@ def row_of(outcome: Outcome, args) -> dict:
         "clients": outcome.clients,
         "participation": case.participation,
         "loss": case.loss,
+        "model": case.model,
+        "intercept": args.intercept,
         "lam": outcome.lam,
         "n_samples": outcome.n_samples,
         "n_features": outcome.n_features,
@@ -561,6 +632,9 @@ def row_of(outcome: Outcome, args) -> dict:
         row[f"settled_cpu_s_{level:g}"] = _blank(outcome.settled_cpu.get(level))
         row[f"first_round_{level:g}"] = _blank(outcome.first.get(level))
         row[f"cpu_ratio_{level:g}"] = _ratio(outcome, level)
+        row[f"default_ratio_{level:g}"] = _default_ratio(outcome, level)
+    row["liblinear_default_cpu_s"] = outcome.default_cpu
+    row["liblinear_default_relative_loss"] = outcome.default_relative_loss
     return row
 
 
@@ -624,6 +698,9 @@ def summary_line(outcome: Outcome) -> str:
     first = outcome.first.get(1e-3)
     parts.append(f"first 1e-3: {'-' if first is None else f'{first:.0f}'}")
     parts.append(f"final {outcome.final_relative_loss:.3g}")
+    ratio = _default_ratio(outcome, 1e-3)
+    if not math.isnan(ratio):
+        parts.append(f"{ratio:.3g}x liblinear at its defaults to 1e-3")
     parts.append(f"{outcome.round_cpu_ms:.1f} ms CPU/round ({outcome.round_wall_ms:.1f} wall)")
     parts.append(outcome.status)
     line = "; ".join(parts)
@@ -640,6 +717,7 @@ TABLE_HEADER = (
     "partition",
     "p",
     "loss",
+    "model",
     "lam",
     "rounds run",
     "settle 1e-2 (round / CPU s)",
@@ -668,6 +746,7 @@ def table_rows(outcomes: list[Outcome]) -> list[list[str]]:
                 f"{o.case.partition} ({o.clients})",
                 o.case.participation,
                 o.case.loss,
+                o.case.model,
                 f"{o.lam:g}",
                 rounds,
                 *(_round_and_cpu(o, level) for level in LEVELS),
@@ -786,6 +865,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--trajectories", default=None, help="CSV of every evaluation (relative loss, CPU)"
     )
     parser.add_argument("--quick", action="store_true", help="small subset, a few minutes")
+    parser.add_argument(
+        "--model", dest="models", action="append", default=None,
+        help="HyFDCA's hyperparameters as KEY=VALUE,KEY=VALUE (e.g. history=8,history_window=4), "
+             "or 'default'; repeat to compare models, each run on every case in turn",
+    )
+    parser.add_argument("--intercept", action="store_true",
+                        help="fit an intercept (a constant column, as hyfl run's default)")
     args = parser.parse_args(argv)
     quick = {
         "datasets": "ijcnn1,reuters",
@@ -817,7 +903,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     if bad_losses or not args.losses:
         parser.error(f"unknown loss(es) {bad_losses}; choose from hinge, logistic")
     args.participation = _split(args.participation)
+    args.models = args.models or ["default"]
+    from hyfl.algorithms.hyfdca import HyFDCA
     from hyfl.errors import HyflError
+
+    for model in args.models:
+        try:
+            HyFDCA(**model_options(model)).validated()
+        except (HyflError, TypeError, ValueError) as error:
+            parser.error(f"--model {model!r}: {error}")
     from hyfl.participation import parse_participation
 
     for spec in args.participation:  # as hyfl run reads them (checked for 4 clients here)

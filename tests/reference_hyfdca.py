@@ -236,7 +236,7 @@ class ReferenceCocoa:
         self.counts = np.array([len(c.samples) if H is None else min(H, len(c.samples))
                                 for c in self.clients])
         self.depth = hyfdca.history_depth(problem.n_features)
-        self.window = hyfdca.history_window(N, problem.n_features, C)
+        self.window = hyfdca.history_slots(N, problem.n_features, C)
         self.alpha = np.zeros((N, C))
         self.ip = {}
         self.hat_w = {c.k: np.zeros((len(c.features), C)) for c in self.clients}

@@ -34,9 +34,15 @@ class Captured(Exception):
     """Stops a command once it has built what it would run."""
 
 
+#: Auto options whose smallest value of their type is not valid.
+AUTO_SAMPLES = {"history_window": 4}  # HyFDCA: a multiple of history of at least 2
+
+
 def _sample(entry, f: dataclasses.Field):
     """A valid value of option ``f`` of ``entry``: its default (the preset's, else the
     field's), the other boolean, or for an ``auto`` (None) default one of its type."""
+    if f.name in AUTO_SAMPLES:
+        return AUTO_SAMPLES[f.name]
     if f.name in entry.preset:
         value = entry.preset[f.name]
     elif f.default is not dataclasses.MISSING:

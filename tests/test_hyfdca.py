@@ -242,8 +242,23 @@ def test_hyperparameters_are_validated():
         HyFDCA(gamma=2.0).validated()
     with pytest.raises(HyflError, match="iic"):
         HyFDCA(iic=-1).validated()
+    with pytest.raises(HyflError, match="history_window.*history_window=4"):
+        HyFDCA(history_window=1).validated()
     assert local_steps_from_iic(7.434e-4, 49990, 144) == 1
     assert local_steps_from_iic(0.07564, 7770, 144) == 5
+
+
+def test_the_history_window_sets_the_ring_of_remembered_rounds():
+    """``history_window`` is the ring's multiple of ``history`` (at least two), capped where
+    the ring would exceed HISTORY_RING_BYTES; the ring never has a multiple of 64 slots."""
+    from hyfl.algorithms.hyfdca import HISTORY_RING_BYTES, HISTORY_WINDOW
+
+    assert HyFDCA().history_slots(1000, 30, 1) == HISTORY_WINDOW * 31
+    assert HyFDCA(history_window=4).history_slots(1000, 30, 1) == 4 * 31
+    assert HyFDCA(history=8, history_window=3).history_slots(1000, 30, 1) == 24
+    assert HyFDCA(history=16, history_window=4).history_slots(1000, 30, 1) == 65  # not 64
+    huge = HISTORY_RING_BYTES // 8  # samples whose ring of even 2 slots is too big
+    assert HyFDCA(history=5, history_window=4).history_slots(huge, 30, 1) == 10
 
 
 def test_distinct_equals_np_unique_dense_or_sparse():

@@ -31,6 +31,7 @@ those rounds' ``round_trips``, ``bytes_up``, ``bytes_down``, ``encryptions`` and
 ``floats_down`` move (the ``run`` command's trace has such rounds). Each party is told the
 round's participants and the commit names the judge's step (an active server's review):
 ``bytes_down``, ``floats_down`` and ``ids_down``.
+And ``run.json`` records HyFDCA's ``history_window`` option (issue "The round at its cost").
 """
 
 from __future__ import annotations

@@ -149,6 +149,13 @@ class HyFDCA:
         uses to model the Gram matrix of its samples. Default: one more than
         the number of features, at most 32 (enough directions to span
         low-dimensional data; memory and time per round grow with it).
+    history_window : int, optional
+        ``cocoa`` only: how many server rounds remembered inner products stay
+        usable, as a multiple of ``history`` (at least 2). Default
+        :data:`HISTORY_WINDOW`. The ring of remembered inner products holds
+        ``history * history_window`` slots per sample (less where it would
+        exceed :data:`HISTORY_RING_BYTES`); every group's Gram matrices are
+        that many slots square.
     momentum : float, default 0.95
         ``cocoa`` only: largest momentum coefficient (0 disables momentum).
     local_passes : int, optional
@@ -185,6 +192,7 @@ class HyFDCA:
     gamma: float | str = 1.0
     client_weight: str = "N_k/N"
     history: int | None = None
+    history_window: int | None = None
     momentum: float = DEFAULT_MOMENTUM
     local_passes: int | None = None
     certify: bool = True
@@ -216,6 +224,9 @@ class HyFDCA:
         if self.history is not None:
             check_int("history", self.history, minimum=1,
                       fix="Pass how many recent rounds a client remembers, e.g. history=16.")
+        if self.history_window is not None:
+            check_int("history_window", self.history_window, minimum=2,
+                      fix="Pass a multiple of history of at least 2, e.g. history_window=4.")
         if self.local_passes is not None:
             passes = check_int("local_passes", self.local_passes, minimum=1,
                                fix="Pass passes per round from 1 to 64, e.g. local_passes=2.")
@@ -252,11 +263,12 @@ class HyFDCA:
             return int(self.history)
         return min(n_features + 1, MAX_AUTO_HISTORY)
 
-    def history_window(self, n_samples: int, n_features: int, n_outputs: int) -> int:
+    def history_slots(self, n_samples: int, n_features: int, n_outputs: int) -> int:
         """Slots of the ring of remembered rounds (see :data:`HISTORY_WINDOW`)."""
         depth = self.history_depth(n_features)
+        multiple = HISTORY_WINDOW if self.history_window is None else int(self.history_window)
         fits = HISTORY_RING_BYTES // (8 * max(n_samples * n_outputs, 1))
-        window = int(max(2 * depth, min(HISTORY_WINDOW * depth, fits)))
+        window = int(max(2 * depth, min(multiple * depth, fits)))
         # A ring of a multiple of 64 slots gives its (W, W) Gram matrices power-of-two rows,
         # and NumPy's strided passes over them (cumsum, gathers) run 2-3x slower (cache-set
         # conflicts; 256 slots cost breast cancer with an intercept 20% more per round).
@@ -285,7 +297,7 @@ class HyFDCA:
         local = None
         if self.rule.subproblem:
             depth = self.history_depth(problem.n_features)
-            window = self.history_window(N, problem.n_features, C)
+            window = self.history_slots(N, problem.n_features, C)
             rowptr = blocks.client_rowptr
             groups = find_sample_groups(
                 [blocks.row_sample[rowptr[k]:rowptr[k + 1]] for k in range(blocks.n_clients)],

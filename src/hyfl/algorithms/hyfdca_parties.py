@@ -162,7 +162,7 @@ class Client:
         self.round: dict = {}
         if public.hyfdca.rule.subproblem:
             depth = public.hyfdca.history_depth(public.n_features)
-            window = public.hyfdca.history_window(public.n_samples, public.n_features, C)
+            window = public.hyfdca.history_slots(public.n_samples, public.n_features, C)
             self.memory = ClientMemory(self.samples.size, self.features.size, C, depth, window)
             self.offsets = np.zeros((self.samples.size, C))  # see hyfdca_groups
             self.previous_step = np.zeros((self.samples.size, C))
@@ -876,7 +876,7 @@ class Server:
         if public.hyfdca.rule.subproblem:
             M = public.n_features
             depth = public.hyfdca.history_depth(M)
-            window = public.hyfdca.history_window(public.n_samples, M, C)
+            window = public.hyfdca.history_slots(public.n_samples, M, C)
             self.history = SpanHistory.empty(K, None, M, C, depth, window)
             # The absent holders' model (hyfl.algorithms.hyfdca_groups): the sample groups,
             # their composite weights' history, the weights each client last computed
