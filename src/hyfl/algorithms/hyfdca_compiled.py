@@ -168,32 +168,24 @@ class Span(NamedTuple):
 
 
 @nb.njit(cache=True, nogil=True, fastmath=True)
-def coordinates(ring, pairs, T, h, row_sample, c, phi, offset):
-    # phi = T^T m for one client's rows: their coordinates in its span, from the
-    # inner products m of their samples with the client's directions (pairs); and
-    # offset = m . h, the move of each row's margin to the server's w
-    # (hyfl.algorithms.hyfdca_groups.offset_weights; h = 0 without sample groups).
+def direction_products(ring, pairs, row_sample, c, m, margins):
+    # m[j, r]: the inner product of row j's sample with the client's direction r, a
+    # difference of two remembered inner products (pairs[r] = (slot, earlier slot), -1
+    # where absent); the rows' coordinates in the span are then m T (one product).
+    # margins[j]: its remembered margin x_i^T w of this round (slot pairs[0, 0]).
     R = pairs.shape[0]
-    m = np.zeros(R)
+    now = pairs[0, 0]
     for j in range(row_sample.size):
         i = row_sample[j]
-        moved = 0.0
+        margins[j] = ring[i, now, c]
         for r in range(R):
             p, b = pairs[r, 0], pairs[r, 1]
             if p < 0:
-                m[r] = 0.0
+                m[j, r] = 0.0
             elif b < 0:
-                m[r] = ring[i, p, c]
+                m[j, r] = ring[i, p, c]
             else:
-                m[r] = ring[i, p, c] - ring[i, b, c]
-            moved += m[r] * h[r]
-        offset[j] = moved
-        for col in range(R):
-            phi[j, col] = 0.0
-        for r in range(R):
-            if m[r] != 0.0:
-                for col in range(R):
-                    phi[j, col] += m[r] * T[r, col]
+                m[j, r] = ring[i, p, c] - ring[i, b, c]
 
 
 @njit
@@ -214,7 +206,6 @@ def solve(step, draws, csr, span, c, coef, passes):
     delta = np.zeros(n)
     S = np.zeros(R)  # sum d phi
     V = np.zeros(R)  # sum d u, u = Q_own^T x_own
-    u = np.zeros(R)
     for a in range(seg.size - 1):
         lo, hi = seg[a], seg[a + 1]
         f0, f1 = feature_ptr[a], feature_ptr[a + 1]
@@ -223,62 +214,77 @@ def solve(step, draws, csr, span, c, coef, passes):
         Q = basis[f0:f1]
         G = basis_grams[a]
         order = ascending[lo:hi]
-        phi_ordered = np.empty((hi - lo, R))
-        offset_ordered = np.empty(hi - lo)
-        coordinates(ring, pairs[a], transforms[a], h[a], row_sample[lo:hi][order], c,
-                    phi_ordered, offset_ordered)
-        phi = np.empty((hi - lo, R))
-        offset = np.empty(hi - lo)
-        for t in range(hi - lo):
+        n_a = hi - lo
+        # phi = m T: the rows' coordinates in the span; offset = m . h, the move of each
+        # row's margin to the server's w (hyfl.algorithms.hyfdca_groups.offset_weights;
+        # h = 0 without sample groups). Both as matrix products (BLAS), the rows in
+        # ascending order (the ring read forward), then put back in the draw order.
+        m = np.empty((n_a, R))
+        margins = np.empty(n_a)
+        direction_products(ring, pairs[a], row_sample[lo:hi][order], c, m, margins)
+        phi_ordered = np.dot(m, transforms[a])
+        margins += np.dot(m, h[a])
+        phi = np.empty((n_a, R))
+        base = np.empty(n_a)  # a row's margin at the round's start, moved to the server's w
+        for t in range(n_a):
             phi[order[t]] = phi_ordered[t]
-            offset[order[t]] = offset_ordered[t]
-        psi = np.zeros((hi - lo, R))  # G phi
-        for j in range(hi - lo):
-            for r in range(R):
-                p = phi[j, r]
-                if p != 0.0:
-                    for col in range(R):
-                        psi[j, col] += p * G[r, col]
-        now = pairs[a, 0, 0]  # the current round's slot: the margins x_i^T w
-        Sx = np.zeros(f1 - f0)  # sum d x_own, on the own features
+            base[order[t]] = margins[t]
+        # What a row's steps need and no step changes, once per round rather than per
+        # pass: u = Q^T x_own, e = G phi - u, the diagonal rest of the model and the
+        # step's curvature q.
+        psi = np.dot(phi, G)
+        f_own = f1 - f0
+        U = np.zeros((n_a, R))
+        E = np.empty((n_a, R))
+        rest = np.empty(n_a)
+        curvature = np.empty(n_a)
+        for j in range(n_a):
+            row = rows[lo + j]
+            xx = 0.0
+            for k in range(indptr[row], indptr[row + 1]):
+                f = inverse[indices[k]]
+                v = data[k]
+                xx += v * v
+                for col in range(R):
+                    U[j, col] += v * Q[f, col]
+            pn = 0.0
+            own_sq = xx
+            for col in range(R):
+                p = phi[j, col]
+                pn += p * p
+                own_sq += p * psi[j, col] - 2.0 * U[j, col] * p
+                E[j, col] = psi[j, col] - U[j, col]
+            resid = max(sq_norms[row_sample[lo + j]] - pn, 0.0)
+            rest[j] = resid - min(max(own_sq, 0.0), resid)
+            curvature[j] = max(coef * (pn + resid), 1e-300)
+        Sx = np.zeros(f_own)  # sum d x_own, on the own features
         S[:] = 0.0
         V[:] = 0.0
         for _ in range(passes[a]):
             for j in range(lo, hi):
                 i = row_sample[j]
                 row = rows[j]
-                u[:] = 0.0
+                t = j - lo
+                # The model's inner product of x_i with the round's move so far:
+                # phi.S in the span, plus on the own features r_own.(sum d r_own), with
+                # r = x_own - Q phi, expanded as x.Sx + (G phi - u).S - phi.V.
                 xs = 0.0
-                xx = 0.0
                 for k in range(indptr[row], indptr[row + 1]):
-                    f = inverse[indices[k]]
-                    v = data[k]
-                    xs += v * Sx[f]
-                    xx += v * v
-                    for col in range(R):
-                        u[col] += v * Q[f, col]
-                pn = 0.0
+                    xs += data[k] * Sx[inverse[indices[k]]]
                 ps = 0.0
                 own = xs
-                own_sq = xx
                 for col in range(R):
-                    p = phi[j - lo, col]
-                    pn += p * p
-                    ps += p * S[col]
-                    own += psi[j - lo, col] * S[col] - u[col] * S[col] - p * V[col]
-                    own_sq += p * psi[j - lo, col] - 2.0 * u[col] * p
-                resid = max(sq_norms[i] - pn, 0.0)
-                own_sq = min(max(own_sq, 0.0), resid)
-                q = max(coef * (pn + resid), 1e-300)
-                margin = (ring[i, now, c] + offset[j - lo]
-                          + coef * (ps + own + (resid - own_sq) * delta[j]))
+                    ps += phi[t, col] * S[col]
+                    own += E[t, col] * S[col] - phi[t, col] * V[col]
+                margin = base[t] + coef * (ps + own + rest[t] * delta[j])
                 c_i = W[i]
-                d = c_i * dual_step(step, (alpha[i] + delta[j]) / c_i, margin, q * c_i, Y[i])
+                d = c_i * dual_step(step, (alpha[i] + delta[j]) / c_i, margin,
+                                    curvature[t] * c_i, Y[i])
                 if d != 0.0:
                     delta[j] += d
                     for col in range(R):
-                        S[col] += d * phi[j - lo, col]
-                        V[col] += d * u[col]
+                        S[col] += d * phi[t, col]
+                        V[col] += d * U[t, col]
                     for k in range(indptr[row], indptr[row + 1]):
                         Sx[inverse[indices[k]]] += d * data[k]
         for f in range(f0, f1):

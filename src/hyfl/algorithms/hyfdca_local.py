@@ -275,32 +275,33 @@ def solve_subproblems(
     ascending = np.ascontiguousarray(ascending, dtype=np.int64)
     passes = np.ascontiguousarray(np.broadcast_to(np.asarray(passes, dtype=np.int64),
                                                   (segments.size - 1,)))
-    for c in range(C):
-        # Q = D T on each client's own features and its Gram (BLAS, one thread: many
-        # small products, see _single_threaded_blas).
-        basis = np.empty((feature_ptr[-1], pairs.shape[1]))
-        basis_grams = np.empty((segments.size - 1, pairs.shape[1], pairs.shape[1]))
-        with _single_threaded_blas():
+    # BLAS on one thread: many small products, here and in the kernel's (on the solver's
+    # own threads; see _single_threaded_blas).
+    with _single_threaded_blas():
+        for c in range(C):
+            # Q = D T on each client's own features and its Gram.
+            basis = np.empty((feature_ptr[-1], pairs.shape[1]))
+            basis_grams = np.empty((segments.size - 1, pairs.shape[1], pairs.shape[1]))
             for a in range(segments.size - 1):
                 own = slice(feature_ptr[a], feature_ptr[a + 1])
                 basis[own] = directions[own, :, c] @ transforms[a, c]
                 basis_grams[a] = basis[own].T @ basis[own]
-        draws = compiled.Draws(
-            segments, row_sample, rows,
-            alpha=np.ascontiguousarray(alpha[:, c]),
-            y=np.ascontiguousarray(Y[:, c], dtype=np.float64),
-            weight=(np.ones(Y.shape[0]) if W is None
-                    else np.ascontiguousarray(W[:, c], dtype=np.float64)),
-            sq_norms=sq_norms,
-            ascending=ascending,
-        )
-        span = compiled.Span(z_ring, pairs, np.ascontiguousarray(transforms[:, c]), feature_ptr,
-                             features, basis, basis_grams,
-                             np.zeros((segments.size - 1, pairs.shape[1]))
-                             if offset_weights is None
-                             else np.ascontiguousarray(offset_weights[:, c], dtype=np.float64),
-                             inverse)
-        out[:, c] = _solve_clients(step, draws, csr, span, c, float(coef), passes, threads)
+            draws = compiled.Draws(
+                segments, row_sample, rows,
+                alpha=np.ascontiguousarray(alpha[:, c]),
+                y=np.ascontiguousarray(Y[:, c], dtype=np.float64),
+                weight=(np.ones(Y.shape[0]) if W is None
+                        else np.ascontiguousarray(W[:, c], dtype=np.float64)),
+                sq_norms=sq_norms,
+                ascending=ascending,
+            )
+            span = compiled.Span(z_ring, pairs, np.ascontiguousarray(transforms[:, c]), feature_ptr,
+                                 features, basis, basis_grams,
+                                 np.zeros((segments.size - 1, pairs.shape[1]))
+                                 if offset_weights is None
+                                 else np.ascontiguousarray(offset_weights[:, c], dtype=np.float64),
+                                 inverse)
+            out[:, c] = _solve_clients(step, draws, csr, span, c, float(coef), passes, threads)
     return out
 
 
