@@ -41,6 +41,12 @@ CASES = {
         "smoothed_hinge", {"sparsity": 0.3}, lambda n, m, X: nonzero_balanced(X, 3, 3, seed=0),
         lambda K: RandomFraction(K, 0.7), HyFDCA(history=3, local_steps=4),
     ),
+    # four own features a client against two directions: the solver keeps the own-feature
+    # residual in its expanded form (hyfdca_compiled.solve), the other cases densely
+    "vertical, more own features than directions, history 2": (
+        "hinge", {}, lambda n, m, X: vertical(n, m, 2), lambda K: RandomFraction(K, 0.5),
+        HyFDCA(history=2),
+    ),
     "multiclass, grid, no momentum": (
         "hinge", {"classes": 3}, lambda n, m, X: grid(n, m, 2, 2, seed=0),
         lambda K: RandomFraction(K, 0.6), HyFDCA(momentum=0.0),

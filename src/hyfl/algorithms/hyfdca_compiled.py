@@ -230,52 +230,73 @@ def solve(step, draws, csr, span, c, coef, passes):
             phi[order[t]] = phi_ordered[t]
             base[order[t]] = margins[t]
         # What a row's steps need and no step changes, once per round rather than per
-        # pass: u = Q^T x_own, e = G phi - u, the diagonal rest of the model and the
-        # step's curvature q.
-        psi = np.dot(phi, G)
+        # pass: its model's part on the client's own features (below), the diagonal
+        # rest of the model and the step's curvature q.
         f_own = f1 - f0
-        U = np.zeros((n_a, R))
-        E = np.empty((n_a, R))
         rest = np.empty(n_a)
         curvature = np.empty(n_a)
+        # The own features' part of a row's inner product with the round's move so far
+        # is r_j . sum_k d_k r_k, with r = x_own - Q phi the row's residual there. With
+        # fewer own features than directions (the grids' usual case) r is kept densely
+        # (f_own numbers a row, from one product Q phi); with more (sparse rows over
+        # many features) it is expanded as x.Sx + (G phi - u).S - phi.V with u = Q^T
+        # x_own, V = sum d u and Sx = sum d x_own, R numbers a row.
+        dense = f_own <= R
+        if dense:
+            residual = -np.dot(phi, np.ascontiguousarray(Q.T))  # (n_a, f_own)
+            U = np.zeros((0, R))
+            E = np.zeros((0, R))
+        else:
+            residual = np.zeros((0, f_own))
+            psi = np.dot(phi, G)
+            U = np.zeros((n_a, R))
+            E = np.empty((n_a, R))
         for j in range(n_a):
             row = rows[lo + j]
-            xx = 0.0
-            for k in range(indptr[row], indptr[row + 1]):
-                f = inverse[indices[k]]
-                v = data[k]
-                xx += v * v
-                for col in range(R):
-                    U[j, col] += v * Q[f, col]
             pn = 0.0
-            own_sq = xx
             for col in range(R):
-                p = phi[j, col]
-                pn += p * p
-                own_sq += p * psi[j, col] - 2.0 * U[j, col] * p
-                E[j, col] = psi[j, col] - U[j, col]
+                pn += phi[j, col] * phi[j, col]
+            if dense:
+                for k in range(indptr[row], indptr[row + 1]):
+                    residual[j, inverse[indices[k]]] += data[k]
+                own_sq = 0.0
+                for f in range(f_own):
+                    own_sq += residual[j, f] * residual[j, f]
+            else:
+                own_sq = 0.0
+                for k in range(indptr[row], indptr[row + 1]):
+                    f = inverse[indices[k]]
+                    v = data[k]
+                    own_sq += v * v
+                    for col in range(R):
+                        U[j, col] += v * Q[f, col]
+                for col in range(R):
+                    p = phi[j, col]
+                    own_sq += p * psi[j, col] - 2.0 * U[j, col] * p
+                    E[j, col] = psi[j, col] - U[j, col]
             resid = max(sq_norms[row_sample[lo + j]] - pn, 0.0)
             rest[j] = resid - min(max(own_sq, 0.0), resid)
             curvature[j] = max(coef * (pn + resid), 1e-300)
-        Sx = np.zeros(f_own)  # sum d x_own, on the own features
+        Sx = np.zeros(f_own)  # dense: sum d r; else sum d x_own
         S[:] = 0.0
         V[:] = 0.0
         for _ in range(passes[a]):
             for j in range(lo, hi):
                 i = row_sample[j]
-                row = rows[j]
                 t = j - lo
-                # The model's inner product of x_i with the round's move so far:
-                # phi.S in the span, plus on the own features r_own.(sum d r_own), with
-                # r = x_own - Q phi, expanded as x.Sx + (G phi - u).S - phi.V.
-                xs = 0.0
-                for k in range(indptr[row], indptr[row + 1]):
-                    xs += data[k] * Sx[inverse[indices[k]]]
                 ps = 0.0
-                own = xs
                 for col in range(R):
                     ps += phi[t, col] * S[col]
-                    own += E[t, col] * S[col] - phi[t, col] * V[col]
+                own = 0.0
+                if dense:
+                    for f in range(f_own):
+                        own += residual[t, f] * Sx[f]
+                else:
+                    row = rows[j]
+                    for k in range(indptr[row], indptr[row + 1]):
+                        own += data[k] * Sx[inverse[indices[k]]]
+                    for col in range(R):
+                        own += E[t, col] * S[col] - phi[t, col] * V[col]
                 margin = base[t] + coef * (ps + own + rest[t] * delta[j])
                 c_i = W[i]
                 d = c_i * dual_step(step, (alpha[i] + delta[j]) / c_i, margin,
@@ -284,9 +305,15 @@ def solve(step, draws, csr, span, c, coef, passes):
                     delta[j] += d
                     for col in range(R):
                         S[col] += d * phi[t, col]
-                        V[col] += d * U[t, col]
-                    for k in range(indptr[row], indptr[row + 1]):
-                        Sx[inverse[indices[k]]] += d * data[k]
+                    if dense:
+                        for f in range(f_own):
+                            Sx[f] += d * residual[t, f]
+                    else:
+                        for col in range(R):
+                            V[col] += d * U[t, col]
+                        row = rows[j]
+                        for k in range(indptr[row], indptr[row + 1]):
+                            Sx[inverse[indices[k]]] += d * data[k]
         for f in range(f0, f1):
             inverse[features[f]] = -1
     return delta
