@@ -11,7 +11,7 @@ DEMO_SPEC = RunSpec(
     partition="grid:3x3",
     participation="0.5",
     hyper={},  # HyFDCA's defaults
-    # HyFDCA's default reaches relative loss 1e-3 by round ~490 with the default intercept
+    # HyFDCA's default reaches relative loss 1e-3 by round ~450 with the default intercept
     # (its constant column slows the dual steps; without it, by round ~235)
     iterations=600,
     eval_every=5,
