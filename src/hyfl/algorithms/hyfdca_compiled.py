@@ -189,6 +189,51 @@ def direction_products(ring, pairs, row_sample, c, m, margins):
 
 
 @njit
+def client_passes(step, delta, passes, coef, phi, residual, E, U, base, rest, curvature,
+                  a_j, y_j, c_j, rows, csr, inverse, f_own, dense):
+    # One client's sequential dual steps over its rows (in the draw order), ``passes``
+    # times, adding each step to delta; the arrays are :func:`solve`'s per-row model and
+    # data of the client (residual with dense own features, else E, U and the rows).
+    indptr, indices, data = csr
+    R = phi.shape[1]
+    S = np.zeros(R)  # sum d phi
+    V = np.zeros(R)  # sum d u, u = Q_own^T x_own (the expanded form)
+    Sx = np.zeros(f_own)  # sum d r (dense), or sum d x_own
+    for _ in range(passes):
+        for t in range(delta.size):
+            ps = 0.0
+            for col in range(R):
+                ps += phi[t, col] * S[col]
+            own = 0.0
+            if dense:
+                for f in range(f_own):
+                    own += residual[t, f] * Sx[f]
+            else:
+                row = rows[t]
+                for k in range(indptr[row], indptr[row + 1]):
+                    own += data[k] * Sx[inverse[indices[k]]]
+                for col in range(R):
+                    own += E[t, col] * S[col] - phi[t, col] * V[col]
+            margin = base[t] + coef * (ps + own + rest[t] * delta[t])
+            c_i = c_j[t]
+            d = c_i * dual_step(step, (a_j[t] + delta[t]) / c_i, margin,
+                                curvature[t] * c_i, y_j[t])
+            if d != 0.0:
+                delta[t] += d
+                for col in range(R):
+                    S[col] += d * phi[t, col]
+                if dense:
+                    for f in range(f_own):
+                        Sx[f] += d * residual[t, f]
+                else:
+                    for col in range(R):
+                        V[col] += d * U[t, col]
+                    row = rows[t]
+                    for k in range(indptr[row], indptr[row + 1]):
+                        Sx[inverse[indices[k]]] += d * data[k]
+
+
+@njit
 def solve(step, draws, csr, span, c, coef, passes):
     # Per client a: rows seg[a]:seg[a + 1] (sample row_sample[j], data row rows[j] of
     # the CSR arrays); its directions pairs[a] into the ring of inner products (the
@@ -204,8 +249,6 @@ def solve(step, draws, csr, span, c, coef, passes):
     # The model: <x_i, x_j> ~ phi_i.phi_j + r_i.r_j (own features) + diagonal rest.
     n, R = row_sample.size, pairs.shape[1]
     delta = np.zeros(n)
-    S = np.zeros(R)  # sum d phi
-    V = np.zeros(R)  # sum d u, u = Q_own^T x_own
     # Scratch for the largest client, reused by every client: arrays of a client's rows
     # allocated afresh cost a page fault per 4 KB (a million a solve on Covtype, a third
     # of its time).
@@ -328,42 +371,8 @@ def solve(step, draws, csr, span, c, coef, passes):
             resid = max(sq_j[j] - pn, 0.0)
             rest[j] = resid - min(max(own_sq, 0.0), resid)
             curvature[j] = max(coef * (pn + resid), 1e-300)
-        Sx = np.zeros(f_own)  # dense: sum d r; else sum d x_own
-        S[:] = 0.0
-        V[:] = 0.0
-        for _ in range(passes[a]):
-            for j in range(lo, hi):
-                t = j - lo
-                ps = 0.0
-                for col in range(R):
-                    ps += phi[t, col] * S[col]
-                own = 0.0
-                if dense:
-                    for f in range(f_own):
-                        own += residual[t, f] * Sx[f]
-                else:
-                    row = rows[j]
-                    for k in range(indptr[row], indptr[row + 1]):
-                        own += data[k] * Sx[inverse[indices[k]]]
-                    for col in range(R):
-                        own += E[t, col] * S[col] - phi[t, col] * V[col]
-                margin = base[t] + coef * (ps + own + rest[t] * delta[j])
-                c_i = c_j[t]
-                d = c_i * dual_step(step, (a_j[t] + delta[j]) / c_i, margin,
-                                    curvature[t] * c_i, y_j[t])
-                if d != 0.0:
-                    delta[j] += d
-                    for col in range(R):
-                        S[col] += d * phi[t, col]
-                    if dense:
-                        for f in range(f_own):
-                            Sx[f] += d * residual[t, f]
-                    else:
-                        for col in range(R):
-                            V[col] += d * U[t, col]
-                        row = rows[j]
-                        for k in range(indptr[row], indptr[row + 1]):
-                            Sx[inverse[indices[k]]] += d * data[k]
+        client_passes(step, delta[lo:hi], passes[a], coef, phi, residual, E, U, base, rest,
+                      curvature, a_j, y_j, c_j, rows[lo:hi], csr, inverse, f_own, dense)
         for f in range(f0, f1):
             inverse[features[f]] = -1
     return delta
