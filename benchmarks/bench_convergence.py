@@ -408,9 +408,10 @@ def partitions_for(dataset: str, args) -> list[str]:
 def warm_up(losses: list[str], seed: int) -> float:
     """Compile (or load from Numba's cache) HyFDCA's local solvers before any timing.
 
-    Runs two rounds of ``HyFDCA()`` per loss on scikit-learn's small breast
-    cancer data, so that the first timed round of the first case does not pay
-    for the just-in-time compilation.
+    Runs a few rounds of ``HyFDCA()`` per loss on scikit-learn's small breast
+    cancer data, with every client and with half of them (returning clients' refresh,
+    the absent holders' estimates), so that the first timed run -- with ``--model``,
+    the first model -- does not pay for the just-in-time compilation.
 
     Returns
     -------
@@ -419,7 +420,7 @@ def warm_up(losses: list[str], seed: int) -> float:
     """
     from hyfl.algorithms.hyfdca import HyFDCA
     from hyfl.data import load_dataset
-    from hyfl.participation import Full
+    from hyfl.participation import Full, RandomFraction
     from hyfl.partition import parse_partition
     from hyfl.problem import make_problem
     from hyfl.runtime.simulation import simulate
@@ -430,6 +431,8 @@ def warm_up(losses: list[str], seed: int) -> float:
         problem = make_problem(data, loss, 1e-3)
         partition = parse_partition("grid:2x2", problem.X, seed=seed)
         simulate(HyFDCA(), problem, partition, Full(partition.n_clients), 2, seed=seed)
+        simulate(HyFDCA(), problem, partition, RandomFraction(partition.n_clients, 0.5), 6,
+                 seed=seed)
     return time.process_time() - cpu
 
 

@@ -293,3 +293,19 @@ def test_hyfl_algorithms_lists_fedhybrids_step_sizes():
     assert result.exit_code == 0, result.output
     assert "step_sizes=scaled" in result.output
     assert "a list as [1,2]" in result.output
+
+
+@pytest.mark.parametrize("param, culprit", [
+    ("nosuchalg.history_window=4", "names no algorithm 'nosuchalg'"),
+    ("hyfcda.history_window=4", "names no algorithm 'hyfcda'"),  # a typo of hyfdca
+    ("fedavg.nosuch=4", "is not an option of fedavg"),
+])
+def test_run_refuses_an_option_for_no_algorithm_or_no_option(tmp_path, param, culprit):
+    """``hyfl run`` used to drop ``ALG.KEY=VALUE`` silently when ALG was not the algorithm
+    run, a typo included; another algorithm's real option may still ride along."""
+    result = runner.invoke(app, ["run", *SMALL, "--param", param, "--out", str(tmp_path / "r")])
+    assert result.exit_code != 0 and culprit in " ".join(result.output.split())
+    assert not (tmp_path / "r").exists()
+    ok = runner.invoke(app, ["run", *SMALL, "--param", "fedavg.iic=0.25",
+                             "--out", str(tmp_path / "ok")])
+    assert ok.exit_code == 0, ok.output

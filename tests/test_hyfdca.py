@@ -244,6 +244,17 @@ def test_hyperparameters_are_validated():
         HyFDCA(iic=-1).validated()
     with pytest.raises(HyflError, match="history_window.*history_window=4"):
         HyFDCA(history_window=1).validated()
+    # a huge window would ask for gigabytes of Gram boxes: refused, not allocated
+    with pytest.raises(HyflError, match="history_window must be <= 64"):
+        HyFDCA(history_window=10**9).validated()
+    with pytest.raises(HyflError, match="history_window must be <= 64"):
+        HyFDCA(history_window="1e9").validated()  # a numeric string is a number
+    assert HyFDCA(history_window="4.0").validated().history_slots(1000, 30, 1) == 124
+    # a string is truthy: "no" must not switch the certificate on
+    with pytest.raises(HyflError, match="certify must be true or false, got 'no'"):
+        HyFDCA(certify="no").validated()
+    with pytest.raises(HyflError, match="refresh_inner_products must be true or false"):
+        HyFDCA(refresh_inner_products=1).validated()
     assert local_steps_from_iic(7.434e-4, 49990, 144) == 1
     assert local_steps_from_iic(0.07564, 7770, 144) == 5
 

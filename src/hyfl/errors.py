@@ -95,10 +95,24 @@ def check_int(name: str, value: int, *, minimum: int = 1, fix: str = "") -> int:
         raise fail(
             name, f"must be an integer, got {value!r}", fix or f"Pass an integer >= {minimum}."
         )
-    v = int(value)
+    if isinstance(value, str):  # "4" or "4.0" (an environment variable, a text field)
+        try:
+            v = int(value)
+        except ValueError:
+            v = int(float(value))
+    else:
+        v = int(value)
     if v < minimum:
         raise fail(name, f"must be >= {minimum}, got {v}", fix or f"Pass an integer >= {minimum}.")
     return v
+
+
+def check_bool(name: str, value, *, fix: str = "") -> bool:
+    """Return ``value`` if it is a boolean (``True``/``False``, NumPy's too), else raise:
+    a string such as ``"no"`` is truthy and must not pass for one."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":  # NumPy's, unimported
+        return bool(value)
+    raise fail(name, f"must be true or false, got {value!r}", fix or "Pass true or false.")
 
 
 def check_range(

@@ -91,7 +91,7 @@ from hyfl.algorithms.hyfdca_round import COCOA, PER_SAMPLE, PHASES
 from hyfl.algorithms.step_rules import StepRule, step_rule
 from hyfl.algorithms.step_rules.safe import dual_gain, next_beta, step_verdict
 from hyfl.costs import RoundTraffic
-from hyfl.errors import check_choice, check_int, check_positive, fail
+from hyfl.errors import check_bool, check_choice, check_int, check_positive, fail
 from hyfl.partition import StackedBlocks
 from hyfl.problem import Problem
 from hyfl.work_clock import work_clock
@@ -106,6 +106,9 @@ HISTORY_WINDOW = 8
 apart: with a window of ``2 * depth`` rounds a client taking part one round in ten kept a
 fifth of its directions (measured: ijcnn1 3x3 at participation 0.1, relative loss 5.6
 after 600 rounds with ``2``, 3e-4 with ``8``; docs/convergence.md)."""
+MAX_HISTORY_WINDOW = 64
+"""Largest ``history_window``: every group's Gram boxes are (W, W) with W = window x
+history slots, a gigabyte at 64 x 32 on small data; no measured case wants more than 8."""
 HISTORY_RING_BYTES = 256 * 2**20
 """The window shrinks (not below ``2 * depth``) where the ring of remembered inner products,
 ``N x window x C`` floats, would exceed this."""
@@ -151,7 +154,7 @@ class HyFDCA:
         low-dimensional data; memory and time per round grow with it).
     history_window : int, optional
         ``cocoa`` only: how many server rounds remembered inner products stay
-        usable, as a multiple of ``history`` (at least 2). Default
+        usable, as a multiple of ``history`` (2 to :data:`MAX_HISTORY_WINDOW`). Default
         :data:`HISTORY_WINDOW`. The ring of remembered inner products holds
         ``history * history_window`` slots per sample (less where it would
         exceed :data:`HISTORY_RING_BYTES`); every group's Gram matrices are
@@ -225,8 +228,13 @@ class HyFDCA:
             check_int("history", self.history, minimum=1,
                       fix="Pass how many recent rounds a client remembers, e.g. history=16.")
         if self.history_window is not None:
-            check_int("history_window", self.history_window, minimum=2,
-                      fix="Pass a multiple of history of at least 2, e.g. history_window=4.")
+            fix = "Pass a multiple of history from 2 to 64, e.g. history_window=4."
+            window = check_int("history_window", self.history_window, minimum=2, fix=fix)
+            if window > MAX_HISTORY_WINDOW:  # the (W, W) Gram boxes grow as its square
+                raise fail("history_window", f"must be <= {MAX_HISTORY_WINDOW}, got {window}",
+                           fix)
+        for flag in ("certify", "refresh_inner_products"):
+            check_bool(flag, getattr(self, flag), fix=f"Pass {flag}=true or {flag}=false.")
         if self.local_passes is not None:
             passes = check_int("local_passes", self.local_passes, minimum=1,
                                fix="Pass passes per round from 1 to 64, e.g. local_passes=2.")
@@ -266,7 +274,8 @@ class HyFDCA:
     def history_slots(self, n_samples: int, n_features: int, n_outputs: int) -> int:
         """Slots of the ring of remembered rounds (see :data:`HISTORY_WINDOW`)."""
         depth = self.history_depth(n_features)
-        multiple = HISTORY_WINDOW if self.history_window is None else int(self.history_window)
+        multiple = (HISTORY_WINDOW if self.history_window is None
+                    else check_int("history_window", self.history_window, minimum=2))
         fits = HISTORY_RING_BYTES // (8 * max(n_samples * n_outputs, 1))
         window = int(max(2 * depth, min(multiple * depth, fits)))
         # A ring of a multiple of 64 slots gives its (W, W) Gram matrices power-of-two rows,

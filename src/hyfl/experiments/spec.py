@@ -225,8 +225,18 @@ class RunSpec:
         With ``only_accepted`` (used by ``compare``), shared keys an algorithm
         does not have are skipped instead of being an error.
         """
-        from hyfl.algorithms import accepted_hyperparameters
+        from hyfl.algorithms import ALGORITHMS, accepted_hyperparameters
 
+        for key in self.hyper:  # another algorithm's option may ride along; a typo may not
+            algorithm, dot, option = key.partition(".")
+            if not dot:
+                continue
+            if algorithm not in ALGORITHMS:
+                raise fail(f"--param {key}", f"names no algorithm {algorithm!r}",
+                           f"Write ALGORITHM.KEY with one of {', '.join(ALGORITHMS)}.")
+            if option not in accepted_hyperparameters(algorithm):
+                raise fail(f"--param {key}", f"is not an option of {algorithm}",
+                           f"See `hyfl algorithms` for {algorithm}'s options.")
         accepted = accepted_hyperparameters(name)
         shared = {k: v for k, v in self.hyper.items() if "." not in k}
         if only_accepted:
