@@ -150,6 +150,22 @@ def accepted_hyperparameters(name: str) -> set[str]:
     return {f.name for f in dataclasses.fields(entry.cls) if f.name != "name"}
 
 
+def check_algorithm_options(hyper: dict[str, Any]) -> None:
+    """Refuse an ``ALGORITHM.KEY`` option naming no registered algorithm, or no option of
+    it (a typo such as ``hyfcda.history`` would otherwise be dropped by every algorithm);
+    another algorithm's real option may ride along in a spec."""
+    for key in hyper:
+        name, dot, option = key.partition(".")
+        if not dot:
+            continue
+        if name not in ALGORITHMS:
+            raise fail(f"--param {key}", f"names no algorithm {name!r}",
+                       f"Write ALGORITHM.KEY with one of {', '.join(ALGORITHMS)}.")
+        if option not in accepted_hyperparameters(name):
+            raise fail(f"--param {key}", f"is not an option of {name}",
+                       f"See `hyfl algorithms` for {name}'s options.")
+
+
 def option_takers(option: str) -> list[str]:
     """The registered algorithms that take hyperparameter ``option``, in registry order."""
     return [name for name in ALGORITHMS if option in accepted_hyperparameters(name)]

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from hyfl._names import CLASS_WEIGHTS, HYPERPARAMETER_FLAGS
-from hyfl.algorithms import algorithm_names
+from hyfl.algorithms import algorithm_names, check_algorithm_options
 from hyfl.algorithms.hyfdca import HyFDCA
 from hyfl.costs import (
     DEFAULT_HE_COSTS,
@@ -33,7 +33,7 @@ from hyfl.costs import (
 )
 from hyfl.data import is_party_spec, load_party_data, train_validation
 from hyfl.data.dataset import INTERCEPT_SCALING, parse_intercept, with_intercept
-from hyfl.errors import check_choice, check_int, fail
+from hyfl.errors import check_bool, check_choice, check_int, fail
 from hyfl.losses import LOSSES
 from hyfl.partition import with_constant_feature
 from hyfl.privacy.ciphers import CIPHERS, check_keybits, make_cipher
@@ -138,9 +138,9 @@ class RunSpec:
         parse_intercept(self.intercept)
         if self.class_weight is not None:
             check_choice("class_weight", self.class_weight, CLASS_WEIGHTS)
-        if not isinstance(self.standardize, bool):
-            raise fail("standardize", f"must be true or false, got {self.standardize!r}",
-                       "Pass --standardize (in a config: standardize = true).")
+        check_bool("standardize", self.standardize,
+                   fix="Pass --standardize (in a config: standardize = true).")
+        check_algorithm_options(self.hyper)
         if self.hyper.get("iic") is not None and self.hyper.get("local_steps") is not None:
             raise fail("--iic and --local-steps", "were both given", "Give only one of them.")
         if self.val is not None and self.val_fraction is not None:
@@ -225,18 +225,8 @@ class RunSpec:
         With ``only_accepted`` (used by ``compare``), shared keys an algorithm
         does not have are skipped instead of being an error.
         """
-        from hyfl.algorithms import ALGORITHMS, accepted_hyperparameters
+        from hyfl.algorithms import accepted_hyperparameters
 
-        for key in self.hyper:  # another algorithm's option may ride along; a typo may not
-            algorithm, dot, option = key.partition(".")
-            if not dot:
-                continue
-            if algorithm not in ALGORITHMS:
-                raise fail(f"--param {key}", f"names no algorithm {algorithm!r}",
-                           f"Write ALGORITHM.KEY with one of {', '.join(ALGORITHMS)}.")
-            if option not in accepted_hyperparameters(algorithm):
-                raise fail(f"--param {key}", f"is not an option of {algorithm}",
-                           f"See `hyfl algorithms` for {algorithm}'s options.")
         accepted = accepted_hyperparameters(name)
         shared = {k: v for k, v in self.hyper.items() if "." not in k}
         if only_accepted:
