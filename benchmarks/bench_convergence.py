@@ -582,18 +582,13 @@ def liblinear_at_its_defaults(problem) -> tuple[float, float]:
     return cpu, float(problem.primal(np.column_stack(weights)))
 
 
-def _default_ratio(outcome: Outcome, level: float) -> float:
-    cpu = outcome.settled_cpu.get(level)
-    if cpu is None or not outcome.default_cpu > 0:
+def _ratio(outcome: Outcome, level: float, baseline: str = "central_cpu") -> float:
+    """HyFDCA's CPU to settle at ``level`` over liblinear's: the tight solve's
+    (``central_cpu``) or liblinear at its defaults (``default_cpu``)."""
+    cpu, central = outcome.settled_cpu.get(level), getattr(outcome, baseline)
+    if cpu is None or not central > 0:
         return math.nan
-    return cpu / outcome.default_cpu
-
-
-def _ratio(outcome: Outcome, level: float) -> float:
-    cpu = outcome.settled_cpu.get(level)
-    if cpu is None or not outcome.central_cpu > 0:
-        return math.nan
-    return cpu / outcome.central_cpu
+    return cpu / central
 
 
 def row_of(outcome: Outcome, args) -> dict:
@@ -637,7 +632,7 @@ def row_of(outcome: Outcome, args) -> dict:
         row[f"settled_cpu_s_{level:g}"] = _blank(outcome.settled_cpu.get(level))
         row[f"first_round_{level:g}"] = _blank(outcome.first.get(level))
         row[f"cpu_ratio_{level:g}"] = _ratio(outcome, level)
-        row[f"default_ratio_{level:g}"] = _default_ratio(outcome, level)
+        row[f"default_ratio_{level:g}"] = _ratio(outcome, level, "default_cpu")
     row["liblinear_default_cpu_s"] = outcome.default_cpu
     row["liblinear_default_relative_loss"] = outcome.default_relative_loss
     return row
@@ -703,7 +698,7 @@ def summary_line(outcome: Outcome) -> str:
     first = outcome.first.get(1e-3)
     parts.append(f"first 1e-3: {'-' if first is None else f'{first:.0f}'}")
     parts.append(f"final {outcome.final_relative_loss:.3g}")
-    ratio = _default_ratio(outcome, 1e-3)
+    ratio = _ratio(outcome, 1e-3, "default_cpu")
     if not math.isnan(ratio):
         parts.append(f"{ratio:.3g}x liblinear at its defaults to 1e-3")
     parts.append(f"{outcome.round_cpu_ms:.1f} ms CPU/round ({outcome.round_wall_ms:.1f} wall)")

@@ -228,7 +228,8 @@ class HyFDCA:
             check_int("history", self.history, minimum=1,
                       fix="Pass how many recent rounds a client remembers, e.g. history=16.")
         if self.history_window is not None:
-            fix = "Pass a multiple of history from 2 to 64, e.g. history_window=4."
+            fix = (f"Pass a multiple of history from 2 to {MAX_HISTORY_WINDOW}, "
+                   "e.g. history_window=4.")
             window = check_int("history_window", self.history_window, minimum=2, fix=fix)
             if window > MAX_HISTORY_WINDOW:  # the (W, W) Gram boxes grow as its square
                 raise fail("history_window", f"must be <= {MAX_HISTORY_WINDOW}, got {window}",

@@ -263,14 +263,13 @@ def solve(step, draws, csr, span, c, coef, passes):
     m_s = np.empty((most_rows, R))
     phi_up_s = np.empty((most_rows, R))
     phi_s = np.empty((most_rows, R))
-    z_s = np.empty(most_rows * dense_features)  # flat: a client's (n_a, f_own) views
-    residual_up_s = np.empty(most_rows * dense_features)
+    residual_up_s = np.empty(most_rows * dense_features)  # flat: (n_a, f_own) views
     residual_s = np.empty(most_rows * dense_features)
     wide = most_rows if sparse else 0
     psi_s = np.empty((wide, R))
     U_s = np.empty((wide, R))
     E_s = np.empty((wide, R))
-    rows_s = np.empty((10, most_rows))  # margins, offsets, base, a, y, c, |x|^2, rest, q
+    rows_s = np.empty((9, most_rows))  # margins, offsets, base, a, y, c, |x|^2, rest, q
     QT = np.empty(R * dense_features)
     for a in range(seg.size - 1):
         lo, hi = seg[a], seg[a + 1]
@@ -310,12 +309,11 @@ def solve(step, draws, csr, span, c, coef, passes):
         if dense:
             qt = QT[:R * f_own].reshape((R, f_own))
             qt[:] = Q.T
-            z = z_s[:n_a * f_own].reshape((n_a, f_own))
-            np.dot(phi_up, qt, z)  # Q phi
+            np.dot(phi_up, qt, residual_up)  # Q phi, then x_own - Q phi
             rows_up = rows[lo:hi][order]
             for t in range(n_a):
                 for f in range(f_own):
-                    residual_up[t, f] = -z[t, f]
+                    residual_up[t, f] = -residual_up[t, f]
                 row = rows_up[t]
                 for k in range(indptr[row], indptr[row + 1]):
                     residual_up[t, inverse[indices[k]]] += data[k]

@@ -414,6 +414,10 @@ def direction_pairs(slots: np.ndarray) -> np.ndarray:
 
 @functools.cache
 def _blas_controller():
+    """The process's BLAS libraries, found once (a search costs ~0.3 ms). SciPy's
+    OpenBLAS, which the compiled solver's products use, is loaded first: a library loaded
+    after the search would escape the one-thread limit."""
+    import scipy.linalg  # noqa: F401  (loads SciPy's BLAS)
     from threadpoolctl import ThreadpoolController
 
     return ThreadpoolController()
