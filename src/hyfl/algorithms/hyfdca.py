@@ -748,11 +748,8 @@ class HyFDCA:
         (the others made them); the momentum coefficient of the proposal's image."""
         blocks, local, active = state.blocks, state.local, r.active
         sent = Sent()
-        rows, rows_slot, rows_client = hyfdca_kernels.holder_rows(blocks, r.samples)
-        rows_fresh = active[rows_client]
-        r.updated_rows, r.updated_slot = rows[rows_fresh], rows_slot[rows_fresh]
-        r.updated_clients = rows_client[rows_fresh]
-        del rows, rows_slot, rows_client, rows_fresh
+        r.updated_rows, r.updated_slot, r.updated_clients = hyfdca_kernels.holder_rows(
+            blocks, r.samples, active)
         if r.full_pass:  # the active holders of every sample of the active clients: all rows
             sent.encrypted["dual_down_all"] = active.copy()
         else:
@@ -1423,9 +1420,10 @@ def reporter_offsets(blocks, active, clients, samples, offsets, n_outputs: int) 
     slot = np.flatnonzero(rows >= 0)
     rows, holders = rows[slot], holders[slot]
     out = np.zeros((samples.size, n_outputs))
-    at = np.searchsorted(clients, holders)
-    for a in np.unique(at):
-        sel = at == a
+    by_client, bounds = hyfdca_kernels.group_order(np.searchsorted(clients, holders),
+                                                   clients.size)
+    for a in np.flatnonzero(np.diff(bounds)):
+        sel = by_client[bounds[a]:bounds[a + 1]]
         out[slot[sel]] = offsets(int(a), rows[sel])
     return out
 
@@ -1446,18 +1444,21 @@ def estimate_absent_images(state: HyFDCAState, active, clients, pairs, samples, 
     parts: dict[int, np.ndarray] = {}
     exact_samples = np.zeros(samples.size, dtype=bool)
     of_sample = groups.of_sample[samples]
-    of_updated = of_sample[updated_slot]  # the group of each updated row's sample
+    # The samples and the updated rows of each group (of_sample == g, of the updated
+    # rows' samples == g), sorted out once rather than compared with every group.
+    by_sample, sample_bounds = hyfdca_kernels.group_order(of_sample, groups.n_groups)
+    by_row, row_bounds = hyfdca_kernels.group_order(of_sample[updated_slot], groups.n_groups)
     senders = 0
-    for g in np.unique(of_sample):
+    for g in np.flatnonzero(np.diff(sample_bounds)):
         members = groups.members[g]
         present, absent = members[active[members]], members[~active[members]]
         if absent.size == 0 or present.size == 0:
             continue
-        sel = np.flatnonzero(of_sample == g)
+        sel = by_sample[sample_bounds[g]:sample_bounds[g + 1]]
         sender = int(present[0])
         a = int(np.searchsorted(clients, sender))
         sums = ring_span_sums(local.history.z, samples[sel], pairs[a], direction[sel], lam_n)
-        in_group = of_updated == g
+        in_group = by_row[row_bounds[g]:row_bounds[g + 1]]
         active_image = group_image(state, g, updated_rows[in_group],
                                    direction[updated_slot[in_group]])
         estimates, exact = history.estimate_absent(g, sender, pairs[a], absent, sums,

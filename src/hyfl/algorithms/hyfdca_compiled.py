@@ -396,9 +396,13 @@ def client_of(client_rowptr, table, row):
 
 
 @njit
-def holder_rows(samples, sample_rowptr, sample_rows, client_rowptr, table):
+def holder_rows(samples, sample_rowptr, sample_rows, client_rowptr, table, keep):
     # |B_s| is read as sample_rowptr[s + 1] - sample_rowptr[s] (the same cache
-    # line; the stacked arrays are far larger than the caches).
+    # line; the stacked arrays are far larger than the caches). Rows of clients
+    # with keep False are left out.
+    every = True
+    for k in range(keep.size):
+        every = every and keep[k]
     total = 0
     for s in samples:
         total += sample_rowptr[s + 1] - sample_rowptr[s]
@@ -410,10 +414,14 @@ def holder_rows(samples, sample_rowptr, sample_rows, client_rowptr, table):
         s = samples[j]
         for h in range(sample_rowptr[s], sample_rowptr[s + 1]):
             row = sample_rows[h]
-            rows[n] = row
-            slot[n] = j
-            clients[n] = client_of(client_rowptr, table, row)
-            n += 1
+            k = client_of(client_rowptr, table, row)
+            if every or keep[k]:
+                rows[n] = row
+                slot[n] = j
+                clients[n] = k
+                n += 1
+    if n < total:  # copies, so that the unused tails are freed
+        return rows[:n].copy(), slot[:n].copy(), clients[:n].copy()
     return rows, slot, clients
 
 
@@ -578,6 +586,25 @@ def client_nonzeros(indptr, client_rowptr, table, rows, n_clients):
     for row in rows:
         work[client_of(client_rowptr, table, row)] += indptr[row + 1] - indptr[row]
     return work
+
+
+@njit
+def group_order(keys, n_groups):
+    # A stable counting sort: bounds from the counts, then each index into its key's run.
+    bounds = np.zeros(n_groups + 1, dtype=np.int64)
+    for k in keys:
+        if k >= 0:
+            bounds[k + 1] += 1
+    for g in range(n_groups):
+        bounds[g + 1] += bounds[g]
+    fill = bounds[:-1].copy()
+    order = np.empty(bounds[n_groups], dtype=np.int64)
+    for j in range(keys.size):
+        k = keys[j]
+        if k >= 0:
+            order[fill[k]] = j
+            fill[k] += 1
+    return order, bounds
 
 
 @njit

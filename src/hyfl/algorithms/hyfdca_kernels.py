@@ -36,13 +36,16 @@ def _compiled():
     return hyfdca_compiled
 
 
-def holder_rows(blocks, samples: np.ndarray):
+def holder_rows(blocks, samples: np.ndarray, active: np.ndarray | None = None):
     """All stacked rows holding the given samples, with each row's sample slot and client.
 
     Parameters
     ----------
     blocks : hyfl.partition.StackedBlocks
     samples : ndarray of int, shape (n,)
+    active : ndarray of bool, shape (K,), optional
+        Only the rows of these clients (what masking the result by ``active[clients]``
+        gives, without the full arrays and three masked copies).
 
     Returns
     -------
@@ -50,9 +53,11 @@ def holder_rows(blocks, samples: np.ndarray):
         Sample by sample, the holders' rows in ``sample_rows`` order; ``slot``
         is the position in ``samples``, ``clients`` the client of each row.
     """
+    keep = (np.ones(blocks.n_clients, dtype=np.bool_) if active is None
+            else np.ascontiguousarray(active, dtype=np.bool_))
     return _compiled().holder_rows(
         np.ascontiguousarray(samples), blocks.sample_rowptr,
-        blocks.sample_rows, blocks.client_rowptr, client_table(blocks.client_rowptr),
+        blocks.sample_rows, blocks.client_rowptr, client_table(blocks.client_rowptr), keep,
     )
 
 
@@ -189,6 +194,22 @@ def positions_in(distinct_values: np.ndarray, queries: np.ndarray) -> np.ndarray
     table = np.empty(hi - lo + 1, dtype=np.intp)
     table[distinct_values - lo] = np.arange(distinct_values.size)
     return table[queries - lo]
+
+
+def group_order(keys: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of ``keys`` by key, ascending within each key (a stable counting sort).
+
+    ``order[bounds[g]:bounds[g + 1]]`` is ``np.flatnonzero(keys == g)`` for every
+    ``g`` in ``0..n_groups-1``: one pass instead of one comparison of the whole
+    array per group (12 passes over 6 million rows a Covtype round). Negative keys
+    (no group) are left out.
+
+    Returns
+    -------
+    order : ndarray of int64, shape (n',)
+    bounds : ndarray of int64, shape (n_groups + 1,)
+    """
+    return _compiled().group_order(np.ascontiguousarray(keys, dtype=np.int64), int(n_groups))
 
 
 def sum_by_slot(values: np.ndarray, slot: np.ndarray, n_slots: int) -> np.ndarray:
