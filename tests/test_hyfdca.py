@@ -327,7 +327,17 @@ def test_compiled_row_kernels_equal_numpy_bit_for_bit():
     np.testing.assert_array_equal(target, expected)
 
     samples = rng.choice(60, size=7, replace=False)
-    holder, _, client = hyfdca_kernels.holder_rows(blocks, samples)
+    holder, holder_slot, client = hyfdca_kernels.holder_rows(blocks, samples)
+    for j, s in enumerate(samples):  # the holders' rows in sample_rows order, sample by sample
+        mine = blocks.sample_rows[blocks.sample_rowptr[s]:blocks.sample_rowptr[s + 1]]
+        at = np.flatnonzero(holder_slot == j)
+        np.testing.assert_array_equal(holder[at], mine)
+        np.testing.assert_array_equal(
+            client[at], np.searchsorted(blocks.client_rowptr, mine, side="right") - 1)
+    some = rng.random(blocks.n_clients) < 0.5  # only some clients' rows: the masked ones
+    for got, full in zip(hyfdca_kernels.holder_rows(blocks, samples, some),
+                         (holder, holder_slot, client)):
+        np.testing.assert_array_equal(got, full[some[client]])
     held = np.zeros(blocks.n_clients, dtype=bool)
     held[client] = True
     np.testing.assert_array_equal(hyfdca_kernels.holding_clients(blocks, samples), held)
