@@ -17,7 +17,7 @@ import pytest
 
 from hyfl.algorithms import hyfdca as hyfdca_module
 from hyfl.algorithms.hyfdca import HyFDCA
-from hyfl.algorithms.hyfdca_local import RunningAverage, SpanHistory
+from hyfl.algorithms.hyfdca_local import RunningAverage, SpanHistory, direction_pairs
 from hyfl.errors import HyflError
 from hyfl.participation import Cyclic, Full, RandomFraction, Trace
 from hyfl.partition import grid, horizontal, nonzero_balanced, stack, vertical
@@ -245,6 +245,41 @@ def test_history_gram_matrices_equal_the_directions_products():
                 columns.append(w - base)
             D = np.stack(columns, axis=1)  # (M, R, C)
             np.testing.assert_allclose(grams[a], np.einsum("mrc,msc->crs", D, D), atol=1e-9)
+
+
+@pytest.mark.parametrize("participation", [0.1, 0.5, 1.0])
+def test_the_ring_keeps_exactly_the_inner_products_of_the_slots_clients_list(participation):
+    # SpanHistory and ClientMemory keep a column only for the slots some client still
+    # lists; read through their columns, a client's directions give what a ring of every
+    # slot of the window (slot t mod W, written every round) gives.
+    from hyfl.algorithms.hyfdca_local import ClientMemory
+
+    rng = np.random.default_rng(1)
+    N, M, C, K, depth, window = 30, 5, 2, 6, 4, 24
+    history = SpanHistory.empty(K, N, M, C, depth, window)
+    memories = [ClientMemory(N, M, C, depth, window) for _ in range(K)]
+    full = np.zeros((N, window, C))
+    most_live = 0
+    for t in range(1, 120):
+        w = rng.normal(size=(M, C))
+        active = np.flatnonzero(rng.random(K) < participation)
+        z = rng.normal(size=(N, C))
+        history.record(t, w, active, np.arange(N), z)
+        full[:, t % window] = z
+        for k in active:
+            memories[k].record(t, z, w)
+        live = np.union1d(history.slots[history.slots >= 0], [t % window])
+        most_live = max(most_live, live.size)
+        assert history.z.shape[1] <= max(most_live + 3, depth)  # widened 4 at a time here
+        assert np.array_equal(np.flatnonzero(history.z_column >= 0), live)
+        for k in active:
+            pairs = direction_pairs(history.slots[[k]])[0]
+            np.testing.assert_array_equal(pairs, memories[k].pairs()[0])
+            for ring, columns in ((history.z, history.ring_pairs(pairs)),
+                                  (memories[k].z, memories[k].ring_pairs()[0])):
+                valid = pairs >= 0
+                np.testing.assert_array_equal(ring[:, columns[valid]], full[:, pairs[valid]])
+    assert memories[0].z.shape[1] == depth
 
 
 def _numpy_direction_grams(history, pairs, t):

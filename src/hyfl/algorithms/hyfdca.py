@@ -694,7 +694,7 @@ class HyFDCA:
                 # (by ascending sample, as reporter_offsets lists them: the ring is read
                 # forward)
                 return ring_margin_offsets(local.history.z, blocks.row_sample[rows], pairs[a],
-                                           transforms[a], towards_w[a])
+                                           transforms[a], towards_w[a], local.history.z_column)
 
             r.offsets = offsets
         own_features = [blocks.client_features[k] for k in clients]
@@ -707,7 +707,7 @@ class HyFDCA:
             row_sample=r.drawn_samples,
             alpha=state.alpha,  # active clients hold fresh copies (the refresh)
             z_ring=local.history.z,
-            pairs=pairs,
+            pairs=local.history.ring_pairs(pairs),
             transforms=transforms,
             Y=problem.Y,
             W=problem.W,
@@ -1457,7 +1457,8 @@ def estimate_absent_images(state: HyFDCAState, active, clients, pairs, samples, 
         sel = by_sample[sample_bounds[g]:sample_bounds[g + 1]]
         sender = int(present[0])
         a = int(np.searchsorted(clients, sender))
-        sums = ring_span_sums(local.history.z, samples[sel], pairs[a], direction[sel], lam_n)
+        sums = ring_span_sums(local.history.z, samples[sel], pairs[a], direction[sel], lam_n,
+                              local.history.z_column)
         in_group = by_row[row_bounds[g]:row_bounds[g + 1]]
         active_image = group_image(state, g, updated_rows[in_group],
                                    direction[updated_slot[in_group]])

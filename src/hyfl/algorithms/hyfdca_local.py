@@ -204,12 +204,14 @@ def solve_subproblems(
         Sample id of each drawn row (index into ``alpha``, ``z_ring``, ``Y``, ``sq_norms``).
     alpha : ndarray, shape (N, C)
         Current duals (the active clients hold these after the refresh).
-    z_ring : ndarray, shape (N, W, C)
-        Inner products ``x_i^T w_s`` received in recent rounds (by slot).
+    z_ring : ndarray, shape (N, P, C)
+        Inner products ``x_i^T w_s`` received in recent rounds (a column per slot
+        kept, see :func:`place_slot`).
     pairs : ndarray of int, shape (A, R, 2)
-        Per client, its history directions ``w_p - w_b`` as slot pairs ``(p, b)``
-        (``b = -1``: ``w_p`` itself; ``p = -1``: unused), see
-        :func:`direction_pairs`; ``pairs[a, 0, 0]`` is the current round's slot.
+        Per client, its history directions ``w_p - w_b`` as pairs ``(p, b)`` of
+        ``z_ring``'s columns (``b = -1``: ``w_p`` itself; ``p = -1``: unused), see
+        :func:`direction_pairs` and :func:`column_pairs`; ``pairs[a, 0, 0]`` is the
+        current round's.
     transforms : ndarray, shape (A, C, R, R)
         Per client and output, ``phi = T^T (margins on the directions)``; see
         :func:`span_transforms`.
@@ -410,6 +412,30 @@ def direction_pairs(slots: np.ndarray) -> np.ndarray:
     pairs[:, 1:, 0] = np.where(valid, slots[:, :-1], -1)
     pairs[:, 1:, 1] = np.where(valid, slots[:, 1:], -1)
     return pairs
+
+
+def place_slot(column: np.ndarray, slot: int, listed: np.ndarray, n_columns: int) -> int:
+    """Give ring slot ``slot`` a column of a compact store of ``n_columns`` columns.
+
+    A slot's remembered values are read only while some client's directions name
+    it (:func:`direction_pairs`), so the store keeps columns for the ``listed``
+    slots alone: the others' columns are released first (``column`` is updated in
+    place, ``-1`` for a slot without one), then ``slot`` takes the first free
+    column. Returns it; ``n_columns`` means the store is full and must widen.
+    """
+    column[~listed] = -1
+    column[slot] = -1  # its values are replaced
+    taken = np.zeros(n_columns + 1, dtype=bool)
+    taken[column[column >= 0]] = True
+    free = int(np.argmin(taken))  # the first False; n_columns if every column is taken
+    column[slot] = free
+    return free
+
+
+def column_pairs(pairs: np.ndarray, column: np.ndarray) -> np.ndarray:
+    """``pairs`` (:func:`direction_pairs`) with each slot replaced by its store column."""
+    pairs = np.asarray(pairs, dtype=np.int64)
+    return np.where(pairs >= 0, column[np.maximum(pairs, 0)], -1)
 
 
 @functools.cache
@@ -656,6 +682,12 @@ class SpanHistory:
     ``2 * depth`` slots indexed by (sample, slot) holds every client's history
     exactly; ``slots[k]`` lists client ``k``'s slots, most recent first.
 
+    The inner products are kept only for the slots some client still lists, in the
+    columns of ``z`` that :func:`place_slot` gives them (``z_column``): a client
+    lists its last ``depth`` active rounds, so at participation ``p`` about
+    ``depth / p`` rounds are live, not the whole window (ijcnn1 12x12 at ``p =
+    0.9``: 31 columns of the window's 184).
+
     The server keeps, per slot, the model's move in that round ``u_r = w_r - w_{r-1}``
     and their Gram matrix. A client's directions -- the current ``w`` and the
     moves between its consecutive active rounds, sums of consecutive ``u`` --
@@ -665,10 +697,13 @@ class SpanHistory:
 
     Attributes
     ----------
-    z : ndarray, shape (N, W, C)
-        Inner products sent to the clients in each slot's round (only the
-        entries of that round's active clients' samples are meaningful); a
-        sample's slots are contiguous, which is how the local solver reads them.
+    z : ndarray, shape (N, P, C)
+        Inner products sent to the clients in a slot's round, in the slot's
+        column (only the entries of that round's active clients' samples are
+        meaningful); a sample's columns are contiguous, which is how the local
+        solver reads them. ``P <= W`` widens as more slots are live.
+    z_column : ndarray of int, shape (W,)
+        The column of ``z`` of each slot (``-1``: none; not read).
     moves : ndarray, shape (W, M, C)
     move_gram : ndarray, shape (C, W, W)
     w : ndarray, shape (M, C)
@@ -677,8 +712,9 @@ class SpanHistory:
     slot_round : ndarray of int, shape (W,)
     """
 
-    def __init__(self, z, moves, move_gram, w, slots, slot_round):
-        self.z, self.moves, self.move_gram, self.w = z, moves, move_gram, w
+    def __init__(self, z, z_column, moves, move_gram, w, slots, slot_round):
+        self.z, self.z_column = z, z_column
+        self.moves, self.move_gram, self.w = moves, move_gram, w
         self.slots, self.slot_round = slots, slot_round
         self._kept_chronology = None  # (t, position, order) of _chronology until record
 
@@ -689,7 +725,10 @@ class SpanHistory:
         of ``size`` slots (default ``2 * depth``)."""
         size = 2 * depth if size is None else int(size)
         return cls(
-            z=None if n_samples is None else np.zeros((n_samples, size, n_outputs)),
+            # at full participation the live slots are the last depth rounds; the store
+            # widens when fewer clients take part (record)
+            z=None if n_samples is None else np.zeros((n_samples, min(size, depth), n_outputs)),
+            z_column=np.full(size, -1, dtype=np.int64),
             moves=np.zeros((size, n_features, n_outputs)),
             move_gram=np.zeros((n_outputs, size, size)),
             w=np.zeros((n_features, n_outputs)),
@@ -714,10 +753,20 @@ class SpanHistory:
         row = np.einsum("mc,smc->cs", move, self.moves)
         self.move_gram[:, slot, :] = row
         self.move_gram[:, :, slot] = row
-        if self.z is not None:
-            self.z[samples, slot] = z
         self.slots[clients, 1:] = self.slots[clients, :-1]
         self.slots[clients, 0] = slot
+        if self.z is not None:
+            listed = np.zeros(self.size, dtype=bool)
+            listed[self.slots[self.slots >= 0]] = True
+            listed[slot] = True
+            column = place_slot(self.z_column, slot, listed, self.z.shape[1])
+            if column == self.z.shape[1]:
+                self.z = _widened(self.z, self.size)
+            self.z[samples, column] = z
+
+    def ring_pairs(self, pairs: np.ndarray) -> np.ndarray:
+        """``pairs`` as columns of ``z`` (what the kernels that read ``z`` take)."""
+        return column_pairs(pairs, self.z_column)
 
     def directions(self, clients: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """History directions and their Gram matrices of clients active in the latest round.
@@ -818,35 +867,56 @@ class SpanHistory:
         return grams.reshape(*pairs.shape[:-2], *grams.shape[1:])
 
 
+def _widened(z: np.ndarray, most: int) -> np.ndarray:
+    """``z`` (N, P, C) with an eighth more columns (at least 4, at most ``most``)."""
+    n, width, C = z.shape
+    wider = np.zeros((n, min(most, width + max(4, width // 8)), C))
+    wider[:, :width] = z
+    return wider
+
+
 class ClientMemory:
     """One client's side of :class:`SpanHistory`: its samples' inner products and its
     block of the weights, by slot.
 
     The slots follow the same ring as the server's (slot ``t mod W``), so the
-    server can name the directions and send their Gram matrix.
+    server can name the directions and send their Gram matrix; like the server's,
+    a slot is forgotten once its round is ``size`` rounds old (``rounds`` lists the
+    slots' rounds), even if the client took no part since. Only the ``depth``
+    slots the client lists are kept, in the columns ``column`` gives them
+    (:func:`place_slot`).
     """
 
     def __init__(self, n_samples: int, n_features: int, n_outputs: int, depth: int,
                  size: int | None = None):
-        size = 2 * depth if size is None else int(size)
-        self.z = np.zeros((n_samples, size, n_outputs))
-        self.w = np.zeros((size, n_features, n_outputs))
+        self.size = 2 * depth if size is None else int(size)
+        self.z = np.zeros((n_samples, depth, n_outputs))
+        self.w = np.zeros((depth, n_features, n_outputs))
         self.slots = np.full(depth, -1, dtype=np.int64)
+        self.rounds = np.full(depth, -1, dtype=np.int64)
+        self.column = np.full(self.size, -1, dtype=np.int64)
 
     def record(self, t: int, z: np.ndarray, w: np.ndarray) -> None:
-        slot = t % self.z.shape[1]
-        self.slots[self.slots == slot] = -1
-        self.slots[1:] = self.slots[:-1].copy()
-        self.slots[0] = slot
-        self.z[:, slot] = z
-        self.w[slot] = w
+        slot = t % self.size
+        self.slots[self.rounds <= t - self.size] = -1  # the server reused those slots
+        self.slots[1:], self.rounds[1:] = self.slots[:-1].copy(), self.rounds[:-1].copy()
+        self.slots[0], self.rounds[0] = slot, t
+        listed = np.zeros(self.size, dtype=bool)
+        listed[self.slots[self.slots >= 0]] = True
+        column = place_slot(self.column, slot, listed, self.slots.size)
+        self.z[:, column] = z
+        self.w[column] = w
 
     def pairs(self) -> np.ndarray:
         return direction_pairs(self.slots[None, :])
 
+    def ring_pairs(self) -> np.ndarray:
+        """:meth:`pairs` as columns of ``z`` and ``w``."""
+        return column_pairs(self.pairs(), self.column)
+
     def direction_vectors(self) -> np.ndarray:
         """The directions on the client's features, shape (F, R, C)."""
-        p, b = self.pairs()[0].T
+        p, b = self.ring_pairs()[0].T
         vectors = (np.where((p >= 0)[:, None, None], self.w[np.maximum(p, 0)], 0.0)
                    - np.where((b >= 0)[:, None, None], self.w[np.maximum(b, 0)], 0.0))
         return np.moveaxis(vectors, 0, 1)

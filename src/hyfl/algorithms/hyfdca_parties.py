@@ -493,7 +493,7 @@ class Client:
         if message.get("towards_w") is not None:
             self.offsets = ring_margin_offsets(
                 self.memory.z, np.arange(self.samples.size), self.memory.pairs()[0],
-                transforms[0], np.asarray(message["towards_w"], dtype=float))
+                transforms[0], np.asarray(message["towards_w"], dtype=float), self.memory.column)
         self.round["span_sums"] = bool(message.get("span_sums", False))
         self.round["exact"] = bool(message.get("exact", False))
         order = self.round["order_local"]  # the drawn samples, in the order to visit them
@@ -503,7 +503,7 @@ class Client:
             row_sample=order,
             alpha=self.alpha,
             z_ring=self.memory.z,
-            pairs=self.memory.pairs(),
+            pairs=self.memory.ring_pairs(),
             transforms=transforms,
             Y=self.Y,
             W=self.W,
@@ -587,7 +587,8 @@ class Client:
         }
         if self.round.get("span_sums"):  # its group's moves on its directions
             reply["span_sums"] = ring_span_sums(self.memory.z, updated, self.memory.pairs()[0],
-                                                d, self.public.lam * self.public.n_samples)
+                                                d, self.public.lam * self.public.n_samples,
+                                                self.memory.column)
         return reply
 
     def cocoa_step(self, message: dict) -> dict:

@@ -713,50 +713,36 @@ def _block_tree(block) -> dict:
 
 
 def _client_state(client) -> dict:
-    """The client's changing state as codec values (not copied, but for the memory's slots).
+    """The client's changing state as codec values (not copied).
 
-    :meth:`Client.get_state`, the cocoa rule's memory as the arrays of its live
-    slots only: its ring (``z``: samples x 2 depth x outputs, 37 MB for a quarter
-    of ijcnn1) gains one slot a round, and nothing reads a slot that
-    ``slots`` does not list (:func:`~hyfl.algorithms.hyfdca_local.direction_pairs`),
-    so the state saved with every message (and the round's snapshot) holds the
-    live slots' columns, not the whole ring.
+    :meth:`Client.get_state`, the cocoa rule's memory as its arrays: the
+    inner products and weights of the slots it lists (``depth`` columns, see
+    :class:`~hyfl.algorithms.hyfdca_local.ClientMemory`), the slots and their
+    columns.
     """
     state = client.get_state()
     memory = state.get("memory")
     if memory is not None:
-        live = _live_slots(memory.slots)
-        state["memory"] = {"z": memory.z[:, live], "w": memory.w[live], "slots": memory.slots}
+        state["memory"] = {"z": memory.z, "w": memory.w, "slots": memory.slots,
+                           "rounds": memory.rounds, "column": memory.column}
     return state
 
 
-def _live_slots(slots: np.ndarray) -> np.ndarray:
-    """The ring slots the memory's ``slots`` lists, ascending."""
-    return np.unique(slots[slots >= 0])
-
-
 def _set_client_state(client, state: dict) -> None:
-    """Restore what :func:`_client_state` returned (its arrays become the client's).
-
-    The memory's ring is rebuilt from its live slots; the others, which nothing
-    reads, are zero.
-    """
+    """Restore what :func:`_client_state` returned (its arrays become the client's)."""
     state = dict(state)
     memory = state.pop("memory", None)
     client.set_state(state)
     if memory is not None:
         ring = client.memory
-        slots = np.asarray(memory["slots"], dtype=np.int64)
-        live = _live_slots(slots)
-        size = ring.z.shape[1]
-        if (slots.shape != ring.slots.shape or live.size and live[-1] >= size
-                or memory["z"].shape != (ring.z.shape[0], live.size, ring.z.shape[2])
-                or memory["w"].shape != (live.size, *ring.w.shape[1:])):
+        arrays = {key: np.asarray(memory.get(key))
+                  for key in ("z", "w", "slots", "rounds", "column")}
+        if any(arrays[key].shape != getattr(ring, key).shape for key in arrays):
             raise fail("the party's saved state", "has a cocoa memory of other shapes than "
                        "its client's", "Start a new run (the state is from another job).")
-        z, w = np.zeros_like(ring.z), np.zeros_like(ring.w)
-        z[:, live], w[live] = memory["z"], memory["w"]
-        ring.z, ring.w, ring.slots = z, w, slots
+        ring.z, ring.w = (np.asarray(arrays[key], dtype=float) for key in ("z", "w"))
+        ring.slots, ring.rounds, ring.column = (np.asarray(arrays[key], dtype=np.int64)
+                                                for key in ("slots", "rounds", "column"))
 
 
 def _copied(tree: Any) -> Any:
