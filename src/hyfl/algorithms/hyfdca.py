@@ -637,22 +637,16 @@ class HyFDCA:
         r.busiest_share = _busiest_share(blocks, own_rows, clients.size)
         del own_rows
         # The holders' rows are read in place (compiled kernels, as in the per-sample
-        # rules): no gathered copy of the active clients' data.
-        holder_rows, holder_slot, holder_clients = hyfdca_kernels.holder_rows(blocks,
-                                                                              r.sip_samples)
-        parts, holder_sq = state.snapshots.row_inner_products(blocks.X, holder_rows,
-                                                              holder_clients)
-        # The active holders' squared norms per sample, for the line search (step).
-        fresh = active[holder_clients]
-        r.fresh_sq_sip = np.bincount(holder_slot[fresh], weights=holder_sq[fresh],
-                                     minlength=r.sip_samples.size)
-        # With every holder of these samples active and a consistent state the line
-        # search is exact (hyfl.algorithms.hyfdca_certify).
+        # rules): no gathered copy of the active clients' data, and no array over the
+        # holders' rows. The server's sum over the holders rides in the same kernel (its
+        # additions are not timed apart: they are a few percent of the kernel).
+        r.z, r.fresh_sq_sip, every_active = state.snapshots.sample_inner_products(
+            blocks, r.sip_samples, active)
+        # r.fresh_sq_sip: the active holders' squared norms per sample, for the line
+        # search (step). With every holder of these samples active and a consistent
+        # state the line search is exact (hyfl.algorithms.hyfdca_certify).
         certificate = state.local.certificate
-        r.exact = certificate is None or bool(certificate.current and fresh.all())
-        del holder_rows, holder_clients, holder_sq, fresh
-        with sent.timing():
-            r.z = server_sum_over_holders(parts, holder_slot, r.sip_samples.size)
+        r.exact = certificate is None or bool(certificate.current and every_active)
         # The inner products came with the last round's step when every client took part
         # in it and its explored w stands (then nobody returns and the model rides along).
         r.ahead, state.local.ahead = state.local.ahead, False
@@ -974,6 +968,14 @@ class WeightSnapshots:
             self.store = np.concatenate([self.store, np.zeros_like(self.store)])
         self.store[free[0]] = w
         self.slot[clients] = free[0]
+
+    def sample_inner_products(self, blocks: StackedBlocks, samples: np.ndarray,
+                              active: np.ndarray):
+        """``x_i^T w`` of each sample summed over its holders, each with the weights it
+        holds, the active holders' squared row norms per sample, and whether every
+        holder is active (:func:`hyfl.algorithms.hyfdca_kernels.sample_inner_products`)."""
+        return hyfdca_kernels.sample_inner_products(blocks, samples, active, self.slot,
+                                                    self.store)
 
     def row_inner_products(self, X: sp.csr_matrix, rows: np.ndarray, clients: np.ndarray):
         """``x_{k,i}^T w_k`` of the stacked ``rows``, each with its client's weights, and

@@ -426,6 +426,41 @@ def holder_rows(samples, sample_rowptr, sample_rows, client_rowptr, table, keep)
 
 
 @njit
+def sample_inner_products(samples, sample_rowptr, sample_rows, client_rowptr, table, active,
+                          indptr, indices, data, versions, store, n_features):
+    # Per sample j: z[j] = the sum over its holders (in sample_rows order) of the row's
+    # inner product with its client's weights store[versions[k]] -- the additions of
+    # gather_inner_products then sum_by_slot, without their per-row arrays -- and
+    # fresh_sq[j] the squared norms of its active holders' rows (np.bincount's order).
+    C = store.shape[1]
+    z = np.zeros((samples.size, C))
+    fresh_sq = np.zeros(samples.size)
+    part = np.empty(C)
+    every = True
+    for j in range(samples.size):
+        s = samples[j]
+        for h in range(sample_rowptr[s], sample_rowptr[s + 1]):
+            row = sample_rows[h]
+            k = client_of(client_rowptr, table, row)
+            base = versions[k] * n_features
+            part[:] = 0.0
+            norm = 0.0
+            for e in range(indptr[row], indptr[row + 1]):
+                a = data[e]
+                col = base + indices[e]
+                for c in range(C):
+                    part[c] += a * store[col, c]
+                norm += a * a
+            for c in range(C):
+                z[j, c] += part[c]
+            if active[k]:
+                fresh_sq[j] += norm
+            else:
+                every = False
+    return z, fresh_sq, every
+
+
+@njit
 def first_active_holders(samples, sample_rowptr, sample_rows, client_rowptr, table, active):
     # Per sample, its first holder row (in sample_rows' order) whose client is active,
     # and that client; -1 where no holder is active.
@@ -512,8 +547,8 @@ def holding_clients(samples, sample_rowptr, sample_rows, client_rowptr, table, n
 
 @njit
 def ascending_draws(positions, counts, sizes):
-    # See hyfl.algorithms.hyfdca_local.ascending_draws.
-    order = np.empty(positions.size, dtype=np.int64)
+    # See hyfl.algorithms.hyfdca_local.ascending_draws (int32: positions in a client).
+    order = np.empty(positions.size, dtype=np.int32)
     start = 0
     for a in range(counts.size):
         if counts[a] == sizes[a]:  # a full pass: the inverse permutation

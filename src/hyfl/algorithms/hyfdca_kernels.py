@@ -61,6 +61,41 @@ def holder_rows(blocks, samples: np.ndarray, active: np.ndarray | None = None):
     )
 
 
+def sample_inner_products(blocks, samples: np.ndarray, active: np.ndarray,
+                          versions: np.ndarray, store: np.ndarray):
+    """Each sample's ``x_i^T w`` summed over its holders, each with its own weights.
+
+    What :func:`holder_rows`, :func:`gather_inner_products` and :func:`sum_by_slot`
+    give in turn, bitwise, without their arrays over the holders' rows (on Covtype
+    12x12 seven million rows: six arrays of 56 MB).
+
+    Parameters
+    ----------
+    blocks : hyfl.partition.StackedBlocks
+    samples : ndarray of int, shape (S,)
+    active : ndarray of bool, shape (K,)
+    versions : ndarray of int, shape (K,)
+        Which weights of ``store`` each client's rows are multiplied with.
+    store : ndarray, shape (V, M, C)
+
+    Returns
+    -------
+    z : ndarray, shape (S, C)
+    fresh_sq : ndarray, shape (S,)
+        The squared norms of each sample's active holders' rows, summed.
+    every_active : bool
+        Whether every holder of the samples is active.
+    """
+    V, M, C = store.shape
+    return _compiled().sample_inner_products(
+        np.ascontiguousarray(samples), blocks.sample_rowptr, blocks.sample_rows,
+        blocks.client_rowptr, client_table(blocks.client_rowptr),
+        np.ascontiguousarray(active, dtype=np.bool_), blocks.X.indptr, blocks.X.indices,
+        blocks.X.data, np.ascontiguousarray(versions, dtype=np.int64),
+        store.reshape(V * M, C), M,
+    )
+
+
 def gather_inner_products(X, rows: np.ndarray, versions: np.ndarray, store: np.ndarray):
     """``x_r^T W_{versions[r]}`` and ``||x_r||^2`` for the given rows of a CSR matrix.
 
