@@ -1449,7 +1449,7 @@ def estimate_absent_images(state: HyFDCAState, active, clients, pairs, samples, 
     # The samples and the updated rows of each group (of_sample == g, of the updated
     # rows' samples == g), sorted out once rather than compared with every group.
     by_sample, sample_bounds = hyfdca_kernels.group_order(of_sample, groups.n_groups)
-    by_row, row_bounds = hyfdca_kernels.group_order(of_sample[updated_slot], groups.n_groups)
+    by_row, row_bounds = hyfdca_kernels.group_order(of_sample, groups.n_groups, updated_slot)
     senders = 0
     for g in np.flatnonzero(np.diff(sample_bounds)):
         members = groups.members[g]

@@ -406,9 +406,11 @@ def holder_rows(samples, sample_rowptr, sample_rows, client_rowptr, table, keep)
     total = 0
     for s in samples:
         total += sample_rowptr[s + 1] - sample_rowptr[s]
-    rows = np.empty(total, dtype=np.int64)
-    slot = np.empty(total, dtype=np.int64)
-    clients = np.empty(total, dtype=np.int64)
+    # int32, as the blocks' row indices (hyfl.partition): the updated samples' holders
+    # are six million rows a Covtype round
+    rows = np.empty(total, dtype=np.int32)
+    slot = np.empty(total, dtype=np.int32)
+    clients = np.empty(total, dtype=np.int32)
     n = 0
     for j in range(samples.size):
         s = samples[j]
@@ -624,18 +626,20 @@ def client_nonzeros(indptr, client_rowptr, table, rows, n_clients):
 
 
 @njit
-def group_order(keys, n_groups):
-    # A stable counting sort: bounds from the counts, then each index into its key's run.
+def group_order(keys, through, n_groups):
+    # A stable counting sort of keys[through]: bounds from the counts, then each index
+    # into its key's run.
     bounds = np.zeros(n_groups + 1, dtype=np.int64)
-    for k in keys:
+    for j in range(through.size):
+        k = keys[through[j]]
         if k >= 0:
             bounds[k + 1] += 1
     for g in range(n_groups):
         bounds[g + 1] += bounds[g]
     fill = bounds[:-1].copy()
-    order = np.empty(bounds[n_groups], dtype=np.int64)
-    for j in range(keys.size):
-        k = keys[j]
+    order = np.empty(bounds[n_groups], dtype=np.int32)
+    for j in range(through.size):
+        k = keys[through[j]]
         if k >= 0:
             order[fill[k]] = j
             fill[k] += 1

@@ -49,7 +49,7 @@ def holder_rows(blocks, samples: np.ndarray, active: np.ndarray | None = None):
 
     Returns
     -------
-    rows, slot, clients : ndarray of int64, shape (h,) each
+    rows, slot, clients : ndarray of int32, shape (h,) each
         Sample by sample, the holders' rows in ``sample_rows`` order; ``slot``
         is the position in ``samples``, ``clients`` the client of each row.
     """
@@ -231,8 +231,11 @@ def positions_in(distinct_values: np.ndarray, queries: np.ndarray) -> np.ndarray
     return table[queries - lo]
 
 
-def group_order(keys: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
+def group_order(keys: np.ndarray, n_groups: int,
+                through: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Indices of ``keys`` by key, ascending within each key (a stable counting sort).
+
+    With ``through`` (int, shape (n',)), the keys are ``keys[through]``, not gathered.
 
     ``order[bounds[g]:bounds[g + 1]]`` is ``np.flatnonzero(keys == g)`` for every
     ``g`` in ``0..n_groups-1``: one pass instead of one comparison of the whole
@@ -241,10 +244,13 @@ def group_order(keys: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray
 
     Returns
     -------
-    order : ndarray of int64, shape (n',)
+    order : ndarray of int32, shape (n',)
     bounds : ndarray of int64, shape (n_groups + 1,)
     """
-    return _compiled().group_order(np.ascontiguousarray(keys, dtype=np.int64), int(n_groups))
+    keys = np.ascontiguousarray(keys, dtype=np.int64)
+    through = (np.arange(keys.size, dtype=np.int32) if through is None
+               else np.ascontiguousarray(through, dtype=np.int32))
+    return _compiled().group_order(keys, through, int(n_groups))
 
 
 def sum_by_slot(values: np.ndarray, slot: np.ndarray, n_slots: int) -> np.ndarray:
