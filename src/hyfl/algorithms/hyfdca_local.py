@@ -263,9 +263,9 @@ def solve_subproblems(
     segments = np.asarray(segments, dtype=np.int64)
     # int32 indices (as the stacked blocks hold them): on Covtype a full pass draws 6.3
     # million rows, and an int64 copy of their samples was 50 MB
-    index = np.int32 if alpha.shape[0] < 2**31 else np.int64
+    index = np.int32 if X.shape[0] < 2**31 else np.int64
     row_sample = np.ascontiguousarray(row_sample, dtype=index)
-    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    rows = np.ascontiguousarray(rows, dtype=index)
     pairs = np.ascontiguousarray(pairs, dtype=np.int64)
     n, C = row_sample.size, alpha.shape[1]
     out = np.zeros((n, C))
