@@ -110,8 +110,9 @@ MAX_HISTORY_WINDOW = 64
 """Largest ``history_window``: every group's Gram boxes are (W, W) with W = window x
 history slots, a gigabyte at 64 x 32 on small data; no measured case wants more than 8."""
 HISTORY_RING_BYTES = 256 * 2**20
-"""The window shrinks (not below ``2 * depth``) where the ring of remembered inner products,
-``N x window x C`` floats, would exceed this."""
+"""The window shrinks (not below ``2 * depth``) where a ring of remembered inner products
+for every slot of it, ``N x window x C`` floats, would exceed this (the store holds only the
+slots clients list, but at low participation that can be all of them)."""
 DEFAULT_MOMENTUM = 0.95
 """Largest momentum coefficient of the ``cocoa`` rule."""
 
@@ -155,10 +156,12 @@ class HyFDCA:
     history_window : int, optional
         ``cocoa`` only: how many server rounds remembered inner products stay
         usable, as a multiple of ``history`` (2 to :data:`MAX_HISTORY_WINDOW`). Default
-        :data:`HISTORY_WINDOW`. The ring of remembered inner products holds
-        ``history * history_window`` slots per sample (less where it would
-        exceed :data:`HISTORY_RING_BYTES`); every group's Gram matrices are
-        that many slots square.
+        :data:`HISTORY_WINDOW`. The window has ``history * history_window``
+        slots (fewer where a ring of them all would exceed
+        :data:`HISTORY_RING_BYTES`); every group's Gram matrices are that many
+        slots square. The inner products are stored only for the slots some
+        client still lists -- about ``history / p`` rounds at participation
+        ``p`` -- so the window costs memory only at low participation.
     momentum : float, default 0.95
         ``cocoa`` only: largest momentum coefficient (0 disables momentum).
     local_passes : int, optional
