@@ -43,3 +43,26 @@ def test_hyfl_threads_sets_the_count_for_the_process_and_its_children(monkeypatc
     assert os.environ[THREADS_VARIABLE] == "2" and thread_count() == 2
     refused = CliRunner().invoke(app, ["--threads", "0", "algorithms"])
     assert refused.exit_code != 0 and "--threads" in refused.output
+
+
+@pytest.mark.parametrize("wanted", ["all", "most", "some"])
+def test_the_draws_are_the_same_for_any_thread_count(monkeypatch, wanted):
+    # A full local pass sorts every client's random keys, on several threads when there
+    # are many (hyfl.algorithms.base._sort_runs); each run's order must not depend on it.
+    import numpy as np
+
+    from hyfl.algorithms import base
+
+    monkeypatch.setattr(base, "MIN_KEYS_PER_THREAD", 1_000)
+    sizes = np.array([5_000, 1, 0, 7_000, 3_000, 40, 9_000])
+    counts = {"all": sizes, "most": (sizes * 3) // 4, "some": np.minimum(sizes, 60)}[wanted]
+    draws = {}
+    for threads in (1, 2, 3, 8):
+        with limit_threads(threads):
+            draws[threads] = base.draw_local_samples(np.random.default_rng(4), sizes, counts)
+    for threads in (2, 3, 8):
+        np.testing.assert_array_equal(draws[threads], draws[1])
+    ends = np.cumsum(counts)
+    for k, (end, count) in enumerate(zip(ends, counts)):
+        mine = draws[1][end - count:end]
+        assert np.unique(mine).size == count and (mine < max(sizes[k], 1)).all()

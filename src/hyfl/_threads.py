@@ -16,7 +16,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-__all__ = ["THREADS_VARIABLE", "check_threads", "limit_threads", "thread_count", "usable_cores"]
+__all__ = ["THREADS_VARIABLE", "check_threads", "limit_threads", "thread_count", "usable_cores",
+           "worker_pool"]
 
 #: The environment variable ``hyfl --threads`` sets (and its child processes read).
 THREADS_VARIABLE = "HYFL_THREADS"
@@ -58,3 +59,18 @@ def limit_threads(threads: int) -> Iterator[int]:
         yield _LIMIT.get()
     finally:
         _LIMIT.reset(token)
+
+
+_POOL: list = []  # [ThreadPoolExecutor, its size]: made once, grown when more are asked
+
+
+def worker_pool(size: int):
+    """A thread pool of at least ``size`` workers, shared by hyfl's parallel kernels (the
+    solver's clients, the draws' sorts); made once and grown when more are asked."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not _POOL or _POOL[1] < size:
+        if _POOL:
+            _POOL[0].shutdown(wait=False)
+        _POOL[:] = [ThreadPoolExecutor(max_workers=size, thread_name_prefix="hyfl-worker"), size]
+    return _POOL[0]

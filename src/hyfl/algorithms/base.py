@@ -133,6 +133,35 @@ def _first_distinct(rng, sizes, counts):
     return owner_kept[keep], position[first[keep]]
 
 
+#: Fewest keys a thread sorts in ``_sort_runs`` (below, a hand-off costs more than it saves).
+MIN_KEYS_PER_THREAD = 200_000
+
+
+def _sort_runs(keys, starts, lengths, positions) -> None:
+    """``positions[run] = np.argsort(keys[run])`` for each client's run, the runs split
+    over :func:`hyfl._threads.thread_count` threads (NumPy's sort releases the GIL; each
+    run's order is the same whoever sorts it: a full local pass on Covtype 12x12 sorts
+    6.3 million keys, 0.45 s on one core)."""
+    from hyfl._threads import thread_count, worker_pool
+
+    runs = np.flatnonzero(lengths)
+
+    def sort(chunk) -> None:
+        for k in chunk:
+            run = slice(starts[k], starts[k] + lengths[k])
+            positions[run] = np.argsort(keys[run])
+
+    parts = min(thread_count(), runs.size, int(lengths.sum()) // MIN_KEYS_PER_THREAD)
+    if parts <= 1:
+        sort(runs)
+        return
+    total = np.cumsum(lengths[runs])
+    cuts = np.searchsorted(total, total[-1] * np.arange(1, parts) / parts) + 1
+    chunks = [chunk for chunk in np.split(runs, cuts) if chunk.size]
+    for future in [worker_pool(len(chunks)).submit(sort, chunk) for chunk in chunks]:
+        future.result()
+
+
 def _random_keys(rng, sizes, counts):
     """(owner, position) of ``counts[k]`` positions per client by sorting random keys."""
     lengths = np.where(counts > 0, sizes, 0)
@@ -145,9 +174,7 @@ def _random_keys(rng, sizes, counts):
     # NumPy's default (SIMD) sort, half the stable sort's time: it orders equal keys
     # differently, but 53-bit uniform keys tie with chance ~n^2 / 2^54.
     positions = np.empty(owner.size, dtype=np.int64)  # each run's order, from 0
-    for k in np.flatnonzero(lengths):
-        run = slice(starts[k], starts[k] + lengths[k])
-        positions[run] = np.argsort(keys[run])
+    _sort_runs(keys, starts, lengths, positions)
     if np.array_equal(counts[lengths > 0], lengths[lengths > 0]):
         # Every drawing client wants all its samples (a full local pass): the
         # orders are the answer; skip the ranks and their copies (a few int64 per

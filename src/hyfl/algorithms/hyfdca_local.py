@@ -72,6 +72,7 @@ import functools
 
 import numpy as np
 
+from hyfl._threads import worker_pool
 from hyfl.losses import Loss
 
 # A short step means the subproblems were too optimistic: raise sigma by 1/t
@@ -355,22 +356,9 @@ def _solve_clients(step, draws, csr, span, c: int, coef: float, passes: np.ndarr
                             np.full_like(span.inverse, -1))
         return compiled.solve(step, part, csr, own, c, coef, passes[lo:hi])
 
-    pool = _solver_pool(bounds.size - 1)
+    pool = worker_pool(bounds.size - 1)
     futures = [pool.submit(chunk, int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:])]
     return np.concatenate([future.result() for future in futures])
-
-
-_POOL: list = []  # [ThreadPoolExecutor, its size]: made once, grown when more are asked
-
-
-def _solver_pool(size: int):
-    from concurrent.futures import ThreadPoolExecutor
-
-    if not _POOL or _POOL[1] < size:
-        if _POOL:
-            _POOL[0].shutdown(wait=False)
-        _POOL[:] = [ThreadPoolExecutor(max_workers=size, thread_name_prefix="hyfl-solve"), size]
-    return _POOL[0]
 
 
 # ---------------------------------------------------------------------------
