@@ -282,3 +282,23 @@ def test_a_crafted_checkpoint_runs_no_code(tmp_path):
 def test_the_checkpoint_code_uses_no_pickle():
     source = "".join(Path(m.__file__).read_text() for m in (checkpoint, simulation))
     assert "import pickle" not in source and "pickle.load" not in source
+
+
+def test_resume_after_the_cocoa_rings_store_widened(tmp_path):
+    # The cocoa rule stores inner products only for the slots clients list, and the store
+    # widens when fewer clients take part (SpanHistory.GROWS_ALONG): a checkpoint written
+    # after it widened is wider than a fresh set-up's and must still restore. (history=3:
+    # at participation 0.3 about 10 slots are live by round 12; the store starts at 3.)
+    s = prepare(RunSpec(algorithm="hyfdca", data="breast_cancer", loss="hinge",
+                        partition="grid:3x3", participation="0.3", val_fraction=0.2))
+
+    def run_for(iterations, **options):
+        return simulate(make_algorithm("hyfdca", {"iic": 0.2, "history": 3}), s.problem,
+                        s.partition, s.participation, iterations, seed=3, eval_every=3,
+                        optimum=s.optimum, **options)
+
+    full = run_for(20)
+    path = tmp_path / "checkpoint.npz"
+    run_for(12, checkpointing=Checkpointing(path))
+    resumed = run_for(20, checkpointing=Checkpointing(path, resume=True))
+    assert np.array_equal(full.weights, resumed.weights)

@@ -703,6 +703,10 @@ class SpanHistory:
     slot_round : ndarray of int, shape (W,)
     """
 
+    GROWS_ALONG = {"z": 1}
+    """The arrays that grow in a run other than along their first axis (a checkpoint's
+    may be wider than a fresh set-up's: :func:`hyfl.runtime.checkpoint` allows it)."""
+
     def __init__(self, z, z_column, moves, move_gram, w, slots, slot_round):
         self.z, self.z_column = z, z_column
         self.moves, self.move_gram, self.w = moves, move_gram, w
@@ -900,6 +904,38 @@ class ClientMemory:
 
     def pairs(self) -> np.ndarray:
         return direction_pairs(self.slots[None, :])
+
+    def problem_with(self, arrays: dict) -> str | None:
+        """What is wrong with ``arrays`` (``z``, ``w``, ``slots``, ``rounds``,
+        ``column``) as this memory's state, naming the array; None if they could be
+        its state (as :meth:`record` leaves it).
+        """
+        for key in ("z", "w", "slots", "rounds", "column"):
+            value, mine = arrays.get(key), getattr(self, key)
+            kind = "f" if mine.dtype.kind == "f" else "iu"
+            if (not isinstance(value, np.ndarray) or value.dtype.kind not in kind
+                    or value.shape != mine.shape):
+                return (f"has a cocoa memory whose {key!r} is not "
+                        f"{'a float' if kind == 'f' else 'an integer'} array of shape "
+                        f"{mine.shape}")
+            if kind == "f" and not np.all(np.isfinite(value)):
+                return f"has a cocoa memory whose {key!r} holds NaN or infinite values"
+        slots, rounds, column = arrays["slots"], arrays["rounds"], arrays["column"]
+        n = int(np.count_nonzero(slots >= 0))
+        listed, listed_rounds = slots[:n], rounds[:n]
+        if (np.any(slots[n:] != -1) or np.any(listed >= self.size)
+                or np.any(listed_rounds < 0) or np.any(np.diff(listed_rounds) >= 0)
+                or np.any(listed_rounds % self.size != listed)):
+            return ("has a cocoa memory whose 'slots' and 'rounds' are not its last "
+                    f"active rounds (newest first, slot = round mod {self.size}, -1 after)")
+        unlisted = np.ones(self.size, dtype=bool)
+        unlisted[listed] = False
+        columns = column[listed]
+        if (np.any(column[unlisted] != -1) or np.any(columns < 0)
+                or np.any(columns >= self.slots.size) or np.unique(columns).size != n):
+            return ("has a cocoa memory whose 'column' does not give each listed slot "
+                    f"its own column below {self.slots.size} (and -1 to the others)")
+        return None
 
     def ring_pairs(self) -> np.ndarray:
         """:meth:`pairs` as columns of ``z`` and ``w``."""

@@ -732,16 +732,20 @@ def _set_client_state(client, state: dict) -> None:
     """Restore what :func:`_client_state` returned (its arrays become the client's)."""
     state = dict(state)
     memory = state.pop("memory", None)
+    ring = getattr(client, "memory", None)
+    if ring is not None:  # the cocoa rule: its memory is checked before anything is set
+        fix = ("Start a new run (the state is from another job or hyfl version, or "
+               "was damaged).")
+        if not isinstance(memory, dict):
+            raise fail("the party's saved state", "has no cocoa memory (or not as "
+                       "arrays)", fix)
+        problem = ring.problem_with(memory)
+        if problem is not None:
+            raise fail("the party's saved state", problem, fix)
     client.set_state(state)
-    if memory is not None:
-        ring = client.memory
-        arrays = {key: np.asarray(memory.get(key))
-                  for key in ("z", "w", "slots", "rounds", "column")}
-        if any(arrays[key].shape != getattr(ring, key).shape for key in arrays):
-            raise fail("the party's saved state", "has a cocoa memory of other shapes than "
-                       "its client's", "Start a new run (the state is from another job).")
-        ring.z, ring.w = (np.asarray(arrays[key], dtype=float) for key in ("z", "w"))
-        ring.slots, ring.rounds, ring.column = (np.asarray(arrays[key], dtype=np.int64)
+    if ring is not None:
+        ring.z, ring.w = (np.asarray(memory[key], dtype=float) for key in ("z", "w"))
+        ring.slots, ring.rounds, ring.column = (np.asarray(memory[key], dtype=np.int64)
                                                 for key in ("slots", "rounds", "column"))
 
 

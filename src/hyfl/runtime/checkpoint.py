@@ -558,17 +558,17 @@ class _Checkpointer:
         )
 
 
-def _check_like(restored: Any, fresh: Any, path: str) -> None:
+def _check_like(restored: Any, fresh: Any, path: str, grows_along: int = 0) -> None:
     """Raise ``ValueError`` naming the first place where a restored state does not fit.
 
     ``fresh`` is the state ``algorithm.setup`` returned for this run's problem: where
     it holds an array, the restored state must hold one of the same kind (bool, integer,
-    float, complex) and shape (its first axis may have grown; finite if the fresh one
-    is); where a hyfl object, one of the same class with its
-    attributes; where a number, a number (finite if the fresh one is); dicts, lists
-    and tuples are compared where both have the entry. So a forged or foreign
-    checkpoint is refused at resume, naming the field, instead of failing rounds later
-    or silently computing with NaN.
+    float, complex) and shape (its first axis may have grown -- or the axis its class's
+    ``GROWS_ALONG`` names for it; finite if the fresh one is); where a hyfl object, one
+    of the same class with its attributes; where a number, a number (finite if the
+    fresh one is); dicts, lists and tuples are compared where both have the entry. So
+    a forged or foreign checkpoint is refused at resume, naming the field, instead of
+    failing rounds later or silently computing with NaN.
     """
     if restored is fresh or fresh is None:  # set-up data by reference; an unset slot
         return
@@ -578,10 +578,13 @@ def _check_like(restored: Any, fresh: Any, path: str) -> None:
             raise ValueError(f"{path} is a {type(restored).__name__}, not a "
                              f"{type(fresh).__name__}")
         # Buffers may grow along their first axis (WeightSnapshots.store; an empty int64
-        # placeholder becomes int32 sample ids), never shrink or change kind.
+        # placeholder becomes int32 sample ids) or a declared one (SpanHistory.z's
+        # columns), never shrink or change kind.
+        a = grows_along
         if (_KINDS[restored.dtype.kind] != _KINDS[fresh.dtype.kind]
-                or restored.shape[1:] != fresh.shape[1:] or restored.ndim != fresh.ndim
-                or restored.shape[:1] < fresh.shape[:1]):
+                or restored.ndim != fresh.ndim
+                or np.delete(restored.shape, a).tolist() != np.delete(fresh.shape, a).tolist()
+                or restored.shape[a:a + 1] < fresh.shape[a:a + 1]):
             raise ValueError(f"{path} is of dtype {restored.dtype} and shape {restored.shape}, "
                              f"this run's is of {fresh.dtype} and {fresh.shape}")
         values, reference = (x.data if sparse else x for x in (restored, fresh))
@@ -603,10 +606,11 @@ def _check_like(restored: Any, fresh: Any, path: str) -> None:
                 for i, (a, b) in enumerate(zip(restored, fresh)):
                     _check_like(a, b, f"{path}[{i}]")
         elif type(fresh).__module__.startswith("hyfl.") and hasattr(fresh, "__dict__"):
+            grows = getattr(type(fresh), "GROWS_ALONG", {})
             for name, value in vars(fresh).items():
                 if name not in vars(restored):
                     raise ValueError(f"{path} lacks attribute {name!r}")
-                _check_like(vars(restored)[name], value, f"{path}.{name}")
+                _check_like(vars(restored)[name], value, f"{path}.{name}", grows.get(name, 0))
         return
     if isinstance(restored, (bool, np.bool_)) or not isinstance(restored,
                                                                 (int, float, np.number)):
