@@ -26,7 +26,33 @@ class Record:
         return decode(*self.message, self.cipher)
 
 
-class RecordingTransport:
+class DeliveringTransport:
+    """What a coordinator's transport to parties in this process does with ``_deliver(k,
+    kind, payload)`` (a subclass's: the decoded reply, or None when the party is missing)."""
+
+    sent_bytes = received_bytes = 0  # the coordinator reads these
+
+    def connect(self, n_parties, timeout, hello):
+        return {k: self._deliver(k, "hello", hello) for k in range(n_parties)}
+
+    def exchange(self, messages, timeout):
+        replies, missing = {}, set()
+        for k, (kind, payload) in messages.items():
+            reply = self._deliver(k, kind, payload)
+            if reply is None:
+                missing.add(k)
+            else:
+                replies[k] = reply
+        return replies, missing
+
+    def post(self, k, kind, payload):
+        return self._deliver(k, kind, payload) is not None
+
+    def poll(self, handle):
+        return "replied" if handle else "failed"
+
+
+class RecordingTransport(DeliveringTransport):
     """The coordinator's transport to per-message parties in this process, recording all.
 
     ``forge(party, kind, payload)``, if given, replaces each message before it is sent
@@ -52,19 +78,6 @@ class RecordingTransport:
                                                self.run_config)
         self.records.append(Record(k, kind, message, before, self.states[k], self.cipher))
         return decode(*reply, self.cipher)
-
-    def connect(self, n_parties, timeout, hello):
-        return {k: self._deliver(k, "hello", hello) for k in range(n_parties)}
-
-    def exchange(self, messages, timeout):
-        replies = {k: self._deliver(k, kind, payload) for k, (kind, payload) in messages.items()}
-        return replies, set()
-
-    def post(self, k, kind, payload):
-        return self._deliver(k, kind, payload) is not None
-
-    def poll(self, handle):
-        return "replied" if handle else "failed"
 
 
 def certificate_shares(monkeypatch) -> list:

@@ -47,7 +47,7 @@ from hyfl.privacy.layout import EncryptedVector
 from hyfl.problem import make_problem, solve_centralized
 from hyfl.runtime.protocol import run_protocol
 from hyfl.runtime.simulation import simulate
-from in_process import certificate_shares, secrets_without
+from in_process import DeliveringTransport, certificate_shares, secrets_without
 from synthetic_data import synthetic
 
 runner = CliRunner()
@@ -410,7 +410,7 @@ def test_rounds_without_participants_match_the_stacked_engine(problem):
 # ----------------------------------------------------------------------------- in-process
 
 
-class InProcessTransport:
+class InProcessTransport(DeliveringTransport):
     """The coordinator's transport to parties in this process (no network).
 
     Every message and every party's state goes through the codec exactly as
@@ -457,25 +457,6 @@ class InProcessTransport:
         decoded = decode(*reply, self.cipher)
         self.received.append((k, kind, decoded))
         return decoded
-
-    def connect(self, n_parties, timeout, hello):
-        return {k: self._deliver(k, "hello", hello) for k in range(n_parties)}
-
-    def exchange(self, messages, timeout):
-        replies, missing = {}, set()
-        for k, (kind, payload) in messages.items():
-            reply = self._deliver(k, kind, payload)
-            if reply is None:
-                missing.add(k)
-            else:
-                replies[k] = reply
-        return replies, missing
-
-    def post(self, k, kind, payload):
-        return self._deliver(k, kind, payload) is not None
-
-    def poll(self, handle):
-        return "replied" if handle else "failed"
 
 
 def _in_process(tmp_path, problem, partition, keys, *, cipher="none", hyper="",

@@ -25,6 +25,7 @@ from hyfl.deploy.party import handle_message, open_party
 from hyfl.errors import HyflError
 from hyfl.partition import grid
 from hyfl.problem import make_problem
+from in_process import DeliveringTransport
 from synthetic_data import synthetic
 
 # history=3, history_window=2: a ring of 6 slots, so 8 rounds wrap it and forget slots.
@@ -32,7 +33,7 @@ HYPER = "history=3,history_window=2"
 ITERATIONS = 8
 
 
-class _Transport:
+class _Transport(DeliveringTransport):
     """Parties rebuilt for every message (Flower's ClientApp), states through the codec."""
 
     def __init__(self, nodes, run_config, tamper=None):
@@ -57,25 +58,6 @@ class _Transport:
             self.errors.append(f"party {k}, {kind}: {err}")
             return None
         return decode(*reply)
-
-    def connect(self, n_parties, timeout, hello):
-        return {k: self._deliver(k, "hello", hello) for k in range(n_parties)}
-
-    def exchange(self, messages, timeout):
-        replies, missing = {}, set()
-        for k, (kind, payload) in messages.items():
-            reply = self._deliver(k, kind, payload)
-            if reply is None:
-                missing.add(k)
-            else:
-                replies[k] = reply
-        return replies, missing
-
-    def post(self, k, kind, payload):
-        return self._deliver(k, kind, payload) is not None
-
-    def poll(self, handle):
-        return "replied" if handle else "failed"
 
 
 def _deploy(folder: Path, participation="full", tamper=None, hyper=HYPER,
