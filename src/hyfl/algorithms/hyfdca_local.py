@@ -712,6 +712,7 @@ class SpanHistory:
         self.moves, self.move_gram, self.w = moves, move_gram, w
         self.slots, self.slot_round = slots, slot_round
         self._kept_chronology = None  # (t, position, order) of _chronology until record
+        self._kept_span = None  # ((t, oldest), position, order) of _span_chronology
 
     @classmethod
     def empty(cls, n_clients: int, n_samples: int | None, n_features: int, n_outputs: int,
@@ -739,7 +740,7 @@ class SpanHistory:
                z: np.ndarray = None) -> None:
         """Round ``t``: the flagged clients got ``z`` (rows ``samples``) computed with ``w``."""
         slot = t % self.size
-        self._kept_chronology = None  # slot_round changes
+        self._kept_chronology = self._kept_span = None  # slot_round changes
         self.slots[self.slots == slot] = -1  # that slot's round is now too old
         move = w - self.w
         self.moves[slot] = move
@@ -791,6 +792,28 @@ class SpanHistory:
         self._kept_chronology = (t, position, order)
         return position, order
 
+    def _span_chronology(self, pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_chronology` of the rounds from the oldest slot ``pairs`` names on.
+
+        A direction sums the moves of the rounds between two of its client's slots, so
+        no older round is read: the cumulative sums over the features run over these
+        slots only (about R / p of them, not the window's W; on reuters 12x12 the
+        directions' vectors were half a round). Kept until the next :meth:`record`.
+        """
+        t = int(self.slot_round.max())
+        named = pairs[pairs >= 0]
+        oldest = int(self.slot_round[named].min()) if named.size else t + 1
+        kept = self._kept_span
+        if kept is not None and kept[0] == (t, oldest):
+            return kept[1], kept[2]
+        live = np.flatnonzero(self.slot_round >= oldest)
+        order = live[np.argsort(self.slot_round[live])]
+        position = np.zeros(self.size, dtype=np.int64)
+        position[order] = np.arange(order.size)
+        position.flags.writeable = order.flags.writeable = False
+        self._kept_span = ((t, oldest), position, order)
+        return position, order
+
     def direction_vectors(self, pairs: np.ndarray, features: np.ndarray) -> np.ndarray:
         """One client's directions (see :func:`direction_pairs`) on the given features.
 
@@ -806,10 +829,10 @@ class SpanHistory:
         -------
         ndarray, shape (F, R, C)
         """
-        W = self.size
-        position, chrono = self._chronology(int(self.slot_round.max()))
+        position, chrono = self._span_chronology(pairs)
+        W = chrono.size
         cumulative = np.zeros((W + 1, features.size, self.w.shape[1]))
-        np.cumsum(self.moves[:, features][chrono], axis=0, out=cumulative[1:])
+        np.cumsum(self.moves[chrono[:, None], features[None, :]], axis=0, out=cumulative[1:])
         p, b = pairs[:, 0], pairs[:, 1]
         hi = np.where(p >= 0, position[np.maximum(p, 0)] + 1, 0)
         lo = np.where(b >= 0, position[np.maximum(b, 0)] + 1, 0)
@@ -827,9 +850,9 @@ class SpanHistory:
         gives, from ``v``'s products with each slot's move (one pass over the moves
         instead of one per client).
         """
-        W = self.size
-        position, chrono = self._chronology(int(self.slot_round.max()))
-        per_slot = np.einsum("mc,smc->sc", v, self.moves)[chrono]  # (W, C)
+        position, chrono = self._span_chronology(pairs)
+        W = chrono.size
+        per_slot = np.einsum("mc,smc->sc", v, self.moves[chrono])  # (W, C)
         cumulative = np.zeros((W + 1, v.shape[1]))
         np.cumsum(per_slot, axis=0, out=cumulative[1:])
         p, b = pairs[..., 0], pairs[..., 1]
