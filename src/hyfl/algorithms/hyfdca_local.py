@@ -282,8 +282,8 @@ def solve_subproblems(
     passes = np.ascontiguousarray(np.broadcast_to(np.asarray(passes, dtype=np.int64),
                                                   (segments.size - 1,)))
     # BLAS on one thread: many small products, here and in the kernel's (on the solver's
-    # own threads; see _single_threaded_blas).
-    with _single_threaded_blas():
+    # own threads; see single_threaded_blas).
+    with single_threaded_blas():
         for c in range(C):
             # Q = D T on each client's own features and its Gram.
             basis = np.empty((feature_ptr[-1], pairs.shape[1]))
@@ -440,7 +440,7 @@ def _blas_controller():
     return ThreadpoolController()
 
 
-def _single_threaded_blas():
+def single_threaded_blas():
     """A context with one BLAS thread: LAPACK on many small matrices is tens of times
     slower when OpenBLAS wakes its threads on a busy machine (measured: 120 ms against
     1.7 ms for five 31 x 31 eigendecompositions)."""
@@ -466,7 +466,7 @@ def span_transforms(grams: np.ndarray) -> np.ndarray:
     -------
     ndarray, shape (..., R, R)
     """
-    with _single_threaded_blas():
+    with single_threaded_blas():
         values, vectors = np.linalg.eigh(grams)
     top = np.max(values, axis=-1, keepdims=True)
     keep = values > _EIGEN_CUTOFF * np.maximum(top, 1e-300)
