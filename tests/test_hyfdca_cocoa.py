@@ -247,6 +247,38 @@ def test_history_gram_matrices_equal_the_directions_products():
             np.testing.assert_allclose(grams[a], np.einsum("mrc,msc->crs", D, D), atol=1e-9)
 
 
+@pytest.mark.parametrize("participation", [0.1, 0.4, 1.0])
+def test_history_direction_vectors_and_products_equal_the_models_differences(participation):
+    # The directions' vectors and their products with a vector are sums of the moves of
+    # the rounds their slots span (cumulative sums from the oldest slot named); here they
+    # are recomputed from the models themselves, over many wraps of a small window.
+    rng = np.random.default_rng(2)
+    M, C, K, depth, window = 6, 2, 5, 3, 9
+    history = SpanHistory.empty(K, None, M, C, depth, window)
+    models = {}
+    for t in range(1, 80):
+        models[t] = rng.normal(size=(M, C))
+        active = np.flatnonzero(rng.random(K) < participation)
+        history.record(t, models[t], active)
+        for k in active:
+            pairs = direction_pairs(history.slots[[k]])[0]
+            expected = []
+            for newer, older in pairs:
+                if newer < 0:
+                    expected.append(np.zeros((M, C)))
+                    continue
+                w = models[int(history.slot_round[newer])]
+                expected.append(w - (models[int(history.slot_round[older])] if older >= 0
+                                     else 0.0))
+            D = np.stack(expected, axis=1)  # (M, R, C)
+            features = np.sort(rng.choice(M, size=4, replace=False))
+            np.testing.assert_allclose(history.direction_vectors(pairs, features),
+                                       D[features], atol=1e-12)
+            v = rng.normal(size=(M, C))
+            np.testing.assert_allclose(history.direction_products(v, pairs),
+                                       np.einsum("mc,mrc->cr", v, D), atol=1e-11)
+
+
 @pytest.mark.parametrize("participation", [0.1, 0.5, 1.0])
 def test_the_ring_keeps_exactly_the_inner_products_of_the_slots_clients_list(participation):
     # SpanHistory and ClientMemory keep a column only for the slots some client still
