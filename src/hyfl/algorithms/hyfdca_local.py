@@ -405,15 +405,18 @@ def direction_pairs(slots: np.ndarray) -> np.ndarray:
     return pairs
 
 
-def place_slot(column: np.ndarray, slot: int, listed: np.ndarray, n_columns: int) -> int:
+def place_slot(column: np.ndarray, slot: int, slots: np.ndarray, n_columns: int) -> int:
     """Give ring slot ``slot`` a column of a compact store of ``n_columns`` columns.
 
     A slot's remembered values are read only while some client's directions name
-    it (:func:`direction_pairs`), so the store keeps columns for the ``listed``
-    slots alone: the others' columns are released first (``column`` is updated in
-    place, ``-1`` for a slot without one), then ``slot`` takes the first free
-    column. Returns it; ``n_columns`` means the store is full and must widen.
+    it (:func:`direction_pairs`), so the store keeps columns for the slots the
+    clients' lists ``slots`` (any shape, ``-1`` padded) name alone: the others'
+    columns are released first (``column`` is updated in place, ``-1`` for a slot
+    without one), then ``slot`` takes the first free column. Returns it;
+    ``n_columns`` means the store is full and must widen.
     """
+    listed = np.zeros(column.size, dtype=bool)
+    listed[slots[slots >= 0]] = True
     column[~listed] = -1
     column[slot] = -1  # its values are replaced
     taken = np.zeros(n_columns + 1, dtype=bool)
@@ -711,8 +714,7 @@ class SpanHistory:
         self.z, self.z_column = z, z_column
         self.moves, self.move_gram, self.w = moves, move_gram, w
         self.slots, self.slot_round = slots, slot_round
-        self._kept_chronology = None  # (t, position, order) of _chronology until record
-        self._kept_span = None  # ((t, oldest), position, order) of _span_chronology
+        self._kept_chronology = {}  # (t, oldest) -> _chronology's, until record
 
     @classmethod
     def empty(cls, n_clients: int, n_samples: int | None, n_features: int, n_outputs: int,
@@ -740,7 +742,7 @@ class SpanHistory:
                z: np.ndarray = None) -> None:
         """Round ``t``: the flagged clients got ``z`` (rows ``samples``) computed with ``w``."""
         slot = t % self.size
-        self._kept_chronology = self._kept_span = None  # slot_round changes
+        self._kept_chronology = {}  # slot_round changes
         self.slots[self.slots == slot] = -1  # that slot's round is now too old
         move = w - self.w
         self.moves[slot] = move
@@ -752,10 +754,7 @@ class SpanHistory:
         self.slots[clients, 1:] = self.slots[clients, :-1]
         self.slots[clients, 0] = slot
         if self.z is not None:
-            listed = np.zeros(self.size, dtype=bool)
-            listed[self.slots[self.slots >= 0]] = True
-            listed[slot] = True
-            column = place_slot(self.z_column, slot, listed, self.z.shape[1])
+            column = place_slot(self.z_column, slot, self.slots, self.z.shape[1])
             if column == self.z.shape[1]:
                 self.z = _widened(self.z, self.size)
             self.z[samples, column] = z
@@ -777,42 +776,33 @@ class SpanHistory:
         t = int(self.slot_round.max())
         return pairs, self.direction_grams(pairs, t)
 
-    def _chronology(self, t: int) -> tuple[np.ndarray, np.ndarray]:
-        """Position of every slot in time (oldest first; unused slots first) and the order.
+    def _chronology(self, t: int, oldest: int = -1) -> tuple[np.ndarray, np.ndarray]:
+        """The slots of the rounds from ``oldest`` to ``t`` in time order (``order``; by
+        default every slot, the unused ones first) and each one's place among them
+        (``position``; 0 for the others).
 
         Kept until the next :meth:`record` (a round asks for it about 15 times, once per
         client and group; only ``record`` changes ``slot_round``). Read-only arrays.
         """
-        kept = self._kept_chronology
-        if kept is not None and kept[0] == t:
-            return kept[1], kept[2]
-        position = np.where(self.slot_round >= 0, self.slot_round - (t - self.size + 1), 0)
-        order = np.argsort(position)
-        position.flags.writeable = order.flags.writeable = False
-        self._kept_chronology = (t, position, order)
-        return position, order
-
-    def _span_chronology(self, pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`_chronology` of the rounds from the oldest slot ``pairs`` names on.
-
-        A direction sums the moves of the rounds between two of its client's slots, so
-        no older round is read: the cumulative sums over the features run over these
-        slots only (about R / p of them, not the window's W; on reuters 12x12 the
-        directions' vectors were half a round). Kept until the next :meth:`record`.
-        """
-        t = int(self.slot_round.max())
-        named = pairs[pairs >= 0]
-        oldest = int(self.slot_round[named].min()) if named.size else t + 1
-        kept = self._kept_span
-        if kept is not None and kept[0] == (t, oldest):
-            return kept[1], kept[2]
+        kept = self._kept_chronology.get((t, oldest))
+        if kept is not None:
+            return kept
         live = np.flatnonzero(self.slot_round >= oldest)
-        order = live[np.argsort(self.slot_round[live])]
+        order = live[np.argsort(self.slot_round[live], kind="stable")]
         position = np.zeros(self.size, dtype=np.int64)
         position[order] = np.arange(order.size)
         position.flags.writeable = order.flags.writeable = False
-        self._kept_span = ((t, oldest), position, order)
+        self._kept_chronology[(t, oldest)] = position, order
         return position, order
+
+    def _span_chronology(self, pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_chronology` from the oldest slot ``pairs`` names: a direction sums the
+        moves of the rounds between two of its client's slots, so no older round is read
+        (about R / p slots, not the window's W; on reuters 12x12 the directions' vectors
+        over the whole window were half a round)."""
+        t = int(self.slot_round.max())
+        named = pairs[pairs >= 0]
+        return self._chronology(t, int(self.slot_round[named].min()) if named.size else t + 1)
 
     def direction_vectors(self, pairs: np.ndarray, features: np.ndarray) -> np.ndarray:
         """One client's directions (see :func:`direction_pairs`) on the given features.
@@ -919,9 +909,7 @@ class ClientMemory:
         self.slots[self.rounds <= t - self.size] = -1  # the server reused those slots
         self.slots[1:], self.rounds[1:] = self.slots[:-1].copy(), self.rounds[:-1].copy()
         self.slots[0], self.rounds[0] = slot, t
-        listed = np.zeros(self.size, dtype=bool)
-        listed[self.slots[self.slots >= 0]] = True
-        column = place_slot(self.column, slot, listed, self.slots.size)
+        column = place_slot(self.column, slot, self.slots, self.slots.size)
         self.z[:, column] = z
         self.w[column] = w
 
