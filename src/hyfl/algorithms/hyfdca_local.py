@@ -895,6 +895,9 @@ class ClientMemory:
     (:func:`place_slot`).
     """
 
+    STATE = ("z", "w", "slots", "rounds", "column")
+    """The arrays that make up the memory's state (what a party saves and restores)."""
+
     def __init__(self, n_samples: int, n_features: int, n_outputs: int, depth: int,
                  size: int | None = None):
         self.size = 2 * depth if size is None else int(size)
@@ -917,11 +920,11 @@ class ClientMemory:
         return direction_pairs(self.slots[None, :])
 
     def problem_with(self, arrays: dict) -> str | None:
-        """What is wrong with ``arrays`` (``z``, ``w``, ``slots``, ``rounds``,
-        ``column``) as this memory's state, naming the array; None if they could be
-        its state (as :meth:`record` leaves it).
+        """What is wrong with ``arrays`` (by the names of :attr:`STATE`) as this
+        memory's state, naming the array; None if they could be its state (as
+        :meth:`record` leaves it).
         """
-        for key in ("z", "w", "slots", "rounds", "column"):
+        for key in self.STATE:
             value, mine = arrays.get(key), getattr(self, key)
             kind = "f" if mine.dtype.kind == "f" else "iu"
             if (not isinstance(value, np.ndarray) or value.dtype.kind not in kind

@@ -715,16 +715,14 @@ def _block_tree(block) -> dict:
 def _client_state(client) -> dict:
     """The client's changing state as codec values (not copied).
 
-    :meth:`Client.get_state`, the cocoa rule's memory as its arrays: the
-    inner products and weights of the slots it lists (``depth`` columns, see
-    :class:`~hyfl.algorithms.hyfdca_local.ClientMemory`), the slots and their
-    columns.
+    :meth:`Client.get_state`, the cocoa rule's memory as its arrays
+    (:attr:`~hyfl.algorithms.hyfdca_local.ClientMemory.STATE`: the inner products
+    and weights of the ``depth`` slots it lists, the slots, their rounds and columns).
     """
     state = client.get_state()
     memory = state.get("memory")
     if memory is not None:
-        state["memory"] = {"z": memory.z, "w": memory.w, "slots": memory.slots,
-                           "rounds": memory.rounds, "column": memory.column}
+        state["memory"] = {key: getattr(memory, key) for key in memory.STATE}
     return state
 
 
@@ -744,9 +742,8 @@ def _set_client_state(client, state: dict) -> None:
             raise fail("the party's saved state", problem, fix)
     client.set_state(state)
     if ring is not None:
-        ring.z, ring.w = (np.asarray(memory[key], dtype=float) for key in ("z", "w"))
-        ring.slots, ring.rounds, ring.column = (np.asarray(memory[key], dtype=np.int64)
-                                                for key in ("slots", "rounds", "column"))
+        for key in ring.STATE:
+            setattr(ring, key, np.asarray(memory[key], dtype=getattr(ring, key).dtype))
 
 
 def _copied(tree: Any) -> Any:
