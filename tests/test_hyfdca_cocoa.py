@@ -478,10 +478,11 @@ def test_ring_margin_offsets_are_the_offsets_of_the_margins():
     transforms = rng.normal(size=(3, 5, 5))
     g = rng.normal(size=(3, 5))
     expected = margin_offsets(directions_margins(ring, samples, pairs), transforms, g)
-    np.testing.assert_allclose(ring_margin_offsets(ring, samples, pairs, transforms, g),
+    column = np.arange(ring.shape[1])  # every slot in its own column
+    np.testing.assert_allclose(ring_margin_offsets(ring, samples, pairs, transforms, g, column),
                                expected, rtol=1e-12, atol=1e-12)
     change = rng.normal(size=(20, 3))
     np.testing.assert_allclose(
-        ring_span_sums(ring, samples, pairs, change, 7.0),
+        ring_span_sums(ring, samples, pairs, change, 7.0, column),
         span_sums(directions_margins(ring, samples, pairs), change, 7.0), rtol=1e-12,
         atol=1e-12)

@@ -304,7 +304,7 @@ def offset_weights(transforms: np.ndarray, g: np.ndarray) -> np.ndarray:
 
 def ring_margin_offsets(ring: np.ndarray, samples: np.ndarray, pairs: np.ndarray,
                         transforms: np.ndarray, g: np.ndarray,
-                        column: np.ndarray | None = None) -> np.ndarray:
+                        column: np.ndarray) -> np.ndarray:
     """:func:`margin_offsets` of :func:`directions_margins`, without the (n, R, C) margins.
 
     A margin on direction ``j`` is the difference of two remembered inner
@@ -312,10 +312,10 @@ def ring_margin_offsets(ring: np.ndarray, samples: np.ndarray, pairs: np.ndarray
     of the samples' ring slots: ``sum_w ring[i, w, c] H[w, c]``. Each slot used
     is read once, instead of gathering every slot of every sample and building
     the margins (two thirds of a cocoa round's CPU on ijcnn1 12x12). ``column``
-    (W,) is each slot's column of ``ring`` (default: the slot itself); the slots
-    are added in ascending order whatever their columns.
+    (W,) is each slot's column of ``ring`` (``SpanHistory.z_column``,
+    ``ClientMemory.column``); the slots are added in ascending order whatever their
+    columns.
     """
-    column = np.arange(ring.shape[1]) if column is None else column
     h = offset_weights(transforms, g)  # (C, R)
     weights = np.zeros((column.size, h.shape[0]))  # (W, C): per ring slot and output
     p, b = pairs[:, 0], pairs[:, 1]
@@ -328,13 +328,11 @@ def ring_margin_offsets(ring: np.ndarray, samples: np.ndarray, pairs: np.ndarray
 
 
 def ring_span_sums(ring: np.ndarray, samples: np.ndarray, pairs: np.ndarray,
-                   change: np.ndarray, lam_n: float,
-                   column: np.ndarray | None = None) -> np.ndarray:
+                   change: np.ndarray, lam_n: float, column: np.ndarray) -> np.ndarray:
     """:func:`span_sums` of :func:`directions_margins`, without the (n, R, C) margins:
     each ring slot a direction uses is weighed with the change once, ``S[w, c] =
     sum_i ring[i, w, c] d[i, c]``, and ``s_j = (S[p_j] - S[b_j]) / (lam N)``
     (``column`` as in :func:`ring_margin_offsets`)."""
-    column = np.arange(ring.shape[1]) if column is None else column
     p, b = pairs[:, 0], pairs[:, 1]
     slots = np.unique(np.concatenate([p[p >= 0], b[b >= 0]]))
     weighed = np.zeros((column.size, change.shape[1]))
