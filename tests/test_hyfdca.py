@@ -358,3 +358,23 @@ def test_compiled_row_kernels_equal_numpy_bit_for_bit():
         out += ring[samples, s] * weights[s]
     np.testing.assert_array_equal(
         hyfdca_kernels.weighted_slot_sums(ring, samples, slots, weights), out)
+
+
+@pytest.mark.parametrize("n_outputs", [1, 3])
+@pytest.mark.parametrize("n", [3, 9, 130, 1000])
+def test_slot_change_sums_add_as_numpy_does(n, n_outputs):
+    """The compiled span sums equal the NumPy loop over the ring's columns bit for bit:
+    pairwise for one output (np.sum's order), row after row for several."""
+    from hyfl.algorithms import hyfdca_compiled, hyfdca_kernels
+
+    rng = np.random.default_rng(n)
+    ring = rng.normal(size=(2000, 12, n_outputs))
+    samples = rng.choice(2000, n, replace=False)
+    columns = np.array([3, 0, 7, 11])
+    change = rng.normal(size=(n, n_outputs))
+    expected = np.stack([np.sum(ring[samples, c] * change, axis=0) for c in columns])
+    np.testing.assert_array_equal(
+        hyfdca_kernels.slot_change_sums(ring, samples, columns, change), expected)
+    for size in (1, 7, 8, 127, 128, 129, 257, 1000, 4167, 100_003):
+        values = rng.normal(size=size)
+        assert hyfdca_compiled.pairwise_sum(values, 0, size) == np.sum(values)

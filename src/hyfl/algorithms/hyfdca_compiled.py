@@ -495,6 +495,123 @@ def weighted_slot_sums(ring, samples, slots, weights):
 
 
 @njit
+def _block_sum(a, start, n):
+    # NumPy's pairwise_sum on a run of at most 128: eight running sums, then the rest.
+    if n < 8:
+        total = -0.0
+        for i in range(start, start + n):
+            total += a[i]
+        return total
+    r0, r1, r2, r3 = a[start], a[start + 1], a[start + 2], a[start + 3]
+    r4, r5, r6, r7 = a[start + 4], a[start + 5], a[start + 6], a[start + 7]
+    end = start + n - n % 8
+    for i in range(start + 8, end, 8):
+        r0 += a[i]
+        r1 += a[i + 1]
+        r2 += a[i + 2]
+        r3 += a[i + 3]
+        r4 += a[i + 4]
+        r5 += a[i + 5]
+        r6 += a[i + 6]
+        r7 += a[i + 7]
+    total = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    for i in range(end, start + n):
+        total += a[i]
+    return total
+
+
+@njit
+def pairwise_sum(a, start, n):
+    # np.sum of a contiguous run, added as NumPy adds it (pairwise_sum: runs of more than
+    # 128 split in two, the first half a multiple of 8), so that a compiled sum is
+    # bitwise np.sum's. The halving is walked with an explicit stack: Numba's disk cache
+    # does not load recursive functions safely.
+    if n <= 128:
+        return _block_sum(a, start, n)
+    starts = np.empty(64, dtype=np.int64)
+    sizes = np.empty(64, dtype=np.int64)
+    stage = np.zeros(64, dtype=np.int64)
+    left = np.empty(64)
+    starts[0], sizes[0], depth, value = start, n, 1, 0.0
+    while depth > 0:
+        top = depth - 1
+        size = sizes[top]
+        if size <= 128:
+            value = _block_sum(a, starts[top], size)
+            depth -= 1
+            continue
+        half = size // 2
+        half -= half % 8
+        if stage[top] == 0:  # sum the first half
+            stage[top] = 1
+            starts[depth], sizes[depth], stage[depth] = starts[top], half, 0
+            depth += 1
+        elif stage[top] == 1:  # keep it, sum the second half
+            left[top] = value
+            stage[top] = 2
+            starts[depth], sizes[depth], stage[depth] = starts[top] + half, size - half, 0
+            depth += 1
+        else:
+            value = left[top] + value
+            depth -= 1
+    return value
+
+
+@njit
+def slot_change_sums(ring, samples, columns, change):
+    # out[k, c] = sum over j of ring[samples[j], columns[k], c] * change[j, c], added as
+    # np.sum(ring[samples, column] * change, axis=0) adds: row after row for several
+    # outputs, pairwise (the products of a column laid out first) for one.
+    n, K, C = samples.size, columns.size, change.shape[1]
+    out = np.zeros((K, C))
+    if C == 1:
+        products = np.empty((K, n))
+        for j in range(n):
+            i = samples[j]
+            d = change[j, 0]
+            for k in range(K):
+                products[k, j] = ring[i, columns[k], 0] * d
+        for k in range(K):
+            out[k, 0] = pairwise_sum(products[k], 0, n)
+        return out
+    for j in range(n):
+        i = samples[j]
+        for k in range(K):
+            col = columns[k]
+            for c in range(C):
+                out[k, c] += ring[i, col, c] * change[j, c]
+    return out
+
+
+@njit
+def direction_vectors(moves, w, chrono, position, pairs, features):
+    # The directions of one client (pairs (R, 2) of slots) on ``features``, (F, R, C): a
+    # direction sums the moves of the rounds after its older slot up to its newer one,
+    # read off running sums in time order (as np.cumsum adds); direction 0 (an older
+    # slot of -1) is w less the moves after its slot.
+    W, F, R, C = chrono.size, features.size, pairs.shape[0], w.shape[1]
+    out = np.zeros((F, R, C))
+    cumulative = np.zeros(W + 1)
+    for f in range(F):
+        m = features[f]
+        for c in range(C):
+            total = 0.0
+            for s in range(W):
+                total += moves[chrono[s], m, c]
+                cumulative[s + 1] = total
+            for r in range(R):
+                p, b = pairs[r, 0], pairs[r, 1]
+                if p < 0:
+                    continue
+                hi = position[p] + 1
+                if b < 0:
+                    out[f, r, c] = w[m, c] - (cumulative[W] - cumulative[hi])
+                else:
+                    out[f, r, c] = cumulative[hi] - cumulative[position[b] + 1]
+    return out
+
+
+@njit
 def gather_inner_products(indptr, indices, data, rows, versions, store, n_features):
     n, C = rows.size, store.shape[1]
     parts = np.zeros((n, C))

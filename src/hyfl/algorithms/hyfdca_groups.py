@@ -336,8 +336,7 @@ def ring_span_sums(ring: np.ndarray, samples: np.ndarray, pairs: np.ndarray,
     p, b = pairs[:, 0], pairs[:, 1]
     slots = np.unique(np.concatenate([p[p >= 0], b[b >= 0]]))
     weighed = np.zeros((column.size, change.shape[1]))
-    for slot in slots.tolist():
-        weighed[slot] = np.sum(ring[samples, column[slot]] * change, axis=0)
+    weighed[slots] = hyfdca_kernels.slot_change_sums(ring, samples, column[slots], change)
     newer = np.where((p >= 0)[:, None], weighed[np.maximum(p, 0)], 0.0)
     older = np.where((b >= 0)[:, None], weighed[np.maximum(b, 0)], 0.0)
     return (newer - older).T / lam_n

@@ -180,6 +180,18 @@ def weighted_slot_sums(ring: np.ndarray, samples: np.ndarray, slots: np.ndarray,
         np.ascontiguousarray(slots, dtype=np.int64), np.ascontiguousarray(weights))
 
 
+def slot_change_sums(ring: np.ndarray, samples: np.ndarray, columns: np.ndarray,
+                     change: np.ndarray) -> np.ndarray:
+    """``sum_j ring[samples[j], columns[k]] * change[j]`` per column, shape (len(columns), C).
+
+    ``ring`` (N, P, C), ``change`` (n, C): one pass over the samples' ring rows for all
+    the columns, where a NumPy loop over the columns gathers and multiplies per column.
+    """
+    return _compiled().slot_change_sums(
+        ring, np.ascontiguousarray(samples, dtype=np.int64),
+        np.ascontiguousarray(columns, dtype=np.int64), np.ascontiguousarray(change, dtype=float))
+
+
 def stale_rows_from_log(blocks, samples, rounds, updated_at, missed_after) -> np.ndarray:
     """Ascending distinct holder rows of live log entries that their holder missed.
 

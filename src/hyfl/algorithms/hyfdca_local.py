@@ -819,18 +819,12 @@ class SpanHistory:
         -------
         ndarray, shape (F, R, C)
         """
+        from hyfl.algorithms import hyfdca_compiled as compiled
+
         position, chrono = self._span_chronology(pairs)
-        W = chrono.size
-        cumulative = np.zeros((W + 1, features.size, self.w.shape[1]))
-        np.cumsum(self.moves[chrono[:, None], features[None, :]], axis=0, out=cumulative[1:])
-        p, b = pairs[:, 0], pairs[:, 1]
-        hi = np.where(p >= 0, position[np.maximum(p, 0)] + 1, 0)
-        lo = np.where(b >= 0, position[np.maximum(b, 0)] + 1, 0)
-        vectors = cumulative[hi] - cumulative[lo]  # (R, F, C)
-        first = (p >= 0) & (b < 0)  # w itself
-        vectors[first] = self.w[features] - (cumulative[W] - cumulative[hi[first]])
-        vectors[p < 0] = 0.0
-        return np.moveaxis(vectors, 0, 1)
+        return compiled.direction_vectors(
+            self.moves, self.w, chrono, position, np.ascontiguousarray(pairs, dtype=np.int64),
+            np.ascontiguousarray(features, dtype=np.int64))
 
     def direction_products(self, v: np.ndarray, pairs: np.ndarray) -> np.ndarray:
         """``<v, u_j>`` per output for the directions ``pairs`` ((..., R, 2), see
