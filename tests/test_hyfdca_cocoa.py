@@ -447,6 +447,70 @@ def test_a_client_holding_whole_samples_solves_the_exact_cocoa_subproblem(loss_n
     np.testing.assert_allclose(shifted[:, 0], delta[order], rtol=1e-9, atol=1e-12)
 
 
+def test_the_solver_reads_only_the_directions_and_coordinates_in_use():
+    """Clients whose lists hold unused directions (-1 padded) and whose spans have other
+    ranks (one repeats a direction, so an eigenvalue is dropped) solve the model of
+    hyfl.algorithms.hyfdca_local written out densely here -- <x_i, x_j> ~ phi_i.phi_j +
+    r_i[own].r_j[own] + [i = j] rest_i -- although the solver compacts the unused
+    directions and coordinates away."""
+    import scipy.sparse as sp
+
+    from hyfl.algorithms.hyfdca_local import solve_subproblems, span_transforms
+    from hyfl.losses import get_loss
+
+    rng = np.random.default_rng(7)
+    n, m, own = 30, 6, np.array([0, 1, 2])  # each client holds 3 of the 6 features
+    X = sp.random(2 * n, m, density=0.8, random_state=2, format="csr")
+    X.data = rng.standard_normal(X.data.size)
+    X_own = X[:, own]
+    y = np.where(rng.random(2 * n) < 0.5, -1.0, 1.0)[:, None]
+    loss = get_loss("hinge")
+    alpha = np.clip(0.3 * rng.standard_normal((2 * n, 1)), *loss.dual_bounds(y))
+    w = rng.standard_normal((4, m, 1))
+    z_ring = np.stack([X @ w[s] for s in range(4)], axis=1)  # (2n, 4, 1)
+    R, coef = 6, 0.6
+
+    def client(slots):  # directions of a client's slots (most recent first), R padded
+        pairs = np.full((R, 2), -1)
+        pairs[0, 0] = slots[0]
+        for j in range(1, len(slots)):
+            pairs[j] = slots[j - 1], slots[j]
+        D = np.zeros((m, R))
+        for j, (p, b) in enumerate(pairs):
+            if p >= 0:
+                D[:, j] = w[p, :, 0] - (w[b, :, 0] if b >= 0 else 0.0)
+        return pairs, D
+
+    clients = [client([3, 2, 3]), client([3, 2, 1, 0])]  # ranks 2 (of 3 live) and 4
+    pairs = np.stack([p for p, _ in clients])
+    transforms = span_transforms(np.stack([(D.T @ D)[None] for _, D in clients]))
+    assert [np.count_nonzero(np.any(T[0] != 0, axis=0)) for T in transforms] == [2, 4]
+    sq_norms = np.asarray(X.multiply(X).sum(axis=1)).ravel()
+    order = np.concatenate([rng.permutation(n), n + rng.permutation(n)])
+    got = solve_subproblems(
+        loss, segments=np.array([0, n, 2 * n]), row_sample=order, alpha=alpha,
+        z_ring=z_ring, pairs=pairs, transforms=transforms, Y=y, sq_norms=sq_norms,
+        coef=coef, X=X_own, rows=order, feature_ptr=np.array([0, 3, 6]),
+        features=np.tile(np.arange(3), 2),
+        directions=np.concatenate([D[own] for _, D in clients])[:, :, None])
+    delta = np.zeros(2 * n)
+    for a, (_, D) in enumerate(clients):
+        samples = np.arange(a * n, (a + 1) * n)
+        T = transforms[a, 0]
+        phi = (X[samples] @ D) @ T  # the rows' coordinates in the span
+        residual = X_own[samples].toarray() - phi @ (D[own] @ T).T
+        pn = np.sum(phi * phi, axis=1)
+        rest = np.maximum(sq_norms[samples] - pn, 0.0)
+        diagonal = rest - np.minimum(np.sum(residual * residual, axis=1), rest)
+        G = phi @ phi.T + residual @ residual.T + np.diag(diagonal)
+        for i in order[a * n:(a + 1) * n] - a * n:
+            margin = z_ring[samples[i], 3, 0] + coef * float(G[i] @ delta[samples])
+            delta[samples[i]] += loss.dual_step(
+                alpha[samples[i]] + delta[samples[i]], np.array([margin]),
+                np.array([coef * (pn[i] + rest[i])]), y[samples[i]])[0]
+    np.testing.assert_allclose(got[:, 0], delta[order], rtol=1e-9, atol=1e-12)
+
+
 def test_ascending_draws_orders_a_full_pass_by_its_stored_rows():
     from hyfl.algorithms.hyfdca_local import ascending_draws
 

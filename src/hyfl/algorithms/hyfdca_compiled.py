@@ -158,11 +158,11 @@ class Span(NamedTuple):
 
     ring: np.ndarray  # (N, W, C) remembered inner products
     pairs: np.ndarray  # (A, R, 2) each client's directions as slot pairs
-    transforms: np.ndarray  # (A, R, R) T of output c
+    transforms: np.ndarray  # (A, R, K) T of output c (its columns some client keeps)
     feature_ptr: np.ndarray  # (A + 1,) client a's own features
     features: np.ndarray  # its columns of the CSR matrix
-    basis: np.ndarray  # (len(features), R) orthonormal basis Q on them
-    basis_grams: np.ndarray  # (A, R, R) Q^T Q per client
+    basis: np.ndarray  # (len(features), K) orthonormal basis Q on them
+    basis_grams: np.ndarray  # (A, K, K) Q^T Q per client
     offset_weights: np.ndarray  # (A, R) h of output c: a row's margin offset is m . h
     inverse: np.ndarray  # (M,) scratch, -1 filled
 
@@ -257,7 +257,10 @@ def solve(step, draws, csr, span, c, coef, passes):
     indptr, indices, data = csr
     ring, pairs, transforms, feature_ptr, features, basis, basis_grams, h, inverse = span
     # The model: <x_i, x_j> ~ phi_i.phi_j + r_i.r_j (own features) + diagonal rest.
-    n, R = row_sample.size, pairs.shape[1]
+    # R directions (the margins m a row gathers), K coordinates of the span (phi = m T;
+    # K <= R: the directions' Gram drops its negligible eigenvalues, hyfl's
+    # solve_subproblems passes only the columns of T some client keeps).
+    n, R, K = row_sample.size, pairs.shape[1], transforms.shape[2]
     delta = np.zeros(n)
     # Scratch for the largest client, reused by every client: arrays of a client's rows
     # allocated afresh cost a page fault per 4 KB (a million a solve on Covtype, a third
@@ -266,21 +269,21 @@ def solve(step, draws, csr, span, c, coef, passes):
     for a in range(seg.size - 1):
         most_rows = max(most_rows, seg[a + 1] - seg[a])
         f_own = feature_ptr[a + 1] - feature_ptr[a]
-        if f_own <= R:
+        if f_own <= K:
             dense_features = max(dense_features, f_own)
         else:
             sparse = True
     m_s = np.empty((min(most_rows, BLOCK_ROWS), R))
-    phi_s = np.empty((most_rows, R))
+    phi_s = np.empty((most_rows, K))
     residual_s = np.empty(most_rows * dense_features)  # flat: (n_a, f_own) views
     wide = most_rows if sparse else 0
-    psi_s = np.empty((wide, R))
-    U_s = np.empty((wide, R))
-    E_s = np.empty((wide, R))
+    psi_s = np.empty((wide, K))
+    U_s = np.empty((wide, K))
+    E_s = np.empty((wide, K))
     rows_s = np.empty((2, most_rows))  # margins, offsets
     record_s = np.empty((most_rows, 6))  # see BASE ... CURVATURE
     position_s = np.empty(most_rows, dtype=np.int64)
-    QT = np.empty(R * dense_features)
+    QT = np.empty(K * dense_features)
     for a in range(seg.size - 1):
         lo, hi = seg[a], seg[a + 1]
         f0, f1 = feature_ptr[a], feature_ptr[a + 1]
@@ -321,11 +324,11 @@ def solve(step, draws, csr, span, c, coef, passes):
         # (f_own numbers a row, from one product Q phi); with more (sparse rows over
         # many features) it is expanded as x.Sx + (G phi - u).S - phi.V with u = Q^T
         # x_own, V = sum d u and Sx = sum d x_own, R numbers a row.
-        dense = f_own <= R
+        dense = f_own <= K
         width = f_own if dense else 0
         residual = residual_s[:n_a * width].reshape((n_a, width))
         if dense:
-            qt = QT[:R * f_own].reshape((R, f_own))
+            qt = QT[:K * f_own].reshape((K, f_own))
             qt[:] = Q.T
             np.dot(phi, qt, residual)  # Q phi, then x_own - Q phi
             for t in range(n_a):
@@ -352,7 +355,7 @@ def solve(step, draws, csr, span, c, coef, passes):
             record[t, LABEL] = Y[i]
             record[t, WEIGHT] = W[i]
             pn = 0.0
-            for col in range(R):
+            for col in range(K):
                 pn += phi[t, col] * phi[t, col]
             own_sq = 0.0
             if dense:
@@ -364,9 +367,9 @@ def solve(step, draws, csr, span, c, coef, passes):
                     f = inverse[indices[k]]
                     v = data[k]
                     own_sq += v * v
-                    for col in range(R):
+                    for col in range(K):
                         U[t, col] += v * Q[f, col]
-                for col in range(R):
+                for col in range(K):
                     p = phi[t, col]
                     own_sq += p * psi[t, col] - 2.0 * U[t, col] * p
                     E[t, col] = psi[t, col] - U[t, col]

@@ -281,16 +281,28 @@ def solve_subproblems(
     ascending = np.ascontiguousarray(ascending, dtype=np.int32)
     passes = np.ascontiguousarray(np.broadcast_to(np.asarray(passes, dtype=np.int64),
                                                   (segments.size - 1,)))
+    # The work a row costs is set by the directions some client has (R: the unused ones,
+    # -1 padded at the end of a client's list, have zero margins and Gram rows) and the
+    # span's coordinates some client keeps (K: span_transforms zeroes the columns of the
+    # eigenvalues it drops, the first ones), not by the history's depth: in the first
+    # rounds a client has a few directions of its 32.
+    live = np.flatnonzero(np.any(pairs[:, :, 0] >= 0, axis=0))
+    R = int(live[-1]) + 1 if live.size else 1
+    pairs = np.ascontiguousarray(pairs[:, :R])
+    directions = directions[:, :R]
     # BLAS on one thread: many small products, here and in the kernel's (on the solver's
     # own threads; see single_threaded_blas).
     with single_threaded_blas():
         for c in range(C):
+            kept = np.any(transforms[:, c] != 0.0, axis=-2)  # (A, R_max) columns in use
+            K = max(int(np.max(np.sum(kept, axis=-1), initial=0)), 1)
+            transform = np.ascontiguousarray(transforms[:, c, :R, transforms.shape[-1] - K:])
             # Q = D T on each client's own features and its Gram.
-            basis = np.empty((feature_ptr[-1], pairs.shape[1]))
-            basis_grams = np.empty((segments.size - 1, pairs.shape[1], pairs.shape[1]))
+            basis = np.empty((feature_ptr[-1], K))
+            basis_grams = np.empty((segments.size - 1, K, K))
             for a in range(segments.size - 1):
                 own = slice(feature_ptr[a], feature_ptr[a + 1])
-                basis[own] = directions[own, :, c] @ transforms[a, c]
+                basis[own] = directions[own, :, c] @ transform[a]
                 basis_grams[a] = basis[own].T @ basis[own]
             draws = compiled.Draws(
                 segments, row_sample, rows,
@@ -301,11 +313,11 @@ def solve_subproblems(
                 sq_norms=sq_norms,
                 ascending=ascending,
             )
-            span = compiled.Span(z_ring, pairs, np.ascontiguousarray(transforms[:, c]), feature_ptr,
-                                 features, basis, basis_grams,
-                                 np.zeros((segments.size - 1, pairs.shape[1]))
-                                 if offset_weights is None
-                                 else np.ascontiguousarray(offset_weights[:, c], dtype=np.float64),
+            span = compiled.Span(z_ring, pairs, transform, feature_ptr, features, basis,
+                                 basis_grams,
+                                 np.zeros((segments.size - 1, R)) if offset_weights is None
+                                 else np.ascontiguousarray(offset_weights[:, c, :R],
+                                                           dtype=np.float64),
                                  inverse)
             out[:, c] = _solve_clients(step, draws, csr, span, c, float(coef), passes, threads)
     return out
