@@ -488,9 +488,15 @@ def best_certified(problem: Problem, algorithm, t: int, candidates):
     duals, primal, dual)``. Raises the divergence error if an objective is not finite.
     """
     best = None
+    duals: dict[int, float] = {}  # HyFDCA's candidates share one certified alpha: one pass
     for index, (name, w, alpha) in enumerate(candidates):
         primal = problem.primal(w)
-        dual = problem.dual(alpha) if alpha is not None else np.nan
+        if alpha is None:
+            dual = np.nan
+        elif id(alpha) in duals:
+            dual = duals[id(alpha)]
+        else:
+            dual = duals[id(alpha)] = problem.dual(alpha)
         _check_finite_objective(algorithm, t, name, primal, dual)
         gap = primal - dual if alpha is not None else primal
         if best is None or gap < best[0]:
