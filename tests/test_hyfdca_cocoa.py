@@ -135,10 +135,11 @@ def test_engine_equals_the_per_client_reference(case, monkeypatch):
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_clients_solved_on_threads_give_the_same_bits(case, monkeypatch):
     """The clients of a round split over 1, 2 or 3 threads (every round, however small:
-    the size threshold set to one row): the iterates, duals and averages are the same
-    bits, and the threads really ran (``client_chunks`` made several runs)."""
+    the size threshold set to one row), and SecureInnerProduct's samples too: the
+    iterates, duals and averages are the same bits, and the threads really ran
+    (``client_chunks`` made several runs)."""
     from hyfl._threads import limit_threads
-    from hyfl.algorithms import hyfdca_local
+    from hyfl.algorithms import hyfdca_kernels, hyfdca_local
 
     loss, data_options, make_partition, make_participation, hyfdca = CASES[case]
     data = synthetic(n=90, m=8, **data_options)
@@ -146,6 +147,7 @@ def test_the_clients_solved_on_threads_give_the_same_bits(case, monkeypatch):
     partition = make_partition(problem.n_samples, problem.n_features, problem.X)
     participation = make_participation(partition.n_clients)
     monkeypatch.setattr(hyfdca_local, "MIN_ROWS_PER_THREAD", 1)
+    monkeypatch.setattr(hyfdca_kernels, "MIN_SAMPLES_PER_THREAD", 1)
     chunked = []
     real_chunks = hyfdca_local.client_chunks
     monkeypatch.setattr(hyfdca_local, "client_chunks",

@@ -274,7 +274,7 @@ def _say(message: str) -> None:
 def demo(
     out: Annotated[Path, typer.Option(help="Folder for the outputs.")] = Path("hyfl-demo"),
     iterations: Annotated[int | None, typer.Option(
-        help="Outer iterations (default 600; the default settles at 1e-3 by ~470).")] = None,
+        help="Outer iterations (default 600; the default settles at 1e-3 by ~450).")] = None,
 ):
     """HyFDCA on a 3x3 hybrid grid of the bundled breast-cancer data, half the clients per round."""
     from hyfl.experiments.demo import DEMO_SPEC

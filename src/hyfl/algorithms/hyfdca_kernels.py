@@ -87,13 +87,38 @@ def sample_inner_products(blocks, samples: np.ndarray, active: np.ndarray,
         Whether every holder of the samples is active.
     """
     V, M, C = store.shape
-    return _compiled().sample_inner_products(
-        np.ascontiguousarray(samples), blocks.sample_rowptr, blocks.sample_rows,
-        blocks.client_rowptr, client_table(blocks.client_rowptr),
-        np.ascontiguousarray(active, dtype=np.bool_), blocks.X.indptr, blocks.X.indices,
-        blocks.X.data, np.ascontiguousarray(versions, dtype=np.int64),
-        store.reshape(V * M, C), M,
-    )
+    samples = np.ascontiguousarray(samples)
+    fixed = (blocks.sample_rowptr, blocks.sample_rows, blocks.client_rowptr,
+             client_table(blocks.client_rowptr), np.ascontiguousarray(active, dtype=np.bool_),
+             blocks.X.indptr, blocks.X.indices, blocks.X.data,
+             np.ascontiguousarray(versions, dtype=np.int64), store.reshape(V * M, C), M)
+    # Each sample's sums are its own: runs of samples go to the threads (the kernel
+    # releases the GIL) and the results are the same bits for any thread count.
+    parts = _on_threads(samples.size, MIN_SAMPLES_PER_THREAD,
+                        lambda lo, hi: _compiled().sample_inner_products(samples[lo:hi], *fixed))
+    if len(parts) == 1:
+        return parts[0]
+    return (np.concatenate([z for z, _, _ in parts]),
+            np.concatenate([sq for _, sq, _ in parts]), all(every for _, _, every in parts))
+
+
+#: Below this many samples a kernel over samples runs on one thread (handing a run to
+#: another costs tens of microseconds).
+MIN_SAMPLES_PER_THREAD = 20_000
+
+
+def _on_threads(n: int, least: int, work) -> list:
+    """``work(lo, hi)`` over ``0..n`` split into runs of at least ``least`` items, one per
+    thread of :func:`hyfl._threads.thread_count` (at most), in order."""
+    from hyfl._threads import thread_count, worker_pool
+
+    parts = max(1, min(thread_count(), n // max(least, 1)))
+    if parts == 1:
+        return [work(0, n)]
+    bounds = np.linspace(0, n, parts + 1).astype(np.int64)
+    pool = worker_pool(parts)
+    futures = [pool.submit(work, int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    return [future.result() for future in futures]
 
 
 def gather_inner_products(X, rows: np.ndarray, versions: np.ndarray, store: np.ndarray):
