@@ -281,29 +281,14 @@ def solve_subproblems(
     ascending = np.ascontiguousarray(ascending, dtype=np.int32)
     passes = np.ascontiguousarray(np.broadcast_to(np.asarray(passes, dtype=np.int64),
                                                   (segments.size - 1,)))
-    # The work a row costs is set by the directions some client has (R: the unused ones,
-    # -1 padded at the end of a client's list, have zero margins and Gram rows) and the
-    # span's coordinates some client keeps (K: span_transforms zeroes the columns of the
-    # eigenvalues it drops, the first ones), not by the history's depth: in the first
-    # rounds a client has a few directions of its 32.
-    live = np.flatnonzero(np.any(pairs[:, :, 0] >= 0, axis=0))
-    R = int(live[-1]) + 1 if live.size else 1
-    pairs = np.ascontiguousarray(pairs[:, :R])
-    directions = directions[:, :R]
+    R = directions_in_use(pairs)
+    pairs, directions = np.ascontiguousarray(pairs[:, :R]), directions[:, :R]
     # BLAS on one thread: many small products, here and in the kernel's (on the solver's
     # own threads; see single_threaded_blas).
     with single_threaded_blas():
         for c in range(C):
-            kept = np.any(transforms[:, c] != 0.0, axis=-2)  # (A, R_max) columns in use
-            K = max(int(np.max(np.sum(kept, axis=-1), initial=0)), 1)
-            transform = np.ascontiguousarray(transforms[:, c, :R, transforms.shape[-1] - K:])
-            # Q = D T on each client's own features and its Gram.
-            basis = np.empty((feature_ptr[-1], K))
-            basis_grams = np.empty((segments.size - 1, K, K))
-            for a in range(segments.size - 1):
-                own = slice(feature_ptr[a], feature_ptr[a + 1])
-                basis[own] = directions[own, :, c] @ transform[a]
-                basis_grams[a] = basis[own].T @ basis[own]
+            transform = coordinates_in_use(transforms[:, c, :R])
+            basis, basis_grams = _own_bases(directions[:, :, c], transform, feature_ptr)
             draws = compiled.Draws(
                 segments, row_sample, rows,
                 alpha=np.ascontiguousarray(alpha[:, c]),
@@ -321,6 +306,44 @@ def solve_subproblems(
                                  inverse)
             out[:, c] = _solve_clients(step, draws, csr, span, c, float(coef), passes, threads)
     return out
+
+
+def directions_in_use(pairs: np.ndarray) -> int:
+    """How many of the clients' directions (pairs (A, R, 2)) the solver reads: up to the
+    last one some client has (at least 1).
+
+    A row's work is set by the directions some client has and the span coordinates some
+    client keeps (:func:`coordinates_in_use`), not by the history's depth: the unused
+    directions (-1 padded at the end of a client's list) have zero margins and Gram rows,
+    and in the first rounds a client has a few of its 32.
+    """
+    live = np.flatnonzero(np.any(np.asarray(pairs)[:, :, 0] >= 0, axis=0))
+    return int(live[-1]) + 1 if live.size else 1
+
+
+def coordinates_in_use(transforms: np.ndarray) -> np.ndarray:
+    """The columns of the clients' span transforms (A, R, R) some client keeps: (A, R, K).
+
+    :func:`span_transforms` zeroes the columns of the eigenvalues it drops, which are the
+    smallest and so the first: the last K columns (K the most any client keeps, at least
+    1) hold every client's coordinates, a client with fewer has zero columns there.
+    """
+    kept = np.sum(np.any(transforms != 0.0, axis=-2), axis=-1)  # (A,) columns in use
+    K = max(int(np.max(kept, initial=0)), 1)
+    return np.ascontiguousarray(transforms[..., transforms.shape[-1] - K:])
+
+
+def _own_bases(directions: np.ndarray, transforms: np.ndarray, feature_ptr: np.ndarray):
+    """``Q = D T`` on each client's own features (directions (F, R), transforms (A, R, K))
+    and its Gram ``Q^T Q``: shapes (F, K) and (A, K, K)."""
+    A, K = transforms.shape[0], transforms.shape[2]
+    basis = np.empty((feature_ptr[-1], K))
+    grams = np.empty((A, K, K))
+    for a in range(A):
+        own = slice(feature_ptr[a], feature_ptr[a + 1])
+        basis[own] = directions[own] @ transforms[a]
+        grams[a] = basis[own].T @ basis[own]
+    return basis, grams
 
 
 #: Below this many drawn rows a round's clients are solved on one thread: handing them
