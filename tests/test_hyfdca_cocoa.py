@@ -47,6 +47,13 @@ CASES = {
         "hinge", {}, lambda n, m, X: vertical(n, m, 2), lambda K: RandomFraction(K, 0.5),
         HyFDCA(history=2),
     ),
+    # twelve own features a client and, in the first rounds, a few directions of its 25
+    # (the solver cuts the unused ones; the residual stays dense); one local pass, as the
+    # reference makes
+    "vertical, a dozen own features, a filling history": (
+        "logistic", {"m": 24}, lambda n, m, X: vertical(n, m, 2),
+        lambda K: RandomFraction(K, 0.5), HyFDCA(local_passes=1),
+    ),
     "multiclass, grid, no momentum": (
         "hinge", {"classes": 3}, lambda n, m, X: grid(n, m, 2, 2, seed=0),
         lambda K: RandomFraction(K, 0.6), HyFDCA(momentum=0.0),
@@ -80,7 +87,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_engine_equals_the_per_client_reference(case, monkeypatch):
     loss, data_options, make_partition, make_participation, hyfdca = CASES[case]
-    data = synthetic(n=90, m=8, **data_options)
+    data = synthetic(**{"n": 90, "m": 8, **data_options})
     problem = make_problem(data, loss, 0.02)
     partition = make_partition(problem.n_samples, problem.n_features, problem.X)
     participation = make_participation(partition.n_clients)
@@ -142,7 +149,7 @@ def test_the_clients_solved_on_threads_give_the_same_bits(case, monkeypatch):
     from hyfl.algorithms import hyfdca_kernels, hyfdca_local
 
     loss, data_options, make_partition, make_participation, hyfdca = CASES[case]
-    data = synthetic(n=90, m=8, **data_options)
+    data = synthetic(**{"n": 90, "m": 8, **data_options})
     problem = make_problem(data, loss, 0.02)
     partition = make_partition(problem.n_samples, problem.n_features, problem.X)
     participation = make_participation(partition.n_clients)

@@ -244,7 +244,7 @@ def client_passes(step, delta, passes, coef, phi, residual, E, U, record, positi
 
 
 @njit
-def solve(step, draws, csr, span, c, coef, passes):
+def solve(step, draws, csr, span, c, coef, passes, dense_most):
     # Per client a: rows seg[a]:seg[a + 1] (sample row_sample[j], data row rows[j] of
     # the CSR arrays); its directions pairs[a] into the ring of inner products (the
     # current round's slot first) and transforms[a] = T give the rows' coordinates
@@ -269,7 +269,7 @@ def solve(step, draws, csr, span, c, coef, passes):
     for a in range(seg.size - 1):
         most_rows = max(most_rows, seg[a + 1] - seg[a])
         f_own = feature_ptr[a + 1] - feature_ptr[a]
-        if f_own <= K:
+        if f_own <= dense_most:
             dense_features = max(dense_features, f_own)
         else:
             sparse = True
@@ -324,7 +324,7 @@ def solve(step, draws, csr, span, c, coef, passes):
         # (f_own numbers a row, from one product Q phi); with more (sparse rows over
         # many features) it is expanded as x.Sx + (G phi - u).S - phi.V with u = Q^T
         # x_own, V = sum d u and Sx = sum d x_own, R numbers a row.
-        dense = f_own <= K
+        dense = f_own <= dense_most
         width = f_own if dense else 0
         residual = residual_s[:n_a * width].reshape((n_a, width))
         if dense:

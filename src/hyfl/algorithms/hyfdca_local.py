@@ -281,6 +281,12 @@ def solve_subproblems(
     ascending = np.ascontiguousarray(ascending, dtype=np.int32)
     passes = np.ascontiguousarray(np.broadcast_to(np.asarray(passes, dtype=np.int64),
                                                   (segments.size - 1,)))
+    # A client with at most as many own features as the history's depth keeps its rows'
+    # residual there densely, as before the directions in use were cut: the two forms
+    # are equal but round differently (1e-13 a solve), and switching forms as a history
+    # fills moved one run by 1e-2 once a later discrete choice (a checkpoint's verdict,
+    # sigma's rule) amplified it (synthetic, logistic, grid:3x2, p = 0.1).
+    dense_most = pairs.shape[1]
     R = directions_in_use(pairs)
     pairs, directions = np.ascontiguousarray(pairs[:, :R]), directions[:, :R]
     # BLAS on one thread: many small products, here and in the kernel's (on the solver's
@@ -304,7 +310,8 @@ def solve_subproblems(
                                  else np.ascontiguousarray(offset_weights[:, c, :R],
                                                            dtype=np.float64),
                                  inverse)
-            out[:, c] = _solve_clients(step, draws, csr, span, c, float(coef), passes, threads)
+            out[:, c] = _solve_clients(step, draws, csr, span, c, float(coef), passes, threads,
+                                       dense_most)
     return out
 
 
@@ -362,7 +369,7 @@ def client_chunks(work: np.ndarray, parts: int) -> np.ndarray:
 
 
 def _solve_clients(step, draws, csr, span, c: int, coef: float, passes: np.ndarray,
-                   threads: int) -> np.ndarray:
+                   threads: int, dense_most: int) -> np.ndarray:
     """:func:`hyfdca_compiled.solve` over every client, on up to ``threads`` threads.
 
     The clients of a round are independent: each reads shared arrays and writes only
@@ -377,7 +384,7 @@ def _solve_clients(step, draws, csr, span, c: int, coef: float, passes: np.ndarr
     parts = min(threads, int(counts.sum()) // MIN_ROWS_PER_THREAD, counts.size)
     bounds = client_chunks(counts * passes, parts)
     if bounds.size <= 2:
-        return compiled.solve(step, draws, csr, span, c, coef, passes)
+        return compiled.solve(step, draws, csr, span, c, coef, passes, dense_most)
 
     def chunk(lo: int, hi: int) -> np.ndarray:  # clients lo..hi-1
         first, last = segments[lo], segments[hi]
@@ -389,7 +396,7 @@ def _solve_clients(step, draws, csr, span, c: int, coef: float, passes: np.ndarr
                             span.feature_ptr[lo:hi + 1], span.features, span.basis,
                             span.basis_grams[lo:hi], span.offset_weights[lo:hi],
                             np.full_like(span.inverse, -1))
-        return compiled.solve(step, part, csr, own, c, coef, passes[lo:hi])
+        return compiled.solve(step, part, csr, own, c, coef, passes[lo:hi], dense_most)
 
     pool = worker_pool(bounds.size - 1)
     futures = [pool.submit(chunk, int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:])]
