@@ -281,12 +281,7 @@ def solve_subproblems(
     ascending = np.ascontiguousarray(ascending, dtype=np.int32)
     passes = np.ascontiguousarray(np.broadcast_to(np.asarray(passes, dtype=np.int64),
                                                   (segments.size - 1,)))
-    # A client with at most as many own features as the history's depth keeps its rows'
-    # residual there densely, as before the directions in use were cut: the two forms
-    # are equal but round differently (1e-13 a solve), and switching forms as a history
-    # fills moved one run by 1e-2 once a later discrete choice (a checkpoint's verdict,
-    # sigma's rule) amplified it (synthetic, logistic, grid:3x2, p = 0.1).
-    dense_most = pairs.shape[1]
+    dense_most = pairs.shape[1]  # the residual's form follows the depth (_solve_clients)
     R = directions_in_use(pairs)
     pairs, directions = np.ascontiguousarray(pairs[:, :R]), directions[:, :R]
     # BLAS on one thread: many small products, here and in the kernel's (on the solver's
@@ -376,6 +371,12 @@ def _solve_clients(step, draws, csr, span, c: int, coef: float, passes: np.ndarr
     its own rows' changes, so runs of consecutive clients go to different threads (the
     kernel releases the GIL), each with its own scratch, and the result is the same
     bits for any thread count.
+
+    A client with at most ``dense_most`` own features (the history's depth) keeps its
+    rows' residual there densely, others in the expanded form: the depth, not the
+    directions in use, as before those were cut -- the forms are equal but round
+    differently (1e-13 a solve), and switching as a history fills moved one run by
+    1e-2 once a later discrete choice (a checkpoint's verdict) amplified it.
     """
     from hyfl.algorithms import hyfdca_compiled as compiled
 
