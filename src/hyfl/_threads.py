@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-__all__ = ["THREADS_VARIABLE", "check_threads", "limit_threads", "thread_count", "usable_cores",
-           "worker_pool"]
+__all__ = ["THREADS_VARIABLE", "check_threads", "in_parts", "limit_threads", "thread_count",
+           "usable_cores", "worker_pool"]
 
 #: The environment variable ``hyfl --threads`` sets (and its child processes read).
 THREADS_VARIABLE = "HYFL_THREADS"
@@ -74,3 +74,18 @@ def worker_pool(size: int):
             _POOL[0].shutdown(wait=False)
         _POOL[:] = [ThreadPoolExecutor(max_workers=size, thread_name_prefix="hyfl-worker"), size]
     return _POOL[0]
+
+
+def in_parts(work, bounds) -> list:
+    """``[work(lo, hi) for consecutive lo, hi of bounds]``, each part on a thread of
+    :func:`worker_pool` (on this one when there is a single part), the results in order.
+
+    The callers split independent work (each part writes only its own results), so
+    what they put together is the same whatever the number of parts.
+    """
+    spans = [(int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    if len(spans) == 1:
+        return [work(*spans[0])]
+    futures = [worker_pool(len(spans)).submit(work, lo, hi) for lo, hi in spans]
+    return [future.result() for future in futures]
+

@@ -320,10 +320,11 @@ def solve(step, draws, csr, span, c, coef, passes, dense_most):
             np.dot(m, h[a], offsets[b0:b1])
         # The own features' part of a row's inner product with the round's move so far
         # is r_j . sum_k d_k r_k, with r = x_own - Q phi the row's residual there. With
-        # fewer own features than directions (the grids' usual case) r is kept densely
+        # at most dense_most own features (the history's depth; the grids' usual case,
+        # see hyfl.algorithms.hyfdca_local._solve_clients) r is kept densely
         # (f_own numbers a row, from one product Q phi); with more (sparse rows over
         # many features) it is expanded as x.Sx + (G phi - u).S - phi.V with u = Q^T
-        # x_own, V = sum d u and Sx = sum d x_own, R numbers a row.
+        # x_own, V = sum d u and Sx = sum d x_own, K numbers a row.
         dense = f_own <= dense_most
         width = f_own if dense else 0
         residual = residual_s[:n_a * width].reshape((n_a, width))

@@ -110,15 +110,10 @@ MIN_SAMPLES_PER_THREAD = 20_000
 def _on_threads(n: int, least: int, work) -> list:
     """``work(lo, hi)`` over ``0..n`` split into runs of at least ``least`` items, one per
     thread of :func:`hyfl._threads.thread_count` (at most), in order."""
-    from hyfl._threads import thread_count, worker_pool
+    from hyfl._threads import in_parts, thread_count
 
     parts = max(1, min(thread_count(), n // max(least, 1)))
-    if parts == 1:
-        return [work(0, n)]
-    bounds = np.linspace(0, n, parts + 1).astype(np.int64)
-    pool = worker_pool(parts)
-    futures = [pool.submit(work, int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:])]
-    return [future.result() for future in futures]
+    return in_parts(work, np.linspace(0, n, parts + 1).astype(np.int64))
 
 
 def gather_inner_products(X, rows: np.ndarray, versions: np.ndarray, store: np.ndarray):

@@ -72,7 +72,7 @@ import functools
 
 import numpy as np
 
-from hyfl._threads import worker_pool
+from hyfl._threads import in_parts
 from hyfl.losses import Loss
 
 # A short step means the subproblems were too optimistic: raise sigma by 1/t
@@ -399,9 +399,7 @@ def _solve_clients(step, draws, csr, span, c: int, coef: float, passes: np.ndarr
                             np.full_like(span.inverse, -1))
         return compiled.solve(step, part, csr, own, c, coef, passes[lo:hi], dense_most)
 
-    pool = worker_pool(bounds.size - 1)
-    futures = [pool.submit(chunk, int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:])]
-    return np.concatenate([future.result() for future in futures])
+    return np.concatenate(in_parts(chunk, bounds))
 
 
 # ---------------------------------------------------------------------------
