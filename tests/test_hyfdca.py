@@ -299,6 +299,58 @@ def test_positions_in_equals_searchsorted_for_present_queries():
                                       np.searchsorted(values, queries))
 
 
+def test_distinct_in_runs_equals_np_unique_of_the_joined_runs():
+    """The active clients' distinct samples, read in their runs of rows in place, equal
+    np.unique of the joined rows (same dtype), empty runs and overlaps included."""
+    from hyfl.algorithms import hyfdca_kernels
+
+    rng = np.random.default_rng(2)
+    values = rng.integers(0, 400, size=3000).astype(np.int32)
+    for starts, sizes in [([0, 1000, 2500], [300, 0, 500]), ([10, 20], [50, 50]), ([5], [0]),
+                          ([0], [3000]), ([], [])]:
+        starts, sizes = np.array(starts, dtype=np.int64), np.array(sizes, dtype=np.int64)
+        joined = np.concatenate([values[a:a + n] for a, n in zip(starts, sizes)] + [values[:0]])
+        got = hyfdca_kernels.distinct_in_runs(values, starts, sizes, 400)
+        assert got.dtype == values.dtype and np.array_equal(got, np.unique(joined))
+
+
+def test_local_passes_through_the_samples_equal_the_gathered_norms():
+    """Reading every sample's norm through the drawn samples gives the passes of the
+    gathered norms, and its per-client sums add in np.bincount's order (same bits)."""
+    from hyfl.algorithms import hyfdca_compiled
+    from hyfl.algorithms.hyfdca_local import local_passes
+
+    rng = np.random.default_rng(3)
+    sq_norms = rng.gamma(2.0, 30.0, size=500)
+    samples = rng.integers(0, 500, size=900).astype(np.int32)
+    segments = np.array([0, 0, 100, 850, 900])
+    for lam_n in (0.5, 7.0, 400.0):
+        np.testing.assert_array_equal(
+            local_passes(sq_norms, segments, lam_n, samples=samples),
+            local_passes(sq_norms[samples], segments, lam_n))
+    counts = np.diff(segments)
+    np.testing.assert_array_equal(
+        hyfdca_compiled.segment_gather_sums(sq_norms, samples, segments),
+        np.bincount(np.repeat(np.arange(counts.size), counts), weights=sq_norms[samples],
+                    minlength=counts.size))
+
+
+def test_busiest_client_share_equals_the_share_of_their_rows():
+    """The busiest client's share from its runs of rows equals _busiest_share of the
+    joined rows (every row of the given clients)."""
+    from hyfl.algorithms.hyfdca import _busiest_client_share, _busiest_share
+
+    X = sp.random(60, 12, density=0.3, random_state=5, format="csr")
+    blocks = stack(grid(60, 12, 3, 2, seed=0), X)
+    rowptr = blocks.client_rowptr
+    for clients in ([0, 2, 5], [4], [], list(range(blocks.n_clients))):
+        clients = np.array(clients, dtype=np.int64)
+        rows = np.concatenate([np.arange(rowptr[k], rowptr[k + 1]) for k in clients]
+                              + [np.zeros(0, dtype=np.int64)])
+        assert _busiest_client_share(blocks, clients) == _busiest_share(blocks, rows,
+                                                                       clients.size)
+
+
 def test_compiled_row_kernels_equal_numpy_bit_for_bit():
     """The in-place gathers of the cocoa round equal the NumPy they replace exactly:
     X[rows].T @ values[slot], target[rows] += values[slot], the clients holding some

@@ -243,6 +243,19 @@ def distinct(values: np.ndarray) -> np.ndarray:
     return _compiled().distinct(np.ascontiguousarray(values))
 
 
+def distinct_in_runs(values: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
+                     bound: int) -> np.ndarray:
+    """:func:`distinct` of ``values[starts[a]:starts[a] + sizes[a]]`` over every a, joined.
+
+    ``values`` ints in ``0..bound-1`` (sample ids); the runs are read in place, so the
+    joined array (a round's rows of every active client: 6 million on Covtype) is never
+    built.
+    """
+    return _compiled().distinct_in_runs(np.ascontiguousarray(values),
+                                        np.asarray(starts, dtype=np.int64),
+                                        np.asarray(sizes, dtype=np.int64), int(bound))
+
+
 def positions_in(distinct_values: np.ndarray, queries: np.ndarray) -> np.ndarray:
     """``np.searchsorted(distinct_values, queries)`` for queries that all occur there.
 
@@ -258,9 +271,12 @@ def positions_in(distinct_values: np.ndarray, queries: np.ndarray) -> np.ndarray
     lo, hi = int(distinct_values[0]), int(distinct_values[-1])
     if hi - lo >= 4 * (distinct_values.size + queries.size):  # sparse: search
         return np.searchsorted(distinct_values, queries)
-    table = np.empty(hi - lo + 1, dtype=np.intp)
-    table[distinct_values - lo] = np.arange(distinct_values.size)
-    return table[queries - lo]
+    # One compiled pass, int32 positions (a full pass on Covtype asks for 6.3 million:
+    # the intp gather and its shifted copy of the queries were 76 MB).
+    index = np.int32 if distinct_values.size < 2**31 else np.int64
+    return _compiled().positions_by_table(np.ascontiguousarray(distinct_values),
+                                          np.ascontiguousarray(queries), lo, hi,
+                                          np.empty(0, dtype=index))
 
 
 def group_order(keys: np.ndarray, n_groups: int,

@@ -116,7 +116,7 @@ CONDITION_PER_PASS = 8.0
 
 
 def local_passes(sq_norms: np.ndarray, segments: np.ndarray, lam_n: float,
-                 setting: int | None = None) -> np.ndarray:
+                 setting: int | None = None, samples: np.ndarray | None = None) -> np.ndarray:
     """How many passes each active client makes over its drawn samples this round.
 
     One sequential pass of dual coordinate ascent shrinks a subproblem's
@@ -144,17 +144,23 @@ def local_passes(sq_norms: np.ndarray, segments: np.ndarray, lam_n: float,
         ``lam * N``.
     setting : int or None, default None
         A fixed count (``HyFDCA.local_passes``) or None for the default above.
+    samples : ndarray of int, shape (n,), optional
+        The drawn rows' samples; then ``sq_norms`` holds every sample's, shape (N,),
+        and is read through them (no gathered copy: 50 MB a full pass on Covtype).
 
     Returns
     -------
     ndarray of int, shape (A,)
     """
+    from hyfl.algorithms import hyfdca_compiled as compiled
+
     segments = np.asarray(segments, dtype=np.int64)
     if setting is not None:
         return np.full(segments.size - 1, int(setting), dtype=np.int64)
     counts = np.diff(segments)
-    sums = np.bincount(np.repeat(np.arange(counts.size), counts),
-                       weights=np.asarray(sq_norms, dtype=float), minlength=counts.size)
+    sq_norms = np.ascontiguousarray(sq_norms, dtype=np.float64)
+    index = np.arange(sq_norms.size) if samples is None else np.ascontiguousarray(samples)
+    sums = compiled.segment_gather_sums(sq_norms, index, segments)
     kappa = sums / np.maximum(counts, 1) / float(lam_n)
     return np.clip(np.ceil(kappa / CONDITION_PER_PASS), 1, MAX_LOCAL_PASSES).astype(np.int64)
 
@@ -269,7 +275,7 @@ def solve_subproblems(
     rows = np.ascontiguousarray(rows, dtype=index)
     pairs = np.ascontiguousarray(pairs, dtype=np.int64)
     n, C = row_sample.size, alpha.shape[1]
-    out = np.zeros((n, C))
+    out = np.empty((n, C))
     transforms = np.ascontiguousarray(transforms, dtype=np.float64)
     inverse = np.full(X.shape[1], -1, dtype=np.int64)
     feature_ptr = np.asarray(feature_ptr, dtype=np.int64)
@@ -305,8 +311,13 @@ def solve_subproblems(
                                  else np.ascontiguousarray(offset_weights[:, c, :R],
                                                            dtype=np.float64),
                                  inverse)
-            out[:, c] = _solve_clients(step, draws, csr, span, c, float(coef), passes, threads,
-                                       dense_most)
+            # The solver writes each row's change in place: into out's column when it
+            # is contiguous (C = 1), else into one column buffer.
+            column = out[:, 0] if C == 1 else np.empty(n)
+            _solve_clients(step, draws, csr, span, c, float(coef), passes, threads,
+                           dense_most, column)
+            if C > 1:
+                out[:, c] = column
     return out
 
 
@@ -364,13 +375,14 @@ def client_chunks(work: np.ndarray, parts: int) -> np.ndarray:
 
 
 def _solve_clients(step, draws, csr, span, c: int, coef: float, passes: np.ndarray,
-                   threads: int, dense_most: int) -> np.ndarray:
-    """:func:`hyfdca_compiled.solve` over every client, on up to ``threads`` threads.
+                   threads: int, dense_most: int, delta: np.ndarray) -> None:
+    """:func:`hyfdca_compiled.solve` over every client, on up to ``threads`` threads,
+    writing the drawn rows' changes into ``delta`` (n,), contiguous.
 
     The clients of a round are independent: each reads shared arrays and writes only
-    its own rows' changes, so runs of consecutive clients go to different threads (the
-    kernel releases the GIL), each with its own scratch, and the result is the same
-    bits for any thread count.
+    its own rows' changes (its slice of ``delta``), so runs of consecutive clients go to
+    different threads (the kernel releases the GIL), each with its own scratch, and the
+    result is the same bits for any thread count.
 
     A client with at most ``dense_most`` own features (the history's depth) keeps its
     rows' residual there densely, others in the expanded form: the depth, not the
@@ -385,9 +397,10 @@ def _solve_clients(step, draws, csr, span, c: int, coef: float, passes: np.ndarr
     parts = min(threads, int(counts.sum()) // MIN_ROWS_PER_THREAD, counts.size)
     bounds = client_chunks(counts * passes, parts)
     if bounds.size <= 2:
-        return compiled.solve(step, draws, csr, span, c, coef, passes, dense_most)
+        compiled.solve(step, draws, csr, span, c, coef, passes, dense_most, delta)
+        return
 
-    def chunk(lo: int, hi: int) -> np.ndarray:  # clients lo..hi-1
+    def chunk(lo: int, hi: int) -> None:  # clients lo..hi-1
         first, last = segments[lo], segments[hi]
         part = compiled.Draws(segments[lo:hi + 1] - first, draws.row_sample[first:last],
                               draws.rows[first:last], draws.alpha, draws.y, draws.weight,
@@ -397,9 +410,10 @@ def _solve_clients(step, draws, csr, span, c: int, coef: float, passes: np.ndarr
                             span.feature_ptr[lo:hi + 1], span.features, span.basis,
                             span.basis_grams[lo:hi], span.offset_weights[lo:hi],
                             np.full_like(span.inverse, -1))
-        return compiled.solve(step, part, csr, own, c, coef, passes[lo:hi], dense_most)
+        compiled.solve(step, part, csr, own, c, coef, passes[lo:hi], dense_most,
+                       delta[first:last])
 
-    return np.concatenate(in_parts(chunk, bounds))
+    in_parts(chunk, bounds)
 
 
 # ---------------------------------------------------------------------------
