@@ -351,6 +351,27 @@ def test_busiest_client_share_equals_the_share_of_their_rows():
                                                                        clients.size)
 
 
+def test_rows_updated_after_equals_the_scan_of_every_row():
+    """The clients' rows whose sample changed after a per-client round, read in their
+    runs, equal the NumPy scan of every row of theirs (ascending, int64)."""
+    from hyfl.algorithms import hyfdca_kernels
+
+    rng = np.random.default_rng(6)
+    X = sp.random(80, 10, density=0.4, random_state=7, format="csr")
+    blocks = stack(grid(80, 10, 4, 2, seed=1), X)
+    updated_at = rng.integers(0, 9, size=80)
+    rowptr = blocks.client_rowptr
+    for clients in ([1, 4, 6], [0], [], list(range(blocks.n_clients))):
+        clients = np.array(clients, dtype=np.int64)
+        after = rng.integers(0, 9, size=clients.size)
+        rows = [np.arange(rowptr[k], rowptr[k + 1]) for k in clients]
+        expected = np.concatenate(
+            [r[updated_at[blocks.row_sample[r]] > a] for r, a in zip(rows, after)]
+            + [np.zeros(0, dtype=np.int64)])
+        got = hyfdca_kernels.rows_updated_after(blocks, clients, after, updated_at)
+        assert got.dtype == np.int64 and np.array_equal(got, expected)
+
+
 def test_compiled_row_kernels_equal_numpy_bit_for_bit():
     """The in-place gathers of the cocoa round equal the NumPy they replace exactly:
     X[rows].T @ values[slot], target[rows] += values[slot], the clients holding some

@@ -51,7 +51,6 @@ import numpy as np
 import scipy.sparse as sp
 
 from hyfl._names import STEP_RULES  # the registry of step rules (`hyfl --help` lists it)
-from hyfl._ragged import concat_ranges
 from hyfl.algorithms import hyfdca_kernels
 from hyfl.algorithms.base import draw_local_samples
 from hyfl.algorithms.hyfdca_certify import (
@@ -1569,16 +1568,13 @@ def certificate_configure(state: HyFDCAState, active: np.ndarray) -> Sent:
     asked = clients[cert.pending[clients]]
     if asked.size == 0:
         return sent
-    rowptr = blocks.client_rowptr
-    rows = concat_ranges(rowptr[asked], rowptr[asked + 1] - rowptr[asked])
-    samples = blocks.row_sample[rows]
     # A copy differs from the checkpoint where its sample changed after the client's last
     # sync and before the checkpoint opened: the rule the protocol's server applies to
     # its round stamps. (Comparing the values instead would count a copy that a refresh
     # made equal up to rounding, and how it rounds depends on the machine's BLAS kernel.)
-    owners = blocks.clients_of(rows)
-    differ = cert.checkpoint_updated_at[samples] > state.last_active[owners]
-    sent.encrypted["checkpoint_down"] = (owners[differ], samples[differ])
+    differ = hyfdca_kernels.rows_updated_after(blocks, asked, state.last_active[asked],
+                                               cert.checkpoint_updated_at)
+    sent.encrypted["checkpoint_down"] = (blocks.clients_of(differ), blocks.row_sample[differ])
     sent.floats_up += float(np.sum(state.feature_counts[asked])) * state.w.shape[1]
     cert.pending[asked] = False
     return sent
@@ -1759,9 +1755,7 @@ def _stale_rows(state: HyFDCAState, newcomers: np.ndarray) -> np.ndarray:
             return hyfdca_kernels.stale_rows_from_log(
                 blocks, samples, rounds, state.updated_at, missed_after
             )
-    rows = concat_ranges(first, sizes)
-    clients = np.repeat(k, sizes)
-    return rows[state.updated_at[blocks.row_sample[rows]] > state.last_active[clients]]
+    return hyfdca_kernels.rows_updated_after(blocks, k, state.last_active[k], state.updated_at)
 
 
 def _stale_copies(blocks: StackedBlocks, stale_rows: np.ndarray):

@@ -729,6 +729,24 @@ def positions_by_table(distinct_values, queries, lo, hi, like):
 
 
 @njit
+def rows_updated_after(starts, stops, after, row_sample, updated_at):
+    # See hyfl.algorithms.hyfdca_kernels.rows_updated_after: count, then fill.
+    n = 0
+    for a in range(starts.size):
+        for r in range(starts[a], stops[a]):
+            if updated_at[row_sample[r]] > after[a]:
+                n += 1
+    out = np.empty(n, dtype=np.int64)
+    n = 0
+    for a in range(starts.size):
+        for r in range(starts[a], stops[a]):
+            if updated_at[row_sample[r]] > after[a]:
+                out[n] = r
+                n += 1
+    return out
+
+
+@njit
 def distinct(values):
     # np.unique of an int array: ascending distinct values (no sort when they
     # already are: the draws of a full pass over one client often are).

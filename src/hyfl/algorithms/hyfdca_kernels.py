@@ -225,6 +225,22 @@ def stale_rows_from_log(blocks, samples, rounds, updated_at, missed_after) -> np
     )
 
 
+def rows_updated_after(blocks, clients: np.ndarray, after: np.ndarray,
+                       updated_at: np.ndarray) -> np.ndarray:
+    """Ascending rows ``r`` of the given clients whose sample was updated after the round
+    given for the client: ``updated_at[row_sample[r]] > after[a]`` for the rows of
+    ``clients[a]``, int64 shape (S,).
+
+    The clients' runs of rows are read in place (no array over all their rows: a
+    newcomer's every row on Covtype is 48,000, a round's a few million).
+    """
+    rowptr = blocks.client_rowptr
+    clients = np.asarray(clients, dtype=np.int64)
+    return _compiled().rows_updated_after(
+        rowptr[clients], rowptr[clients + 1], np.asarray(after, dtype=np.int64),
+        blocks.row_sample, np.asarray(updated_at, dtype=np.int64))
+
+
 def client_nonzeros(blocks, rows: np.ndarray) -> np.ndarray:
     """Stored entries of the given rows summed per client, float64 shape (K,)."""
     return _compiled().client_nonzeros(
