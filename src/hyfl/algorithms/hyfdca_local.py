@@ -68,7 +68,9 @@ microsecond per sample.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 
 import numpy as np
 
@@ -498,11 +500,27 @@ def _blas_controller():
     return ThreadpoolController()
 
 
+_BLAS_LIMIT = threading.local()  # .inside: this thread is in a single_threaded_blas context
+
+
+@contextlib.contextmanager
 def single_threaded_blas():
     """A context with one BLAS thread: LAPACK on many small matrices is tens of times
     slower when OpenBLAS wakes its threads on a busy machine (measured: 120 ms against
-    1.7 ms for five 31 x 31 eigendecompositions)."""
-    return _blas_controller().limit(limits=1, user_api="blas")
+    1.7 ms for five 31 x 31 eigendecompositions).
+
+    Nested contexts cost nothing: the round holds one, and the solver's and the span's
+    inside it would each pay threadpoolctl's ~0.1 ms to set and restore the limit (a
+    tenth of a tiny round)."""
+    if getattr(_BLAS_LIMIT, "inside", False):
+        yield
+        return
+    _BLAS_LIMIT.inside = True
+    try:
+        with _blas_controller().limit(limits=1, user_api="blas"):
+            yield
+    finally:
+        _BLAS_LIMIT.inside = False
 
 
 def span_transforms(grams: np.ndarray) -> np.ndarray:
