@@ -297,6 +297,8 @@ def test_positions_in_equals_searchsorted_for_present_queries():
         queries = rng.choice(values, size=q)
         np.testing.assert_array_equal(hyfdca_kernels.positions_in(values, queries),
                                       np.searchsorted(values, queries))
+    with pytest.raises(IndexError):  # a query past the values is refused, not read astray
+        hyfdca_kernels.positions_in(np.arange(100, 200), np.array([150, 250]))
 
 
 def test_distinct_in_runs_equals_np_unique_of_the_joined_runs():
@@ -312,6 +314,8 @@ def test_distinct_in_runs_equals_np_unique_of_the_joined_runs():
         joined = np.concatenate([values[a:a + n] for a, n in zip(starts, sizes)] + [values[:0]])
         got = hyfdca_kernels.distinct_in_runs(values, starts, sizes, 400)
         assert got.dtype == values.dtype and np.array_equal(got, np.unique(joined))
+    with pytest.raises(IndexError):  # a value past the bound is refused, not written astray
+        hyfdca_kernels.distinct_in_runs(values, np.array([0]), np.array([3000]), 399)
 
 
 def test_local_passes_through_the_samples_equal_the_gathered_norms():

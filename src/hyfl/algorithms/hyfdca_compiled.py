@@ -705,6 +705,8 @@ def distinct_in_runs(values, starts, sizes, bound):
     seen = np.zeros(bound, dtype=np.bool_)
     for a in range(starts.size):
         for j in range(starts[a], starts[a] + sizes[a]):
+            if values[j] < 0 or values[j] >= bound:  # (unchecked, it would write astray)
+                raise IndexError("distinct_in_runs: a value outside 0..bound-1")
             seen[values[j]] = True
     out = np.empty(np.count_nonzero(seen), dtype=values.dtype)
     n = 0
@@ -724,6 +726,8 @@ def positions_by_table(distinct_values, queries, lo, hi, like):
         table[distinct_values[j] - lo] = j
     out = np.empty(queries.size, dtype=like.dtype)
     for j in range(queries.size):
+        if queries[j] < lo or queries[j] > hi:  # (unchecked, it would read astray)
+            raise IndexError("positions_in: a query outside the values' range")
         out[j] = table[queries[j] - lo]
     return out
 
