@@ -261,8 +261,8 @@ def solve(step, draws, csr, span, c, coef, passes, dense_most, delta):
     # K <= R: the directions' Gram drops its negligible eigenvalues, hyfl's
     # solve_subproblems passes only the columns of T some client keeps).
     R, K = pairs.shape[1], transforms.shape[2]
-    # delta (one per drawn row): the rows' dual changes, written in place (the caller's column of the
-    # proposals: on Covtype a full pass draws 6.3 million rows, 50 MB a copy).
+    # delta (one per drawn row): the rows' dual changes, written in place (the caller's
+    # column of the proposals: a full pass on Covtype draws 6.3 million rows, 50 MB a copy).
     delta[:] = 0.0
     # Scratch for the largest client, reused by every client: arrays of a client's rows
     # allocated afresh cost a page fault per 4 KB (a million a solve on Covtype, a third
