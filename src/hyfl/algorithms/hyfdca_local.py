@@ -298,15 +298,8 @@ def solve_subproblems(
         for c in range(C):
             transform = coordinates_in_use(transforms[:, c, :R])
             basis, basis_grams = _own_bases(directions[:, :, c], transform, feature_ptr)
-            draws = compiled.Draws(
-                segments, row_sample, rows,
-                alpha=np.ascontiguousarray(alpha[:, c]),
-                y=np.ascontiguousarray(Y[:, c], dtype=np.float64),
-                weight=(np.ones(Y.shape[0]) if W is None
-                        else np.ascontiguousarray(W[:, c], dtype=np.float64)),
-                sq_norms=sq_norms,
-                ascending=ascending,
-            )
+            draws = _output_draws(compiled, segments, row_sample, rows, alpha, Y, W, c,
+                                  sq_norms, ascending)
             span = compiled.Span(z_ring, pairs, transform, feature_ptr, features, basis,
                                  basis_grams,
                                  np.zeros((segments.size - 1, R)) if offset_weights is None
@@ -321,6 +314,19 @@ def solve_subproblems(
             if C > 1:
                 out[:, c] = column
     return out
+
+
+def _output_draws(compiled, segments, row_sample, rows, alpha, Y, W, c, sq_norms, ascending):
+    """The drawn rows and their samples' duals, labels and weights on output ``c``."""
+    return compiled.Draws(
+        segments, row_sample, rows,
+        alpha=np.ascontiguousarray(alpha[:, c]),
+        y=np.ascontiguousarray(Y[:, c], dtype=np.float64),
+        weight=(np.ones(Y.shape[0]) if W is None
+                else np.ascontiguousarray(W[:, c], dtype=np.float64)),
+        sq_norms=sq_norms,
+        ascending=ascending,
+    )
 
 
 def directions_in_use(pairs: np.ndarray) -> int:
