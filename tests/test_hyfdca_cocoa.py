@@ -326,8 +326,10 @@ def test_the_ring_keeps_exactly_the_inner_products_of_the_slots_clients_list(par
 def _numpy_direction_grams(history, pairs, t):
     """The NumPy ``SpanHistory.direction_grams`` the compiled kernel replaced, kept as
     the reference it must equal bit for bit (the golden traces depend on it)."""
-    W, C = history.size, history.w.shape[1]
-    position, chrono = history._chronology(t)
+    C = history.w.shape[1]
+    named = pairs[pairs >= 0]
+    position, chrono = history._chronology(t, int(history.slot_round[named].min()))
+    W = chrono.size
     gram = history.move_gram[:, chrono][:, :, chrono]
     box = np.zeros((C, W + 1, W + 1))
     box[:, 1:, 1:] = gram.cumsum(axis=1).cumsum(axis=2)

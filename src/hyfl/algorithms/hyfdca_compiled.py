@@ -873,12 +873,12 @@ def refresh_copies(rows, row_sample, alpha, alpha_local):
 
 @njit
 def direction_grams(move_gram, chrono, position, with_w, norm_w, pairs):
-    # move_gram (C, W, W) the moves' products by slot; chrono (W,) the slots oldest first,
-    # position (W,) each slot's place in it; with_w (C, W) <w, move> in chrono order;
+    # move_gram (C, S, S) the moves' products by slot; chrono (W,) the slots summed, oldest
+    # first; position (S,) each slot's place in it; with_w (C, W) <w, move> in chrono order;
     # norm_w (C,) ||w||^2; pairs (A, R, 2). Returns (A, C, R, R). The same additions in
     # the same order as the NumPy it replaces (cumsums, then the four corners of a box),
     # so the same bits: 40 small array calls became one.
-    C, W = move_gram.shape[0], move_gram.shape[1]
+    C, W = move_gram.shape[0], chrono.size  # (the slots summed: from the oldest named)
     A, R = pairs.shape[0], pairs.shape[1]
     hi = np.zeros((A, R), dtype=np.int64)
     lo = np.zeros((A, R), dtype=np.int64)

@@ -879,9 +879,13 @@ class SpanHistory:
         moves of the rounds between two of its client's slots, so no older round is read
         (about R / p slots, not the window's W; on reuters 12x12 the directions' vectors
         over the whole window were half a round)."""
-        t = int(self.slot_round.max())
+        return self._chronology(int(self.slot_round.max()), self._oldest_named(pairs))
+
+    def _oldest_named(self, pairs: np.ndarray) -> int:
+        """The round of the oldest slot ``pairs`` names (after the latest if none)."""
         named = pairs[pairs >= 0]
-        return self._chronology(t, int(self.slot_round[named].min()) if named.size else t + 1)
+        return (int(self.slot_round[named].min()) if named.size
+                else int(self.slot_round.max()) + 1)
 
     def direction_vectors(self, pairs: np.ndarray, features: np.ndarray) -> np.ndarray:
         """One client's directions (see :func:`direction_pairs`) on the given features.
@@ -933,11 +937,13 @@ class SpanHistory:
 
         Direction ``j > 0`` sums the moves of the rounds after its older slot up to its
         newer, so its products with another are sums over a box of the moves' Gram
-        matrix (cumulative sums in time order); direction 0 is the current ``w``.
+        matrix (cumulative sums in time order, from the oldest slot ``pairs`` names: the
+        window's older rounds add nothing to any box, and summing them was O(W^2) a
+        call); direction 0 is the current ``w``.
         """
         from hyfl.algorithms import hyfdca_compiled as compiled
 
-        position, chrono = self._chronology(t)
+        position, chrono = self._chronology(t, self._oldest_named(pairs))
         with_w = np.ascontiguousarray(np.einsum("mc,smc->cs", self.w, self.moves)[:, chrono])
         norm_w = np.sum(self.w * self.w, axis=0)  # (C,)
         flat = np.ascontiguousarray(pairs, dtype=np.int64).reshape(-1, *pairs.shape[-2:])
