@@ -561,3 +561,58 @@ def test_ring_margin_offsets_are_the_offsets_of_the_margins():
         ring_span_sums(ring, samples, pairs, change, 7.0, column),
         span_sums(directions_margins(ring, samples, pairs), change, 7.0), rtol=1e-12,
         atol=1e-12)
+
+
+@pytest.mark.parametrize("outputs", [1, 3])
+def test_the_ring_widens_in_place_to_what_a_copy_gives(outputs):
+    # SpanHistory.record widens its ring z in place (realloc, then each sample's columns
+    # moved up): the result must be what the plain copy gives -- the old columns, then
+    # zeros -- and the same array, so no second ring is held at once.
+    rng = np.random.default_rng(outputs)
+    history = SpanHistory.empty(4, 50, 6, outputs, 3)
+    widened = 0
+    for t in range(1, 80):
+        active = np.flatnonzero(rng.random(4) < 0.3)
+        before, old = id(history.z), history.z.copy()
+        history.record(t, rng.normal(size=(6, outputs)), active, np.arange(50),
+                       rng.normal(size=(50, outputs)))
+        if history.z.shape != old.shape:
+            widened += 1
+            assert id(history.z) == before
+            expected = np.zeros((50, history.z.shape[1], outputs))
+            expected[:, :old.shape[1]] = old
+            written = np.zeros(history.z.shape[1], dtype=bool)
+            written[history.z_column[t % history.size]] = True
+            np.testing.assert_array_equal(history.z[:, ~written], expected[:, ~written])
+    assert widened >= 1
+
+
+def test_the_ring_is_copied_not_resized_while_a_view_of_it_lives():
+    # A view of the ring alive when it widens would dangle after a realloc: the copy is
+    # taken instead, and the view keeps reading the old values.
+    from hyfl.algorithms.hyfdca_local import _widened
+
+    class Holder:
+        pass
+
+    holder = Holder()
+    holder.z = np.arange(40.0).reshape(10, 4, 1)
+    view = holder.z[2:4]
+    kept = view.copy()
+    old = holder.z
+    holder.z = _widened(holder.z, 16)
+    assert holder.z is not old and holder.z.shape == (10, 8, 1)
+    np.testing.assert_array_equal(view, kept)
+    np.testing.assert_array_equal(holder.z[:, :4], old)
+    assert not holder.z[:, 4:].any()
+
+
+def test_spread_rows_refuses_a_buffer_too_small():
+    from hyfl.algorithms import hyfdca_compiled
+
+    with pytest.raises(IndexError):
+        hyfdca_compiled.spread_rows(np.zeros(10), 3, 3, 4)
+    flat = np.zeros(12)
+    flat[:9] = np.arange(1.0, 10.0)
+    hyfdca_compiled.spread_rows(flat, 3, 3, 4)
+    np.testing.assert_array_equal(flat, [1, 2, 3, 0, 4, 5, 6, 0, 7, 8, 9, 0])

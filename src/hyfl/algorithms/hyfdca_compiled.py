@@ -931,3 +931,23 @@ def direction_grams(move_gram, chrono, position, with_w, norm_w, pairs):
             first = pairs[a, 0, 0] >= 0 and pairs[a, 0, 1] < 0  # w itself
             grams[a, c, 0, 0] = norm_w[c] if first else 0.0
     return grams
+
+
+# ---------------------------------------------------------------------------
+# The ring widened in place (hyfl.algorithms.hyfdca_local._widened)
+# ---------------------------------------------------------------------------
+
+
+@njit
+def spread_rows(flat, n, old, new):
+    # flat holds n rows of `old` numbers at its start (and room for n rows of `new` >=
+    # old); each row moves to its place in rows of `new`, its new tail zero. Last row
+    # first, each from its end: a row's destination never covers a row not yet moved.
+    if new < old or flat.size < n * new:
+        raise IndexError("spread_rows: the buffer is too small for the wider rows")
+    for i in range(n - 1, -1, -1):
+        source, target = i * old, i * new
+        for j in range(old - 1, -1, -1):
+            flat[target + j] = flat[source + j]
+        for j in range(old, new):
+            flat[target + j] = 0.0
