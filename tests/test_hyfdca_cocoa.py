@@ -369,6 +369,33 @@ def test_the_compiled_direction_grams_equal_the_numpy_ones_bit_for_bit(depth):
     assert checked > 20
 
 
+@pytest.mark.parametrize("depth", [2, 5, 12])
+def test_the_grams_from_the_oldest_named_slot_equal_the_whole_windows_to_rounding(depth):
+    # direction_grams sums its boxes from the oldest slot the directions name; the sums
+    # over the whole window (what it did before) give the same matrices up to rounding.
+    from hyfl.algorithms import hyfdca_compiled
+
+    rng = np.random.default_rng(depth + 100)
+    M, C, K = 7, 2, 6
+    history = SpanHistory.empty(K, None, M, C, depth, size=8 * depth)
+    compared = 0
+    for t in range(1, 120):
+        active = np.flatnonzero(rng.random(K) < 0.3)
+        history.record(t, rng.normal(size=(M, C)) * 0.97 ** t, active)
+        if not active.size:
+            continue
+        pairs, grams = history.directions(active)
+        position, chrono = history._chronology(t)  # every slot of the window
+        whole = hyfdca_compiled.direction_grams(
+            history.move_gram, np.ascontiguousarray(chrono), np.ascontiguousarray(position),
+            np.ascontiguousarray(np.einsum("mc,smc->cs", history.w, history.moves)[:, chrono]),
+            np.sum(history.w * history.w, axis=0), np.ascontiguousarray(pairs))
+        scale = np.abs(whole).max(axis=(-2, -1), keepdims=True)
+        assert np.all(np.abs(grams - whole) <= 1e-13 * scale)
+        compared += 1
+    assert compared > 50
+
+
 def test_running_average_equals_the_dense_recursion():
     rng = np.random.default_rng(1)
     x = np.zeros((6, 2))
@@ -587,24 +614,58 @@ def test_the_ring_widens_in_place_to_what_a_copy_gives(outputs):
     assert widened >= 1
 
 
-def test_the_ring_is_copied_not_resized_while_a_view_of_it_lives():
-    # A view of the ring alive when it widens would dangle after a realloc: the copy is
-    # taken instead, and the view keeps reading the old values.
-    from hyfl.algorithms.hyfdca_local import _widened
+def _widen_once(history, rng, outputs=1):
+    """Record rounds until ``history``'s ring widens; return its shape before."""
+    for t in range(history.slot_round.max() + 1, history.slot_round.max() + 200):
+        shape = history.z.shape
+        history.record(t, rng.normal(size=(6, outputs)), np.flatnonzero(rng.random(4) < 0.3),
+                       np.arange(50), rng.normal(size=(50, outputs)))
+        if history.z.shape != shape:
+            return shape
+    raise AssertionError("the ring never widened")
 
-    class Holder:
-        pass
 
-    holder = Holder()
-    holder.z = np.arange(40.0).reshape(10, 4, 1)
-    view = holder.z[2:4]
-    kept = view.copy()
-    old = holder.z
-    holder.z = _widened(holder.z, 16)
-    assert holder.z is not old and holder.z.shape == (10, 8, 1)
-    np.testing.assert_array_equal(view, kept)
-    np.testing.assert_array_equal(holder.z[:, :4], old)
-    assert not holder.z[:, 4:].any()
+@pytest.mark.parametrize("hold", ["view", "weak reference"])
+def test_the_ring_is_copied_not_resized_while_something_else_refers_to_it(hold):
+    # A view of the ring alive when it widens would dangle after a realloc, and numpy
+    # refuses to resize a weakly referenced array: either way the copy is taken, and a
+    # view keeps reading the old values.
+    import weakref
+
+    rng = np.random.default_rng(7)
+    history = SpanHistory.empty(4, 50, 6, 1, 6, size=60)  # widens 6 -> 10 -> ... -> 22
+    _widen_once(history, rng)
+    ring = history.z
+    held = ring[:, :2] if hold == "view" else weakref.ref(ring)
+    kept, before = ring.copy(), id(ring)
+    del ring
+    width = _widen_once(history, rng)[1]
+    assert id(history.z) != before and history.z.shape[1] > width
+    if hold == "view":
+        np.testing.assert_array_equal(held, kept[:, :2])
+    else:
+        assert held() is None  # the old ring, copied and let go
+    del held
+    before = id(history.z)
+    _widen_once(history, rng)  # nothing else holds it now: in place again
+    assert id(history.z) == before
+
+
+def test_the_engine_widens_its_ring_in_place(monkeypatch):
+    # The simulation engine keeps no other reference to the ring when a round records
+    # it, so the in-place path is the one taken (the copy would double the ring's peak).
+    from hyfl.algorithms import hyfdca_compiled
+
+    calls = []
+    spread = hyfdca_compiled.spread_rows
+    monkeypatch.setattr(hyfdca_compiled, "spread_rows",
+                        lambda *args: (calls.append(args[1:]), spread(*args))[1])
+    data = synthetic(seed=3)
+    problem = make_problem(data, "hinge", 1e-2)
+    partition = grid(problem.n_samples, problem.n_features, 3, 3, seed=0)
+    simulate(HyFDCA(history=3), problem, partition, RandomFraction(9, 0.3), 40, seed=0,
+             progress=False, eval_every=40)
+    assert calls
 
 
 def test_spread_rows_refuses_a_buffer_too_small():

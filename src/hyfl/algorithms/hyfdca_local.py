@@ -70,7 +70,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import sys
 import threading
 
 import numpy as np
@@ -836,8 +835,39 @@ class SpanHistory:
         if self.z is not None:
             column = place_slot(self.z_column, slot, self.slots, self.z.shape[1])
             if column == self.z.shape[1]:
-                self.z = _widened(self.z, self.size)
+                self._widen_ring()
             self.z[samples, column] = z
+
+    def _widen_ring(self) -> None:
+        """``z`` with an eighth more columns (at least 4, at most the window), the new ones
+        zero.
+
+        In place where numpy allows it: the buffer grows by ``realloc`` (a large block's
+        pages are remapped, not copied) and each sample's columns move to their wider
+        place (:func:`hyfdca_compiled.spread_rows`). A widened copy held the old ring and
+        the new one at once: on ten million rows 4.4 + 5 GB, the run's peak. numpy's own
+        check refuses the resize while anything else refers to the array (a view, a weak
+        reference, a checkpoint being written; per Python version, as numpy counts), so
+        the ring is held by this frame alone while it asks, and a refusal takes the copy.
+        """
+        from hyfl.algorithms import hyfdca_compiled as compiled
+
+        z, self.z = self.z, None
+        n, width, C = z.shape
+        wider = min(self.size, width + max(4, width // 8))
+        try:
+            if z.base is not None or not z.flags.c_contiguous:
+                raise ValueError("not the owner of a contiguous buffer")
+            z.shape = (z.size,)
+            z.resize(n * wider * C)  # refcheck: refused while another reference lives
+        except ValueError:
+            z.shape = (n, width, C)
+            self.z = np.zeros((n, wider, C))
+            self.z[:, :width] = z
+            return
+        compiled.spread_rows(z, n, width * C, wider * C)
+        z.shape = (n, wider, C)
+        self.z = z
 
     def ring_pairs(self, pairs: np.ndarray) -> np.ndarray:
         """``pairs`` as columns of ``z`` (what the kernels that read ``z`` take)."""
@@ -953,34 +983,6 @@ class SpanHistory:
                                          np.ascontiguousarray(position, dtype=np.int64),
                                          with_w, norm_w, flat)
         return grams.reshape(*pairs.shape[:-2], *grams.shape[1:])
-
-
-def _widened(z: np.ndarray, most: int) -> np.ndarray:
-    """``z`` (N, P, C) with an eighth more columns (at least 4, at most ``most``), the new
-    ones zero.
-
-    In place when nothing else refers to ``z``: its buffer grows by ``realloc`` (for a
-    large block the kernel remaps the pages, nothing is copied) and each sample's columns
-    move to their wider place. A widened copy held the old ring and the new one at once:
-    on ten million rows 4.4 + 5 GB, the run's peak, at which it stalled with 18 GB of the
-    machine's 23 resident. Any view of ``z`` holds a reference to it, so one alive (which
-    the resized buffer would leave dangling) sends it to the copy.
-    """
-    from hyfl.algorithms import hyfdca_compiled as compiled
-
-    n, width, C = z.shape
-    wider = min(most, width + max(4, width // 8))
-    # the caller's reference, this argument and getrefcount's own: no one else's
-    alone = sys.getrefcount(z) <= 3
-    if alone and z.base is None and z.flags.owndata and z.flags.c_contiguous:
-        z.shape = (z.size,)
-        z.resize(n * wider * C, refcheck=False)
-        compiled.spread_rows(z, n, width * C, wider * C)
-        z.shape = (n, wider, C)
-        return z
-    copy = np.zeros((n, wider, C))
-    copy[:, :width] = z
-    return copy
 
 
 class ClientMemory:
