@@ -375,12 +375,13 @@ def run(
     """Run one federated training job, or every run of an experiment config.
 
     Without CONFIG: one job from the flags; writes DIR/metrics.csv, metrics.parquet,
-    run.json and loss.png, and prints the result against the centralized optimum and
+    run.json, model.npz and loss.png, and prints the result against the centralized optimum and
     the simulated cost (time per outer iteration by component, bytes, HE operations).
 
     With CONFIG.toml: every (algorithm, seed) of the config; writes DIR/config.toml
     (resolved), environment.json, summary.csv, summary.md, compare.png, costs.png and
-    DIR/<algorithm>/seed-<s>/ (metrics.parquet, metrics.csv, run.json, checkpoint.npz).
+    DIR/<algorithm>/seed-<s>/ (metrics.parquet, metrics.csv, run.json, model.npz,
+    checkpoint.npz).
     """
     from hyfl.experiments.runner import RunSpec, execute
 
