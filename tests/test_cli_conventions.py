@@ -233,7 +233,8 @@ def test_registry_options_are_click_choices_listed_in_help_and_checked():
 def test_command_help_paragraphs_are_wrapped_once_by_rich():
     # The docstrings' source line breaks are joined: Rich alone wraps the paragraphs.
     wide = runner.invoke(app, ["run", "--help"], env={"COLUMNS": "200"}).output
-    assert "writes DIR/metrics.csv, metrics.parquet, run.json, model.npz and loss.png, and prints" in wide
+    assert ("writes DIR/metrics.csv, metrics.parquet, run.json, model.npz and loss.png, "
+            "and prints") in wide
     narrow = runner.invoke(app, ["deploy", "local", "--help"], env={"COLUMNS": "80"}).output
     lines = [line.strip() for line in narrow.splitlines()]
     assert "this" not in lines and "and" not in lines  # no one-word leftovers of a source line
