@@ -934,7 +934,7 @@ def direction_grams(move_gram, chrono, position, with_w, norm_w, pairs):
 
 
 # ---------------------------------------------------------------------------
-# The ring widened in place (hyfl.algorithms.hyfdca_local._widened)
+# The ring widened in place (hyfl.algorithms.hyfdca_local.SpanHistory._widen_ring)
 # ---------------------------------------------------------------------------
 
 
